@@ -1,0 +1,799 @@
+"""Iteration-level simulator of LLM serving policies: shared worker, co-scheduled batching,
+chunked prefill (Sarathi-Serve) and prefill/decode disaggregation (DistServe).
+
+Standard library only and copy-and-run: ``python pytest_prefill/scheduler.py`` prints a policy
+comparison. The semantics are DESIGN.md's "Simulation semantics"; each point is pinned by a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+POLICIES = ("shared", "coscheduled", "chunked", "disaggregated")
+KINDS = ("prefill", "decode", "fused", "transfer")
+LINK = "link"  # the resource name of the KV link; every other resource is a compute worker
+
+
+def _number(field: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> float:
+    """Return ``value`` as a float, or raise ValueError naming ``field`` and what is allowed."""
+    allowed = "a positive number" if positive else "a finite number >= 0"
+    if allow_inf:
+        allowed += " (inf allowed)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be {allowed}, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
+        raise ValueError(f"{field} must be {allowed}, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{field} must be {allowed}, got {value!r}")
+    return value
+
+
+def _count(field: str, value: Any, *, minimum: int = 1) -> int:
+    """Return ``value`` if it is an int >= ``minimum``, else raise ValueError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CostModel:
+    """What one iteration costs on a device, in seconds (sizes in tokens and bytes).
+
+    Every term is finite and >= 0; ``link_bandwidth`` (bytes/s) is > 0 and may be infinite.
+    A decode step must take time (``decode_step_base`` > 0) and so must a prefill pass
+    (``prefill_pass_overhead`` or ``prefill_per_token`` > 0), or token times could not increase.
+    """
+
+    prefill_pass_overhead: float
+    prefill_per_token: float
+    decode_step_base: float
+    decode_per_seq: float = 0.0
+    decode_per_kv_token: float = 0.0
+    kv_bytes_per_token: float = 0.0
+    link_bandwidth: float = math.inf
+    link_latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "link_bandwidth":
+                checked = _number(f.name, value, positive=True, allow_inf=True)
+            else:
+                checked = _number(f.name, value)
+            object.__setattr__(self, f.name, checked)
+        if self.decode_step_base <= 0:
+            raise ValueError(f"decode_step_base must be > 0 seconds, got {self.decode_step_base!r}")
+        if self.prefill_pass_overhead + self.prefill_per_token <= 0:
+            raise ValueError(
+                "prefill_pass_overhead and prefill_per_token cannot both be 0: a prefill pass "
+                "must take time"
+            )
+
+    def prefill_pass(self, tokens: int, context: int = 0) -> float:
+        """A prefill pass over ``tokens`` new tokens attending to ``context`` cached ones."""
+        if tokens < 0 or context < 0:
+            raise ValueError(f"tokens and context must be >= 0, got {tokens!r}, {context!r}")
+        return (
+            self.prefill_pass_overhead
+            + self.prefill_per_token * tokens
+            + self.decode_per_kv_token * context
+        )
+
+    def decode_step(self, rows: int, kv_tokens: int) -> float:
+        """A decode step of ``rows`` sequences reading ``kv_tokens`` cached tokens in total."""
+        if rows < 1 or kv_tokens < 0:
+            raise ValueError(f"rows must be >= 1 and kv_tokens >= 0, got {rows!r}, {kv_tokens!r}")
+        return (
+            self.decode_step_base
+            + self.decode_per_seq * (rows - 1)
+            + self.decode_per_kv_token * kv_tokens
+        )
+
+    def fused_iteration(
+        self, prefill_tokens: int, decode_rows: int, kv_tokens: int = 0, context: int = 0
+    ) -> float:
+        """One forward pass of prompt tokens plus decode rows: never cheaper than either part."""
+        if decode_rows == 0:
+            return self.prefill_pass(prefill_tokens, context)
+        if prefill_tokens == 0:
+            return self.decode_step(decode_rows, kv_tokens)
+        return max(
+            self.decode_step(decode_rows, kv_tokens),
+            self.prefill_pass(prefill_tokens + decode_rows, context),
+        )
+
+    def kv_transfer(self, tokens: int) -> float:
+        """Moving the KV cache of ``tokens`` prompt tokens across the link."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens!r}")
+        return self.link_latency + tokens * self.kv_bytes_per_token / self.link_bandwidth
+
+    def chunk_star(self) -> float:
+        """C* = (decode_step_base - prefill_pass_overhead) / prefill_per_token, in tokens.
+
+        The largest chunk that rides along a decode step without lengthening it. Zero or
+        negative is a diagnosis (pass overhead eats the decode step), not an error; with no
+        per-token cost any chunk is free (inf) or none is (-inf).
+        """
+        room = self.decode_step_base - self.prefill_pass_overhead
+        if self.prefill_per_token == 0:
+            return math.inf if room > 0 else -math.inf
+        return room / self.prefill_per_token
+
+    def to_dict(self) -> dict[str, float | str]:
+        """JSON-safe fields (an infinite bandwidth is written as the string "inf")."""
+        out: dict[str, float | str] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "inf" if math.isinf(value) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        """Inverse of :meth:`to_dict`; unknown or missing fields raise ValueError."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a cost model must be a JSON object, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown cost model field(s) {unknown}; allowed: {names}")
+        values = {k: (math.inf if v == "inf" else v) for k, v in data.items()}
+        try:
+            return cls(**values)
+        except TypeError as err:  # a required field is missing
+            raise ValueError(f"cost model: {err}; fields: {names}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Preset:
+    """A named cost model and where its numbers come from (never measured on this machine)."""
+
+    name: str
+    cost: CostModel
+    source: str
+
+
+_QWEN3_06B_KV_BYTES = 28 * 8 * 128 * 2 * 2  # layers x KV heads x head dim x (K, V) x bf16 bytes
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "lab-laptop",
+            CostModel(
+                prefill_pass_overhead=29.03e-3,
+                prefill_per_token=55.2e-6,
+                decode_step_base=35.73e-3,
+                kv_bytes_per_token=_QWEN3_06B_KV_BYTES,
+                link_bandwidth=25e9,
+                link_latency=20e-6,
+            ),
+            "published calibration of the lab's RTX 3080 Ti Laptop 16 GB, Qwen3-0.6B bf16, eager "
+            "PyTorch, batch 1; decode cost per cached token refused there (flat within noise "
+            "from 128 to 16,384 cached tokens) and recorded as 0. Link: an assumed PCIe 4.0 x16 "
+            "(25 GB/s, 20 us), not measured.",
+        ),
+        Preset(
+            "datacenter-illustrative",
+            CostModel(
+                prefill_pass_overhead=1.0e-3,
+                prefill_per_token=10.0e-6,
+                decode_step_base=10.0e-3,
+                kv_bytes_per_token=_QWEN3_06B_KV_BYTES,
+                link_bandwidth=300e9,
+                link_latency=10e-6,
+            ),
+            "ILLUSTRATIVE, measured nowhere: a datacenter GPU with fused kernels (~1 ms pass "
+            "overhead, ~10 us per prompt token, ~10 ms decode step; C* ~ 900, the order of "
+            "vLLM's defaults). KV bytes for Qwen3-0.6B bf16; link an assumed NVLink-class "
+            "300 GB/s, 10 us.",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; ValueError listing the known names otherwise."""
+    try:
+        return PRESETS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown cost preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    """A request: its prompt is prefilled, then it takes part in ``output_len`` decode steps."""
+
+    id: str
+    arrival: float
+    prompt_len: int
+    output_len: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"Request.id must be a non-empty string, got {self.id!r}")
+        object.__setattr__(self, "arrival", _number("Request.arrival", self.arrival))
+        _count("Request.prompt_len", self.prompt_len)
+        _count("Request.output_len", self.output_len)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    """One iteration on a compute resource, or one KV transfer on the link.
+
+    ``count`` > 1 stands for that many back-to-back decode steps of equal duration with the
+    same rows; the i-th of them (from 0) reads ``kv_tokens + i * decode_rows`` cached tokens.
+    ``prefill`` lists (request id, prompt tokens) processed in the pass; for a transfer, the
+    request whose KV moved and its prompt length. ``context_tokens`` is the earlier context the
+    prompt tokens attend to (C of the cost model), ``kv_tokens`` what the decode rows read (K).
+    """
+
+    resource: str
+    start: float
+    end: float
+    kind: str
+    prefill: tuple[tuple[str, int], ...] = ()
+    decode_ids: tuple[str, ...] = ()
+    kv_tokens: int = 0
+    context_tokens: int = 0
+    count: int = 1
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(tokens for _, tokens in self.prefill)
+
+    @property
+    def decode_rows(self) -> int:
+        return len(self.decode_ids)
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        return tuple(rid for rid, _ in self.prefill) + self.decode_ids
+
+    @property
+    def duration(self) -> float:
+        """Busy time of the whole event (all ``count`` iterations)."""
+        return self.end - self.start
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one request. ``kv_ready`` is when its KV cache was usable by the worker
+    that decodes it (its prefill end, except under disaggregation: the transfer's end)."""
+
+    id: str
+    arrival: float
+    prompt_len: int
+    output_len: int
+    prefill_start: float
+    prefill_end: float
+    kv_ready: float
+    decode_resource: str
+    token_times: tuple[float, ...]
+
+    @property
+    def first_token(self) -> float:
+        return self.token_times[0]
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival
+
+    @property
+    def finish(self) -> float:
+        return self.token_times[-1]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Summary:
+    """Headline figures of a trace (seconds). Percentiles are nearest-rank; NaN when there is
+    nothing to rank (no requests, or no request with two tokens for TBT)."""
+
+    requests: int
+    output_tokens: int
+    prefill_tokens: int
+    ttft_p50: float
+    ttft_p99: float
+    tbt_p50: float
+    tbt_p99: float
+    max_stall: float
+    gpu_seconds: float
+    makespan: float
+
+    @property
+    def empty(self) -> bool:
+        return self.requests == 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __str__(self) -> str:
+        if self.empty:
+            return "empty trace: no requests were simulated"
+        return (
+            f"{self.requests} requests, {self.output_tokens} tokens: "
+            f"TTFT p50 {self.ttft_p50 * 1e3:.1f} ms, p99 {self.ttft_p99 * 1e3:.1f} ms; "
+            f"TBT p50 {self.tbt_p50 * 1e3:.1f} ms, p99 {self.tbt_p99 * 1e3:.1f} ms; "
+            f"max stall {self.max_stall * 1e3:.1f} ms; {self.gpu_seconds:.3f} GPU-s; "
+            f"makespan {self.makespan:.3f} s"
+        )
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of ``values`` (NaN for none)."""
+    return weighted_percentile([(v, 1) for v in values], p)
+
+
+def weighted_percentile(pairs: Iterable[tuple[float, int]], p: float) -> float:
+    """Nearest-rank percentile of a multiset given as (value, multiplicity) pairs."""
+    if not 0 < p <= 100:
+        raise ValueError(f"percentile p must be in (0, 100], got {p!r}")
+    ordered = sorted(pair for pair in pairs if pair[1] > 0)
+    total = sum(weight for _, weight in ordered)
+    if total == 0:
+        return math.nan
+    rank = max(1, math.ceil(p / 100 * total))
+    seen = 0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= rank:
+            return value
+    return ordered[-1][0]  # pragma: no cover - rank <= total
+
+
+def token_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
+    """Every gap between consecutive tokens of a request, as (gap, 1) pairs."""
+    return [
+        (b - a, 1)
+        for r in records
+        for a, b in zip(r.token_times, r.token_times[1:])  # noqa: B905 - py3.10 compatible
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """Everything a run did: iterations and transfers (``events``, by resource then time) and
+    one record per request (``requests``, by arrival then id). Real engine runs produce the
+    same type. ``gaps`` optionally carries the token-gap multiset precomputed by the simulator
+    (it equals :func:`token_gaps` of the records, only faster to rank)."""
+
+    policy: str
+    events: tuple[Event, ...]
+    requests: Mapping[str, RequestRecord]
+    chunk: int | None = None
+    gaps: tuple[tuple[float, int], ...] | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e.resource for e in self.events))
+
+    def busy_time(self, resource: str | None = None) -> float:
+        """Busy seconds of one resource, or of all compute resources (not the link)."""
+        return sum(
+            e.duration
+            for e in self.events
+            if (e.resource == resource if resource is not None else e.resource != LINK)
+        )
+
+    def summary(self) -> Summary:
+        records = list(self.requests.values())
+        if not records:
+            return Summary(0, 0, 0, *([math.nan] * 5), 0.0, 0.0)
+        ttfts = [r.ttft for r in records]
+        gaps = list(self.gaps) if self.gaps is not None else token_gaps(records)
+        return Summary(
+            requests=len(records),
+            output_tokens=sum(len(r.token_times) for r in records),
+            prefill_tokens=sum(r.prompt_len for r in records),
+            ttft_p50=percentile(ttfts, 50),
+            ttft_p99=percentile(ttfts, 99),
+            tbt_p50=weighted_percentile(gaps, 50),
+            tbt_p99=weighted_percentile(gaps, 99),
+            max_stall=max((g for g, w in gaps if w > 0), default=math.nan),
+            gpu_seconds=self.busy_time(),
+            makespan=max(r.finish for r in records) - min(r.arrival for r in records),
+        )
+
+
+class _Events:
+    """Collects events, coalescing back-to-back identical decode steps into one."""
+
+    def __init__(self) -> None:
+        self.done: list[Event] = []
+        self._open: dict[str, list[Any]] = {}  # resource -> [start, end, duration, ids, kv, n]
+
+    def add(
+        self,
+        resource: str,
+        start: float,
+        end: float,
+        kind: str,
+        prefill: tuple[tuple[str, int], ...] = (),
+        decode_ids: tuple[str, ...] = (),
+        kv_tokens: int = 0,
+        context_tokens: int = 0,
+    ) -> None:
+        run = self._open.get(resource)
+        duration = end - start
+        if kind == "decode":
+            if (
+                run is not None
+                and run[1] == start
+                and run[2] == duration
+                and run[3] is decode_ids
+                and kv_tokens == run[4] + run[5] * len(decode_ids)
+            ):
+                run[1] = end
+                run[5] += 1
+                return
+            self._close(resource)
+            self._open[resource] = [start, end, duration, decode_ids, kv_tokens, 1]
+            return
+        self._close(resource)
+        self.done.append(
+            Event(resource, start, end, kind, prefill, decode_ids, kv_tokens, context_tokens)
+        )
+
+    def _close(self, resource: str) -> None:
+        run = self._open.pop(resource, None)
+        if run is not None:
+            start, end, _, ids, kv, count = run
+            self.done.append(Event(resource, start, end, "decode", (), ids, kv, 0, count))
+
+    def finish(self, order: Sequence[str]) -> tuple[Event, ...]:
+        for resource in list(self._open):
+            self._close(resource)
+        rank = {name: i for i, name in enumerate(order)}
+        return tuple(sorted(self.done, key=lambda e: (rank[e.resource], e.start)))
+
+
+class _Worker:
+    """One compute resource. Modes: ``shared`` (prefill passes first, else decode steps),
+    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens), ``decode`` (decode only:
+    prefilled requests arrive through :meth:`join`)."""
+
+    def __init__(self, name: str, mode: str, cost: CostModel, events: _Events, chunk: float):
+        self.name, self.mode, self.cost, self.events, self.chunk = name, mode, cost, events, chunk
+        self.busy_until: float | None = None
+        self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
+        self.joining: list[Request] = []  # prefilled, join the decode rows at the next boundary
+        self.running: list[Request] = []
+        self._ids: tuple[str, ...] = ()  # tuple(r.id for r in running), rebuilt on change
+        self.kv_tokens = 0  # what the next decode step reads
+        self.decode_ends: list[float] = []  # end of every iteration that emitted tokens
+        self.first_index: dict[str, int] = {}  # request -> index of its first token there
+        self._finishing: dict[int, list[Request]] = {}  # decode index -> requests done there
+        self._firsts: dict[int, int] = {}  # decode index -> requests taking their first token
+        self.gaps: list[tuple[float, int]] = []  # (gap, rows emitting a non-first token)
+        self.prefill_start: dict[str, float] = {}
+        self.prefill_end: dict[str, float] = {}
+        self._current: tuple[list[Request], int] = ([], 0)  # completed prompts, decode rows
+
+    def join(self, request: Request) -> None:
+        self.joining.append(request)
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.joining)
+
+    def start(self, now: float) -> None:
+        """Begin the next iteration at ``now`` if there is work; otherwise stay idle."""
+        if self.joining:
+            index = len(self.decode_ends)
+            for r in self.joining:
+                self.first_index[r.id] = index
+                self._firsts[index] = self._firsts.get(index, 0) + 1
+                self._finishing.setdefault(index + r.output_len - 1, []).append(r)
+                self.kv_tokens += r.prompt_len
+            self.running.extend(self.joining)
+            self.joining = []
+            self._ids = tuple(r.id for r in self.running)
+        budget = (
+            0 if self.mode == "decode" else math.inf if self.mode == "shared" else self.chunk
+        )
+        prefill: list[tuple[str, int]] = []
+        completed: list[Request] = []
+        context = 0
+        while self.waiting and budget > 0:
+            entry = self.waiting[0]
+            request, done = entry
+            take = int(min(request.prompt_len - done, budget))
+            prefill.append((request.id, take))
+            context += done
+            budget -= take
+            self.prefill_start.setdefault(request.id, now)
+            if done + take == request.prompt_len:
+                completed.append(request)
+                self.waiting.popleft()
+            else:
+                entry[1] = done + take
+        tokens = sum(t for _, t in prefill)
+        rows = 0 if (self.mode == "shared" and prefill) else len(self.running)
+        if not tokens and not rows:
+            return
+        kind = "fused" if tokens and rows else "prefill" if tokens else "decode"
+        ids = self._ids if rows else ()
+        kv = self.kv_tokens if rows else 0
+        end = now + self.cost.fused_iteration(tokens, rows, kv, context)
+        self.events.add(self.name, now, end, kind, tuple(prefill), ids, kv, context)
+        self.busy_until = end
+        self._current = (completed, rows)
+
+    def finish(self) -> list[Request]:
+        """End the running iteration; return the requests whose prompt it completed."""
+        end = self.busy_until
+        assert end is not None
+        completed, rows = self._current
+        self.busy_until = None
+        for r in completed:
+            self.prefill_end[r.id] = end
+        if rows:
+            index = len(self.decode_ends)
+            continuing = rows - self._firsts.pop(index, 0)
+            if continuing:
+                self.gaps.append((end - self.decode_ends[-1], continuing))
+            self.decode_ends.append(end)
+            self.kv_tokens += rows
+            done = self._finishing.pop(index, None)
+            if done:
+                gone = {r.id for r in done}
+                self.running = [r for r in self.running if r.id not in gone]
+                self._ids = tuple(r.id for r in self.running)
+                self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
+        return completed
+
+
+def _run(
+    workers: Sequence[_Worker],
+    arrivals: Sequence[tuple[float, Request]],
+    admit: Callable[[Request], None],
+    on_finish: Callable[[_Worker, list[Request]], None] | None = None,
+) -> None:
+    """Advance ``workers`` instant by instant: finish iterations that end now, admit arrivals,
+    then start an iteration on every idle worker that has work."""
+    i, n = 0, len(arrivals)
+    while True:
+        t = arrivals[i][0] if i < n else math.inf
+        for w in workers:
+            if w.busy_until is not None and w.busy_until < t:
+                t = w.busy_until
+        if t == math.inf:
+            return
+        for w in workers:
+            if w.busy_until == t:
+                completed = w.finish()
+                if on_finish is not None and completed:
+                    on_finish(w, completed)
+        while i < n and arrivals[i][0] <= t:
+            admit(arrivals[i][1])
+            i += 1
+        for w in workers:
+            if w.busy_until is None:
+                w.start(t)
+
+
+def _validate_load(load: Iterable[Request]) -> list[Request]:
+    requests = list(load)
+    seen: set[str] = set()
+    for i, r in enumerate(requests):
+        if not isinstance(r, Request):
+            raise ValueError(f"load[{i}] must be a Request, got {type(r).__name__}")
+        if r.id in seen:
+            raise ValueError(f"load[{i}].id {r.id!r} is a duplicate; request ids must be unique")
+        seen.add(r.id)
+    # FCFS ties are broken by id, so the order of the load list never matters.
+    return sorted(requests, key=lambda r: (r.arrival, r.id))
+
+
+def simulate(
+    policy: str,
+    load: Iterable[Request],
+    cost: CostModel,
+    *,
+    chunk: int | None = None,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+) -> Trace:
+    """Replay ``load`` under ``policy`` on a device described by ``cost``.
+
+    Args:
+        policy: one of ``POLICIES``.
+        load: the requests; their order does not matter (FCFS by arrival, then id).
+        cost: the cost model.
+        chunk: prompt tokens per iteration for ``chunked`` (required there, ignored elsewhere).
+        prefill_workers, decode_workers: pool sizes for ``disaggregated``.
+
+    Raises:
+        ValueError: naming the field, for an unknown policy, a missing or non-positive chunk,
+            workers < 1, a non-Request or duplicate id in the load, or a bad cost model.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
+    if policy == "chunked" and chunk is None:
+        raise ValueError("chunk must be a positive integer (prompt tokens per iteration) for 'chunked'")
+    if chunk is not None:
+        _count("chunk", chunk)
+    _count("prefill_workers", prefill_workers)
+    _count("decode_workers", decode_workers)
+    requests = _validate_load(load)
+    events = _Events()
+    if policy == "disaggregated":
+        return _disaggregated(requests, cost, events, chunk, prefill_workers, decode_workers)
+    mode = "shared" if policy == "shared" else "chunked"
+    budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
+    worker = _Worker("worker", mode, cost, events, budget)
+
+    def admit(r: Request) -> None:
+        worker.waiting.append([r, 0])
+
+    _run([worker], [(r.arrival, r) for r in requests], admit, lambda w, done: w.joining.extend(done))
+    records = {
+        r.id: _record(r, worker, worker.prefill_start[r.id], worker.prefill_end[r.id],
+                      worker.prefill_end[r.id])
+        for r in requests
+    }
+    return Trace(policy, events.finish(["worker"]), records, chunk, tuple(worker.gaps))
+
+
+def _record(r: Request, w: _Worker, start: float, end: float, ready: float) -> RequestRecord:
+    first = w.first_index[r.id]
+    tokens = tuple(w.decode_ends[first : first + r.output_len])
+    return RequestRecord(r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready, w.name,
+                         tokens)
+
+
+def _disaggregated(
+    requests: list[Request],
+    cost: CostModel,
+    events: _Events,
+    chunk: int | None,
+    prefill_workers: int,
+    decode_workers: int,
+) -> Trace:
+    # Prefill pool: one unchunked pass per prompt, FCFS, on the first free worker (lowest index).
+    free_at = [0.0] * prefill_workers
+    prefilled: list[tuple[float, int, Request, float]] = []
+    for order, r in enumerate(requests):
+        start = max(r.arrival, min(free_at))
+        w = next(i for i, f in enumerate(free_at) if f <= start)
+        end = start + cost.prefill_pass(r.prompt_len)
+        events.add(f"prefill{w}", start, end, "prefill", ((r.id, r.prompt_len),))
+        free_at[w] = end
+        prefilled.append((end, order, r, start))
+    # The link: one transfer at a time, in order of prefill completion.
+    prefilled.sort(key=lambda x: (x[0], x[1]))
+    link_free = 0.0
+    ready: dict[str, tuple[float, float, float]] = {}
+    arrivals: list[tuple[float, Request]] = []
+    for end, _, r, start in prefilled:
+        duration = cost.kv_transfer(r.prompt_len)
+        if duration > 0:
+            begin = max(end, link_free)
+            link_free = begin + duration
+            events.add(LINK, begin, link_free, "transfer", ((r.id, r.prompt_len),))
+            arrived = link_free
+        else:
+            arrived = end  # a free link: the KV is usable where it was made
+        ready[r.id] = (start, end, arrived)
+        arrivals.append((arrived, r))
+    # Decode pool: a request joins the worker with the fewest requests (lowest index on ties).
+    workers = [_Worker(f"decode{i}", "decode", cost, events, 0) for i in range(decode_workers)]
+
+    def admit(r: Request) -> None:
+        min(workers, key=lambda w: w.load).join(r)
+
+    _run(workers, arrivals, admit)
+    owner = {rid: w for w in workers for rid in w.first_index}
+    records = {r.id: _record(r, owner[r.id], *ready[r.id]) for r in requests}
+    order = [f"prefill{i}" for i in range(prefill_workers)] + [LINK] + [w.name for w in workers]
+    gaps = tuple(g for w in workers for g in w.gaps)
+    return Trace("disaggregated", events.finish(order), records, chunk, gaps)
+
+
+def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | None = None) -> list[str]:
+    """Every DESIGN.md invariant that ``trace`` breaks for ``load``, as sentences (empty: none).
+
+    With ``cost``, each event's duration is also checked against the cost model's formula.
+    """
+    problems: list[str] = []
+    requests = {r.id: r for r in load}
+    by_resource: dict[str, list[Event]] = {}
+    for e in trace.events:
+        by_resource.setdefault(e.resource, []).append(e)
+        if e.kind not in KINDS:
+            problems.append(f"event kind {e.kind!r} is not one of {KINDS}")
+        if not e.end > e.start:
+            problems.append(f"{e.resource} event at {e.start} has no duration")
+    for resource, evs in by_resource.items():
+        evs = sorted(evs, key=lambda e: e.start)
+        for a, b in zip(evs, evs[1:]):  # noqa: B905
+            if b.start < a.end:
+                problems.append(f"{resource} runs two things at once at {b.start}")
+    prefilled: dict[str, int] = {}
+    for e in trace.events:
+        if e.kind != "transfer":
+            for rid, tokens in e.prefill:
+                prefilled[rid] = prefilled.get(rid, 0) + tokens
+    if set(trace.requests) != set(requests):
+        problems.append("the trace's requests are not the load's requests")
+    for rid, r in requests.items():
+        rec = trace.requests.get(rid)
+        if rec is None:
+            continue
+        if len(rec.token_times) != r.output_len:
+            problems.append(f"{rid} got {len(rec.token_times)} tokens, expected {r.output_len}")
+        if prefilled.get(rid, 0) != r.prompt_len:
+            problems.append(f"{rid} prefilled {prefilled.get(rid, 0)} tokens, expected {r.prompt_len}")
+        times = rec.token_times
+        if any(b <= a for a, b in zip(times, times[1:])):  # noqa: B905
+            problems.append(f"{rid}'s token times do not strictly increase")
+        if not r.arrival <= rec.prefill_start < rec.prefill_end <= rec.kv_ready:
+            problems.append(f"{rid}: arrival <= prefill start < prefill end <= KV ready fails")
+        if times and not times[0] > rec.kv_ready:
+            problems.append(f"{rid}'s first token is not after its KV cache was ready")
+    busy = sum(e.duration for e in trace.events if e.resource != LINK)
+    if not math.isclose(busy, trace.summary().gpu_seconds, rel_tol=1e-9, abs_tol=1e-12):
+        problems.append("events' busy time differs from gpu_seconds")
+    if cost is not None:
+        for e in trace.events:
+            if e.kind == "transfer":
+                expected = cost.kv_transfer(e.prefill_tokens)
+            elif e.kind == "decode":
+                expected = sum(
+                    cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
+                    for i in range(e.count)
+                )
+            else:
+                expected = cost.fused_iteration(
+                    e.prefill_tokens, e.decode_rows, e.kv_tokens, e.context_tokens
+                )
+            if not math.isclose(e.duration, expected, rel_tol=1e-9, abs_tol=1e-12):
+                problems.append(
+                    f"{e.resource} {e.kind} at {e.start} lasts {e.duration}, cost model says {expected}"
+                )
+    return problems
+
+
+def _demo() -> str:
+    """The lab's scenario under each policy, as a plain-text table."""
+    preset = PRESETS["lab-laptop"]
+    cost = preset.cost
+    streams = [Request(f"live{i}", 0.0, 128, 256) for i in range(2)]
+    load = [*streams, Request("long", 0.1, 2048, 32)]
+    chunk = max(1, round(cost.chunk_star()))
+    rows = [("policy", "TTFT long (ms)", "max stall (ms)", "GPU-s", "makespan (s)")]
+    for policy in POLICIES:
+        trace = simulate(policy, load, cost, chunk=chunk)
+        s = trace.summary()
+        rows.append(
+            (
+                policy + (f" (chunk {chunk})" if policy == "chunked" else ""),
+                f"{trace.requests['long'].ttft * 1e3:.1f}",
+                f"{s.max_stall * 1e3:.1f}",
+                f"{s.gpu_seconds:.3f}",
+                f"{s.makespan:.3f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in
+                       enumerate(zip(row, widths))) for row in rows]  # noqa: B905
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    head = (
+        f"Lab scenario: 2 live streams decoding, a 2048-token prompt arrives at 100 ms.\n"
+        f"Cost model: preset '{preset.name}' ({preset.source})\n"
+        f"C* = {cost.chunk_star():.0f} tokens\n"
+    )
+    return head + "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(_demo())
