@@ -1,0 +1,50 @@
+"""``prefill-bench``: the command line. Thin glue: each subcommand lives in
+``pytest_prefill/commands/<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``; none of them may import torch or numpy at import time."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pytest_prefill import __version__
+
+# name -> module; the order is the order of ``prefill-bench --help``.
+COMMANDS = {
+    "simulate": "pytest_prefill.commands.simulate",
+    # "calibrate", "demo" (measurement), "compare" (archive), "timeline", "fidelity" (engine)
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefill-bench",
+        description="Measure prefill/decode interference and compare serving policies.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted; nothing half-written was left on disk", file=sys.stderr)
+        return 130
+    except ValueError as err:
+        parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

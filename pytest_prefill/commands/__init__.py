@@ -1,0 +1,1 @@
+"""The subcommands of ``prefill-bench``, one module each."""

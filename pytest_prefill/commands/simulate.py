@@ -1,0 +1,87 @@
+"""``prefill-bench simulate``: the chunk sweep and policy comparison for the lab scenario."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+from pytest_prefill import __version__
+from pytest_prefill._io import write_json_atomic
+from pytest_prefill.costs import load_cost
+from pytest_prefill.report import sweep_rows_json, sweep_table
+from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.whatif import chunk_sweep, default_chunks
+from pytest_prefill.workloads import lab_scenario
+
+HELP = "simulate the lab scenario under every policy and sweep the chunk size"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cost", default="lab-laptop", metavar="SPEC",
+        help=f"cost model: a preset ({', '.join(PRESETS)}) or a calibration/run JSON path "
+        "(default: lab-laptop)",
+    )
+    parser.add_argument("--prompt-len", type=positive_int, default=2048,
+                        help="tokens of the arriving prompt (default 2048)")
+    parser.add_argument("--chunk", type=positive_int, action="append", metavar="TOKENS",
+                        help="chunk size to simulate (repeatable; default: C*, powers of two, "
+                        "the whole prompt)")
+    parser.add_argument("--streams", type=positive_int, default=2,
+                        help="live streams already decoding (default 2)")
+    parser.add_argument("--arrival", type=non_negative_float, default=0.1,
+                        help="when the prompt arrives, seconds (default 0.1)")
+    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    cost, origin = load_cost(args.cost)
+    load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+    chunks = args.chunk or default_chunks(cost, args.prompt_len)
+    rows = chunk_sweep(cost, load, chunks)
+    star = cost.chunk_star()
+    print(f"Cost model: {origin}")
+    print(
+        f"Scenario: {args.streams} live streams decoding, a {args.prompt_len}-token prompt "
+        f"arrives at {args.arrival * 1e3:.0f} ms. Simulated, not measured."
+    )
+    print(f"C* = {star:.0f} tokens" if star > -1e300 else "C* = -inf")
+    print()
+    print(sweep_table(rows))
+    print()
+    print("TTFT cost = TTFT p99 / shared's; stall gain = shared's max stall / this max stall.")
+    print("vLLM's max_num_batched_tokens ~ chunk + decode rows.")
+    if args.json:
+        write_json_atomic(args.json, {
+            "kind": "pytest-prefill/chunk-sweep",
+            "schema_version": 1,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "version": __version__,
+            "cost_source": origin,
+            "cost_model": cost.to_dict(),
+            "scenario": {"streams": args.streams, "prompt_len": args.prompt_len,
+                         "arrival": args.arrival},
+            "rows": sweep_rows_json(rows),
+        })
+        print(f"wrote {args.json}")
+    return 0
