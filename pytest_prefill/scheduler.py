@@ -7,9 +7,13 @@ comparison. The semantics are DESIGN.md's "Simulation semantics"; each point is 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import heapq
+import itertools
 import math
-from collections import deque
+import operator
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -407,7 +411,7 @@ class _Events:
 
     def __init__(self) -> None:
         self.done: list[Event] = []
-        self._open: dict[str, list[Any]] = {}  # resource -> [start, end, duration, ids, kv, n]
+        self._open: dict[str, list[Any]] = {}  # resource -> [start, end, step, ids, kv, count]
 
     def add(
         self,
@@ -419,27 +423,30 @@ class _Events:
         decode_ids: tuple[str, ...] = (),
         kv_tokens: int = 0,
         context_tokens: int = 0,
+        count: int = 1,
+        step: float = 0.0,
     ) -> None:
-        run = self._open.get(resource)
-        duration = end - start
-        if kind == "decode":
-            if (
-                run is not None
-                and run[1] == start
-                and run[2] == duration
-                and run[3] is decode_ids
-                and kv_tokens == run[4] + run[5] * len(decode_ids)
-            ):
-                run[1] = end
-                run[5] += 1
-                return
+        """Record one iteration, or ``count`` decode steps of ``step`` seconds each."""
+        if kind != "decode":
             self._close(resource)
-            self._open[resource] = [start, end, duration, decode_ids, kv_tokens, 1]
+            self.done.append(
+                Event(resource, start, end, kind, prefill, decode_ids, kv_tokens, context_tokens)
+            )
+            return
+        step = step or end - start
+        run = self._open.get(resource)
+        if (
+            run is not None
+            and run[1] == start
+            and run[2] == step
+            and run[3] is decode_ids
+            and kv_tokens == run[4] + run[5] * len(decode_ids)
+        ):
+            run[1] = end
+            run[5] += count
             return
         self._close(resource)
-        self.done.append(
-            Event(resource, start, end, kind, prefill, decode_ids, kv_tokens, context_tokens)
-        )
+        self._open[resource] = [start, end, step, decode_ids, kv_tokens, count]
 
     def _close(self, resource: str) -> None:
         run = self._open.pop(resource, None)
@@ -457,7 +464,12 @@ class _Events:
 class _Worker:
     """One compute resource. Modes: ``shared`` (prefill passes first, else decode steps),
     ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens), ``decode`` (decode only:
-    prefilled requests arrive through :meth:`join`)."""
+    prefilled requests arrive through :meth:`join`).
+
+    Speed: a stretch of decode steps in which nothing can change (no prompt waiting, nobody
+    finishing, no arrival before the step starts) is advanced in one go; every step's end time
+    is still computed by the same additions as step by step, so token times are exact.
+    """
 
     def __init__(self, name: str, mode: str, cost: CostModel, events: _Events, chunk: float):
         self.name, self.mode, self.cost, self.events, self.chunk = name, mode, cost, events, chunk
@@ -470,11 +482,14 @@ class _Worker:
         self.decode_ends: list[float] = []  # end of every iteration that emitted tokens
         self.first_index: dict[str, int] = {}  # request -> index of its first token there
         self._finishing: dict[int, list[Request]] = {}  # decode index -> requests done there
+        self._finish_heap: list[int] = []  # the keys of _finishing
         self._firsts: dict[int, int] = {}  # decode index -> requests taking their first token
-        self.gaps: list[tuple[float, int]] = []  # (gap, rows emitting a non-first token)
+        self.gaps: dict[float, int] = {}  # token gap -> how many tokens followed such a gap
         self.prefill_start: dict[str, float] = {}
         self.prefill_end: dict[str, float] = {}
-        self._current: tuple[list[Request], int] = ([], 0)  # completed prompts, decode rows
+        self._completed: list[Request] = []  # prompts the running iteration completes
+        self._ends: list[float] = []  # end of each decode-bearing step in the running iteration
+        self._rows = 0
 
     def join(self, request: Request) -> None:
         self.joining.append(request)
@@ -483,18 +498,26 @@ class _Worker:
     def load(self) -> int:
         return len(self.running) + len(self.joining)
 
-    def start(self, now: float) -> None:
-        """Begin the next iteration at ``now`` if there is work; otherwise stay idle."""
+    def _admit_joining(self) -> None:
+        index = len(self.decode_ends)
+        for r in self.joining:
+            self.first_index[r.id] = index
+            self._firsts[index] = self._firsts.get(index, 0) + 1
+            last = index + r.output_len - 1
+            if last not in self._finishing:
+                self._finishing[last] = []
+                heapq.heappush(self._finish_heap, last)
+            self._finishing[last].append(r)
+            self.kv_tokens += r.prompt_len
+        self.running.extend(self.joining)
+        self.joining = []
+        self._ids = tuple(r.id for r in self.running)
+
+    def start(self, now: float, horizon: float = math.inf) -> None:
+        """Begin the next iteration at ``now`` if there is work; otherwise stay idle.
+        ``horizon`` is the next arrival: no step that starts at or after it may be merged."""
         if self.joining:
-            index = len(self.decode_ends)
-            for r in self.joining:
-                self.first_index[r.id] = index
-                self._firsts[index] = self._firsts.get(index, 0) + 1
-                self._finishing.setdefault(index + r.output_len - 1, []).append(r)
-                self.kv_tokens += r.prompt_len
-            self.running.extend(self.joining)
-            self.joining = []
-            self._ids = tuple(r.id for r in self.running)
+            self._admit_joining()
         budget = (
             0 if self.mode == "decode" else math.inf if self.mode == "shared" else self.chunk
         )
@@ -516,37 +539,74 @@ class _Worker:
                 entry[1] = done + take
         tokens = sum(t for _, t in prefill)
         rows = 0 if (self.mode == "shared" and prefill) else len(self.running)
+        self._completed, self._rows = completed, rows
         if not tokens and not rows:
             return
-        kind = "fused" if tokens and rows else "prefill" if tokens else "decode"
-        ids = self._ids if rows else ()
+        if not tokens:
+            self._start_decode_run(now, horizon, rows)
+            return
+        kind = "fused" if rows else "prefill"
         kv = self.kv_tokens if rows else 0
         end = now + self.cost.fused_iteration(tokens, rows, kv, context)
+        ids = self._ids if rows else ()
         self.events.add(self.name, now, end, kind, tuple(prefill), ids, kv, context)
+        self._ends = [end] if rows else []
         self.busy_until = end
-        self._current = (completed, rows)
+
+    def _start_decode_run(self, now: float, horizon: float, rows: int) -> None:
+        cost, kv = self.cost, self.kv_tokens
+        steps = self._finish_heap[0] - len(self.decode_ends) + 1  # up to the next finish
+        first = cost.decode_step(rows, kv)
+        if horizon < math.inf:  # steps last >= first, so at most this many start before it
+            steps = min(steps, int((horizon - now) / first) + 2)
+        if cost.decode_per_kv_token == 0:
+            durations: Iterable[float] = itertools.repeat(first, steps)
+        else:
+            durations = [cost.decode_step(rows, kv + i * rows) for i in range(steps)]
+        ends = list(itertools.accumulate(durations, initial=now))
+        del ends[0]
+        # Step i starts at ends[i-1]; keep the steps that start before the horizon.
+        del ends[1 + bisect.bisect_left(ends, horizon, 0, steps - 1) :]
+        if cost.decode_per_kv_token == 0:
+            self.events.add(self.name, now, ends[-1], "decode", (), self._ids, kv,
+                            count=len(ends), step=first)
+        else:
+            begin = now
+            for i, end in enumerate(ends):
+                self.events.add(self.name, begin, end, "decode", (), self._ids, kv + i * rows)
+                begin = end
+        self._ends = ends
+        self.busy_until = ends[-1]
 
     def finish(self) -> list[Request]:
         """End the running iteration; return the requests whose prompt it completed."""
         end = self.busy_until
         assert end is not None
-        completed, rows = self._current
         self.busy_until = None
+        completed, rows, ends = self._completed, self._rows, self._ends
         for r in completed:
             self.prefill_end[r.id] = end
-        if rows:
-            index = len(self.decode_ends)
-            continuing = rows - self._firsts.pop(index, 0)
-            if continuing:
-                self.gaps.append((end - self.decode_ends[-1], continuing))
-            self.decode_ends.append(end)
-            self.kv_tokens += rows
-            done = self._finishing.pop(index, None)
-            if done:
-                gone = {r.id for r in done}
-                self.running = [r for r in self.running if r.id not in gone]
-                self._ids = tuple(r.id for r in self.running)
-                self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
+        if not (rows and ends):
+            return completed
+        index = len(self.decode_ends)
+        gaps = self.gaps
+        continuing = rows - self._firsts.pop(index, 0)
+        if continuing and self.decode_ends:
+            gap = ends[0] - self.decode_ends[-1]
+            gaps[gap] = gaps.get(gap, 0) + continuing
+        if len(ends) > 1:
+            for gap, times in Counter(map(operator.sub, ends[1:], ends)).items():
+                gaps[gap] = gaps.get(gap, 0) + times * rows
+        self.decode_ends.extend(ends)
+        self.kv_tokens += rows * len(ends)
+        last = len(self.decode_ends) - 1
+        if self._finish_heap[0] == last:
+            heapq.heappop(self._finish_heap)
+            done = self._finishing.pop(last)
+            gone = {r.id for r in done}
+            self.running = [r for r in self.running if r.id not in gone]
+            self._ids = tuple(r.id for r in self.running)
+            self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
         return completed
 
 
@@ -574,9 +634,10 @@ def _run(
         while i < n and arrivals[i][0] <= t:
             admit(arrivals[i][1])
             i += 1
+        horizon = arrivals[i][0] if i < n else math.inf
         for w in workers:
             if w.busy_until is None:
-                w.start(t)
+                w.start(t, horizon)
 
 
 def _validate_load(load: Iterable[Request]) -> list[Request]:
@@ -641,7 +702,7 @@ def simulate(
                       worker.prefill_end[r.id])
         for r in requests
     }
-    return Trace(policy, events.finish(["worker"]), records, chunk, tuple(worker.gaps))
+    return Trace(policy, events.finish(["worker"]), records, chunk, tuple(worker.gaps.items()))
 
 
 def _record(r: Request, w: _Worker, start: float, end: float, ready: float) -> RequestRecord:
@@ -695,7 +756,7 @@ def _disaggregated(
     owner = {rid: w for w in workers for rid in w.first_index}
     records = {r.id: _record(r, owner[r.id], *ready[r.id]) for r in requests}
     order = [f"prefill{i}" for i in range(prefill_workers)] + [LINK] + [w.name for w in workers]
-    gaps = tuple(g for w in workers for g in w.gaps)
+    gaps = tuple(g for w in workers for g in w.gaps.items())
     return Trace("disaggregated", events.finish(order), records, chunk, gaps)
 
 
