@@ -1,0 +1,51 @@
+"""Hypothesis strategies for cost models and loads."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+from pytest_prefill.scheduler import CostModel, Request
+
+
+def seconds(low: float, high: float) -> st.SearchStrategy[float]:
+    return st.floats(low, high, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def cost_models(draw: st.DrawFn, *, kv: bool = True, link: bool = True) -> CostModel:
+    """Cost models spanning a fused-kernel datacenter GPU to an eager laptop."""
+    return CostModel(
+        prefill_pass_overhead=draw(seconds(1e-4, 5e-2)),
+        prefill_per_token=draw(seconds(1e-6, 1e-4)),
+        decode_step_base=draw(seconds(1e-3, 5e-2)),
+        decode_per_seq=draw(st.sampled_from([0.0, 1e-5, 1e-4])),
+        decode_per_kv_token=draw(st.sampled_from([0.0, 1e-9, 1e-7])) if kv else 0.0,
+        kv_bytes_per_token=draw(st.sampled_from([0.0, 1e3, 1.1e5])) if link else 0.0,
+        link_bandwidth=draw(st.sampled_from([math.inf, 1e9, 25e9])) if link else math.inf,
+        link_latency=draw(st.sampled_from([0.0, 1e-5, 1e-3])) if link else 0.0,
+    )
+
+
+@st.composite
+def loads(draw: st.DrawFn, max_requests: int = 10) -> list[Request]:
+    """A handful of requests: bursts (equal arrivals) and gaps (idle time) both happen."""
+    count = draw(st.integers(1, max_requests))
+    arrivals = draw(
+        st.lists(st.sampled_from([0.0, 0.001, 0.05, 0.1, 0.3, 1.0, 2.5]), min_size=count,
+                 max_size=count)
+    )
+    return [
+        Request(
+            f"r{i}",
+            arrival,
+            draw(st.integers(1, 600)),
+            draw(st.integers(1, 24)),
+        )
+        for i, arrival in enumerate(arrivals)
+    ]
+
+
+policies = st.sampled_from(["shared", "coscheduled", "chunked", "disaggregated"])
+chunks = st.integers(1, 700)
