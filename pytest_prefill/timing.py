@@ -1,0 +1,313 @@
+"""Measurement discipline in one place: the median of repeats after warmup with its spread and
+pyperf-style stability warnings, and a straight-line fit that refuses what the noise cannot
+support. numpy only; nothing here knows about models."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# A measurement is flagged (pyperf's spirit: shown beside the figure, never hidden) when its
+# interquartile range exceeds this fraction of the median, or its [min, max] range exceeds
+# UNSTABLE_RANGE of it, or it holds fewer than MIN_SAMPLES samples.
+UNSTABLE_IQR = 0.10
+UNSTABLE_RANGE = 0.50
+MIN_SAMPLES = 3
+
+# A fitted slope is kept only when the effect it predicts across the measured range is more than
+# CLEARLY times the measurements' own scatter, and (with 3 or more points) more than
+# SIGNIFICANT standard errors from zero.
+CLEARLY = 3.0
+SIGNIFICANT = 2.0
+
+
+def _finite(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _count(field: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Measurement:
+    """Repeated timings of one operation, in seconds: the median and its spread.
+
+    ``relative_spread`` is IQR / median; ``warning`` is None for a stable measurement, else a
+    sentence saying what is wrong with it.
+    """
+
+    samples: tuple[float, ...]
+    median: float
+    minimum: float
+    maximum: float
+    q1: float
+    q3: float
+    warmup: int
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float], *, warmup: int = 0) -> Measurement:
+        """Summarize ``samples`` (seconds, each finite and >= 0).
+
+        Raises:
+            ValueError: for no samples, or a negative, NaN or infinite sample.
+        """
+        import numpy as np
+
+        if len(samples) == 0:
+            raise ValueError("samples must hold at least one timing")
+        values = tuple(_finite("sample", s) for s in samples)
+        if min(values) < 0:
+            raise ValueError(f"samples must be >= 0 seconds, got {min(values)!r}")
+        q1, median, q3 = (float(v) for v in np.percentile(values, [25, 50, 75]))
+        return cls(values, median, min(values), max(values), q1, q3, warmup)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.samples)
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def relative_spread(self) -> float:
+        return self.iqr / self.median if self.median > 0 else 0.0
+
+    @property
+    def warning(self) -> str | None:
+        problems = []
+        if self.repeats < MIN_SAMPLES:
+            problems.append(f"only {self.repeats} sample(s): a sample, not a measurement")
+        if self.relative_spread > UNSTABLE_IQR:
+            problems.append(f"unstable: the IQR is {self.relative_spread:.0%} of the median")
+        if self.median > 0 and (self.maximum - self.minimum) / self.median > UNSTABLE_RANGE:
+            problems.append(
+                f"outliers: [min, max] spans {(self.maximum - self.minimum) / self.median:.0%} "
+                "of the median"
+            )
+        return "; ".join(problems) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "median": self.median,
+            "min": self.minimum,
+            "max": self.maximum,
+            "q1": self.q1,
+            "q3": self.q3,
+            "iqr": self.iqr,
+            "relative_spread": self.relative_spread,
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "warning": self.warning,
+            "samples": list(self.samples),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Measurement:
+        if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+            raise ValueError(f"a measurement must be an object with 'samples', got {data!r:.80}")
+        warmup = data.get("warmup", 0)
+        return cls.from_samples(data["samples"], warmup=_count("warmup", warmup, 0))
+
+
+def perf_counter_timer(fn: Callable[[], object], sync: Callable[[], object] | None = None) -> float:
+    """Seconds one call of ``fn`` takes by the wall clock, synchronized before and after."""
+    if sync is not None:
+        sync()
+    start = time.perf_counter()
+    fn()
+    if sync is not None:
+        sync()
+    return time.perf_counter() - start
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    repeats: int,
+    warmup: int,
+    sync: Callable[[], object] | None = None,
+    setup: Callable[[], object] | None = None,
+    timer: Callable[[Callable[[], object]], float] | None = None,
+) -> Measurement:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    Args:
+        fn: the operation; its result is discarded.
+        repeats: timed calls (>= 1).
+        warmup: untimed calls first (>= 0).
+        sync: waits for the device (e.g. ``torch.cuda.synchronize``); called around each timed
+            call by the default wall-clock timer.
+        setup: called before every call, untimed (e.g. to reset a cache to its length).
+        timer: runs ``fn`` once and returns its seconds (e.g. CUDA events); default: the wall
+            clock with ``sync`` around the call.
+
+    Raises:
+        ValueError: for repeats < 1 or warmup < 0.
+    """
+    _count("repeats", repeats, 1)
+    _count("warmup", warmup, 0)
+
+    def timed(call: Callable[[], object]) -> float:
+        return timer(call) if timer is not None else perf_counter_timer(call, sync)
+
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    if sync is not None:
+        sync()
+    samples = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        samples.append(timed(fn))
+    return Measurement.from_samples(samples, warmup=warmup)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fit:
+    """``y = intercept + slope * x`` by least squares, and whether the slope is believed.
+
+    ``refused`` is True when the slope is noise or impossible; ``reason`` says why, with the
+    numbers. ``recorded_slope`` is 0 for a refused slope, and ``level`` the constant to use
+    with it: the intercept when the slope is kept, the mean of the ys when it is refused.
+    """
+
+    slope: float
+    intercept: float
+    slope_stderr: float
+    intercept_stderr: float
+    points: int
+    x_range: float
+    effect: float
+    scatter: float
+    mean_y: float
+    refused: bool
+    reason: str
+
+    @property
+    def recorded_slope(self) -> float:
+        return 0.0 if self.refused else self.slope
+
+    @property
+    def level(self) -> float:
+        return self.mean_y if self.refused else self.intercept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slope": self.slope,
+            "intercept": self.intercept,
+            "slope_stderr": self.slope_stderr,
+            "intercept_stderr": self.intercept_stderr,
+            "points": self.points,
+            "x_range": self.x_range,
+            "effect": self.effect,
+            "scatter": self.scatter,
+            "mean_y": self.mean_y,
+            "refused": self.refused,
+            "reason": self.reason,
+        }
+
+
+def fit_line(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    spreads: Sequence[float] | None = None,
+    *,
+    nonnegative: bool = True,
+    unit: str = "",
+) -> Fit:
+    """Fit a line to (xs, ys) and refuse a slope the measurements cannot support.
+
+    The effect is ``|slope| * (max(xs) - min(xs))``: how much the fitted cost changes across
+    the measured range. The scatter is the larger of the points' typical spread (the median of
+    ``spreads``, e.g. each point's IQR) and the residual standard deviation of the fit. The
+    slope is refused when the effect is not more than ``CLEARLY`` times the scatter, when
+    (with 3+ points) it is within ``SIGNIFICANT`` standard errors of zero, or when it is
+    negative and ``nonnegative`` (a cost cannot fall as work grows).
+
+    Args:
+        xs, ys: at least two points, two or more distinct xs; finite numbers.
+        spreads: optional per-point scatter (>= 0), same length as ``xs``.
+        nonnegative: refuse negative slopes.
+        unit: how to print a y value in the reason (``"ms"`` multiplies seconds by 1e3).
+
+    Raises:
+        ValueError: for mismatched lengths, fewer than two distinct xs, or non-finite input.
+    """
+    import numpy as np
+
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys must have the same length, got {len(xs)} and {len(ys)}")
+    x = np.array([_finite("x", v) for v in xs], dtype=float)
+    y = np.array([_finite("y", v) for v in ys], dtype=float)
+    if len(set(x.tolist())) < 2:
+        raise ValueError(f"fit_line needs at least two distinct xs, got {list(xs)!r}")
+    if spreads is not None:
+        if len(spreads) != len(xs):
+            raise ValueError(
+                f"spreads must have one value per point, got {len(spreads)} for {len(xs)}"
+            )
+        spread_values = [_finite("spread", s) for s in spreads]
+        if min(spread_values) < 0:
+            raise ValueError(f"spreads must be >= 0, got {min(spread_values)!r}")
+    n = len(x)
+    x_mean, y_mean = float(x.mean()), float(y.mean())
+    sxx = float(((x - x_mean) ** 2).sum())
+    slope = float(((x - x_mean) * (y - y_mean)).sum() / sxx)
+    intercept = y_mean - slope * x_mean
+    residuals = y - (intercept + slope * x)
+    if n > 2:
+        residual_sd = math.sqrt(float((residuals**2).sum()) / (n - 2))
+        slope_stderr = residual_sd / math.sqrt(sxx)
+        intercept_stderr = residual_sd * math.sqrt(1.0 / n + x_mean**2 / sxx)
+    else:
+        residual_sd = slope_stderr = intercept_stderr = 0.0
+    typical_spread = float(np.median(spread_values)) if spreads is not None else 0.0
+    scatter = max(typical_spread, residual_sd)
+    x_range = float(x.max() - x.min())
+    effect = abs(slope) * x_range
+
+    scale = 1e3 if unit == "ms" else 1.0
+
+    def show(value: float) -> str:
+        return f"{value * scale:.4g}{' ' + unit if unit else ''}"
+
+    reason = ""
+    if nonnegative and slope < 0:
+        reason = (
+            f"negative slope ({slope * scale:.3g} {unit + ' ' if unit else ''}per unit x) for a "
+            "cost that cannot fall as work grows"
+        )
+    elif effect <= CLEARLY * scatter:
+        reason = (
+            f"flat within noise: the effect across x = {x.min():g}..{x.max():g} is "
+            f"{show(effect)}, not more than {CLEARLY:g}x the scatter {show(scatter)}"
+        )
+    elif n > 2 and abs(slope) <= SIGNIFICANT * slope_stderr:
+        reason = (
+            f"slope {slope * scale:.3g} is within {SIGNIFICANT:g} standard errors "
+            f"({slope_stderr * scale:.3g}) of zero"
+        )
+    return Fit(
+        slope=slope,
+        intercept=intercept,
+        slope_stderr=slope_stderr,
+        intercept_stderr=intercept_stderr,
+        points=n,
+        x_range=x_range,
+        effect=effect,
+        scatter=scatter,
+        mean_y=y_mean,
+        refused=bool(reason),
+        reason=reason,
+    )
