@@ -355,7 +355,7 @@ def token_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
     return [
         (b - a, 1)
         for r in records
-        for a, b in zip(r.token_times, r.token_times[1:])  # noqa: B905 - py3.10 compatible
+        for a, b in zip(r.token_times, r.token_times[1:])
     ]
 
 
@@ -389,7 +389,8 @@ class Trace:
     def summary(self) -> Summary:
         records = list(self.requests.values())
         if not records:
-            return Summary(0, 0, 0, *([math.nan] * 5), 0.0, 0.0)
+            nan = math.nan
+            return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
         ttfts = [r.ttft for r in records]
         gaps = list(self.gaps) if self.gaps is not None else token_gaps(records)
         return Summary(
@@ -755,9 +756,9 @@ def _disaggregated(
     _run(workers, arrivals, admit)
     owner = {rid: w for w in workers for rid in w.first_index}
     records = {r.id: _record(r, owner[r.id], *ready[r.id]) for r in requests}
-    order = [f"prefill{i}" for i in range(prefill_workers)] + [LINK] + [w.name for w in workers]
+    names = [f"prefill{i}" for i in range(prefill_workers)] + [LINK] + [w.name for w in workers]
     gaps = tuple(g for w in workers for g in w.gaps.items())
-    return Trace("disaggregated", events.finish(order), records, chunk, gaps)
+    return Trace("disaggregated", events.finish(names), records, chunk, gaps)
 
 
 def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | None = None) -> list[str]:
@@ -776,7 +777,7 @@ def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | No
             problems.append(f"{e.resource} event at {e.start} has no duration")
     for resource, evs in by_resource.items():
         evs = sorted(evs, key=lambda e: e.start)
-        for a, b in zip(evs, evs[1:]):  # noqa: B905
+        for a, b in zip(evs, evs[1:]):
             if b.start < a.end:
                 problems.append(f"{resource} runs two things at once at {b.start}")
     prefilled: dict[str, int] = {}
@@ -795,7 +796,7 @@ def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | No
         if prefilled.get(rid, 0) != r.prompt_len:
             problems.append(f"{rid} prefilled {prefilled.get(rid, 0)} tokens, expected {r.prompt_len}")
         times = rec.token_times
-        if any(b <= a for a, b in zip(times, times[1:])):  # noqa: B905
+        if any(b <= a for a, b in zip(times, times[1:])):
             problems.append(f"{rid}'s token times do not strictly increase")
         if not r.arrival <= rec.prefill_start < rec.prefill_end <= rec.kv_ready:
             problems.append(f"{rid}: arrival <= prefill start < prefill end <= KV ready fails")
@@ -846,7 +847,7 @@ def _demo() -> str:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in
-                       enumerate(zip(row, widths))) for row in rows]  # noqa: B905
+                       enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     head = (
         f"Lab scenario: 2 live streams decoding, a 2048-token prompt arrives at 100 ms.\n"
