@@ -3,12 +3,17 @@ results. Times are printed in milliseconds; every table says where its numbers c
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tabulate import tabulate
 
+from pytest_prefill.archive import json_safe
+from pytest_prefill.scheduler import CostModel, simulate
 from pytest_prefill.whatif import SweepRow
+from pytest_prefill.workloads import lab_scenario
 
 
 def ms(seconds: float) -> str:
@@ -48,3 +53,100 @@ def sweep_rows_json(rows: Sequence[SweepRow]) -> list[dict[str, object]]:
          **{k: clean(v) for k, v in r.summary.as_dict().items()}}  # type: ignore[arg-type]
         for r in rows
     ]
+
+
+# --- what a run reports: tables and verdicts, as the plugin's summary and archive hold them ---
+
+VERDICTS = ("HOLDS", "FAILS")
+
+
+def _text_field(field: str, value: object, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value.strip()):
+        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Table:
+    """A titled, already formatted table; ``data`` is its JSON form for the archive (or None);
+    ``test`` is the node id of the test that produced it."""
+
+    title: str
+    text: str
+    data: Any = None
+    test: str = ""
+
+    def __post_init__(self) -> None:
+        _text_field("title", self.title)
+        _text_field("text", self.text)
+        object.__setattr__(self, "data", json_safe(self.data, f"table {self.title!r} data"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "text": self.text, "data": self.data, "test": self.test}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Table:
+        return cls(data.get("title"), data.get("text"), data.get("data"),  # type: ignore[arg-type]
+                   data.get("test") or "")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """A falsifiable claim's outcome: HOLDS or FAILS, with the sentence it was judged against."""
+
+    name: str
+    verdict: str
+    sentence: str
+    detail: str | None = None
+    test: str = ""
+
+    def __post_init__(self) -> None:
+        _text_field("name", self.name)
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
+        _text_field("sentence", self.sentence)
+        if self.detail is not None:
+            _text_field("detail", self.detail, allow_empty=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "verdict": self.verdict, "sentence": self.sentence,
+                "detail": self.detail, "test": self.test}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(data.get("name"), data.get("verdict"),  # type: ignore[arg-type]
+                   data.get("sentence"), data.get("detail"),  # type: ignore[arg-type]
+                   data.get("test") or "")
+
+
+def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[str]:
+    """The tables, then every verdict with its sentence, as lines for a terminal."""
+    lines: list[str] = []
+    for table in tables:
+        heading = f"{table.title}  [{table.test}]" if table.test else table.title
+        lines += [heading, "-" * min(len(heading), 100), *table.text.rstrip().splitlines(), ""]
+    if verdicts:
+        lines.append("Verdicts:")
+        for v in verdicts:
+            lines.append(f"  {v.verdict}  {v.name}: {v.sentence}")
+            if v.detail:
+                lines += [f"         {line}" for line in v.detail.rstrip().splitlines()]
+    return lines
+
+
+def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048) -> str:
+    """The lab scenario (two live streams, a ``prompt_len`` prompt arriving at 100 ms) under
+    shared, chunked at C* and disaggregated serving, as an SVG timeline."""
+    from pytest_prefill.timeline import focus_window, render_svg
+
+    load = lab_scenario(prompt_len=prompt_len)
+    star = cost.chunk_star()
+    # C* rounded into [1, prompt_len]; the whole prompt when any chunk is free
+    chunk = max(1, min(prompt_len, round(star))) if math.isfinite(star) else (
+        prompt_len if star > 0 else 1)
+    traces = [simulate("shared", load, cost), simulate("chunked", load, cost, chunk=chunk),
+              simulate("disaggregated", load, cost)]
+    title = (f"Lab scenario: 2 live streams; a {prompt_len:,}-token prompt arrives at 100 ms. "
+             f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}, rounded). Simulated from a cost "
+             f"model, not measured.\nCost model: {origin}")
+    return render_svg(traces, window=focus_window(traces, "long"), title=title)
