@@ -43,9 +43,13 @@ def run(policy: str, load: list[Request], cost: CostModel, chunk: int = 128, **k
 
 
 def scenario(cost: CostModel, prompt_len: int = 2048, streams: int = 2) -> list[Request]:
-    """The lab scenario with the prompt arriving in the middle of a decode step."""
+    """The lab scenario with the prompt arriving in the middle of a decode step, and live
+    streams that outlast the prompt's prefill under every policy (chunks >= 16 tokens)."""
     arrival = cost.prefill_pass(streams * 128) + 1.5 * cost.decode_step(streams, 0)
-    return lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival)
+    busy = arrival + 2 * cost.prefill_pass(prompt_len) + cost.kv_transfer(prompt_len)
+    outlast = max(prompt_len // 16, math.ceil(busy / cost.decode_step(streams, 0))) + 64
+    return lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival,
+                        stream_output_len=outlast)
 
 
 def intervals(trace: Trace, resource: str) -> list[tuple[float, float]]:
