@@ -1,0 +1,649 @@
+"""The timeline of one or more traces, drawn from ``Trace.events`` (the run the tables report, so
+the picture cannot contradict the numbers): a self-contained SVG and a plain-text rendering.
+Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from pytest_prefill.scheduler import LINK, Event, Trace
+
+Window = tuple[float, float]  # (start, end) in seconds
+Labels = tuple[str, ...]
+
+MAX_TOKEN_ROWS = 8  # token rows per trace; the rest are named in a note
+STALL_FACTOR = 1.5  # a gap between tokens longer than this many median gaps is a stall
+COLOURS = {"prefill": "#e07b28", "decode": "#3f76b5", "fused": "#8a55b0", "transfer": "#2f9a62"}
+KIND_LETTERS = {"prefill": "P", "decode": "d", "fused": "F", "transfer": "K"}
+DESCRIPTIONS = {
+    "shared": "one worker; a prefill pass runs alone and every live stream waits for it",
+    "coscheduled": "one worker; whole prompts are fused into the decode step",
+    "chunked": "one worker; each step fuses the decodes with a chunk of prompt (Sarathi-Serve)",
+    "disaggregated": "prefill and decode on separate workers; the KV cache crosses a link",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bar:
+    """``count`` back-to-back iterations (or one KV transfer) on one resource, drawn as one bar.
+
+    ``labels`` are the texts to write on it, longest first; a renderer writes the longest that fits.
+    """
+
+    resource: str
+    start: float
+    end: float
+    kind: str
+    count: int
+    labels: tuple[str, ...]
+    request_ids: tuple[str, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def iteration(self) -> float:
+        """Seconds of one of the ``count`` iterations."""
+        return self.duration / self.count
+
+    @property
+    def label(self) -> str:
+        return self.labels[0] if self.labels else ""
+
+    def edge(self, i: int) -> float:
+        """When iteration ``i`` (0..count) starts; ``edge(count)`` is the end."""
+        return self.end if i >= self.count else self.start + i * self.iteration
+
+    def part(self, first: int, stop: int) -> Bar:
+        """Iterations ``first`` to ``stop - 1`` as a bar of their own."""
+        labels = self.labels
+        if self.kind == "decode" and stop - first != self.count:
+            labels = _labels("decode", (), self.request_ids, stop - first)
+        return dataclasses.replace(
+            self, start=self.edge(first), end=self.edge(stop), count=stop - first, labels=labels
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One resource of one trace: ``name`` as in the trace, ``label`` as drawn."""
+
+    name: str
+    label: str
+    bars: tuple[Bar, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenRow:
+    """The output tokens of one request that fall in view, and its stalls (gaps between tokens
+    longer than ``STALL_FACTOR`` median gaps of the trace) that overlap the view."""
+
+    request: str
+    arrival: float
+    first_token: float
+    ticks: tuple[float, ...]
+    stalls: tuple[tuple[float, float], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dropped:
+    """Work of one trace that the picture leaves out, on one side of what it shows."""
+
+    side: str  # "before" or "after"
+    at: float  # seconds: the edge of what is shown
+    iterations: int  # compute iterations (a coalesced bar counts each of its iterations)
+    transfers: int  # KV transfers on the link
+    gpu_seconds: float  # busy time of the dropped iterations
+    reason: str  # "window", or the bar limit that cut it
+
+    @property
+    def text(self) -> str:
+        parts = []
+        if self.iterations:
+            parts.append(f"{self.iterations:,} iteration{'s' * (self.iterations != 1)}")
+        if self.transfers:
+            parts.append(f"{self.transfers:,} KV transfer{'s' * (self.transfers != 1)}")
+        why = f" (bar limit {self.reason})" if self.reason != "window" else ""
+        return f"… {' and '.join(parts)} {self.side} {_seconds(self.at)} s not shown{why}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Panel:
+    """One trace: its resource rows, token rows, and what was left out."""
+
+    title: str
+    description: str
+    stats: str
+    rows: tuple[Row, ...]
+    tokens: tuple[TokenRow, ...]
+    dropped: tuple[Dropped, ...]
+    hidden_requests: tuple[str, ...]
+    shown_until: float  # the view's end, or earlier where a bar limit cut the trace
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        notes = [d.text for d in self.dropped]
+        if self.hidden_requests:
+            n = len(self.hidden_requests)
+            notes.append(f"… token rows of {n:,} more request{'s' * (n != 1)} not shown")
+        return tuple(notes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """What a timeline shows: the view ``start``..``end`` (seconds) and one panel per trace."""
+
+    start: float
+    end: float
+    panels: tuple[Panel, ...]
+
+    @property
+    def dropped(self) -> tuple[Dropped, ...]:
+        return tuple(d for p in self.panels for d in p.dropped)
+
+
+def _seconds(t: float) -> str:
+    text = f"{t:,.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def _labels(kind: str, prefill: Any, ids: Sequence[str], count: int, rows: int = 0) -> Labels:
+    """Texts for a bar, longest first."""
+    who = "+".join(ids) if len(ids) <= 3 else f"{len(ids)} requests"
+    tokens = sum(t for _, t in prefill)
+    if kind == "decode":
+        if count == 1:
+            return ()
+        return (f"decode ×{count:,} ({who})", f"decode ×{count:,}", f"×{count:,}")
+    if kind == "transfer":
+        return (f"KV of {who} ({tokens:,} tok)", f"KV {who}", "KV")
+    if kind == "fused":
+        both = f"{tokens:,} tok + {rows} decode{'s' * (rows != 1)}"
+        return (
+            f"{who}: {both}",
+            both,
+            f"{tokens:,} tok + {rows} dec",
+            f"{tokens:,} tok",
+            f"{tokens:,}",
+        )
+    return (f"prefill {who} ({tokens:,} tok)", f"{who} {tokens:,} tok", who, f"{tokens:,} tok")
+
+
+def coalesce(events: Sequence[Event]) -> list[Bar]:
+    """Bars for ``events``: back-to-back decode iterations on one resource with the same rows and
+    the same duration become one bar with their summed ``count``; everything else, one bar each.
+    Total time and iteration count are kept."""
+    bars: list[Bar] = []
+    last: dict[str, int] = {}  # resource -> index of its latest bar
+    for e in sorted(events, key=lambda e: e.start):
+        prev = bars[last[e.resource]] if e.resource in last else None
+        if (
+            prev is not None
+            and e.kind == prev.kind == "decode"
+            and prev.end == e.start
+            and prev.request_ids == e.decode_ids
+            and math.isclose(prev.iteration, e.duration / e.count, rel_tol=1e-9)
+        ):
+            count = prev.count + e.count
+            labels = _labels("decode", (), e.decode_ids, count)
+            bars[last[e.resource]] = dataclasses.replace(
+                prev, end=e.end, count=count, labels=labels
+            )
+            continue
+        ids = e.decode_ids if e.kind == "decode" else tuple(r for r, _ in e.prefill)
+        labels = _labels(e.kind, e.prefill, ids, e.count, e.decode_rows)
+        last[e.resource] = len(bars)
+        bars.append(Bar(e.resource, e.start, e.end, e.kind, e.count, labels, ids))
+    return bars
+
+
+def _check_traces(traces: Any) -> list[Trace]:
+    if isinstance(traces, Trace) or not isinstance(traces, Sequence):
+        raise ValueError(f"traces must be a sequence of Trace, got {type(traces).__name__}")
+    if not traces:
+        raise ValueError("traces must hold at least one Trace, got an empty sequence")
+    for i, t in enumerate(traces):
+        if not isinstance(t, Trace):
+            raise ValueError(f"traces[{i}] must be a Trace, got {type(t).__name__}")
+    return list(traces)
+
+
+def _check_window(window: Any) -> tuple[float, float]:
+    try:
+        start, end = (float(v) for v in window)
+        ok = all(not isinstance(v, bool) for v in window) and 0 <= start < end < math.inf
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"window must be (start, end) in seconds, 0 <= start < end, finite; got {window!r}"
+        )
+    return start, end
+
+
+def _extent(traces: Sequence[Trace]) -> tuple[float, float]:
+    end = max(
+        [e.end for t in traces for e in t.events]
+        + [r.finish for t in traces for r in t.requests.values() if r.token_times]
+        + [0.0]
+    )
+    return 0.0, end if end > 0 else 1.0
+
+
+def focus_window(traces: Sequence[Trace], request_id: str, margin: float = 0.15) -> Window:
+    """A window from ``request_id``'s arrival to its first token under every trace, padded by
+    ``margin`` of that span on each side (from 0 when the padding would leave a sliver)."""
+    traces = _check_traces(traces)
+    records = [t.requests[request_id] for t in traces if request_id in t.requests]
+    if not records:
+        raise ValueError(f"request_id {request_id!r} is in none of the traces")
+    arrival = min(r.arrival for r in records)
+    last = max(r.first_token for r in records)
+    pad = max(0.0, margin) * (last - arrival)
+    start = arrival - pad
+    return (0.0 if start < pad else start), last + pad
+
+
+def layout(
+    traces: Sequence[Trace],
+    window: Window | None = None,
+    max_bars: int | None = None,
+    *,
+    token_rows: int = MAX_TOKEN_ROWS,
+) -> Layout:
+    """What :func:`render_svg` and :func:`render_text` draw: every event of each trace is either
+    in a bar of the view or counted in a :class:`Dropped` note.
+
+    Args:
+        traces: one panel each, in order.
+        window: (start, end) seconds to show; default: 0 to the end of the last trace.
+        max_bars: draw at most this many bars per trace (the earliest); the rest is noted.
+        token_rows: draw the tokens of at most this many requests per trace.
+
+    Raises:
+        ValueError: naming the argument, for no traces, a bad window or a non-positive limit.
+    """
+    traces = _check_traces(traces)
+    for name, value in (("max_bars", max_bars), ("token_rows", token_rows)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    start, end = _check_window(window) if window is not None else _extent(traces)
+    return Layout(start, end, tuple(_panel(t, start, end, max_bars, token_rows) for t in traces))
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.iterations, self.transfers, self.gpu_seconds, self.reason = 0, 0, 0.0, "window"
+
+    def add(self, bar: Bar) -> None:
+        if bar.resource == LINK:
+            self.transfers += bar.count
+        else:
+            self.iterations += bar.count
+            self.gpu_seconds += bar.duration
+
+    def note(self, side: str, at: float) -> tuple[Dropped, ...]:
+        if not (self.iterations or self.transfers):
+            return ()
+        return (Dropped(side, at, self.iterations, self.transfers, self.gpu_seconds, self.reason),)
+
+
+def _panel(trace: Trace, lo: float, hi: float, max_bars: int | None, token_rows: int) -> Panel:
+    order = {name: i for i, name in enumerate(trace.resources)}
+    before, after = _Tally(), _Tally()
+    shown: list[Bar] = []
+    for bar in coalesce(trace.events):
+        # iterations [0, first) end by lo, [stop, count) start at or after hi
+        stop = sum(1 for i in range(bar.count) if bar.edge(i) < hi) if bar.end > hi else bar.count
+        first = sum(1 for i in range(1, stop + 1) if bar.edge(i) <= lo) if bar.start < lo else 0
+        for tally, a, b in ((before, 0, first), (after, stop, bar.count)):
+            if b > a:
+                tally.add(bar.part(a, b) if (a, b) != (0, bar.count) else bar)
+        if stop > first:
+            shown.append(bar.part(first, stop) if (first, stop) != (0, bar.count) else bar)
+    until = hi
+    if max_bars is not None and len(shown) > max_bars:
+        shown.sort(key=lambda b: (b.start, order[b.resource]))
+        until = shown[max_bars].start
+        for bar in shown:
+            if bar.start >= until:
+                after.add(bar)
+        shown = [b for b in shown if b.start < until]
+        after.reason = f"{max_bars:,}"
+    by_row: dict[str, list[Bar]] = {name: [] for name in order}
+    for bar in sorted(shown, key=lambda b: b.start):
+        by_row[bar.resource].append(bar)
+    rows = tuple(Row(n, "KV link" if n == LINK else n, tuple(b)) for n, b in by_row.items())
+    summary = trace.summary()
+    threshold = STALL_FACTOR * summary.tbt_p50 if summary.tbt_p50 == summary.tbt_p50 else math.inf
+    tokens: list[TokenRow] = []
+    hidden: list[str] = []
+    for r in trace.requests.values():
+        if not r.token_times or r.arrival >= until or r.finish < lo:
+            continue
+        if len(tokens) == token_rows:
+            hidden.append(r.id)
+            continue
+        times = r.token_times
+        pairs = zip(times, times[1:])  # noqa: B905
+        stalls = tuple((a, b) for a, b in pairs if b - a > threshold and b > lo and a < until)
+        ticks = tuple(t for t in times if lo <= t <= until)
+        tokens.append(TokenRow(r.id, r.arrival, r.first_token, ticks, stalls))
+    title = trace.policy
+    if trace.policy == "chunked" and trace.chunk:
+        title += f" (chunk {trace.chunk:,} tokens)"
+    stats = "nothing ran"
+    if not summary.empty:
+        stats = (
+            f"whole run: max stall {summary.max_stall * 1e3:,.1f} ms · TTFT p99 "
+            f"{summary.ttft_p99 * 1e3:,.1f} ms · {summary.gpu_seconds:,.2f} GPU-s"
+        )
+    dropped = before.note("before", lo) + after.note("after", until)
+    description = DESCRIPTIONS.get(trace.policy, "")
+    return Panel(title, description, stats, rows, tuple(tokens), dropped, tuple(hidden), until)
+
+
+# ---- SVG -------------------------------------------------------------------------------------
+
+FONT = "DejaVu Sans Mono, Menlo, Consolas, Liberation Mono, monospace"
+CHAR_EM = 0.62  # width of one character of FONT, in font sizes (0.602 for DejaVu Sans Mono)
+WIDTH, LEFT, RIGHT, MARGIN = 1400, 118, 24, 12
+BAR_H, TOKEN_H, LINE_H = 22, 15, 18
+
+
+def text_width(text: str, size: float) -> float:
+    """Estimated drawn width of ``text`` at font ``size`` (px), as every fit check uses it."""
+    return len(text) * size * CHAR_EM
+
+
+def _text(x: float, y: float, text: str, size: float, **attrs: str) -> str:
+    """A <text>; ``attrs`` are SVG attributes with ``_`` for ``-`` (anchor: text-anchor)."""
+    attrs = {"text_anchor": attrs.pop("anchor", "start"), "fill": "#222", **attrs}
+    more = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
+    return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}"{more}>{escape(text)}</text>'
+
+
+def _rect(x: float, y: float, w: float, h: float, fill: str, extra: str = "") -> str:
+    return (
+        f'<rect x="{x:.2f}" y="{y:.1f}" width="{max(w, 0.0):.2f}" height="{h:.1f}" '
+        f'fill="{fill}"{extra}/>'
+    )
+
+
+def _line(xa: float, ya: float, xb: float, yb: float, extra: str) -> str:
+    return f'<line x1="{xa:.1f}" y1="{ya:.1f}" x2="{xb:.1f}" y2="{yb:.1f}" {extra}/>'
+
+
+def _ticks(lo: float, hi: float, room: float, char: float) -> list[tuple[float, str]]:
+    """Ticks (value, label) from ``lo`` to ``hi`` at a 1-2-5 step whose labels, ``char`` wide
+    per character, do not touch across ``room``."""
+    span = hi - lo
+    base = 10.0 ** math.floor(math.log10(span / 1000))
+    while True:
+        for step in (base, 2 * base, 5 * base):
+            if span / step * 3 * char > room:  # too many ticks for even short labels
+                continue
+            places = max(0, -math.floor(math.log10(step) + 1e-9))
+            first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+            ticks = [(k * step, f"{k * step:,.{places}f}") for k in range(first, last + 1)]
+            if room * step / span >= (max(len(t) for _, t in ticks) + 2) * char:
+                return ticks
+        base *= 10
+
+
+HATCH = (
+    '<defs><pattern id="hidden" width="8" height="8" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="8" height="8" fill="#ffffff" fill-opacity="0.7"/>'
+    '<line x1="0" y1="0" x2="0" y2="8" stroke="#999" stroke-width="2"/></pattern></defs>'
+)
+LEGEND = {
+    "prefill": "prefill",
+    "decode": "decode",
+    "fused": "fused prefill+decode",
+    "transfer": "KV transfer",
+    "tick": "output token",
+    "stall": f"stall: gap > {STALL_FACTOR:g}× the median gap",
+    "wait": "arrival → first token",
+    "hidden": "not shown (bar limit)",
+}
+
+
+def render_svg(
+    traces: Sequence[Trace],
+    *,
+    window: Window | None = None,
+    max_bars: int | None = None,
+    title: str | None = None,
+) -> str:
+    """A self-contained SVG of ``traces``, one panel each (see :func:`layout` for the arguments;
+    ``title`` may hold several lines). Raises ValueError as :func:`layout` does."""
+    lay = layout(traces, window, max_bars)
+    x0, x1 = LEFT, WIDTH - RIGHT
+    span = lay.end - lay.start
+
+    def x(t: float) -> float:
+        return x0 + (min(max(t, lay.start), lay.end) - lay.start) / span * (x1 - x0)
+
+    out: list[str] = []
+    y: float = MARGIN
+    heading = title or "Timeline of " + ", ".join(p.title for p in lay.panels)
+    chars = int((WIDTH - 2 * MARGIN) / (14 * CHAR_EM))
+    lines = [w for part in heading.split("\n") for w in textwrap.wrap(part, chars) or [""]]
+    for i, line in enumerate(lines):
+        y += LINE_H + 2
+        out.append(_text(MARGIN, y, line, 12 if i else 14, font_weight="normal" if i else "bold"))
+    # the legend wraps onto another line when it runs out of room
+    lx, ly = float(MARGIN), y + 22
+    cut = any(p.shown_until < lay.end for p in lay.panels)
+    for kind, name in LEGEND.items():
+        if kind == "hidden" and not cut:
+            continue
+        w = 26 + text_width(name, 11) + 18
+        if lx + w > WIDTH - MARGIN:
+            lx, ly = MARGIN, ly + LINE_H
+        out += [_legend_mark(kind, lx, ly), _text(lx + 24, ly, name, 11)]
+        lx += w
+    y = top = ly + 16
+    for panel in lay.panels:
+        y += LINE_H
+        head = f"{panel.title}: {panel.description}" if panel.description else panel.title
+        if text_width(head, 12) + text_width(panel.stats, 11) + 24 > WIDTH - 2 * MARGIN:
+            head = panel.title
+        out.append(_text(MARGIN, y, head, 12, font_weight="bold"))
+        out.append(_text(WIDTH - MARGIN, y, panel.stats, 11, anchor="end", fill="#444"))
+        y = rows_top = y + 6
+        for row in panel.rows:
+            out.append(_rect(x0, y, x1 - x0, BAR_H, "#f3f3f3"))
+            out.append(_text(x0 - 8, y + BAR_H / 2 + 4, row.label, 11, anchor="end"))
+            out.extend(_bars_svg(row.bars, y, x, x1))
+            y += BAR_H + 4
+        for tokens in panel.tokens:
+            out.extend(_tokens_svg(tokens, y, x, lay.start, panel.shown_until))
+            y += TOKEN_H + 3
+        if panel.shown_until < lay.end:
+            xc = x(panel.shown_until)
+            out.append(_rect(xc, rows_top, x1 - xc, y - rows_top, "url(#hidden)"))
+        for note in panel.notes:
+            y += 14
+            out.append(_text(x0, y, note, 11, fill="#7a4a00", font_style="italic"))
+        y += 10
+    grid = [_line(x0, y, x1, y, 'stroke="#444"')]
+    for value, label in _ticks(lay.start * 1e3, lay.end * 1e3, x1 - x0, 11 * CHAR_EM):
+        gx, half = x(value / 1e3), text_width(label, 11) / 2
+        grid += [
+            _line(gx, top, gx, y, 'stroke="#e2e2e2"'),
+            _line(gx, y, gx, y + 4, 'stroke="#444"'),
+        ]
+        if x0 - 6 <= gx - half and gx + half <= WIDTH:  # clear of the "time (ms)" caption
+            out.append(_text(gx, y + 16, label, 11, anchor="middle"))
+    out.append(_text(x0 - 8, y + 16, "time (ms)", 11, anchor="end"))
+    height = f"{y + 30:.0f}"
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" font-family={quoteattr(FONT)}>{HATCH}'
+        f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>'
+    )
+    return "\n".join(['<?xml version="1.0" encoding="UTF-8"?>', head, *grid, *out, "</svg>", ""])
+
+
+def _legend_mark(kind: str, lx: float, ly: float) -> str:
+    if kind in COLOURS:
+        return _rect(lx, ly - 10, 18, 12, COLOURS[kind])
+    if kind == "tick":
+        return _line(lx + 9, ly - 11, lx + 9, ly + 2, 'stroke="#222" stroke-width="1.5"')
+    if kind == "stall":
+        return _rect(lx, ly - 10, 18, 12, "#d62728", ' fill-opacity="0.25" stroke="#d62728"')
+    if kind == "wait":
+        return f'<path d="M{lx} {ly - 10} h8 l-4 6 z" fill="#555"/>' + _line(
+            lx + 4, ly - 4, lx + 18, ly - 4, 'stroke="#888" stroke-dasharray="3 2"'
+        )
+    return _rect(lx, ly - 10, 18, 12, "url(#hidden)", ' stroke="#999"')
+
+
+def _bars_svg(bars: Sequence[Bar], y: float, x: Any, x1: float) -> list[str]:
+    out = []
+    for i, bar in enumerate(bars):
+        bx, bw = x(bar.start), x(bar.end) - x(bar.start)
+        tip = (
+            f"{bar.kind}{f' ×{bar.count:,}' if bar.count > 1 else ''}: "
+            f"{bar.start * 1e3:,.1f}–{bar.end * 1e3:,.1f} ms {' '.join(bar.request_ids)}"
+        )
+        out.append(
+            f'<rect x="{bx:.2f}" y="{y:.1f}" width="{bw:.2f}" height="{BAR_H}" '
+            f'fill="{COLOURS.get(bar.kind, "#888")}" stroke="#ffffff" '
+            f'stroke-width="{0.8 if bw > 3 else 0}"><title>{escape(tip)}</title></rect>'
+        )
+        step = bw / bar.count
+        if bar.count > 1 and step >= 5:  # show the iterations inside a coalesced bar
+            ticks = " ".join(f"M{bx + j * step:.1f} {y + BAR_H - 5}v5" for j in range(1, bar.count))
+            out.append(f'<path d="{ticks}" stroke="#ffffff" stroke-opacity="0.6"/>')
+        room = (x(bars[i + 1].start) if i + 1 < len(bars) else x1) - (bx + bw)
+        for label in bar.labels:
+            if text_width(label, 10) + 6 <= bw:
+                out.append(_text(bx + bw / 2, y + 14.5, label, 10, anchor="middle", fill="#fff"))
+                break
+            if text_width(label, 10) + 8 <= room:  # beside the bar, in the idle time after it
+                out.append(_text(bx + bw + 4, y + 14.5, label, 10, fill="#333"))
+                break
+    return out
+
+
+def _tokens_svg(row: TokenRow, y: float, x: Any, lo: float, until: float) -> list[str]:
+    out = [_text(LEFT - 8, y + TOKEN_H - 3, f"{row.request} tokens", 10, anchor="end", fill="#444")]
+    mid, base = y + TOKEN_H / 2, y + TOKEN_H - 4
+    for a, b in row.stalls:
+        xa, xb = x(a), x(min(b, until))
+        out.append(_rect(xa, y, xb - xa, TOKEN_H, "#d62728", ' fill-opacity="0.18"'))
+        label = f"stall {(b - a) * 1e3:,.1f} ms"
+        if text_width(label, 10) + 8 <= xb - xa:
+            out.append(
+                _text(
+                    (xa + xb) / 2,
+                    base,
+                    label,
+                    10,
+                    anchor="middle",
+                    fill="#a01010",
+                    font_weight="bold",
+                )
+            )
+    if row.first_token > lo and row.arrival < until:
+        xa, xb = x(row.arrival), x(min(row.first_token, until))
+        if row.arrival >= lo:
+            out.append(f'<path d="M{xa - 4:.1f} {y} h8 l-4 6 z" fill="#555"/>')
+        label = f"TTFT {(row.first_token - row.arrival) * 1e3:,.1f} ms"
+        half, c = text_width(label, 10) / 2 + 4, (xa + xb) / 2
+        dashes = [(xa, xb)]
+        if 2 * half + 16 <= xb - xa:  # the label sits in a break of the dashed line
+            dashes = [(xa, c - half), (c + half, xb)]
+            out.append(_text(c, base, label, 10, anchor="middle", fill="#555"))
+        for a, b in dashes:
+            out.append(_line(a, mid, b, mid, 'stroke="#888" stroke-dasharray="3 2"'))
+    if row.ticks:
+        d = " ".join(f"M{x(t):.1f} {y + 1:.1f}v{TOKEN_H - 2}" for t in row.ticks)
+        out.append(f'<path d="{d}" stroke="#222" stroke-width="1.5"/>')
+    return out
+
+
+# ---- text ------------------------------------------------------------------------------------
+
+
+def render_text(
+    traces: Sequence[Trace],
+    *,
+    width: int = 100,
+    window: Window | None = None,
+    max_bars: int | None = None,
+) -> str:
+    """The timeline as plain text, ``width`` characters wide: one character per slice of time.
+
+    Raises:
+        ValueError: for a ``width`` under 40, or as :func:`layout` does.
+    """
+    if isinstance(width, bool) or not isinstance(width, int) or width < 40:
+        raise ValueError(f"width must be an integer >= 40 characters, got {width!r}")
+    lay = layout(traces, window, max_bars)
+    label_w = 14
+    cols = width - label_w
+    span = lay.end - lay.start
+
+    def col(t: float) -> int:
+        return min(cols - 1, max(0, int((t - lay.start) / span * cols)))
+
+    lines = []
+    for panel in lay.panels:
+        lines += textwrap.wrap(f"{panel.title}  ({panel.stats})", width, subsequent_indent="  ")
+        for row in panel.rows:
+            cells = [" "] * cols
+            for bar in row.bars:
+                c0, c1 = col(bar.start), col(bar.end - 1e-12 * span)
+                letter = KIND_LETTERS.get(bar.kind, "?")
+                cells[c0 : c1 + 1] = [letter] * (c1 + 1 - c0)
+                if c1 > c0:  # a bar wider than a column starts with |; coalesced ones say ×N
+                    cells[c0] = "|"
+                fits = next((t for t in bar.labels if len(t) <= c1 - c0 - 1), "")
+                cells[c0 + 1 : c0 + 1 + len(fits)] = list(fits)
+            lines.append(row.label[: label_w - 1].ljust(label_w) + "".join(cells).rstrip())
+        for tokens in panel.tokens:
+            cells = [" "] * cols
+            if tokens.first_token > lay.start and tokens.arrival < panel.shown_until:
+                first = col(min(tokens.first_token, panel.shown_until))
+                cells[col(tokens.arrival) : first] = ["."] * (first - col(tokens.arrival))
+            for a, b in tokens.stalls:
+                gap = range(col(a) + 1, col(min(b, panel.shown_until)))
+                cells[gap.start : gap.stop] = ["-"] * len(gap)
+            for t in tokens.ticks:
+                cells[col(t)] = "^"
+            name = f"{tokens.request} tokens"[: label_w - 1]
+            lines.append(name.ljust(label_w) + "".join(cells).rstrip())
+        if panel.shown_until < lay.end:
+            at = label_w + col(panel.shown_until)
+            mark = "└ not shown from here"
+            lines.append(
+                " " * at + mark if at + len(mark) <= width else (mark[2:] + " ┘").rjust(at + 1)
+            )
+        for note in panel.notes:
+            lines += textwrap.wrap(note, width, initial_indent="  ", subsequent_indent="    ")
+        lines.append("")
+    ruler, labels = [" "] * cols, [" "] * cols
+    for value, label in _ticks(lay.start * 1e3, lay.end * 1e3, cols, 1):
+        c = col(value / 1e3)
+        ruler[c] = "+"
+        if c + len(label) <= cols:
+            labels[c : c + len(label)] = list(label)
+    lines.append(" " * label_w + "".join(ruler).rstrip())
+    lines.append("time (ms)".ljust(label_w) + "".join(labels).rstrip())
+    lines += textwrap.wrap(
+        "P prefill · d decode · F fused prefill+decode · K KV transfer · "
+        "| bar start · ^ token · - stall · . waiting for first token",
+        width,
+    )
+    return "\n".join(lines) + "\n"
