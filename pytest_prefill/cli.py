@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
@@ -16,7 +15,6 @@ from pytest_prefill import __version__
 COMMANDS = {
     "simulate": "pytest_prefill.commands.simulate",
     "timeline": "pytest_prefill.commands.timeline",
-    "compare": "pytest_prefill.commands.compare",
     # "calibrate", "demo" (measurement), "compare" (archive), "timeline", "fidelity" (engine)
 }
 
@@ -42,9 +40,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except BrokenPipeError:  # e.g. `prefill-bench simulate | head`: not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     except KeyboardInterrupt:
         print("interrupted; nothing half-written was left on disk", file=sys.stderr)
         return 130
