@@ -4,6 +4,7 @@ nothing is double-booked, and the SVG is well-formed, legible and renders in Chr
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -471,3 +472,13 @@ def test_chromium_renders_the_default_timeline(tmp_path):
 def test_every_text_line_fits_the_width(trace, window, max_bars, width):
     text = render_text([trace], width=width, window=window, max_bars=max_bars)
     assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_the_command_takes_a_calibration_json_as_cost(tmp_path, capsys):
+    cost = PRESETS["datacenter-illustrative"].cost
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"cost_model": cost.to_dict()}), encoding="utf-8")
+    out = tmp_path / "t.svg"
+    assert main(["timeline", "--out", str(out), "--cost", str(path)]) == 0
+    svg = out.read_text(encoding="utf-8")
+    assert f"chunk {default_chunk(cost, 2048):,} tokens" in svg and str(path) in svg
