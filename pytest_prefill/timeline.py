@@ -459,18 +459,20 @@ def render_svg(
             head = panel.title
         out.append(_text(MARGIN, y, head, 12, font_weight="bold"))
         out.append(_text(WIDTH - MARGIN, y, panel.stats, 11, anchor="end", fill="#444"))
-        y = rows_top = y + 6
-        for row in panel.rows:
-            out.append(_rect(x0, y, x1 - x0, BAR_H, "#f3f3f3"))
-            out.append(_text(x0 - 8, y + BAR_H / 2 + 4, row.label, 11, anchor="end"))
-            out.extend(_bars_svg(row.bars, y, x, x1))
-            y += BAR_H + 4
+        y += 6
+        xc = x(panel.shown_until)  # what a bar limit cut is hatched, behind the bars kept
+        tall = len(panel.rows) * (BAR_H + 4) + len(panel.tokens) * (TOKEN_H + 3)
+        rows_y = [y + i * (BAR_H + 4) for i in range(len(panel.rows))]
+        out += [_rect(x0, ry, x1 - x0, BAR_H, "#f3f3f3") for ry in rows_y]
+        if panel.shown_until < lay.end:
+            out.append(_rect(xc, y, x1 - xc, tall, "url(#hidden)"))
+        for row, ry in zip(panel.rows, rows_y):  # noqa: B905
+            out.append(_text(x0 - 8, ry + BAR_H / 2 + 4, row.label, 11, anchor="end"))
+            out.extend(_bars_svg(row.bars, ry, x, xc))
+        y += len(panel.rows) * (BAR_H + 4)
         for tokens in panel.tokens:
             out.extend(_tokens_svg(tokens, y, x, lay.start, panel.shown_until))
             y += TOKEN_H + 3
-        if panel.shown_until < lay.end:
-            xc = x(panel.shown_until)
-            out.append(_rect(xc, rows_top, x1 - xc, y - rows_top, "url(#hidden)"))
         for note in panel.notes:
             y += 14
             out.append(_text(x0, y, note, 11, fill="#7a4a00", font_style="italic"))
