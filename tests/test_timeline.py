@@ -374,6 +374,8 @@ def test_the_command_writes_the_svg_and_says_what_it_left_out(tmp_path, capsys):
         ["--until", "0"],
         ["--chunk", "0"],
         ["--window", "0:1", "--until", "2"],
+        ["--text", "--width", "30"],
+        ["--cost", "no-such-preset"],
         [],
     ],
 )
@@ -382,7 +384,8 @@ def test_the_command_refuses_bad_options(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["timeline", *out, *argv])
     assert exit_info.value.code == 2
-    assert "error" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "error" in printed.err and printed.out == ""
     assert not (tmp_path / "t.svg").exists()
 
 

@@ -121,15 +121,18 @@ def run(args: argparse.Namespace) -> int:
         f"Chunk {chunk:,} ({how}). Simulated from a cost model, not measured.\n"
         f"Cost model: {origin}"
     )
+    # render both before writing or printing anything, so bad input leaves no half output
+    text = args.text and render_text(
+        traces, width=args.width, window=window, max_bars=args.max_bars
+    )
+    svg = args.out and render_svg(traces, window=window, max_bars=args.max_bars, title=title)
     if args.out:
-        write_atomic(
-            args.out, render_svg(traces, window=window, max_bars=args.max_bars, title=title)
-        )
+        write_atomic(args.out, svg)
     if args.text:
         for line in title.split("\n"):
             print(textwrap.fill(line, args.width))
         print()
-        print(render_text(traces, width=args.width, window=window, max_bars=args.max_bars))
+        print(text)
     if args.out:
         panels = layout(traces, window, args.max_bars).panels
         left_out = any(p.notes for p in panels)
