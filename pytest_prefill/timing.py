@@ -225,6 +225,7 @@ def fit_line(
     *,
     nonnegative: bool = True,
     unit: str = "",
+    x_unit: str = "unit of x",
 ) -> Fit:
     """Fit a line to (xs, ys) and refuse a slope the measurements cannot support.
 
@@ -240,6 +241,7 @@ def fit_line(
         spreads: optional per-point scatter (>= 0), same length as ``xs``.
         nonnegative: refuse negative slopes.
         unit: how to print a y value in the reason (``"ms"`` multiplies seconds by 1e3).
+        x_unit: what one unit of x is, for the reason (e.g. ``"cached token"``).
 
     Raises:
         ValueError: for mismatched lengths, fewer than two distinct xs, or non-finite input.
@@ -285,7 +287,7 @@ def fit_line(
     reason = ""
     if nonnegative and slope < 0:
         reason = (
-            f"negative slope ({slope * scale:.3g} {unit + ' ' if unit else ''}per unit x) for a "
+            f"negative slope ({slope * scale:.3g} {unit + ' ' if unit else ''}per {x_unit}) for a "
             "cost that cannot fall as work grows"
         )
     elif effect <= CLEARLY * scatter:
@@ -311,3 +313,26 @@ def fit_line(
         refused=bool(reason),
         reason=reason,
     )
+
+
+def fit_from_dict(data: Any) -> Fit:
+    """Inverse of :meth:`Fit.to_dict`; ValueError for a missing or mistyped field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a fit must be a JSON object, got {type(data).__name__}")
+    names = [f.name for f in dataclasses.fields(Fit)]
+    missing = [name for name in names if name not in data]
+    if missing:
+        raise ValueError(f"fit is missing field(s) {missing}")
+    values: dict[str, Any] = {}
+    for name in names:
+        if name == "refused":
+            if not isinstance(data[name], bool):
+                raise ValueError(f"fit field 'refused' must be true or false, got {data[name]!r}")
+            values[name] = data[name]
+        elif name == "reason":
+            values[name] = str(data[name])
+        elif name == "points":
+            values[name] = _count("points", data[name], 2)
+        else:
+            values[name] = _finite(f"fit field {name!r}", data[name])
+    return Fit(**values)

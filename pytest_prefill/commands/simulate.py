@@ -7,6 +7,11 @@ import datetime
 
 from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._measure_args import (
+    add_model_arguments,
+    add_timing_arguments,
+    measure_cost,
+)
 from pytest_prefill.costs import load_cost
 from pytest_prefill.report import sweep_rows_json, sweep_table
 from pytest_prefill.scheduler import PRESETS
@@ -39,7 +44,8 @@ def non_negative_float(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cost", default="lab-laptop", metavar="SPEC",
-        help=f"cost model: a preset ({', '.join(PRESETS)}) or a calibration/run JSON path "
+        help=f"cost model: a preset ({', '.join(PRESETS)}), a calibration/run JSON path, or "
+        "'measure' (a fresh calibration of --model on --device) "
         "(default: lab-laptop)",
     )
     parser.add_argument("--prompt-len", type=positive_int, default=2048,
@@ -52,10 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arrival", type=non_negative_float, default=0.1,
                         help="when the prompt arrives, seconds (default 0.1)")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON here")
+    add_model_arguments(parser)  # used by --cost measure
+    add_timing_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    cost, origin = load_cost(args.cost)
+    cost, origin = measure_cost(args) if args.cost == "measure" else load_cost(args.cost)
     load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
     chunks = args.chunk or default_chunks(cost, args.prompt_len)
     rows = chunk_sweep(cost, load, chunks)

@@ -1,0 +1,36 @@
+"""``prefill-bench calibrate``: measure this machine's cost model, print the tables, C* and the
+recommendation, and optionally write the calibration JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._measure_args import (
+    add_model_arguments,
+    add_timing_arguments,
+    load,
+    progress,
+)
+
+HELP = "measure prefill and decode costs on this machine and fit a cost model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    add_timing_arguments(parser)
+    parser.add_argument("--json", metavar="PATH", help="also write the calibration JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.calibrate import calibrate
+
+    loaded = load(args)
+    calibration = calibrate(
+        loaded, repeats=args.repeats, warmup=args.warmup, dry_run=args.dry_run, progress=progress
+    )
+    print(calibration.report())
+    if args.json:
+        write_json_atomic(args.json, calibration.to_dict())
+        print(f"\nwrote {args.json}")
+    return 0

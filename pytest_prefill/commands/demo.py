@@ -1,0 +1,73 @@
+"""``prefill-bench demo``: the falsifier. Prints the claim before any measurement, the stall and
+decode-per-KV tables, and ends with HOLDS or FAILS."""
+
+from __future__ import annotations
+
+import argparse
+
+from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._measure_args import (
+    add_model_arguments,
+    add_timing_arguments,
+    load,
+    positive_int,
+    progress,
+)
+
+HELP = "the falsifier: does chunked prefill shorten a live stream's worst token gap here?"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    add_timing_arguments(parser)
+    parser.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=2048,
+        help="tokens of the arriving prompt (default 2048; never shortened)",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="chunk size to test (default: C*, from --cost or a quick calibration made now)",
+    )
+    parser.add_argument(
+        "--cost",
+        default=None,
+        metavar="SPEC",
+        help="take C* from this cost model (a preset or a calibration JSON)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the result JSON here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.falsifier import run_falsifier
+
+    cost = None
+    if args.cost is not None:
+        from pytest_prefill.costs import load_cost
+
+        cost, origin = load_cost(args.cost)
+        progress(f"cost model: {origin}")
+    loaded = load(args)
+
+    def emit(text: str) -> None:
+        print(text + "\n", flush=True)
+
+    result = run_falsifier(
+        loaded,
+        prompt_len=args.prompt_len,
+        chunk=args.chunk,
+        cost=cost,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        dry_run=args.dry_run,
+        emit=emit,
+        progress=progress,
+    )
+    if args.json:
+        write_json_atomic(args.json, result.to_dict())
+        print(f"wrote {args.json}")
+    return 0  # FAILS is a finding about the hardware, not an error of the command
