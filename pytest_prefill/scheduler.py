@@ -512,7 +512,7 @@ class _Worker:
             self.kv_tokens += r.prompt_len
         self.running.extend(self.joining)
         self.joining = []
-        self._ids = tuple(r.id for r in self.running)
+        self._ids = tuple([r.id for r in self.running])
 
     def start(self, now: float, horizon: float = math.inf) -> None:
         """Begin the next iteration at ``now`` if there is work; otherwise stay idle.
@@ -595,9 +595,12 @@ class _Worker:
         if continuing and self.decode_ends:
             gap = ends[0] - self.decode_ends[-1]
             gaps[gap] = gaps.get(gap, 0) + continuing
-        if len(ends) > 1:
+        if len(ends) > 64:  # a long run: count equal gaps in C first
             for gap, times in Counter(map(operator.sub, ends[1:], ends)).items():
                 gaps[gap] = gaps.get(gap, 0) + times * rows
+        elif len(ends) > 1:
+            for gap in map(operator.sub, ends[1:], ends):
+                gaps[gap] = gaps.get(gap, 0) + rows
         self.decode_ends.extend(ends)
         self.kv_tokens += rows * len(ends)
         last = len(self.decode_ends) - 1
@@ -606,7 +609,7 @@ class _Worker:
             done = self._finishing.pop(last)
             gone = {r.id for r in done}
             self.running = [r for r in self.running if r.id not in gone]
-            self._ids = tuple(r.id for r in self.running)
+            self._ids = tuple([r.id for r in self.running])
             self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
         return completed
 
