@@ -323,7 +323,7 @@ def _panel(trace: Trace, lo: float, hi: float, max_bars: int | None, token_rows:
         by_row[bar.resource].append(bar)
     rows = tuple(Row(n, "KV link" if n == LINK else n, tuple(b)) for n, b in by_row.items())
     summary = trace.summary()
-    threshold = STALL_FACTOR * summary.tbt_p50 if summary.tbt_p50 == summary.tbt_p50 else math.inf
+    threshold = math.inf if math.isnan(summary.tbt_p50) else STALL_FACTOR * summary.tbt_p50
     tokens: list[TokenRow] = []
     hidden: list[str] = []
     for r in trace.requests.values():
