@@ -92,10 +92,19 @@ def machine_dir(results: str | os.PathLike[str], key: str) -> Path:
     return Path(results) / key
 
 
+def _shareable_mode() -> int:
+    """rw for everyone the umask allows (a temporary file is created 0600; archived results
+    are meant to be read and committed by others)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_machine(results: str | os.PathLike[str], info: Mapping[str, Any]) -> Path:
     """Write ``machine.json`` for ``info["key"]`` atomically (replacing an older description)."""
     path = machine_dir(results, info["key"]) / MACHINE_FILE
     write_json_atomic(path, json_safe(dict(info), "machine"))
+    os.chmod(path, _shareable_mode())
     return path
 
 
@@ -151,6 +160,7 @@ def write_run(
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())
+            os.chmod(tmp, _shareable_mode())
             try:
                 os.link(tmp, final)  # fails rather than replace an existing file
             except OSError:

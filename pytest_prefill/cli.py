@@ -17,6 +17,7 @@ COMMANDS = {
     "calibrate": "pytest_prefill.commands.calibrate",
     "demo": "pytest_prefill.commands.demo",
     "timeline": "pytest_prefill.commands.timeline",
+    "compare": "pytest_prefill.commands.compare",
     # "calibrate", "demo" (measurement), "compare" (archive), "timeline", "fidelity" (engine)
 }
 

@@ -132,9 +132,18 @@ class Scheduler:
 class PrefillReport:
     """Adds tables and verdicts to the run's report (terminal summary and archive)."""
 
-    def __init__(self, record: Callable[[dict[str, Any]], None], test: str) -> None:
+    def __init__(self, record: Callable[[dict[str, Any]], None], test: str,
+                 say: Callable[[str], None] | None = None) -> None:
         self._record = record
+        self._say = say
         self.test = test
+
+    def say(self, text: str) -> None:
+        """Show ``text`` on the terminal now, around output capture (serial runs; under xdist
+        workers have no terminal and it is dropped: record what matters as a table)."""
+        if self._say is not None:
+            for line in str(text).splitlines() or [""]:
+                self._say(line)
 
     def table(self, title: str, text: str, data: Any = None) -> None:
         """A formatted table under ``title``; ``data`` (JSON-able) goes into the archive."""
@@ -345,7 +354,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     else:
         device = "auto (nvidia-smi sees no GPU; gpu tests skip unless torch finds CUDA)"
     model = f"{s.model} ({s.model_note})" if s.model_note else s.model
-    dtype = s.dtype or "auto"
+    dtype = s.dtype or ("auto (float32 on CPU)" if s.device == "cpu"
+                        else "auto (bfloat16 on CUDA, float32 on CPU)")
     lines = [f"prefill: device {device} | model {model} | dtype {dtype} | machine "
              f"{s.machine_key} | cost {s.cost_label}"]
     return lines + [f"prefill: {note}" for note in s.notes]
@@ -515,7 +525,8 @@ def scheduler(cost_model: CostModel) -> Scheduler:
 @pytest.fixture
 def prefill_report(request: pytest.FixtureRequest) -> PrefillReport:
     """Add tables and verdicts to the run's terminal summary and archive."""
-    return PrefillReport(_state(request.config).record, request.node.nodeid)
+    return PrefillReport(_state(request.config).record, request.node.nodeid,
+                         _progress(request.config))
 
 
 def _progress(config: pytest.Config) -> Callable[[str], None] | None:
@@ -651,9 +662,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     counts: dict[str, int] = {}
     for outcome in state.outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
+    # The timeline shows this machine when the run calibrated it, else the session's model.
+    drawn = (CostModel.from_dict(calibration["cost_model"]), "calibrated in this run") \
+        if calibration is not None else (cost, s.cost_source)
     svg = None
     try:
-        svg = _timeline(cost, s.cost_source) if cost is not None else None
+        svg = _timeline(drawn[0], drawn[1]) if drawn[0] is not None else None
     except Exception as err:  # a drawing problem must not lose the run
         state.settings.notes.append(f"timeline not drawn: {err}")
     run = {
@@ -681,6 +695,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                    "exit_status": int(exitstatus), "xdist_workers": state.workers,
                    "outcomes": counts},
         "timeline_svg": svg,
+        "timeline_cost_source": drawn[1] if svg else None,
     }
     try:
         archive.write_machine(s.results, machine)
@@ -707,9 +722,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         return
     tr = terminalreporter
     tr.write_sep("=", "pytest-prefill")
-    tr.write_line(f"machine {s.machine_key}; cost model: {s.cost_source}")
-    if cost is not None:
-        tr.write_line(f"C* = {cost.chunk_star():,.0f} tokens")
+    star = f" (C* = {cost.chunk_star():,.0f} tokens)" if cost is not None else ""
+    tr.write_line(f"machine {s.machine_key}; session cost model{star}: {s.cost_source}")
     tr.write_line("")
     for line in summary_lines(tables, verdicts):
         markup = {}
@@ -723,6 +737,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         untimed = sum(1 for b in benchmarks if b.get("disabled"))
         tr.write_line(f"pytest-benchmark: {len(benchmarks)} benchmark(s), {errored} errored, "
                       f"{untimed} not timed (disabled){'; run serially for statistics' if untimed else ''}")
+    received = len(state.sorted_entries("calibration"))
+    if received > 1:  # the session lock should make this impossible; say so if it happens
+        tr.write_line(f"note: {received} calibrations were reported this session; the "
+                      "archive holds the first", yellow=True)
     for note in s.notes:
         tr.write_line(f"note: {note}", yellow=True)
     if state.archive_path is not None:

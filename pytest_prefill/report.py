@@ -134,9 +134,11 @@ def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[
     return lines
 
 
-def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048) -> str:
+def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048,
+                     max_bars: int = 400) -> str:
     """The lab scenario (two live streams, a ``prompt_len`` prompt arriving at 100 ms) under
-    shared, chunked at C* and disaggregated serving, as an SVG timeline."""
+    shared, chunked at C* and disaggregated serving, as an SVG timeline (at most ``max_bars``
+    bars per policy, so a tiny C* cannot make it megabytes)."""
     from pytest_prefill.timeline import focus_window, render_svg
 
     load = lab_scenario(prompt_len=prompt_len)
@@ -149,4 +151,20 @@ def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048) ->
     title = (f"Lab scenario: 2 live streams; a {prompt_len:,}-token prompt arrives at 100 ms. "
              f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}, rounded). Simulated from a cost "
              f"model, not measured.\nCost model: {origin}")
-    return render_svg(traces, window=focus_window(traces, "long"), title=title)
+    return render_svg(traces, window=focus_window(traces, "long"), max_bars=max_bars,
+                      title=title)
+
+
+# Links for the KV-transfer table: stated assumptions, never measurements.
+ASSUMED_LINKS = (("PCIe 4.0 x16", 25e9), ("NVLink-class", 300e9))
+
+
+def kv_size_table(kv_bytes_per_token: float, prompt_lens: Sequence[int],
+                  links: Sequence[tuple[str, float]] = ASSUMED_LINKS) -> str:
+    """KV cache size per prompt and its transfer time over each (assumed) link bandwidth."""
+    headers = ("prompt tokens", "KV MiB", *(f"{name} ms (assumed {bw / 1e9:g} GB/s)"
+                                             for name, bw in links))
+    body = [(f"{n:,}", f"{n * kv_bytes_per_token / 2**20:,.1f}",
+             *(ms(n * kv_bytes_per_token / bw) for _, bw in links)) for n in prompt_lens]
+    return tabulate(body, headers=headers, tablefmt="simple", disable_numparse=True,
+                    colalign=("right",) * len(headers))

@@ -1,0 +1,1 @@
+"""The harness's own measured runs (a package so module names never clash with tests/)."""

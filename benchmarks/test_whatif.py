@@ -1,0 +1,72 @@
+"""What-if tables from the session's cost model (``--prefill-cost``): the chunk sweep on the lab
+scenario and the policy comparison on a seeded Poisson load. Simulated, not measured; the
+tables go to the run's summary and archive, and the tests assert only the simulator's
+invariants (the numbers are reported, never asserted)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_prefill.report import sweep_rows_json, sweep_table
+from pytest_prefill.scheduler import POLICIES, check_invariants
+from pytest_prefill.whatif import chunk_sweep, default_chunks
+from pytest_prefill.workloads import lab_scenario, poisson
+
+pytestmark = pytest.mark.sim
+
+PROMPT_LEN = 2048
+POISSON_PROMPTS = (256, 512, 1024, 2048, 4096)
+POISSON_OUTPUTS = (32, 64, 128, 256)
+POISSON_COUNT = 120
+PREFILL_UTILISATION = 0.3  # the prompts' share of one worker's time, on average
+
+
+def chunk_at_star(cost, prompt_len):
+    """C* rounded into [1, prompt_len] (the whole prompt when any chunk is free)."""
+    star = cost.chunk_star()
+    if not math.isfinite(star):
+        return prompt_len if star > 0 else 1
+    return max(1, min(prompt_len, round(star)))
+
+
+def test_chunk_sweep_on_the_lab_scenario(cost_model, scheduler, prefill_report):
+    load = lab_scenario(prompt_len=PROMPT_LEN)
+    chunks = default_chunks(cost_model, PROMPT_LEN)
+    rows = chunk_sweep(cost_model, load, chunks)
+    prefill_report.table(
+        f"What-if: chunk sweep, 2 live streams + a {PROMPT_LEN:,}-token prompt at 100 ms "
+        "(simulated from the session's cost model)",
+        sweep_table(rows)
+        + "\nTTFT cost = TTFT p99 / shared's; stall gain = shared's max stall / this one's.",
+        {"scenario": {"streams": 2, "prompt_len": PROMPT_LEN, "arrival": 0.1},
+         "rows": sweep_rows_json(rows)},
+    )
+    assert [r.policy for r in rows][:2] == ["shared", "coscheduled"]
+    assert {r.chunk for r in rows if r.policy == "chunked"} == set(chunks)
+    for policy, chunk in [(r.policy, r.chunk) for r in rows]:
+        trace = scheduler(policy, load, chunk=chunk)
+        assert check_invariants(trace, load, cost_model) == []
+
+
+def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_report):
+    mean_prompt = sum(POISSON_PROMPTS) / len(POISSON_PROMPTS)
+    rate = PREFILL_UTILISATION / cost_model.prefill_pass(round(mean_prompt))
+    load = poisson(rate, POISSON_COUNT, prompt_len=POISSON_PROMPTS,
+                   output_len=POISSON_OUTPUTS, seed=0)
+    chunk = chunk_at_star(cost_model, max(POISSON_PROMPTS))
+    rows = chunk_sweep(cost_model, load, [chunk])
+    prefill_report.table(
+        f"What-if: policies on {POISSON_COUNT} Poisson arrivals at {rate:.2f}/s (prompts "
+        f"{', '.join(map(str, POISSON_PROMPTS))}; seed 0), chunk {chunk:,} = C* rounded "
+        "(simulated)",
+        sweep_table(rows),
+        {"load": {"rate": rate, "count": POISSON_COUNT, "prompt_lens": list(POISSON_PROMPTS),
+                  "output_lens": list(POISSON_OUTPUTS), "seed": 0},
+         "chunk": chunk, "rows": sweep_rows_json(rows)},
+    )
+    assert {r.policy for r in rows} == set(POLICIES)
+    for policy in POLICIES:
+        trace = scheduler(policy, load, chunk=chunk if policy == "chunked" else None)
+        assert check_invariants(trace, load, cost_model) == []

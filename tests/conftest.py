@@ -1,0 +1,3 @@
+"""Test wiring: ``pytester`` for the plugin tests."""
+
+pytest_plugins = ["pytester"]
