@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_prefill.cli import main
+from pytest_prefill.cli import build_parser, main
 from pytest_prefill.commands.timeline import default_chunk
 from pytest_prefill.scheduler import LINK, PRESETS, CostModel, Event, Request, Trace, simulate
 from pytest_prefill.timeline import (
@@ -485,3 +485,10 @@ def test_the_command_takes_a_calibration_json_as_cost(tmp_path, capsys):
     assert main(["timeline", "--out", str(out), "--cost", str(path)]) == 0
     svg = out.read_text(encoding="utf-8")
     assert f"chunk {default_chunk(cost, 2048):,} tokens" in svg and str(path) in svg
+
+
+def test_the_command_accepts_the_measuring_flags():
+    args = build_parser().parse_args(
+        ["timeline", "--cost", "measure", "--model", "tiny", "--dry-run", "--out", "t.svg"]
+    )
+    assert (args.cost, args.model, args.dry_run) == ("measure", "tiny", True)

@@ -8,6 +8,11 @@ import math
 import textwrap
 
 from pytest_prefill._io import write_atomic
+from pytest_prefill.commands._measure_args import (
+    add_model_arguments,
+    add_timing_arguments,
+    measure_cost,
+)
 from pytest_prefill.commands.simulate import non_negative_float, positive_int
 from pytest_prefill.costs import load_cost
 from pytest_prefill.scheduler import PRESETS, CostModel, simulate
@@ -44,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cost",
         default="lab-laptop",
         metavar="SPEC",
-        help=f"cost model: a preset ({', '.join(PRESETS)}) or a calibration/run JSON path "
-        "(default: lab-laptop)",
+        help=f"cost model: a preset ({', '.join(PRESETS)}), a calibration/run JSON path, or "
+        "'measure' (a fresh calibration of --model on --device) (default: lab-laptop)",
     )
     parser.add_argument(
         "--prompt-len",
@@ -90,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100,
         help="characters per line of --text (default 100)",
     )
+    add_model_arguments(parser)  # used by --cost measure
+    add_timing_arguments(parser)
 
 
 def default_chunk(cost: CostModel, prompt_len: int) -> int:
@@ -105,7 +112,7 @@ def default_chunk(cost: CostModel, prompt_len: int) -> int:
 def run(args: argparse.Namespace) -> int:
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg, --text, or both")
-    cost, origin = load_cost(args.cost)
+    cost, origin = measure_cost(args) if args.cost == "measure" else load_cost(args.cost)
     load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
     chunk = args.chunk or default_chunk(cost, args.prompt_len)
     traces = [
@@ -114,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
         simulate("disaggregated", load, cost),
     ]
     window = args.window or ((0.0, args.until) if args.until else focus_window(traces, "long"))
-    how = "given" if args.chunk else f"C* = {cost.chunk_star():,.0f}, rounded"
+    star = cost.chunk_star()
+    how = (
+        "given"
+        if args.chunk
+        else f"C* = {star:,.0f}, rounded" + (", capped at the prompt" if star > chunk + 1 else "")
+        if star >= 1
+        else f"C* = {star:,.0f}: the pass overhead eats the decode step, so no chunk rides free"
+    )
     title = (
         f"{args.streams} live stream{'s' * (args.streams != 1)} decoding; a "
         f'{args.prompt_len:,}-token prompt ("long") arrives at {args.arrival * 1e3:,.0f} ms. '
