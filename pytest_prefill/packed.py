@@ -174,15 +174,16 @@ class PackedModel:
                         keys = keys.repeat_interleave(heads // kv_heads, dim=0)
                         values = values.repeat_interleave(heads // kv_heads, dim=0)
                     query = q[first : first + n].transpose(0, 1)
+                    # 4-D inputs: with 3-D ones CPU SDPA falls back to its slow math kernel.
                     o = F.scaled_dot_product_attention(
-                        query,
-                        keys,
-                        values,
+                        query[None],
+                        keys[None],
+                        values[None],
                         attn_mask=mask,
                         is_causal=mask is None and n > 1,
                         scale=self.scaling,
                     )
-                    out[first : first + n] = o.transpose(0, 1)
+                    out[first : first + n] = o[0].transpose(0, 1)
                 h = h + attn.o_proj(out.reshape(rows, heads * dim))
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             for s, (_, n, _) in zip(segments, bounds):  # noqa: B905

@@ -1,0 +1,566 @@
+"""A mini serving engine: executes a workload under a policy with exactly the simulator's
+scheduling rules (DESIGN.md, "Simulation semantics") and records what it did as the simulator's
+``Trace``. The work is done by an executor: the model's packed pass in real time
+(:class:`ModelExecutor`), or the cost model on a fake clock (:func:`replay`, which must give
+exactly ``simulate()``'s trace — the engine's scheduler is checked against the simulator's that way).
+
+torch is imported lazily (only by :class:`ModelExecutor` and the real-time entry points).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pytest_prefill.scheduler import (
+    LINK,
+    POLICIES,
+    CostModel,
+    Request,
+    RequestRecord,
+    Trace,
+    _count,
+    _Events,
+    _validate_load,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Iteration:
+    """What one iteration does: prompt pieces ``(request, tokens done before, tokens now)`` and
+    decode rows (each emits one token); ``kv_tokens`` is what the decode rows read (K) and
+    ``context_tokens`` what the prompt pieces attend to (C)."""
+
+    kind: str
+    prefill: tuple[tuple[Request, int, int], ...]
+    decode: tuple[Request, ...]
+    kv_tokens: int = 0
+    context_tokens: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, _, n in self.prefill)
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def wait_until(self, t: float) -> None: ...
+
+
+class Executor(Protocol):
+    def run(self, iteration: Iteration) -> float | None:
+        """Do the iteration's work; return its exact duration if known (a simulated executor),
+        else None (the engine reads the clock)."""
+        ...
+
+
+class RealClock:
+    """Seconds since ``origin`` on the system-wide monotonic clock (comparable across
+    processes on one machine); idles by sleeping."""
+
+    def __init__(self, origin: float | None = None) -> None:
+        self.origin = time.perf_counter() if origin is None else origin
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def wait_until(self, t: float) -> None:
+        while True:
+            left = t - self.now()
+            if left <= 0:
+                return
+            time.sleep(left if left < 1e-3 else left - 2e-4)
+
+
+class FakeClock:
+    """A clock that moves only when told: idling jumps to the target time."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+class CostExecutor:
+    """Executes an iteration by advancing a fake clock by the cost model's duration for it."""
+
+    def __init__(self, cost: CostModel, clock: FakeClock) -> None:
+        self.cost, self.clock = cost, clock
+
+    def run(self, iteration: Iteration) -> float | None:
+        rows = len(iteration.decode)
+        duration = self.cost.fused_iteration(
+            iteration.prefill_tokens, rows, iteration.kv_tokens, iteration.context_tokens
+        )
+        self.clock.t += duration
+        # The simulator keys runs of equal decode steps on the formula's duration when it is
+        # constant (no per-KV-token term) and on end - start otherwise; so does the engine.
+        if iteration.kind == "decode" and self.cost.decode_per_kv_token == 0:
+            return duration
+        return None
+
+
+class Worker:
+    """The scheduling state of one compute resource — the simulator's ``_Worker`` rules, one
+    iteration at a time. Modes: ``shared``, ``chunked`` (budget ``chunk``; inf = coscheduled),
+    ``decode`` (decode only; prefilled requests come in through :meth:`join`)."""
+
+    def __init__(self, name: str, mode: str, chunk: float = math.inf) -> None:
+        self.name, self.mode, self.chunk = name, mode, chunk
+        self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
+        self.joining: list[Request] = []
+        self.running: list[Request] = []
+        self._ids: tuple[str, ...] = ()  # rebuilt only on change: the event log keys on identity
+        self.kv_tokens = 0
+        self.decode_ends: list[float] = []
+        self.first_index: dict[str, int] = {}
+        self._finishing: dict[int, list[Request]] = {}
+        self._firsts: dict[int, int] = {}
+        self.prefill_start: dict[str, float] = {}
+        self.prefill_end: dict[str, float] = {}
+        self._current: tuple[list[Request], int] = ([], 0)
+
+    def admit(self, request: Request) -> None:
+        self.waiting.append([request, 0])
+
+    def join(self, request: Request) -> None:
+        self.joining.append(request)
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.joining)
+
+    def next_iteration(self, now: float) -> Iteration | None:
+        """Compose the iteration that starts at ``now`` (None: nothing to do)."""
+        if self.joining:
+            index = len(self.decode_ends)
+            for r in self.joining:
+                self.first_index[r.id] = index
+                self._firsts[index] = self._firsts.get(index, 0) + 1
+                self._finishing.setdefault(index + r.output_len - 1, []).append(r)
+                self.kv_tokens += r.prompt_len
+            self.running.extend(self.joining)
+            self.joining = []
+            self._ids = tuple(r.id for r in self.running)
+        budget = 0 if self.mode == "decode" else math.inf if self.mode == "shared" else self.chunk
+        prefill: list[tuple[Request, int, int]] = []
+        completed: list[Request] = []
+        context = 0
+        while self.waiting and budget > 0:
+            entry = self.waiting[0]
+            request, done = entry
+            take = int(min(request.prompt_len - done, budget))
+            prefill.append((request, done, take))
+            context += done
+            budget -= take
+            self.prefill_start.setdefault(request.id, now)
+            if done + take == request.prompt_len:
+                completed.append(request)
+                self.waiting.popleft()
+            else:
+                entry[1] = done + take
+        rows = 0 if (self.mode == "shared" and prefill) else len(self.running)
+        if not prefill and not rows:
+            return None
+        self._current = (completed, rows)
+        kind = "fused" if prefill and rows else "prefill" if prefill else "decode"
+        decode = tuple(self.running) if rows else ()
+        return Iteration(kind, tuple(prefill), decode, self.kv_tokens if rows else 0, context)
+
+    @property
+    def decode_ids(self) -> tuple[str, ...]:
+        return self._ids
+
+    def finish(self, end: float) -> list[Request]:
+        """End the running iteration at ``end``; return the prompts it completed."""
+        completed, rows = self._current
+        self._current = ([], 0)
+        for r in completed:
+            self.prefill_end[r.id] = end
+        if rows:
+            index = len(self.decode_ends)
+            self._firsts.pop(index, None)
+            self.decode_ends.append(end)
+            self.kv_tokens += rows
+            done = self._finishing.pop(index, None)
+            if done:
+                gone = {r.id for r in done}
+                self.running = [r for r in self.running if r.id not in gone]
+                self._ids = tuple(r.id for r in self.running)
+                self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
+        return completed
+
+    def record(self, r: Request, start: float, end: float, ready: float) -> RequestRecord:
+        first = self.first_index[r.id]
+        times = tuple(self.decode_ends[first : first + r.output_len])
+        return RequestRecord(
+            r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready, self.name, times
+        )
+
+
+class Arrivals(Protocol):
+    def ready(self, now: float) -> list[Request]:
+        """Requests that have arrived by ``now`` and were not handed out yet, in order."""
+        ...
+
+    def wait(self, clock: Clock) -> bool:
+        """Idle until the next arrival; False when none is left."""
+        ...
+
+
+class ScheduledArrivals:
+    """Arrivals known in advance: ``(time, request)`` in time order."""
+
+    def __init__(self, schedule: Sequence[tuple[float, Request]]) -> None:
+        self.schedule, self.i = list(schedule), 0
+
+    def ready(self, now: float) -> list[Request]:
+        out = []
+        while self.i < len(self.schedule) and self.schedule[self.i][0] <= now:
+            out.append(self.schedule[self.i][1])
+            self.i += 1
+        return out
+
+    def wait(self, clock: Clock) -> bool:
+        if self.i >= len(self.schedule):
+            return False
+        clock.wait_until(self.schedule[self.i][0])
+        return True
+
+
+def drive(
+    worker: Worker,
+    executor: Executor,
+    clock: Clock,
+    arrivals: Arrivals,
+    events: _Events,
+    admit: Callable[[Request], None],
+    on_complete: Callable[[list[Request]], None] | None = None,
+) -> None:
+    """Run ``worker`` until its arrivals are exhausted and it has nothing left to do: at each
+    boundary admit what has arrived, compose the iteration, execute it, record it."""
+    while True:
+        now = clock.now()
+        for r in arrivals.ready(now):
+            admit(r)
+        iteration = worker.next_iteration(now)
+        if iteration is None:
+            if not arrivals.wait(clock):
+                return
+            continue
+        step = executor.run(iteration)
+        end = clock.now()
+        events.add(
+            worker.name,
+            now,
+            end,
+            iteration.kind,
+            tuple((r.id, n) for r, _, n in iteration.prefill),
+            worker.decode_ids if iteration.decode else (),
+            iteration.kv_tokens,
+            iteration.context_tokens,
+            step=step or 0.0,
+        )
+        completed = worker.finish(end)
+        if on_complete is not None and completed:
+            on_complete(completed)
+
+
+def _check(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if policy == "chunked" and chunk is None:
+        raise ValueError(
+            "chunk must be a positive integer (prompt tokens per iteration) for 'chunked'"
+        )
+    if chunk is not None:
+        _count("chunk", chunk)
+    if prefill_workers != 1 or decode_workers != 1:
+        raise ValueError(
+            "the engine runs one prefill worker and one decode worker; "
+            f"got prefill_workers={prefill_workers!r}, decode_workers={decode_workers!r}"
+        )
+
+
+def run_single(
+    policy: str,
+    requests: Sequence[Request],
+    executor: Executor,
+    clock: Clock,
+    chunk: int | None = None,
+) -> Trace:
+    """``shared``, ``coscheduled`` or ``chunked`` on one worker (``requests`` already sorted)."""
+    mode = "shared" if policy == "shared" else "chunked"
+    budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
+    worker = Worker("worker", mode, budget)
+    events = _Events()
+    drive(
+        worker,
+        executor,
+        clock,
+        ScheduledArrivals([(r.arrival, r) for r in requests]),
+        events,
+        worker.admit,
+        lambda done: worker.joining.extend(done),  # joining is rebound at each boundary
+    )
+    records = {
+        r.id: worker.record(
+            r, worker.prefill_start[r.id], worker.prefill_end[r.id], worker.prefill_end[r.id]
+        )
+        for r in requests
+    }
+    return Trace(policy, events.finish(["worker"]), records, chunk)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillResult:
+    """What the prefill side of a disaggregated run did, per request: (prefill start, prefill
+    end, KV ready), plus its prefill and link events."""
+
+    times: Mapping[str, tuple[float, float, float]]
+    events: tuple[Any, ...]
+
+
+def disaggregated_trace(
+    requests: Sequence[Request],
+    times: Mapping[str, tuple[float, float, float]],
+    events: Iterable[Any],
+    decoder: Worker,
+    chunk: int | None = None,
+) -> Trace:
+    """Assemble the trace of a disaggregated run from its two sides."""
+    order = ["prefill0", LINK, decoder.name]
+    rank = {name: i for i, name in enumerate(order)}
+    ordered = tuple(sorted(events, key=lambda e: (rank[e.resource], e.start)))
+    records = {r.id: decoder.record(r, *times[r.id]) for r in requests}
+    return Trace("disaggregated", ordered, records, chunk)
+
+
+def replay(
+    policy: str,
+    load: Iterable[Request],
+    cost: CostModel,
+    *,
+    chunk: int | None = None,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+) -> Trace:
+    """Run the engine with the cost model as its executor on a fake clock. Must equal
+    ``simulate(policy, load, cost, chunk=chunk)`` exactly (tests pin it).
+
+    Raises:
+        ValueError: as ``simulate`` does; and for pools of more than one worker.
+    """
+    _check(policy, chunk, prefill_workers, decode_workers)
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
+    requests = _validate_load(load)
+    clock = FakeClock()
+    executor = CostExecutor(cost, clock)
+    if policy != "disaggregated":
+        return run_single(policy, requests, executor, clock, chunk)
+    # The three stages only feed forward (prefill -> link -> decode), so on a fake clock they
+    # can run one after the other.
+    events = _Events()
+    times: dict[str, tuple[float, float, float]] = {}
+    link_free = 0.0
+    schedule: list[tuple[float, Request]] = []
+    for r in requests:
+        clock.wait_until(r.arrival)
+        start = clock.now()
+        executor.run(Iteration("prefill", ((r, 0, r.prompt_len),), ()))
+        end = clock.now()
+        events.add("prefill0", start, end, "prefill", ((r.id, r.prompt_len),))
+        transfer = cost.kv_transfer(r.prompt_len)
+        ready = end
+        if transfer > 0:
+            begin = max(end, link_free)
+            link_free = ready = begin + transfer
+            events.add(LINK, begin, ready, "transfer", ((r.id, r.prompt_len),))
+        times[r.id] = (start, end, ready)
+        schedule.append((ready, r))
+    decode_clock = FakeClock()
+    decoder = Worker("decode0", "decode")
+    drive(
+        decoder,
+        CostExecutor(cost, decode_clock),
+        decode_clock,
+        ScheduledArrivals(schedule),
+        events,
+        decoder.join,
+    )
+    return disaggregated_trace(
+        requests, times, events.finish(["prefill0", LINK, "decode0"]), decoder, chunk
+    )
+
+
+def make_prompts(requests: Sequence[Request], vocab: int, seed: int) -> dict[str, Any]:
+    """Random prompt token ids per request: the same requests and seed give the same prompts."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        r.id: torch.randint(0, int(vocab), (r.prompt_len,), generator=generator) for r in requests
+    }
+
+
+class ModelExecutor:
+    """Executes iterations with the packed pass: greedy decoding of real tokens from random,
+    seeded prompts. A decode row feeds the request's latest token and emits the next one (the
+    prefill's own prediction is the first decode step's input), so a request's cache holds
+    ``prompt_len + steps`` tokens, as the cost model counts them."""
+
+    def __init__(self, packed: Any, requests: Sequence[Request], *, seed: int = 0) -> None:
+        self.packed = packed
+        self.prompts = make_prompts(requests, packed.config.vocab_size, seed)
+        self.caches: dict[str, Any] = {}
+        self.tokens: dict[str, list[int]] = {r.id: [] for r in requests}
+        self.steps: dict[str, int] = {r.id: 0 for r in requests}
+        self._next: dict[str, int] = {}  # the input of each request's next decode row
+        self._sync = _synchronizer(packed.device)
+
+    def adopt(self, request: Request, cache: Any, next_token: int) -> None:
+        """Take over a request prefilled elsewhere (disaggregation)."""
+        self.caches[request.id] = cache
+        self._next[request.id] = next_token
+
+    def run(self, iteration: Iteration) -> float | None:
+        import torch
+
+        from pytest_prefill.packed import Segment
+
+        segments = []
+        for r, done, n in iteration.prefill:
+            if r.id not in self.caches:
+                self.caches[r.id] = self.packed.new_cache(r.prompt_len + r.output_len)
+            last = done + n == r.prompt_len
+            segments.append(
+                Segment(
+                    self.caches[r.id],
+                    self.prompts[r.id][done : done + n],
+                    "last" if last else "none",
+                )
+            )
+        for r in iteration.decode:
+            segments.append(Segment(self.caches[r.id], torch.tensor([self._next[r.id]])))
+        logits = self.packed.forward(segments)
+        picks = [i for i, s in enumerate(segments) if s.logits == "last"]
+        if picks:
+            chosen = torch.stack([logits[i] for i in picks]).argmax(dim=-1).tolist()
+            owners = [r for r, done, n in iteration.prefill if done + n == r.prompt_len]
+            owners += list(iteration.decode)
+            for r, token in zip(owners, chosen):  # noqa: B905
+                self._next[r.id] = token
+        for r in iteration.decode:
+            self.tokens[r.id].append(self._next[r.id])
+            self.steps[r.id] += 1
+            if self.steps[r.id] == r.output_len:
+                del self.caches[r.id]  # done: free its KV
+        self._sync()
+        return None
+
+
+def _synchronizer(device: Any) -> Callable[[], None]:
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRun:
+    """A real run: its trace, the greedy tokens each request emitted, and how the machine was
+    used (``setup``: a sentence, e.g. cores and threads per worker)."""
+
+    trace: Trace
+    tokens: Mapping[str, tuple[int, ...]]
+    setup: str
+
+
+def warm_up(packed: Any, *, rows: int = 64) -> None:
+    """A few passes so that first-call allocations do not land in a measured run."""
+    import torch
+
+    from pytest_prefill.packed import Segment
+
+    cache = packed.new_cache(rows + 4)
+    packed.forward([Segment(cache, torch.zeros(rows, dtype=torch.long))])
+    for _ in range(3):
+        packed.forward([Segment(cache, torch.zeros(1, dtype=torch.long))])
+
+
+def execute(
+    policy: str,
+    load: Iterable[Request],
+    model: Any,
+    *,
+    chunk: int | None = None,
+    seed: int = 0,
+    cores: Sequence[int] | None = None,
+    threads: int | None = None,
+    workers: Any = None,
+) -> EngineRun:
+    """Run ``load`` under ``policy`` for real on ``model`` (a ``*ForCausalLM`` or anything with
+    a ``.model`` attribute holding one). Arrivals are relative to the run's start.
+
+    Single-worker policies run in this process on ``cores`` (default: every core this process
+    may use) with ``threads`` torch threads (default: one per core); ``disaggregated`` runs a
+    prefill process and a decode process on disjoint halves of those cores (see
+    :mod:`pytest_prefill.disagg`; pass started ``workers`` to reuse them), so every policy gets
+    the same total resources.
+
+    Raises:
+        ValueError: for a bad policy, chunk or load, or an unsupported model.
+    """
+    _check(policy, chunk, 1, 1)
+    requests = _validate_load(load)
+    hf_model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if policy == "disaggregated":
+        if workers is not None:
+            return workers.run(requests, seed=seed, chunk=chunk)
+        from pytest_prefill.disagg import run_disaggregated
+
+        return run_disaggregated(requests, hf_model, seed=seed, cores=cores, chunk=chunk)
+    import torch
+
+    from pytest_prefill.packed import PackedModel
+
+    packed = PackedModel(hf_model)
+    on_cpu = packed.device.type == "cpu"
+    previous = (os.sched_getaffinity(0), torch.get_num_threads())
+    if on_cpu:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads or len(cores))
+    executor = ModelExecutor(packed, requests, seed=seed)
+    collect = gc.isenabled()
+    try:
+        warm_up(packed)
+        gc.collect()
+        gc.disable()  # a collection mid-run would show up as a stall that is not the model's
+        trace = run_single(policy, requests, executor, RealClock(), chunk)
+    finally:
+        if collect:
+            gc.enable()
+        if on_cpu:
+            os.sched_setaffinity(0, previous[0])
+            torch.set_num_threads(previous[1])
+    where = (
+        f"one worker on cores {cores} with {threads or len(cores)} torch thread(s)"
+        if on_cpu
+        else f"one worker on {packed.device}"
+    )
+    tokens = {rid: tuple(t) for rid, t in executor.tokens.items()}
+    return EngineRun(trace, tokens, where)
