@@ -530,10 +530,10 @@ def calibrate(
     warmup: int | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
-    prompt_lens: Sequence[int] = DEFAULT_PROMPT_LENS,
-    cache_lens: Sequence[int] = DEFAULT_CACHE_LENS,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    batch_context: int = BATCH_CACHE_LEN,
+    prompt_lens: Sequence[int] | None = None,
+    cache_lens: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    batch_context: int | None = None,
     seed: int = 0,
 ) -> Calibration:
     """Measure ``loaded`` (a ``models.LoadedModel``) on its device and fit a cost model.
@@ -543,11 +543,14 @@ def calibrate(
             capped at ``DRY_RUN_REPEATS``/``DRY_RUN_WARMUP`` by ``dry_run``.
         dry_run: fewer repeats and warmup; prompt and cache lengths are unchanged.
         progress: called with one line per finished measurement (for stderr).
-        prompt_lens: prefill lengths (4 or more distinct, each within the model's context).
-        cache_lens: decode cache lengths, capped at the model's context.
-        batch_sizes: decode batch sizes for ``decode_per_seq``; empty skips that sweep (the
-            constant is then recorded as 0, "not measured").
-        batch_context: cached tokens per sequence in the batch sweep.
+        prompt_lens: prefill lengths, 4 or more distinct, each within the model's context
+            (default ``DEFAULT_PROMPT_LENS``).
+        cache_lens: decode cache lengths, capped at the model's context (default
+            ``DEFAULT_CACHE_LENS``).
+        batch_sizes: decode batch sizes for ``decode_per_seq`` (default
+            ``DEFAULT_BATCH_SIZES``); empty skips that sweep (the constant is then recorded as
+            0, "not measured").
+        batch_context: cached tokens per sequence in the batch sweep (``BATCH_CACHE_LEN``).
         seed: seeds every input token.
 
     Raises:
@@ -557,6 +560,11 @@ def calibrate(
 
     repeats, warmup = effective_repeats(repeats, warmup, dry_run)
     limit = loaded.max_context - 1  # room for the token a decode step appends
+    # defaults are read at call time, so a caller (or a test) may change the module constants
+    prompt_lens = DEFAULT_PROMPT_LENS if prompt_lens is None else prompt_lens
+    cache_lens = DEFAULT_CACHE_LENS if cache_lens is None else cache_lens
+    batch_sizes = DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes
+    batch_context = BATCH_CACHE_LEN if batch_context is None else batch_context
     prompts = _lengths("prompt_lens", prompt_lens, loaded.max_context)
     if len(prompts) < 4:
         raise ValueError(

@@ -191,7 +191,7 @@ def run_falsifier(
     )
 
     calibration = None
-    caches = tuple(n for n in cal.DEFAULT_CACHE_LENS if n < loaded.max_context)
+    caches = tuple(sorted({min(n, loaded.max_context - 1) for n in cal.DEFAULT_CACHE_LENS}))
     if chunk is not None:
         chunk_source = "given"
     elif cost is not None:

@@ -4,6 +4,7 @@ in the offline Hugging Face cache. Never downloads. torch and transformers are i
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import re
 from typing import Any
@@ -146,18 +147,32 @@ def _dtype_kwarg() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def _build_preset(name: str, device: Any, dtype: Any) -> tuple[Any, Any]:
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def preset_config(name: str) -> Any:
+    """The transformers ``Qwen3Config`` of preset ``name`` (no weights are built).
 
+    Raises:
+        ValueError: for an unknown preset.
+    """
+    from transformers import Qwen3Config
+
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)}")
     fields = dict(MODEL_PRESETS[name])
     rope_theta = fields.pop("rope_theta")
-    try:  # transformers 5.x keeps RoPE settings in rope_parameters
-        config = Qwen3Config(
+    # transformers 5.x keeps RoPE settings in rope_parameters; 4.5x takes rope_theta (and would
+    # silently store an unknown rope_parameters, so ask the signature rather than try)
+    if "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters:
+        return Qwen3Config(
             **fields, rope_parameters={"rope_type": "default", "rope_theta": rope_theta}
         )
-    except TypeError:
-        config = Qwen3Config(**fields, rope_theta=rope_theta)
+    return Qwen3Config(**fields, rope_theta=rope_theta)
+
+
+def _build_preset(name: str, device: Any, dtype: Any) -> tuple[Any, Any]:
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    config = preset_config(name)
     torch.manual_seed(_SEED)
     with torch.device(device):
         model = Qwen3ForCausalLM._from_config(config, **{_dtype_kwarg(): dtype})
