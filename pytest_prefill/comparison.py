@@ -186,17 +186,24 @@ def compare(a: Side, b: Side) -> list[Row]:
     ]
 
 
-def _show(value: float, scale: float, refused: bool) -> str:
+def _number(value: float, digits: int) -> str:
+    """Plain digits for a table: ``digits`` significant figures, never an exponent above 1."""
     if math.isinf(value):
-        return "inf"
-    text = f"{value * scale:,.4g}"
+        return "inf" if value > 0 else "-inf"
+    if value == 0 or abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:,.{digits - 1 - int(math.floor(math.log10(abs(value))))}f}"
+    return f"{value:.{digits}g}"
+
+
+def _show(value: float, scale: float, refused: bool) -> str:
+    text = _number(value * scale, 4)
     return f"{text} (refused)" if refused else text
 
 
 def _plus_minus(spread: float | None, scale: float) -> str:
-    if spread is None:
-        return "-"
-    return "inf" if math.isinf(spread) else f"±{spread * scale:,.2g}"
+    return "-" if spread is None else "±" + _number(spread * scale, 2)
 
 
 def compare_table(a: Side, b: Side, rows: list[Row] | None = None) -> str:

@@ -557,12 +557,12 @@ def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, 
                 "note": "setup failed before the benchmark ran", "stats": None}
     if report.when != "call" or fixture is None or not hasattr(fixture, "has_error"):
         return None
-    stats = None
+    record: dict[str, Any] = {}
     if fixture.stats is not None:
         try:
-            stats = fixture.stats.as_dict(include_data=False)
+            record = fixture.stats.as_dict(include_data=False)
         except Exception:  # an errored benchmark may have no rounds to summarise
-            stats = None
+            record = {}
     note = None
     if fixture.disabled:
         note = ("pytest-benchmark did not time this benchmark (disabled: xdist is active, "
@@ -570,7 +570,8 @@ def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, 
     return {"kind": "benchmark", "name": fixture.name, "group": fixture.group,
             "param": fixture.param, "error": bool(fixture.has_error or report.failed),
             "disabled": bool(fixture.disabled), "outcome": report.outcome, "note": note,
-            "stats": stats}
+            "stats": record.get("stats"), "options": record.get("options"),
+            "extra_info": record.get("extra_info") or dict(fixture.extra_info)}
 
 
 @pytest.hookimpl(hookwrapper=True)
