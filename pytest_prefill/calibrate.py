@@ -68,9 +68,11 @@ class Point:
     def from_dict(cls, data: Any) -> Point:
         if not isinstance(data, Mapping):
             raise ValueError(f"a measurement point must be an object, got {data!r:.60}")
+        kind: Any = data.get("kind")  # checked by __post_init__
+        x: Any = data.get("x")
         return cls(
-            data.get("kind"),
-            data.get("x"),
+            kind,
+            x,
             Measurement.from_dict(data.get("measurement")),
             int(data.get("context", 0)),
         )

@@ -66,7 +66,7 @@ class Measurement:
         values = tuple(_finite("sample", s) for s in samples)
         if min(values) < 0:
             raise ValueError(f"samples must be >= 0 seconds, got {min(values)!r}")
-        q1, median, q3 = (float(v) for v in np.percentile(values, [25, 50, 75]))
+        q1, median, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75]).tolist()
         return cls(values, median, min(values), max(values), q1, q3, warmup)
 
     @property

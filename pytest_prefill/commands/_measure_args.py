@@ -81,6 +81,24 @@ def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads`` (torch CPU threads); apply it with :func:`apply_threads`."""
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's own; on a CPU shared with other work, fewer "
+        "threads than cores keeps their contention out of the timings)",
+    )
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def progress(text: str) -> None:
     """A progress line on stderr."""
     print(f"  .. {text}", file=sys.stderr, flush=True)

@@ -8,7 +8,9 @@ import argparse
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
+    add_threads_argument,
     add_timing_arguments,
+    apply_threads,
     load,
     positive_int,
     progress,
@@ -20,6 +22,7 @@ HELP = "the falsifier: does chunked prefill shorten a live stream's worst token 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_timing_arguments(parser)
+    add_threads_argument(parser)
     parser.add_argument(
         "--prompt-len",
         type=positive_int,
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
         cost, origin = load_cost(args.cost)
         progress(f"cost model: {origin}")
+    apply_threads(args)
     loaded = load(args)
 
     def emit(text: str) -> None:
