@@ -5,10 +5,9 @@ invariants (the numbers are reported, never asserted)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
+from pytest_prefill.falsifier import chunk_from_cost
 from pytest_prefill.report import sweep_rows_json, sweep_table
 from pytest_prefill.scheduler import POLICIES, check_invariants
 from pytest_prefill.whatif import chunk_sweep, default_chunks
@@ -21,14 +20,6 @@ POISSON_PROMPTS = (256, 512, 1024, 2048, 4096)
 POISSON_OUTPUTS = (32, 64, 128, 256)
 POISSON_COUNT = 120
 PREFILL_UTILISATION = 0.3  # the prompts' share of one worker's time, on average
-
-
-def chunk_at_star(cost, prompt_len):
-    """C* rounded into [1, prompt_len] (the whole prompt when any chunk is free)."""
-    star = cost.chunk_star()
-    if not math.isfinite(star):
-        return prompt_len if star > 0 else 1
-    return max(1, min(prompt_len, round(star)))
 
 
 def test_chunk_sweep_on_the_lab_scenario(cost_model, scheduler, prefill_report):
@@ -55,12 +46,12 @@ def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_repo
     rate = PREFILL_UTILISATION / cost_model.prefill_pass(round(mean_prompt))
     load = poisson(rate, POISSON_COUNT, prompt_len=POISSON_PROMPTS,
                    output_len=POISSON_OUTPUTS, seed=0)
-    chunk = chunk_at_star(cost_model, max(POISSON_PROMPTS))
+    chunk = chunk_from_cost(cost_model, max(POISSON_PROMPTS))  # the falsifier's rule
     rows = chunk_sweep(cost_model, load, [chunk])
     prefill_report.table(
         f"What-if: policies on {POISSON_COUNT} Poisson arrivals at {rate:.2f}/s (prompts "
-        f"{', '.join(map(str, POISSON_PROMPTS))}; seed 0), chunk {chunk:,} = C* rounded "
-        "(simulated)",
+        f"{', '.join(map(str, POISSON_PROMPTS))}; seed 0), chunk {chunk:,} "
+        f"(C* = {cost_model.chunk_star():,.0f}; the falsifier's rule) (simulated)",
         sweep_table(rows),
         {"load": {"rate": rate, "count": POISSON_COUNT, "prompt_lens": list(POISSON_PROMPTS),
                   "output_lens": list(POISSON_OUTPUTS), "seed": 0},

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -575,7 +575,9 @@ def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, 
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     state = item.config.stash.get(STATE, None)
     if state is None:
@@ -599,7 +601,7 @@ class _Harvester:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         state = self.state
         for name, value in report.user_properties:
-            if name == USER_PROPERTY:
+            if name == USER_PROPERTY and isinstance(value, str):
                 try:
                     entry = json.loads(value)
                 except (TypeError, ValueError):

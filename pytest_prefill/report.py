@@ -50,7 +50,7 @@ def sweep_rows_json(rows: Sequence[SweepRow]) -> list[dict[str, object]]:
     return [
         {"policy": r.policy, "chunk": r.chunk, "ttft_cost": clean(r.ttft_cost),
          "stall_gain": clean(r.stall_gain),
-         **{k: clean(v) for k, v in r.summary.as_dict().items()}}  # type: ignore[arg-type]
+         **{k: clean(v) for k, v in r.summary.as_dict().items()}}
         for r in rows
     ]
 
@@ -142,14 +142,13 @@ def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048,
     from pytest_prefill.timeline import focus_window, render_svg
 
     load = lab_scenario(prompt_len=prompt_len)
-    star = cost.chunk_star()
-    # C* rounded into [1, prompt_len]; the whole prompt when any chunk is free
-    chunk = max(1, min(prompt_len, round(star))) if math.isfinite(star) else (
-        prompt_len if star > 0 else 1)
+    from pytest_prefill.falsifier import chunk_from_cost
+
+    chunk = chunk_from_cost(cost, prompt_len)  # the falsifier's rule: C* rounded, 16 below 1
     traces = [simulate("shared", load, cost), simulate("chunked", load, cost, chunk=chunk),
               simulate("disaggregated", load, cost)]
     title = (f"Lab scenario: 2 live streams; a {prompt_len:,}-token prompt arrives at 100 ms. "
-             f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}, rounded). Simulated from a cost "
+             f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}). Simulated from a cost "
              f"model, not measured.\nCost model: {origin}")
     return render_svg(traces, window=focus_window(traces, "long"), max_bars=max_bars,
                       title=title)
