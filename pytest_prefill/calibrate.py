@@ -8,7 +8,7 @@ import dataclasses
 import datetime
 import math
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill.scheduler import CostModel
@@ -101,7 +101,8 @@ class Refusal:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Recommendation:
-    """What to do on this machine: ``policy`` is ``chunked`` or ``disaggregated``; ``chunk``
+    """What to do on this machine: ``policy`` is ``chunked``, ``disaggregated`` or
+    ``undetermined`` (the per-token prefill cost was refused); ``chunk``
     the suggested chunk (C* rounded) when chunking; ``line`` the sentence to print."""
 
     policy: str
@@ -114,11 +115,22 @@ class Recommendation:
         return self.line
 
 
-def recommend(cost: CostModel) -> Recommendation:
+def recommend(cost: CostModel, refused: Collection[str] = ()) -> Recommendation:
     """The recommendation for ``cost`` (thresholds: ``DISAGGREGATE_OVERHEAD_FRACTION``,
-    ``MIN_USEFUL_CHUNK``; see the module constants)."""
+    ``MIN_USEFUL_CHUNK``; see the module constants). ``refused`` names the constants a
+    calibration refused: without a per-token prefill cost C* means nothing, and the policy is
+    ``undetermined``."""
     star = cost.chunk_star()
     fraction = cost.prefill_pass_overhead / cost.decode_step_base
+    if "prefill_per_token" in refused:
+        return Recommendation(
+            "undetermined",
+            None,
+            star,
+            fraction,
+            "-> no recommendation: prefill_per_token was refused, so this C* rests on noise. "
+            "Measure again (more --repeats, a quieter machine).",
+        )
     if star <= 0:
         return Recommendation(
             "disaggregated",
@@ -175,10 +187,10 @@ def _us(seconds: float) -> str:
     return f"{value:.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
 
 
-def chunk_star_text(cost: CostModel) -> str:
+def chunk_star_text(cost: CostModel, refused: Collection[str] = ()) -> str:
     """The C* derivation block, with ``cost``'s numbers, ending with the recommendation."""
     star = cost.chunk_star()
-    advice = recommend(cost)
+    advice = recommend(cost, refused)
     result = f"{star:.0f}" if math.isfinite(star) else ("inf" if star > 0 else "-inf")
     return "\n".join(
         [
@@ -207,11 +219,15 @@ class Calibration:
     def points(self, kind: str) -> list[Point]:
         return [p for p in self.measurements if p.kind == kind]
 
+    def refused(self) -> set[str]:
+        """Names of the constants this calibration refused."""
+        return {r.constant for r in self.refusals}
+
     def chunk_star_text(self) -> str:
-        return chunk_star_text(self.cost)
+        return chunk_star_text(self.cost, self.refused())
 
     def recommendation(self) -> Recommendation:
-        return recommend(self.cost)
+        return recommend(self.cost, self.refused())
 
     def tables(self) -> dict[str, str]:
         """Named table texts: provenance, prefill, kv, batch, constants."""

@@ -102,6 +102,17 @@ def chunk_from_cost(cost: CostModel, prompt_len: int) -> int:
     return max(1, min(round(star), prompt_len))
 
 
+def _chunk_for(
+    cost: CostModel, prompt_len: int, source: str, usable: bool = True
+) -> tuple[int, str]:
+    """The chunk to test and a phrase saying where it came from."""
+    star = cost.chunk_star()
+    if usable and star >= 1:
+        return chunk_from_cost(cost, prompt_len), source
+    why = "its per-token prefill cost was refused" if not usable else f"C* = {star:.0f}"
+    return min(FALLBACK_CHUNK, prompt_len), f"fallback: {source} is unusable ({why})"
+
+
 def _ms(seconds: float) -> str:
     value = seconds * 1e3
     return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
@@ -195,7 +206,7 @@ def run_falsifier(
     if chunk is not None:
         chunk_source = "given"
     elif cost is not None:
-        chunk, chunk_source = chunk_from_cost(cost, prompt_len), "C* of the given cost model"
+        chunk, chunk_source = _chunk_for(cost, prompt_len, "C* of the given cost model")
     else:
         calibration = cal.calibrate(
             loaded,
@@ -206,8 +217,12 @@ def run_falsifier(
             batch_sizes=(),
             seed=seed,
         )
-        chunk = chunk_from_cost(calibration.cost, prompt_len)
-        chunk_source = "C* of a quick calibration made now"
+        chunk, chunk_source = _chunk_for(
+            calibration.cost,
+            prompt_len,
+            "C* of a quick calibration made now",
+            usable="prefill_per_token" not in calibration.refused(),
+        )
         emit(calibration.chunk_star_text())
     chunk = min(chunk, prompt_len)
 

@@ -283,3 +283,19 @@ def test_calibrate_rejects_too_few_prompt_lengths():
 
     with pytest.raises(ValueError, match="4 or more"):
         cal.calibrate(load_model("tiny", device="cpu"), prompt_lens=(16, 32, 32, 64))
+
+
+def test_a_refused_per_token_cost_leaves_the_recommendation_undetermined():
+    cost = costs(40e-3, 0.0, 35e-3)
+    assert recommend(cost).policy == "disaggregated"
+    advice = recommend(cost, {"prefill_per_token"})
+    assert advice.policy == "undetermined" and advice.chunk is None
+    assert chunk_star_text(cost, {"prefill_per_token"}).endswith(advice.line)
+    # a calibration applies its own refusals
+    flat_prefill = [Point("prefill", t, exact(30e-3)) for t in (256, 512, 1024, 2048)]
+    points = flat_prefill + [Point("decode_kv", 128, exact(35e-3))]
+    fitted, fits, refusals = fit_cost_model(points)
+    calibration = Calibration(fitted, {}, tuple(points), fits, tuple(refusals))
+    assert "prefill_per_token" in calibration.refused()
+    assert calibration.recommendation().policy == "undetermined"
+    assert "no recommendation" in calibration.chunk_star_text()

@@ -98,7 +98,7 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
     assert result.stall_table in "\n".join(emitted) and result.kv_table in "\n".join(emitted)
     assert "upper bound on one fused iteration" in "\n".join(emitted)
     assert "C* = " in "\n".join(emitted)  # the quick calibration's derivation
-    assert 1 <= result.chunk <= 64 and result.chunk_source.startswith("C*")
+    assert 1 <= result.chunk <= 64 and "quick calibration" in result.chunk_source
     document = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert document["kind"] == "pytest-prefill/falsifier" and document["claim"] == CLAIM
     assert set(document["gaps"]) == {"baseline", "shared", "chunked"}
@@ -152,3 +152,16 @@ def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs):
     with pytest.raises(ValueError):
         run_falsifier(tiny, **{"prompt_len": 32, **kwargs}, emit=emitted.append)
     assert emitted == []
+
+
+def test_an_unusable_c_star_falls_back_to_the_smallest_useful_chunk(tiny, monkeypatch):
+    from pytest_prefill import calibrate as cal
+    from pytest_prefill.falsifier import run_falsifier
+
+    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
+    negative = CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-5, decode_step_base=0.01)
+    result = run_falsifier(
+        tiny, prompt_len=64, cost=negative, repeats=1, warmup=0, emit=lambda text: None
+    )
+    assert result.chunk == FALLBACK_CHUNK
+    assert result.chunk_source.startswith("fallback") and "given cost" in result.chunk_source
