@@ -110,7 +110,7 @@ def _chunk_for(
     if usable and star >= 1:
         return chunk_from_cost(cost, prompt_len), source
     why = "its per-token prefill cost was refused" if not usable else f"C* = {star:.0f}"
-    return min(FALLBACK_CHUNK, prompt_len), f"fallback: {source} is unusable ({why})"
+    return min(FALLBACK_CHUNK, prompt_len), f"fallback: {source} is unusable, {why}"
 
 
 def _ms(seconds: float) -> str:
