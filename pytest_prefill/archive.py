@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_prefill._io import write_json_atomic
+from pytest_prefill._io import write_atomic, write_json_atomic
 from pytest_prefill.costs import cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
@@ -125,6 +125,7 @@ def write_run(
     commit: str,
     dirty: bool,
     when: datetime.datetime,
+    attachments: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``run`` as the next numbered run file of machine ``key`` and return its path.
 
@@ -132,7 +133,15 @@ def write_run(
     against the finished files before the complete file is hard-linked into place, so two
     processes writing at once get different numbers and a reader never sees half a file.
     The document gets ``kind``, ``schema_version`` and ``number`` added.
+
+    ``attachments`` maps a suffix (``"timeline.svg"``) to a text written, atomically and
+    before the run file, beside it as ``<run file stem>_<suffix>``; the document lists them
+    under ``attachments`` (suffix -> file name).
     """
+    for suffix in attachments or {}:
+        if not re.fullmatch(r"[a-z0-9_-]+\.[a-z0-9]+", suffix) or suffix.endswith(".json"):
+            raise ValueError(f"attachment suffix must look like 'timeline.svg' (not .json), "
+                             f"got {suffix!r}")
     folder = machine_dir(results, key)
     folder.mkdir(parents=True, exist_ok=True)
     number = max(_numbers(folder), default=0) + 1
@@ -150,10 +159,18 @@ def write_run(
             continue
         break
     try:
+        final = folder / run_filename(number, commit, when, dirty)
+        attached = {}
+        for suffix, content in (attachments or {}).items():
+            path = final.with_name(f"{final.stem}_{suffix}")
+            write_atomic(path, content)
+            os.chmod(path, _shareable_mode())
+            attached[suffix] = path.name
         document = {"kind": RUN_KIND, "schema_version": SCHEMA_VERSION, "number": number,
                     **{k: v for k, v in run.items() if k not in ("kind", "schema_version")}}
+        if attached:
+            document["attachments"] = attached
         text = json.dumps(json_safe(document, "run"), indent=2, allow_nan=False) + "\n"
-        final = folder / run_filename(number, commit, when, dirty)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:

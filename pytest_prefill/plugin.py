@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import shutil
@@ -83,7 +84,8 @@ OPTIONS = (
             "machine) or 'measure' (calibrate now, once per session) "
             f"(default {DEFAULT_COST})", metavar="SPEC"),
     _Option("results", "folder of the per-machine results archive (default: results/ under the "
-            "rootdir)", metavar="DIR"),
+            "rootdir; a relative path is taken from the current directory on the command line, "
+            "from the rootdir in an ini file)", metavar="DIR"),
     _Option("no-archive", "do not write this run into the results archive", flag=True),
 )
 
@@ -382,15 +384,17 @@ def _device_unavailable(state: _State) -> str | None:
 
 
 def _ask_torch(device: str | None) -> str | None:
+    missing = ("torch is not installed, so nothing can be timed (pip install "
+               "'pytest-prefill[measure]')")
     if device == "cpu":
-        return None
-    unless = "--prefill-device not given (--prefill-device cpu runs the hardware suite on " \
-             "the CPU)"
+        # the CPU always exists; only the runner's libraries can be missing
+        return None if importlib.util.find_spec("torch") else missing
+    unless = ("--prefill-device not given (--prefill-device cpu runs the hardware suite on "
+              "the CPU)")
     try:
         import torch
     except ImportError:
-        return ("torch is not installed (pip install 'pytest-prefill[measure]')"
-                + (f"; --prefill-device {device} cannot be used" if device else f" and {unless}"))
+        return missing
     if not torch.cuda.is_available():
         if device:
             return (f"--prefill-device {device}: no CUDA device found "
@@ -424,6 +428,7 @@ def _device_lock(state: _State) -> Iterator[None]:
         yield
         return
     if state.lock_depth == 0:
+        os.makedirs(state.settings.session_dir, exist_ok=True)  # a remote worker's own host
         fd = os.open(os.path.join(state.settings.session_dir, "device.lock"),
                      os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -697,14 +702,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "pytest": {"args": list(session.config.invocation_params.args),
                    "exit_status": int(exitstatus), "xdist_workers": state.workers,
                    "outcomes": counts},
-        "timeline_svg": svg,
-        "timeline_cost_source": drawn[1] if svg else None,
+        "timeline": {"cost_source": drawn[1], "attachment": "timeline.svg"} if svg else None,
     }
     try:
         archive.write_machine(s.results, machine)
         state.archive_path = archive.write_run(
             s.results, s.machine_key, run, commit=commit, dirty=dirty,
-            when=state.started.astimezone())
+            when=state.started.astimezone(),
+            attachments={"timeline.svg": svg} if svg else None)
     except (OSError, ValueError) as err:
         state.archive_note = f"NOT archived: {err}"
 
@@ -748,5 +753,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         tr.write_line(f"note: {note}", yellow=True)
     if state.archive_path is not None:
         tr.write_line(f"archived: {state.archive_path}")
+        svg = state.archive_path.with_name(f"{state.archive_path.stem}_timeline.svg")
+        if svg.is_file():
+            tr.write_line(f"timeline: {svg}")
     elif state.archive_note:
         tr.write_line(state.archive_note)

@@ -135,7 +135,7 @@ def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[
 
 
 def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048,
-                     max_bars: int = 400) -> str:
+                     max_bars: int = 150) -> str:
     """The lab scenario (two live streams, a ``prompt_len`` prompt arriving at 100 ms) under
     shared, chunked at C* and disaggregated serving, as an SVG timeline (at most ``max_bars``
     bars per policy, so a tiny C* cannot make it megabytes)."""

@@ -104,6 +104,18 @@ def test_concurrent_writers_never_share_a_number_or_lose_a_file(tmp_path):
     assert len(archive.runs(tmp_path, "cpu-test")) == writers * each
 
 
+def test_attachments_are_written_beside_the_run_file_and_listed_in_it(tmp_path):
+    path = archive.write_run(tmp_path, "cpu-test", {}, commit="abcdef12", dirty=False,
+                             when=WHEN, attachments={"timeline.svg": "<svg/>"})
+    svg = path.with_name(path.stem + "_timeline.svg")
+    assert svg.read_text() == "<svg/>"
+    assert json.loads(path.read_text())["attachments"] == {"timeline.svg": svg.name}
+    assert [r.path for r in archive.runs(tmp_path, "cpu-test")] == [path]
+    with pytest.raises(ValueError, match="attachment suffix"):
+        archive.write_run(tmp_path, "cpu-test", {}, commit="abcdef12", dirty=False, when=WHEN,
+                          attachments={"x.json": "{}"})
+
+
 def test_a_number_taken_by_a_finished_file_is_skipped(tmp_path):
     folder = tmp_path / "cpu-test"
     folder.mkdir()
