@@ -123,3 +123,13 @@ def test_ctrl_c_leaves_no_json(tmp_path, monkeypatch, capsys):
     assert main(["calibrate", *TINY, "--json", str(path)]) == 130
     assert list(tmp_path.iterdir()) == []
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_measuring_without_torch_is_a_usage_error(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", *TINY])
+    assert exit_info.value.code == 2
+    assert "pytest-prefill[measure]" in capsys.readouterr().err

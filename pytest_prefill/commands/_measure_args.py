@@ -109,7 +109,13 @@ def load(args: argparse.Namespace) -> Any:
     from pytest_prefill.models import load_model
 
     progress(f"loading {args.model} ...")
-    return load_model(args.model, device=args.device, dtype=args.dtype)
+    try:
+        return load_model(args.model, device=args.device, dtype=args.dtype)
+    except ImportError as err:
+        raise ValueError(
+            f"measuring needs torch, transformers and numpy ({err}); install them, e.g. "
+            "pip install 'pytest-prefill[measure]'"
+        ) from None
 
 
 def measure_cost(args: argparse.Namespace) -> tuple[Any, str]:
