@@ -18,6 +18,7 @@ COMMANDS = {
     "demo": "pytest_prefill.commands.demo",
     "timeline": "pytest_prefill.commands.timeline",
     "compare": "pytest_prefill.commands.compare",
+    "fidelity": "pytest_prefill.commands.fidelity",
     # "calibrate", "demo" (measurement), "compare" (archive), "timeline", "fidelity" (engine)
 }
 

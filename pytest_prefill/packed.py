@@ -117,7 +117,7 @@ class PackedModel:
         import torch
 
         shape = (self.num_layers, 2, self.num_kv_heads, max(1, capacity), self.head_dim)
-        data = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        data = torch.empty(shape, dtype=self.dtype, device=self.device)  # only [:length] is read
         if shared:
             data.share_memory_()
         return KVCache(data)
@@ -220,3 +220,108 @@ class PackedModel:
         keys = torch.arange(cached + n, device=self.device)
         limit = cached + torch.arange(n, device=self.device)
         return keys[None, :] <= limit[:, None]
+
+
+class PackedRunner:
+    """The operations a calibration times, done with the engine's packed pass (the calibrator's
+    runner interface: ``time_prefill``, ``time_decode``; plus ``time_chunk`` and
+    ``time_fused``). Decode rows are one segment each, as the engine runs them; ``seed`` fixes
+    every input token."""
+
+    name = "engine packed pass"
+
+    def __init__(self, model: Any, *, seed: int = 0) -> None:
+        import torch
+
+        self.packed = model if isinstance(model, PackedModel) else PackedModel(model)
+        self.seed = seed
+        self.vocab = int(self.packed.config.vocab_size)
+        self._generator = torch.Generator().manual_seed(seed)
+        device = self.packed.device
+        if device.type == "cuda":
+            self._sync = lambda: torch.cuda.synchronize(device)
+        else:
+            self._sync = lambda: None
+
+    def tokens(self, length: int) -> Any:
+        import torch
+
+        return torch.randint(0, self.vocab, (length,), generator=self._generator)
+
+    def synthetic_cache(self, length: int, room: int) -> KVCache:
+        """A cache holding ``length`` positions of random values, with ``room`` more free."""
+        import torch
+
+        cache = self.packed.new_cache(length + room)
+        if length:
+            tile = min(length, 256)  # values do not matter for timing; fill cheaply
+            block = torch.randn(cache.data[:, :, :, :tile].shape, generator=self._generator)
+            block = block.to(device=cache.data.device, dtype=cache.data.dtype)
+            for at in range(0, length, tile):
+                n = min(tile, length - at)
+                cache.data[:, :, :, at : at + n] = block[:, :, :, :n]
+        cache.length = length
+        return cache
+
+    def _measure(self, fn: Any, repeats: int, warmup: int, setup: Any = None) -> Any:
+        import torch
+
+        from pytest_prefill.timing import measure
+
+        torch.manual_seed(self.seed)
+        with torch.inference_mode():
+            return measure(fn, repeats=repeats, warmup=warmup, sync=self._sync, setup=setup)
+
+    def time_fused(
+        self,
+        tokens: int,
+        context: int,
+        cache_lengths: Sequence[int],
+        *,
+        repeats: int,
+        warmup: int,
+        last_chunk: bool = False,
+    ) -> Any:
+        """One pass of a ``tokens``-token prompt piece over ``context`` cached positions (none
+        when ``tokens`` is 0) plus one decode row per entry of ``cache_lengths``. A prompt's
+        last piece also computes its next-token logits (``last_chunk``), as the engine does."""
+        import torch
+
+        rows = [self.synthetic_cache(n, 1) for n in cache_lengths]
+        row_ids = [torch.tensor([t]) for t in self.tokens(len(rows)).tolist()]
+        chunk = self.synthetic_cache(context, tokens) if tokens else None
+        chunk_ids = self.tokens(tokens) if tokens else None
+        if chunk is None and not rows:
+            raise ValueError("a pass needs prompt tokens or decode rows")
+
+        def setup() -> None:
+            for cache, n in zip(rows, cache_lengths):  # noqa: B905
+                cache.length = n
+            if chunk is not None:
+                chunk.length = context
+
+        def one_pass() -> None:
+            segments = []
+            if chunk is not None:
+                segments.append(Segment(chunk, chunk_ids, "last" if last_chunk else "none"))
+            segments += [Segment(c, t) for c, t in zip(rows, row_ids)]  # noqa: B905
+            logits = self.packed.forward(segments)
+            picked = [x for x in logits if x is not None]
+            if picked:
+                torch.stack(picked).argmax(dim=-1).tolist()  # the engine reads its tokens
+
+        return self._measure(one_pass, repeats, warmup, setup)
+
+    def time_prefill(self, tokens: int, *, repeats: int, warmup: int) -> Any:
+        """A whole prompt of ``tokens`` tokens into a fresh cache."""
+        return self.time_fused(tokens, 0, (), repeats=repeats, warmup=warmup, last_chunk=True)
+
+    def time_chunk(self, tokens: int, context: int, *, repeats: int, warmup: int) -> Any:
+        """A ``tokens``-token chunk over ``context`` cached positions (not the prompt's last)."""
+        return self.time_fused(tokens, context, (), repeats=repeats, warmup=warmup)
+
+    def time_decode(self, cache_lengths: Sequence[int], *, repeats: int, warmup: int) -> Any:
+        """A decode step of one row per entry of ``cache_lengths``."""
+        if len(cache_lengths) == 0:
+            raise ValueError("cache_lengths must name at least one sequence")
+        return self.time_fused(0, 0, cache_lengths, repeats=repeats, warmup=warmup)

@@ -1,0 +1,114 @@
+"""The fidelity arithmetic (errors, spreads, combination rules), the scenarios, the tables, and
+argument checking. Real runs are in benchmarks/test_fidelity.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_prefill import fidelity as fid
+from pytest_prefill.scheduler import PRESETS
+
+
+def test_cell_error_and_spread_follow_their_definitions():
+    cell = fid.Cell("lab", "shared", "makespan", simulated=1.2, runs=(1.0, 0.8, 1.1))
+    assert cell.median == 1.0 and cell.minimum == 0.8 and cell.maximum == 1.1
+    assert cell.relative_error == pytest.approx((1.2 - 1.0) / 1.0)
+    assert cell.spread == pytest.approx((1.1 - 0.8) / 1.0)
+    assert not cell.within_spread
+    assert fid.Cell("lab", "shared", "makespan", 0.9, (1.0, 0.8, 1.1)).within_spread
+    assert math.isnan(fid.Cell("lab", "shared", "makespan", 0.9, (0.0, 0.0, 0.0)).relative_error)
+    data = cell.to_dict()
+    assert data["measured_median"] == 1.0 and data["within_spread"] is False
+
+
+def test_fused_rules_bracket_the_parts():
+    rules = fid.fused_rules(chunk=5.0, decode=2.0, overhead=1.5)
+    assert rules[fid.MAX_RULE] == 5.0
+    assert rules[fid.SUM_RULE] == 7.0
+    assert rules[fid.ONE_OVERHEAD_RULE] == 5.5
+    # never cheaper than either part, whatever the overhead
+    assert fid.fused_rules(chunk=5.0, decode=2.0, overhead=10.0)[fid.ONE_OVERHEAD_RULE] == 5.0
+
+
+def test_scenarios_cover_the_lab_lengths_and_say_why_azure_is_missing(monkeypatch, tmp_path):
+    cost = PRESETS["lab-laptop"].cost
+    chosen, skipped = fid.scenarios(cost, prompt_lens=(256, 1024), azure=False)
+    assert [s.name for s in chosen] == ["lab 256", "lab 1024"]
+    assert [r.prompt_len for r in chosen[1].load if r.id == "long"] == [1024]
+    assert skipped and "not asked" in skipped[0]
+    monkeypatch.setenv("PYTEST_PREFILL_AZURE_DIR", str(tmp_path))
+    import pytest_prefill.workloads as workloads
+
+    monkeypatch.setattr(workloads, "azure_trace_path", lambda name: None)
+    chosen, skipped = fid.scenarios(cost, prompt_lens=(256,))
+    assert len(chosen) == 1 and "Azure conv trace" in skipped[0]
+
+
+def test_poisson_scenario_draws_capped_lengths_from_the_azure_trace(tmp_path, monkeypatch):
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:17:{i:02d}.0000000,{100 * (i + 1)},{8 * (i + 1)}" for i in range(30)]
+    (tmp_path / "conv.csv").write_text("\n".join(rows) + "\n")
+    monkeypatch.setenv("PYTEST_PREFILL_AZURE_DIR", str(tmp_path))
+    cost = PRESETS["lab-laptop"].cost
+    chosen, skipped = fid.scenarios(cost, prompt_lens=(512,), count=6, seed=3)
+    assert not skipped
+    load = chosen[-1].load
+    assert len(load) == 6
+    assert all(r.prompt_len <= 512 for r in load)
+    allowed = {max(1, round(8 * (i + 1) / fid.AZURE_OUTPUT_SCALE)) for i in range(30)}
+    assert all(r.output_len in allowed for r in load)
+    assert fid.scenarios(cost, prompt_lens=(512,), count=6, seed=3)[0][-1].load == load
+
+
+def _result(cells):
+    link = fid.Link(1e-5, 1e9, (), "synthetic")
+    return fid.FidelityResult(tuple(cells), (), (), {}, link, (), (1e-4, 2e-4), {}, 64, 3, {})
+
+
+def test_median_error_and_verdict():
+    cells = [
+        fid.Cell("s", "shared", "makespan", 1.05, (1.0, 1.0, 1.0)),  # +5%
+        fid.Cell("s", "chunked", "makespan", 1.5, (1.0, 1.0, 1.0)),  # +50%
+        fid.Cell("s", "shared", "max_stall", 0.92, (1.0, 1.0, 1.0)),  # -8%
+    ]
+    result = _result(cells)
+    assert result.median_abs_error == pytest.approx(0.08)
+    assert result.passed == (0.08 <= fid.THRESHOLD)
+    assert result.by("policy")["chunked"] == pytest.approx(0.5)
+    assert result.weakest(1)[0].policy == "chunked"
+    table = fid.fidelity_table(result)
+    assert "+50%" in table and "in spread" in table
+    assert "threshold" in fid.summary_table(result)
+    assert "transfers in the disaggregated runs: 2" in fid.link_table(result)
+
+
+def test_run_fidelity_checks_its_arguments():
+    with pytest.raises(ValueError, match="runs"):
+        fid.run_fidelity(object(), runs=2)
+    with pytest.raises(ValueError, match="chunk"):
+        fid.run_fidelity(object(), chunk=0)
+    with pytest.raises(ValueError, match="prompt_lens"):
+        fid.run_fidelity(object(), prompt_lens=(0,))
+
+
+def test_fidelity_command_refuses_fewer_than_three_runs(capsys):
+    from pytest_prefill.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fidelity", "--runs", "2"])
+    assert exit_info.value.code == 2
+    assert ">= 3" in capsys.readouterr().err
+
+
+def test_importing_fidelity_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pytest_prefill.fidelity, pytest_prefill.engine, "
+        "pytest_prefill.commands.fidelity; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
