@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,94 +26,13 @@ import pytest
 
 from pytest_prefill import archive
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.costs import load_cost
-from pytest_prefill.machine import (
-    DEVICE_FORMS,
-    Accelerator,
-    check_device,
-    cpu_model,
-    device_index,
-    machine_key,
-    nvidia_accelerators,
-)
-from pytest_prefill.scheduler import PRESETS, CostModel, Trace, simulate
+from pytest_prefill.machine import Accelerator, device_index
+from pytest_prefill.plugin_options import OPTIONS, Settings, add_options, resolve
+from pytest_prefill.scheduler import CostModel, Trace, simulate
+
+__all__ = ["OPTIONS", "PrefillReport", "Scheduler", "Settings"]
 
 USER_PROPERTY = "prefill"  # the user_properties name under which entries travel to the controller
-DEFAULT_MODEL = "qwen3-0.6b"
-CPU_MODEL = "tiny"  # the default with --prefill-device cpu: Qwen3-0.6B on a CPU takes hours
-DEFAULT_COST = "lab-laptop"
-DEFAULT_REPEATS = 10
-DEFAULT_WARMUP = 3
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-COST_WORDS = ("archive", "measure")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Option:
-    name: str  # --prefill-<name>; the ini twin is prefill_<name with _>
-    help: str
-    flag: bool = False
-    metavar: str | None = None
-
-    @property
-    def flag_name(self) -> str:
-        return f"--prefill-{self.name}"
-
-    @property
-    def ini(self) -> str:
-        return "prefill_" + self.name.replace("-", "_")
-
-
-OPTIONS = (
-    _Option("model", f"model under test: a preset ({DEFAULT_MODEL}, {CPU_MODEL}), a local "
-            f"directory or a cached Hugging Face id; never downloads (default: {DEFAULT_MODEL}, "
-            f"or {CPU_MODEL} with --prefill-device cpu)", metavar="SPEC"),
-    _Option("device", f"device under test: {DEVICE_FORMS} (default: the first CUDA device; gpu "
-            "tests are skipped when there is none)", metavar="DEVICE"),
-    _Option("dtype", "float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)",
-            metavar="DTYPE"),
-    _Option("repeats", f"timed repeats per measurement; the median is reported with its spread "
-            f"(default {DEFAULT_REPEATS})", metavar="N"),
-    _Option("warmup", f"untimed calls before each measurement (default {DEFAULT_WARMUP})",
-            metavar="N"),
-    _Option("dry-run", "shorten the repeats for a quick check (never the prompt length)",
-            flag=True),
-    _Option("cost", f"cost model of the session: a preset ({', '.join(PRESETS)}), a "
-            "calibration or run JSON path, 'archive' (the latest calibration archived for this "
-            "machine) or 'measure' (calibrate now, once per session) "
-            f"(default {DEFAULT_COST})", metavar="SPEC"),
-    _Option("results", "folder of the per-machine results archive (default: results/ under the "
-            "rootdir; a relative path is taken from the current directory on the command line, "
-            "from the rootdir in an ini file)", metavar="DIR"),
-    _Option("no-archive", "do not write this run into the results archive", flag=True),
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The session's resolved options. Plain data: the controller sends it to xdist workers."""
-
-    model: str
-    model_note: str
-    device: str | None
-    dtype: str | None
-    repeats: int
-    warmup: int
-    dry_run: bool
-    cost_spec: str
-    cost_source: str
-    cost_label: str
-    cost_model: dict[str, Any] | None  # None for 'measure': known once calibrated
-    results: str
-    archive: bool
-    machine_key: str
-    accelerators: list[dict[str, Any]]
-    session_dir: str
-    notes: list[str]  # archive files skipped while resolving, shown in header and summary
-
-    @property
-    def effective_device(self) -> str:
-        return self.device or "cuda"
 
 
 class Scheduler:
@@ -203,112 +121,7 @@ def _state(config: pytest.Config) -> _State:
 # --- options ---------------------------------------------------------------------------------
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("prefill", "pytest-prefill: prefill/decode interference")
-    for opt in OPTIONS:
-        if opt.flag:
-            group.addoption(opt.flag_name, action="store_true", default=None,
-                            dest=opt.ini, help=opt.help + f" [ini: {opt.ini}]")
-            parser.addini(opt.ini, opt.help, type="bool", default=False)
-        else:
-            group.addoption(opt.flag_name, action="store", default=None, dest=opt.ini,
-                            metavar=opt.metavar, help=opt.help + f" [ini: {opt.ini}]")
-            parser.addini(opt.ini, opt.help, default="")
-
-
-def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str, bool]:
-    """(value, how to name it in an error, whether it came from the ini file)."""
-    given = config.getoption(opt.ini)
-    if given is not None:
-        return given, opt.flag_name, False
-    ini = config.getini(opt.ini)
-    if opt.flag:
-        return bool(ini), f"ini option {opt.ini}", True
-    text = str(ini).strip()
-    return (text or None), f"ini option {opt.ini}", True
-
-
-def _integer(config: pytest.Config, opt: _Option, default: int, minimum: int) -> int:
-    value, name, _ = _value(config, opt)
-    if value is None:
-        return default
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = minimum - 1
-    if number < minimum:
-        raise pytest.UsageError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return number
-
-
-def _resolve(config: pytest.Config) -> Settings:
-    """Read and check every option; a bad value is a UsageError naming the option."""
-    opts = {o.name: o for o in OPTIONS}
-    device, name, _ = _value(config, opts["device"])
-    if device is not None:
-        try:
-            device = check_device(device)
-        except ValueError as err:
-            raise pytest.UsageError(f"{name}: {err}") from None
-    dtype, name, _ = _value(config, opts["dtype"])
-    if dtype is not None and dtype.lower() not in DTYPE_NAMES:
-        raise pytest.UsageError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
-    model, name, _ = _value(config, opts["model"])
-    model_note = ""
-    if model is None:
-        model = CPU_MODEL if device == "cpu" else DEFAULT_MODEL
-        model_note = ("default for --prefill-device cpu; give --prefill-model qwen3-0.6b for "
-                      "the real shapes" if device == "cpu" else "default")
-    elif not model.strip():
-        raise pytest.UsageError(f"{name} must name a model, got {model!r}")
-    repeats = _integer(config, opts["repeats"], DEFAULT_REPEATS, 1)
-    warmup = _integer(config, opts["warmup"], DEFAULT_WARMUP, 0)
-    dry_run = bool(_value(config, opts["dry-run"])[0])
-    no_archive = bool(_value(config, opts["no-archive"])[0])
-
-    results, _, from_ini = _value(config, opts["results"])
-    if results is None:
-        results_path = config.rootpath / "results"
-    else:
-        base = config.rootpath if from_ini else config.invocation_params.dir
-        results_path = (base / os.path.expanduser(results)).resolve()
-    if results_path.exists() and not results_path.is_dir():
-        raise pytest.UsageError(f"--prefill-results {results_path}: not a folder")
-
-    accelerators = [] if device == "cpu" else nvidia_accelerators()
-    key = machine_key(device, accelerators, cpu_model())
-    notes: list[str] = []
-    spec, name, from_ini = _value(config, opts["cost"])
-    spec = spec or DEFAULT_COST
-    cost_model: dict[str, Any] | None = None
-    if spec == "measure":
-        source = "measured this session (calibrated once, when a test first needs it)"
-        label = "measure (calibrated once this session)"
-    elif spec == "archive":
-        try:
-            cost, run = archive.archived_cost(results_path, key, warn=notes.append)
-        except ValueError as err:
-            raise pytest.UsageError(f"{name} archive: {err}") from None
-        cost_model = cost.to_dict()
-        source = f"archived calibration {run.path} ({run.data.get('created', 'undated')})"
-        label = f"archive {run.path.name}"
-    else:
-        if spec not in PRESETS and from_ini and not os.path.isabs(spec):
-            spec = str(config.rootpath / spec)
-        try:
-            cost, source = load_cost(spec)
-        except ValueError as err:
-            raise pytest.UsageError(
-                f"{name}: {err} (or one of the words {', '.join(COST_WORDS)})") from None
-        cost_model = cost.to_dict()
-        label = f"preset {spec} (not measured here)" if spec in PRESETS else f"file {spec}"
-    return Settings(
-        model=model, model_note=model_note, device=device,
-        dtype=dtype.lower() if dtype else None, repeats=repeats, warmup=warmup, dry_run=dry_run,
-        cost_spec=spec, cost_source=source, cost_label=label, cost_model=cost_model,
-        results=str(results_path), archive=not no_archive, machine_key=key,
-        accelerators=[a.to_dict() for a in accelerators],
-        session_dir=tempfile.mkdtemp(prefix="pytest-prefill-"), notes=notes,
-    )
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -323,7 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = Settings(**workerinput["prefill_settings"])
         config.stash[STATE] = _State(settings, is_worker=True, owns_session_dir=False)
     else:
-        config.stash[STATE] = _State(_resolve(config), is_worker=workerinput is not None,
+        config.stash[STATE] = _State(resolve(config), is_worker=workerinput is not None,
                                      owns_session_dir=True)
 
 
