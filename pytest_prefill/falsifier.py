@@ -51,6 +51,9 @@ class FalsifierResult:
     provenance: dict[str, Any]
     calibration: Any = None  # a calibrate.Calibration when the run calibrated for C*
     kv_points: tuple[Any, ...] = ()
+    # The same gaps on the engine's packed pass, the chunk FUSED with the decode row
+    # (``baseline``, ``shared``, ``fused``); None when the packed pass does not support the model.
+    engine: dict[str, Measurement] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +72,9 @@ class FalsifierResult:
                 "chunked": self.chunked.to_dict(),
             },
             "decode_kv": [p.to_dict() for p in self.kv_points],
+            "engine_gaps": (
+                {k: m.to_dict() for k, m in self.engine.items()} if self.engine else None
+            ),
             "provenance": dict(self.provenance),
             **({"calibration": self.calibration.to_dict()} if self.calibration else {}),
         }
@@ -293,7 +299,17 @@ def run_falsifier(
     ]
     if unstable:
         emit("WARNING: unstable measurements (! above): " + "; ".join(unstable))
-    outcome, line = verdict(shared, chunked)
+    engine = _engine_gaps(loaded, prompt_len, chunk, stream_context, repeats, warmup, seed, say)
+    if engine is None:
+        outcome, line = verdict(shared, chunked)
+    else:
+        emit(
+            "Stall on the engine's packed pass: the chunk runs FUSED with the decode row in one "
+            "iteration (the unfused figure above is its upper bound)\n"
+            + engine_stall_table(engine, prompt_len=prompt_len, chunk=chunk, unfused=chunked)
+        )
+        outcome, line = verdict(engine["shared"], engine["fused"])
+        line += " [Judged on the engine's figures: the chunk fused with the decode step.]"
     emit(line)
     info = cal.provenance(
         loaded,
@@ -321,4 +337,68 @@ def run_falsifier(
         provenance=info,
         calibration=calibration,
         kv_points=kv_points,
+        engine=engine,
+    )
+
+
+# --- The fused figure (issue 6): the same gaps measured on the engine's packed pass ----------
+
+
+def _engine_gaps(
+    loaded: Any,
+    prompt_len: int,
+    chunk: int,
+    stream_context: int,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    say: Callable[[str], None],
+) -> dict[str, Measurement] | None:
+    """Baseline, shared and fused-chunk gaps on the packed pass; None if it cannot run it."""
+    from pytest_prefill.packed import PackedRunner
+
+    try:
+        runner = PackedRunner(loaded.model, seed=seed)
+    except ValueError as err:  # an architecture the packed pass does not implement
+        say(f"fused figure not measured: {err}")
+        return None
+    gaps = runner.time_gaps(prompt_len, chunk, stream_context, repeats=repeats, warmup=warmup)
+    say(f"engine: decode step fused with one {chunk}-token chunk: {_ms(gaps['fused'].median)} ms")
+    return gaps
+
+
+def engine_stall_table(
+    engine: dict[str, Measurement], *, prompt_len: int, chunk: int, unfused: Measurement
+) -> str:
+    """The engine's gaps (x its own baseline), with the unfused figure beside, labelled."""
+    base = engine["baseline"].median
+    rows = [
+        ("BASELINE: decode step alone (engine)", engine["baseline"]),
+        (f"shared: behind a {prompt_len:,}-token prefill (engine)", engine["shared"]),
+        (
+            f"chunked: one {chunk:,}-token chunk FUSED with the decode step (engine)",
+            engine["fused"],
+        ),
+        ("chunked, unfused (HF passes, from the table above; x engine baseline)", unfused),
+    ]
+    body = [
+        (
+            name,
+            _ms(m.median) + ("!" if m.warning else ""),
+            f"[{_ms(m.minimum)}, {_ms(m.maximum)}]",
+            f"{m.median / base:.2f}x",
+        )
+        for name, m in rows
+    ]
+    return tabulate(
+        body,
+        headers=(
+            "live stream's gap between two tokens",
+            "median ms",
+            "[min, max] ms",
+            "x baseline",
+        ),
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left", "right", "right", "right"),
     )

@@ -325,3 +325,37 @@ class PackedRunner:
         if len(cache_lengths) == 0:
             raise ValueError("cache_lengths must name at least one sequence")
         return self.time_fused(0, 0, cache_lengths, repeats=repeats, warmup=warmup)
+
+    def time_gaps(
+        self, prompt_len: int, chunk: int, stream_context: int, *, repeats: int, warmup: int
+    ) -> dict[str, Any]:
+        """A live stream's gap between two tokens on the engine, as Measurements: ``baseline``
+        (its decode step alone), ``shared`` (behind a whole ``prompt_len`` prefill pass) and
+        ``fused`` (one pass fusing its decode row with the prompt's last ``chunk`` tokens)."""
+        import torch
+
+        chunk = min(chunk, prompt_len)
+        stream = self.synthetic_cache(stream_context, 1)
+        token = torch.tensor([int(self.tokens(1)[0])])
+        prompt = self.tokens(prompt_len)
+
+        def rewind() -> None:
+            stream.length = stream_context
+
+        def shared_gap() -> None:
+            cache = self.packed.new_cache(prompt_len)
+            self.packed.forward([Segment(cache, prompt)])
+            self.packed.forward([Segment(stream, token)])
+
+        return {
+            "baseline": self.time_decode([stream_context], repeats=repeats, warmup=warmup),
+            "shared": self._measure(shared_gap, repeats, warmup, rewind),
+            "fused": self.time_fused(
+                chunk,
+                prompt_len - chunk,
+                [stream_context],
+                repeats=repeats,
+                warmup=warmup,
+                last_chunk=True,
+            ),
+        }

@@ -161,3 +161,28 @@ def test_bad_segments_are_refused(qwen3):
         packed.forward([])
     with pytest.raises(ValueError, match="length"):
         KVCache(cache.data, length=cache.capacity + 1)
+
+
+def test_packed_runner_times_every_operation_the_calibrator_asks_for(qwen3):
+    from pytest_prefill.packed import PackedRunner
+
+    runner = PackedRunner(qwen3, seed=1)
+    for m in (
+        runner.time_prefill(16, repeats=2, warmup=1),
+        runner.time_chunk(8, 24, repeats=2, warmup=0),
+        runner.time_decode([5, 30], repeats=2, warmup=0),
+        runner.time_fused(8, 24, [5, 30], repeats=2, warmup=0, last_chunk=True),
+    ):
+        assert m.repeats == 2 and m.minimum > 0
+    gaps = runner.time_gaps(40, 16, 12, repeats=2, warmup=0)
+    assert set(gaps) == {"baseline", "shared", "fused"}
+    with pytest.raises(ValueError, match="prompt tokens or decode rows"):
+        runner.time_fused(0, 0, [], repeats=1, warmup=0)
+
+
+def test_synthetic_cache_holds_its_length_and_room(qwen3):
+    from pytest_prefill.packed import PackedRunner
+
+    cache = PackedRunner(qwen3).synthetic_cache(300, 7)
+    assert cache.length == 300 and cache.capacity == 307
+    assert torch.isfinite(cache.filled()).all()
