@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_prefill import fidelity as fid
+from pytest_prefill import fidelity_tables as tables
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +35,7 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
     prefill_report.table(
         f"Fidelity: simulated vs measured (median [min, max] of {result.runs} runs), "
         f"chunk {result.chunk}",
-        fid.fidelity_table(result),
+        tables.fidelity_table(result),
         {
             k: data[k]
             for k in (
@@ -49,22 +50,22 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
     )
     prefill_report.table(
         "Fidelity: median |error| by policy and metric",
-        fid.summary_table(result) + "\n\n" + fid.weakest_text(result),
+        tables.summary_table(result) + "\n\n" + tables.weakest_text(result),
         {k: data[k] for k in ("error_by_policy", "error_by_metric", "error_by_scenario")},
     )
     prefill_report.table(
         "Fused iterations measured directly vs. combination rules",
-        fid.fused_table(result),
+        tables.fused_table(result),
         {"fused": data["fused"], "errors": data["fused_formula_errors"]},
     )
     prefill_report.table(
         "Prefill pass: linear cost model vs. a T^2 fit",
-        fid.prefill_shape_table(result),
+        tables.prefill_shape_table(result),
         data["prefill_shape"],
     )
     prefill_report.table(
         "KV link between the disaggregated workers",
-        fid.link_table(result),
+        tables.link_table(result),
         {"link": data["link"], "transfers": data["transfers"]},
     )
     error = result.median_abs_error
@@ -74,4 +75,4 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
     )
     prefill_report.verdict("fidelity", "HOLDS" if result.passed else "FAILS", CLAIM, line)
     if not result.passed:
-        pytest.fail(f"{line}\n{fid.weakest_text(result)}", pytrace=False)
+        pytest.fail(f"{line}\n{tables.weakest_text(result)}", pytrace=False)

@@ -553,6 +553,7 @@ def calibrate(
     batch_sizes: Sequence[int] | None = None,
     batch_context: int | None = None,
     seed: int = 0,
+    runner: Any = None,
 ) -> Calibration:
     """Measure ``loaded`` (a ``models.LoadedModel``) on its device and fit a cost model.
 
@@ -570,6 +571,9 @@ def calibrate(
             0, "not measured").
         batch_context: cached tokens per sequence in the batch sweep (``BATCH_CACHE_LEN``).
         seed: seeds every input token.
+        runner: what times the passes (``time_prefill``, ``time_decode``); default a
+            ``runner.ModelRunner`` (the HF model's own forward). The engine passes a
+            ``packed.PackedRunner`` to calibrate its packed pass.
 
     Raises:
         ValueError: for bad repeats, warmup or lengths.
@@ -594,7 +598,7 @@ def calibrate(
         raise ValueError("cache_lens must hold at least one length")
     batches = _lengths("batch_sizes", batch_sizes, 2**31)
     context = _lengths("batch_context", [batch_context], limit)[0]
-    runner = ModelRunner(loaded, seed=seed)
+    runner = ModelRunner(loaded, seed=seed) if runner is None else runner
     _say(
         progress,
         f"calibrating {loaded.name} on {loaded.device} ({loaded.dtype_name}), "
@@ -618,5 +622,6 @@ def calibrate(
         batch_sizes=list(batches),
         batch_context=context,
         link="not measured: infinite bandwidth, zero latency (state your own for disaggregation)",
+        runner=getattr(runner, "name", "hf forward"),
     )
     return Calibration(cost, info, tuple(points), fits, tuple(refusals))

@@ -359,51 +359,27 @@ def calibrate_engine(
     seed: int = 0,
     **extra: Any,
 ) -> Any:
-    """The calibrator (``calibrate.py``: its sweeps, fits and refusals) run with the engine's
-    packed pass as its runner, in the current thread setting. Returns a ``Calibration`` whose
-    cost model also carries the measured ``link`` (when given)."""
-    from pytest_prefill import calibrate as cal
+    """The calibrator (``calibrate.calibrate``: its sweeps, fits and refusals) with the
+    engine's packed pass as its runner, in the current core and thread setting. The cost model
+    also carries the measured ``link`` when given; ``extra`` goes into the provenance."""
+    from pytest_prefill.calibrate import calibrate
     from pytest_prefill.packed import PackedRunner
 
-    runner = PackedRunner(loaded.model, seed=seed)
-    limit = loaded.max_context - 1
-    prompts = tuple(sorted(prompt_lens or cal.DEFAULT_PROMPT_LENS))
-    caches = tuple(sorted({min(n, limit) for n in cal.DEFAULT_CACHE_LENS}))
-    points = cal.measure_prefill(runner, prompts, repeats=repeats, warmup=warmup, progress=progress)
-    points += cal.measure_decode_kv(
-        runner, caches, repeats=repeats, warmup=warmup, progress=progress
-    )
-    points += cal.measure_decode_batch(
-        runner,
-        cal.DEFAULT_BATCH_SIZES,
-        context=cal.BATCH_CACHE_LEN,
-        repeats=repeats,
-        warmup=warmup,
-        progress=progress,
-    )
-    cost, fits, refusals = cal.fit_cost_model(
-        points, kv_bytes_per_token=runner.packed.kv_bytes_per_token
-    )
-    link_text = "not measured"
-    if link is not None:
-        cost = dataclasses.replace(cost, link_latency=link.latency, link_bandwidth=link.bandwidth)
-        link_text = f"measured shared-memory copy: {link.note}"
-    info = cal.provenance(
+    calibration = calibrate(
         loaded,
         repeats=repeats,
         warmup=warmup,
         dry_run=dry_run,
+        progress=progress,
+        prompt_lens=prompt_lens,
         seed=seed,
-        runner=runner.name,
-        prompt_lens=list(prompts),
-        cache_lens=list(caches),
-        batch_sizes=list(cal.DEFAULT_BATCH_SIZES),
-        batch_context=cal.BATCH_CACHE_LEN,
-        link=link_text,
-        kv_bytes_per_token_engine=runner.packed.kv_bytes_per_token,
-        **extra,
+        runner=PackedRunner(loaded.model, seed=seed),
     )
-    return cal.Calibration(cost, info, tuple(points), fits, tuple(refusals))
+    cost, info = calibration.cost, {**calibration.provenance, **extra}
+    if link is not None:
+        cost = dataclasses.replace(cost, link_latency=link.latency, link_bandwidth=link.bandwidth)
+        info["link"] = f"measured shared-memory copy: {link.note}"
+    return dataclasses.replace(calibration, cost=cost, provenance=info)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -648,180 +624,3 @@ def run_fidelity(
         runs,
         info,
     )
-
-
-# --- tables ------------------------------------------------------------------------------------
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.2f}"
-
-
-def _pct(value: float) -> str:
-    return f"{value:+.0%}" if math.isfinite(value) else "n/a"
-
-
-def fidelity_table(result: FidelityResult) -> str:
-    """Per scenario, policy and metric: simulated, measured median [min, max], error, spread."""
-    from tabulate import tabulate
-
-    rows = []
-    for c in result.cells:
-        rows.append(
-            (
-                c.scenario,
-                c.policy,
-                c.metric,
-                _ms(c.simulated),
-                f"{_ms(c.median)} [{_ms(c.minimum)}, {_ms(c.maximum)}]",
-                _pct(c.relative_error),
-                f"{c.spread:.0%}" if math.isfinite(c.spread) else "n/a",
-                "yes" if c.within_spread else "no",
-            )
-        )
-    return tabulate(
-        rows,
-        headers=(
-            "scenario",
-            "policy",
-            "metric",
-            "simulated ms",
-            f"measured ms, median [min, max] of {result.runs}",
-            "error",
-            "spread",
-            "in spread",
-        ),
-    )
-
-
-def summary_table(result: FidelityResult) -> str:
-    """Median |relative error| by policy and by metric, and the verdict line."""
-    from tabulate import tabulate
-
-    by_policy = result.by("policy")
-    by_metric = result.by("metric")
-    inside = sum(c.within_spread for c in result.cells)
-    left = tabulate(
-        [(k, f"{v:.1%}") for k, v in by_policy.items()], headers=("policy", "median |error|")
-    )
-    right = tabulate(
-        [(k, f"{v:.1%}") for k, v in by_metric.items()], headers=("metric", "median |error|")
-    )
-    verdict = "PASS" if result.passed else "FAIL"
-    return (
-        f"{left}\n\n{right}\n\n{inside} of {len(result.cells)} simulated values lie within "
-        f"the measured [min, max].\nmedian |relative error| over all cells: "
-        f"{result.median_abs_error:.1%} (threshold {THRESHOLD:.0%}): {verdict}"
-    )
-
-
-def fused_table(result: FidelityResult) -> str:
-    """Fused passes measured directly beside their parts and each rule's prediction."""
-    from tabulate import tabulate
-
-    if not result.fused:
-        return "no fused iterations measured"
-    names = list(result.fused[0].predictions)
-    rows = []
-    for p in result.fused:
-        m = p.fused.median
-        row = [
-            p.tokens,
-            p.context,
-            p.rows,
-            f"{_ms(m)} [{_ms(p.fused.minimum)}, {_ms(p.fused.maximum)}]",
-            _ms(p.chunk_alone.median),
-            _ms(p.decode_alone.median),
-        ]
-        row += [f"{_ms(p.predictions[n])} ({_pct((p.predictions[n] - m) / m)})" for n in names]
-        row.append(f"{_ms(p.cost_model)} ({_pct((p.cost_model - m) / m)})")
-        rows.append(row)
-    errors = fused_errors(result.fused)
-    rules = {k: v for k, v in errors.items() if k in names}
-    best = min(rules, key=lambda k: rules[k])
-    text = tabulate(
-        rows,
-        headers=[
-            "chunk",
-            "context",
-            "rows",
-            "fused ms [min, max]",
-            "chunk alone",
-            "decode alone",
-            *names,
-            "fitted cost model",
-        ],
-    )
-    ranked = "; ".join(f"{n} {e:.1%}" for n, e in sorted(errors.items(), key=lambda kv: kv[1]))
-    return (
-        f"{text}\n(each decode row holds {FUSED_ROW_CONTEXT} cached tokens; rules combine "
-        f"the parts measured alone)\nmedian |error|: {ranked}\nbest rule here: {best}"
-    )
-
-
-def prefill_shape_table(result: FidelityResult) -> str:
-    """The prefill pass measured, the linear cost model's fit, and a fit with a T^2 term."""
-    from tabulate import tabulate
-
-    rows = []
-    for name, calibration in result.calibrations.items():
-        for tokens, measured, linear, quadratic in prefill_shape(calibration):
-            rows.append(
-                (
-                    name,
-                    tokens,
-                    _ms(measured),
-                    f"{_ms(linear)} ({_pct((linear - measured) / measured)})",
-                    f"{_ms(quadratic)} ({_pct((quadratic - measured) / measured)})",
-                )
-            )
-    return tabulate(
-        rows,
-        headers=(
-            "calibration",
-            "prompt tokens",
-            "measured ms",
-            "cost model (linear)",
-            "with a T^2 term",
-        ),
-    )
-
-
-def link_table(result: FidelityResult) -> str:
-    """The link's calibration and the transfers measured during the disaggregated runs."""
-    from tabulate import tabulate
-
-    rows = [
-        (f"{b / 1e6:.2f} MB", f"{_ms(m.median)} [{_ms(m.minimum)}, {_ms(m.maximum)}]")
-        for b, m in result.link.points
-    ]
-    text = tabulate(
-        rows,
-        headers=("KV bytes", "copy ms, median [min, max]"),
-    )
-    bandwidth = (
-        f"{result.link.bandwidth / 1e9:.2f} GB/s" if math.isfinite(result.link.bandwidth) else "inf"
-    )
-    lines = [
-        text,
-        f"link: latency {result.link.latency * 1e6:.1f} us, bandwidth {bandwidth} "
-        f"({result.link.note})",
-    ]
-    if result.transfers:
-        t = sorted(result.transfers)
-        lines.append(
-            f"transfers in the disaggregated runs: {len(t)}, median {_ms(statistics.median(t))} ms "
-            f"[{_ms(t[0])}, {_ms(t[-1])}]"
-        )
-    return "\n".join(lines)
-
-
-def weakest_text(result: FidelityResult, n: int = 5) -> str:
-    lines = [f"Where the simulator is furthest from the engine (top {n} |error|):"]
-    for c in result.weakest(n):
-        lines.append(
-            f"  {c.scenario} / {c.policy} / {c.metric}: simulated {_ms(c.simulated)} ms, "
-            f"measured {_ms(c.median)} ms [{_ms(c.minimum)}, {_ms(c.maximum)}] "
-            f"({_pct(c.relative_error)})"
-        )
-    return "\n".join(lines)

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from pytest_prefill import fidelity as fid
+from pytest_prefill import fidelity_tables as tables
 from pytest_prefill.scheduler import PRESETS
 
 
@@ -78,10 +79,10 @@ def test_median_error_and_verdict():
     assert result.passed == (0.08 <= fid.THRESHOLD)
     assert result.by("policy")["chunked"] == pytest.approx(0.5)
     assert result.weakest(1)[0].policy == "chunked"
-    table = fid.fidelity_table(result)
+    table = tables.fidelity_table(result)
     assert "+50%" in table and "in spread" in table
-    assert "threshold" in fid.summary_table(result)
-    assert "transfers in the disaggregated runs: 2" in fid.link_table(result)
+    assert "threshold" in tables.summary_table(result)
+    assert "transfers in the disaggregated runs: 2" in tables.link_table(result)
 
 
 def test_run_fidelity_checks_its_arguments():

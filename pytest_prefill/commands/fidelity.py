@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def fidelity_report(result, loaded) -> str:  # type: ignore[no-untyped-def]
-    from pytest_prefill import fidelity as fid
+    from pytest_prefill import fidelity_tables as tables
 
     info = result.provenance
     single = result.calibrations["single worker"].cost
@@ -109,20 +109,20 @@ def fidelity_report(result, loaded) -> str:  # type: ignore[no-untyped-def]
         *(f"  {s.name}: {s.note}" for s in result.scenarios),
         *(f"  ({reason})" for reason in result.skipped),
         "",
-        fid.fidelity_table(result),
+        tables.fidelity_table(result),
         "",
-        fid.summary_table(result),
+        tables.summary_table(result),
         "",
-        fid.weakest_text(result),
+        tables.weakest_text(result),
         "",
         "Fused iterations (chunk + decode rows in one packed pass), measured directly:",
-        fid.fused_table(result),
+        tables.fused_table(result),
         "",
         "Prefill pass: linear cost model vs. a fit with attention's T^2 term:",
-        fid.prefill_shape_table(result),
+        tables.prefill_shape_table(result),
         "",
         "KV link (shared memory between the two worker processes):",
-        fid.link_table(result),
+        tables.link_table(result),
     ]
     return "\n".join(lines)
 
