@@ -54,6 +54,11 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
         {k: data[k] for k in ("error_by_policy", "error_by_metric", "error_by_scenario")},
     )
     prefill_report.table(
+        "Each real iteration vs. the cost model for its composition",
+        tables.iteration_table(result),
+        data["iteration_errors"],
+    )
+    prefill_report.table(
         "Fused iterations measured directly vs. combination rules",
         tables.fused_table(result),
         {"fused": data["fused"], "errors": data["fused_formula_errors"]},

@@ -27,6 +27,7 @@ DEFAULT_PROMPT_LENS = (256, 1024, 2048)
 DEFAULT_CHUNK = 256
 POISSON_COUNT = 8
 POISSON_UTILIZATION = 0.5  # offered load: arrival rate x simulated service time per request
+POISSON_MAX_SPAN = 2.0  # seconds: the arrival rate is raised if needed to keep runs short
 AZURE_OUTPUT_SCALE = 8  # Azure conv outputs (median ~240 tokens) divided by this
 LINK_PROMPT_LENS = (128, 512, 2048)
 # Fused iterations measured directly: (prompt tokens, their context, decode rows); each decode
@@ -103,6 +104,18 @@ class Cell:
 
 def _json(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | int]:
+    """Median and nearest-rank 10th/90th percentiles of ``values`` (and how many)."""
+    ordered = sorted(values)
+    pick = lambda p: ordered[min(len(ordered) - 1, max(0, math.ceil(p * len(ordered)) - 1))]  # noqa: E731
+    return {
+        "median": statistics.median(ordered),
+        "p10": pick(0.1),
+        "p90": pick(0.9),
+        "count": len(ordered),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +242,28 @@ def prefill_shape(calibration: Any) -> list[tuple[int, float, float, float]]:
     ]
 
 
+def iteration_errors(trace: Any, cost: CostModel) -> dict[str, list[float]]:
+    """Per iteration kind, (measured - predicted) / predicted for every iteration of a real
+    run, the prediction being the cost model's for that exact composition: separates the cost
+    model's error from the scheduling's (which the fake-clock engine shows to be exact)."""
+    out: dict[str, list[float]] = {}
+    for e in trace.events:
+        if e.kind == "transfer":
+            predicted = cost.kv_transfer(e.prefill_tokens)
+        elif e.kind == "decode":
+            predicted = sum(
+                cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
+                for i in range(e.count)
+            )
+        else:
+            predicted = cost.fused_iteration(
+                e.prefill_tokens, e.decode_rows, e.kv_tokens, e.context_tokens
+            )
+        if predicted > 0:
+            out.setdefault(e.kind, []).append((e.duration - predicted) / predicted)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Link:
     """The KV link measured: copies into shared memory, fitted as latency + bytes / bandwidth."""
@@ -333,14 +368,16 @@ def scenarios(
             cost.prefill_pass(p) + o * cost.decode_step_base
             for p, o in zip(prompts, outputs)  # noqa: B905
         )
-        rate = POISSON_UTILIZATION / service
+        rate = max(POISSON_UTILIZATION / service, count / POISSON_MAX_SPAN)
         load = poisson(rate, count, prompt_len=prompts, output_len=outputs, seed=seed)
         out.append(
             Scenario(
                 "poisson azure",
                 tuple(load),
-                f"{count} Poisson arrivals at {rate:.2f}/s ({POISSON_UTILIZATION:.0%} offered load "
-                f"by the simulator); prompt and output lengths drawn from the first 2,000 Azure conv "
+                f"{count} Poisson arrivals at {rate:.2f}/s ({rate * service:.0%} offered load "
+                f"by the simulator: {POISSON_UTILIZATION:.0%}, or more to keep the arrivals within "
+                f"{POISSON_MAX_SPAN:.0f} s); prompt and output lengths drawn from the first "
+                f"2,000 Azure conv "
                 f"requests, prompts capped at {top}, outputs divided by {AZURE_OUTPUT_SCALE}",
             )
         )
@@ -397,6 +434,9 @@ class FidelityResult:
     chunk: int
     runs: int
     provenance: Mapping[str, Any]
+    iterations: Mapping[str, Mapping[str, tuple[float, ...]]] = dataclasses.field(
+        default_factory=dict
+    )  # policy -> iteration kind -> relative error of every real iteration vs. the cost model
 
     @property
     def median_abs_error(self) -> float:
@@ -452,6 +492,10 @@ class FidelityResult:
                 "points": [{"bytes": b, "measurement": m.to_dict()} for b, m in self.link.points],
             },
             "transfers": list(self.transfers),
+            "iteration_errors": {
+                policy: {kind: percentiles(v) for kind, v in kinds.items()}
+                for policy, kinds in self.iterations.items()
+            },
             "fused": [p.to_dict() for p in self.fused],
             "fused_formula_errors": fused_errors(self.fused),
             "prefill_shape": {
@@ -562,6 +606,7 @@ def run_fidelity(
     measured: dict[tuple[str, str], list[Any]] = {}
     setups: dict[str, str] = {}
     transfers: list[float] = []
+    iterations: dict[str, dict[str, list[float]]] = {}
     _say(progress, "starting the prefill and decode worker processes")
     with DisaggregatedWorkers(loaded.model, cores=cores) as pool:
         for run in range(runs):
@@ -579,6 +624,11 @@ def run_fidelity(
                     )
                     measured.setdefault((scenario.name, policy), []).append(result.trace.summary())
                     setups[policy] = result.setup
+                    cost = costs[
+                        "disaggregated worker" if policy == "disaggregated" else "single worker"
+                    ]
+                    for kind, errs in iteration_errors(result.trace, cost).items():
+                        iterations.setdefault(policy, {}).setdefault(kind, []).extend(errs)
                     transfers += [e.duration for e in result.trace.events if e.kind == "transfer"]
                     _say(
                         progress,
@@ -623,4 +673,5 @@ def run_fidelity(
         chunk,
         runs,
         info,
+        {p: {k: tuple(v) for k, v in kinds.items()} for p, kinds in iterations.items()},
     )

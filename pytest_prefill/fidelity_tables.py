@@ -11,6 +11,7 @@ from pytest_prefill.fidelity import (
     THRESHOLD,
     FidelityResult,
     fused_errors,
+    percentiles,
     prefill_shape,
 )
 
@@ -187,3 +188,23 @@ def weakest_text(result: FidelityResult, n: int = 5) -> str:
             f"({_pct(c.relative_error)})"
         )
     return "\n".join(lines)
+
+
+def iteration_table(result: FidelityResult) -> str:
+    """Every real iteration against the cost model's value for its exact composition."""
+    from tabulate import tabulate
+
+    rows = []
+    for policy, kinds in result.iterations.items():
+        for kind, errors in kinds.items():
+            p = percentiles(errors)
+            rows.append(
+                (
+                    policy,
+                    kind,
+                    p["count"],
+                    _pct(p["median"]),
+                    f"[{_pct(p['p10'])}, {_pct(p['p90'])}]",
+                )
+            )
+    return tabulate(rows, headers=("policy", "iteration", "count", "median error", "[p10, p90]"))

@@ -113,3 +113,30 @@ def test_importing_fidelity_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
+    from pytest_prefill.scheduler import simulate
+    from pytest_prefill.workloads import lab_scenario
+
+    cost = PRESETS["lab-laptop"].cost
+    for policy in ("shared", "chunked", "disaggregated"):
+        trace = simulate(policy, lab_scenario(), cost, chunk=128)
+        errors = fid.iteration_errors(trace, cost)
+        assert errors and all(abs(e) < 1e-9 for kind in errors.values() for e in kind)
+    slower = fid.iteration_errors(
+        simulate("shared", lab_scenario(), cost),
+        cost.__class__(
+            **{
+                **cost.to_dict(),
+                "decode_step_base": cost.decode_step_base / 2,
+                "link_bandwidth": 25e9,
+            }
+        ),
+    )
+    assert all(e > 0 for e in slower["decode"])
+
+
+def test_percentiles_are_nearest_rank():
+    p = fid.percentiles([float(i) for i in range(1, 11)])
+    assert p == {"median": 5.5, "p10": 1.0, "p90": 9.0, "count": 10}

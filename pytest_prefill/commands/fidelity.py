@@ -115,6 +115,10 @@ def fidelity_report(result, loaded) -> str:  # type: ignore[no-untyped-def]
         "",
         tables.weakest_text(result),
         "",
+        "Each real iteration vs. the cost model for its exact composition (measured - "
+        "predicted) / predicted:",
+        tables.iteration_table(result),
+        "",
         "Fused iterations (chunk + decode rows in one packed pass), measured directly:",
         tables.fused_table(result),
         "",
