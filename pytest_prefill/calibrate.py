@@ -163,8 +163,9 @@ def recommend(cost: CostModel, refused: Collection[str] = ()) -> Recommendation:
             None,
             star,
             fraction,
-            f"-> chunks under {MIN_USEFUL_CHUNK} tokens pay a pass overhead per handful of "
-            "tokens. Prefer DISAGGREGATION.",
+            f"-> C* is under {MIN_USEFUL_CHUNK} tokens: a decode step has room for only a "
+            "handful of prompt tokens, and chunks that small multiply the passes. Prefer "
+            "DISAGGREGATION.",
         )
     chunk = round(star)
     return Recommendation(
