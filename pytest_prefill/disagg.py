@@ -110,6 +110,9 @@ def _serve(role: str, model: Any, cores: list[int], jobs: Any, channel: Any, res
         warm_up(packed)
         results.put(("ready", role, None))
         while (job := jobs.get()) is not None:
+            if job[0] == "measure":
+                results.put(("measured", role, _measure(packed, role, job[1])))
+                continue
             requests, seed, prompts, kv = job
             results.put(("armed", role, None))
             origin = jobs.get()
@@ -120,6 +123,21 @@ def _serve(role: str, model: Any, cores: list[int], jobs: Any, channel: Any, res
             results.put((role, role, out))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises
         results.put(("error", role, traceback.format_exc()))
+
+
+def _measure(packed: Any, role: str, spec: dict[str, Any]) -> list[Any]:
+    """The calibrator's sweeps for this worker's own work, timed in this process on its cores:
+    prefill passes on the prefill worker, decode steps on the decode worker."""
+    from pytest_prefill import calibrate as cal
+    from pytest_prefill.packed import PackedRunner
+
+    runner = PackedRunner(packed, seed=spec["seed"])
+    timing = {"repeats": spec["repeats"], "warmup": spec["warmup"]}
+    if role == "prefill":
+        return cal.measure_prefill(runner, spec["prompt_lens"], **timing)
+    return cal.measure_decode_kv(runner, spec["cache_lens"], **timing) + cal.measure_decode_batch(
+        runner, spec["batch_sizes"], context=spec["batch_context"], **timing
+    )
 
 
 def _prefill(
@@ -238,10 +256,12 @@ class DisaggregatedWorkers:
             "by a link thread in the prefill process"
         )
 
-    def _expect(self, tags: set[str], timeout: float) -> dict[str, Any]:
-        """Wait for one message of each tag in ``tags`` from both workers; payloads by role."""
-        wanted = {(tag, role) for tag in tags for role in ("prefill", "decode")}
-        wanted = {w for w in wanted if w[0] in ("ready", "armed") or w[0] == w[1]}
+    def _expect(
+        self, tags: set[str], timeout: float, roles: Sequence[str] = ("prefill", "decode")
+    ) -> dict[str, Any]:
+        """Wait for one message of each tag in ``tags`` from ``roles``; payloads by role."""
+        wanted = {(tag, role) for tag in tags for role in roles}
+        wanted = {w for w in wanted if w[0] in ("ready", "armed", "measured") or w[0] == w[1]}
         got: dict[str, Any] = {}
         deadline = time.monotonic() + timeout
         while wanted:
@@ -261,6 +281,35 @@ class DisaggregatedWorkers:
             wanted.discard((tag, role))
             got[role] = payload
         return got
+
+    def calibration_points(
+        self,
+        *,
+        prompt_lens: Sequence[int],
+        cache_lens: Sequence[int],
+        batch_sizes: Sequence[int],
+        batch_context: int,
+        repeats: int,
+        warmup: int,
+        seed: int = 0,
+    ) -> list[Any]:
+        """``calibrate.Point``s measured by the workers themselves, one worker at a time:
+        prefill passes on the prefill worker, decode steps (per cache length, per batch size)
+        on the decode worker. Fit them with ``calibrate.fit_cost_model``."""
+        spec = {
+            "prompt_lens": tuple(prompt_lens),
+            "cache_lens": tuple(cache_lens),
+            "batch_sizes": tuple(batch_sizes),
+            "batch_context": batch_context,
+            "repeats": repeats,
+            "warmup": warmup,
+            "seed": seed,
+        }
+        points: list[Any] = []
+        for role in ("prefill", "decode"):  # one after the other: neither disturbs the other
+            self._jobs[role].put(("measure", spec))
+            points += self._expect({"measured"}, RUN_TIMEOUT, roles=(role,))[role]
+        return points
 
     def run(
         self, requests: Sequence[Request], *, seed: int = 0, chunk: int | None = None

@@ -419,6 +419,59 @@ def calibrate_engine(
     return dataclasses.replace(calibration, cost=cost, provenance=info)
 
 
+def calibrate_workers(
+    loaded: Any,
+    pool: Any,
+    *,
+    repeats: int,
+    warmup: int,
+    dry_run: bool,
+    link: Link,
+    prompt_lens: Sequence[int],
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Any:
+    """The disaggregated workers' cost model: the calibrator's sweeps run by the workers
+    themselves (prefill passes on the prefill worker, decode steps on the decode worker, both
+    at once, each on its own cores), fitted by the calibrator, plus the measured ``link``."""
+    from pytest_prefill import calibrate as cal
+
+    caches = tuple(sorted({min(n, loaded.max_context - 1) for n in cal.DEFAULT_CACHE_LENS}))
+    points = pool.calibration_points(
+        prompt_lens=prompt_lens,
+        cache_lens=caches,
+        batch_sizes=cal.DEFAULT_BATCH_SIZES,
+        batch_context=cal.BATCH_CACHE_LEN,
+        repeats=repeats,
+        warmup=warmup,
+        seed=seed,
+    )
+    for p in points:
+        m = p.measurement
+        _say(
+            progress,
+            f"worker {p.kind} x={p.x}: {m.median * 1e3:.2f} ms "
+            f"[{m.minimum * 1e3:.2f}, {m.maximum * 1e3:.2f}]",
+        )
+    cost, fits, refusals = cal.fit_cost_model(points, kv_bytes_per_token=loaded.kv_bytes_per_token)
+    cost = dataclasses.replace(cost, link_latency=link.latency, link_bandwidth=link.bandwidth)
+    info = cal.provenance(
+        loaded,
+        repeats=repeats,
+        warmup=warmup,
+        dry_run=dry_run,
+        seed=seed,
+        runner="engine packed pass, inside the disaggregated worker processes",
+        setup=pool.setup,
+        prompt_lens=list(prompt_lens),
+        cache_lens=list(caches),
+        batch_sizes=list(cal.DEFAULT_BATCH_SIZES),
+        batch_context=cal.BATCH_CACHE_LEN,
+        link=f"measured shared-memory copy: {link.note}",
+    )
+    return cal.Calibration(cost, info, tuple(points), fits, tuple(refusals))
+
+
 @dataclasses.dataclass(frozen=True)
 class FidelityResult:
     """Everything a fidelity run measured and predicted."""
@@ -531,7 +584,8 @@ def run_fidelity(
     intra-op threads over a tiny model's matrices stall whenever another process holds a core;
     pass ``threads=len(cores)`` to use them) and are simulated with a cost model calibrated
     that way; disaggregation runs its two processes on disjoint halves of the cores, one
-    thread per core, and is simulated with a cost model calibrated on one half.
+    thread per core, and is simulated with a cost model the two worker processes calibrate
+    themselves (prefill passes on one, decode steps on the other) just before the runs.
 
     Raises:
         ValueError: for runs < 3, a non-positive chunk or prompt length, a model the packed
@@ -582,33 +636,31 @@ def run_fidelity(
             warmup=warmup,
             progress=progress,
         )
-    _say(
-        progress,
-        f"calibrating the engine: one disaggregated worker, cores {half}, {len(half)} thread(s)",
-    )
-    with pinned(half, len(half)):
-        link = measure_link(packed, repeats=max(repeats, 5), warmup=max(warmup, 1))
-        worker = calibrate_engine(
-            loaded,
-            repeats=repeats,
-            warmup=warmup,
-            dry_run=dry_run,
-            progress=progress,
-            prompt_lens=calibration_lens,
-            seed=seed,
-            link=link,
-            cores=half,
-            threads=len(half),
-        )
-    costs = {"single worker": single.cost, "disaggregated worker": worker.cost}
-    chosen, skipped = scenarios(single.cost, prompt_lens=prompt_lens, azure=azure, seed=seed)
-
     measured: dict[tuple[str, str], list[Any]] = {}
     setups: dict[str, str] = {}
     transfers: list[float] = []
     iterations: dict[str, dict[str, list[float]]] = {}
     _say(progress, "starting the prefill and decode worker processes")
     with DisaggregatedWorkers(loaded.model, cores=cores) as pool:
+        _say(
+            progress,
+            "calibrating the engine inside the two worker processes, on their cores, one at a time",
+        )
+        with pinned(half, len(half)):
+            link = measure_link(packed, repeats=max(repeats, 5), warmup=max(warmup, 1))
+        worker = calibrate_workers(
+            loaded,
+            pool,
+            repeats=repeats,
+            warmup=warmup,
+            dry_run=dry_run,
+            link=link,
+            prompt_lens=calibration_lens,
+            seed=seed,
+            progress=progress,
+        )
+        costs = {"single worker": single.cost, "disaggregated worker": worker.cost}
+        chosen, skipped = scenarios(single.cost, prompt_lens=prompt_lens, azure=azure, seed=seed)
         for run in range(runs):
             for scenario in chosen:
                 for policy in POLICIES:

@@ -101,7 +101,8 @@ def fidelity_report(result, loaded) -> str:  # type: ignore[no-untyped-def]
         "",
         "Equal total resources:",
         *(f"  {policy}: {setup}" for policy, setup in result.setups.items()),
-        "  each is simulated with a cost model calibrated on the engine in the same setting:",
+        "  each is simulated with a cost model calibrated on the engine in the same setting "
+        "(the disaggregated one by the two worker processes themselves, on their cores):",
         f"  single worker:        {_cost_line(single)}",
         f"  disaggregated worker: {_cost_line(worker)}",
         "",
