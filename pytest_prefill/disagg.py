@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.engine import (
+    Clock,
     EngineRun,
     ModelExecutor,
     RealClock,
@@ -91,7 +92,7 @@ class _QueueArrivals:
         self.left -= len(out)
         return out
 
-    def wait(self, clock: RealClock) -> bool:
+    def wait(self, clock: Clock) -> bool:
         if self.left == 0:
             return False
         if not self.pending:
@@ -342,7 +343,8 @@ class DisaggregatedWorkers:
         worker, decode_events, tokens = got["decode"]
         events = _Events()
         for r in requests:
-            events.add("prefill0", *starts[r.id], "prefill", ((r.id, r.prompt_len),))
+            start, end = starts[r.id]
+            events.add("prefill0", start, end, "prefill", ((r.id, r.prompt_len),))
         lengths = {r.id: r.prompt_len for r in requests}
         for rid, begin, end in link_events:
             events.add(LINK, begin, end, "transfer", ((rid, lengths[rid]),))

@@ -287,11 +287,11 @@ def measure_link(
         src.length = n
         src.data.normal_()
         dst = packed.new_cache(n + 1, shared=True).data
-        m = measure(
-            lambda s=src, d=dst, k=n: d[:, :, :, :k].copy_(s.filled()),
-            repeats=repeats,
-            warmup=warmup,
-        )
+
+        def copy(source: Any = src, target: Any = dst, tokens: int = n) -> None:
+            target[:, :, :, :tokens].copy_(source.filled())
+
+        m = measure(copy, repeats=repeats, warmup=warmup)
         points.append((n * packed.kv_bytes_per_token, m))
     fit = fit_line(
         [b for b, _ in points],

@@ -5,6 +5,7 @@ against the measured run-to-run spread."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._measure_args import (
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     return 0  # a large error is a finding about the cost model, not an error of the command
 
 
-def fidelity_report(result, loaded) -> str:  # type: ignore[no-untyped-def]
+def fidelity_report(result: Any, loaded: Any) -> str:
     from pytest_prefill import fidelity_tables as tables
 
     info = result.provenance
@@ -132,7 +133,7 @@ def fidelity_report(result, loaded) -> str:  # type: ignore[no-untyped-def]
     return "\n".join(lines)
 
 
-def _cost_line(cost) -> str:  # type: ignore[no-untyped-def]
+def _cost_line(cost: Any) -> str:
     return (
         f"pass overhead {cost.prefill_pass_overhead * 1e3:.2f} ms, "
         f"{cost.prefill_per_token * 1e6:.1f} us/prompt token, decode step "
