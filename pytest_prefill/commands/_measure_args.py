@@ -8,29 +8,10 @@ import argparse
 import sys
 from typing import Any
 
+from pytest_prefill.commands._args import non_negative_int, positive_int
 from pytest_prefill.models import DTYPES, MODEL_PRESETS, validate_device
 
 DEFAULT_MODEL = "qwen3-0.6b"
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
 
 
 def device_type(text: str) -> str:

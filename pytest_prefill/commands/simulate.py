@@ -7,6 +7,7 @@ import datetime
 
 from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._args import non_negative_float, positive_int
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_timing_arguments,
@@ -19,26 +20,6 @@ from pytest_prefill.whatif import chunk_sweep, default_chunks
 from pytest_prefill.workloads import lab_scenario
 
 HELP = "simulate the lab scenario under every policy and sweep the chunk size"
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,12 +8,12 @@ import math
 import textwrap
 
 from pytest_prefill._io import write_atomic
+from pytest_prefill.commands._args import non_negative_float, positive_int
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_timing_arguments,
     measure_cost,
 )
-from pytest_prefill.commands.simulate import non_negative_float, positive_int
 from pytest_prefill.costs import load_cost
 from pytest_prefill.scheduler import PRESETS, CostModel, simulate
 from pytest_prefill.timeline import focus_window, layout, render_svg, render_text
