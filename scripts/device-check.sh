@@ -3,7 +3,10 @@
 # device and run the falsifier, from the source tree (no install step: the machine may have no
 # package registry; it needs python3 with torch, transformers, numpy and tabulate).
 #
-#   scripts/device-check.sh OUT_DIR            # writes 7 files into OUT_DIR
+#   scripts/device-check.sh OUT_DIR            # writes 8 files and results/<machine-key>/
+#
+# The device tool brings back at most 8 files: pack them, e.g.
+#   scripts/device-check.sh /tmp/dc; tar czf "$OUT/device-check.tgz" -C /tmp/dc .
 #
 # Environment: DEVICE (default cuda), MODEL (default qwen3-0.6b), DTYPE (default: the
 # library's, bfloat16 on CUDA), EXTRA (more flags for both commands, e.g. "--dry-run").
@@ -60,4 +63,18 @@ run() {  # run NAME ARGS...: the report to NAME.txt (and the terminal), progress
 
 run calibrate "${flags[@]}"
 run demo "${flags[@]}" --cost "$out/calibrate.json"
+
+# The hardware suite as a user runs it: calibration, falsifier, fidelity (skips on CUDA: the
+# engine disaggregates on CPU only), archived under OUT_DIR/results/<machine-key>/.
+echo "== pytest -m gpu benchmarks"
+start=$SECONDS
+pytest_flags=(--prefill-model "$model" --prefill-device "$device" --prefill-results "$out/results")
+if [[ -n ${DTYPE:-} ]]; then pytest_flags+=(--prefill-dtype "$DTYPE"); fi
+if [[ ${EXTRA:-} == *--dry-run* ]]; then pytest_flags+=(--prefill-dry-run); fi
+set +e
+python3 -m pytest -m gpu -p no:cacheprovider -rs "${pytest_flags[@]}" benchmarks \
+    2>&1 | tee "$out/pytest-gpu.txt"
+status=${PIPESTATUS[0]}
+set -e
+echo "== pytest -m gpu exited $status after $((SECONDS - start)) s"
 echo "device-check: wrote $(ls "$out" | tr '\n' ' ')"
