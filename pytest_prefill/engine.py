@@ -1,8 +1,8 @@
-"""A mini serving engine: executes a workload under a policy with exactly the simulator's
-scheduling rules (DESIGN.md, "Simulation semantics") and records what it did as the simulator's
-``Trace``. The work is done by an executor: the model's packed pass in real time
+"""A mini serving engine: executes a workload under a policy with the simulator's own scheduling
+rules (``scheduler.Worker``; DESIGN.md, "Simulation semantics") and records what it did as the
+simulator's ``Trace``. The work is done by an executor: the model's packed pass in real time
 (:class:`ModelExecutor`), or the cost model on a fake clock (:func:`replay`, which must give
-exactly ``simulate()``'s trace — the engine's scheduler is checked against the simulator's that way).
+exactly ``simulate()``'s trace — the engine's loop is checked against the simulator's that way).
 
 torch is imported lazily (only by :class:`ModelExecutor` and the real-time entry points).
 """
@@ -14,38 +14,20 @@ import gc
 import math
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pytest_prefill.scheduler import (
     LINK,
-    POLICIES,
     CostModel,
+    Plan,
     Request,
-    RequestRecord,
     Trace,
-    _count,
+    Worker,
+    _check_options,
     _Events,
     _validate_load,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Iteration:
-    """What one iteration does: prompt pieces ``(request, tokens done before, tokens now)`` and
-    decode rows (each emits one token); ``kv_tokens`` is what the decode rows read (K) and
-    ``context_tokens`` what the prompt pieces attend to (C)."""
-
-    kind: str
-    prefill: tuple[tuple[Request, int, int], ...]
-    decode: tuple[Request, ...]
-    kv_tokens: int = 0
-    context_tokens: int = 0
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(n for _, _, n in self.prefill)
 
 
 class Clock(Protocol):
@@ -55,9 +37,9 @@ class Clock(Protocol):
 
 
 class Executor(Protocol):
-    def run(self, iteration: Iteration) -> float | None:
-        """Do the iteration's work; return its exact duration if known (a simulated executor),
-        else None (the engine reads the clock)."""
+    def run(self, plan: Plan) -> float | None:
+        """Do the planned iteration's work; return its exact duration if known (a simulated
+        executor), else None (the engine reads the clock)."""
         ...
 
 
@@ -98,115 +80,16 @@ class CostExecutor:
     def __init__(self, cost: CostModel, clock: FakeClock) -> None:
         self.cost, self.clock = cost, clock
 
-    def run(self, iteration: Iteration) -> float | None:
-        rows = len(iteration.decode)
+    def run(self, plan: Plan) -> float | None:
         duration = self.cost.fused_iteration(
-            iteration.prefill_tokens, rows, iteration.kv_tokens, iteration.context_tokens
+            plan.prefill_tokens, plan.decode_rows, plan.kv_tokens, plan.context_tokens
         )
         self.clock.t += duration
         # The simulator keys runs of equal decode steps on the formula's duration when it is
         # constant (no per-KV-token term) and on end - start otherwise; so does the engine.
-        if iteration.kind == "decode" and self.cost.decode_per_kv_token == 0:
+        if plan.kind == "decode" and self.cost.decode_per_kv_token == 0:
             return duration
         return None
-
-
-class Worker:
-    """The scheduling state of one compute resource — the simulator's ``_Worker`` rules, one
-    iteration at a time. Modes: ``shared``, ``chunked`` (budget ``chunk``; inf = coscheduled),
-    ``decode`` (decode only; prefilled requests come in through :meth:`join`)."""
-
-    def __init__(self, name: str, mode: str, chunk: float = math.inf) -> None:
-        self.name, self.mode, self.chunk = name, mode, chunk
-        self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
-        self.joining: list[Request] = []
-        self.running: list[Request] = []
-        self._ids: tuple[str, ...] = ()  # rebuilt only on change: the event log keys on identity
-        self.kv_tokens = 0
-        self.decode_ends: list[float] = []
-        self.first_index: dict[str, int] = {}
-        self._finishing: dict[int, list[Request]] = {}
-        self._firsts: dict[int, int] = {}
-        self.prefill_start: dict[str, float] = {}
-        self.prefill_end: dict[str, float] = {}
-        self._current: tuple[list[Request], int] = ([], 0)
-
-    def admit(self, request: Request) -> None:
-        self.waiting.append([request, 0])
-
-    def join(self, request: Request) -> None:
-        self.joining.append(request)
-
-    @property
-    def load(self) -> int:
-        return len(self.running) + len(self.joining)
-
-    def next_iteration(self, now: float) -> Iteration | None:
-        """Compose the iteration that starts at ``now`` (None: nothing to do)."""
-        if self.joining:
-            index = len(self.decode_ends)
-            for r in self.joining:
-                self.first_index[r.id] = index
-                self._firsts[index] = self._firsts.get(index, 0) + 1
-                self._finishing.setdefault(index + r.output_len - 1, []).append(r)
-                self.kv_tokens += r.prompt_len
-            self.running.extend(self.joining)
-            self.joining = []
-            self._ids = tuple(r.id for r in self.running)
-        budget = 0 if self.mode == "decode" else math.inf if self.mode == "shared" else self.chunk
-        prefill: list[tuple[Request, int, int]] = []
-        completed: list[Request] = []
-        context = 0
-        while self.waiting and budget > 0:
-            entry = self.waiting[0]
-            request, done = entry
-            take = int(min(request.prompt_len - done, budget))
-            prefill.append((request, done, take))
-            context += done
-            budget -= take
-            self.prefill_start.setdefault(request.id, now)
-            if done + take == request.prompt_len:
-                completed.append(request)
-                self.waiting.popleft()
-            else:
-                entry[1] = done + take
-        rows = 0 if (self.mode == "shared" and prefill) else len(self.running)
-        if not prefill and not rows:
-            return None
-        self._current = (completed, rows)
-        kind = "fused" if prefill and rows else "prefill" if prefill else "decode"
-        decode = tuple(self.running) if rows else ()
-        return Iteration(kind, tuple(prefill), decode, self.kv_tokens if rows else 0, context)
-
-    @property
-    def decode_ids(self) -> tuple[str, ...]:
-        return self._ids
-
-    def finish(self, end: float) -> list[Request]:
-        """End the running iteration at ``end``; return the prompts it completed."""
-        completed, rows = self._current
-        self._current = ([], 0)
-        for r in completed:
-            self.prefill_end[r.id] = end
-        if rows:
-            index = len(self.decode_ends)
-            self._firsts.pop(index, None)
-            self.decode_ends.append(end)
-            self.kv_tokens += rows
-            done = self._finishing.pop(index, None)
-            if done:
-                gone = {r.id for r in done}
-                self.running = [r for r in self.running if r.id not in gone]
-                self._ids = tuple(r.id for r in self.running)
-                self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
-        return completed
-
-    def record(self, r: Request, start: float, end: float, ready: float) -> RequestRecord:
-        first = self.first_index[r.id]
-        times = tuple(self.decode_ends[first : first + r.output_len])
-        return RequestRecord(
-            r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready, self.name, times
-        )
 
 
 class Arrivals(Protocol):
@@ -246,7 +129,6 @@ def drive(
     arrivals: Arrivals,
     events: _Events,
     admit: Callable[[Request], None],
-    on_complete: Callable[[list[Request]], None] | None = None,
 ) -> None:
     """Run ``worker`` until its arrivals are exhausted and it has nothing left to do: at each
     boundary admit what has arrived, compose the iteration, execute it, record it."""
@@ -254,38 +136,29 @@ def drive(
         now = clock.now()
         for r in arrivals.ready(now):
             admit(r)
-        iteration = worker.next_iteration(now)
-        if iteration is None:
+        plan = worker.compose(now)
+        if plan is None:
             if not arrivals.wait(clock):
                 return
             continue
-        step = executor.run(iteration)
+        step = executor.run(plan)
         end = clock.now()
         events.add(
             worker.name,
             now,
             end,
-            iteration.kind,
-            tuple((r.id, n) for r, _, n in iteration.prefill),
-            worker.decode_ids if iteration.decode else (),
-            iteration.kv_tokens,
-            iteration.context_tokens,
+            plan.kind,
+            plan.prefill_ids(),
+            plan.decode_ids,
+            plan.kv_tokens,
+            plan.context_tokens,
             step=step or 0.0,
         )
-        completed = worker.finish(end)
-        if on_complete is not None and completed:
-            on_complete(completed)
+        worker.finish_at(end)
 
 
 def _check(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    if policy == "chunked" and chunk is None:
-        raise ValueError(
-            "chunk must be a positive integer (prompt tokens per iteration) for 'chunked'"
-        )
-    if chunk is not None:
-        _count("chunk", chunk)
+    _check_options(policy, chunk, prefill_workers, decode_workers)
     if prefill_workers != 1 or decode_workers != 1:
         raise ValueError(
             "the engine runs one prefill worker and one decode worker; "
@@ -312,7 +185,6 @@ def run_single(
         ScheduledArrivals([(r.arrival, r) for r in requests]),
         events,
         worker.admit,
-        lambda done: worker.joining.extend(done),  # joining is rebound at each boundary
     )
     records = {
         r.id: worker.record(
@@ -379,7 +251,7 @@ def replay(
     for r in requests:
         clock.wait_until(r.arrival)
         start = clock.now()
-        executor.run(Iteration("prefill", ((r, 0, r.prompt_len),), ()))
+        executor.run(Plan(((r, 0, r.prompt_len),), (), completed=(r,)))
         end = clock.now()
         events.add("prefill0", start, end, "prefill", ((r.id, r.prompt_len),))
         transfer = cost.kv_transfer(r.prompt_len)
@@ -427,6 +299,7 @@ class ModelExecutor:
         self.caches: dict[str, Any] = {}
         self.tokens: dict[str, list[int]] = {r.id: [] for r in requests}
         self.steps: dict[str, int] = {r.id: 0 for r in requests}
+        self.output_len: dict[str, int] = {r.id: r.output_len for r in requests}
         self._next: dict[str, int] = {}  # the input of each request's next decode row
         self._sync = _synchronizer(packed.device)
 
@@ -435,13 +308,13 @@ class ModelExecutor:
         self.caches[request.id] = cache
         self._next[request.id] = next_token
 
-    def run(self, iteration: Iteration) -> float | None:
+    def run(self, plan: Plan) -> float | None:
         import torch
 
         from pytest_prefill.packed import Segment
 
         segments = []
-        for r, done, n in iteration.prefill:
+        for r, done, n in plan.prefill:
             if r.id not in self.caches:
                 self.caches[r.id] = self.packed.new_cache(r.prompt_len + r.output_len)
             last = done + n == r.prompt_len
@@ -452,21 +325,20 @@ class ModelExecutor:
                     "last" if last else "none",
                 )
             )
-        for r in iteration.decode:
-            segments.append(Segment(self.caches[r.id], torch.tensor([self._next[r.id]])))
+        for rid in plan.decode_ids:
+            segments.append(Segment(self.caches[rid], torch.tensor([self._next[rid]])))
         logits = self.packed.forward(segments)
         picks = [i for i, s in enumerate(segments) if s.logits == "last"]
         if picks:
             chosen = torch.stack([logits[i] for i in picks]).argmax(dim=-1).tolist()
-            owners = [r for r, done, n in iteration.prefill if done + n == r.prompt_len]
-            owners += list(iteration.decode)
-            for r, token in zip(owners, chosen):  # noqa: B905
-                self._next[r.id] = token
-        for r in iteration.decode:
-            self.tokens[r.id].append(self._next[r.id])
-            self.steps[r.id] += 1
-            if self.steps[r.id] == r.output_len:
-                del self.caches[r.id]  # done: free its KV
+            owners = [r.id for r in plan.completed] + list(plan.decode_ids)
+            for rid, token in zip(owners, chosen):  # noqa: B905
+                self._next[rid] = token
+        for rid in plan.decode_ids:
+            self.tokens[rid].append(self._next[rid])
+            self.steps[rid] += 1
+            if self.steps[rid] == self.output_len[rid]:
+                del self.caches[rid]  # done: free its KV
         self._sync()
         return None
 

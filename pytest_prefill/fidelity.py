@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import POLICIES, CostModel, Request, simulate
+from pytest_prefill.scheduler import POLICIES, CostModel, Request, iteration_cost, simulate
 
 KIND = "pytest-prefill/fidelity"
 SCHEMA_VERSION = 1
@@ -248,17 +248,7 @@ def iteration_errors(trace: Any, cost: CostModel) -> dict[str, list[float]]:
     model's error from the scheduling's (which the fake-clock engine shows to be exact)."""
     out: dict[str, list[float]] = {}
     for e in trace.events:
-        if e.kind == "transfer":
-            predicted = cost.kv_transfer(e.prefill_tokens)
-        elif e.kind == "decode":
-            predicted = sum(
-                cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
-                for i in range(e.count)
-            )
-        else:
-            predicted = cost.fused_iteration(
-                e.prefill_tokens, e.decode_rows, e.kv_tokens, e.context_tokens
-            )
+        predicted = iteration_cost(e, cost)
         if predicted > 0:
             out.setdefault(e.kind, []).append((e.duration - predicted) / predicted)
     return out

@@ -2,7 +2,9 @@
 chunked prefill (Sarathi-Serve) and prefill/decode disaggregation (DistServe).
 
 Standard library only and copy-and-run: ``python pytest_prefill/scheduler.py`` prints a policy
-comparison. The semantics are DESIGN.md's "Simulation semantics"; each point is pinned by a test.
+comparison. Its :class:`Worker` (the scheduling rules, one iteration at a time) is also what the
+real engine runs. The semantics are DESIGN.md's "Simulation semantics"; each point is pinned by a
+test.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import operator
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 POLICIES = ("shared", "coscheduled", "chunked", "disaggregated")
 KINDS = ("prefill", "decode", "fused", "transfer")
@@ -458,27 +460,81 @@ class _Events:
     def finish(self, order: Sequence[str]) -> tuple[Event, ...]:
         for resource in list(self._open):
             self._close(resource)
-        rank = {name: i for i, name in enumerate(order)}
-        return tuple(sorted(self.done, key=lambda e: (rank[e.resource], e.start)))
+        # By resource in ``order``, then by start; grouping first spares a key call per event.
+        groups: dict[str, list[Event]] = {name: [] for name in order}
+        for e in self.done:
+            groups[e.resource].append(e)
+        start = operator.attrgetter("start")
+        return tuple(itertools.chain.from_iterable(sorted(g, key=start) for g in groups.values()))
 
 
-class _Worker:
-    """One compute resource. Modes: ``shared`` (prefill passes first, else decode steps),
-    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens), ``decode`` (decode only:
-    prefilled requests arrive through :meth:`join`).
+MODES = ("shared", "chunked", "decode")
 
-    Speed: a stretch of decode steps in which nothing can change (no prompt waiting, nobody
-    finishing, no arrival before the step starts) is advanced in one go; every step's end time
-    is still computed by the same additions as step by step, so token times are exact.
+
+class Plan(NamedTuple):
+    """What one iteration does, decided at its start by :meth:`Worker.compose`: prompt pieces
+    ``(request, tokens done before, tokens now)`` taken FCFS, the ids of the decode rows (each
+    emits one token; the same tuple while the rows do not change), the KV tokens the rows read
+    (K), the earlier context the pieces attend to (C), and the requests whose prompt the
+    iteration completes.
+
+    Immutable, built by the worker and not validated; a named tuple rather than a frozen
+    dataclass because the simulator builds one per iteration and a frozen dataclass's
+    ``__init__`` costs about three times as much.
     """
 
-    def __init__(self, name: str, mode: str, cost: CostModel, events: _Events, chunk: float):
-        self.name, self.mode, self.cost, self.events, self.chunk = name, mode, cost, events, chunk
-        self.busy_until: float | None = None
+    prefill: tuple[tuple[Request, int, int], ...]
+    decode_ids: tuple[str, ...]
+    kv_tokens: int = 0
+    context_tokens: int = 0
+    completed: tuple[Request, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        if self.prefill:
+            return "fused" if self.decode_ids else "prefill"
+        return "decode"
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, _, n in self.prefill)
+
+    @property
+    def decode_rows(self) -> int:
+        return len(self.decode_ids)
+
+    def prefill_ids(self) -> tuple[tuple[str, int], ...]:
+        """The prompt pieces as an :class:`Event` lists them: (request id, tokens now)."""
+        return tuple([(r.id, n) for r, _, n in self.prefill])
+
+
+class Worker:
+    """The scheduling rules of one compute resource, one iteration at a time: at a boundary
+    :meth:`compose` says what the next iteration does, the caller runs it, :meth:`finish_at`
+    ends it. The simulator times iterations with the cost model; the engine runs them for real.
+
+    Modes: ``shared`` (a prefill pass of every waiting prompt first, else a decode step),
+    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens; inf: co-scheduled),
+    ``decode`` (decode only: prefilled requests come in through :meth:`join`); only ``chunked``
+    reads ``chunk``. A prompt completed here joins this worker's decode rows at the next
+    boundary.
+
+    Raises:
+        ValueError: for an unknown mode, or a chunk that is not a whole number >= 1 or inf.
+    """
+
+    def __init__(self, name: str, mode: str, chunk: float = math.inf) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        whole = isinstance(chunk, (int, float)) and not isinstance(chunk, bool) and chunk >= 1
+        if not (chunk == math.inf or (whole and chunk == int(chunk))):
+            raise ValueError(f"chunk must be a whole number of tokens >= 1 or inf, got {chunk!r}")
+        self.name, self.mode = name, mode
+        self.chunk = math.inf if mode == "shared" else float(chunk)  # prompt tokens per pass
         self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
         self.joining: list[Request] = []  # prefilled, join the decode rows at the next boundary
         self.running: list[Request] = []
-        self._ids: tuple[str, ...] = ()  # tuple(r.id for r in running), rebuilt on change
+        self._ids: tuple[str, ...] = ()  # their ids, rebuilt on change: events key on identity
         self.kv_tokens = 0  # what the next decode step reads
         self.decode_ends: list[float] = []  # end of every iteration that emitted tokens
         self.first_index: dict[str, int] = {}  # request -> index of its first token there
@@ -488,11 +544,16 @@ class _Worker:
         self.gaps: dict[float, int] = {}  # token gap -> how many tokens followed such a gap
         self.prefill_start: dict[str, float] = {}
         self.prefill_end: dict[str, float] = {}
-        self._completed: list[Request] = []  # prompts the running iteration completes
-        self._ends: list[float] = []  # end of each decode-bearing step in the running iteration
-        self._rows = 0
+        self._plan: Plan | None = None  # the running iteration's
+
+    def admit(self, request: Request) -> None:
+        """A request arrives: its prompt waits for prefill here (FCFS)."""
+        if self.mode == "decode":
+            raise ValueError(f"{self.name} only decodes: hand it prefilled requests with join()")
+        self.waiting.append([request, 0])
 
     def join(self, request: Request) -> None:
+        """A request prefilled elsewhere joins the decode rows at the next boundary."""
         self.joining.append(request)
 
     @property
@@ -514,22 +575,24 @@ class _Worker:
         self.joining = []
         self._ids = tuple([r.id for r in self.running])
 
-    def start(self, now: float, horizon: float = math.inf) -> None:
-        """Begin the next iteration at ``now`` if there is work; otherwise stay idle.
-        ``horizon`` is the next arrival: no step that starts at or after it may be merged."""
+    def compose(self, now: float) -> Plan | None:
+        """Admit the requests joining at this boundary and compose the iteration that starts
+        at ``now`` (None: nothing to do). Call :meth:`finish_at` before composing again."""
         if self.joining:
             self._admit_joining()
-        budget = (
-            0 if self.mode == "decode" else math.inf if self.mode == "shared" else self.chunk
-        )
-        prefill: list[tuple[str, int]] = []
+        if not self.waiting:  # decode rows only (always so in decode mode)
+            plan = Plan((), self._ids, self.kv_tokens) if self._ids else None
+            self._plan = plan
+            return plan
+        budget = self.chunk  # >= 1, so at least one prompt piece
+        prefill: list[tuple[Request, int, int]] = []
         completed: list[Request] = []
         context = 0
         while self.waiting and budget > 0:
             entry = self.waiting[0]
             request, done = entry
             take = int(min(request.prompt_len - done, budget))
-            prefill.append((request.id, take))
+            prefill.append((request, done, take))
             context += done
             budget -= take
             self.prefill_start.setdefault(request.id, now)
@@ -538,19 +601,97 @@ class _Worker:
                 self.waiting.popleft()
             else:
                 entry[1] = done + take
-        tokens = sum(t for _, t in prefill)
-        rows = 0 if (self.mode == "shared" and prefill) else len(self.running)
-        self._completed, self._rows = completed, rows
-        if not tokens and not rows:
+        if self.mode == "shared" or not self.running:  # shared: the pass holds up every row
+            plan = Plan(tuple(prefill), (), 0, context, tuple(completed))
+        else:
+            plan = Plan(tuple(prefill), self._ids, self.kv_tokens, context, tuple(completed))
+        self._plan = plan
+        return plan
+
+    def finish_at(self, end: float) -> tuple[Request, ...]:
+        """End the composed iteration at ``end``; return the requests whose prompt it completed
+        (they join the decode rows at the next boundary)."""
+        return self._finish(end, [end])
+
+    def _finish(self, end: float, ends: list[float]) -> tuple[Request, ...]:
+        """End the composed iteration at ``end``: its decode rows ran one step ending at each of
+        ``ends`` (more than one: a run of unchanging decode steps, up to the next finish)."""
+        plan = self._plan
+        assert plan is not None, "finish an iteration only after composing it"
+        self._plan = None
+        completed = plan.completed
+        if completed:
+            for r in completed:
+                self.prefill_end[r.id] = end
+            self.joining.extend(completed)
+        rows = len(plan.decode_ids)
+        if not rows:
+            return completed
+        index = len(self.decode_ends)
+        gaps = self.gaps
+        continuing = rows - self._firsts.pop(index, 0)
+        if continuing and self.decode_ends:
+            gap = ends[0] - self.decode_ends[-1]
+            gaps[gap] = gaps.get(gap, 0) + continuing
+        if len(ends) > 64:  # a long run: count equal gaps in C first
+            for gap, times in Counter(map(operator.sub, ends[1:], ends)).items():
+                gaps[gap] = gaps.get(gap, 0) + times * rows
+        elif len(ends) > 1:
+            for gap in map(operator.sub, ends[1:], ends):
+                gaps[gap] = gaps.get(gap, 0) + rows
+        self.decode_ends.extend(ends)
+        self.kv_tokens += rows * len(ends)
+        last = len(self.decode_ends) - 1
+        if self._finish_heap[0] == last:
+            heapq.heappop(self._finish_heap)
+            done = self._finishing.pop(last)
+            gone = {r.id for r in done}
+            self.running = [r for r in self.running if r.id not in gone]
+            self._ids = tuple([r.id for r in self.running])
+            self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
+        return completed
+
+    def record(self, r: Request, start: float, end: float, ready: float) -> RequestRecord:
+        """What happened to ``r``, decoded here, given its prefill start and end and KV ready."""
+        first = self.first_index[r.id]
+        tokens = tuple(self.decode_ends[first : first + r.output_len])
+        return RequestRecord(r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready,
+                             self.name, tokens)
+
+
+class _Worker(Worker):
+    """A :class:`Worker` timed by the cost model, its iterations logged to ``events``.
+
+    Speed: a stretch of decode steps in which nothing can change (no prompt waiting, nobody
+    finishing, no arrival before the step starts) is advanced in one go; every step's end time
+    is still computed by the same additions as step by step, so token times are exact.
+    """
+
+    def __init__(
+        self, name: str, mode: str, cost: CostModel, events: _Events, chunk: float = math.inf
+    ) -> None:
+        super().__init__(name, mode, chunk)
+        self.cost, self.events = cost, events
+        self.busy_until: float | None = None
+        self._ends: list[float] = []  # end of each decode-bearing step in the running iteration
+
+    def start(self, now: float, horizon: float = math.inf) -> None:
+        """Begin the next iteration at ``now`` if there is work; otherwise stay idle.
+        ``horizon`` is the next arrival: no step that starts at or after it may be merged."""
+        plan = self.compose(now)
+        if plan is None:
             return
-        if not tokens:
+        rows = len(plan.decode_ids)
+        if not plan.prefill:
             self._start_decode_run(now, horizon, rows)
             return
-        kind = "fused" if rows else "prefill"
-        kv = self.kv_tokens if rows else 0
-        end = now + self.cost.fused_iteration(tokens, rows, kv, context)
-        ids = self._ids if rows else ()
-        self.events.add(self.name, now, end, kind, tuple(prefill), ids, kv, context)
+        tokens, pieces = 0, []  # plan.prefill_tokens and plan.prefill_ids(), in one loop
+        for request, _, n in plan.prefill:
+            tokens += n
+            pieces.append((request.id, n))
+        end = now + self.cost.fused_iteration(tokens, rows, plan.kv_tokens, plan.context_tokens)
+        self.events.add(self.name, now, end, "fused" if rows else "prefill", tuple(pieces),
+                        plan.decode_ids, plan.kv_tokens, plan.context_tokens)
         self._ends = [end] if rows else []
         self.busy_until = end
 
@@ -579,46 +720,11 @@ class _Worker:
         self._ends = ends
         self.busy_until = ends[-1]
 
-    def finish(self) -> list[Request]:
-        """End the running iteration; return the requests whose prompt it completed."""
-        end = self.busy_until
-        assert end is not None
-        self.busy_until = None
-        completed, rows, ends = self._completed, self._rows, self._ends
-        for r in completed:
-            self.prefill_end[r.id] = end
-        if not (rows and ends):
-            return completed
-        index = len(self.decode_ends)
-        gaps = self.gaps
-        continuing = rows - self._firsts.pop(index, 0)
-        if continuing and self.decode_ends:
-            gap = ends[0] - self.decode_ends[-1]
-            gaps[gap] = gaps.get(gap, 0) + continuing
-        if len(ends) > 64:  # a long run: count equal gaps in C first
-            for gap, times in Counter(map(operator.sub, ends[1:], ends)).items():
-                gaps[gap] = gaps.get(gap, 0) + times * rows
-        elif len(ends) > 1:
-            for gap in map(operator.sub, ends[1:], ends):
-                gaps[gap] = gaps.get(gap, 0) + rows
-        self.decode_ends.extend(ends)
-        self.kv_tokens += rows * len(ends)
-        last = len(self.decode_ends) - 1
-        if self._finish_heap[0] == last:
-            heapq.heappop(self._finish_heap)
-            done = self._finishing.pop(last)
-            gone = {r.id for r in done}
-            self.running = [r for r in self.running if r.id not in gone]
-            self._ids = tuple([r.id for r in self.running])
-            self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
-        return completed
-
 
 def _run(
     workers: Sequence[_Worker],
     arrivals: Sequence[tuple[float, Request]],
     admit: Callable[[Request], None],
-    on_finish: Callable[[_Worker, list[Request]], None] | None = None,
 ) -> None:
     """Advance ``workers`` instant by instant: finish iterations that end now, admit arrivals,
     then start an iteration on every idle worker that has work."""
@@ -631,10 +737,9 @@ def _run(
         if t == math.inf:
             return
         for w in workers:
-            if w.busy_until == t:
-                completed = w.finish()
-                if on_finish is not None and completed:
-                    on_finish(w, completed)
+            if w.busy_until == t:  # end what it started: one iteration, or a run of steps
+                w.busy_until = None
+                w._finish(t, w._ends)
         while i < n and arrivals[i][0] <= t:
             admit(arrivals[i][1])
             i += 1
@@ -655,6 +760,19 @@ def _validate_load(load: Iterable[Request]) -> list[Request]:
         seen.add(r.id)
     # FCFS ties are broken by id, so the order of the load list never matters.
     return sorted(requests, key=lambda r: (r.arrival, r.id))
+
+
+def _check_options(policy: str, chunk: Any, prefill_workers: Any, decode_workers: Any) -> None:
+    """ValueError naming the field for an unknown policy, a missing or bad chunk, or a pool
+    size < 1 (shared by every entry point that runs a policy)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    if policy == "chunked" and chunk is None:
+        raise ValueError("chunk must be a positive integer (prompt tokens per iteration) for 'chunked'")
+    if chunk is not None:
+        _count("chunk", chunk)
+    _count("prefill_workers", prefill_workers)
+    _count("decode_workers", decode_workers)
 
 
 def simulate(
@@ -679,16 +797,9 @@ def simulate(
         ValueError: naming the field, for an unknown policy, a missing or non-positive chunk,
             workers < 1, a non-Request or duplicate id in the load, or a bad cost model.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+    _check_options(policy, chunk, prefill_workers, decode_workers)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
-    if policy == "chunked" and chunk is None:
-        raise ValueError("chunk must be a positive integer (prompt tokens per iteration) for 'chunked'")
-    if chunk is not None:
-        _count("chunk", chunk)
-    _count("prefill_workers", prefill_workers)
-    _count("decode_workers", decode_workers)
     requests = _validate_load(load)
     events = _Events()
     if policy == "disaggregated":
@@ -696,24 +807,13 @@ def simulate(
     mode = "shared" if policy == "shared" else "chunked"
     budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
     worker = _Worker("worker", mode, cost, events, budget)
-
-    def admit(r: Request) -> None:
-        worker.waiting.append([r, 0])
-
-    _run([worker], [(r.arrival, r) for r in requests], admit, lambda w, done: w.joining.extend(done))
+    _run([worker], [(r.arrival, r) for r in requests], worker.admit)
     records = {
-        r.id: _record(r, worker, worker.prefill_start[r.id], worker.prefill_end[r.id],
-                      worker.prefill_end[r.id])
+        r.id: worker.record(r, worker.prefill_start[r.id], worker.prefill_end[r.id],
+                            worker.prefill_end[r.id])
         for r in requests
     }
     return Trace(policy, events.finish(["worker"]), records, chunk, tuple(worker.gaps.items()))
-
-
-def _record(r: Request, w: _Worker, start: float, end: float, ready: float) -> RequestRecord:
-    first = w.first_index[r.id]
-    tokens = tuple(w.decode_ends[first : first + r.output_len])
-    return RequestRecord(r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready, w.name,
-                         tokens)
 
 
 def _disaggregated(
@@ -751,17 +851,37 @@ def _disaggregated(
         ready[r.id] = (start, end, arrived)
         arrivals.append((arrived, r))
     # Decode pool: a request joins the worker with the fewest requests (lowest index on ties).
-    workers = [_Worker(f"decode{i}", "decode", cost, events, 0) for i in range(decode_workers)]
+    workers = [_Worker(f"decode{i}", "decode", cost, events) for i in range(decode_workers)]
 
     def admit(r: Request) -> None:
         min(workers, key=lambda w: w.load).join(r)
 
     _run(workers, arrivals, admit)
     owner = {rid: w for w in workers for rid in w.first_index}
-    records = {r.id: _record(r, owner[r.id], *ready[r.id]) for r in requests}
+    records = {r.id: owner[r.id].record(r, *ready[r.id]) for r in requests}
     names = [f"prefill{i}" for i in range(prefill_workers)] + [LINK] + [w.name for w in workers]
     gaps = tuple(g for w in workers for g in w.gaps.items())
     return Trace("disaggregated", events.finish(names), records, chunk, gaps)
+
+
+def iteration_cost(event: Event, cost: CostModel) -> float:
+    """What ``event`` lasts by ``cost``'s formulas: a KV transfer, a prefill pass, a fused
+    iteration, or ``count`` decode steps of which the i-th (from 0) reads
+    ``kv_tokens + i * decode_rows`` cached tokens.
+
+    Raises:
+        ValueError: for an event kind not in ``KINDS``.
+    """
+    if event.kind == "decode":
+        rows, kv = event.decode_rows, event.kv_tokens
+        return sum(cost.decode_step(rows, kv + i * rows) for i in range(event.count))
+    if event.kind == "transfer":
+        return cost.kv_transfer(event.prefill_tokens)
+    if event.kind in ("prefill", "fused"):
+        return cost.fused_iteration(
+            event.prefill_tokens, event.decode_rows, event.kv_tokens, event.context_tokens
+        )
+    raise ValueError(f"event kind must be one of {', '.join(KINDS)}; got {event.kind!r}")
 
 
 def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | None = None) -> list[str]:
@@ -810,17 +930,9 @@ def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | No
         problems.append("events' busy time differs from gpu_seconds")
     if cost is not None:
         for e in trace.events:
-            if e.kind == "transfer":
-                expected = cost.kv_transfer(e.prefill_tokens)
-            elif e.kind == "decode":
-                expected = sum(
-                    cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
-                    for i in range(e.count)
-                )
-            else:
-                expected = cost.fused_iteration(
-                    e.prefill_tokens, e.decode_rows, e.kv_tokens, e.context_tokens
-                )
+            if e.kind not in KINDS:
+                continue  # reported above
+            expected = iteration_cost(e, cost)
             if not math.isclose(e.duration, expected, rel_tol=1e-9, abs_tol=1e-12):
                 problems.append(
                     f"{e.resource} {e.kind} at {e.start} lasts {e.duration}, cost model says {expected}"

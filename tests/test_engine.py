@@ -73,6 +73,13 @@ def test_engine_on_a_fake_clock_is_the_simulator_on_named_scenarios(policy, pres
         assert check_invariants(engine, load, cost) == []
 
 
+def test_the_engine_schedules_with_the_simulators_own_worker():
+    from pytest_prefill import engine, scheduler
+
+    assert engine.Worker is scheduler.Worker
+    assert issubclass(scheduler._Worker, scheduler.Worker)
+
+
 def test_replay_validates_like_simulate():
     cost = PRESETS["lab-laptop"].cost
     load = lab_scenario()

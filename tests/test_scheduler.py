@@ -20,9 +20,12 @@ from pytest_prefill.scheduler import (
     POLICIES,
     PRESETS,
     CostModel,
+    Event,
     Request,
     Trace,
+    Worker,
     check_invariants,
+    iteration_cost,
     percentile,
     simulate,
     token_gaps,
@@ -113,6 +116,7 @@ def test_gpu_seconds_are_the_events_busy_time_and_follow_the_formulas(load, cost
         if e.kind == "transfer":
             assert e.resource == LINK
             assert e.duration == pytest.approx(cost.kv_transfer(e.prefill_tokens))
+            assert iteration_cost(e, cost) == pytest.approx(cost.kv_transfer(e.prefill_tokens))
             continue
         if e.kind == "decode":
             step = sum(cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
@@ -121,6 +125,7 @@ def test_gpu_seconds_are_the_events_busy_time_and_follow_the_formulas(load, cost
             step = cost.fused_iteration(e.prefill_tokens, e.decode_rows, e.kv_tokens,
                                         e.context_tokens)
         assert e.duration == pytest.approx(step, rel=1e-9)
+        assert iteration_cost(e, cost) == pytest.approx(step, rel=1e-12)
         expected += step
     assert trace.summary().gpu_seconds == pytest.approx(expected, rel=1e-9)
 
@@ -217,6 +222,75 @@ def test_simultaneous_prompts_share_one_pass_fcfs_by_id(policy):
     first = trace.events[0]
     assert first.prefill == (("a", 20), ("b", 30))
     assert first.duration == pytest.approx(FLAT.prefill_pass(50))
+
+
+# --- the worker, one iteration at a time (what the engine runs) -----------------------------
+
+
+def test_a_chunked_worker_takes_fcfs_pieces_under_the_chunk_and_decodes_a_prompt_next():
+    worker = Worker("w", "chunked", chunk=100)
+    a, b = Request("a", 0.0, 60, 2), Request("b", 0.0, 80, 1)
+    worker.admit(a)
+    worker.admit(b)
+    plan = worker.compose(0.0)
+    assert plan is not None and plan.kind == "prefill"
+    assert plan.prefill == ((a, 0, 60), (b, 0, 40)) and plan.prefill_tokens == 100
+    assert plan.decode_ids == () and plan.context_tokens == 0 and plan.completed == (a,)
+    assert worker.finish_at(1.0) == (a,)
+    plan = worker.compose(1.0)  # a joins the decode rows; the rest of b rides along
+    assert plan is not None and plan.kind == "fused"
+    assert plan.prefill == ((b, 40, 40),) and plan.context_tokens == 40
+    assert plan.decode_ids == ("a",) and plan.kv_tokens == 60 and plan.completed == (b,)
+    assert plan.prefill_ids() == (("b", 40),)
+    worker.finish_at(2.0)
+    plan = worker.compose(2.0)  # a holds its prompt and one token, b its prompt
+    assert plan is not None and plan.kind == "decode"
+    assert plan.decode_ids == ("a", "b") and plan.decode_rows == 2 and plan.prefill == ()
+    assert plan.kv_tokens == 61 + 80
+    worker.finish_at(3.0)
+    assert worker.compose(3.0) is None  # a has its 2 tokens, b its 1
+    assert worker.record(a, 0.0, 1.0, 1.0).token_times == (2.0, 3.0)
+    assert worker.record(b, 0.0, 2.0, 2.0).token_times == (3.0,)
+    assert (worker.prefill_end["a"], worker.prefill_end["b"]) == (1.0, 2.0)
+
+
+def test_a_shared_worker_holds_up_every_decode_row_while_prompts_wait():
+    worker = Worker("w", "shared")
+    a, b, c = Request("a", 0.0, 10, 3), Request("b", 0.5, 30, 1), Request("c", 0.5, 5, 1)
+    worker.admit(a)
+    worker.compose(0.0)
+    worker.finish_at(0.25)
+    worker.compose(0.25)
+    worker.finish_at(0.5)
+    worker.admit(b)
+    worker.admit(c)
+    plan = worker.compose(0.5)
+    assert plan is not None and plan.kind == "prefill" and plan.decode_ids == ()
+    assert plan.prefill == ((b, 0, 30), (c, 0, 5)) and plan.completed == (b, c)
+
+
+def test_a_decode_worker_takes_prefilled_requests_only():
+    worker = Worker("d", "decode")
+    with pytest.raises(ValueError, match="join"):
+        worker.admit(Request("a", 0.0, 10, 1))
+    worker.join(Request("a", 0.0, 10, 1))
+    assert worker.load == 1
+    plan = worker.compose(0.0)
+    assert plan is not None and plan.kind == "decode" and plan.kv_tokens == 10
+
+
+@pytest.mark.parametrize(("mode", "chunk", "field"), [
+    ("fifo", math.inf, "mode"), ("chunked", 0, "chunk"), ("chunked", 1.5, "chunk"),
+    ("chunked", math.nan, "chunk"), ("chunked", "64", "chunk"), ("chunked", True, "chunk"),
+])
+def test_a_worker_refuses_a_bad_mode_or_chunk_naming_it(mode, chunk, field):
+    with pytest.raises(ValueError, match=field):
+        Worker("w", mode, chunk)
+
+
+def test_iteration_cost_refuses_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind"):
+        iteration_cost(Event("w", 0.0, 1.0, "nap"), FLAT)
 
 
 # --- the lab scenario -----------------------------------------------------------------------
