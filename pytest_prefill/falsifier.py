@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tabulate import tabulate
@@ -133,27 +133,7 @@ def stall_table(
         (f"shared: behind a {prompt_len:,}-token prefill", shared),
         (f"chunked: behind one {chunk:,}-token chunk (unfused)*", chunked),
     ]
-    body = [
-        (
-            name,
-            _ms(m.median) + ("!" if m.warning else ""),
-            f"[{_ms(m.minimum)}, {_ms(m.maximum)}]",
-            f"{m.median / baseline.median:.2f}x",
-        )
-        for name, m in rows
-    ]
-    return tabulate(
-        body,
-        headers=(
-            "live stream's gap between two tokens",
-            "median ms",
-            "[min, max] ms",
-            "x baseline",
-        ),
-        tablefmt="simple",
-        disable_numparse=True,
-        colalign=("left", "right", "right", "right"),
-    )
+    return _gap_table(rows, baseline.median)
 
 
 def run_falsifier(
@@ -388,6 +368,11 @@ def engine_stall_table(
         ),
         ("chunked, unfused (HF passes, from the table above; x engine baseline)", unfused),
     ]
+    return _gap_table(rows, base)
+
+
+def _gap_table(rows: Sequence[tuple[str, Measurement]], base: float) -> str:
+    """Rows of (label, measurement) as median [min, max] and x ``base``."""
     body = [
         (
             name,
@@ -399,12 +384,8 @@ def engine_stall_table(
     ]
     return tabulate(
         body,
-        headers=(
-            "live stream's gap between two tokens",
-            "median ms",
-            "[min, max] ms",
-            "x baseline",
-        ),
+        headers=("live stream's gap between two tokens", "median ms", "[min, max] ms",
+                 "x baseline"),
         tablefmt="simple",
         disable_numparse=True,
         colalign=("left", "right", "right", "right"),
