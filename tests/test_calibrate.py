@@ -221,13 +221,8 @@ def test_dry_run_caps_repeats_and_warmup(repeats, warmup, dry_run, expected):
 
 
 @pytest.fixture
-def one_thread():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # other processes share this machine's cores
-    yield
-    torch.set_num_threads(before)
+def one_thread(one_torch_thread):
+    return None
 
 
 def test_calibrating_tiny_gives_a_valid_cost_model_with_provenance(one_thread):

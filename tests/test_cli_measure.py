@@ -21,15 +21,11 @@ TINY = ["--model", "tiny", "--device", "cpu"]
 
 
 @pytest.fixture(autouse=True)
-def short_sweeps(monkeypatch):
+def short_sweeps(monkeypatch, one_torch_thread):
     monkeypatch.setattr(cal, "DEFAULT_PROMPT_LENS", (16, 32, 48, 64))
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 128))
     monkeypatch.setattr(cal, "DEFAULT_BATCH_SIZES", (1, 2))
     monkeypatch.setattr(cal, "BATCH_CACHE_LEN", 16)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # other processes share this machine's cores
-    yield
-    torch.set_num_threads(before)
 
 
 def test_calibrate_prints_the_report_and_writes_json(tmp_path, capsys):

@@ -61,15 +61,10 @@ def test_stall_table_ratios_are_against_the_baseline():
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+def tiny(one_torch_thread):
     from pytest_prefill.models import load_model
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # other processes share this machine's cores
-    yield load_model("tiny", device="cpu")
-    torch.set_num_threads(before)
+    return load_model("tiny", device="cpu")
 
 
 def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):

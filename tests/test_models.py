@@ -24,12 +24,8 @@ from pytest_prefill.scheduler import PRESETS  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # other processes share this machine's cores; one thread keeps the tests quick
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def one_thread(one_torch_thread):
+    return None
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,8 @@ ATOL = 1e-4  # float32 on CPU; different kernels (full vs cached attention) roun
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def one_thread(one_torch_thread):
+    return None
 
 
 @pytest.fixture(scope="module")
