@@ -8,8 +8,10 @@ import importlib.metadata
 
 
 def _entry_point_installed() -> bool:
-    return any(ep.value == "pytest_prefill.plugin"
-               for ep in importlib.metadata.entry_points(group="pytest11"))
+    return any(
+        ep.value == "pytest_prefill.plugin"
+        for ep in importlib.metadata.entry_points(group="pytest11")
+    )
 
 
 if not _entry_point_installed():

@@ -31,12 +31,20 @@ def test_calibration_tables_and_chunk_star(prefill_calibration, prefill_report):
     if refused:
         prefill_report.table(
             "Calibration: refused constants (recorded as 0)",
-            "\n".join(f"{r['constant']}: {r['reason']}" for r in refused), refused)
+            "\n".join(f"{r['constant']}: {r['reason']}" for r in refused),
+            refused,
+        )
     advice = calibration.recommendation()
     prefill_report.table(
-        "C* and the recommendation (from this calibration)", calibration.chunk_star_text(),
-        {"chunk_star": calibration.cost.chunk_star(), "recommendation": advice.policy,
-         "chunk": advice.chunk, "overhead_fraction": advice.overhead_fraction})
+        "C* and the recommendation (from this calibration)",
+        calibration.chunk_star_text(),
+        {
+            "chunk_star": calibration.cost.chunk_star(),
+            "recommendation": advice.policy,
+            "chunk": advice.chunk,
+            "overhead_fraction": advice.overhead_fraction,
+        },
+    )
 
     cost = calibration.cost
     assert cost.decode_step_base > 0
@@ -53,7 +61,8 @@ def test_kv_cache_size(prefill_model, prefill_report):
         f"KV cache of {prefill_model.name} in {str(prefill_model.dtype).removeprefix('torch.')}:"
         f" {per_token:,} bytes per token; transfer times over ASSUMED links (not measured)",
         kv_size_table(per_token, KV_PROMPTS),
-        {"kv_bytes_per_token": per_token, "prompt_lens": list(KV_PROMPTS)})
+        {"kv_bytes_per_token": per_token, "prompt_lens": list(KV_PROMPTS)},
+    )
     config = prefill_model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads

@@ -22,16 +22,25 @@ def test_chunked_prefill_shortens_the_worst_decode_gap(
 
     s = prefill_settings
     result = run_falsifier(
-        prefill_model, prompt_len=DEFAULT_PROMPT_LEN, cost=prefill_calibration.cost,
-        repeats=s.repeats, warmup=s.warmup, dry_run=s.dry_run, emit=emit,
-        progress=prefill_report.say)
+        prefill_model,
+        prompt_len=DEFAULT_PROMPT_LEN,
+        cost=prefill_calibration.cost,
+        repeats=s.repeats,
+        warmup=s.warmup,
+        dry_run=s.dry_run,
+        emit=emit,
+        progress=prefill_report.say,
+    )
     assert CLAIM in emitted[0], "the claim must be stated before any measurement"
     data = result.to_dict()
     prefill_report.table(
         f"Falsifier: a live stream's decode gap when a {result.prompt_len:,}-token prompt "
         f"arrives; chunk {result.chunk:,} ({result.chunk_source})",
-        result.stall_table, {k: v for k, v in data.items() if k != "provenance"})
+        result.stall_table,
+        {k: v for k, v in data.items() if k != "provenance"},
+    )
     prefill_report.verdict("falsifier", result.verdict, result.claim, result.verdict_line)
     if result.verdict == "FAILS":
-        pytest.fail(f"FAILS: {result.claim}\n{result.verdict_line}\n\n{result.stall_table}",
-                    pytrace=False)
+        pytest.fail(
+            f"FAILS: {result.claim}\n{result.verdict_line}\n\n{result.stall_table}", pytrace=False
+        )

@@ -54,22 +54,53 @@ def test_simulator_speed_on_the_azure_conv_trace(benchmark, policy, conv_trace, 
             summary = replay(policy, load)
             walls = [time.perf_counter() - begin]
         wall = statistics.median(walls)
-        rows.append((f"1/{fraction}" if fraction > 1 else "all", len(load), f"{span:,.0f}",
-                     f"{wall:.2f} [{min(walls):.2f}, {max(walls):.2f}]", f"{span / wall:,.0f}x",
-                     f"{len(load) / wall:,.0f}", f"{wall / len(load) * 1e6:.0f}",
-                     summary.requests))
-        data.append({"fraction": 1 / fraction, "requests": len(load), "simulated_s": span,
-                     "wall_median_s": wall, "wall_min_s": min(walls), "wall_max_s": max(walls),
-                     "realtime_factor": span / wall, "requests_per_s": len(load) / wall})
+        rows.append(
+            (
+                f"1/{fraction}" if fraction > 1 else "all",
+                len(load),
+                f"{span:,.0f}",
+                f"{wall:.2f} [{min(walls):.2f}, {max(walls):.2f}]",
+                f"{span / wall:,.0f}x",
+                f"{len(load) / wall:,.0f}",
+                f"{wall / len(load) * 1e6:.0f}",
+                summary.requests,
+            )
+        )
+        data.append(
+            {
+                "fraction": 1 / fraction,
+                "requests": len(load),
+                "simulated_s": span,
+                "wall_median_s": wall,
+                "wall_min_s": min(walls),
+                "wall_max_s": max(walls),
+                "realtime_factor": span / wall,
+                "requests_per_s": len(load) / wall,
+            }
+        )
     per_request = [d["wall_median_s"] / d["requests"] for d in data]
     growth = per_request[-1] / per_request[0]
-    text = tabulate(rows, headers=("trace", "requests", "simulated s", "wall s median [min, max]",
-                                   "x real time", "req/s", "us/request", "done"),
-                    disable_numparse=True, colalign=("left",) + ("right",) * 7)
+    text = tabulate(
+        rows,
+        headers=(
+            "trace",
+            "requests",
+            "simulated s",
+            "wall s median [min, max]",
+            "x real time",
+            "req/s",
+            "us/request",
+            "done",
+        ),
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * 7,
+    )
     full = data[-1]["realtime_factor"]
-    text += (f"\nwall per request, all vs 1/4: {growth:.2f}x (1.00x = linear); "
-             f"target >= {TARGET:,.0f}x real time: {'met' if full >= TARGET else 'NOT met'} "
-             f"({full:,.0f}x). Preset '{PRESET}', chunk {CHUNK}, 3 rounds each.")
+    text += (
+        f"\nwall per request, all vs 1/4: {growth:.2f}x (1.00x = linear); "
+        f"target >= {TARGET:,.0f}x real time: {'met' if full >= TARGET else 'NOT met'} "
+        f"({full:,.0f}x). Preset '{PRESET}', chunk {CHUNK}, 3 rounds each."
+    )
     benchmark.extra_info.update(policy=policy, rows=data, linear_growth=growth)
     prefill_report.table(f"simulator speed: {policy} on the Azure conv trace", text, data)
     assert data[-1]["requests"] == len(conv_trace)

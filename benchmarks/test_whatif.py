@@ -31,8 +31,10 @@ def test_chunk_sweep_on_the_lab_scenario(cost_model, scheduler, prefill_report):
         "(simulated from the session's cost model)",
         sweep_table(rows)
         + "\nTTFT cost = TTFT p99 / shared's; stall gain = shared's max stall / this one's.",
-        {"scenario": {"streams": 2, "prompt_len": PROMPT_LEN, "arrival": 0.1},
-         "rows": sweep_rows_json(rows)},
+        {
+            "scenario": {"streams": 2, "prompt_len": PROMPT_LEN, "arrival": 0.1},
+            "rows": sweep_rows_json(rows),
+        },
     )
     assert [r.policy for r in rows][:2] == ["shared", "coscheduled"]
     assert {r.chunk for r in rows if r.policy == "chunked"} == set(chunks)
@@ -44,8 +46,9 @@ def test_chunk_sweep_on_the_lab_scenario(cost_model, scheduler, prefill_report):
 def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_report):
     mean_prompt = sum(POISSON_PROMPTS) / len(POISSON_PROMPTS)
     rate = PREFILL_UTILISATION / cost_model.prefill_pass(round(mean_prompt))
-    load = poisson(rate, POISSON_COUNT, prompt_len=POISSON_PROMPTS,
-                   output_len=POISSON_OUTPUTS, seed=0)
+    load = poisson(
+        rate, POISSON_COUNT, prompt_len=POISSON_PROMPTS, output_len=POISSON_OUTPUTS, seed=0
+    )
     chunk = chunk_from_cost(cost_model, max(POISSON_PROMPTS))  # the falsifier's rule
     rows = chunk_sweep(cost_model, load, [chunk])
     prefill_report.table(
@@ -53,9 +56,17 @@ def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_repo
         f"{', '.join(map(str, POISSON_PROMPTS))}; seed 0), chunk {chunk:,} "
         f"(C* = {cost_model.chunk_star():,.0f}; the falsifier's rule) (simulated)",
         sweep_table(rows),
-        {"load": {"rate": rate, "count": POISSON_COUNT, "prompt_lens": list(POISSON_PROMPTS),
-                  "output_lens": list(POISSON_OUTPUTS), "seed": 0},
-         "chunk": chunk, "rows": sweep_rows_json(rows)},
+        {
+            "load": {
+                "rate": rate,
+                "count": POISSON_COUNT,
+                "prompt_lens": list(POISSON_PROMPTS),
+                "output_lens": list(POISSON_OUTPUTS),
+                "seed": 0,
+            },
+            "chunk": chunk,
+            "rows": sweep_rows_json(rows),
+        },
     )
     assert {r.policy for r in rows} == set(POLICIES)
     for policy in POLICIES:

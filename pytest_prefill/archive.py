@@ -64,10 +64,22 @@ def git_state(root: str | os.PathLike[str]) -> tuple[str, bool]:
     """The checkout's short commit (8 characters) and whether its tracked files are modified;
     ``("nocommit", False)`` outside a git work tree or without git."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=root,
-                                capture_output=True, text=True, timeout=10, check=True)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=root, capture_output=True, text=True, timeout=30, check=True)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=8", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return NO_COMMIT, False
     short = commit.stdout.strip()[:8].lower()
@@ -140,8 +152,9 @@ def write_run(
     """
     for suffix in attachments or {}:
         if not re.fullmatch(r"[a-z0-9_-]+\.[a-z0-9]+", suffix) or suffix.endswith(".json"):
-            raise ValueError(f"attachment suffix must look like 'timeline.svg' (not .json), "
-                             f"got {suffix!r}")
+            raise ValueError(
+                f"attachment suffix must look like 'timeline.svg' (not .json), got {suffix!r}"
+            )
     folder = machine_dir(results, key)
     folder.mkdir(parents=True, exist_ok=True)
     number = max(_numbers(folder), default=0) + 1
@@ -153,7 +166,7 @@ def write_run(
             number += 1
             continue
         # A writer that finished between our scan and our reservation holds this number.
-        if any(RUN_NAME.match(n) and int(n[:n.index("_")]) == number for n in os.listdir(folder)):
+        if any(RUN_NAME.match(n) and int(n[: n.index("_")]) == number for n in os.listdir(folder)):
             os.unlink(reservation)
             number += 1
             continue
@@ -166,8 +179,12 @@ def write_run(
             write_atomic(path, content)
             os.chmod(path, _shareable_mode())
             attached[suffix] = path.name
-        document = {"kind": RUN_KIND, "schema_version": SCHEMA_VERSION, "number": number,
-                    **{k: v for k, v in run.items() if k not in ("kind", "schema_version")}}
+        document = {
+            "kind": RUN_KIND,
+            "schema_version": SCHEMA_VERSION,
+            "number": number,
+            **{k: v for k, v in run.items() if k not in ("kind", "schema_version")},
+        }
         if attached:
             document["attachments"] = attached
         text = json.dumps(json_safe(document, "run"), indent=2, allow_nan=False) + "\n"
@@ -203,7 +220,9 @@ class RunFile:
     @property
     def calibration(self) -> Mapping[str, Any] | None:
         cal = self.data.get("calibration")
-        return cal if isinstance(cal, Mapping) and isinstance(cal.get("cost_model"), Mapping) else None
+        return (
+            cal if isinstance(cal, Mapping) and isinstance(cal.get("cost_model"), Mapping) else None
+        )
 
 
 def read_run(path: str | os.PathLike[str]) -> RunFile:
@@ -221,12 +240,15 @@ def read_run(path: str | os.PathLike[str]) -> RunFile:
         raise ValueError(f"{path}: not readable JSON ({err})") from None
     if not isinstance(data, dict) or data.get("kind") != RUN_KIND:
         kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{path}: not a pytest-prefill run file (kind {kind!r}, "
-                         f"expected {RUN_KIND!r})")
+        raise ValueError(
+            f"{path}: not a pytest-prefill run file (kind {kind!r}, expected {RUN_KIND!r})"
+        )
     version = data.get("schema_version")
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {version!r} is not one this version reads "
-                         f"(1..{SCHEMA_VERSION})")
+        raise ValueError(
+            f"{path}: schema_version {version!r} is not one this version reads "
+            f"(1..{SCHEMA_VERSION})"
+        )
     match = RUN_NAME.match(path.name)
     number = int(match.group(1)) if match else data.get("number")
     if not isinstance(number, int):
@@ -251,15 +273,21 @@ def runs(results: str | os.PathLike[str], key: str, *, warn: Warn = _ignore) -> 
     return sorted(found, key=lambda r: (r.number, r.path.name))
 
 
-def latest_run(results: str | os.PathLike[str], key: str, *, warn: Warn = _ignore,
-               with_calibration: bool = False) -> RunFile | None:
+def latest_run(
+    results: str | os.PathLike[str],
+    key: str,
+    *,
+    warn: Warn = _ignore,
+    with_calibration: bool = False,
+) -> RunFile | None:
     """The newest readable run (with a calibration, if asked), or None."""
     found = [r for r in runs(results, key, warn=warn) if not with_calibration or r.calibration]
     return found[-1] if found else None
 
 
-def archived_cost(results: str | os.PathLike[str], key: str, *,
-                  warn: Warn = _ignore) -> tuple[CostModel, RunFile]:
+def archived_cost(
+    results: str | os.PathLike[str], key: str, *, warn: Warn = _ignore
+) -> tuple[CostModel, RunFile]:
     """The cost model of the latest calibration archived for machine ``key``.
 
     Raises:
@@ -289,8 +317,13 @@ def resolve_run(ref: str, results: str | os.PathLike[str], *, warn: Warn = _igno
         raise ValueError(f"{ref!r} is neither a run file (*.json) nor a machine key")
     run = latest_run(results, ref, warn=warn)
     if run is None:
-        known = sorted(p.name for p in Path(results).iterdir() if p.is_dir()) \
-            if Path(results).is_dir() else []
-        raise ValueError(f"no runs archived for machine {ref!r} under {results} "
-                         f"(machines there: {', '.join(known) or 'none'})")
+        known = (
+            sorted(p.name for p in Path(results).iterdir() if p.is_dir())
+            if Path(results).is_dir()
+            else []
+        )
+        raise ValueError(
+            f"no runs archived for machine {ref!r} under {results} "
+            f"(machines there: {', '.join(known) or 'none'})"
+        )
     return run

@@ -31,6 +31,7 @@ CALIBRATION_KIND = "pytest-prefill/calibration"
 def _ignore(_: str) -> None:
     pass
 
+
 # constant -> (fit name, term, unit label, scale to print)
 CONSTANTS: dict[str, tuple[str | None, str | None, str, float]] = {
     "prefill_pass_overhead": ("prefill", "intercept", "ms", 1e3),
@@ -74,8 +75,9 @@ class Side:
             scatter = float(fit["scatter"])
             if term == "slope":
                 x_range = float(fit["x_range"])
-                return max(2 * float(fit["slope_stderr"]),
-                           scatter / x_range if x_range > 0 else math.inf)
+                return max(
+                    2 * float(fit["slope_stderr"]), scatter / x_range if x_range > 0 else math.inf
+                )
             if fit.get("refused"):  # the constant is the mean level of the points
                 return scatter
             return max(2 * float(fit["intercept_stderr"]), scatter)
@@ -84,8 +86,11 @@ class Side:
 
 
 def _single_point_spread(calibration: Mapping[str, Any], kind: str) -> float | None:
-    points = [p for p in calibration.get("measurements") or []
-              if isinstance(p, Mapping) and p.get("kind") == kind]
+    points = [
+        p
+        for p in calibration.get("measurements") or []
+        if isinstance(p, Mapping) and p.get("kind") == kind
+    ]
     if len(points) != 1:
         return None
     iqr = (points[0].get("measurement") or {}).get("iqr")
@@ -108,13 +113,18 @@ def side_from_document(data: Mapping[str, Any], label: str, origin: str) -> Side
     cost = data.get("cost")
     if isinstance(cost, Mapping) and isinstance(cost.get("cost_model"), Mapping):
         source = cost.get("source", "unknown source")
-        return Side(label, f"{origin} (not measured in that run; its cost model: {source})",
-                    cost_from_json(cost["cost_model"], origin), None)
+        return Side(
+            label,
+            f"{origin} (not measured in that run; its cost model: {source})",
+            cost_from_json(cost["cost_model"], origin),
+            None,
+        )
     raise ValueError(f"{origin}: holds no calibration and no cost model")
 
 
-def load_side(ref: str, results: str | os.PathLike[str], label: str, *,
-              warn: Warn = _ignore) -> Side:
+def load_side(
+    ref: str, results: str | os.PathLike[str], label: str, *, warn: Warn = _ignore
+) -> Side:
     """A side named by ``ref``: a run file, a calibration file, or a machine key (its latest
     run with a calibration, under ``results``).
 
@@ -138,10 +148,15 @@ def load_side(ref: str, results: str | os.PathLike[str], label: str, *,
     latest = latest_run(results, ref, warn=warn, with_calibration=True)
     if latest is None:
         folder = Path(results) / ref
-        known = sorted(p.name for p in Path(results).iterdir() if p.is_dir()) \
-            if Path(results).is_dir() else []
-        raise ValueError(f"no calibrated run archived for machine {ref!r} in {folder} "
-                         f"(machines under {results}: {', '.join(known) or 'none'})")
+        known = (
+            sorted(p.name for p in Path(results).iterdir() if p.is_dir())
+            if Path(results).is_dir()
+            else []
+        )
+        raise ValueError(
+            f"no calibrated run archived for machine {ref!r} in {folder} "
+            f"(machines under {results}: {', '.join(known) or 'none'})"
+        )
     return side_from_document(latest.data, label, str(latest.path))
 
 
@@ -180,8 +195,16 @@ class Row:
 def compare(a: Side, b: Side) -> list[Row]:
     """Every cost-model constant of ``a`` and ``b``."""
     return [
-        Row(name, CONSTANTS[name][2], getattr(a.cost, name), getattr(b.cost, name),
-            a.spread(name), b.spread(name), a.refused(name), b.refused(name))
+        Row(
+            name,
+            CONSTANTS[name][2],
+            getattr(a.cost, name),
+            getattr(b.cost, name),
+            a.spread(name),
+            b.spread(name),
+            a.refused(name),
+            b.refused(name),
+        )
         for name in CONSTANTS
     ]
 
@@ -213,14 +236,26 @@ def compare_table(a: Side, b: Side, rows: list[Row] | None = None) -> str:
     for r in rows:
         scale = CONSTANTS[r.constant][3]
         relative = "-" if math.isnan(r.relative) else f"{r.relative:+.1%}"
-        body.append((r.constant, r.unit, _show(r.a, scale, r.refused_a),
-                     _plus_minus(r.spread_a, scale), _show(r.b, scale, r.refused_b),
-                     _plus_minus(r.spread_b, scale), relative, r.beyond))
-    headers = ("constant", "unit", a.label, "spread", b.label, "spread", "B vs A",
-               "beyond spread?")
-    return tabulate(body, headers=headers, tablefmt="simple", disable_numparse=True,
-                    colalign=("left", "left", "right", "right", "right", "right", "right",
-                              "left"))
+        body.append(
+            (
+                r.constant,
+                r.unit,
+                _show(r.a, scale, r.refused_a),
+                _plus_minus(r.spread_a, scale),
+                _show(r.b, scale, r.refused_b),
+                _plus_minus(r.spread_b, scale),
+                relative,
+                r.beyond,
+            )
+        )
+    headers = ("constant", "unit", a.label, "spread", b.label, "spread", "B vs A", "beyond spread?")
+    return tabulate(
+        body,
+        headers=headers,
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left", "left", "right", "right", "right", "right", "right", "left"),
+    )
 
 
 def verdict_lines(side: Side) -> list[str]:
@@ -235,11 +270,18 @@ def verdict_lines(side: Side) -> list[str]:
 
 def comparison_report(a: Side, b: Side) -> str:
     """The whole printed comparison."""
-    lines = [f"{a.label}: {a.origin}", f"{b.label}: {b.origin}", "", compare_table(a, b), "",
-             "spread: the half-width each calibration's own fits support (2 standard errors or "
-             "the measured scatter, whichever is larger);",
-             "beyond spread? yes when |B - A| > spread A + spread B; 'assumed' marks link "
-             "constants, which are stated, not measured.", ""]
+    lines = [
+        f"{a.label}: {a.origin}",
+        f"{b.label}: {b.origin}",
+        "",
+        compare_table(a, b),
+        "",
+        "spread: the half-width each calibration's own fits support (2 standard errors or "
+        "the measured scatter, whichever is larger);",
+        "beyond spread? yes when |B - A| > spread A + spread B; 'assumed' marks link "
+        "constants, which are stated, not measured.",
+        "",
+    ]
     for side in (a, b):
         lines.append(f"{side.label}:")
         lines += [f"  {line}" if line else "" for line in verdict_lines(side)]

@@ -384,8 +384,12 @@ def _gap_table(rows: Sequence[tuple[str, Measurement]], base: float) -> str:
     ]
     return tabulate(
         body,
-        headers=("live stream's gap between two tokens", "median ms", "[min, max] ms",
-                 "x baseline"),
+        headers=(
+            "live stream's gap between two tokens",
+            "median ms",
+            "[min, max] ms",
+            "x baseline",
+        ),
         tablefmt="simple",
         disable_numparse=True,
         colalign=("left", "right", "right", "right"),

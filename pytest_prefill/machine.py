@@ -27,8 +27,15 @@ DEVICE_FORMS = "cpu, cuda, cuda:N"
 KEY_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 # Packages whose versions belong in a run's provenance.
-PACKAGES = ("pytest-prefill", "torch", "transformers", "numpy", "pytest", "pytest-benchmark",
-            "pytest-xdist")
+PACKAGES = (
+    "pytest-prefill",
+    "torch",
+    "transformers",
+    "numpy",
+    "pytest",
+    "pytest-benchmark",
+    "pytest-xdist",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,9 +77,15 @@ def nvidia_accelerators(timeout: float = 10.0) -> list[Accelerator]:
     if smi:
         try:
             out = subprocess.run(
-                [smi, "--query-gpu=index,name,driver_version,memory.total",
-                 "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=timeout, check=True,
+                [
+                    smi,
+                    "--query-gpu=index,name,driver_version,memory.total",
+                    "--format=csv,noheader,nounits",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=True,
             ).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
@@ -120,9 +133,16 @@ def cpu_model() -> str:
         pass
     if platform.system() == "Darwin":
         try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                  capture_output=True, text=True, timeout=5,
-                                  check=True).stdout.strip() or platform.machine()
+            return (
+                subprocess.run(
+                    ["sysctl", "-n", "machdep.cpu.brand_string"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                    check=True,
+                ).stdout.strip()
+                or platform.machine()
+            )
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine() or "unknown-cpu"
@@ -161,8 +181,9 @@ def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str | None]:
     return out
 
 
-def machine_info(device: str | None = None,
-                 accelerators: Sequence[Accelerator] | None = None) -> dict[str, Any]:
+def machine_info(
+    device: str | None = None, accelerators: Sequence[Accelerator] | None = None
+) -> dict[str, Any]:
     """The ``machine.json`` document: host, OS, CPU, accelerators with driver, Python and the
     versions of torch, transformers and the test tools; ``key`` names the archive folder."""
     if accelerators is None:

@@ -52,8 +52,12 @@ class Scheduler:
 class PrefillReport:
     """Adds tables and verdicts to the run's report (terminal summary and archive)."""
 
-    def __init__(self, record: Callable[[dict[str, Any]], None], test: str,
-                 say: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        record: Callable[[dict[str, Any]], None],
+        test: str,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self._record = record
         self._say = say
         self.test = test
@@ -75,8 +79,9 @@ class PrefillReport:
         """HOLDS or FAILS for the claim ``sentence`` (printed with it in the summary)."""
         from pytest_prefill.report import Verdict
 
-        self._record({"kind": "verdict",
-                      **Verdict(name, verdict, sentence, detail, self.test).to_dict()})
+        self._record(
+            {"kind": "verdict", **Verdict(name, verdict, sentence, detail, self.test).to_dict()}
+        )
 
 
 @dataclasses.dataclass
@@ -97,7 +102,8 @@ class _State:
     outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
     workers: int = 0
     started: datetime.datetime = dataclasses.field(
-        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc))
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
+    )
     archive_path: Path | None = None
     archive_note: str | None = None
 
@@ -106,8 +112,11 @@ class _State:
         self.pending.append({**entry, "seq": self.sequence})
 
     def sorted_entries(self, kind: str) -> list[dict[str, Any]]:
-        chosen = [(self.order.get(n, len(self.order)), n, e["seq"], e)
-                  for n, _, e in self.entries if e.get("kind") == kind]
+        chosen = [
+            (self.order.get(n, len(self.order)), n, e["seq"], e)
+            for n, _, e in self.entries
+            if e.get("kind") == kind
+        ]
         return [e for *_, e in sorted(chosen, key=lambda c: c[:3])]
 
 
@@ -120,15 +129,20 @@ def _state(config: pytest.Config) -> _State:
 
 # --- options ---------------------------------------------------------------------------------
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "sim: needs no hardware (simulator, tables from a cost "
-                            "model)")
-    config.addinivalue_line("markers", "gpu: real timings on the device under test (skipped "
-                            "when there is none; --prefill-device cpu runs them on the CPU)")
+    config.addinivalue_line(
+        "markers", "sim: needs no hardware (simulator, tables from a cost model)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "gpu: real timings on the device under test (skipped "
+        "when there is none; --prefill-device cpu runs them on the CPU)",
+    )
     if config.option.help or config.option.version:
         return
     workerinput = getattr(config, "workerinput", None)
@@ -136,8 +150,9 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = Settings(**workerinput["prefill_settings"])
         config.stash[STATE] = _State(settings, is_worker=True, owns_session_dir=False)
     else:
-        config.stash[STATE] = _State(resolve(config), is_worker=workerinput is not None,
-                                     owns_session_dir=True)
+        config.stash[STATE] = _State(
+            resolve(config), is_worker=workerinput is not None, owns_session_dir=True
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -157,6 +172,7 @@ def pytest_configure_node(node: Any) -> None:
 
 # --- header, order, skips ----------------------------------------------------------------------
 
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     state = config.stash.get(STATE, None)
     if state is None:
@@ -169,10 +185,13 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     else:
         device = "auto (nvidia-smi sees no GPU; gpu tests skip unless torch finds CUDA)"
     model = f"{s.model} ({s.model_note})" if s.model_note else s.model
-    dtype = s.dtype or ("auto (float32 on CPU)" if s.device == "cpu"
-                        else "auto (bfloat16 on CUDA, float32 on CPU)")
-    lines = [f"prefill: device {device} | model {model} | dtype {dtype} | machine "
-             f"{s.machine_key} | cost {s.cost_label}"]
+    dtype = s.dtype or (
+        "auto (float32 on CPU)" if s.device == "cpu" else "auto (bfloat16 on CUDA, float32 on CPU)"
+    )
+    lines = [
+        f"prefill: device {device} | model {model} | dtype {dtype} | machine "
+        f"{s.machine_key} | cost {s.cost_label}"
+    ]
     return lines + [f"prefill: {note}" for note in s.notes]
 
 
@@ -197,21 +216,23 @@ def _device_unavailable(state: _State) -> str | None:
 
 
 def _ask_torch(device: str | None) -> str | None:
-    missing = ("torch is not installed, so nothing can be timed (pip install "
-               "'pytest-prefill[measure]')")
+    missing = (
+        "torch is not installed, so nothing can be timed (pip install 'pytest-prefill[measure]')"
+    )
     if device == "cpu":
         # the CPU always exists; only the runner's libraries can be missing
         return None if importlib.util.find_spec("torch") else missing
-    unless = ("--prefill-device not given (--prefill-device cpu runs the hardware suite on "
-              "the CPU)")
+    unless = "--prefill-device not given (--prefill-device cpu runs the hardware suite on the CPU)"
     try:
         import torch
     except ImportError:
         return missing
     if not torch.cuda.is_available():
         if device:
-            return (f"--prefill-device {device}: no CUDA device found "
-                    "(torch.cuda.is_available() is False)")
+            return (
+                f"--prefill-device {device}: no CUDA device found "
+                "(torch.cuda.is_available() is False)"
+            )
         return f"no CUDA device found (torch.cuda.is_available() is False) and {unless}"
     count = torch.cuda.device_count()
     if device and device_index(device) >= count:
@@ -242,8 +263,9 @@ def _device_lock(state: _State) -> Iterator[None]:
         return
     if state.lock_depth == 0:
         os.makedirs(state.settings.session_dir, exist_ok=True)  # a remote worker's own host
-        fd = os.open(os.path.join(state.settings.session_dir, "device.lock"),
-                     os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(
+            os.path.join(state.settings.session_dir, "device.lock"), os.O_CREAT | os.O_RDWR, 0o644
+        )
         fcntl.flock(fd, fcntl.LOCK_EX)
         state.lock_fd = fd
     state.lock_depth += 1
@@ -269,6 +291,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 # --- fixtures ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def prefill_settings(pytestconfig: pytest.Config) -> Settings:
     """The session's resolved ``--prefill-*`` options."""
@@ -285,17 +308,27 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
     try:
         from pytest_prefill.models import load_model
     except ImportError as err:
-        pytest.skip(f"the measurement layer cannot be imported ({err}); "
-                    "pip install 'pytest-prefill[measure]'")
+        pytest.skip(
+            f"the measurement layer cannot be imported ({err}); "
+            "pip install 'pytest-prefill[measure]'"
+        )
     s = state.settings
     try:
         loaded = load_model(s.model, device=s.effective_device, dtype=s.dtype)
     except ValueError as err:
         pytest.fail(f"--prefill-model {s.model}: {err}", pytrace=False)
-    state.record({"kind": "model", "data": {
-        "name": loaded.name, "source": loaded.source, "device": str(loaded.device),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "kv_bytes_per_token": loaded.kv_bytes_per_token}})
+    state.record(
+        {
+            "kind": "model",
+            "data": {
+                "name": loaded.name,
+                "source": loaded.source,
+                "device": str(loaded.device),
+                "dtype": str(loaded.dtype).removeprefix("torch."),
+                "kv_bytes_per_token": loaded.kv_bytes_per_token,
+            },
+        }
+    )
     return loaded
 
 
@@ -317,8 +350,13 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
         if shared.is_file():
             return Calibration.from_dict(json.loads(shared.read_text(encoding="utf-8")))
         loaded = request.getfixturevalue("prefill_model")
-        calibration = calibrate(loaded, repeats=s.repeats, warmup=s.warmup, dry_run=s.dry_run,
-                                progress=_progress(request.config))
+        calibration = calibrate(
+            loaded,
+            repeats=s.repeats,
+            warmup=s.warmup,
+            dry_run=s.dry_run,
+            progress=_progress(request.config),
+        )
         document = calibration.to_dict()
         write_json_atomic(shared, archive.json_safe(document, "calibration"))
     state.record({"kind": "calibration", "data": document})
@@ -343,8 +381,9 @@ def scheduler(cost_model: CostModel) -> Scheduler:
 @pytest.fixture
 def prefill_report(request: pytest.FixtureRequest) -> PrefillReport:
     """Add tables and verdicts to the run's terminal summary and archive."""
-    return PrefillReport(_state(request.config).record, request.node.nodeid,
-                         _progress(request.config))
+    return PrefillReport(
+        _state(request.config).record, request.node.nodeid, _progress(request.config)
+    )
 
 
 def _progress(config: pytest.Config) -> Callable[[str], None] | None:
@@ -363,6 +402,7 @@ def _progress(config: pytest.Config) -> Callable[[str], None] | None:
 
 # --- entries travel with the reports ----------------------------------------------------------
 
+
 def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | None:
     """pytest-benchmark's record of this test, errored ones included and marked."""
     if "benchmark" not in getattr(item, "fixturenames", ()):
@@ -371,8 +411,14 @@ def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, 
     if report.when == "setup":
         if not report.failed:
             return None
-        return {"kind": "benchmark", "name": item.name, "error": True, "outcome": "error",
-                "note": "setup failed before the benchmark ran", "stats": None}
+        return {
+            "kind": "benchmark",
+            "name": item.name,
+            "error": True,
+            "outcome": "error",
+            "note": "setup failed before the benchmark ran",
+            "stats": None,
+        }
     if report.when != "call" or fixture is None or not hasattr(fixture, "has_error"):
         return None
     record: dict[str, Any] = {}
@@ -383,13 +429,23 @@ def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, 
             record = {}
     note = None
     if fixture.disabled:
-        note = ("pytest-benchmark did not time this benchmark (disabled: xdist is active, "
-                "or --benchmark-disable); run serially for statistics")
-    return {"kind": "benchmark", "name": fixture.name, "group": fixture.group,
-            "param": fixture.param, "error": bool(fixture.has_error or report.failed),
-            "disabled": bool(fixture.disabled), "outcome": report.outcome, "note": note,
-            "stats": record.get("stats"), "options": record.get("options"),
-            "extra_info": record.get("extra_info") or dict(fixture.extra_info)}
+        note = (
+            "pytest-benchmark did not time this benchmark (disabled: xdist is active, "
+            "or --benchmark-disable); run serially for statistics"
+        )
+    return {
+        "kind": "benchmark",
+        "name": fixture.name,
+        "group": fixture.group,
+        "param": fixture.param,
+        "error": bool(fixture.has_error or report.failed),
+        "disabled": bool(fixture.disabled),
+        "outcome": report.outcome,
+        "note": note,
+        "stats": record.get("stats"),
+        "options": record.get("options"),
+        "extra_info": record.get("extra_info") or dict(fixture.extra_info),
+    }
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -427,8 +483,11 @@ class _Harvester:
                 state.entries.append((report.nodeid, entry.get("seq", 0), entry))
         if report.when == "call" or report.outcome != "passed":
             previous = state.outcomes.get(report.nodeid)
-            now = report.outcome if report.when == "call" else (
-                "error" if report.failed else report.outcome)
+            now = (
+                report.outcome
+                if report.when == "call"
+                else ("error" if report.failed else report.outcome)
+            )
             if previous in (None, "passed"):
                 state.outcomes[report.nodeid] = now
 
@@ -440,6 +499,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 # --- the archive and the summary (controller only) --------------------------------------------
+
 
 def _session_cost(state: _State) -> tuple[CostModel | None, dict[str, Any] | None]:
     calibrations = state.sorted_entries("calibration")
@@ -484,8 +544,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for outcome in state.outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
     # The timeline shows this machine when the run calibrated it, else the session's model.
-    drawn = (CostModel.from_dict(calibration["cost_model"]), "calibrated in this run") \
-        if calibration is not None else (cost, s.cost_source)
+    drawn = (
+        (CostModel.from_dict(calibration["cost_model"]), "calibrated in this run")
+        if calibration is not None
+        else (cost, s.cost_source)
+    )
     svg = None
     try:
         svg = _timeline(drawn[0], drawn[1]) if drawn[0] is not None else None
@@ -498,37 +561,56 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "machine": machine,
         "commit": commit,
         "dirty": dirty,
-        "settings": {"model": s.model, "device": s.device, "dtype": s.dtype,
-                     "repeats": s.repeats, "warmup": s.warmup, "dry_run": s.dry_run,
-                     "cost": s.cost_spec},
+        "settings": {
+            "model": s.model,
+            "device": s.device,
+            "dtype": s.dtype,
+            "repeats": s.repeats,
+            "warmup": s.warmup,
+            "dry_run": s.dry_run,
+            "cost": s.cost_spec,
+        },
         "model": models[0]["data"] if models else None,
-        "cost": None if cost is None else {
-            "source": s.cost_source, "cost_model": cost.to_dict(),
-            "chunk_star": cost.chunk_star()},
+        "cost": None
+        if cost is None
+        else {
+            "source": s.cost_source,
+            "cost_model": cost.to_dict(),
+            "chunk_star": cost.chunk_star(),
+        },
         "calibration": calibration,
         "tables": [{k: e[k] for k in ("title", "text", "data", "test")} for e in tables],
-        "verdicts": [{k: e[k] for k in ("name", "verdict", "sentence", "detail", "test")}
-                     for e in verdicts],
-        "benchmarks": [{"test": e.get("test"), **{k: v for k, v in e.items()
-                                                  if k not in ("kind", "seq")}}
-                       for e in benchmarks],
-        "pytest": {"args": list(session.config.invocation_params.args),
-                   "exit_status": int(exitstatus), "xdist_workers": state.workers,
-                   "outcomes": counts},
+        "verdicts": [
+            {k: e[k] for k in ("name", "verdict", "sentence", "detail", "test")} for e in verdicts
+        ],
+        "benchmarks": [
+            {"test": e.get("test"), **{k: v for k, v in e.items() if k not in ("kind", "seq")}}
+            for e in benchmarks
+        ],
+        "pytest": {
+            "args": list(session.config.invocation_params.args),
+            "exit_status": int(exitstatus),
+            "xdist_workers": state.workers,
+            "outcomes": counts,
+        },
         "timeline": {"cost_source": drawn[1], "attachment": "timeline.svg"} if svg else None,
     }
     try:
         archive.write_machine(s.results, machine)
         state.archive_path = archive.write_run(
-            s.results, s.machine_key, run, commit=commit, dirty=dirty,
+            s.results,
+            s.machine_key,
+            run,
+            commit=commit,
+            dirty=dirty,
             when=state.started.astimezone(),
-            attachments={"timeline.svg": svg} if svg else None)
+            attachments={"timeline.svg": svg} if svg else None,
+        )
     except (OSError, ValueError) as err:
         state.archive_note = f"NOT archived: {err}"
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
-                            config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is None or state.is_worker:
         return
@@ -556,12 +638,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
     if benchmarks:
         errored = sum(1 for b in benchmarks if b.get("error"))
         untimed = sum(1 for b in benchmarks if b.get("disabled"))
-        tr.write_line(f"pytest-benchmark: {len(benchmarks)} benchmark(s), {errored} errored, "
-                      f"{untimed} not timed (disabled){'; run serially for statistics' if untimed else ''}")
+        tr.write_line(
+            f"pytest-benchmark: {len(benchmarks)} benchmark(s), {errored} errored, "
+            f"{untimed} not timed (disabled){'; run serially for statistics' if untimed else ''}"
+        )
     received = len(state.sorted_entries("calibration"))
     if received > 1:  # the session lock should make this impossible; say so if it happens
-        tr.write_line(f"note: {received} calibrations were reported this session; the "
-                      "archive holds the first", yellow=True)
+        tr.write_line(
+            f"note: {received} calibrations were reported this session; the "
+            "archive holds the first",
+            yellow=True,
+        )
     for note in s.notes:
         tr.write_line(f"note: {note}", yellow=True)
     if state.archive_path is not None:

@@ -50,26 +50,51 @@ class _Option:
 
 
 OPTIONS = (
-    _Option("model", f"model under test: a preset ({DEFAULT_MODEL}, {CPU_MODEL}), a local "
-            f"directory or a cached Hugging Face id; never downloads (default: {DEFAULT_MODEL}, "
-            f"or {CPU_MODEL} with --prefill-device cpu)", metavar="SPEC"),
-    _Option("device", f"device under test: {DEVICE_FORMS} (default: the first CUDA device; gpu "
-            "tests are skipped when there is none)", metavar="DEVICE"),
-    _Option("dtype", "float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)",
-            metavar="DTYPE"),
-    _Option("repeats", f"timed repeats per measurement; the median is reported with its spread "
-            f"(default {DEFAULT_REPEATS})", metavar="N"),
-    _Option("warmup", f"untimed calls before each measurement (default {DEFAULT_WARMUP})",
-            metavar="N"),
-    _Option("dry-run", "shorten the repeats for a quick check (never the prompt length)",
-            flag=True),
-    _Option("cost", f"cost model of the session: a preset ({', '.join(PRESETS)}), a "
-            "calibration or run JSON path, 'archive' (the latest calibration archived for this "
-            "machine) or 'measure' (calibrate now, once per session) "
-            f"(default {DEFAULT_COST})", metavar="SPEC"),
-    _Option("results", "folder of the per-machine results archive (default: results/ under the "
-            "rootdir; a relative path is taken from the current directory on the command line, "
-            "from the rootdir in an ini file)", metavar="DIR"),
+    _Option(
+        "model",
+        f"model under test: a preset ({DEFAULT_MODEL}, {CPU_MODEL}), a local "
+        f"directory or a cached Hugging Face id; never downloads (default: {DEFAULT_MODEL}, "
+        f"or {CPU_MODEL} with --prefill-device cpu)",
+        metavar="SPEC",
+    ),
+    _Option(
+        "device",
+        f"device under test: {DEVICE_FORMS} (default: the first CUDA device; gpu "
+        "tests are skipped when there is none)",
+        metavar="DEVICE",
+    ),
+    _Option(
+        "dtype",
+        "float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)",
+        metavar="DTYPE",
+    ),
+    _Option(
+        "repeats",
+        f"timed repeats per measurement; the median is reported with its spread "
+        f"(default {DEFAULT_REPEATS})",
+        metavar="N",
+    ),
+    _Option(
+        "warmup", f"untimed calls before each measurement (default {DEFAULT_WARMUP})", metavar="N"
+    ),
+    _Option(
+        "dry-run", "shorten the repeats for a quick check (never the prompt length)", flag=True
+    ),
+    _Option(
+        "cost",
+        f"cost model of the session: a preset ({', '.join(PRESETS)}), a "
+        "calibration or run JSON path, 'archive' (the latest calibration archived for this "
+        "machine) or 'measure' (calibrate now, once per session) "
+        f"(default {DEFAULT_COST})",
+        metavar="SPEC",
+    ),
+    _Option(
+        "results",
+        "folder of the per-machine results archive (default: results/ under the "
+        "rootdir; a relative path is taken from the current directory on the command line, "
+        "from the rootdir in an ini file)",
+        metavar="DIR",
+    ),
     _Option("no-archive", "do not write this run into the results archive", flag=True),
 )
 
@@ -101,19 +126,30 @@ class Settings:
         return self.device or "cuda"
 
 
-
 def add_options(parser: pytest.Parser) -> None:
     """Register every option in the ``prefill`` group, with its ini twin."""
     group = parser.getgroup("prefill", "pytest-prefill: prefill/decode interference")
     for opt in OPTIONS:
         if opt.flag:
-            group.addoption(opt.flag_name, action="store_true", default=None,
-                            dest=opt.ini, help=opt.help + f" [ini: {opt.ini}]")
+            group.addoption(
+                opt.flag_name,
+                action="store_true",
+                default=None,
+                dest=opt.ini,
+                help=opt.help + f" [ini: {opt.ini}]",
+            )
             parser.addini(opt.ini, opt.help, type="bool", default=False)
         else:
-            group.addoption(opt.flag_name, action="store", default=None, dest=opt.ini,
-                            metavar=opt.metavar, help=opt.help + f" [ini: {opt.ini}]")
+            group.addoption(
+                opt.flag_name,
+                action="store",
+                default=None,
+                dest=opt.ini,
+                metavar=opt.metavar,
+                help=opt.help + f" [ini: {opt.ini}]",
+            )
             parser.addini(opt.ini, opt.help, default="")
+
 
 def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str, bool]:
     """(value, how to name it in an error, whether it came from the ini file)."""
@@ -156,8 +192,11 @@ def resolve(config: pytest.Config) -> Settings:
     model_note = ""
     if model is None:
         model = CPU_MODEL if device == "cpu" else DEFAULT_MODEL
-        model_note = ("default for --prefill-device cpu; give --prefill-model qwen3-0.6b for "
-                      "the real shapes" if device == "cpu" else "default")
+        model_note = (
+            "default for --prefill-device cpu; give --prefill-model qwen3-0.6b for the real shapes"
+            if device == "cpu"
+            else "default"
+        )
     elif not model.strip():
         raise pytest.UsageError(f"{name} must name a model, got {model!r}")
     repeats = _integer(config, opts["repeats"], DEFAULT_REPEATS, 1)
@@ -200,16 +239,28 @@ def resolve(config: pytest.Config) -> Settings:
             cost, source = load_cost(spec)
         except ValueError as err:
             raise pytest.UsageError(
-                f"{name}: {err} (or one of the words {', '.join(COST_WORDS)})") from None
+                f"{name}: {err} (or one of the words {', '.join(COST_WORDS)})"
+            ) from None
         cost_model = cost.to_dict()
         label = f"preset {spec} (not measured here)" if spec in PRESETS else f"file {spec}"
     return Settings(
-        model=model, model_note=model_note, device=device,
-        dtype=dtype.lower() if dtype else None, repeats=repeats, warmup=warmup, dry_run=dry_run,
-        cost_spec=spec, cost_source=source, cost_label=label, cost_model=cost_model,
-        results=str(results_path), archive=not no_archive, machine_key=key,
+        model=model,
+        model_note=model_note,
+        device=device,
+        dtype=dtype.lower() if dtype else None,
+        repeats=repeats,
+        warmup=warmup,
+        dry_run=dry_run,
+        cost_spec=spec,
+        cost_source=source,
+        cost_label=label,
+        cost_model=cost_model,
+        results=str(results_path),
+        archive=not no_archive,
+        machine_key=key,
         accelerators=[a.to_dict() for a in accelerators],
-        session_dir=tempfile.mkdtemp(prefix="pytest-prefill-"), notes=notes,
+        session_dir=tempfile.mkdtemp(prefix="pytest-prefill-"),
+        notes=notes,
     )
 
 

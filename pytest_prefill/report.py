@@ -25,20 +25,38 @@ def times(ratio: float) -> str:
     return "-" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
-SWEEP_HEADERS = ("policy", "chunk", "TTFT p99 ms", "max stall ms", "TTFT cost", "stall gain",
-                 "GPU-s")
+SWEEP_HEADERS = (
+    "policy",
+    "chunk",
+    "TTFT p99 ms",
+    "max stall ms",
+    "TTFT cost",
+    "stall gain",
+    "GPU-s",
+)
 
 
 def sweep_table(rows: Sequence[SweepRow]) -> str:
     """The chunk sweep: one row per policy/chunk, shared first (the baseline of the ratios)."""
     body = [
-        (r.policy, r.chunk if r.chunk is not None else "-", ms(r.summary.ttft_p99),
-         ms(r.summary.max_stall), times(r.ttft_cost), times(r.stall_gain),
-         f"{r.summary.gpu_seconds:.3f}")
+        (
+            r.policy,
+            r.chunk if r.chunk is not None else "-",
+            ms(r.summary.ttft_p99),
+            ms(r.summary.max_stall),
+            times(r.ttft_cost),
+            times(r.stall_gain),
+            f"{r.summary.gpu_seconds:.3f}",
+        )
         for r in rows
     ]
-    return tabulate(body, headers=SWEEP_HEADERS, tablefmt="simple", disable_numparse=True,
-                    colalign=("left",) + ("right",) * (len(SWEEP_HEADERS) - 1))
+    return tabulate(
+        body,
+        headers=SWEEP_HEADERS,
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * (len(SWEEP_HEADERS) - 1),
+    )
 
 
 def sweep_rows_json(rows: Sequence[SweepRow]) -> list[dict[str, object]]:
@@ -48,9 +66,13 @@ def sweep_rows_json(rows: Sequence[SweepRow]) -> list[dict[str, object]]:
         return None if isinstance(value, float) and not math.isfinite(value) else value
 
     return [
-        {"policy": r.policy, "chunk": r.chunk, "ttft_cost": clean(r.ttft_cost),
-         "stall_gain": clean(r.stall_gain),
-         **{k: clean(v) for k, v in r.summary.as_dict().items()}}
+        {
+            "policy": r.policy,
+            "chunk": r.chunk,
+            "ttft_cost": clean(r.ttft_cost),
+            "stall_gain": clean(r.stall_gain),
+            **{k: clean(v) for k, v in r.summary.as_dict().items()},
+        }
         for r in rows
     ]
 
@@ -86,8 +108,12 @@ class Table:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Table:
-        return cls(data.get("title"), data.get("text"), data.get("data"),  # type: ignore[arg-type]
-                   data.get("test") or "")
+        return cls(
+            data.get("title"),
+            data.get("text"),
+            data.get("data"),  # type: ignore[arg-type]
+            data.get("test") or "",
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,14 +135,23 @@ class Verdict:
             _text_field("detail", self.detail, allow_empty=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "verdict": self.verdict, "sentence": self.sentence,
-                "detail": self.detail, "test": self.test}
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "sentence": self.sentence,
+            "detail": self.detail,
+            "test": self.test,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
-        return cls(data.get("name"), data.get("verdict"),  # type: ignore[arg-type]
-                   data.get("sentence"), data.get("detail"),  # type: ignore[arg-type]
-                   data.get("test") or "")
+        return cls(
+            data.get("name"),
+            data.get("verdict"),  # type: ignore[arg-type]
+            data.get("sentence"),
+            data.get("detail"),  # type: ignore[arg-type]
+            data.get("test") or "",
+        )
 
 
 def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[str]:
@@ -134,8 +169,9 @@ def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[
     return lines
 
 
-def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048,
-                     max_bars: int = 150) -> str:
+def lab_timeline_svg(
+    cost: CostModel, origin: str, *, prompt_len: int = 2048, max_bars: int = 150
+) -> str:
     """The lab scenario (two live streams, a ``prompt_len`` prompt arriving at 100 ms) under
     shared, chunked at C* and disaggregated serving, as an SVG timeline (at most ``max_bars``
     bars per policy, so a tiny C* cannot make it megabytes)."""
@@ -145,25 +181,46 @@ def lab_timeline_svg(cost: CostModel, origin: str, *, prompt_len: int = 2048,
     from pytest_prefill.falsifier import chunk_from_cost
 
     chunk = chunk_from_cost(cost, prompt_len)  # the falsifier's rule: C* rounded, 16 below 1
-    traces = [simulate("shared", load, cost), simulate("chunked", load, cost, chunk=chunk),
-              simulate("disaggregated", load, cost)]
-    title = (f"Lab scenario: 2 live streams; a {prompt_len:,}-token prompt arrives at 100 ms. "
-             f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}). Simulated from a cost "
-             f"model, not measured.\nCost model: {origin}")
-    return render_svg(traces, window=focus_window(traces, "long"), max_bars=max_bars,
-                      title=title)
+    traces = [
+        simulate("shared", load, cost),
+        simulate("chunked", load, cost, chunk=chunk),
+        simulate("disaggregated", load, cost),
+    ]
+    title = (
+        f"Lab scenario: 2 live streams; a {prompt_len:,}-token prompt arrives at 100 ms. "
+        f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}). Simulated from a cost "
+        f"model, not measured.\nCost model: {origin}"
+    )
+    return render_svg(traces, window=focus_window(traces, "long"), max_bars=max_bars, title=title)
 
 
 # Links for the KV-transfer table: stated assumptions, never measurements.
 ASSUMED_LINKS = (("PCIe 4.0 x16", 25e9), ("NVLink-class", 300e9))
 
 
-def kv_size_table(kv_bytes_per_token: float, prompt_lens: Sequence[int],
-                  links: Sequence[tuple[str, float]] = ASSUMED_LINKS) -> str:
+def kv_size_table(
+    kv_bytes_per_token: float,
+    prompt_lens: Sequence[int],
+    links: Sequence[tuple[str, float]] = ASSUMED_LINKS,
+) -> str:
     """KV cache size per prompt and its transfer time over each (assumed) link bandwidth."""
-    headers = ("prompt tokens", "KV MiB", *(f"{name} ms (assumed {bw / 1e9:g} GB/s)"
-                                             for name, bw in links))
-    body = [(f"{n:,}", f"{n * kv_bytes_per_token / 2**20:,.1f}",
-             *(ms(n * kv_bytes_per_token / bw) for _, bw in links)) for n in prompt_lens]
-    return tabulate(body, headers=headers, tablefmt="simple", disable_numparse=True,
-                    colalign=("right",) * len(headers))
+    headers = (
+        "prompt tokens",
+        "KV MiB",
+        *(f"{name} ms (assumed {bw / 1e9:g} GB/s)" for name, bw in links),
+    )
+    body = [
+        (
+            f"{n:,}",
+            f"{n * kv_bytes_per_token / 2**20:,.1f}",
+            *(ms(n * kv_bytes_per_token / bw) for _, bw in links),
+        )
+        for n in prompt_lens
+    ]
+    return tabulate(
+        body,
+        headers=headers,
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("right",) * len(headers),
+    )

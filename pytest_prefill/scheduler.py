@@ -354,11 +354,7 @@ def weighted_percentile(pairs: Iterable[tuple[float, int]], p: float) -> float:
 
 def token_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
     """Every gap between consecutive tokens of a request, as (gap, 1) pairs."""
-    return [
-        (b - a, 1)
-        for r in records
-        for a, b in zip(r.token_times, r.token_times[1:])
-    ]
+    return [(b - a, 1) for r in records for a, b in zip(r.token_times, r.token_times[1:])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -655,8 +651,9 @@ class Worker:
         """What happened to ``r``, decoded here, given its prefill start and end and KV ready."""
         first = self.first_index[r.id]
         tokens = tuple(self.decode_ends[first : first + r.output_len])
-        return RequestRecord(r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready,
-                             self.name, tokens)
+        return RequestRecord(
+            r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready, self.name, tokens
+        )
 
 
 class _Worker(Worker):
@@ -690,8 +687,16 @@ class _Worker(Worker):
             tokens += n
             pieces.append((request.id, n))
         end = now + self.cost.fused_iteration(tokens, rows, plan.kv_tokens, plan.context_tokens)
-        self.events.add(self.name, now, end, "fused" if rows else "prefill", tuple(pieces),
-                        plan.decode_ids, plan.kv_tokens, plan.context_tokens)
+        self.events.add(
+            self.name,
+            now,
+            end,
+            "fused" if rows else "prefill",
+            tuple(pieces),
+            plan.decode_ids,
+            plan.kv_tokens,
+            plan.context_tokens,
+        )
         self._ends = [end] if rows else []
         self.busy_until = end
 
@@ -710,8 +715,9 @@ class _Worker(Worker):
         # Step i starts at ends[i-1]; keep the steps that start before the horizon.
         del ends[1 + bisect.bisect_left(ends, horizon, 0, steps - 1) :]
         if cost.decode_per_kv_token == 0:
-            self.events.add(self.name, now, ends[-1], "decode", (), self._ids, kv,
-                            count=len(ends), step=first)
+            self.events.add(
+                self.name, now, ends[-1], "decode", (), self._ids, kv, count=len(ends), step=first
+            )
         else:
             begin = now
             for i, end in enumerate(ends):
@@ -768,7 +774,9 @@ def _check_options(policy: str, chunk: Any, prefill_workers: Any, decode_workers
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
     if policy == "chunked" and chunk is None:
-        raise ValueError("chunk must be a positive integer (prompt tokens per iteration) for 'chunked'")
+        raise ValueError(
+            "chunk must be a positive integer (prompt tokens per iteration) for 'chunked'"
+        )
     if chunk is not None:
         _count("chunk", chunk)
     _count("prefill_workers", prefill_workers)
@@ -809,8 +817,9 @@ def simulate(
     worker = _Worker("worker", mode, cost, events, budget)
     _run([worker], [(r.arrival, r) for r in requests], worker.admit)
     records = {
-        r.id: worker.record(r, worker.prefill_start[r.id], worker.prefill_end[r.id],
-                            worker.prefill_end[r.id])
+        r.id: worker.record(
+            r, worker.prefill_start[r.id], worker.prefill_end[r.id], worker.prefill_end[r.id]
+        )
         for r in requests
     }
     return Trace(policy, events.finish(["worker"]), records, chunk, tuple(worker.gaps.items()))
@@ -884,7 +893,9 @@ def iteration_cost(event: Event, cost: CostModel) -> float:
     raise ValueError(f"event kind must be one of {', '.join(KINDS)}; got {event.kind!r}")
 
 
-def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | None = None) -> list[str]:
+def check_invariants(
+    trace: Trace, load: Iterable[Request], cost: CostModel | None = None
+) -> list[str]:
     """Every DESIGN.md invariant that ``trace`` breaks for ``load``, as sentences (empty: none).
 
     With ``cost``, each event's duration is also checked against the cost model's formula.
@@ -917,7 +928,9 @@ def check_invariants(trace: Trace, load: Iterable[Request], cost: CostModel | No
         if len(rec.token_times) != r.output_len:
             problems.append(f"{rid} got {len(rec.token_times)} tokens, expected {r.output_len}")
         if prefilled.get(rid, 0) != r.prompt_len:
-            problems.append(f"{rid} prefilled {prefilled.get(rid, 0)} tokens, expected {r.prompt_len}")
+            problems.append(
+                f"{rid} prefilled {prefilled.get(rid, 0)} tokens, expected {r.prompt_len}"
+            )
         times = rec.token_times
         if any(b <= a for a, b in zip(times, times[1:])):
             problems.append(f"{rid}'s token times do not strictly increase")
@@ -961,8 +974,12 @@ def _demo() -> str:
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in
-                       enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     head = (
         f"Lab scenario: 2 live streams decoding, a 2048-token prompt arrives at 100 ms.\n"

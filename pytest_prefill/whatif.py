@@ -60,13 +60,24 @@ def chunk_sweep(
     runs.append(("disaggregated", None))
     assert {p for p, _ in runs} == set(POLICIES)
     summaries = [
-        (policy, chunk, simulate(policy, load, cost, chunk=chunk, prefill_workers=prefill_workers,
-                                 decode_workers=decode_workers).summary())
+        (
+            policy,
+            chunk,
+            simulate(
+                policy,
+                load,
+                cost,
+                chunk=chunk,
+                prefill_workers=prefill_workers,
+                decode_workers=decode_workers,
+            ).summary(),
+        )
         for policy, chunk in runs
     ]
     base = summaries[0][2]
     return [
-        SweepRow(policy, chunk, s, _ratio(s.ttft_p99, base.ttft_p99),
-                 _ratio(base.max_stall, s.max_stall))
+        SweepRow(
+            policy, chunk, s, _ratio(s.ttft_p99, base.ttft_p99), _ratio(base.max_stall, s.max_stall)
+        )
         for policy, chunk, s in summaries
     ]

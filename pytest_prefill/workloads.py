@@ -30,9 +30,7 @@ def lab_scenario(
     prompt of ``prompt_len`` tokens (id ``"long"``) arrives at ``arrival`` seconds."""
     _count("streams", streams, minimum=0)
     _number("arrival", arrival)
-    live = [
-        Request(f"live{i}", 0.0, stream_prompt_len, stream_output_len) for i in range(streams)
-    ]
+    live = [Request(f"live{i}", 0.0, stream_prompt_len, stream_output_len) for i in range(streams)]
     return [*live, Request("long", arrival, prompt_len, output_len)]
 
 
@@ -69,7 +67,9 @@ def poisson(
     load = []
     for i in range(count):
         t += rng.expovariate(rate)
-        load.append(Request(f"p{i}", t, draw("prompt_len", prompt_len), draw("output_len", output_len)))
+        load.append(
+            Request(f"p{i}", t, draw("prompt_len", prompt_len), draw("output_len", output_len))
+        )
     return load
 
 
@@ -157,4 +157,3 @@ def azure_trace_path(name: str) -> str | None:
         if os.path.isfile(path):
             return os.path.normpath(path)
     return None
-

@@ -33,8 +33,9 @@ def loads(draw: st.DrawFn, max_requests: int = 10) -> list[Request]:
     """A handful of requests: bursts (equal arrivals) and gaps (idle time) both happen."""
     count = draw(st.integers(1, max_requests))
     arrivals = draw(
-        st.lists(st.sampled_from([0.0, 0.001, 0.05, 0.1, 0.3, 1.0, 2.5]), min_size=count,
-                 max_size=count)
+        st.lists(
+            st.sampled_from([0.0, 0.001, 0.05, 0.1, 0.3, 1.0, 2.5]), min_size=count, max_size=count
+        )
     )
     return [
         Request(

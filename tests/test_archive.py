@@ -28,17 +28,25 @@ COST = get_preset("lab-laptop").cost
 
 
 def calibrated_run(cost=COST):
-    return {"calibration": {"kind": "pytest-prefill/calibration", "schema_version": 1,
-                            "cost_model": cost.to_dict()},
-            "tables": [], "verdicts": []}
+    return {
+        "calibration": {
+            "kind": "pytest-prefill/calibration",
+            "schema_version": 1,
+            "cost_model": cost.to_dict(),
+        },
+        "tables": [],
+        "verdicts": [],
+    }
 
 
 def write(results, run=None, *, key="cpu-test", commit="abcdef12", dirty=False):
-    return archive.write_run(results, key, run or {"tables": []}, commit=commit, dirty=dirty,
-                             when=WHEN)
+    return archive.write_run(
+        results, key, run or {"tables": []}, commit=commit, dirty=dirty, when=WHEN
+    )
 
 
 # --- machine keys ------------------------------------------------------------------------------
+
 
 def test_the_machine_key_names_the_gpu_under_test():
     gpus = [Accelerator(0, "NVIDIA H200", "550.1", 143771), Accelerator(1, "NVIDIA A100-SXM4-80GB")]
@@ -76,6 +84,7 @@ def test_machine_info_holds_the_provenance_the_archive_needs():
 
 # --- writing -----------------------------------------------------------------------------------
 
+
 def test_run_files_are_numbered_and_named(tmp_path):
     first = write(tmp_path)
     second = write(tmp_path, dirty=True)
@@ -92,8 +101,9 @@ def test_concurrent_writers_never_share_a_number_or_lose_a_file(tmp_path):
     writers, each = 8, 4
 
     def work(i):
-        return [write(tmp_path, {"writer": i, "tables": []}, commit=f"{i:08d}")
-                for _ in range(each)]
+        return [
+            write(tmp_path, {"writer": i, "tables": []}, commit=f"{i:08d}") for _ in range(each)
+        ]
 
     with ThreadPoolExecutor(writers) as pool:
         paths = [p for batch in pool.map(work, range(writers)) for p in batch]
@@ -105,15 +115,29 @@ def test_concurrent_writers_never_share_a_number_or_lose_a_file(tmp_path):
 
 
 def test_attachments_are_written_beside_the_run_file_and_listed_in_it(tmp_path):
-    path = archive.write_run(tmp_path, "cpu-test", {}, commit="abcdef12", dirty=False,
-                             when=WHEN, attachments={"timeline.svg": "<svg/>"})
+    path = archive.write_run(
+        tmp_path,
+        "cpu-test",
+        {},
+        commit="abcdef12",
+        dirty=False,
+        when=WHEN,
+        attachments={"timeline.svg": "<svg/>"},
+    )
     svg = path.with_name(path.stem + "_timeline.svg")
     assert svg.read_text() == "<svg/>"
     assert json.loads(path.read_text())["attachments"] == {"timeline.svg": svg.name}
     assert [r.path for r in archive.runs(tmp_path, "cpu-test")] == [path]
     with pytest.raises(ValueError, match="attachment suffix"):
-        archive.write_run(tmp_path, "cpu-test", {}, commit="abcdef12", dirty=False, when=WHEN,
-                          attachments={"x.json": "{}"})
+        archive.write_run(
+            tmp_path,
+            "cpu-test",
+            {},
+            commit="abcdef12",
+            dirty=False,
+            when=WHEN,
+            attachments={"x.json": "{}"},
+        )
 
 
 def test_a_number_taken_by_a_finished_file_is_skipped(tmp_path):
@@ -143,13 +167,15 @@ def test_git_state_outside_git_says_nocommit(tmp_path):
 
 # --- reading -----------------------------------------------------------------------------------
 
+
 def test_corrupt_foreign_and_future_files_are_skipped_with_their_path(tmp_path):
     good = write(tmp_path, calibrated_run())
     folder = good.parent
     (folder / "0002_abcdef12_20260102_030405.json").write_text("{not json")
     (folder / "0003_abcdef12_20260102_030405.json").write_text(json.dumps({"kind": "other"}))
-    (folder / "0004_abcdef12_20260102_030405.json").write_text(json.dumps(
-        {"kind": archive.RUN_KIND, "schema_version": archive.SCHEMA_VERSION + 1}))
+    (folder / "0004_abcdef12_20260102_030405.json").write_text(
+        json.dumps({"kind": archive.RUN_KIND, "schema_version": archive.SCHEMA_VERSION + 1})
+    )
     (folder / "benchmark.json").write_text(json.dumps([1, 2]))
     messages = []
     found = archive.runs(tmp_path, "cpu-test", warn=messages.append)

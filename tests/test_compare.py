@@ -19,37 +19,71 @@ from pytest_prefill.scheduler import CostModel, get_preset
 LAB = get_preset("lab-laptop").cost
 
 
-def fit(slope, intercept, *, slope_stderr=0.0, intercept_stderr=0.0, scatter=0.0, x_range=1792.0,
-        refused=False):
-    return {"slope": slope, "intercept": intercept, "slope_stderr": slope_stderr,
-            "intercept_stderr": intercept_stderr, "points": 4, "x_range": x_range,
-            "effect": abs(slope) * x_range, "scatter": scatter, "mean_y": intercept,
-            "refused": refused, "reason": "flat within noise" if refused else ""}
+def fit(
+    slope,
+    intercept,
+    *,
+    slope_stderr=0.0,
+    intercept_stderr=0.0,
+    scatter=0.0,
+    x_range=1792.0,
+    refused=False,
+):
+    return {
+        "slope": slope,
+        "intercept": intercept,
+        "slope_stderr": slope_stderr,
+        "intercept_stderr": intercept_stderr,
+        "points": 4,
+        "x_range": x_range,
+        "effect": abs(slope) * x_range,
+        "scatter": scatter,
+        "mean_y": intercept,
+        "refused": refused,
+        "reason": "flat within noise" if refused else "",
+    }
 
 
 def calibration(cost: CostModel, *, noise: float = 1e-4, refused=("decode_per_kv_token",)):
     """A calibration document whose fits give every measured constant a spread of about
     ``noise`` seconds (scatter), 2 standard errors smaller."""
     return {
-        "kind": "pytest-prefill/calibration", "schema_version": 1,
+        "kind": "pytest-prefill/calibration",
+        "schema_version": 1,
         "cost_model": cost.to_dict(),
         "provenance": {"device": "test"},
         "measurements": [],
         "fits": {
-            "prefill": fit(cost.prefill_per_token, cost.prefill_pass_overhead,
-                           slope_stderr=noise / 1e4, intercept_stderr=noise / 4, scatter=noise),
-            "decode_kv": fit(0.0, cost.decode_step_base, scatter=noise, x_range=16256.0,
-                             refused="decode_per_kv_token" in refused),
+            "prefill": fit(
+                cost.prefill_per_token,
+                cost.prefill_pass_overhead,
+                slope_stderr=noise / 1e4,
+                intercept_stderr=noise / 4,
+                scatter=noise,
+            ),
+            "decode_kv": fit(
+                0.0,
+                cost.decode_step_base,
+                scatter=noise,
+                x_range=16256.0,
+                refused="decode_per_kv_token" in refused,
+            ),
         },
-        "refusals": [{"constant": c, "reason": "flat within noise", "numbers": {}}
-                     for c in refused],
+        "refusals": [
+            {"constant": c, "reason": "flat within noise", "numbers": {}} for c in refused
+        ],
     }
 
 
 def write_run(results, key, cost, **kwargs):
-    return archive.write_run(results, key, {"calibration": calibration(cost, **kwargs)},
-                             commit="abcdef12", dirty=False,
-                             when=datetime.datetime(2026, 1, 1))
+    return archive.write_run(
+        results,
+        key,
+        {"calibration": calibration(cost, **kwargs)},
+        commit="abcdef12",
+        dirty=False,
+        when=datetime.datetime(2026, 1, 1),
+    )
 
 
 def side(cost, label="A", **kwargs):
@@ -66,9 +100,14 @@ def test_identical_calibrations_differ_nowhere():
 
 def test_a_difference_beyond_both_spreads_is_flagged_and_one_within_is_not():
     noise = 1e-4
-    slower = CostModel(**{**LAB.to_dict(), "decode_step_base": LAB.decode_step_base + 10 * noise,
-                          "prefill_pass_overhead": LAB.prefill_pass_overhead + noise / 2,
-                          "link_bandwidth": LAB.link_bandwidth})
+    slower = CostModel(
+        **{
+            **LAB.to_dict(),
+            "decode_step_base": LAB.decode_step_base + 10 * noise,
+            "prefill_pass_overhead": LAB.prefill_pass_overhead + noise / 2,
+            "link_bandwidth": LAB.link_bandwidth,
+        }
+    )
     rows = {r.constant: r for r in compare(side(LAB, noise=noise), side(slower, "B", noise=noise))}
     step = rows["decode_step_base"]
     assert step.beyond == "yes"  # 10 x noise apart, spreads noise each
@@ -108,11 +147,14 @@ def test_compare_takes_run_files_and_calibration_files(tmp_path, capsys):
     assert str(run) in out and str(loose) in out
 
 
-@pytest.mark.parametrize("ref, message", [
-    ("nvidia-h200", "no calibrated run archived for machine 'nvidia-h200'"),
-    ("missing.json", "no such file"),
-    ("Not A Key", "neither a JSON file nor a machine key"),
-])
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        ("nvidia-h200", "no calibrated run archived for machine 'nvidia-h200'"),
+        ("missing.json", "no such file"),
+        ("Not A Key", "neither a JSON file nor a machine key"),
+    ],
+)
 def test_bad_references_are_errors_that_say_why(tmp_path, capsys, ref, message):
     write_run(tmp_path, "cpu-one", LAB)
     with pytest.raises(SystemExit) as exit_info:
@@ -145,7 +187,6 @@ def test_compare_needs_neither_torch_nor_numpy(tmp_path):
         "from pytest_prefill.cli import main\n"
         f"sys.exit(main(['compare', 'cpu-one', 'cpu-one', '--results', {str(tmp_path)!r}]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "beyond spread?" in done.stdout

@@ -20,13 +20,14 @@ from pytest_prefill import archive
 from pytest_prefill.machine import cpu_key, cpu_model, machine_key, nvidia_accelerators
 from pytest_prefill.scheduler import CostModel, get_preset
 
-ENTRY_POINT = any(ep.value == "pytest_prefill.plugin"
-                  for ep in importlib.metadata.entry_points(group="pytest11"))
+ENTRY_POINT = any(
+    ep.value == "pytest_prefill.plugin" for ep in importlib.metadata.entry_points(group="pytest11")
+)
 PLUGIN = [] if ENTRY_POINT else ["-p", "pytest_prefill.plugin"]
 
 # A conftest that stands in for the hardware: a dummy model and a calibrator stub that logs
 # each call (so a test can count calibrations across xdist workers).
-STUB_CONFTEST = '''
+STUB_CONFTEST = """
 import os
 import pytest
 import pytest_prefill.calibrate as calibrate_module
@@ -51,11 +52,15 @@ calibrate_module.calibrate = stub_calibrate
 @pytest.fixture(scope="session")
 def prefill_model():
     return object()
-'''
-STUB_COST = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_step_base=0.02,
-                      kv_bytes_per_token=512)
+"""
+STUB_COST = CostModel(
+    prefill_pass_overhead=0.002,
+    prefill_per_token=1e-5,
+    decode_step_base=0.02,
+    kv_bytes_per_token=512,
+)
 
-REPORTING_TESTS = '''
+REPORTING_TESTS = """
 import os
 
 import pytest
@@ -79,28 +84,33 @@ def test_sweep(chunk, cost_model, prefill_report):
     prefill_report.table(f"sweep at chunk {chunk}", sweep_table(rows), {"chunk": chunk})
     prefill_report.verdict(f"claim {chunk}", "HOLDS" if chunk < 500 else "FAILS",
                            f"chunk {chunk} is below 500 tokens", f"detail for {chunk}")
-'''
+"""
 
-TORCH_PROBE = '''
+TORCH_PROBE = """
 import pathlib, sys
 
 def pytest_sessionfinish(session):
     heavy = [m for m in ("torch", "numpy", "transformers") if m in sys.modules]
     pathlib.Path(str(session.config.rootpath), "heavy.txt").write_text(" ".join(heavy))
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
 def _not_inside_xdist(monkeypatch):
     """The inner pytest must not believe it is an xdist worker when the outer one is."""
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID",
-                 "PYTEST_ADDOPTS"):
+    for name in (
+        "PYTEST_XDIST_WORKER",
+        "PYTEST_XDIST_WORKER_COUNT",
+        "PYTEST_XDIST_TESTRUNUID",
+        "PYTEST_ADDOPTS",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", *PLUGIN,
-                                         *args)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--strict-markers", *PLUGIN, *args
+    )
 
 
 def this_machine() -> str:
@@ -114,17 +124,23 @@ def run_files(results: Path) -> list[Path]:
 def summary_section(lines: list[str]) -> list[str]:
     """The plugin's terminal summary, up to (not including) the archive line."""
     start = next(i for i, line in enumerate(lines) if re.match(r"^=+ pytest-prefill =+$", line))
-    end = next(i for i in range(start, len(lines))
-               if lines[i].startswith(("archived:", "not archived", "NOT archived")))
+    end = next(
+        i
+        for i in range(start, len(lines))
+        if lines[i].startswith(("archived:", "not archived", "NOT archived"))
+    )
     return lines[start:end]
 
 
 def test_the_plugin_module_imports_nothing_heavy():
-    code = ("import sys, pytest_prefill.plugin\n"
-            "print(' '.join(m for m in ('torch', 'numpy', 'transformers', 'tabulate') "
-            "if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=True)
+    code = (
+        "import sys, pytest_prefill.plugin\n"
+        "print(' '.join(m for m in ('torch', 'numpy', 'transformers', 'tabulate') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert done.stdout.strip() == ""
 
 
@@ -137,15 +153,24 @@ def test_options_have_ini_twins_in_a_prefill_group(pytester):
     result = run(pytester, "--help")
     result.stdout.fnmatch_lines(["pytest-prefill*"])
     text = result.stdout.str()
-    for option in ("model", "device", "dtype", "repeats", "warmup", "dry-run", "cost", "results",
-                   "no-archive"):
+    for option in (
+        "model",
+        "device",
+        "dtype",
+        "repeats",
+        "warmup",
+        "dry-run",
+        "cost",
+        "results",
+        "no-archive",
+    ):
         assert f"--prefill-{option}" in text
         assert f"prefill_{option.replace('-', '_')} " in text  # the [ini] list
 
 
 @pytest.mark.skipif(bool(nvidia_accelerators()), reason="this machine has an NVIDIA GPU")
 def test_gpu_tests_skip_with_a_reason_that_says_what_was_looked_for(pytester):
-    pytester.makepyfile('''
+    pytester.makepyfile("""
         import pytest
 
         @pytest.mark.gpu
@@ -154,13 +179,15 @@ def test_gpu_tests_skip_with_a_reason_that_says_what_was_looked_for(pytester):
 
         def test_needs_the_model(prefill_model):
             pass
-    ''')
+    """)
     result = run(pytester, "-rs")
     result.assert_outcomes(skipped=2)
     out = result.stdout.str()
     if importlib.util.find_spec("torch"):
-        looked_for = "no CUDA device found (torch.cuda.is_available() is False) and " \
-                     "--prefill-device not given"
+        looked_for = (
+            "no CUDA device found (torch.cuda.is_available() is False) and "
+            "--prefill-device not given"
+        )
     else:
         looked_for = "torch is not installed"
     assert out.count(looked_for) == 2, out
@@ -170,7 +197,7 @@ def test_gpu_tests_skip_with_a_reason_that_says_what_was_looked_for(pytester):
 def test_sim_fixtures_work_from_a_fresh_test_file_with_ini_settings(pytester):
     pytester.makeconftest(TORCH_PROBE)
     pytester.makefile(".ini", pytest="[pytest]\nprefill_cost = datacenter-illustrative\n")
-    pytester.makepyfile('''
+    pytester.makepyfile("""
         import pytest
         from pytest_prefill import check_invariants, get_preset
         from pytest_prefill.workloads import lab_scenario
@@ -187,18 +214,22 @@ def test_sim_fixtures_work_from_a_fresh_test_file_with_ini_settings(pytester):
         @pytest.mark.gpu
         def test_deselected():
             raise AssertionError("-m sim must deselect this")
-    ''')
+    """)
     result = run(pytester, "-m", "sim")
     result.assert_outcomes(passed=1, deselected=1)
-    result.stdout.fnmatch_lines([
-        f"prefill: device * | model * | dtype * | machine {this_machine()} | "
-        "cost preset datacenter-illustrative*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"prefill: device * | model * | dtype * | machine {this_machine()} | "
+            "cost preset datacenter-illustrative*"
+        ]
+    )
     assert (pytester.path / "heavy.txt").read_text() == "", "a sim run imported torch/numpy"
     assert not (pytester.path / "results").exists(), "nothing reported, nothing archived"
 
 
 def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytester):
-    pytester.makepyfile(test_report='''
+    pytester.makepyfile(
+        test_report="""
         import pytest
 
         @pytest.mark.sim
@@ -216,30 +247,41 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
 
         def test_timed_but_broken(benchmark):
             benchmark(lambda: 1 / 0)
-    ''')
+    """
+    )
     result = run(pytester, "--prefill-results", "out")
     result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines([
-        "*= pytest-prefill =*",
-        "A table of things  [[]test_report.py::test_reports[]]",
-        "x    1",
-        "Verdicts:",
-        "  HOLDS  claim-a: A is true.",
-        "         because of x",
-        "  FAILS  claim-b: B is true.",
-        "pytest-benchmark: 2 benchmark(s), 1 errored*",
-        "archived: *",
-        "timeline: *_timeline.svg",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*= pytest-prefill =*",
+            "A table of things  [[]test_report.py::test_reports[]]",
+            "x    1",
+            "Verdicts:",
+            "  HOLDS  claim-a: A is true.",
+            "         because of x",
+            "  FAILS  claim-b: B is true.",
+            "pytest-benchmark: 2 benchmark(s), 1 errored*",
+            "archived: *",
+            "timeline: *_timeline.svg",
+        ]
+    )
     files = run_files(pytester.path / "out")
     assert len(files) == 1 and files[0].parent.name == this_machine()
     assert (files[0].parent / archive.MACHINE_FILE).is_file()
     assert re.fullmatch(r"\d{4}_[0-9a-z]{8}_\d{8}_\d{6}(_dirty)?\.json", files[0].name)
     run_ = archive.read_run(files[0]).data
-    assert run_["tables"] == [{"title": "A table of things", "text": "col  val\n---  ---\nx    1",
-                               "data": {"x": 1}, "test": "test_report.py::test_reports"}]
-    assert [(v["name"], v["verdict"]) for v in run_["verdicts"]] == [("claim-a", "HOLDS"),
-                                                                   ("claim-b", "FAILS")]
+    assert run_["tables"] == [
+        {
+            "title": "A table of things",
+            "text": "col  val\n---  ---\nx    1",
+            "data": {"x": 1},
+            "test": "test_report.py::test_reports",
+        }
+    ]
+    assert [(v["name"], v["verdict"]) for v in run_["verdicts"]] == [
+        ("claim-a", "HOLDS"),
+        ("claim-b", "FAILS"),
+    ]
     assert run_["cost"]["cost_model"] == get_preset("lab-laptop").cost.to_dict()
     assert run_["calibration"] is None
     svg = files[0].parent / run_["attachments"]["timeline.svg"]
@@ -253,10 +295,10 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
 
 def test_no_archive_from_the_ini_twin(pytester):
     pytester.makefile(".ini", pytest="[pytest]\nprefill_no_archive = true\n")
-    pytester.makepyfile('''
+    pytester.makepyfile("""
         def test_reports(prefill_report):
             prefill_report.table("T", "text")
-    ''')
+    """)
     result = run(pytester)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["not archived (--prefill-no-archive)"])
@@ -273,36 +315,43 @@ def test_a_measured_calibration_is_archived_and_read_back_by_prefill_cost_archiv
     assert [f.parent.name for f in files] == [key]
     assert archive.read_run(files[0]).calibration["cost_model"] == STUB_COST.to_dict()
 
-    pytester.makepyfile(test_reads_back=f'''
+    pytester.makepyfile(
+        test_reads_back=f"""
         import pytest
         from pytest_prefill.scheduler import CostModel
 
         @pytest.mark.sim
         def test_archived_cost(cost_model):
             assert cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
-    ''')
-    second = run(pytester, "test_reads_back.py", "--prefill-cost", "archive",
-                 "--prefill-device", "cpu")
+    """
+    )
+    second = run(
+        pytester, "test_reads_back.py", "--prefill-cost", "archive", "--prefill-device", "cpu"
+    )
     second.assert_outcomes(passed=1)
     second.stdout.fnmatch_lines([f"prefill: *cost archive {files[0].name}"])
 
 
 def test_a_corrupt_archive_file_is_skipped_with_a_message(pytester):
     key = this_machine()
-    good = archive.write_run(pytester.path / "results", key,
-                             {"calibration": {"cost_model": STUB_COST.to_dict()}},
-                             commit="abcdef12", dirty=False,
-                             when=__import__("datetime").datetime(2026, 1, 1))
+    good = archive.write_run(
+        pytester.path / "results",
+        key,
+        {"calibration": {"cost_model": STUB_COST.to_dict()}},
+        commit="abcdef12",
+        dirty=False,
+        when=__import__("datetime").datetime(2026, 1, 1),
+    )
     corrupt = good.parent / "0002_abcdef12_20260102_000000.json"
     corrupt.write_text('{"kind": "pytest-prefill/run", "schema_')
     foreign = good.parent / "notes.json"
     foreign.write_text(json.dumps({"hello": "world"}))
-    pytester.makepyfile(f'''
+    pytester.makepyfile(f"""
         from pytest_prefill.scheduler import CostModel
 
         def test_archived_cost(cost_model):
             assert cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
-    ''')
+    """)
     result = run(pytester, "--prefill-cost", "archive")
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
@@ -335,26 +384,37 @@ def test_xdist_gives_the_same_summary_and_one_complete_archive(pytester):
     b = archive.read_run(parallel_files[0]).data
     for field in ("tables", "verdicts", "calibration", "cost", "settings", "timeline"):
         assert a[field] == b[field], field
-    svgs = [f.parent / archive.read_run(f).data["attachments"]["timeline.svg"]
-            for f in (serial_files[0], parallel_files[0])]
+    svgs = [
+        f.parent / archive.read_run(f).data["attachments"]["timeline.svg"]
+        for f in (serial_files[0], parallel_files[0])
+    ]
     assert svgs[0].read_text() == svgs[1].read_text()
     assert len(a["tables"]) == 8 and len(a["verdicts"]) == 4
     assert (a["pytest"]["xdist_workers"], b["pytest"]["xdist_workers"]) == (0, 2)
     assert a["pytest"]["outcomes"] == b["pytest"]["outcomes"] == {"passed": 8}
 
 
-@pytest.mark.parametrize("args, ini, message", [
-    (["--prefill-repeats", "0"], "", "--prefill-repeats must be an integer >= 1, got '0'"),
-    (["--prefill-warmup", "-1"], "", "--prefill-warmup must be an integer >= 0"),
-    (["--prefill-device", "gpu0"], "", "--prefill-device: device must be one of cpu, cuda"),
-    (["--prefill-dtype", "int8"], "", "--prefill-dtype must be one of float32, bfloat16"),
-    (["--prefill-cost", "fastest"], "", "--prefill-cost: unknown cost 'fastest'"),
-    (["--prefill-cost", "missing.json"], "", "--prefill-cost: cost file 'missing.json' does "
-     "not exist"),
-    (["--prefill-cost", "archive"], "", "--prefill-cost archive: no calibration archived for "
-     "machine"),
-    ([], "prefill_repeats = many", "ini option prefill_repeats must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, ini, message",
+    [
+        (["--prefill-repeats", "0"], "", "--prefill-repeats must be an integer >= 1, got '0'"),
+        (["--prefill-warmup", "-1"], "", "--prefill-warmup must be an integer >= 0"),
+        (["--prefill-device", "gpu0"], "", "--prefill-device: device must be one of cpu, cuda"),
+        (["--prefill-dtype", "int8"], "", "--prefill-dtype must be one of float32, bfloat16"),
+        (["--prefill-cost", "fastest"], "", "--prefill-cost: unknown cost 'fastest'"),
+        (
+            ["--prefill-cost", "missing.json"],
+            "",
+            "--prefill-cost: cost file 'missing.json' does not exist",
+        ),
+        (
+            ["--prefill-cost", "archive"],
+            "",
+            "--prefill-cost archive: no calibration archived for machine",
+        ),
+        ([], "prefill_repeats = many", "ini option prefill_repeats must be an integer >= 1"),
+    ],
+)
 def test_bad_option_values_are_usage_errors_naming_the_option(pytester, args, ini, message):
     pytester.makefile(".ini", pytest=f"[pytest]\n{ini}\n")
     pytester.makepyfile("def test_nothing():\n    pass\n")

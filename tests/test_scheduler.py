@@ -37,8 +37,9 @@ pytestmark = pytest.mark.sim
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LAB = PRESETS["lab-laptop"].cost
-FLAT = CostModel(prefill_pass_overhead=2e-3, prefill_per_token=2e-5, decode_step_base=1e-2,
-                 decode_per_seq=1e-4)
+FLAT = CostModel(
+    prefill_pass_overhead=2e-3, prefill_per_token=2e-5, decode_step_base=1e-2, decode_per_seq=1e-4
+)
 
 
 def run(policy: str, load: list[Request], cost: CostModel, chunk: int = 128, **kw: int) -> Trace:
@@ -51,8 +52,9 @@ def scenario(cost: CostModel, prompt_len: int = 2048, streams: int = 2) -> list[
     arrival = cost.prefill_pass(streams * 128) + 1.5 * cost.decode_step(streams, 0)
     busy = arrival + 2 * cost.prefill_pass(prompt_len) + cost.kv_transfer(prompt_len)
     outlast = max(prompt_len // 16, math.ceil(busy / cost.decode_step(streams, 0))) + 64
-    return lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival,
-                        stream_output_len=outlast)
+    return lab_scenario(
+        streams=streams, prompt_len=prompt_len, arrival=arrival, stream_output_len=outlast
+    )
 
 
 def intervals(trace: Trace, resource: str) -> list[tuple[float, float]]:
@@ -66,8 +68,9 @@ def intervals(trace: Trace, resource: str) -> list[tuple[float, float]]:
 @SETTINGS
 @given(load=loads(), cost=cost_models(), chunk=chunks, workers=st.integers(1, 3))
 def test_every_invariant_holds_on_random_loads(policy, load, cost, chunk, workers):
-    trace = simulate(policy, load, cost, chunk=chunk, prefill_workers=workers,
-                     decode_workers=workers)
+    trace = simulate(
+        policy, load, cost, chunk=chunk, prefill_workers=workers, decode_workers=workers
+    )
     assert check_invariants(trace, load, cost) == []
 
 
@@ -119,11 +122,14 @@ def test_gpu_seconds_are_the_events_busy_time_and_follow_the_formulas(load, cost
             assert iteration_cost(e, cost) == pytest.approx(cost.kv_transfer(e.prefill_tokens))
             continue
         if e.kind == "decode":
-            step = sum(cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
-                       for i in range(e.count))
+            step = sum(
+                cost.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
+                for i in range(e.count)
+            )
         else:
-            step = cost.fused_iteration(e.prefill_tokens, e.decode_rows, e.kv_tokens,
-                                        e.context_tokens)
+            step = cost.fused_iteration(
+                e.prefill_tokens, e.decode_rows, e.kv_tokens, e.context_tokens
+            )
         assert e.duration == pytest.approx(step, rel=1e-9)
         assert iteration_cost(e, cost) == pytest.approx(step, rel=1e-12)
         expected += step
@@ -279,10 +285,17 @@ def test_a_decode_worker_takes_prefilled_requests_only():
     assert plan is not None and plan.kind == "decode" and plan.kv_tokens == 10
 
 
-@pytest.mark.parametrize(("mode", "chunk", "field"), [
-    ("fifo", math.inf, "mode"), ("chunked", 0, "chunk"), ("chunked", 1.5, "chunk"),
-    ("chunked", math.nan, "chunk"), ("chunked", "64", "chunk"), ("chunked", True, "chunk"),
-])
+@pytest.mark.parametrize(
+    ("mode", "chunk", "field"),
+    [
+        ("fifo", math.inf, "mode"),
+        ("chunked", 0, "chunk"),
+        ("chunked", 1.5, "chunk"),
+        ("chunked", math.nan, "chunk"),
+        ("chunked", "64", "chunk"),
+        ("chunked", True, "chunk"),
+    ],
+)
 def test_a_worker_refuses_a_bad_mode_or_chunk_naming_it(mode, chunk, field):
     with pytest.raises(ValueError, match=field):
         Worker("w", mode, chunk)
@@ -313,8 +326,11 @@ def test_chunked_worst_stall_is_at_most_the_costliest_fused_iteration(cost, prom
 
 
 @SETTINGS
-@given(cost=cost_models(kv=False, link=False), prompt_len=st.integers(256, 4096),
-       sizes=st.lists(st.integers(16, 4096), min_size=2, max_size=5, unique=True))
+@given(
+    cost=cost_models(kv=False, link=False),
+    prompt_len=st.integers(256, 4096),
+    sizes=st.lists(st.integers(16, 4096), min_size=2, max_size=5, unique=True),
+)
 def test_chunked_worst_stall_never_decreases_as_the_chunk_grows(cost, prompt_len, sizes):
     """With no per-KV-token cost (with one, later decode steps read more and can be the worst)."""
     load = scenario(cost, prompt_len)
@@ -353,17 +369,20 @@ def test_coscheduled_fuses_the_prompt_with_the_decodes_and_shared_does_not():
     assert (cosched_pass.kind, set(cosched_pass.decode_ids)) == ("fused", {"live0", "live1"})
     assert cosched_pass.duration == pytest.approx(FLAT.fused_iteration(2048, 2, 0, 0))
     assert shared.summary().max_stall == pytest.approx(
-        FLAT.prefill_pass(2048) + FLAT.decode_step(3, 0))
+        FLAT.prefill_pass(2048) + FLAT.decode_step(3, 0)
+    )
     assert cosched.summary().max_stall == pytest.approx(
-        max(FLAT.fused_iteration(2048, 2), FLAT.decode_step(3, 0)))
+        max(FLAT.fused_iteration(2048, 2), FLAT.decode_step(3, 0))
+    )
 
 
 @SETTINGS
 @given(cost=cost_models(kv=False), short=st.integers(64, 1024), long=st.integers(2048, 16384))
 def test_disaggregated_decode_stall_does_not_depend_on_the_prompt_length(cost, short, long):
     """With no per-KV-token cost: the prompt never enters a decode step's cost."""
-    stall = [run("disaggregated", scenario(cost, p), cost).summary().max_stall
-             for p in (short, long)]
+    stall = [
+        run("disaggregated", scenario(cost, p), cost).summary().max_stall for p in (short, long)
+    ]
     assert stall[0] == pytest.approx(stall[1], rel=1e-9)
     assert stall[0] == pytest.approx(max(cost.decode_step(3, 0), cost.decode_step(2, 0)))
 
@@ -399,8 +418,13 @@ def test_a_free_link_removes_the_transfer_from_ttft(cost, prompt_len):
 
 
 def test_the_link_is_a_resource_transfers_queue():
-    cost = CostModel(prefill_pass_overhead=1e-3, prefill_per_token=1e-6, decode_step_base=1e-2,
-                     kv_bytes_per_token=1e6, link_bandwidth=1e9)  # 1 ms per KV token
+    cost = CostModel(
+        prefill_pass_overhead=1e-3,
+        prefill_per_token=1e-6,
+        decode_step_base=1e-2,
+        kv_bytes_per_token=1e6,
+        link_bandwidth=1e9,
+    )  # 1 ms per KV token
     load = [Request("a", 0.0, 100, 2), Request("b", 0.0, 100, 2)]
     trace = run("disaggregated", load, cost, prefill_workers=2)
     transfers = [e for e in trace.events if e.kind == "transfer"]
@@ -431,14 +455,16 @@ def test_gpu_seconds_exclude_the_link():
     link = trace.busy_time(LINK)
     assert link > 0
     assert trace.summary().gpu_seconds == pytest.approx(trace.busy_time())
-    assert trace.busy_time() == pytest.approx(
-        sum(e.duration for e in trace.events) - link)
+    assert trace.busy_time() == pytest.approx(sum(e.duration for e in trace.events) - link)
 
 
 # --- summary ---------------------------------------------------------------------------------
 
 
-@given(values=st.lists(st.floats(0, 1e3), min_size=1, max_size=200), p=st.sampled_from([1, 50, 99, 100]))
+@given(
+    values=st.lists(st.floats(0, 1e3), min_size=1, max_size=200),
+    p=st.sampled_from([1, 50, 99, 100]),
+)
 def test_percentiles_are_nearest_rank(values, p):
     ordered = sorted(values)
     assert percentile(values, p) == ordered[math.ceil(p / 100 * len(values)) - 1]
@@ -464,27 +490,36 @@ def test_an_empty_load_gives_an_empty_trace_whose_summary_says_so():
 # --- the cost model --------------------------------------------------------------------------
 
 
-@given(cost=cost_models(), t=st.integers(0, 10**5), n=st.integers(1, 512), k=st.integers(0, 10**6),
-       c=st.integers(0, 10**5))
+@given(
+    cost=cost_models(),
+    t=st.integers(0, 10**5),
+    n=st.integers(1, 512),
+    k=st.integers(0, 10**6),
+    c=st.integers(0, 10**5),
+)
 def test_cost_model_formulas(cost, t, n, k, c):
     assert cost.prefill_pass(t, c) == pytest.approx(
-        cost.prefill_pass_overhead + cost.prefill_per_token * t + cost.decode_per_kv_token * c)
+        cost.prefill_pass_overhead + cost.prefill_per_token * t + cost.decode_per_kv_token * c
+    )
     assert cost.decode_step(n, k) == pytest.approx(
-        cost.decode_step_base + cost.decode_per_seq * (n - 1) + cost.decode_per_kv_token * k)
+        cost.decode_step_base + cost.decode_per_seq * (n - 1) + cost.decode_per_kv_token * k
+    )
     fused = cost.fused_iteration(t, n, k, c)
     assert fused >= cost.decode_step(n, k)
     if t:
         assert fused >= cost.prefill_pass(t, c)
         assert fused == max(cost.decode_step(n, k), cost.prefill_pass(t + n, c))
     assert cost.kv_transfer(t) == pytest.approx(
-        cost.link_latency + t * cost.kv_bytes_per_token / cost.link_bandwidth)
+        cost.link_latency + t * cost.kv_bytes_per_token / cost.link_bandwidth
+    )
 
 
 def test_chunk_star_is_the_formula_and_may_be_a_negative_diagnosis():
     assert LAB.chunk_star() == pytest.approx((35.73e-3 - 29.03e-3) / 55.2e-6)
     assert round(LAB.chunk_star()) == 121  # DESIGN.md's published figure for the lab laptop
-    overhead_bound = CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-5,
-                               decode_step_base=0.01)
+    overhead_bound = CostModel(
+        prefill_pass_overhead=0.05, prefill_per_token=1e-5, decode_step_base=0.01
+    )
     assert overhead_bound.chunk_star() < 0
 
 
@@ -508,8 +543,17 @@ def test_cost_model_survives_a_json_round_trip(cost):
 GOOD = dict(prefill_pass_overhead=1e-3, prefill_per_token=1e-5, decode_step_base=1e-2)
 
 
-@pytest.mark.parametrize("field", [*GOOD, "decode_per_seq", "decode_per_kv_token",
-                                   "kv_bytes_per_token", "link_latency", "link_bandwidth"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        *GOOD,
+        "decode_per_seq",
+        "decode_per_kv_token",
+        "kv_bytes_per_token",
+        "link_latency",
+        "link_bandwidth",
+    ],
+)
 @pytest.mark.parametrize("value", [-1.0, math.nan, -math.inf, "fast", None])
 def test_bad_costs_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -586,16 +630,30 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_scheduler_runs_alone_with_the_standard_library(tmp_path):
     copy = tmp_path / "scheduler.py"
     copy.write_text((ROOT / "pytest_prefill" / "scheduler.py").read_text())
-    out = subprocess.run([sys.executable, "-I", "-S", str(copy)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", str(copy)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=True,
+    ).stdout
     for policy in POLICIES:
         assert policy in out
     assert "C* = " in out
 
 
 def test_importing_the_package_loads_no_heavy_library():
-    code = ("import sys, pytest_prefill, pytest_prefill.plugin, pytest_prefill.cli; "
-            "print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         timeout=60, check=True).stdout
+    code = (
+        "import sys, pytest_prefill, pytest_prefill.plugin, pytest_prefill.cli; "
+        "print(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    ).stdout
     assert out.strip() == "[]"

@@ -25,8 +25,13 @@ def test_default_chunks_hold_c_star_powers_of_two_and_the_prompt():
 def test_sweep_ratios_are_against_the_shared_row():
     load = lab_scenario()
     rows = chunk_sweep(LAB, load, [128, 512])
-    assert [r.label for r in rows] == ["shared", "coscheduled", "chunked 128", "chunked 512",
-                                       "disaggregated"]
+    assert [r.label for r in rows] == [
+        "shared",
+        "coscheduled",
+        "chunked 128",
+        "chunked 512",
+        "disaggregated",
+    ]
     shared = simulate("shared", load, LAB).summary()
     for r in rows:
         assert r.ttft_cost == pytest.approx(r.summary.ttft_p99 / shared.ttft_p99)
@@ -41,8 +46,12 @@ def test_simulate_prints_every_policy_and_writes_json(tmp_path, capsys):
     for word in ("shared", "coscheduled", "chunked", "disaggregated", "C* = 121", "lab-laptop"):
         assert word in out
     data = json.loads(out_file.read_text())
-    assert [row["policy"] for row in data["rows"]] == ["shared", "coscheduled", "chunked",
-                                                       "disaggregated"]
+    assert [row["policy"] for row in data["rows"]] == [
+        "shared",
+        "coscheduled",
+        "chunked",
+        "disaggregated",
+    ]
     assert math.isclose(data["cost_model"]["decode_step_base"], LAB.decode_step_base)
     assert [p.name for p in tmp_path.iterdir()] == ["sweep.json"]  # no temporary left behind
 

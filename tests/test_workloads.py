@@ -44,8 +44,10 @@ def test_poisson_samples_lengths_from_a_sequence_or_a_function():
     assert {r.output_len for r in load} <= {1, 2, 3, 4}
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [(dict(rate=0), "rate"), (dict(count=-1), "count"),
-                                              (dict(prompt_len=[]), "prompt_len")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [(dict(rate=0), "rate"), (dict(count=-1), "count"), (dict(prompt_len=[]), "prompt_len")],
+)
 def test_poisson_refuses_bad_arguments(kwargs, field):
     args = {"rate": 1.0, "count": 3, **kwargs}
     with pytest.raises(ValueError, match=field):
@@ -53,9 +55,14 @@ def test_poisson_refuses_bad_arguments(kwargs, field):
 
 
 def test_azure_loader_reads_seven_fractional_digits(tmp_path):
-    path = write_csv(tmp_path, ["2023-11-16 18:17:03.9799600,4808,10",
-                                "2023-11-16 18:17:04.0319600,3180,8",
-                                "2023-11-16 18:17:05.5000000,110,27"])
+    path = write_csv(
+        tmp_path,
+        [
+            "2023-11-16 18:17:03.9799600,4808,10",
+            "2023-11-16 18:17:04.0319600,3180,8",
+            "2023-11-16 18:17:05.5000000,110,27",
+        ],
+    )
     load = load_azure(path)
     assert [r.prompt_len for r in load] == [4808, 3180, 110]
     assert [r.arrival for r in load] == pytest.approx([0.0, 0.052, 5.5 - 3.97996])
@@ -93,10 +100,15 @@ def test_azure_loader_refuses_a_foreign_header(tmp_path):
         load_azure(path)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [(dict(start=-1), "start"),
-                                              (dict(duration=0), "duration"),
-                                              (dict(limit=0), "limit"),
-                                              (dict(rate_scale=-2), "rate_scale")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(start=-1), "start"),
+        (dict(duration=0), "duration"),
+        (dict(limit=0), "limit"),
+        (dict(rate_scale=-2), "rate_scale"),
+    ],
+)
 def test_azure_loader_refuses_bad_arguments(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
         load_azure(write_csv(tmp_path, ["2023-11-16 18:17:03.9799600,10,10"]), **kwargs)

@@ -11,11 +11,19 @@ HELP = "compare two calibrations (run files, calibration files, or machine keys)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="a run file, a calibration file, or a machine "
-                        "key (its latest calibrated run under --results)")
+    parser.add_argument(
+        "a",
+        metavar="A",
+        help="a run file, a calibration file, or a machine "
+        "key (its latest calibrated run under --results)",
+    )
     parser.add_argument("b", metavar="B", help="the other side, in the same forms")
-    parser.add_argument("--results", default="results", metavar="DIR",
-                        help="the results archive that machine keys refer to (default results/)")
+    parser.add_argument(
+        "--results",
+        default="results",
+        metavar="DIR",
+        help="the results archive that machine keys refer to (default results/)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,20 +24,35 @@ HELP = "simulate the lab scenario under every policy and sweep the chunk size"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--cost", default="lab-laptop", metavar="SPEC",
+        "--cost",
+        default="lab-laptop",
+        metavar="SPEC",
         help=f"cost model: a preset ({', '.join(PRESETS)}), a calibration/run JSON path, or "
         "'measure' (a fresh calibration of --model on --device) "
         "(default: lab-laptop)",
     )
-    parser.add_argument("--prompt-len", type=positive_int, default=2048,
-                        help="tokens of the arriving prompt (default 2048)")
-    parser.add_argument("--chunk", type=positive_int, action="append", metavar="TOKENS",
-                        help="chunk size to simulate (repeatable; default: C*, powers of two, "
-                        "the whole prompt)")
-    parser.add_argument("--streams", type=positive_int, default=2,
-                        help="live streams already decoding (default 2)")
-    parser.add_argument("--arrival", type=non_negative_float, default=0.1,
-                        help="when the prompt arrives, seconds (default 0.1)")
+    parser.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=2048,
+        help="tokens of the arriving prompt (default 2048)",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=positive_int,
+        action="append",
+        metavar="TOKENS",
+        help="chunk size to simulate (repeatable; default: C*, powers of two, the whole prompt)",
+    )
+    parser.add_argument(
+        "--streams", type=positive_int, default=2, help="live streams already decoding (default 2)"
+    )
+    parser.add_argument(
+        "--arrival",
+        type=non_negative_float,
+        default=0.1,
+        help="when the prompt arrives, seconds (default 0.1)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON here")
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
@@ -61,16 +76,22 @@ def run(args: argparse.Namespace) -> int:
     print("TTFT cost = TTFT p99 / shared's; stall gain = shared's max stall / this max stall.")
     print("vLLM's max_num_batched_tokens ~ chunk + decode rows.")
     if args.json:
-        write_json_atomic(args.json, {
-            "kind": "pytest-prefill/chunk-sweep",
-            "schema_version": 1,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "version": __version__,
-            "cost_source": origin,
-            "cost_model": cost.to_dict(),
-            "scenario": {"streams": args.streams, "prompt_len": args.prompt_len,
-                         "arrival": args.arrival},
-            "rows": sweep_rows_json(rows),
-        })
+        write_json_atomic(
+            args.json,
+            {
+                "kind": "pytest-prefill/chunk-sweep",
+                "schema_version": 1,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "version": __version__,
+                "cost_source": origin,
+                "cost_model": cost.to_dict(),
+                "scenario": {
+                    "streams": args.streams,
+                    "prompt_len": args.prompt_len,
+                    "arrival": args.arrival,
+                },
+                "rows": sweep_rows_json(rows),
+            },
+        )
         print(f"wrote {args.json}")
     return 0
