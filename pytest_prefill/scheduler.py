@@ -384,6 +384,16 @@ class Trace:
             if (e.resource == resource if resource is not None else e.resource != LINK)
         )
 
+    def token_gap_counts(self) -> tuple[tuple[float, int], ...]:
+        """Every gap between consecutive tokens of any request (vLLM's ITL) as (gap seconds,
+        how many) pairs; cheap: the simulator's precomputed multiset when it has one."""
+        if self.gaps is not None:
+            return self.gaps
+        counts: Counter[float] = Counter()
+        for gap, n in token_gaps(self.requests.values()):
+            counts[gap] += n
+        return tuple(counts.items())
+
     def summary(self) -> Summary:
         records = list(self.requests.values())
         if not records:
