@@ -1,0 +1,331 @@
+"""Serving metrics named and defined as vLLM's serving benchmark defines them (TTFT, TPOT, ITL,
+E2EL, throughput), and goodput and attainment under an SLO (DistServe's measure), computed from a
+:class:`~pytest_prefill.scheduler.Trace`. Standard library only.
+
+Definitions (DESIGN.md, "Serving metrics"), per request: TTFT = first token - arrival; E2EL =
+last token - arrival; TPOT = (E2EL - TTFT) / (output_len - 1), requests with one output token
+excluded; ITL = every gap between consecutive tokens of any request. Statistics are the mean,
+the median, the population standard deviation and percentiles by linear interpolation (numpy's
+default, which vLLM uses). Throughputs divide by the run's duration: first arrival to last token.
+A request meets an SLO when each stated bound is >= its value; for that test a one-token request's
+TPOT counts as 0, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.scheduler import Trace
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
+SLO_METRICS = ("ttft", "tpot", "e2el")  # the bounds vLLM's --goodput accepts
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_DURATION = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(s|ms|us|µs)\s*$")
+
+
+def _check_percentile(p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 100:
+        raise ValueError(f"percentile must be a number in [0, 100], got {p!r}")
+    return float(p)
+
+
+def weighted_linear_percentile(pairs: Iterable[tuple[float, int]], p: float) -> float:
+    """The ``p``-th percentile of a multiset given as (value, multiplicity) pairs, by linear
+    interpolation between the two nearest ranks (numpy's default method); NaN for an empty set.
+
+    Raises:
+        ValueError: for ``p`` outside [0, 100].
+    """
+    p = _check_percentile(p)
+    ordered = sorted((value, count) for value, count in pairs if count > 0)
+    total = sum(count for _, count in ordered)
+    if total == 0:
+        return math.nan
+    position = (total - 1) * p / 100
+    below = math.floor(position)
+    fraction = position - below
+    low = high = math.nan
+    seen = 0
+    for value, count in ordered:
+        seen += count
+        if math.isnan(low) and seen > below:
+            low = value
+        if seen > below + 1 or seen == total:
+            high = value
+            break
+    return low if fraction == 0 else low + (high - low) * fraction
+
+
+def linear_percentile(values: Iterable[float], p: float) -> float:
+    """The ``p``-th percentile of ``values`` as numpy (and so vLLM) computes it; NaN for none."""
+    return weighted_linear_percentile(((v, 1) for v in values), p)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Distribution:
+    """Statistics of one metric over a run, in seconds (NaN when ``count`` is 0).
+
+    ``percentiles`` holds (p, value) pairs for the percentiles asked for."""
+
+    count: int
+    mean: float
+    median: float
+    std: float
+    percentiles: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0:
+            raise ValueError(f"Distribution.count must be an integer >= 0, got {self.count!r}")
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[float, int]], percentiles: Sequence[float]) -> Distribution:
+        """The statistics of a multiset of (value, multiplicity) pairs."""
+        items = [(float(v), int(c)) for v, c in pairs if c > 0]
+        count = sum(c for _, c in items)
+        asked = tuple(_check_percentile(p) for p in percentiles)
+        if count == 0:
+            nan = math.nan
+            return cls(0, nan, nan, nan, tuple((p, nan) for p in asked))
+        mean = math.fsum(v * c for v, c in items) / count
+        variance = math.fsum(c * (v - mean) ** 2 for v, c in items) / count
+        return cls(
+            count,
+            mean,
+            weighted_linear_percentile(items, 50),
+            math.sqrt(variance),
+            tuple((p, weighted_linear_percentile(items, p)) for p in asked),
+        )
+
+    def percentile(self, p: float) -> float:
+        """The ``p``-th percentile, if it was computed.
+
+        Raises:
+            ValueError: naming the percentiles that were computed, for any other ``p``.
+        """
+        for asked, value in self.percentiles:
+            if asked == p:
+                return value
+        computed = ", ".join(f"{asked:g}" for asked, _ in self.percentiles) or "none"
+        raise ValueError(f"percentile {p!r} was not computed; computed: {computed}")
+
+
+def _duration(item: str, text: str) -> float:
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(
+            f"SLO bound {item!r}: {text!r} is not a duration; write a positive number with a "
+            f"unit ({', '.join(UNITS)}), e.g. 500ms or 1.5s"
+        )
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def _format_duration(seconds: float) -> str:
+    return f"{seconds:g}s" if seconds >= 1 else f"{seconds * 1e3:g}ms"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency bounds a request must meet, in seconds (None: no bound on that metric).
+
+    Raises:
+        ValueError: naming the field, for a bound that is not a positive finite number, or when
+            no bound is given.
+    """
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2el: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in SLO_METRICS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            ok = not isinstance(value, bool) and isinstance(value, (int, float))
+            if not (ok and math.isfinite(value) and value > 0):
+                raise ValueError(f"SLO.{name} must be a positive number of seconds, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if not self.bounds:
+            raise ValueError(f"an SLO needs at least one bound ({', '.join(SLO_METRICS)})")
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """``"ttft:500ms,tpot:50ms,e2el:10s"`` (any subset, any order; units s, ms, us).
+
+        Raises:
+            ValueError: for an empty text, an item that is not ``metric:duration``, an unknown
+                or repeated metric, or a duration without a unit or not > 0.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"SLO must be like 'ttft:500ms,tpot:50ms', got {text!r}")
+        bounds: dict[str, float] = {}
+        for item in text.split(","):
+            name, sep, value = item.partition(":")
+            name = name.strip().lower()
+            if not sep or not name:
+                raise ValueError(f"SLO item {item.strip()!r} must be metric:duration, e.g. ttft:1s")
+            if name not in SLO_METRICS:
+                raise ValueError(
+                    f"SLO metric {name!r} is not one of {', '.join(SLO_METRICS)} (in {text!r})"
+                )
+            if name in bounds:
+                raise ValueError(f"SLO metric {name!r} is given twice in {text!r}")
+            bounds[name] = _duration(item.strip(), value)
+        return cls(**bounds)
+
+    @property
+    def bounds(self) -> tuple[tuple[str, float], ...]:
+        """The stated bounds as (metric, seconds), in the order ttft, tpot, e2el."""
+        return tuple(
+            (name, getattr(self, name)) for name in SLO_METRICS if getattr(self, name) is not None
+        )
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}:{_format_duration(value)}" for name, value in self.bounds)
+
+    def to_dict(self) -> dict[str, float]:
+        return dict(self.bounds)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServingMetrics:
+    """vLLM's serving metrics of one run, plus goodput and attainment when an SLO was given.
+
+    ``met`` counts, per bound of ``slo``, the requests meeting that bound alone; ``good`` those
+    meeting every bound (0 without an SLO)."""
+
+    completed: int
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    ttft: Distribution
+    tpot: Distribution
+    itl: Distribution
+    e2el: Distribution
+    slo: SLO | None = None
+    good: int = 0
+    met: tuple[tuple[str, int], ...] = ()
+
+    def _per_second(self, amount: float) -> float:
+        return amount / self.duration if self.duration > 0 else math.nan
+
+    @property
+    def request_throughput(self) -> float:
+        """Completed requests per second."""
+        return self._per_second(self.completed)
+
+    @property
+    def output_throughput(self) -> float:
+        """Output tokens per second."""
+        return self._per_second(self.total_output_tokens)
+
+    @property
+    def total_token_throughput(self) -> float:
+        """Prompt plus output tokens per second."""
+        return self._per_second(self.total_input_tokens + self.total_output_tokens)
+
+    @property
+    def goodput(self) -> float:
+        """Requests meeting every bound of the SLO, per second (NaN without an SLO)."""
+        return self._per_second(self.good) if self.slo is not None else math.nan
+
+    @property
+    def attainment(self) -> float:
+        """The fraction of requests meeting every bound of the SLO (NaN without one)."""
+        if self.slo is None or self.completed == 0:
+            return math.nan
+        return self.good / self.completed
+
+    def bound_attainment(self) -> tuple[tuple[str, float], ...]:
+        """Per bound of the SLO, the fraction of requests meeting that bound alone."""
+        if self.completed == 0:
+            return tuple((name, math.nan) for name, _ in self.met)
+        return tuple((name, n / self.completed) for name, n in self.met)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures under the names vLLM's serving benchmark writes in its result JSON
+        (latencies in ms: ``mean_ttft_ms``, ``p99_itl_ms``, …; ``request_goodput``), plus
+        ``attainment`` and the ``slo`` in seconds. NaN becomes None (JSON null)."""
+        out: dict[str, Any] = {
+            "completed": self.completed,
+            "duration": self.duration,
+            "total_input_tokens": self.total_input_tokens,
+            "total_output_tokens": self.total_output_tokens,
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.total_token_throughput,
+            "request_goodput": self.goodput if self.slo is not None else None,
+            "attainment": self.attainment if self.slo is not None else None,
+            "slo": self.slo.to_dict() if self.slo is not None else None,
+        }
+        for name in METRICS:
+            dist: Distribution = getattr(self, name)
+            out[f"mean_{name}_ms"] = dist.mean * 1e3
+            out[f"median_{name}_ms"] = dist.median * 1e3
+            out[f"std_{name}_ms"] = dist.std * 1e3
+            for p, value in dist.percentiles:
+                out[f"p{p:g}_{name}_ms"] = value * 1e3
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in out.items()}
+
+
+def _request_values(trace: Trace) -> tuple[list[float], list[float | None], list[float]]:
+    """Per request, in the trace's order: TTFT, TPOT (None for one output token), E2EL."""
+    ttfts: list[float] = []
+    tpots: list[float | None] = []
+    e2els: list[float] = []
+    for record in trace.requests.values():
+        first, last = record.first_token, record.finish
+        ttfts.append(first - record.arrival)
+        e2els.append(last - record.arrival)
+        n = record.output_len
+        tpots.append((last - first) / (n - 1) if n > 1 else None)
+    return ttfts, tpots, e2els
+
+
+def _meeting(
+    slo: SLO, values: Mapping[str, Sequence[float | None]]
+) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """(requests meeting every bound, per bound the requests meeting it alone)."""
+    checks = []
+    for name, bound in slo.bounds:
+        # vLLM counts a one-token request's TPOT as 0 for goodput
+        checks.append((name, [(v if v is not None else 0.0) <= bound for v in values[name]]))
+    good = sum(1 for row in zip(*(ok for _, ok in checks)) if all(row))
+    return good, tuple((name, sum(ok)) for name, ok in checks)
+
+
+def serving_metrics(
+    trace: Trace, *, slo: SLO | None = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> ServingMetrics:
+    """vLLM's serving metrics of ``trace`` (and goodput and attainment for ``slo``).
+
+    Never materialises every token time: it reads each request's first and last token and the
+    trace's token-gap multiset (:meth:`Trace.token_gap_counts`).
+
+    Raises:
+        ValueError: for a percentile outside [0, 100] or an ``slo`` that is not an :class:`SLO`.
+    """
+    if slo is not None and not isinstance(slo, SLO):
+        raise ValueError(f"slo must be an SLO (SLO.parse('ttft:1s')), got {type(slo).__name__}")
+    records = list(trace.requests.values())
+    ttfts, tpots, e2els = _request_values(trace)
+    duration = max(r.finish for r in records) - min(r.arrival for r in records) if records else 0.0
+    good, met = _meeting(slo, {"ttft": ttfts, "tpot": tpots, "e2el": e2els}) if slo else (0, ())
+    return ServingMetrics(
+        completed=len(records),
+        duration=duration,
+        total_input_tokens=sum(r.prompt_len for r in records),
+        total_output_tokens=sum(r.output_len for r in records),
+        ttft=Distribution.of(((v, 1) for v in ttfts), percentiles),
+        tpot=Distribution.of(((v, 1) for v in tpots if v is not None), percentiles),
+        itl=Distribution.of(trace.token_gap_counts(), percentiles),
+        e2el=Distribution.of(((v, 1) for v in e2els), percentiles),
+        slo=slo,
+        good=good,
+        met=met,
+    )
