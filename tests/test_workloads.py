@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 
 import pytest
 
 from pytest_prefill.scheduler import Request
-from pytest_prefill.workloads import azure_trace_path, lab_scenario, load_azure, poisson
+from pytest_prefill.workloads import (
+    azure_trace_path,
+    lab_scenario,
+    load_azure,
+    load_jsonl,
+    poisson,
+    resolve_workload,
+    scale_rate,
+)
 
 pytestmark = pytest.mark.sim
 
@@ -125,3 +135,132 @@ def test_the_shared_azure_traces_load_whole(name):
     assert len(load) == rows
     assert all(b.arrival >= a.arrival for a, b in zip(load, load[1:]))
     assert load[-1].arrival < 3600 * 1.01  # each trace covers about an hour
+
+
+# --- workloads by name (the command line's --workload) and JSONL traces ---
+
+
+def write_jsonl(tmp_path, rows, name="trace.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_jsonl_rows_are_read_in_time_order_and_extra_keys_ignored(tmp_path):
+    rows = [
+        {"timestamp": 3000, "input_length": 30, "output_length": 3, "hash_ids": [1, 2]},
+        {"timestamp": 1000, "input_length": 10, "output_length": 1},
+        {"timestamp": 1000.5, "input_length": 20, "output_length": 2},
+    ]
+    load = load_jsonl(write_jsonl(tmp_path, rows))
+    assert [r.prompt_len for r in load] == [10, 20, 30]
+    assert [r.arrival for r in load] == pytest.approx([0.0, 0.0005, 2.0])
+    assert len({r.id for r in load}) == 3
+
+
+def test_jsonl_window_and_limit(tmp_path):
+    rows = [{"timestamp": s * 1000, "input_length": 1 + s, "output_length": 1} for s in range(20)]
+    path = write_jsonl(tmp_path, rows)
+    window = load_jsonl(path, start=5, duration=10)
+    assert [r.prompt_len for r in window] == list(range(6, 16))
+    assert window[0].arrival == 0.0
+    assert len(load_jsonl(path, start=5, limit=3)) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json\n", "trace.jsonl:3: not a JSON object"),
+        ('{"timestamp": 1, "input_length": 5}\n', "needs the keys"),
+        ('{"timestamp": "x", "input_length": 5, "output_length": 1}\n', "timestamp"),
+        ('{"timestamp": 1, "input_length": 0, "output_length": 1}\n', "input_length"),
+        ('{"timestamp": 1, "input_length": 5, "output_length": 2.5}\n', "output_length"),
+        ("[1, 2, 3]\n", "needs the keys"),
+    ],
+)
+def test_a_bad_jsonl_line_is_named(tmp_path, text, message):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n\n' + text)
+    with pytest.raises(ValueError, match=message):
+        load_jsonl(path)
+
+
+def test_resolve_lab_is_the_lab_scenario_and_takes_no_rate():
+    workload = resolve_workload("lab")
+    assert list(workload.requests) == lab_scenario()
+    with pytest.raises(ValueError, match="takes no request_rate"):
+        resolve_workload("lab", request_rate=2.0)
+
+
+def test_resolve_poisson_uses_rate_count_and_seed():
+    workload = resolve_workload("poisson", request_rate=5.0, num_prompts=50, seed=3)
+    assert list(workload.requests) == poisson(5.0, 50, seed=3)
+    assert resolve_workload("poisson").requests == tuple(poisson(1.0, 1000, seed=0))
+
+
+def test_resolve_a_trace_file_with_a_window_a_limit_and_a_request_rate(tmp_path):
+    rows = [{"timestamp": s * 500, "input_length": 100 + s, "output_length": 4} for s in range(40)]
+    path = write_jsonl(tmp_path, rows)
+    workload = resolve_workload(str(path), window=(2.0, 12.0), num_prompts=10, request_rate=8.0)
+    assert [r.prompt_len for r in workload.requests] == list(range(104, 114))
+    assert workload.rate == pytest.approx(8.0)  # (n - 1) / span
+    assert str(path) in workload.description and "window 2:12" in workload.description
+
+
+def test_resolve_rate_scale_divides_arrivals(tmp_path):
+    path = write_csv(tmp_path, [f"2023-11-16 18:00:{s:02d}.0000000,100,5" for s in range(10)])
+    base = resolve_workload(str(path))
+    faster = resolve_workload(str(path), rate_scale=4.0)
+    assert [r.arrival for r in faster.requests] == pytest.approx(
+        [r.arrival / 4 for r in base.requests]
+    )
+    assert faster.rate == pytest.approx(4 * base.rate)
+
+
+def test_resolve_caps_prompts_at_the_models_context_and_counts_them(tmp_path):
+    path = write_csv(
+        tmp_path, [f"2023-11-16 18:00:0{s}.0000000,{1000 * s + 1},5" for s in range(5)]
+    )
+    workload = resolve_workload(str(path), max_model_len=2500)
+    assert [r.prompt_len for r in workload.requests] == [1, 1001, 2001, 2500, 2500]
+    assert workload.capped == 2
+
+
+def test_resolve_an_azure_trace_carries_its_attribution():
+    if azure_trace_path("conv") is None:
+        pytest.skip("the Azure traces are not in ../shared/data/azure-llm-inference-2023")
+    workload = resolve_workload("azure-conv", window=(0, 60))
+    assert workload.requests and workload.requests[-1].arrival < 60
+    assert "Splitwise" in (workload.attribution or "") and "CC-BY 4.0" in workload.attribution
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "message"),
+    [
+        ("nonsense", {}, "is not one of lab, poisson, azure-conv, azure-code"),
+        ("poisson", {"request_rate": 0}, "request_rate"),
+        ("poisson", {"num_prompts": 0}, "num_prompts"),
+        ("poisson", {"request_rate": 1.0, "rate_scale": 2.0}, "give one"),
+        ("poisson", {"window": (5, 2)}, "window end must be after"),
+        ("poisson", {"window": (-1, None)}, "window start"),
+        ("poisson", {"window": (1e9, None)}, "has no request"),
+        ("poisson", {"max_model_len": 0}, "max_model_len"),
+        ("poisson", {"rate_scale": math.inf}, "rate_scale"),
+        ("", {}, "workload must be"),
+    ],
+)
+def test_resolve_refuses_bad_input(spec, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_workload(spec, **kwargs)
+
+
+def test_resolve_refuses_a_file_it_cannot_read(tmp_path):
+    path = tmp_path / "trace.txt"
+    path.write_text("hello\n")
+    with pytest.raises(ValueError, match=r"must end in \.csv .* or \.jsonl"):
+        resolve_workload(str(path))
+
+
+def test_scale_rate_refuses_a_non_positive_factor():
+    with pytest.raises(ValueError, match="rate scale"):
+        scale_rate(lab_scenario(), 0)
