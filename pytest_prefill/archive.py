@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_prefill._io import write_atomic, write_json_atomic
+from pytest_prefill.advice import recommend
 from pytest_prefill.costs import cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
@@ -300,6 +301,103 @@ def archived_cost(
             "run the hardware suite there first (pytest -m gpu) or give a preset or a JSON path"
         )
     return cost_from_json(run.data, str(run.path)), run
+
+
+# A run named by its number (``0001``, as ``prefill-bench runs`` lists it) or by machine key and
+# number (``nvidia-h200/0001``). All-digit names are run numbers, never machine keys.
+RUN_ID = re.compile(r"^(?:([a-z0-9][a-z0-9-]*)/)?(\d{1,9})$")
+
+
+def run_id(run: RunFile, key: str | None = None) -> str:
+    """The id ``compare`` accepts for ``run``: ``NNNN``, or ``KEY/NNNN`` when ``key`` is given."""
+    return f"{key}/{run.number:04d}" if key else f"{run.number:04d}"
+
+
+def find_run(
+    results: str | os.PathLike[str], key: str, number: int, *, warn: Warn = _ignore
+) -> RunFile:
+    """Run ``number`` of machine ``key``.
+
+    Raises:
+        ValueError: naming the machine folder and the numbers it holds, when there is none.
+    """
+    found = runs(results, key, warn=warn)
+    for run in found:
+        if run.number == number:
+            return run
+    held = ", ".join(run_id(r) for r in found) or "none"
+    raise ValueError(
+        f"no run {number:04d} archived for machine {key!r} under {machine_dir(results, key)} "
+        f"(runs there: {held}; prefill-bench runs lists them)"
+    )
+
+
+def machines(results: str | os.PathLike[str]) -> list[str]:
+    """The machine keys with a folder under ``results``, sorted."""
+    folder = Path(results)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and KEY_PATTERN.match(p.name))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What ``prefill-bench runs`` shows of one run: its id, when, which commit, what made it,
+    and what it found (C* and the recommendation of its calibration, its verdicts)."""
+
+    id: str
+    created: str
+    commit: str
+    made_by: str
+    chunk_star: float | None
+    recommendation: str | None
+    verdicts: tuple[tuple[str, str], ...]
+    tables: int
+
+
+def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
+    """A :class:`RunSummary` of ``run``; fields a damaged run lacks are left empty."""
+    data = run.data
+    commit = str(data.get("commit") or "?") + (" dirty" if data.get("dirty") else "")
+    command = data.get("command")
+    pytest_info = data.get("pytest")
+    if isinstance(command, str):
+        made_by = command
+    elif isinstance(pytest_info, Mapping):
+        args = pytest_info.get("args")
+        made_by = "pytest " + " ".join(map(str, args)) if isinstance(args, list) else "pytest"
+    else:
+        made_by = "?"
+    star = recommendation = None
+    if run.calibration is not None:
+        try:
+            cost = cost_from_json(run.calibration, str(run.path))
+        except ValueError:
+            cost = None
+        if cost is not None:
+            refused = {
+                r.get("constant")
+                for r in run.calibration.get("refusals") or []
+                if isinstance(r, Mapping)
+            }
+            advice = recommend(cost, {str(c) for c in refused})
+            star, recommendation = advice.chunk_star, advice.policy
+    verdicts = tuple(
+        (str(v.get("name")), str(v.get("verdict")))
+        for v in data.get("verdicts") or []
+        if isinstance(v, Mapping)
+    )
+    tables = data.get("tables")
+    return RunSummary(
+        run_id(run, key),
+        str(data.get("created") or "undated"),
+        commit,
+        made_by,
+        star,
+        recommendation,
+        verdicts,
+        len(tables) if isinstance(tables, list) else 0,
+    )
 
 
 def resolve_run(ref: str, results: str | os.PathLike[str], *, warn: Warn = _ignore) -> RunFile:

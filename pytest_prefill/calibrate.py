@@ -8,9 +8,14 @@ import dataclasses
 import datetime
 import math
 import platform
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pytest_prefill.advice import (  # re-exported: the one recommendation rule lives there
+    DISAGGREGATE_OVERHEAD_FRACTION as DISAGGREGATE_OVERHEAD_FRACTION,
+)
+from pytest_prefill.advice import MIN_USEFUL_CHUNK as MIN_USEFUL_CHUNK
+from pytest_prefill.advice import Recommendation, chunk_star_text, recommend
 from pytest_prefill.scheduler import CostModel
 from pytest_prefill.timing import Fit, Measurement, fit_from_dict, fit_line
 
@@ -25,13 +30,6 @@ DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 3
 DRY_RUN_REPEATS = 3  # --dry-run caps repeats and warmup here; it never shortens a prompt
 DRY_RUN_WARMUP = 1
-
-# The recommendation (see ``recommend``): with overhead fraction f = pass overhead / decode
-# step, prefer disaggregation when C* <= 0 (f >= 1), when f >= DISAGGREGATE_OVERHEAD_FRACTION
-# (chunking has little room: every chunk pays most of a decode step in overhead), or when C* is
-# below MIN_USEFUL_CHUNK tokens; otherwise prefer chunked prefill with a chunk of about C*.
-DISAGGREGATE_OVERHEAD_FRACTION = 0.5
-MIN_USEFUL_CHUNK = 16
 
 POINT_KINDS = ("prefill", "decode_kv", "decode_batch")
 Progress = Callable[[str], object]
@@ -99,111 +97,9 @@ class Refusal:
         return cls(data["constant"], str(data.get("reason", "")), dict(numbers))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Recommendation:
-    """What to do on this machine: ``policy`` is ``chunked``, ``disaggregated`` or
-    ``undetermined`` (the per-token prefill cost was refused); ``chunk``
-    the suggested chunk (C* rounded) when chunking; ``line`` the sentence to print."""
-
-    policy: str
-    chunk: int | None
-    chunk_star: float
-    overhead_fraction: float
-    line: str
-
-    def __str__(self) -> str:
-        return self.line
-
-
-def recommend(cost: CostModel, refused: Collection[str] = ()) -> Recommendation:
-    """The recommendation for ``cost`` (thresholds: ``DISAGGREGATE_OVERHEAD_FRACTION``,
-    ``MIN_USEFUL_CHUNK``; see the module constants). ``refused`` names the constants a
-    calibration refused: without a per-token prefill cost C* means nothing, and the policy is
-    ``undetermined``."""
-    star = cost.chunk_star()
-    fraction = cost.prefill_pass_overhead / cost.decode_step_base
-    if "prefill_per_token" in refused:
-        return Recommendation(
-            "undetermined",
-            None,
-            star,
-            fraction,
-            "-> no recommendation: prefill_per_token was refused, so this C* rests on noise. "
-            "Measure again (more --repeats, a quieter machine).",
-        )
-    if star <= 0:
-        return Recommendation(
-            "disaggregated",
-            None,
-            star,
-            fraction,
-            "-> C* <= 0: the pass overhead alone fills a decode step, so no chunk rides along "
-            "for free. Prefer DISAGGREGATION.",
-        )
-    if fraction >= DISAGGREGATE_OVERHEAD_FRACTION:
-        return Recommendation(
-            "disaggregated",
-            None,
-            star,
-            fraction,
-            "-> chunking has almost no room here. Prefer DISAGGREGATION.",
-        )
-    if math.isinf(star):
-        return Recommendation(
-            "chunked",
-            None,
-            star,
-            fraction,
-            "-> prompt tokens cost nothing measurable within a decode step: any chunk rides "
-            "along. Prefer CHUNKED prefill.",
-        )
-    if star < MIN_USEFUL_CHUNK:
-        return Recommendation(
-            "disaggregated",
-            None,
-            star,
-            fraction,
-            f"-> C* is under {MIN_USEFUL_CHUNK} tokens: a decode step has room for only a "
-            "handful of prompt tokens, and chunks that small multiply the passes. Prefer "
-            "DISAGGREGATION.",
-        )
-    chunk = round(star)
-    return Recommendation(
-        "chunked",
-        chunk,
-        star,
-        fraction,
-        f"-> chunking has room: chunk ~ {chunk} tokens (vLLM max_num_batched_tokens ~ {chunk} "
-        "+ decode rows). Prefer CHUNKED prefill.",
-    )
-
-
 def _ms(seconds: float) -> str:
     value = seconds * 1e3
     return f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
-
-
-def _us(seconds: float) -> str:
-    value = seconds * 1e6
-    return f"{value:.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
-
-
-def chunk_star_text(cost: CostModel, refused: Collection[str] = ()) -> str:
-    """The C* derivation block, with ``cost``'s numbers, ending with the recommendation."""
-    star = cost.chunk_star()
-    advice = recommend(cost, refused)
-    result = f"{star:.0f}" if math.isfinite(star) else ("inf" if star > 0 else "-inf")
-    return "\n".join(
-        [
-            "C* = (decode_step - pass_overhead) / prefill_per_token",
-            f"   = ({_ms(cost.decode_step_base)} - {_ms(cost.prefill_pass_overhead)}) ms / "
-            f"{_us(cost.prefill_per_token)} us",
-            f"   = {result} tokens",
-            "",
-            f"pass overhead is {advice.overhead_fraction:.0%} of one decode step",
-            advice.line,
-        ]
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +220,7 @@ def provenance(
         "model_source": loaded.source,
         "dtype": loaded.dtype_name,
         "attention": str(getattr(loaded.config, "_attn_implementation", None) or "default"),
+        "torch_threads": torch.get_num_threads(),
         "kv_bytes_per_token": loaded.kv_bytes_per_token,
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -19,8 +19,8 @@ COMMANDS = {
     "demo": "pytest_prefill.commands.demo",
     "timeline": "pytest_prefill.commands.timeline",
     "compare": "pytest_prefill.commands.compare",
+    "runs": "pytest_prefill.commands.runs",
     "fidelity": "pytest_prefill.commands.fidelity",
-    # "calibrate", "demo" (measurement), "compare" (archive), "timeline", "fidelity" (engine)
 }
 
 

@@ -14,13 +14,15 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.archive import RunFile, Warn, latest_run, read_run
+from pytest_prefill.advice import chunk_star_text
+from pytest_prefill.archive import RUN_ID, RunFile, Warn, find_run, latest_run, read_run
+from pytest_prefill.cost_spec import refusals_in
 from pytest_prefill.costs import cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
@@ -123,14 +125,27 @@ def side_from_document(data: Mapping[str, Any], label: str, origin: str) -> Side
 
 
 def load_side(
-    ref: str, results: str | os.PathLike[str], label: str, *, warn: Warn = _ignore
+    ref: str,
+    results: str | os.PathLike[str],
+    label: str,
+    *,
+    warn: Warn = _ignore,
+    machine: str | None = None,
 ) -> Side:
-    """A side named by ``ref``: a run file, a calibration file, or a machine key (its latest
-    run with a calibration, under ``results``).
+    """A side named by ``ref``: a run id (``0001`` -- a run of ``machine`` -- or
+    ``KEY/0001``, as ``prefill-bench runs`` lists them), a run file, a calibration file, or a
+    machine key (its latest run with a calibration, under ``results``).
 
     Raises:
         ValueError: naming ``ref``, when it is none of those or holds nothing to compare.
     """
+    numbered = RUN_ID.match(ref)
+    if numbered and not os.path.isfile(ref):
+        key = numbered.group(1) or machine
+        if key is None:
+            raise ValueError(f"{ref!r}: a bare run number needs a machine (give KEY/{ref})")
+        found = find_run(results, key, int(numbered.group(2)), warn=warn)
+        return side_from_document(found.data, label, str(found.path))
     if ref.endswith(".json") or os.sep in ref or os.path.isfile(ref):
         if not os.path.isfile(ref):
             raise ValueError(f"{ref!r}: no such file")
@@ -258,14 +273,47 @@ def compare_table(a: Side, b: Side, rows: list[Row] | None = None) -> str:
     )
 
 
+def gate(rows: Sequence[Row], percent: float) -> tuple[list[Row], list[Row]]:
+    """(the constants that differ beyond both spreads *and* by more than ``percent`` %, the
+    constants that could not be judged: a side recorded no spread, or refused the constant).
+    Link constants are stated, not measured, and never gate."""
+    if not (isinstance(percent, (int, float)) and math.isfinite(percent) and percent >= 0):
+        raise ValueError(f"percent must be a finite number >= 0, got {percent!r}")
+    failed, unjudged = [], []
+    for r in rows:
+        if r.beyond == "assumed":
+            continue
+        if r.refused_a or r.refused_b or r.beyond == "unknown":
+            unjudged.append(r)
+        elif r.beyond == "yes" and not abs(r.relative) <= percent / 100:
+            failed.append(r)  # NaN relative (A is 0) counts as beyond any percentage
+    return failed, unjudged
+
+
+def gate_lines(rows: Sequence[Row], percent: float) -> tuple[bool, list[str]]:
+    """(whether the gate passed, the lines that say so)."""
+    failed, unjudged = gate(rows, percent)
+    lines = []
+    for r in failed:
+        relative = "from 0" if math.isnan(r.relative) else f"{r.relative:+.1%}"
+        lines.append(f"  {r.constant}: {relative}, beyond both spreads")
+    if unjudged:
+        names = ", ".join(r.constant for r in unjudged)
+        lines.append(f"  not judged (a side refused it or recorded no spread): {names}")
+    head = (
+        f"--fail-above {percent:g}%: FAIL, {len(failed)} constant(s) differ beyond both "
+        f"spreads and by more than {percent:g}%"
+        if failed
+        else f"--fail-above {percent:g}%: pass, no constant differs beyond both spreads and "
+        f"by more than {percent:g}%"
+    )
+    return not failed, [head, *lines]
+
+
 def verdict_lines(side: Side) -> list[str]:
-    """C* and the recommendation for one side."""
-    try:
-        from pytest_prefill.calibrate import chunk_star_text
-    except ImportError:  # an older checkout: the bare numbers
-        star = side.cost.chunk_star()
-        return [f"C* = {star:,.0f} tokens"]
-    return chunk_star_text(side.cost).splitlines()
+    """C* and the recommendation for one side, in the words calibrate prints (its own
+    calibration's refusals included: a refused per-token cost means no recommendation)."""
+    return chunk_star_text(side.cost, refusals_in(side.calibration)).splitlines()
 
 
 def comparison_report(a: Side, b: Side) -> str:

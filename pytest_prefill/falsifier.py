@@ -5,12 +5,14 @@ or FAILS against exactly that claim. Nothing here prints: text goes to ``emit``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
+from pytest_prefill.advice import FALLBACK_CHUNK as FALLBACK_CHUNK
+from pytest_prefill.advice import choose_chunk
+from pytest_prefill.advice import chunk_from_cost as chunk_from_cost
 from pytest_prefill.scheduler import CostModel
 from pytest_prefill.timing import Measurement
 
@@ -23,7 +25,6 @@ SCHEMA_VERSION = 1
 VERDICTS = ("HOLDS", "FAILS")
 DEFAULT_PROMPT_LEN = 2048
 STREAM_CONTEXT = 128  # cached tokens of the live stream (the lab scenario's stream prompt)
-FALLBACK_CHUNK = 16  # when C* gives no usable chunk (C* < 1): the smallest useful chunk
 
 Emit = Callable[[str], object]
 
@@ -98,25 +99,17 @@ def verdict(shared: Measurement, chunked: Measurement) -> tuple[str, str]:
     )
 
 
-def chunk_from_cost(cost: CostModel, prompt_len: int) -> int:
-    """C* rounded, kept within [1, prompt_len]; ``FALLBACK_CHUNK`` when C* < 1."""
-    star = cost.chunk_star()
-    if math.isinf(star) and star > 0:
-        return prompt_len
-    if not star >= 1:
-        return min(FALLBACK_CHUNK, prompt_len)
-    return max(1, min(round(star), prompt_len))
-
-
 def _chunk_for(
     cost: CostModel, prompt_len: int, source: str, usable: bool = True
 ) -> tuple[int, str]:
-    """The chunk to test and a phrase saying where it came from."""
+    """The chunk to test (the one rule, :func:`advice.choose_chunk`) and a phrase saying
+    where it came from."""
     star = cost.chunk_star()
+    chosen = choose_chunk(cost, prompt_len, () if usable else ("prefill_per_token",))
     if usable and star >= 1:
-        return chunk_from_cost(cost, prompt_len), source
+        return chosen.chunk, source
     why = "its per-token prefill cost was refused" if not usable else f"C* = {star:.0f}"
-    return min(FALLBACK_CHUNK, prompt_len), f"fallback: {source} is unusable, {why}"
+    return chosen.chunk, f"fallback: {source} is unusable, {why}"
 
 
 def _ms(seconds: float) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.archive import json_safe
-from pytest_prefill.scheduler import CostModel, simulate
+from pytest_prefill.advice import choose_chunk, star_text
+from pytest_prefill.archive import RunSummary, json_safe
+from pytest_prefill.scheduler import CostModel, Trace, simulate
 from pytest_prefill.whatif import SweepRow
 from pytest_prefill.workloads import lab_scenario
 
@@ -88,6 +89,11 @@ def _text_field(field: str, value: object, *, allow_empty: bool = False) -> str:
     return value
 
 
+def _field(data: Mapping[str, Any], key: str) -> Any:
+    """A field of an archived entry, unchecked (the constructor checks it)."""
+    return data.get(key)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Table:
     """A titled, already formatted table; ``data`` is its JSON form for the archive (or None);
@@ -109,10 +115,10 @@ class Table:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Table:
         return cls(
-            data.get("title"),
-            data.get("text"),
-            data.get("data"),  # type: ignore[arg-type]
-            data.get("test") or "",
+            _field(data, "title"),
+            _field(data, "text"),
+            _field(data, "data"),
+            _field(data, "test") or "",
         )
 
 
@@ -146,11 +152,11 @@ class Verdict:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
         return cls(
-            data.get("name"),
-            data.get("verdict"),  # type: ignore[arg-type]
-            data.get("sentence"),
-            data.get("detail"),  # type: ignore[arg-type]
-            data.get("test") or "",
+            _field(data, "name"),
+            _field(data, "verdict"),
+            _field(data, "sentence"),
+            _field(data, "detail"),
+            _field(data, "test") or "",
         )
 
 
@@ -169,29 +175,65 @@ def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[
     return lines
 
 
-def lab_timeline_svg(
-    cost: CostModel, origin: str, *, prompt_len: int = 2048, max_bars: int = 150
-) -> str:
-    """The lab scenario (two live streams, a ``prompt_len`` prompt arriving at 100 ms) under
-    shared, chunked at C* and disaggregated serving, as an SVG timeline (at most ``max_bars``
-    bars per policy, so a tiny C* cannot make it megabytes)."""
-    from pytest_prefill.timeline import focus_window, render_svg
+@dataclasses.dataclass(frozen=True)
+class LabTimeline:
+    """The lab scenario simulated under shared, chunked and disaggregated serving, with the
+    chunk the one rule picks (:func:`advice.choose_chunk`) and a title that names the cost
+    model. What both the archive's timeline and ``prefill-bench timeline`` draw."""
 
-    load = lab_scenario(prompt_len=prompt_len)
-    from pytest_prefill.falsifier import chunk_from_cost
+    traces: tuple[Trace, ...]
+    chunk: int
+    how: str  # why the chunk is what it is
+    title: str
 
-    chunk = chunk_from_cost(cost, prompt_len)  # the falsifier's rule: C* rounded, 16 below 1
-    traces = [
+
+def lab_timeline(
+    cost: CostModel,
+    origin: str,
+    *,
+    streams: int = 2,
+    prompt_len: int = 2048,
+    arrival: float = 0.1,
+    chunk: int | None = None,
+    refused: Collection[str] = (),
+) -> LabTimeline:
+    """``streams`` live streams decoding and a ``prompt_len`` prompt (id "long") arriving at
+    ``arrival`` seconds, under the three designs; ``chunk`` None means the one chunk rule."""
+    load = lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival)
+    if chunk is None:
+        chosen = choose_chunk(cost, prompt_len, refused)
+        chunk, how = chosen.chunk, chosen.how
+    else:
+        how = "given"
+    traces = (
         simulate("shared", load, cost),
         simulate("chunked", load, cost, chunk=chunk),
         simulate("disaggregated", load, cost),
-    ]
-    title = (
-        f"Lab scenario: 2 live streams; a {prompt_len:,}-token prompt arrives at 100 ms. "
-        f"Chunk {chunk:,} (C* = {cost.chunk_star():,.0f}). Simulated from a cost "
-        f"model, not measured.\nCost model: {origin}"
     )
-    return render_svg(traces, window=focus_window(traces, "long"), max_bars=max_bars, title=title)
+    title = (
+        f"{streams} live stream{'s' * (streams != 1)} decoding; a "
+        f'{prompt_len:,}-token prompt ("long") arrives at {arrival * 1e3:,.0f} ms. '
+        f"Chunk {chunk:,} ({how}). Simulated from a cost model, not measured.\n"
+        f"Cost model: {origin}"
+    )
+    return LabTimeline(traces, chunk, how, title)
+
+
+def lab_timeline_svg(
+    cost: CostModel,
+    origin: str,
+    *,
+    prompt_len: int = 2048,
+    max_bars: int = 150,
+    refused: Collection[str] = (),
+) -> str:
+    """:func:`lab_timeline` as an SVG around the prompt (at most ``max_bars`` bars per policy,
+    so a tiny chunk cannot make it megabytes)."""
+    from pytest_prefill.timeline import focus_window, render_svg
+
+    drawn = lab_timeline(cost, origin, prompt_len=prompt_len, refused=refused)
+    window = focus_window(drawn.traces, "long")
+    return render_svg(drawn.traces, window=window, max_bars=max_bars, title=drawn.title)
 
 
 # Links for the KV-transfer table: stated assumptions, never measurements.
@@ -224,3 +266,23 @@ def kv_size_table(
         disable_numparse=True,
         colalign=("right",) * len(headers),
     )
+
+
+def runs_table(summaries: Sequence[RunSummary]) -> str:
+    """Archived runs, oldest first: id (what ``compare`` takes), date, commit, what made it,
+    C* and the recommendation of its calibration, its verdicts."""
+    body = [
+        (
+            r.id,
+            r.created,
+            r.commit,
+            r.made_by if len(r.made_by) <= 48 else r.made_by[:47] + "…",
+            "-" if r.chunk_star is None else star_text(r.chunk_star),
+            r.recommendation or "-",
+            ", ".join(f"{name} {verdict}" for name, verdict in r.verdicts) or "-",
+            r.tables,
+        )
+        for r in summaries
+    ]
+    headers = ("id", "created", "commit", "made by", "C*", "recommendation", "verdicts", "tables")
+    return tabulate(body, headers=headers, tablefmt="simple", disable_numparse=True)

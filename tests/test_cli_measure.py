@@ -54,34 +54,23 @@ def test_calibrate_prints_the_report_and_writes_json(tmp_path, capsys):
 
 def test_demo_prints_the_claim_first_and_ends_with_a_verdict(tmp_path, capsys):
     path = tmp_path / "demo.json"
-    assert main(["demo", *TINY, "--dry-run", "--prompt-len", "64", "--json", str(path)]) == 0
+    status = main(["demo", *TINY, "--dry-run", "--prompt-len", "64", "--json", str(path)])
     out = capsys.readouterr().out
     assert out.startswith(f"Falsifier: {CLAIM}")
     last = [line for line in out.splitlines() if line.strip()][-2]  # before "wrote PATH"
     assert last.startswith(("HOLDS", "FAILS"))
     assert "x baseline" in out and "cached tokens" in out
-    assert json.loads(path.read_text())["verdict"] in ("HOLDS", "FAILS")
+    verdict = json.loads(path.read_text())["verdict"]
+    assert verdict in ("HOLDS", "FAILS")
+    assert status == (1 if verdict == "FAILS" else 0), "CI gates on the exit status"
 
 
 def test_demo_takes_the_chunk_from_a_cost_preset(capsys):
-    assert (
-        main(
-            [
-                "demo",
-                *TINY,
-                "--repeats",
-                "1",
-                "--warmup",
-                "0",
-                "--prompt-len",
-                "256",
-                "--cost",
-                "lab-laptop",
-            ]
-        )
-        == 0
-    )
-    assert "Chunk 121 tokens (C* of the given cost model)" in capsys.readouterr().out
+    argv = ["demo", *TINY, "--repeats", "1", "--warmup", "0", "--prompt-len", "256"]
+    status = main([*argv, "--cost", "lab-laptop"])
+    out = capsys.readouterr().out
+    assert "Chunk 121 tokens (C* of the given cost model)" in out
+    assert status == (1 if "\nFAILS" in out else 0)
 
 
 def test_simulate_can_measure_its_cost_model(capsys):

@@ -190,3 +190,77 @@ def test_compare_needs_neither_torch_nor_numpy(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "beyond spread?" in done.stdout
+
+
+def test_run_numbers_as_runs_lists_them_are_accepted(tmp_path, capsys):
+    first = write_run(tmp_path, "cpu-one", LAB)
+    second = write_run(tmp_path, "cpu-one", LAB)
+    common = ["--results", str(tmp_path), "--machine", "cpu-one"]
+    assert main(["compare", "0001", "0002", *common]) == 0
+    out = capsys.readouterr().out
+    assert f"A: {first}" in out and f"B: {second}" in out
+    assert main(["compare", "cpu-one/0002", "cpu-one/0001", "--results", str(tmp_path)]) == 0
+    assert f"A: {second}" in capsys.readouterr().out
+
+
+def test_a_missing_run_number_lists_the_numbers_there(tmp_path, capsys):
+    write_run(tmp_path, "cpu-one", LAB)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "cpu-one/0001", "cpu-one/0007", "--results", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no run 0007 archived for machine 'cpu-one'" in err and "0001" in err
+
+
+def test_a_refused_per_token_cost_gives_no_recommendation_in_compare(tmp_path, capsys):
+    refusing = tmp_path / "refusing.json"
+    refusing.write_text(json.dumps(calibration(LAB, refused=("prefill_per_token",))))
+    assert main(["compare", str(refusing), str(refusing)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("-> no recommendation: prefill_per_token was refused") == 2
+    assert "DISAGGREGATION" not in out
+
+
+def scaled(cost: CostModel, factor: float) -> CostModel:
+    return CostModel.from_dict(
+        {**cost.to_dict(), "prefill_per_token": cost.prefill_per_token * factor}
+    )
+
+
+@pytest.mark.parametrize(
+    ("factor", "percent", "status"),
+    [
+        (1.0, 10.0, 0),  # identical
+        (1.5, 10.0, 1),  # +50%, far beyond the spread
+        (1.5, 60.0, 0),  # beyond the spread but within the percentage
+        (1.00001, 0.0, 0),  # beyond 0% but within the spread
+    ],
+)
+def test_fail_above_gates_on_spread_and_percentage_together(
+    tmp_path, capsys, factor, percent, status
+):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(calibration(LAB)))
+    b.write_text(json.dumps(calibration(scaled(LAB, factor))))
+    assert main(["compare", str(a), str(b), "--fail-above", str(percent)]) == status
+    out = capsys.readouterr().out
+    assert ("FAIL" in out) == bool(status)
+    if status:
+        assert "prefill_per_token: +50.0%, beyond both spreads" in out
+
+
+def test_without_fail_above_compare_never_fails(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(calibration(LAB)))
+    b.write_text(json.dumps(calibration(scaled(LAB, 3.0))))
+    assert main(["compare", str(a), str(b)]) == 0
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "ten"])
+def test_a_bad_percentage_is_a_usage_error(tmp_path, capsys, bad):
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(calibration(LAB)))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(a), str(a), "--fail-above", bad])
+    assert exit_info.value.code == 2
+    assert "--fail-above" in capsys.readouterr().err

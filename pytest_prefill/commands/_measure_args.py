@@ -1,6 +1,7 @@
-"""Flags shared by the commands that measure (``calibrate``, ``demo``, ``simulate --cost
-measure``), and the glue that turns them into a loaded model and a calibration. Importing this
-module imports no torch."""
+"""Flags shared by the commands that measure (``calibrate``, ``demo``, ``fidelity``,
+``simulate``/``timeline --cost measure``), the glue that turns them into a loaded model and a
+calibration, and ``--cost`` resolved by the one rule (:mod:`pytest_prefill.cost_spec`).
+Importing this module imports no torch."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import argparse
 import sys
 from typing import Any
 
+from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
 from pytest_prefill.commands._args import non_negative_int, positive_int
+from pytest_prefill.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.models import DTYPES, MODEL_PRESETS, validate_device
+from pytest_prefill.scheduler import PRESETS
 
 DEFAULT_MODEL = "qwen3-0.6b"
 
@@ -62,22 +66,25 @@ def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+THREADS_HELP = (
+    "torch CPU threads (default 1 on the CPU, where intra-op threads stall whenever another "
+    "process holds a core; torch's own on CUDA); recorded in the calibration's provenance"
+)
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    """``--threads`` (torch CPU threads); apply it with :func:`apply_threads`."""
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's own; on a CPU shared with other work, fewer "
-        "threads than cores keeps their contention out of the timings)",
-    )
+    """``--threads`` (torch CPU threads); :func:`load` applies it."""
+    parser.add_argument("--threads", type=positive_int, default=None, help=THREADS_HELP)
 
 
-def apply_threads(args: argparse.Namespace) -> None:
-    if getattr(args, "threads", None):
+def apply_threads(args: argparse.Namespace, device: Any = None) -> None:
+    """Set torch's threads: ``--threads``, else 1 when ``device`` is the CPU."""
+    threads = getattr(args, "threads", None)
+    on_cpu = device is not None and getattr(device, "type", str(device)) == "cpu"
+    if threads or on_cpu:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads or 1)
 
 
 def progress(text: str) -> None:
@@ -91,25 +98,82 @@ def load(args: argparse.Namespace) -> Any:
 
     progress(f"loading {args.model} ...")
     try:
-        return load_model(args.model, device=args.device, dtype=args.dtype)
+        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     except ImportError as err:
         raise ValueError(
             f"measuring needs torch, transformers and numpy ({err}); install them, e.g. "
             "pip install 'pytest-prefill[measure]'"
         ) from None
+    apply_threads(args, loaded.device)
+    _say_up_front(args, loaded)
+    return loaded
+
+
+def _say_up_front(args: argparse.Namespace, loaded: Any) -> None:
+    """What a user would otherwise learn an hour later: the CPU was used, and it is slow."""
+    if getattr(loaded.device, "type", str(loaded.device)) != "cpu":
+        return
+    if args.device is None:
+        progress("no CUDA device found: measuring on the CPU (--device cpu says so explicitly)")
+    if args.model != "tiny":
+        progress(
+            f"{args.model} on a CPU is slow: a full calibration can take most of an hour "
+            "(--model tiny takes seconds; --dry-run cuts the repeats)"
+        )
+
+
+def measure(args: argparse.Namespace) -> Any:
+    """A fresh ``Calibration`` of the model the flags name."""
+    from pytest_prefill.calibrate import calibrate
+
+    loaded = load(args)
+    return calibrate(
+        loaded, repeats=args.repeats, warmup=args.warmup, dry_run=args.dry_run, progress=progress
+    )
+
+
+def measured_origin(calibration: Any) -> str:
+    """The line that says where a fresh calibration's numbers come from."""
+    info = calibration.provenance
+    return (
+        f"measured now: {info['model']} on {info['device_name']}, {info['dtype']}, "
+        f"{info['repeats']} repeats{' (dry run)' if info['dry_run'] else ''}"
+    )
 
 
 def measure_cost(args: argparse.Namespace) -> tuple[Any, str]:
     """A fresh calibration of the model the flags name: (cost model, origin line)."""
-    from pytest_prefill.calibrate import calibrate
+    calibration = measure(args)
+    return calibration.cost, measured_origin(calibration)
 
-    loaded = load(args)
-    calibration = calibrate(
-        loaded, repeats=args.repeats, warmup=args.warmup, dry_run=args.dry_run, progress=progress
+
+def add_cost_argument(parser: argparse.ArgumentParser, default: str | None = "lab-laptop") -> None:
+    """``--cost SPEC`` plus the archive flags ``archive`` needs; with ``measure``, the model,
+    timing and threads flags apply (add them too)."""
+    shown = f"(default: {default})" if default else "(default: a quick calibration made now)"
+    parser.add_argument(
+        "--cost",
+        default=default,
+        metavar="SPEC",
+        help=f"cost model: a preset ({', '.join(PRESETS)}), a calibration or run JSON path, "
+        "'archive' (the latest calibration archived for --machine under --results) or "
+        f"'measure' (a fresh calibration of --model on --device) {shown}",
     )
-    info = calibration.provenance
-    origin = (
-        f"measured now: {info['model']} on {info['device_name']}, {info['dtype']}, "
-        f"{info['repeats']} repeats{' (dry run)' if info['dry_run'] else ''}"
+    add_archive_arguments(parser)
+
+
+def resolve_cost_args(args: argparse.Namespace) -> CostSpec:
+    """``--cost`` by the one rule; ``measure`` is measured here (ValueError naming the spec
+    when it cannot be resolved)."""
+
+    def warn(message: str) -> None:
+        print(f"prefill-bench: {message}", file=sys.stderr)
+
+    device = getattr(args, "device", None)
+    spec = resolve_cost(
+        args.cost, results=args.results, machine=machine_of(args, device), warn=warn
     )
-    return calibration.cost, origin
+    if spec.kind != "measure":
+        return spec
+    calibration = measure(args)
+    return spec.measured(calibration.cost, measured_origin(calibration), calibration.refused())

@@ -7,6 +7,7 @@ import argparse
 
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._measure_args import (
+    add_cost_argument,
     add_model_arguments,
     add_threads_argument,
     add_timing_arguments,
@@ -14,6 +15,7 @@ from pytest_prefill.commands._measure_args import (
     load,
     positive_int,
     progress,
+    resolve_cost_args,
 )
 
 HELP = "the falsifier: does chunked prefill shorten a live stream's worst token gap here?"
@@ -36,12 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="chunk size to test (default: C*, from --cost or a quick calibration made now)",
     )
-    parser.add_argument(
-        "--cost",
-        default=None,
-        metavar="SPEC",
-        help="take C* from this cost model (a preset or a calibration JSON)",
-    )
+    add_cost_argument(parser, default=None)  # C* for the chunk
     parser.add_argument("--json", metavar="PATH", help="also write the result JSON here")
 
 
@@ -50,10 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
     cost = None
     if args.cost is not None:
-        from pytest_prefill.costs import load_cost
-
-        cost, origin = load_cost(args.cost)
-        progress(f"cost model: {origin}")
+        spec = resolve_cost_args(args)
+        cost = spec.cost
+        progress(f"cost model: {spec.source}")
     apply_threads(args)
     loaded = load(args)
 
@@ -74,4 +70,4 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json_atomic(args.json, result.to_dict())
         print(f"wrote {args.json}")
-    return 0  # FAILS is a finding about the hardware, not an error of the command
+    return 1 if result.verdict == "FAILS" else 0  # CI gates on the verdict

@@ -7,15 +7,16 @@ import datetime
 
 from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.advice import recommend, star_text
 from pytest_prefill.commands._args import non_negative_float, positive_int
 from pytest_prefill.commands._measure_args import (
+    add_cost_argument,
     add_model_arguments,
+    add_threads_argument,
     add_timing_arguments,
-    measure_cost,
+    resolve_cost_args,
 )
-from pytest_prefill.costs import load_cost
 from pytest_prefill.report import sweep_rows_json, sweep_table
-from pytest_prefill.scheduler import PRESETS
 from pytest_prefill.whatif import chunk_sweep, default_chunks
 from pytest_prefill.workloads import lab_scenario
 
@@ -23,14 +24,7 @@ HELP = "simulate the lab scenario under every policy and sweep the chunk size"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--cost",
-        default="lab-laptop",
-        metavar="SPEC",
-        help=f"cost model: a preset ({', '.join(PRESETS)}), a calibration/run JSON path, or "
-        "'measure' (a fresh calibration of --model on --device) "
-        "(default: lab-laptop)",
-    )
+    add_cost_argument(parser)
     parser.add_argument(
         "--prompt-len",
         type=positive_int,
@@ -56,10 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON here")
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
+    add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    cost, origin = measure_cost(args) if args.cost == "measure" else load_cost(args.cost)
+    spec = resolve_cost_args(args)
+    assert spec.cost is not None  # measured by resolve_cost_args
+    cost, origin = spec.cost, spec.source
     load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
     chunks = args.chunk or default_chunks(cost, args.prompt_len)
     rows = chunk_sweep(cost, load, chunks)
@@ -69,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         f"Scenario: {args.streams} live streams decoding, a {args.prompt_len}-token prompt "
         f"arrives at {args.arrival * 1e3:.0f} ms. Simulated, not measured."
     )
-    print(f"C* = {star:.0f} tokens" if star > -1e300 else "C* = -inf")
+    print(f"C* = {star_text(star)} tokens")
+    print(recommend(cost, spec.refused).line)
     print()
     print(sweep_table(rows))
     print()

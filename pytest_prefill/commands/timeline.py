@@ -1,23 +1,28 @@
 """``prefill-bench timeline``: draw the lab scenario under shared, chunked and disaggregated
-serving as an SVG timeline (and, with ``--text``, in the terminal)."""
+serving as an SVG timeline, or export it as a Chrome trace-event JSON for Perfetto (and, with
+``--text``, show it in the terminal)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import textwrap
 
 from pytest_prefill._io import write_atomic
+from pytest_prefill.advice import choose_chunk
 from pytest_prefill.commands._args import non_negative_float, positive_int
 from pytest_prefill.commands._measure_args import (
+    add_cost_argument,
     add_model_arguments,
+    add_threads_argument,
     add_timing_arguments,
-    measure_cost,
+    resolve_cost_args,
 )
-from pytest_prefill.costs import load_cost
-from pytest_prefill.scheduler import PRESETS, CostModel, simulate
+from pytest_prefill.report import lab_timeline
+from pytest_prefill.scheduler import CostModel
 from pytest_prefill.timeline import focus_window, layout, render_svg, render_text
-from pytest_prefill.workloads import lab_scenario
+from pytest_prefill.trace_events import chrome_trace
 
 HELP = "draw the lab scenario's timeline under shared, chunked and disaggregated serving"
 
@@ -36,6 +41,19 @@ def window_type(text: str) -> tuple[float, float]:
     return window
 
 
+OUT_SUFFIXES = (".svg", ".json")
+
+
+def out_type(text: str) -> str:
+    """A path ending in .svg (the drawing) or .json (Chrome trace events)."""
+    if not text.lower().endswith(OUT_SUFFIXES):
+        raise argparse.ArgumentTypeError(
+            f"must end in .svg (an SVG drawing) or .json (Chrome trace events for Perfetto), "
+            f"got {text!r}"
+        )
+    return text
+
+
 def positive_float(text: str) -> float:
     value = non_negative_float(text)
     if value == 0:
@@ -44,14 +62,15 @@ def positive_float(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", metavar="FILE.svg", help="write the SVG timeline here")
     parser.add_argument(
-        "--cost",
-        default="lab-laptop",
-        metavar="SPEC",
-        help=f"cost model: a preset ({', '.join(PRESETS)}), a calibration/run JSON path, or "
-        "'measure' (a fresh calibration of --model on --device) (default: lab-laptop)",
+        "--out",
+        type=out_type,
+        metavar="FILE.svg|FILE.json",
+        help="write the timeline here: .svg draws it; .json writes the same trace as Chrome "
+        "trace events (open it in https://ui.perfetto.dev to zoom); any other extension is "
+        "an error",
     )
+    add_cost_argument(parser)
     parser.add_argument(
         "--prompt-len",
         type=positive_int,
@@ -62,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk",
         type=positive_int,
         metavar="TOKENS",
-        help="chunk size for the chunked policy (default: C*, rounded, >= 1)",
+        help="chunk size for the chunked policy (default: C* rounded, within the prompt; 16 "
+        "when C* < 1 or the per-token cost was refused)",
     )
     parser.add_argument(
         "--streams", type=positive_int, default=2, help="live streams already decoding (default 2)"
@@ -97,57 +117,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
+    add_threads_argument(parser)
 
 
 def default_chunk(cost: CostModel, prompt_len: int) -> int:
-    """C* rounded, at least 1 and at most the prompt (the whole prompt when C* is infinite)."""
-    star = cost.chunk_star()
-    return (
-        max(1, min(prompt_len, round(star)))
-        if math.isfinite(star)
-        else (prompt_len if star > 0 else 1)
-    )
+    """The chunk drawn when ``--chunk`` is not given: the one rule,
+    :func:`pytest_prefill.advice.choose_chunk`."""
+    return choose_chunk(cost, prompt_len).chunk
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.out and not args.text:
-        raise ValueError("give --out FILE.svg, --text, or both")
-    cost, origin = measure_cost(args) if args.cost == "measure" else load_cost(args.cost)
-    load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
-    chunk = args.chunk or default_chunk(cost, args.prompt_len)
-    traces = [
-        simulate("shared", load, cost),
-        simulate("chunked", load, cost, chunk=chunk),
-        simulate("disaggregated", load, cost),
-    ]
+        raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")
+    spec = resolve_cost_args(args)
+    assert spec.cost is not None  # measured by resolve_cost_args
+    drawn = lab_timeline(
+        spec.cost,
+        spec.source,
+        streams=args.streams,
+        prompt_len=args.prompt_len,
+        arrival=args.arrival,
+        chunk=args.chunk,
+        refused=spec.refused,
+    )
+    traces, chunk, title = list(drawn.traces), drawn.chunk, drawn.title
     window = args.window or ((0.0, args.until) if args.until else focus_window(traces, "long"))
-    star = cost.chunk_star()
-    how = (
-        "given"
-        if args.chunk
-        else f"C* = {star:,.0f}, rounded" + (", capped at the prompt" if star > chunk + 1 else "")
-        if star >= 1
-        else f"C* = {star:,.0f}: the pass overhead eats the decode step, so no chunk rides free"
-    )
-    title = (
-        f"{args.streams} live stream{'s' * (args.streams != 1)} decoding; a "
-        f'{args.prompt_len:,}-token prompt ("long") arrives at {args.arrival * 1e3:,.0f} ms. '
-        f"Chunk {chunk:,} ({how}). Simulated from a cost model, not measured.\n"
-        f"Cost model: {origin}"
-    )
-    # render both before writing or printing anything, so bad input leaves no half output
+    # render everything before writing or printing anything, so bad input leaves no half output
     text = args.text and render_text(
         traces, width=args.width, window=window, max_bars=args.max_bars
     )
-    svg = args.out and render_svg(traces, window=window, max_bars=args.max_bars, title=title)
+    as_json = bool(args.out) and args.out.lower().endswith(".json")
+    if as_json:
+        document = json.dumps(chrome_trace(traces, title), allow_nan=False) + "\n"
+    elif args.out:
+        document = render_svg(traces, window=window, max_bars=args.max_bars, title=title)
     if args.out:
-        write_atomic(args.out, svg)
+        write_atomic(args.out, document)
     if args.text:
         for line in title.split("\n"):
             print(textwrap.fill(line, args.width))
         print()
         print(text)
-    if args.out:
+    if as_json:
+        print(
+            f"wrote {args.out}: shared, chunked (chunk {chunk:,}), disaggregated as Chrome "
+            "trace events, the whole run (open it in https://ui.perfetto.dev)"
+        )
+    elif args.out:
         panels = layout(traces, window, args.max_bars).panels
         left_out = any(p.notes for p in panels)
         print(

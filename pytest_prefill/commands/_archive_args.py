@@ -1,0 +1,45 @@
+"""Flags shared by the commands that read or write the results archive (``--results``,
+``--machine``) and the machine key they mean. Imports no torch."""
+
+from __future__ import annotations
+
+import argparse
+
+from pytest_prefill.machine import KEY_PATTERN, cpu_model, machine_key, nvidia_accelerators
+
+DEFAULT_RESULTS = "results"
+
+
+def machine_key_type(text: str) -> str:
+    if not KEY_PATTERN.match(text):
+        raise argparse.ArgumentTypeError(
+            f"must be lower-case letters, digits and dashes (a folder name), got {text!r}"
+        )
+    return text
+
+
+def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--results DIR --machine KEY``."""
+    parser.add_argument(
+        "--results",
+        default=DEFAULT_RESULTS,
+        metavar="DIR",
+        help=f"the results archive, one folder per machine (default {DEFAULT_RESULTS}/)",
+    )
+    parser.add_argument(
+        "--machine",
+        type=machine_key_type,
+        default=None,
+        metavar="KEY",
+        help="the machine key (archive folder) to use instead of this machine's (default: "
+        "the GPU nvidia-smi reports, else the CPU, e.g. nvidia-h200, cpu-amd-epyc)",
+    )
+
+
+def machine_of(args: argparse.Namespace, device: str | None = None) -> str:
+    """``--machine``, else this machine's key for ``device`` (None: the default device)."""
+    given = getattr(args, "machine", None)
+    if given:
+        return str(given)
+    accelerators = [] if device == "cpu" else nvidia_accelerators()
+    return machine_key(device, accelerators, cpu_model())

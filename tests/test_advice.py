@@ -1,0 +1,78 @@
+"""The one chunk rule and the one recommendation: every report derives its chunk and its words
+from these, so a cost model gets the same chunk and the same sentence everywhere."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_prefill.advice import (
+    FALLBACK_CHUNK,
+    MIN_USEFUL_CHUNK,
+    choose_chunk,
+    chunk_from_cost,
+    chunk_star_text,
+    recommend,
+)
+from pytest_prefill.scheduler import PRESETS, CostModel
+
+pytestmark = pytest.mark.sim
+
+seconds = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+positive = st.floats(min_value=1e-6, max_value=1.0)
+
+
+def cost_of(overhead: float, per_token: float, decode: float) -> CostModel:
+    return CostModel(
+        prefill_pass_overhead=overhead, prefill_per_token=per_token, decode_step_base=decode
+    )
+
+
+@given(
+    overhead=positive,
+    per_token=seconds,
+    decode=positive,
+    prompt_len=st.integers(1, 100_000),
+)
+def test_the_chunk_is_c_star_rounded_within_the_prompt_or_the_fallback(
+    overhead, per_token, decode, prompt_len
+):
+    cost = cost_of(overhead, per_token, decode)
+    star = cost.chunk_star()
+    chosen = choose_chunk(cost, prompt_len)
+    assert 1 <= chosen.chunk <= prompt_len
+    if math.isinf(star) and star > 0:
+        assert chosen.chunk == prompt_len
+    elif star >= 1:
+        assert chosen.chunk == min(round(star), prompt_len)
+    else:
+        assert chosen.chunk == min(FALLBACK_CHUNK, prompt_len)
+    assert chunk_from_cost(cost, prompt_len) == chosen.chunk
+
+
+def test_a_refused_per_token_cost_gives_the_fallback_chunk_and_no_recommendation():
+    lab = PRESETS["lab-laptop"].cost
+    chosen = choose_chunk(lab, 2048, {"prefill_per_token"})
+    assert chosen.chunk == FALLBACK_CHUNK and "refused" in chosen.how
+    advice = recommend(lab, {"prefill_per_token"})
+    assert advice.policy == "undetermined" and advice.chunk is None
+    assert chunk_star_text(lab, {"prefill_per_token"}).endswith(advice.line)
+
+
+def test_the_fallback_is_the_smallest_useful_chunk():
+    assert FALLBACK_CHUNK == MIN_USEFUL_CHUNK
+
+
+@pytest.mark.parametrize("prompt_len", [0, -1, 1.5, True, "2048"])
+def test_a_bad_prompt_length_is_refused_by_name(prompt_len):
+    with pytest.raises(ValueError, match="prompt_len"):
+        choose_chunk(PRESETS["lab-laptop"].cost, prompt_len)
+
+
+def test_the_recommendation_is_json_able_with_infinite_c_star():
+    free = cost_of(1e-3, 0.0, 1e-2)
+    data = recommend(free).to_dict()
+    assert data["chunk_star"] == "inf" and data["policy"] == "chunked"

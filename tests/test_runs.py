@@ -1,0 +1,71 @@
+"""``prefill-bench runs``: every archived run with the id ``compare`` takes, and what it found."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from pytest_prefill import archive
+from pytest_prefill.advice import recommend
+from pytest_prefill.cli import main
+from pytest_prefill.scheduler import get_preset
+
+pytestmark = pytest.mark.sim
+LAB = get_preset("lab-laptop").cost
+
+
+def write(results, key, **run):
+    return archive.write_run(
+        results, key, run, commit="abcdef12", dirty=False, when=datetime.datetime(2026, 1, 1)
+    )
+
+
+def test_one_machine_lists_run_numbers_with_c_star_and_verdicts(tmp_path, capsys):
+    write(
+        tmp_path,
+        "cpu-one",
+        calibration={"cost_model": LAB.to_dict()},
+        command="prefill-bench calibrate",
+    )
+    write(
+        tmp_path,
+        "cpu-one",
+        verdicts=[{"name": "falsifier", "verdict": "FAILS"}],
+        pytest={"args": ["-m", "gpu"]},
+    )
+    assert main(["runs", "cpu-one", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    first = next(line for line in lines if line.startswith("0001 "))
+    second = next(line for line in lines if line.startswith("0002 "))
+    assert f"{LAB.chunk_star():.0f}" in first and recommend(LAB).policy in first
+    assert "prefill-bench calibrate" in first
+    assert "falsifier FAILS" in second and "pytest -m gpu" in second
+
+
+def test_every_machine_is_listed_with_key_prefixed_ids_that_compare_takes(tmp_path, capsys):
+    write(tmp_path, "cpu-one", calibration={"cost_model": LAB.to_dict()})
+    write(tmp_path, "nvidia-h200", calibration={"cost_model": LAB.to_dict()})
+    assert main(["runs", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "cpu-one/0001" in out and "nvidia-h200/0001" in out
+    assert main(["compare", "cpu-one/0001", "nvidia-h200/0001", "--results", str(tmp_path)]) == 0
+
+
+def test_an_empty_archive_or_unknown_machine_is_an_error_that_says_where(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["runs", "--results", str(tmp_path)])
+    assert exit_info.value.code == 2 and str(tmp_path) in capsys.readouterr().err
+    write(tmp_path, "cpu-one")
+    with pytest.raises(SystemExit):
+        main(["runs", "cpu-two", "--results", str(tmp_path)])
+    assert "machines there: cpu-one" in capsys.readouterr().err
+
+
+def test_a_corrupt_file_is_reported_and_skipped(tmp_path, capsys):
+    write(tmp_path, "cpu-one")
+    (tmp_path / "cpu-one" / "0002_abcdef12_20260101_000000.json").write_text("{oops")
+    assert main(["runs", "cpu-one", "--results", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "0001" in captured.out and "skipped" in captured.err
