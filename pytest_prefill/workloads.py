@@ -10,7 +10,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from pytest_prefill.scheduler import Request, _count, _number
@@ -55,6 +55,8 @@ def poisson(
     _number("rate", rate, positive=True)
     _count("count", count, minimum=0)
     _number("start", start)
+    _check_length("prompt_len", prompt_len)
+    _check_length("output_len", output_len)
     rng = random.Random(seed)
 
     def draw(field: str, spec: int | Callable[[random.Random], int] | Sequence[int]) -> int:
@@ -63,10 +65,6 @@ def poisson(
         value = spec(rng) if callable(spec) else rng.choice(spec)
         return _count(field, value)
 
-    if isinstance(prompt_len, Sequence) and not prompt_len:
-        raise ValueError("prompt_len must not be an empty sequence")
-    if isinstance(output_len, Sequence) and not output_len:
-        raise ValueError("output_len must not be an empty sequence")
     t = start
     load = []
     for i in range(count):
@@ -75,6 +73,23 @@ def poisson(
             Request(f"p{i}", t, draw("prompt_len", prompt_len), draw("output_len", output_len))
         )
     return load
+
+
+def _check_length(field: str, spec: object) -> None:
+    """A length spec is an int >= 1, a function of the ``random.Random``, or a non-empty
+    sequence (a string is none of these); what a function or a sequence yields is checked when
+    drawn."""
+    if callable(spec):
+        return
+    if isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)):
+        if not spec:
+            raise ValueError(f"{field} must not be an empty sequence")
+        return
+    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 1:
+        raise ValueError(
+            f"{field} must be an integer >= 1, a function of a random.Random, or a non-empty "
+            f"sequence of integers >= 1; got {spec!r}"
+        )
 
 
 def _parse_timestamp(text: str) -> datetime.datetime:
@@ -98,16 +113,22 @@ def load_azure(
 ) -> list[Request]:
     """Requests from an Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
+    Rows need not be in time order: they are sorted by timestamp (a stable sort, so equal
+    timestamps keep the file's order), and times count from the earliest row. A request's id
+    is ``az<row>``, its row in the file (0 for the first data row), whatever the order.
+
     Args:
-        path: the CSV file.
-        start, duration: keep rows whose time since the first row is in [start, start+duration)
-            seconds (all rows when duration is None); kept arrivals are shifted to begin at 0.
-        limit: keep at most this many rows (after the window).
+        path: the CSV file (UTF-8).
+        start, duration: keep rows whose time since the earliest row is in
+            [start, start+duration) seconds (all rows when duration is None); kept arrivals are
+            shifted to begin at 0.
+        limit: keep at most this many rows (the earliest, after the window).
         rate_scale: multiply the arrival rate (divide every arrival time) by this factor.
 
     Raises:
-        ValueError: naming the file and line, for a missing column, a bad timestamp or a
-            non-positive token count; or naming the argument for a bad window, limit or scale.
+        ValueError: naming the file and line, for a missing column, a bad timestamp, a
+            non-positive token count, a field over the csv module's size limit or bytes that
+            are not UTF-8; or naming the argument for a bad window, limit or scale.
         FileNotFoundError: when the file does not exist.
     """
     _number("start", start)
@@ -116,34 +137,61 @@ def load_azure(
     if limit is not None:
         _count("limit", limit)
     _number("rate_scale", rate_scale, positive=True)
+    rows = sorted(_azure_rows(path), key=lambda row: row[0])
     load: list[Request] = []
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header) != AZURE_COLUMNS:
-            raise ValueError(f"{path}: header must be {','.join(AZURE_COLUMNS)}, got {header!r}")
-        origin: datetime.datetime | None = None
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            try:
-                stamp, context, generated = row
-                moment = _parse_timestamp(stamp)
-                prompt, output = int(context), int(generated)
-            except ValueError as err:
-                raise ValueError(f"{path}:{line}: cannot read row {row!r} ({err})") from None
-            if prompt < 1 or output < 1:
-                raise ValueError(f"{path}:{line}: token counts must be >= 1, got {row!r}")
-            origin = origin or moment
-            offset = (moment - origin).total_seconds()
-            if offset < start:
-                continue
-            if duration is not None and offset >= start + duration:
-                break
-            load.append(Request(f"az{line - 2}", (offset - start) / rate_scale, prompt, output))
-            if limit is not None and len(load) >= limit:
-                break
+    for moment, index, prompt, output in rows:
+        offset = (moment - rows[0][0]).total_seconds()
+        if offset < start:
+            continue
+        if duration is not None and offset >= start + duration:
+            break
+        load.append(Request(f"az{index}", (offset - start) / rate_scale, prompt, output))
+        if limit is not None and len(load) >= limit:
+            break
     return load
+
+
+def _azure_rows(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[datetime.datetime, int, int, int]]:
+    """(timestamp, row index, prompt tokens, output tokens) of every data row, in file order."""
+    with open(path, "rb") as handle:
+        lines = _utf8_lines(handle, path)
+        reader = csv.reader(lines)
+        try:
+            header = next(reader, None)
+            if header is None or tuple(h.strip() for h in header) != AZURE_COLUMNS:
+                raise ValueError(
+                    f"{path}: header must be {','.join(AZURE_COLUMNS)}, got {header!r}"
+                )
+            for index, row in enumerate(reader):
+                if not row:
+                    continue
+                line = reader.line_num
+                try:
+                    stamp, context, generated = row
+                    moment = _parse_timestamp(stamp)
+                    prompt, output = int(context), int(generated)
+                except ValueError as err:
+                    raise ValueError(f"{path}:{line}: cannot read row {row!r} ({err})") from None
+                if prompt < 1 or output < 1:
+                    raise ValueError(f"{path}:{line}: token counts must be >= 1, got {row!r}")
+                yield moment, index, prompt, output
+        except csv.Error as err:  # e.g. a field over csv.field_size_limit() characters
+            raise ValueError(f"{path}:{reader.line_num}: not a CSV row ({err})") from None
+
+
+def _utf8_lines(handle: Iterable[bytes], path: str | os.PathLike[str]) -> Iterator[str]:
+    """The file's lines as text; bytes that are not UTF-8 are a ValueError naming the line
+    (a leading byte-order mark is dropped)."""
+    for number, raw in enumerate(handle, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{path}:{number}: not UTF-8 text ({err.reason}: byte {raw[err.start]:#04x} "
+                f"at column {err.start + 1})"
+            ) from None
 
 
 def azure_trace_path(name: str) -> str | None:

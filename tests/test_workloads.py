@@ -64,6 +64,12 @@ def test_poisson_refuses_bad_arguments(kwargs, field):
         poisson(args.pop("rate"), args.pop("count"), **args)
 
 
+@pytest.mark.parametrize("spec", [1.5, "1024", True, None, 0])
+def test_poisson_refuses_a_length_that_is_no_int_function_or_sequence(spec):
+    with pytest.raises(ValueError, match="prompt_len must be an integer >= 1, a function"):
+        poisson(1, 2, prompt_len=spec)
+
+
 def test_azure_loader_reads_seven_fractional_digits(tmp_path):
     path = write_csv(
         tmp_path,
@@ -264,3 +270,35 @@ def test_resolve_refuses_a_file_it_cannot_read(tmp_path):
 def test_scale_rate_refuses_a_non_positive_factor():
     with pytest.raises(ValueError, match="rate scale"):
         scale_rate(lab_scenario(), 0)
+
+
+def test_azure_rows_out_of_time_order_are_sorted_not_dropped(tmp_path):
+    stamps = ["18:17:10", "18:17:03", "18:17:05", "18:17:12"]
+    path = write_csv(tmp_path, [f"2023-11-16 {t}.0000000,{10 + i},2" for i, t in enumerate(stamps)])
+    load = load_azure(path)
+    # every row, in time order from the earliest; an id is the row of the file
+    assert [(r.id, r.arrival, r.prompt_len) for r in load] == [
+        ("az1", 0.0, 11),
+        ("az2", 2.0, 12),
+        ("az0", 7.0, 10),
+        ("az3", 9.0, 13),
+    ]
+    assert [r.id for r in load_azure(path, start=1, duration=7)] == ["az2", "az0"]
+    assert [r.id for r in load_azure(path, limit=2)] == ["az1", "az2"]
+
+
+def test_azure_loader_names_the_line_of_a_field_over_the_csv_limit(tmp_path):
+    path = write_csv(
+        tmp_path, ["2023-11-16 18:17:03.0,10,10", "2023-11-16 18:17:04.0,10," + "1" * 140_000]
+    )
+    with pytest.raises(ValueError, match=r"trace\.csv:3: not a CSV row \(field larger"):
+        load_azure(path)
+
+
+def test_azure_loader_names_the_file_and_line_of_bytes_that_are_not_utf8(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(
+        HEADER.encode() + b"2023-11-16 18:17:03.0,10,10\n2023-11-16 18:17:04.0,1\xff,2\n"
+    )
+    with pytest.raises(ValueError, match=r"trace\.csv:3: not UTF-8 text"):
+        load_azure(path)
