@@ -81,9 +81,7 @@ class CostExecutor:
         self.cost, self.clock = cost, clock
 
     def run(self, plan: Plan) -> float | None:
-        duration = self.cost.fused_iteration(
-            plan.prefill_tokens, plan.decode_rows, plan.kv_tokens, plan.context_tokens
-        )
+        duration = self.cost.iteration(plan.pieces(), plan.decode_rows, plan.kv_tokens)
         self.clock.t += duration
         # The simulator keys runs of equal decode steps on the formula's duration when it is
         # constant (no per-KV-token term) and on end - start otherwise; so does the engine.
@@ -153,6 +151,7 @@ def drive(
             plan.kv_tokens,
             plan.context_tokens,
             step=step or 0.0,
+            contexts=plan.contexts(),
         )
         worker.finish_at(end)
 

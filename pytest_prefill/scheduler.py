@@ -24,14 +24,24 @@ KINDS = ("prefill", "decode", "fused", "transfer")
 LINK = "link"  # the resource name of the KV link; every other resource is a compute worker
 
 
-def _number(field: str, value: Any, *, positive: bool = False, allow_inf: bool = False) -> float:
-    """Return ``value`` as a float, or raise ValueError naming ``field`` and what is allowed."""
+def check_number(
+    field: str, value: Any, *, positive: bool = False, allow_inf: bool = False
+) -> float:
+    """Return ``value`` as a float, or raise ValueError naming ``field`` and what is allowed.
+
+    The one number check of the package: rejects bools, non-numbers, NaN, negative values (and
+    0 when ``positive``), infinity unless ``allow_inf``, and ints too large for a float."""
     allowed = "a positive number" if positive else "a finite number >= 0"
     if allow_inf:
         allowed += " (inf allowed)"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{field} must be {allowed}, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(
+            f"{field} must be {allowed}, got an integer of {len(str(value))} digits"
+        ) from None
     if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
         raise ValueError(f"{field} must be {allowed}, got {value!r}")
     if value < 0 or (positive and value == 0):
@@ -39,20 +49,34 @@ def _number(field: str, value: Any, *, positive: bool = False, allow_inf: bool =
     return value
 
 
-def _count(field: str, value: Any, *, minimum: int = 1) -> int:
-    """Return ``value`` if it is an int >= ``minimum``, else raise ValueError naming ``field``."""
+def check_int(field: str, value: Any, *, minimum: int = 1) -> int:
+    """Return ``value`` if it is an int >= ``minimum``, else raise ValueError naming ``field``
+    (the one integer check of the package)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+Piece = tuple[int, int]  # a prompt piece in a pass: (new tokens T, tokens of context C)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CostModel:
     """What one iteration costs on a device, in seconds (sizes in tokens and bytes).
 
-    Every term is finite and >= 0; ``link_bandwidth`` (bytes/s) is > 0 and may be infinite.
-    A decode step must take time (``decode_step_base`` > 0) and so must a prefill pass
-    (``prefill_pass_overhead`` or ``prefill_per_token`` > 0), or token times could not increase.
+    DESIGN.md, "Simulation semantics", cost model v2. A prefill pass over pieces (T_i, C_i)
+    costs ``prefill_pass_overhead + prefill_per_token*sum(T) + prefill_per_pair*sum(T*C +
+    T*(T+1)/2) + decode_per_kv_token*sum(C)``; a decode step of n rows reading K cached tokens
+    ``decode_step_base + decode_per_seq*(n-1) + decode_per_kv_token*K``; a fused iteration
+    ``max(decode, compute) + fusion_penalty*min(decode, compute)`` where compute is the prefill
+    pass plus ``prefill_per_token*n``. With ``prefill_per_pair = fusion_penalty = 0`` this is
+    the lab's linear model exactly.
+
+    Every term is finite and >= 0; ``link_bandwidth`` (bytes/s) is > 0 and may be infinite;
+    ``fusion_penalty`` is in [0, 1]; ``kv_capacity_tokens`` (tokens of KV cache one compute
+    worker holds) is a whole number >= 1 or infinite. A decode step must take time
+    (``decode_step_base`` > 0) and so must a prefill pass (``prefill_pass_overhead`` or
+    ``prefill_per_token`` > 0), or token times could not increase.
     """
 
     prefill_pass_overhead: float
@@ -63,14 +87,17 @@ class CostModel:
     kv_bytes_per_token: float = 0.0
     link_bandwidth: float = math.inf
     link_latency: float = 0.0
+    prefill_per_pair: float = 0.0
+    fusion_penalty: float = 0.0
+    kv_capacity_tokens: float = math.inf
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "link_bandwidth":
-                checked = _number(f.name, value, positive=True, allow_inf=True)
+            if f.name in ("link_bandwidth", "kv_capacity_tokens"):
+                checked = check_number(f.name, value, positive=True, allow_inf=True)
             else:
-                checked = _number(f.name, value)
+                checked = check_number(f.name, value)
             object.__setattr__(self, f.name, checked)
         if self.decode_step_base <= 0:
             raise ValueError(f"decode_step_base must be > 0 seconds, got {self.decode_step_base!r}")
@@ -79,16 +106,45 @@ class CostModel:
                 "prefill_pass_overhead and prefill_per_token cannot both be 0: a prefill pass "
                 "must take time"
             )
+        if self.fusion_penalty > 1:
+            raise ValueError(f"fusion_penalty must be in [0, 1], got {self.fusion_penalty!r}")
+        capacity = self.kv_capacity_tokens
+        if not math.isinf(capacity) and (capacity < 1 or capacity != int(capacity)):
+            raise ValueError(
+                f"kv_capacity_tokens must be a whole number of tokens >= 1 or inf, got {capacity!r}"
+            )
+        if math.isinf(self.kv_bytes_per_token / self.link_bandwidth):
+            raise ValueError(
+                "kv_bytes_per_token / link_bandwidth (seconds per transferred token) must be "
+                f"finite, got {self.kv_bytes_per_token!r} / {self.link_bandwidth!r}"
+            )
+
+    def prefill_pieces(self, pieces: Iterable[Piece]) -> float:
+        """A prefill pass over prompt pieces ``(T, C)``: T new tokens over C cached tokens of
+        the same request (each piece attends only to its own request)."""
+        tokens = pairs = context = 0
+        for t, c in pieces:
+            if (
+                isinstance(t, bool)
+                or isinstance(c, bool)
+                or not (isinstance(t, int) and isinstance(c, int) and t >= 0 and c >= 0)
+            ):
+                raise ValueError(f"a piece's tokens and context must be ints >= 0, got {(t, c)!r}")
+            tokens += t
+            pairs += t * c + t * (t + 1) // 2
+            context += c
+        return (
+            self.prefill_pass_overhead
+            + self.prefill_per_token * tokens
+            + self.prefill_per_pair * pairs
+            + self.decode_per_kv_token * context
+        )
 
     def prefill_pass(self, tokens: int, context: int = 0) -> float:
         """A prefill pass over ``tokens`` new tokens attending to ``context`` cached ones."""
         if tokens < 0 or context < 0:
             raise ValueError(f"tokens and context must be >= 0, got {tokens!r}, {context!r}")
-        return (
-            self.prefill_pass_overhead
-            + self.prefill_per_token * tokens
-            + self.decode_per_kv_token * context
-        )
+        return self.prefill_pieces(((tokens, context),))
 
     def decode_step(self, rows: int, kv_tokens: int) -> float:
         """A decode step of ``rows`` sequences reading ``kv_tokens`` cached tokens in total."""
@@ -100,39 +156,70 @@ class CostModel:
             + self.decode_per_kv_token * kv_tokens
         )
 
+    def compute_part(self, pieces: Iterable[Piece], rows: int) -> float:
+        """The compute part of a fused pass: the prefill pass over ``pieces`` with the ``rows``
+        decode rows riding its linear layers as that many more tokens."""
+        if rows < 0:
+            raise ValueError(f"rows must be >= 0, got {rows!r}")
+        return self.prefill_pieces(pieces) + self.prefill_per_token * rows
+
+    def iteration(self, pieces: Iterable[Piece] = (), rows: int = 0, kv_tokens: int = 0) -> float:
+        """One iteration: a prefill pass (no rows), a decode step (no pieces), or a fused pass
+        of both: ``max(decode, compute) + fusion_penalty * min(decode, compute)``."""
+        pieces = tuple(pieces)
+        if not pieces:
+            return self.decode_step(rows, kv_tokens)
+        if rows == 0:
+            return self.prefill_pieces(pieces)
+        decode = self.decode_step(rows, kv_tokens)
+        compute = self.compute_part(pieces, rows)
+        return max(decode, compute) + self.fusion_penalty * min(decode, compute)
+
     def fused_iteration(
         self, prefill_tokens: int, decode_rows: int, kv_tokens: int = 0, context: int = 0
     ) -> float:
-        """One forward pass of prompt tokens plus decode rows: never cheaper than either part."""
-        if decode_rows == 0:
-            return self.prefill_pass(prefill_tokens, context)
-        if prefill_tokens == 0:
-            return self.decode_step(decode_rows, kv_tokens)
-        return max(
-            self.decode_step(decode_rows, kv_tokens),
-            self.prefill_pass(prefill_tokens + decode_rows, context),
-        )
+        """One forward pass of one prompt piece plus decode rows (see :meth:`iteration`)."""
+        pieces = ((prefill_tokens, context),) if prefill_tokens else ()
+        return self.iteration(pieces, decode_rows, kv_tokens)
 
     def kv_transfer(self, tokens: int) -> float:
         """Moving the KV cache of ``tokens`` prompt tokens across the link."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens!r}")
-        return self.link_latency + tokens * self.kv_bytes_per_token / self.link_bandwidth
+        return self.link_latency + tokens * (self.kv_bytes_per_token / self.link_bandwidth)
 
-    def chunk_star(self) -> float:
-        """C* = (decode_step_base - prefill_pass_overhead) / prefill_per_token, in tokens.
+    def chunk_star(self, context: int = 0, rows: int = 0, kv_tokens: int = 0) -> float:
+        """C*: the largest chunk T whose compute part fits within the decode step, in tokens.
 
-        The largest chunk that rides along a decode step without lengthening it. Zero or
-        negative is a diagnosis (pass overhead eats the decode step), not an error; with no
-        per-token cost any chunk is free (inf) or none is (-inf).
+        With no arguments it is the lab's formula exactly, ``(decode_step_base -
+        prefill_pass_overhead) / prefill_per_token``. ``context`` is the prompt's tokens already
+        cached (the pair and KV-read terms make C* fall as a prompt proceeds); ``rows`` decode
+        rows reading ``kv_tokens`` cached tokens set the decode step and ride the pass (0 rows:
+        the lab's idealisation, a decode step of ``decode_step_base`` plus the KV read).
+        Zero or negative is a diagnosis (the pass's fixed cost eats the decode step), not an
+        error; with no per-token cost at all any chunk is free (inf) or none is (-inf).
         """
-        room = self.decode_step_base - self.prefill_pass_overhead
-        if self.prefill_per_token == 0:
+        check_int("context", context, minimum=0)
+        check_int("rows", rows, minimum=0)
+        check_int("kv_tokens", kv_tokens, minimum=0)
+        decode = self.decode_step(max(rows, 1), kv_tokens)
+        fixed = (
+            self.prefill_pass_overhead
+            + self.decode_per_kv_token * context
+            + self.prefill_per_token * rows
+        )
+        room = decode - fixed
+        # compute(T) - fixed = a*T^2 + b*T with a = pair/2, b = per_token + pair*(C + 1/2)
+        a = self.prefill_per_pair / 2
+        b = self.prefill_per_token + self.prefill_per_pair * (context + 0.5)
+        if b == 0:
             return math.inf if room > 0 else -math.inf
-        return room / self.prefill_per_token
+        if a == 0 or room <= 0:  # linear, or the diagnosis: the room left at T = 0 in tokens
+            return room / b
+        return 2 * room / (b + math.sqrt(b * b + 4 * a * room))  # the positive root, stably
 
     def to_dict(self) -> dict[str, float | str]:
-        """JSON-safe fields (an infinite bandwidth is written as the string "inf")."""
+        """JSON-safe fields (an infinite value is written as the string "inf")."""
         out: dict[str, float | str] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -141,11 +228,12 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
-        """Inverse of :meth:`to_dict`; unknown or missing fields raise ValueError."""
+        """Inverse of :meth:`to_dict`; unknown or missing required fields raise ValueError.
+        Fields added since (cost model v2) take their defaults when absent."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a cost model must be a JSON object, got {type(data).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(names))
+        unknown = sorted(set(map(str, data)) - set(names))
         if unknown:
             raise ValueError(f"unknown cost model field(s) {unknown}; allowed: {names}")
         values = {k: (math.inf if v == "inf" else v) for k, v in data.items()}
@@ -223,20 +311,25 @@ class Request:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"Request.id must be a non-empty string, got {self.id!r}")
-        object.__setattr__(self, "arrival", _number("Request.arrival", self.arrival))
-        _count("Request.prompt_len", self.prompt_len)
-        _count("Request.output_len", self.output_len)
+        object.__setattr__(self, "arrival", check_number("Request.arrival", self.arrival))
+        check_int("Request.prompt_len", self.prompt_len)
+        check_int("Request.output_len", self.output_len)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:
     """One iteration on a compute resource, or one KV transfer on the link.
 
-    ``count`` > 1 stands for that many back-to-back decode steps of equal duration with the
-    same rows; the i-th of them (from 0) reads ``kv_tokens + i * decode_rows`` cached tokens.
-    ``prefill`` lists (request id, prompt tokens) processed in the pass; for a transfer, the
-    request whose KV moved and its prompt length. ``context_tokens`` is the earlier context the
-    prompt tokens attend to (C of the cost model), ``kv_tokens`` what the decode rows read (K).
+    ``prefill`` lists (request id, prompt tokens) processed in the pass, and ``contexts`` each
+    piece's earlier context C_i (aligned with ``prefill``; empty in events recorded before cost
+    model v2, where ``context_tokens`` is the only context known); for a transfer, the request
+    whose KV moved and its prompt length. ``context_tokens`` is the sum of the contexts,
+    ``kv_tokens`` what the decode rows read (K).
+
+    ``count`` > 1 stands for that many back-to-back decode steps of the same rows; the i-th of
+    them (from 0) reads ``kv_tokens + i * decode_rows`` cached tokens and lasts ``growth``
+    seconds longer than the one before it (``growth`` = decode_per_kv_token * rows; 0 when a
+    cached token costs nothing to read). :meth:`step_start` gives each step's start.
     """
 
     resource: str
@@ -248,10 +341,19 @@ class Event:
     kv_tokens: int = 0
     context_tokens: int = 0
     count: int = 1
+    contexts: tuple[int, ...] = ()
+    growth: float = 0.0
 
     @property
     def prefill_tokens(self) -> int:
         return sum(tokens for _, tokens in self.prefill)
+
+    @property
+    def pieces(self) -> tuple[Piece, ...]:
+        """The prompt pieces as the cost model takes them: (new tokens, context) each."""
+        if len(self.contexts) == len(self.prefill):
+            return tuple((t, c) for (_, t), c in zip(self.prefill, self.contexts))
+        return ((self.prefill_tokens, self.context_tokens),) if self.prefill else ()
 
     @property
     def decode_rows(self) -> int:
@@ -265,6 +367,14 @@ class Event:
     def duration(self) -> float:
         """Busy time of the whole event (all ``count`` iterations)."""
         return self.end - self.start
+
+    def step_start(self, i: int) -> float:
+        """When step ``i`` (0..count) of the event starts; ``step_start(count)`` is its end."""
+        if i >= self.count:
+            return self.end
+        n = self.count
+        first = (self.duration - self.growth * (n * (n - 1) / 2)) / n
+        return self.start + i * first + self.growth * (i * (i - 1) / 2)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -434,12 +544,24 @@ class _Events:
         context_tokens: int = 0,
         count: int = 1,
         step: float = 0.0,
+        contexts: tuple[int, ...] = (),
     ) -> None:
         """Record one iteration, or ``count`` decode steps of ``step`` seconds each."""
         if kind != "decode":
             self._close(resource)
             self.done.append(
-                Event(resource, start, end, kind, prefill, decode_ids, kv_tokens, context_tokens)
+                Event(
+                    resource,
+                    start,
+                    end,
+                    kind,
+                    prefill,
+                    decode_ids,
+                    kv_tokens,
+                    context_tokens,
+                    1,
+                    contexts,
+                )
             )
             return
         step = step or end - start
@@ -512,6 +634,14 @@ class Plan(NamedTuple):
     def prefill_ids(self) -> tuple[tuple[str, int], ...]:
         """The prompt pieces as an :class:`Event` lists them: (request id, tokens now)."""
         return tuple([(r.id, n) for r, _, n in self.prefill])
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """The prompt pieces as the cost model takes them: (tokens now, tokens done before)."""
+        return tuple([(n, done) for _, done, n in self.prefill])
+
+    def contexts(self) -> tuple[int, ...]:
+        """Each piece's earlier context, as :attr:`Event.contexts` lists it."""
+        return tuple([done for _, done, _ in self.prefill])
 
 
 class Worker:
@@ -692,20 +822,17 @@ class _Worker(Worker):
         if not plan.prefill:
             self._start_decode_run(now, horizon, rows)
             return
-        tokens, pieces = 0, []  # plan.prefill_tokens and plan.prefill_ids(), in one loop
-        for request, _, n in plan.prefill:
-            tokens += n
-            pieces.append((request.id, n))
-        end = now + self.cost.fused_iteration(tokens, rows, plan.kv_tokens, plan.context_tokens)
+        end = now + self.cost.iteration(plan.pieces(), rows, plan.kv_tokens)
         self.events.add(
             self.name,
             now,
             end,
             "fused" if rows else "prefill",
-            tuple(pieces),
+            plan.prefill_ids(),
             plan.decode_ids,
             plan.kv_tokens,
             plan.context_tokens,
+            contexts=plan.contexts(),
         )
         self._ends = [end] if rows else []
         self.busy_until = end
@@ -788,9 +915,9 @@ def _check_options(policy: str, chunk: Any, prefill_workers: Any, decode_workers
             "chunk must be a positive integer (prompt tokens per iteration) for 'chunked'"
         )
     if chunk is not None:
-        _count("chunk", chunk)
-    _count("prefill_workers", prefill_workers)
-    _count("decode_workers", decode_workers)
+        check_int("chunk", chunk)
+    check_int("prefill_workers", prefill_workers)
+    check_int("decode_workers", decode_workers)
 
 
 def simulate(
@@ -892,14 +1019,13 @@ def iteration_cost(event: Event, cost: CostModel) -> float:
         ValueError: for an event kind not in ``KINDS``.
     """
     if event.kind == "decode":
-        rows, kv = event.decode_rows, event.kv_tokens
-        return sum(cost.decode_step(rows, kv + i * rows) for i in range(event.count))
+        rows, n = event.decode_rows, event.count
+        first = cost.decode_step(rows, event.kv_tokens)
+        return n * first + cost.decode_per_kv_token * rows * (n * (n - 1) // 2)
     if event.kind == "transfer":
         return cost.kv_transfer(event.prefill_tokens)
     if event.kind in ("prefill", "fused"):
-        return cost.fused_iteration(
-            event.prefill_tokens, event.decode_rows, event.kv_tokens, event.context_tokens
-        )
+        return cost.iteration(event.pieces, event.decode_rows, event.kv_tokens)
     raise ValueError(f"event kind must be one of {', '.join(KINDS)}; got {event.kind!r}")
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from pytest_prefill.scheduler import POLICIES, CostModel, Request, Summary, _count, simulate
+from pytest_prefill.scheduler import POLICIES, CostModel, Request, Summary, check_int, simulate
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -27,7 +27,7 @@ class SweepRow:
 
 def default_chunks(cost: CostModel, prompt_len: int) -> list[int]:
     """C* (when positive), powers of two from 64 below the prompt, and the whole prompt."""
-    _count("prompt_len", prompt_len)
+    check_int("prompt_len", prompt_len)
     chunks = {prompt_len}
     star = cost.chunk_star()
     if 1 <= star < prompt_len:
@@ -52,7 +52,7 @@ def chunk_sweep(
     decode_workers: int = 1,
 ) -> list[SweepRow]:
     """Shared, coscheduled, chunked at each of ``chunks``, and disaggregated, on ``load``."""
-    chunks = sorted({_count("chunk", c) for c in chunks})
+    chunks = sorted({check_int("chunk", c) for c in chunks})
     if not chunks:
         raise ValueError("chunks must name at least one chunk size")
     runs: list[tuple[str, int | None]] = [("shared", None), ("coscheduled", None)]

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import Request, _count, _number
+from pytest_prefill.scheduler import Request, check_int, check_number
 
 # Where the repository's sibling ``shared/`` keeps the Azure traces; override with
 # PYTEST_PREFILL_AZURE_DIR.
@@ -32,8 +32,8 @@ def lab_scenario(
 ) -> list[Request]:
     """``streams`` live requests arrive at 0 and decode for ``stream_output_len`` tokens; a
     prompt of ``prompt_len`` tokens (id ``"long"``) arrives at ``arrival`` seconds."""
-    _count("streams", streams, minimum=0)
-    _number("arrival", arrival)
+    check_int("streams", streams, minimum=0)
+    check_number("arrival", arrival)
     live = [Request(f"live{i}", 0.0, stream_prompt_len, stream_output_len) for i in range(streams)]
     return [*live, Request("long", arrival, prompt_len, output_len)]
 
@@ -52,9 +52,9 @@ def poisson(
     A length is a constant, a function of the seeded ``random.Random``, or a sequence to sample
     from uniformly (e.g. the prompt lengths of a real trace). The same seed gives the same load.
     """
-    _number("rate", rate, positive=True)
-    _count("count", count, minimum=0)
-    _number("start", start)
+    check_number("rate", rate, positive=True)
+    check_int("count", count, minimum=0)
+    check_number("start", start)
     _check_length("prompt_len", prompt_len)
     _check_length("output_len", output_len)
     rng = random.Random(seed)
@@ -63,7 +63,7 @@ def poisson(
         if isinstance(spec, int):
             return spec
         value = spec(rng) if callable(spec) else rng.choice(spec)
-        return _count(field, value)
+        return check_int(field, value)
 
     t = start
     load = []
@@ -131,12 +131,12 @@ def load_azure(
             are not UTF-8; or naming the argument for a bad window, limit or scale.
         FileNotFoundError: when the file does not exist.
     """
-    _number("start", start)
+    check_number("start", start)
     if duration is not None:
-        _number("duration", duration, positive=True)
+        check_number("duration", duration, positive=True)
     if limit is not None:
-        _count("limit", limit)
-    _number("rate_scale", rate_scale, positive=True)
+        check_int("limit", limit)
+    check_number("rate_scale", rate_scale, positive=True)
     rows = sorted(_azure_rows(path), key=lambda row: row[0])
     load: list[Request] = []
     for moment, index, prompt, output in rows:

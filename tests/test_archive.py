@@ -186,7 +186,9 @@ def test_corrupt_foreign_and_future_files_are_skipped_with_their_path(tmp_path):
 
 
 def test_the_latest_calibration_is_found_past_runs_without_one(tmp_path):
-    doubled = type(COST)(**{**COST.to_dict(), "link_bandwidth": 1e9, "decode_step_base": 0.07})
+    doubled = type(COST).from_dict(
+        {**COST.to_dict(), "link_bandwidth": 1e9, "decode_step_base": 0.07}
+    )
     write(tmp_path, calibrated_run())
     write(tmp_path, calibrated_run(doubled))
     write(tmp_path, {"tables": []})  # a sim-only run: no calibration

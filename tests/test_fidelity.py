@@ -126,8 +126,8 @@ def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
         assert errors and all(abs(e) < 1e-9 for kind in errors.values() for e in kind)
     slower = fid.iteration_errors(
         simulate("shared", lab_scenario(), cost),
-        cost.__class__(
-            **{
+        cost.__class__.from_dict(
+            {
                 **cost.to_dict(),
                 "decode_step_base": cost.decode_step_base / 2,
                 "link_bandwidth": 25e9,
