@@ -100,8 +100,8 @@ def test_identical_calibrations_differ_nowhere():
 
 def test_a_difference_beyond_both_spreads_is_flagged_and_one_within_is_not():
     noise = 1e-4
-    slower = CostModel(
-        **{
+    slower = CostModel.from_dict(
+        {
             **LAB.to_dict(),
             "decode_step_base": LAB.decode_step_base + 10 * noise,
             "prefill_pass_overhead": LAB.prefill_pass_overhead + noise / 2,
