@@ -1,0 +1,509 @@
+"""The capacity search: deployments, bracketing and bisection, its answer checked against fresh
+simulations, executors (inline, process pool, a Dask LocalCluster), and every bad input."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import cost_models
+
+import pytest_prefill
+import pytest_prefill.capacity as capacity_module
+import pytest_prefill.deployments as deployments_module
+from pytest_prefill.capacity import MAX_SCALE, CapacityResult, DeploymentResult, Probe, capacity
+from pytest_prefill.deployments import Deployment, default_deployments, search_chunks
+from pytest_prefill.executors import InlineExecutor, dask_executor, local_executor
+from pytest_prefill.metrics import SLO, Distribution, ServingMetrics, serving_metrics
+from pytest_prefill.scheduler import PRESETS, Request, simulate
+from pytest_prefill.workloads import poisson, scale_rate
+
+pytestmark = pytest.mark.sim
+
+# TODO(capacity): drop once simulator-core v2 (replicas, chunk_budget) is on main.
+HAS_REPLICAS = "replicas" in inspect.signature(simulate).parameters
+needs_v2 = pytest.mark.skipif(not HAS_REPLICAS, reason="simulate() has no replicas yet (issue 9)")
+
+COST = PRESETS["datacenter-illustrative"].cost
+SLO_1S = SLO.parse("ttft:1s,tpot:100ms")
+
+
+def small_load(count: int = 40, rate: float = 20.0, seed: int = 0) -> list[Request]:
+    return poisson(
+        rate,
+        count,
+        prompt_len=lambda rng: rng.randint(64, 3000),
+        output_len=lambda rng: rng.randint(1, 60),
+        seed=seed,
+    )
+
+
+def runnable(deployments):
+    return [
+        d
+        for d in deployments
+        if HAS_REPLICAS
+        or d.simulate_options().keys() <= {"chunk", "prefill_workers", "decode_workers"}
+    ]
+
+
+def attainment_at(load, cost, slo, deployment, scale) -> float:
+    """Attainment computed afresh: simulate and measure, without the search's code."""
+    trace = simulate(
+        deployment.policy, scale_rate(load, scale), cost, **deployment.simulate_options()
+    )
+    return serving_metrics(trace, slo=slo).attainment
+
+
+# --- deployments --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "devices", "label"),
+    [
+        ("shared", 4, "shared ×4"),
+        ("coscheduled", 2, "coscheduled ×2"),
+        ("chunked:512", 4, "chunked 512 ×4"),
+        ("chunked:100ms", 4, "chunked ≤100ms ×4"),
+        ("disaggregated:1:3", 4, "disaggregated 1P:3D"),
+        ("disaggregated:2P:2D", 4, "disaggregated 2P:2D"),
+    ],
+)
+def test_deployment_parse_and_label(text, devices, label):
+    deployment = Deployment.parse(text, devices)
+    assert deployment.label == label and deployment.devices == devices
+
+
+def test_deployments_map_to_simulate_options():
+    assert Deployment("shared", 1).simulate_options() == {}
+    assert Deployment("shared", 4).simulate_options() == {"replicas": 4}
+    budget = Deployment("chunked", 2, chunk_budget=0.1).simulate_options()
+    assert budget == {"chunk_budget": 0.1, "replicas": 2}
+    split = Deployment("disaggregated", 4, prefill_workers=1).simulate_options()
+    assert split == {"prefill_workers": 1, "decode_workers": 3}
+
+
+@pytest.mark.parametrize(
+    ("text", "devices", "message"),
+    [
+        ("bogus", 4, "unknown deployment 'bogus'; allowed: shared, coscheduled"),
+        ("shared:3", 4, "unknown deployment"),
+        ("chunked", 4, "needs its size, e.g. chunked:512"),
+        ("chunked:abc", 4, "chunked takes TOKENS or a duration"),
+        ("chunked:0", 4, "chunk must be an integer >= 1"),
+        ("disaggregated:1:2", 4, "is not the 4 devices"),
+        ("disaggregated:x:y", 4, "takes P:D"),
+        ("disaggregated:0:4", 4, "prefill_workers must be an integer >= 1"),
+        ("disaggregated:4:0", 4, "must leave a decode worker"),
+        ("disaggregated", 4, "needs its size, e.g. disaggregated:1:3"),
+        ("shared", 0, "devices must be an integer >= 1"),
+    ],
+)
+def test_a_bad_deployment_is_a_named_error(text, devices, message):
+    with pytest.raises(ValueError, match=message):
+        Deployment.parse(text, devices)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"policy": "fastest"}, "policy must be one of"),
+        ({"policy": "shared", "chunk": 64}, "apply to chunked deployments"),
+        ({"policy": "chunked", "chunk": 64, "chunk_budget": 0.1}, "not both"),
+        ({"policy": "chunked", "chunk_budget": -1.0}, "chunk_budget must be a positive"),
+        ({"policy": "shared", "prefill_workers": 1}, "applies to disaggregated"),
+        ({"policy": "disaggregated", "devices": 1, "prefill_workers": 1}, "needs devices >= 2"),
+    ],
+)
+def test_a_bad_deployment_value_is_a_named_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Deployment(**{"devices": 4, **kwargs})
+
+
+def test_default_deployments_cover_every_split_and_chunks_around_c_star():
+    star = COST.chunk_star()
+    chunks = search_chunks(COST)
+    assert chunks == (round(star / 2), round(star), round(2 * star))
+    deployments = default_deployments(COST, 4, SLO_1S)
+    labels = [d.label for d in deployments]
+    assert labels[0] == "shared ×4"
+    assert [d.chunk for d in deployments if d.chunk] == list(chunks)
+    assert "chunked ≤100ms ×4" in labels
+    assert [d.prefill_workers for d in deployments if d.policy == "disaggregated"] == [1, 2, 3]
+    assert not any(d.policy == "disaggregated" for d in default_deployments(COST, 1))
+    assert not any(d.chunk_budget for d in default_deployments(COST, 4, SLO.parse("ttft:1s")))
+
+
+def test_search_chunks_falls_back_when_c_star_is_no_size():
+    laptop = PRESETS["lab-laptop"].cost
+    star = laptop.chunk_star()
+    assert search_chunks(laptop) == (round(star / 2), round(star), round(2 * star))
+    tiny = type(laptop)(prefill_pass_overhead=0.01, prefill_per_token=1e-5, decode_step_base=0.01)
+    assert search_chunks(tiny) == deployments_module.FALLBACK_CHUNKS
+
+
+# --- the search, against a fake probe with a known answer ----------------------------------
+
+
+def fake_metrics(attainment: float, n: int = 1000) -> ServingMetrics:
+    none = Distribution.of([], (50, 90, 99))
+    good = round(attainment * n)
+    return ServingMetrics(
+        n, 10.0, 0, 0, none, none, none, none, slo=SLO(ttft=1.0), good=good, met=(("ttft", good),)
+    )
+
+
+def fake_probe(curve):
+    def run(load, cost, slo, deployment, scale, base_rate):
+        return Probe(scale, scale * base_rate, fake_metrics(curve(scale)))
+
+    return run
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    threshold=st.floats(0.002, 3000.0),
+    tolerance=st.sampled_from([0.01, 0.05, 0.2]),
+    start=st.sampled_from([1.0, 0.1, 30.0]),
+)
+def test_bisection_brackets_a_step_within_the_tolerance(threshold, tolerance, start):
+    load = small_load(10)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            capacity_module, "probe", fake_probe(lambda s: 1.0 if s <= threshold else 0.5)
+        )
+        result = capacity(
+            load,
+            COST,
+            SLO_1S,
+            1,
+            deployments=[Deployment("shared", 1)],
+            tolerance=tolerance,
+            executor=InlineExecutor(),
+            start=start,
+        )
+    (found,) = result.results
+    assert found.monotone and not found.crossing
+    assert found.best.scale <= threshold
+    if found.status == "never missed":  # the threshold lies beyond the highest rate tried
+        assert found.best.scale * 4 > MAX_SCALE
+        return
+    assert found.status == "found"
+    assert threshold < found.miss.scale <= found.best.scale * (1 + tolerance) * (1 + 1e-12)
+    # bracketing (x4 up or /2 down), bisection of a bracket of at most 4x, one verification
+    bracketing = 1 + math.ceil(max(math.log(threshold / start, 4), math.log2(start / threshold), 0))
+    bisection = math.ceil(math.log2(math.log(4) / math.log1p(tolerance)))
+    assert len(found.probes) <= bracketing + 1 + bisection + 1
+
+
+def test_a_curve_that_rises_again_is_reported_not_trusted():
+    curve = lambda s: 1.0 if s <= 3 else (0.5 if s <= 5 else 0.95)  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", fake_probe(curve))
+        result = capacity(
+            small_load(10),
+            COST,
+            SLO_1S,
+            1,
+            deployments=[Deployment("shared", 1)],
+            executor=InlineExecutor(),
+        )
+    (found,) = result.results
+    assert found.best.scale <= 3 < found.miss.scale
+    assert found.crossing and not found.monotone  # the verification probe at 2× the miss passed
+    assert any("NOT monotone" in note for note in result.notes())
+
+
+def test_a_rise_that_stays_below_the_target_is_noted():
+    curve = lambda s: 0.95 if s <= 1 else (0.97 if s <= 3 else 0.1)  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", fake_probe(curve))
+        result = capacity(
+            small_load(10),
+            COST,
+            SLO_1S,
+            1,
+            deployments=[Deployment("shared", 1)],
+            executor=InlineExecutor(),
+        )
+    (found,) = result.results
+    assert not found.monotone and not found.crossing
+    assert any("rises from 95.0%" in note for note in result.notes())
+
+
+def test_never_met_and_never_missed_are_said():
+    deployments = [Deployment("shared", 1), Deployment("coscheduled", 1)]
+    with pytest.MonkeyPatch.context() as patch:
+        curve = lambda s: 0.0  # noqa: E731
+        patch.setattr(capacity_module, "probe", fake_probe(curve))
+        never = capacity(
+            small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
+        )
+        patch.setattr(capacity_module, "probe", fake_probe(lambda s: 1.0))
+        always = capacity(
+            small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
+        )
+    assert [r.status for r in never.results] == ["never met"] * 2
+    assert never.recommendation().startswith("No deployment meets")
+    assert [r.status for r in always.results] == ["never missed"] * 2
+    assert all(r.best.scale <= MAX_SCALE for r in always.results)
+    assert "at least" in always.recommendation()
+
+
+def test_the_recommendation_compares_with_shared_and_names_close_runners_up():
+    answers = {"shared": 1.0, "coscheduled": 2.05, "chunked": 2.0}
+
+    def run(load, cost, slo, deployment, scale, base_rate):
+        return Probe(
+            scale,
+            scale * base_rate,
+            fake_metrics(1.0 if scale <= answers[deployment.policy] else 0.0),
+        )
+
+    deployments = [
+        Deployment("shared", 1),
+        Deployment("coscheduled", 1),
+        Deployment("chunked", 1, chunk=64),
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", run)
+        result = capacity(
+            small_load(10),
+            COST,
+            SLO_1S,
+            1,
+            deployments=deployments,
+            tolerance=0.01,
+            executor=InlineExecutor(),
+        )
+    line = result.recommendation()
+    assert line.startswith("coscheduled ×1 serves 2× the requests per device of shared ×1")
+    assert "chunked 64 ×1 is within 5%" in line
+    assert [r.deployment.policy for r in result.ranked()] == ["coscheduled", "chunked", "shared"]
+
+
+def test_progress_gets_one_line_per_deployment():
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", fake_probe(lambda s: 1.0 if s < 3 else 0.0))
+        deployments = [Deployment("shared", 1), Deployment("coscheduled", 1)]
+        capacity(
+            small_load(10),
+            COST,
+            SLO_1S,
+            1,
+            deployments=deployments,
+            executor=InlineExecutor(),
+            progress=lines.append,
+        )
+    assert sorted(line.split(":")[0] for line in lines) == ["coscheduled ×1", "shared ×1"]
+    assert all(": found, " in line for line in lines)
+
+
+# --- the search, against the simulator ----------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cost=cost_models(),
+    seed=st.integers(0, 1000),
+    ttft=st.floats(0.05, 2.0),
+    tpot=st.floats(0.02, 0.3),
+    target=st.sampled_from([0.5, 0.9, 1.0]),
+    devices=st.sampled_from([1, 2]),
+    pick=st.integers(0, 50),
+)
+def test_the_answer_meets_the_slo_at_its_rate_and_misses_it_above_the_tolerance(
+    cost, seed, ttft, tpot, target, devices, pick
+):
+    load = small_load(30, seed=seed)
+    slo = SLO(ttft=ttft, tpot=tpot)
+    choices = runnable(default_deployments(cost, devices, slo))
+    deployment = choices[pick % len(choices)]
+    result = capacity(
+        load, cost, slo, devices, target=target, deployments=[deployment], executor=InlineExecutor()
+    )
+    (found,) = result.results
+    if found.best is not None:
+        assert attainment_at(load, cost, slo, deployment, found.best.scale) >= target
+        assert found.max_rate == pytest.approx(found.best.scale * result.base_rate)
+        assert 0 <= found.goodput_per_device <= found.best.metrics.request_throughput / devices
+    if found.miss is not None:
+        assert attainment_at(load, cost, slo, deployment, found.miss.scale) < target
+        if found.best is not None:
+            assert found.miss.scale <= found.best.scale * (1 + result.tolerance) * (1 + 1e-12)
+    for p in found.probes:
+        assert 0.0 <= p.attainment <= 1.0
+        assert p.metrics.goodput <= p.metrics.request_throughput
+
+
+def test_a_search_on_the_simulator_finds_the_shared_workers_limit():
+    load = small_load(60)
+    result = capacity(
+        load,
+        COST,
+        SLO.parse("ttft:200ms,tpot:50ms"),
+        1,
+        deployments=[Deployment("shared", 1)],
+        executor=InlineExecutor(),
+    )
+    (found,) = result.results
+    assert found.status == "found" and found.binding in ("ttft", "tpot", "ttft+tpot")
+    assert result.to_dict()["results"][0]["deployment"]["label"] == "shared ×1"
+
+
+@needs_v2
+def test_default_deployments_of_four_devices_all_run():
+    result = capacity(small_load(40), COST, SLO_1S, 4, executor=InlineExecutor(), tolerance=0.2)
+    assert len(result.results) == len(default_deployments(COST, 4, SLO_1S))
+    assert all(r.probes for r in result.results)
+
+
+# --- executors ----------------------------------------------------------------------------
+
+
+def comparable(result: CapacityResult) -> dict:
+    return result.to_dict()
+
+
+def test_a_process_pool_gives_the_inline_answer():
+    load = small_load(30)
+    deployments = runnable(default_deployments(COST, 2, SLO_1S))
+    inline = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=InlineExecutor())
+    with local_executor(2) as pool:
+        pooled = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=pool)
+    assert comparable(pooled) == comparable(inline)
+
+
+def test_a_dask_local_cluster_gives_the_local_answer(monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    # spawned workers import pytest_prefill from the same source tree as this process
+    root = str(Path(pytest_prefill.__file__).resolve().parents[1])
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+    load = small_load(30)
+    deployments = runnable(default_deployments(COST, 2, SLO_1S))
+    with local_executor(2) as pool:
+        local = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=pool)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        dask_executor(cluster.scheduler_address) as executor,
+    ):
+        remote = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=executor)
+    assert comparable(remote) == comparable(local)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_cluster_that_does_not_answer_is_a_clear_error_within_seconds():
+    began = time.perf_counter()
+    with pytest.raises(ValueError, match="no Dask scheduler answered at tcp://127.0.0.1"):
+        with dask_executor(f"tcp://127.0.0.1:{free_port()}", timeout=3):
+            pass
+    assert time.perf_counter() - began < 10
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("", "must be like tcp://host:8786"),
+        ("nowhere", "must be like"),
+        ("foo://h:1", "scheme must be one of"),
+    ],
+)
+def test_a_malformed_cluster_address_is_a_named_error(address, message):
+    with pytest.raises(ValueError, match=message):
+        with dask_executor(address, timeout=1):
+            pass
+
+
+def test_without_distributed_a_cluster_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import fails
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(ValueError, match=r"pip install 'pytest-prefill\[cluster\]'"):
+            with dask_executor(address, timeout=1):
+                pass
+
+
+def test_importing_the_package_imports_no_dask():
+    code = (
+        "import sys, pytest_prefill, pytest_prefill.capacity, pytest_prefill.executors, "
+        "pytest_prefill.metrics; "
+        "bad = [m for m in ('dask', 'distributed', 'torch', 'numpy') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    root = str(Path(pytest_prefill.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"devices": 0}, "devices must be an integer >= 1"),
+        ({"target": 0.0}, r"target attainment must be in \(0, 1\]"),
+        ({"target": 1.5}, "target attainment"),
+        ({"target": math.nan}, "target attainment"),
+        ({"tolerance": 0}, "tolerance must be in"),
+        ({"slo": "ttft:1s"}, "slo must be an SLO"),
+        ({"cost": "datacenter-illustrative"}, "cost must be a CostModel"),
+        ({"workload": []}, "workload has no request"),
+        ({"workload": [Request("a", 1.0, 10, 1), Request("b", 1.0, 10, 1)]}, "all arrive at once"),
+        ({"deployments": []}, "at least one deployment"),
+        ({"deployments": [Deployment("shared", 2)]}, "uses 2 devices; this search compares 1"),
+        ({"deployments": [Deployment("shared", 1)] * 2}, "repeated"),
+        ({"start": 0.0}, "start must be a rate multiple"),
+    ],
+)
+def test_bad_search_input_is_a_named_error(change, message):
+    args = {"workload": small_load(5), "cost": COST, "slo": SLO_1S, "devices": 1, **change}
+    positional = [args.pop(k) for k in ("workload", "cost", "slo", "devices")]
+    with pytest.raises(ValueError, match=message):
+        capacity(*positional, executor=InlineExecutor(), **args)
+
+
+def test_a_failing_simulation_reaches_the_caller():
+    too_big = [Request("a", 0.0, 10, 1), Request("b", 1.0, 10, 1)]
+
+    def broken(*args):
+        raise ValueError("simulation refused")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", broken)
+        with pytest.raises(ValueError, match="simulation refused"):
+            capacity(
+                too_big,
+                COST,
+                SLO_1S,
+                1,
+                deployments=[Deployment("shared", 1)],
+                executor=InlineExecutor(),
+            )
+
+
+def test_deployment_result_without_a_miss_binds_nothing():
+    probe = Probe(1.0, 1.0, fake_metrics(1.0))
+    result = DeploymentResult(Deployment("shared", 1), 0.9, (probe,), probe, None)
+    assert result.binding == "-" and result.status == "never missed"
