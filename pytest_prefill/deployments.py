@@ -8,6 +8,7 @@ import dataclasses
 import math
 from typing import Any
 
+from pytest_prefill.advice import MIN_USEFUL_CHUNK
 from pytest_prefill.metrics import SLO
 from pytest_prefill.scheduler import POLICIES, CostModel
 
@@ -163,10 +164,10 @@ class Deployment:
 
 
 def search_chunks(cost: CostModel) -> tuple[int, ...]:
-    """Chunks around C*: half, C* and double (rounded); ``FALLBACK_CHUNKS`` when C* < 16 or
-    infinite (no chunk is free, or every chunk is)."""
+    """Chunks around C*: half, C* and double (rounded); ``FALLBACK_CHUNKS`` when C* is under
+    advice's ``MIN_USEFUL_CHUNK`` or infinite (no chunk is free, or every chunk is)."""
     star = cost.chunk_star()
-    if not 16 <= star < math.inf:
+    if not MIN_USEFUL_CHUNK <= star < math.inf:
         return FALLBACK_CHUNKS
     return tuple(sorted({max(1, round(star * f)) for f in (0.5, 1.0, 2.0)}))
 
