@@ -1,36 +1,196 @@
-"""Atomic file writes: a reader never sees half a file, and Ctrl-C leaves nothing behind."""
+"""Files in and out. Writes are atomic (a reader never sees half a file, Ctrl-C leaves nothing
+behind), go through a symlink to its target, and refuse anything that is not a regular file or a
+new path; JSON is read with a size limit and every way it can be bad named by path."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import tempfile
 from typing import Any
 
+# A calibration or run file is kilobytes to a few megabytes; anything near this is not one, and
+# parsing it would cost seconds and gigabytes.
+MAX_JSON_BYTES = 64 * 2**20
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """'a regular file', 'a folder', 'a FIFO', ... for an ``os.stat`` mode."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def check_destination(path: str | os.PathLike[str]) -> str:
+    """The file a write to ``path`` will create or replace (a symlink's target, followed), checked
+    now, so that a command can refuse a bad destination before it measures anything.
+
+    Raises:
+        ValueError: naming ``path``, when it is empty, exists and is not a regular file (a
+            folder, a FIFO, a device), lies under something that is not a folder, or is in a
+            folder where no file can be created.
+    """
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"the output path is empty ({text!r}); give a file path")
+    target = os.path.realpath(text)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except NotADirectoryError:
+        raise ValueError(f"{text}: cannot be written (a file is used there as a folder)") from None
+    except OSError as err:  # a loop of symlinks, no permission
+        raise ValueError(f"{text}: cannot be written ({err.strerror})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        shown = text if target == os.path.abspath(text) else f"{text} (-> {target})"
+        raise ValueError(
+            f"{shown} is {file_kind(mode)}; write to a regular file or a new path instead"
+        )
+    folder = os.path.dirname(target)
+    while not os.path.isdir(folder):  # the folders a write would create
+        if os.path.lexists(folder):
+            raise ValueError(f"{text}: {folder} is not a folder")
+        folder = os.path.dirname(folder)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+    except OSError as err:
+        raise ValueError(f"{text}: cannot create a file in {folder} ({err.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    folder = os.path.dirname(os.path.abspath(path))
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
+
+    A symlink is written through (its target is replaced; the link stays); an existing file
+    keeps its permissions. The temporary file is locked (``flock``) while it is written, so a
+    sweep of abandoned ones (:func:`abandoned`) never takes a live one.
+
+    Raises:
+        ValueError: as :func:`check_destination` does.
+        OSError: when writing fails (a full disk, say); nothing is left behind.
+    """
+    target = check_destination(path)
+    folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()  # mkstemp makes 0600; a result is for others too
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a result is for others too
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            lock(fd)
+            os.chmod(tmp, mode)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, target)  # while the lock is held
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """``data`` as indented, strict JSON (NaN and infinities are refused), written atomically."""
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def lock(fd: int) -> None:
+    """Hold an exclusive advisory lock on ``fd`` until it is closed (or the process dies)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def abandoned(path: str | os.PathLike[str]) -> bool:
+    """Whether the in-progress file ``path`` (a temporary or reservation file whose writer
+    holds a lock on it) has lost its writer: True only when nobody holds its lock. Without
+    ``flock`` (Windows) nothing is ever called abandoned."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # its writer is alive
+        return True
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
+    """The parsed JSON document at ``path`` (``what`` it is supposed to be names a missing one).
+
+    Raises:
+        ValueError: naming ``path``, when it does not exist, is not a regular file (a folder,
+            ``/dev/zero``), exceeds :data:`MAX_JSON_BYTES`, is not UTF-8, is not JSON, nests
+            too deeply, or holds an integer too large for a float.
+    """
+    text = os.fspath(path)
+    try:
+        # O_NONBLOCK: opening a FIFO nobody writes to must not hang before it is refused
+        fd = os.open(text, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb", buffering=0) as handle:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise ValueError(f"{text}: {file_kind(mode)}, not a JSON file")
+            raw = handle.read(MAX_JSON_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {text!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{text}: a folder, not a JSON file") from None
+    except OSError as err:
+        raise ValueError(f"{text}: cannot be read ({err.strerror})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise ValueError(
+            f"{text}: over {MAX_JSON_BYTES // 2**20} MiB, far more than any "
+            "calibration or run; not read"
+        )
+    try:
+        return json.loads(raw.decode("utf-8"), parse_int=_json_int)
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{text}: not UTF-8 (byte {raw[err.start]:#04x} at offset {err.start})"
+        ) from None
+    except RecursionError:
+        raise ValueError(f"{text}: nests arrays or objects too deeply to read") from None
+    except ValueError as err:  # json.JSONDecodeError, or _json_int's refusal
+        raise ValueError(f"{text}: not readable JSON ({err})") from None
+
+
+def _json_int(digits: str) -> int:
+    value = int(digits)
+    try:
+        float(value)
+    except OverflowError:
+        raise ValueError(f"an integer of {len(digits)} digits is too large for a number") from None
+    return value
 
 
 def _umask() -> int:

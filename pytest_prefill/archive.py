@@ -7,6 +7,7 @@ through ``warn``) any file that is corrupt or not a pytest-prefill run, never cr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -15,20 +16,20 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_prefill._io import write_atomic, write_json_atomic
+from pytest_prefill._io import abandoned, lock, read_json, write_json_atomic
 from pytest_prefill.advice import recommend
-from pytest_prefill.costs import cost_from_json
+from pytest_prefill.costs import RUN_KIND, SCHEMA_VERSIONS, check_schema, cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
 
-RUN_KIND = "pytest-prefill/run"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = SCHEMA_VERSIONS[RUN_KIND]
 MACHINE_FILE = "machine.json"
-RUN_NAME = re.compile(r"^(\d{4,})_([0-9a-z]{8})_(\d{8}_\d{6})(_dirty)?\.json$")
+RUN_NAME = re.compile(r"^(\d{4,9})_([0-9a-z]{8})_(\d{8}_\d{6})(_dirty)?\.json$")
 NO_COMMIT = "nocommit"  # eight characters, like a short hash, for a tree outside git
 
 Warn = Callable[[str], None]
@@ -121,13 +122,84 @@ def write_machine(results: str | os.PathLike[str], info: Mapping[str, Any]) -> P
     return path
 
 
+RESERVATION = re.compile(r"^\.(\d{4,9})\.reserved$")
+IN_PROGRESS = re.compile(r"^\.(\d{4,9}\.reserved|tmp-.*\.part)$")
+NUMBERED = re.compile(r"^(\d{4,9})_")  # a run file, or an attachment beside it
+# An in-progress file whose lock is free is a dead writer's, once it is older than this: its
+# writer creates it and locks it in the same breath, so a younger one might be just born.
+STALE_AFTER = 30.0
+
+
 def _numbers(folder: Path) -> set[int]:
+    """Every number something in ``folder`` holds: runs, attachments (even one left without
+    its run by an older version), reservations. None of them is given out again."""
     taken = set()
     for name in os.listdir(folder):
-        match = RUN_NAME.match(name) or re.match(r"^\.(\d{4,})\.reserved$", name)
+        match = NUMBERED.match(name) or RESERVATION.match(name)
         if match:
             taken.add(int(match.group(1)))
     return taken
+
+
+def sweep_abandoned(folder: str | os.PathLike[str], *, warn: Warn = _ignore) -> list[str]:
+    """Remove the temporary and reservation files of writers that died (``kill -9``, a
+    power cut) in ``folder``: those no live process holds a lock on, older than
+    :data:`STALE_AFTER` seconds. Returns their names."""
+    swept = []
+    now = time.time()
+    for name in sorted(os.listdir(folder)):
+        if not IN_PROGRESS.match(name):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if now - os.lstat(path).st_mtime < STALE_AFTER or not abandoned(path):
+                continue
+            os.unlink(path)
+        except FileNotFoundError:  # another sweeper was first
+            continue
+        except OSError as err:
+            warn(f"could not remove the abandoned {path} ({err.strerror})")
+            continue
+        swept.append(name)
+    return swept
+
+
+def _reserve(folder: Path) -> tuple[int, Path, int]:
+    """The next free number, reserved by an exclusive create of ``.NNNN.reserved`` and held by
+    a lock on it: (number, reservation path, its open descriptor)."""
+    number = max(_numbers(folder), default=0) + 1
+    while True:
+        reservation = folder / f".{number:04d}.reserved"
+        try:
+            fd = os.open(reservation, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            number += 1
+            continue
+        lock(fd)
+        # A writer that finished between our scan and our reservation holds this number.
+        if any(NUMBERED.match(n) and int(n[: n.index("_")]) == number for n in os.listdir(folder)):
+            os.unlink(reservation)
+            os.close(fd)
+            number += 1
+            continue
+        return number, reservation, fd
+
+
+def _locked_temp(folder: Path, text: str) -> tuple[str, int]:
+    """``text`` in a new locked, synced, shareable temporary file: (its path, descriptor)."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+    try:
+        lock(fd)
+        os.chmod(tmp, _shareable_mode())
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return tmp, fd
 
 
 def write_run(
@@ -142,14 +214,17 @@ def write_run(
 ) -> Path:
     """Write ``run`` as the next numbered run file of machine ``key`` and return its path.
 
-    The number is reserved with an exclusive create (``.NNNN.reserved``) and re-checked
-    against the finished files before the complete file is hard-linked into place, so two
-    processes writing at once get different numbers and a reader never sees half a file.
-    The document gets ``kind``, ``schema_version`` and ``number`` added.
+    The number is reserved with an exclusive create (``.NNNN.reserved``, locked while the
+    writer lives) and re-checked against the finished files before the complete file is
+    hard-linked into place, so two processes writing at once get different numbers and a
+    reader never sees half a file. Numbers are never given out twice, even after a writer was
+    killed. Each write first sweeps what killed writers left (:func:`sweep_abandoned`). The
+    document gets ``kind``, ``schema_version`` and ``number`` added.
 
-    ``attachments`` maps a suffix (``"timeline.svg"``) to a text written, atomically and
-    before the run file, beside it as ``<run file stem>_<suffix>``; the document lists them
-    under ``attachments`` (suffix -> file name).
+    ``attachments`` maps a suffix (``"timeline.svg"``) to a text stored beside the run as
+    ``<run file stem>_<suffix>``; the document lists them under ``attachments`` (suffix -> file
+    name). They are written to temporary files first and renamed into place only after the run
+    file exists, so an attachment never outlives a run that was not written.
     """
     for suffix in attachments or {}:
         if not re.fullmatch(r"[a-z0-9_-]+\.[a-z0-9]+", suffix) or suffix.endswith(".json"):
@@ -158,28 +233,12 @@ def write_run(
             )
     folder = machine_dir(results, key)
     folder.mkdir(parents=True, exist_ok=True)
-    number = max(_numbers(folder), default=0) + 1
-    while True:
-        reservation = folder / f".{number:04d}.reserved"
-        try:
-            os.close(os.open(reservation, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
-            number += 1
-            continue
-        # A writer that finished between our scan and our reservation holds this number.
-        if any(RUN_NAME.match(n) and int(n[: n.index("_")]) == number for n in os.listdir(folder)):
-            os.unlink(reservation)
-            number += 1
-            continue
-        break
+    number, reservation, reservation_fd = _reserve(folder)
+    temps: list[tuple[str, int]] = []
     try:
+        sweep_abandoned(folder)
         final = folder / run_filename(number, commit, when, dirty)
-        attached = {}
-        for suffix, content in (attachments or {}).items():
-            path = final.with_name(f"{final.stem}_{suffix}")
-            write_atomic(path, content)
-            os.chmod(path, _shareable_mode())
-            attached[suffix] = path.name
+        attached = {suffix: f"{final.stem}_{suffix}" for suffix in attachments or {}}
         document = {
             "kind": RUN_KIND,
             "schema_version": SCHEMA_VERSION,
@@ -189,24 +248,25 @@ def write_run(
         if attached:
             document["attachments"] = attached
         text = json.dumps(json_safe(document, "run"), indent=2, allow_nan=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
+        for content in (attachments or {}).values():
+            temps.append(_locked_temp(folder, content))
+        run_tmp, run_fd = _locked_temp(folder, text)
+        temps.append((run_tmp, run_fd))
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, _shareable_mode())
-            try:
-                os.link(tmp, final)  # fails rather than replace an existing file
-            except OSError:
-                if final.exists():
-                    raise
-                os.replace(tmp, final)  # a file system without hard links
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            os.link(run_tmp, final)  # fails rather than replace an existing file
+        except OSError:
+            if final.exists():
+                raise
+            os.replace(run_tmp, final)  # a file system without hard links
+        for (tmp, _), name in zip(temps, attached.values()):
+            os.replace(tmp, folder / name)
     finally:
+        for tmp, fd in temps:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         os.unlink(reservation)
+        os.close(reservation_fd)
     return final
 
 
@@ -230,48 +290,68 @@ def read_run(path: str | os.PathLike[str]) -> RunFile:
     """Parse one run file.
 
     Raises:
-        ValueError: naming the path, when it is not readable JSON or not a pytest-prefill run
-            of a schema version this code understands.
+        ValueError: naming the path, when it is not readable JSON (or over
+            :data:`pytest_prefill._io.MAX_JSON_BYTES`) or not a pytest-prefill run of a schema
+            version this code understands.
+    """
+    return run_from_document(path, read_json(path, "run file"))
+
+
+def run_from_document(path: str | os.PathLike[str], data: Any) -> RunFile:
+    """The run in ``data``, the parsed document of the file at ``path``.
+
+    Raises:
+        ValueError: as :func:`read_run` does.
     """
     path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not readable JSON ({err})") from None
     if not isinstance(data, dict) or data.get("kind") != RUN_KIND:
         kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
         raise ValueError(
             f"{path}: not a pytest-prefill run file (kind {kind!r}, expected {RUN_KIND!r})"
         )
-    version = data.get("schema_version")
-    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise ValueError(
-            f"{path}: schema_version {version!r} is not one this version reads "
-            f"(1..{SCHEMA_VERSION})"
-        )
+    check_schema(data, str(path))
     match = RUN_NAME.match(path.name)
     number = int(match.group(1)) if match else data.get("number")
-    if not isinstance(number, int):
+    if isinstance(number, bool) or not isinstance(number, int):
         raise ValueError(f"{path}: no run number (file name or 'number' field)")
     return RunFile(path, number, data)
 
 
-def runs(results: str | os.PathLike[str], key: str, *, warn: Warn = _ignore) -> list[RunFile]:
-    """The readable runs of machine ``key``, oldest first. Any other ``*.json`` file in the
-    folder (corrupt, foreign, a newer schema) is reported through ``warn`` and skipped."""
-    folder = machine_dir(results, key)
-    if not folder.is_dir():
-        return []
+def _run_files(folder: Path, warn: Warn) -> list[tuple[int, str]]:
+    """(number, name) of every run file in ``folder``, oldest first, without reading them; any
+    other ``*.json`` there (but machine.json) is reported through ``warn``."""
     found = []
-    for name in sorted(os.listdir(folder)):
+    for name in os.listdir(folder):
         if name == MACHINE_FILE or name.startswith(".") or not name.endswith(".json"):
             continue
+        match = RUN_NAME.match(name)
+        if match:
+            found.append((int(match.group(1)), name))
+        else:
+            warn(
+                f"skipped {folder / name}: not a pytest-prefill run file (not named "
+                "NNNN_<commit8>_<date>.json)"
+            )
+    return sorted(found)
+
+
+def runs(results: str | os.PathLike[str], key: str, *, warn: Warn = _ignore) -> list[RunFile]:
+    """The readable runs of machine ``key``, oldest first. Any other ``*.json`` file in the
+    folder (corrupt, foreign, a newer schema, too large) is reported through ``warn`` and
+    skipped."""
+    return list(reversed(list(_newest_first(results, key, warn))))
+
+
+def _newest_first(results: str | os.PathLike[str], key: str, warn: Warn) -> Iterator[RunFile]:
+    """The readable runs of machine ``key``, newest first, each read only when asked for."""
+    folder = machine_dir(results, key)
+    if not folder.is_dir():
+        return
+    for _, name in reversed(_run_files(folder, warn)):
         try:
-            found.append(read_run(folder / name))
+            yield read_run(folder / name)
         except ValueError as err:
             warn(f"skipped {err}")
-    return sorted(found, key=lambda r: (r.number, r.path.name))
 
 
 def latest_run(
@@ -281,26 +361,44 @@ def latest_run(
     warn: Warn = _ignore,
     with_calibration: bool = False,
 ) -> RunFile | None:
-    """The newest readable run (with a calibration, if asked), or None."""
-    found = [r for r in runs(results, key, warn=warn) if not with_calibration or r.calibration]
-    return found[-1] if found else None
+    """The newest readable run (with a calibration, if asked), or None. Reads run files from
+    the newest back only until it finds one."""
+    for run in _newest_first(results, key, warn):
+        if not with_calibration or run.calibration is not None:
+            return run
+    return None
 
 
 def archived_cost(
     results: str | os.PathLike[str], key: str, *, warn: Warn = _ignore
 ) -> tuple[CostModel, RunFile]:
-    """The cost model of the latest calibration archived for machine ``key``.
+    """The cost model of the latest valid calibration archived for machine ``key``; newer
+    runs that cannot be read, or whose calibration is invalid, are reported through ``warn``
+    and passed over for an older one.
 
     Raises:
-        ValueError: when no readable run of that machine holds a calibration.
+        ValueError: when no run of that machine holds a valid calibration, naming every file
+            passed over and why.
     """
-    run = latest_run(results, key, warn=warn, with_calibration=True)
-    if run is None:
-        raise ValueError(
-            f"no calibration archived for machine {key!r} under {machine_dir(results, key)}; "
-            "run the hardware suite there first (pytest -m gpu) or give a preset or a JSON path"
-        )
-    return cost_from_json(run.data, str(run.path)), run
+    skipped: list[str] = []
+
+    def note(message: str) -> None:
+        skipped.append(message)
+        warn(message)
+
+    for run in _newest_first(results, key, note):
+        if run.calibration is None:
+            continue
+        try:
+            return cost_from_json(run.data, str(run.path)), run
+        except ValueError as err:
+            note(f"skipped {err}")
+    passed_over = f" (passed over: {'; '.join(skipped)})" if skipped else ""
+    raise ValueError(
+        f"no calibration archived for machine {key!r} under {machine_dir(results, key)}"
+        f"{passed_over}; run the hardware suite there first (pytest -m gpu) or give a preset "
+        "or a JSON path"
+    )
 
 
 # A run named by its number (``0001``, as ``prefill-bench runs`` lists it) or by machine key and
@@ -407,9 +505,7 @@ def resolve_run(ref: str, results: str | os.PathLike[str], *, warn: Warn = _igno
     Raises:
         ValueError: when ``ref`` is neither, or names a machine without runs.
     """
-    if ref.endswith(".json") or os.sep in ref or os.path.isfile(ref):
-        if not os.path.isfile(ref):
-            raise ValueError(f"run file {ref!r} does not exist")
+    if ref.endswith(".json") or os.sep in ref or os.path.exists(ref):
         return read_run(ref)
     if not KEY_PATTERN.match(ref):
         raise ValueError(f"{ref!r} is neither a run file (*.json) nor a machine key")

@@ -53,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except ValueError as err:
         parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
+    except OSError as err:
+        if err.filename is None:  # not a file the command was told to write or read
+            raise
+        parser.exit(1, f"prefill-bench {args.command}: error: {err}\n")
 
 
 if __name__ == "__main__":

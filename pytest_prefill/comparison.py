@@ -11,7 +11,6 @@ values differ *beyond spread* when ``|a - b| > spread_a + spread_b``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -20,14 +19,13 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_prefill._io import read_json
 from pytest_prefill.advice import chunk_star_text
-from pytest_prefill.archive import RUN_ID, RunFile, Warn, find_run, latest_run, read_run
+from pytest_prefill.archive import RUN_ID, Warn, find_run, latest_run, run_from_document
 from pytest_prefill.cost_spec import refusals_in
-from pytest_prefill.costs import cost_from_json
+from pytest_prefill.costs import CALIBRATION_KIND, cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
-
-CALIBRATION_KIND = "pytest-prefill/calibration"
 
 
 def _ignore(_: str) -> None:
@@ -57,8 +55,10 @@ class Side:
     calibration: Mapping[str, Any] | None
 
     def refused(self, constant: str) -> bool:
-        refusals = (self.calibration or {}).get("refusals") or []
-        return any(isinstance(r, Mapping) and r.get("constant") == constant for r in refusals)
+        refusals = (self.calibration or {}).get("refusals")
+        return isinstance(refusals, list) and any(
+            isinstance(r, Mapping) and r.get("constant") == constant for r in refusals
+        )
 
     def spread(self, constant: str) -> float | None:
         """The half-width this side's calibration supports for ``constant`` (seconds, tokens
@@ -68,7 +68,8 @@ class Side:
             return 0.0
         if self.calibration is None or fit_name is None:
             return None
-        fit = (self.calibration.get("fits") or {}).get(fit_name)
+        fits = self.calibration.get("fits")
+        fit = fits.get(fit_name) if isinstance(fits, Mapping) else None
         if not isinstance(fit, Mapping):
             if constant == "decode_step_base":
                 return _single_point_spread(self.calibration, "decode_kv")
@@ -83,20 +84,27 @@ class Side:
             if fit.get("refused"):  # the constant is the mean level of the points
                 return scatter
             return max(2 * float(fit["intercept_stderr"]), scatter)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             return None
 
 
 def _single_point_spread(calibration: Mapping[str, Any], kind: str) -> float | None:
+    measurements = calibration.get("measurements")
     points = [
         p
-        for p in calibration.get("measurements") or []
+        for p in (measurements if isinstance(measurements, list) else [])
         if isinstance(p, Mapping) and p.get("kind") == kind
     ]
     if len(points) != 1:
         return None
-    iqr = (points[0].get("measurement") or {}).get("iqr")
-    return float(iqr) if isinstance(iqr, (int, float)) else None
+    measurement = points[0].get("measurement")
+    iqr = measurement.get("iqr") if isinstance(measurement, Mapping) else None
+    if isinstance(iqr, bool) or not isinstance(iqr, (int, float)):
+        return None
+    try:
+        return float(iqr)
+    except OverflowError:
+        return None
 
 
 def side_from_document(data: Mapping[str, Any], label: str, origin: str) -> Side:
@@ -146,17 +154,11 @@ def load_side(
             raise ValueError(f"{ref!r}: a bare run number needs a machine (give KEY/{ref})")
         found = find_run(results, key, int(numbered.group(2)), warn=warn)
         return side_from_document(found.data, label, str(found.path))
-    if ref.endswith(".json") or os.sep in ref or os.path.isfile(ref):
-        if not os.path.isfile(ref):
-            raise ValueError(f"{ref!r}: no such file")
-        try:
-            with open(ref, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{ref}: not readable JSON ({err})") from None
+    if ref.endswith(".json") or os.sep in ref or os.path.exists(ref):
+        data = read_json(ref, "file")
         if isinstance(data, Mapping) and data.get("kind") == CALIBRATION_KIND:
             return side_from_document(data, label, ref)
-        run: RunFile = read_run(ref)
+        run = run_from_document(ref, data)
         return side_from_document(run.data, label, str(run.path))
     if not KEY_PATTERN.match(ref):
         raise ValueError(f"{ref!r} is neither a JSON file nor a machine key")

@@ -3,25 +3,82 @@ calibration, or an archived run). Standard library only."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_prefill._io import read_json
 from pytest_prefill.scheduler import PRESETS, CostModel, get_preset
+
+RUN_KIND = "pytest-prefill/run"
+CALIBRATION_KIND = "pytest-prefill/calibration"
+# The newest schema version of each document kind this version reads (it reads 1 .. newest).
+SCHEMA_VERSIONS = {RUN_KIND: 1, CALIBRATION_KIND: 1}
+
+
+def check_schema(data: Any, origin: str) -> None:
+    """ValueError naming ``origin`` when ``data`` is a run or calibration document whose
+    ``schema_version`` is not an integer this version reads (a bool is not an integer; a run
+    must have one, a calibration without one is read as version 1)."""
+    if not isinstance(data, Mapping) or data.get("kind") not in SCHEMA_VERSIONS:
+        return
+    newest = SCHEMA_VERSIONS[data["kind"]]
+    if data["kind"] == CALIBRATION_KIND and "schema_version" not in data:
+        return  # a calibration written by hand, or inside a run: read as version 1
+    version = data.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= newest:
+        raise ValueError(
+            f"{origin}: schema_version {version!r} of a {data['kind']} document is not one this "
+            f"version reads (an integer, 1..{newest})"
+        )
+
+
+def check_calibration(data: Mapping[str, Any], origin: str) -> None:
+    """ValueError naming ``origin`` and the field when a calibration's ``fits``, ``refusals``
+    or ``measurements`` (each optional) do not have the shape calibrate writes."""
+    fits = data.get("fits")
+    if fits is not None and not (
+        isinstance(fits, Mapping) and all(isinstance(f, Mapping) for f in fits.values())
+    ):
+        raise ValueError(
+            f"{origin}: calibration 'fits' must be an object of fits, got {fits!r:.80}"
+        )
+    refusals = data.get("refusals")
+    if refusals is not None and not (
+        isinstance(refusals, list)
+        and all(isinstance(r, Mapping) and isinstance(r.get("constant"), str) for r in refusals)
+    ):
+        raise ValueError(
+            f"{origin}: calibration 'refusals' must be a list of objects naming a 'constant', "
+            f"got {refusals!r:.80}"
+        )
+    measurements = data.get("measurements")
+    if measurements is not None and not isinstance(measurements, list):
+        raise ValueError(
+            f"{origin}: calibration 'measurements' must be a list, got {measurements!r:.80}"
+        )
 
 
 def cost_from_json(data: Any, origin: str) -> CostModel:
     """The cost model inside a parsed JSON document: a bare cost model, an object with a
-    ``cost_model`` key (a calibration), or one with ``calibration.cost_model`` (an archived run)."""
+    ``cost_model`` key (a calibration), or one with ``calibration.cost_model`` (an archived run).
+
+    Raises:
+        ValueError: naming ``origin``, when there is no valid cost model there, a run or
+            calibration has a schema version this version does not read, or a calibration's
+            fits or refusals are malformed.
+    """
+    check_schema(data, origin)
     if isinstance(data, Mapping):
         if isinstance(data.get("calibration"), Mapping):
             data = data["calibration"]
+            check_schema(data, origin)
         if isinstance(data.get("cost_model"), Mapping):
+            check_calibration(data, origin)
             data = data["cost_model"]
     try:
         return CostModel.from_dict(data)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:  # an int too large for a float overflows
         raise ValueError(f"{origin}: not a cost model, calibration or run file ({err})") from None
 
 
@@ -30,7 +87,8 @@ def load_cost(spec: str) -> tuple[CostModel, str]:
     it came from.
 
     Raises:
-        ValueError: for an unknown preset, a missing file, or a file that holds no cost model.
+        ValueError: for an unknown preset; or naming the file, when it is missing, not a regular
+            file, too large, not UTF-8 JSON, or holds no cost model.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"cost must be a preset name ({', '.join(PRESETS)}) or a JSON path")
@@ -38,14 +96,7 @@ def load_cost(spec: str) -> tuple[CostModel, str]:
         preset = get_preset(spec)
         return preset.cost, f"preset '{preset.name}': {preset.source}"
     if spec.endswith(".json") or os.path.sep in spec:
-        if not os.path.isfile(spec):
-            raise ValueError(f"cost file {spec!r} does not exist")
-        try:
-            with open(spec, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"cost file {spec!r} cannot be read as JSON ({err})") from None
-        return cost_from_json(data, spec), f"file {spec}"
+        return cost_from_json(read_json(spec, "cost file"), spec), f"file {spec}"
     raise ValueError(
         f"unknown cost {spec!r}: give a preset ({', '.join(PRESETS)}) or a path to a JSON file"
     )

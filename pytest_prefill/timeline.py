@@ -214,15 +214,24 @@ def _check_traces(traces: Any) -> list[Trace]:
     return list(traces)
 
 
-def _check_window(window: Any) -> tuple[float, float]:
+MIN_WINDOW = 1e-9  # seconds: a narrower window has no room between two floats to draw in
+
+
+def check_window(window: Any) -> tuple[float, float]:
+    """``window`` as (start, end) seconds: 0 <= start < end, finite, at least a nanosecond wide.
+
+    Raises:
+        ValueError: naming the window and what is allowed.
+    """
     try:
         start, end = (float(v) for v in window)
         ok = all(not isinstance(v, bool) for v in window) and 0 <= start < end < math.inf
     except (TypeError, ValueError):
         ok = False
-    if not ok:
+    if not ok or end - start < MIN_WINDOW:
         raise ValueError(
-            f"window must be (start, end) in seconds, 0 <= start < end, finite; got {window!r}"
+            "window must be (start, end) in seconds, 0 <= start < end, finite, at least "
+            f"{MIN_WINDOW:g} s wide; got {window!r}"
         )
     return start, end
 
@@ -275,7 +284,7 @@ def layout(
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-    start, end = _check_window(window) if window is not None else _extent(traces)
+    start, end = check_window(window) if window is not None else _extent(traces)
     return Layout(start, end, tuple(_panel(t, start, end, max_bars, token_rows) for t in traces))
 
 

@@ -8,11 +8,16 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pytest_prefill import archive
+from pytest_prefill import _io, archive
+from pytest_prefill.costs import load_cost
 from pytest_prefill.machine import (
     Accelerator,
     check_device,
@@ -212,3 +217,185 @@ def test_resolve_run_takes_a_path_or_a_machine_key(tmp_path):
         archive.resolve_run("nvidia-h200", tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         archive.resolve_run(str(tmp_path / "missing.json"), tmp_path)
+
+
+# --- faults: a writer killed mid-write, files that must not be trusted -------------------------
+
+# A writer stopped at a chosen point: ``fsync1`` after its attachment's temporary file,
+# ``fsync2`` after the run's, ``rename`` after the run file is in place (before the attachment
+# is). SIGKILL there is a ``kill -9``; ``interrupt`` raises KeyboardInterrupt (Ctrl-C) instead.
+KILLED_WRITER = """
+import datetime, os, signal, sys
+from pytest_prefill import archive
+
+results, point, how = sys.argv[1:4]
+calls = {"fsync": 0}
+real_fsync, real_replace = os.fsync, os.replace
+
+def stop():
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise KeyboardInterrupt
+
+def fsync(fd):
+    real_fsync(fd)
+    calls["fsync"] += 1
+    if point == f"fsync{calls['fsync']}":
+        stop()
+
+def replace(src, dst):
+    if point == "rename" and str(dst).endswith(".svg"):
+        stop()
+    real_replace(src, dst)
+
+os.fsync, os.replace = fsync, replace
+try:
+    archive.write_run(results, "cpu-test", {"tables": []}, commit="abcdef12", dirty=False,
+                      when=datetime.datetime(2026, 1, 1), attachments={"timeline.svg": "<svg/>"})
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def stop_a_writer(tmp_path, point, how):
+    result = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(tmp_path), point, how],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == (-signal.SIGKILL if how == "kill" else 130), result.stderr
+    return tmp_path / "cpu-test"
+
+
+def in_progress(folder):
+    return sorted(n for n in os.listdir(folder) if n.startswith("."))
+
+
+def assert_no_orphans(folder):
+    """Every attachment beside a run file belongs to a run file that exists."""
+    names = set(os.listdir(folder))
+    runs_there = {n[: -len(".json")] for n in names if archive.RUN_NAME.match(n)}
+    for name in names - {archive.MACHINE_FILE} - {r + ".json" for r in runs_there}:
+        if not name.startswith("."):
+            assert any(name.startswith(r + "_") for r in runs_there), f"orphan {name}"
+
+
+def age(folder, seconds=3600):
+    for name in in_progress(folder):
+        then = time.time() - seconds
+        os.utime(folder / name, (then, then))
+
+
+@pytest.mark.parametrize("point", ["fsync1", "fsync2", "rename"])
+def test_kill_9_mid_write_leaves_no_orphan_and_the_next_run_sweeps_and_moves_on(tmp_path, point):
+    folder = stop_a_writer(tmp_path, point, "kill")
+    left = in_progress(folder)
+    assert any(n.endswith(".reserved") for n in left) and any(n.endswith(".part") for n in left)
+    assert_no_orphans(folder)
+    run_written = point == "rename"  # killed after the run file was in place
+    assert [r.number for r in archive.runs(tmp_path, "cpu-test")] == ([1] if run_written else [])
+    age(folder)
+    path = write(tmp_path)
+    assert path.name.startswith("0002_"), "the dead writer's number is not given out again"
+    assert in_progress(folder) == []
+    assert_no_orphans(folder)
+
+
+@pytest.mark.parametrize("point", ["fsync1", "fsync2", "rename"])
+def test_ctrl_c_mid_write_leaves_nothing_behind_but_a_finished_run(tmp_path, point):
+    folder = stop_a_writer(tmp_path, point, "interrupt")
+    assert in_progress(folder) == []
+    assert_no_orphans(folder)
+    assert len(os.listdir(folder)) == (1 if point == "rename" else 0)
+
+
+def test_a_fresh_or_live_in_progress_file_is_not_swept(tmp_path):
+    folder = write(tmp_path).parent
+    live = folder / ".tmp-live.part"
+    fresh = folder / ".0009.reserved"
+    fresh.write_text("")
+    with open(live, "w") as handle:
+        _io.lock(handle.fileno())  # a live writer holds its lock
+        then = time.time() - 3600
+        os.utime(live, (then, then))
+        assert archive.sweep_abandoned(folder) == []
+    # its writer gone, the old file goes; the reservation is too young to judge
+    assert archive.sweep_abandoned(folder) == [".tmp-live.part"]
+    age(folder)
+    assert archive.sweep_abandoned(folder) == [".0009.reserved"]
+
+
+def test_an_attachment_left_without_its_run_keeps_its_number_taken(tmp_path):
+    folder = tmp_path / "cpu-test"
+    folder.mkdir()
+    (folder / "0001_abcdef12_20260101_000000_timeline.svg").write_text("<svg/>")
+    assert write(tmp_path).name.startswith("0002_")
+
+
+def test_only_the_newest_runs_are_read_to_find_the_latest_calibration(tmp_path, monkeypatch):
+    for _ in range(5):
+        write(tmp_path, calibrated_run())
+    newest = write(tmp_path, calibrated_run())
+    read = []
+    real = archive.read_json
+    monkeypatch.setattr(
+        archive, "read_json", lambda path, what: read.append(path) or real(path, what)
+    )
+    cost, run = archive.archived_cost(tmp_path, "cpu-test")
+    assert run.path == newest and read == [newest]
+
+
+def test_a_run_file_over_the_size_limit_is_skipped_unread_for_an_older_one(tmp_path, monkeypatch):
+    older = write(tmp_path, calibrated_run())
+    write(tmp_path, {**calibrated_run(), "tables": [{"text": "x" * 5000}]})
+    monkeypatch.setattr(_io, "MAX_JSON_BYTES", 4000)
+    messages = []
+    cost, run = archive.archived_cost(tmp_path, "cpu-test", warn=messages.append)
+    assert run.path == older
+    assert len(messages) == 1 and "0002_" in messages[0] and "over" in messages[0]
+
+
+def test_a_truncated_newest_calibration_is_named_and_an_older_one_used(tmp_path):
+    older = write(tmp_path, calibrated_run())
+    newest = write(tmp_path, calibrated_run())
+    newest.write_text(newest.read_text()[:100])
+    messages = []
+    assert archive.archived_cost(tmp_path, "cpu-test", warn=messages.append)[1].path == older
+    assert messages == [f"skipped {newest}: not readable JSON" + messages[0].split("JSON", 1)[1]]
+    older.unlink()
+    with pytest.raises(
+        ValueError, match=f"no calibration archived .*passed over: skipped {newest}"
+    ):
+        archive.archived_cost(tmp_path, "cpu-test")
+
+
+def test_an_invalid_cost_model_in_the_newest_run_falls_back_to_an_older_one(tmp_path):
+    older = write(tmp_path, calibrated_run())
+    bad = calibrated_run()
+    bad["calibration"]["cost_model"] = {**COST.to_dict(), "decode_step_base": -1}
+    newest = write(tmp_path, bad)
+    messages = []
+    assert archive.archived_cost(tmp_path, "cpu-test", warn=messages.append)[1].path == older
+    assert len(messages) == 1 and str(newest) in messages[0] and "decode_step_base" in messages[0]
+
+
+@pytest.mark.parametrize("version", [True, 99, 0, "1", 1.0, None])
+def test_a_schema_version_must_be_an_integer_this_version_reads(tmp_path, version):
+    path = write(tmp_path, calibrated_run())
+    data = json.loads(path.read_text())
+    data["schema_version"] = version
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"schema_version {version!r}"):
+        archive.read_run(path)
+    with pytest.raises(ValueError, match=f"schema_version {version!r}"):
+        load_cost(str(path))  # --cost reads the same rule as the archive and compare
+
+
+def test_a_run_file_name_with_a_huge_number_is_not_a_run(tmp_path):
+    folder = write(tmp_path).parent
+    (folder / ("9" * 200 + "_abcdef12_20260101_000000.json")).write_text("{}")
+    messages = []
+    assert len(archive.runs(tmp_path, "cpu-test", warn=messages.append)) == 1
+    assert write(tmp_path).name.startswith("0002_") and len(messages) == 1

@@ -151,7 +151,7 @@ def test_compare_takes_run_files_and_calibration_files(tmp_path, capsys):
     "ref, message",
     [
         ("nvidia-h200", "no calibrated run archived for machine 'nvidia-h200'"),
-        ("missing.json", "no such file"),
+        ("missing.json", "does not exist"),
         ("Not A Key", "neither a JSON file nor a machine key"),
     ],
 )
@@ -264,3 +264,25 @@ def test_a_bad_percentage_is_a_usage_error(tmp_path, capsys, bad):
         main(["compare", str(a), str(a), "--fail-above", bad])
     assert exit_info.value.code == 2
     assert "--fail-above" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("fits", [1, 2], "calibration 'fits' must be an object of fits"),
+        ("fits", {"prefill": 3}, "calibration 'fits' must be an object of fits"),
+        ("refusals", 7, "calibration 'refusals' must be a list of objects naming a 'constant'"),
+        ("refusals", [{"why": "x"}], "calibration 'refusals' must be a list of objects"),
+        ("measurements", {"a": 1}, "calibration 'measurements' must be a list"),
+    ],
+)
+def test_a_malformed_calibration_is_one_line_naming_the_file_and_field(
+    tmp_path, capsys, field, value, words
+):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({**calibration(LAB), field: value}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(path), str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and words in err[0]

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Iterable
+
+from pytest_prefill._io import check_destination
 
 
 def _number(text: str, kind: type, allowed: str) -> float:
@@ -33,3 +36,64 @@ def non_negative_float(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+# Bounds on what the simulating commands accept. The simulator's cost grows with the iterations
+# a run takes (a chunked prompt takes prompt_len / chunk of them) and with the live streams; the
+# library takes any size, the command line refuses sizes that would run for minutes.
+MAX_PROMPT_LEN = 10_000_000  # tokens: beyond any model's context window
+MAX_STREAMS = 10_000
+MAX_CHUNKED_ITERATIONS = 1_000_000  # prompt_len / chunk: ~5 s of simulation
+MAX_SECONDS = 1e6  # an arrival time: ~11.6 days, where a float still resolves 1e-10 s
+
+
+def bounded_int(maximum: int, unit: str) -> Callable[[str], int]:
+    """An argparse type for an integer from 1 to ``maximum``."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {maximum:,} {unit} (the command line's bound on what it "
+                f"simulates; the library takes any size), got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+prompt_len_type = bounded_int(MAX_PROMPT_LEN, "tokens")
+streams_type = bounded_int(MAX_STREAMS, "streams")
+
+
+def seconds_type(text: str) -> float:
+    """A time in seconds, 0 to :data:`MAX_SECONDS`."""
+    value = non_negative_float(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SECONDS:,.0f} seconds, got {text!r}"
+        )
+    return value
+
+
+def check_chunked_iterations(prompt_len: int, chunks: Iterable[int]) -> None:
+    """ValueError naming the chunk when one would split the prompt into more than
+    :data:`MAX_CHUNKED_ITERATIONS` iterations."""
+    for chunk in chunks:
+        iterations = -(-prompt_len // chunk)
+        if iterations > MAX_CHUNKED_ITERATIONS:
+            raise ValueError(
+                f"chunk {chunk:,} would split the {prompt_len:,}-token prompt into "
+                f"{iterations:,} iterations; the command line simulates at most "
+                f"{MAX_CHUNKED_ITERATIONS:,} (give a larger --chunk or a shorter --prompt-len)"
+            )
+
+
+def output_path(text: str) -> str:
+    """A file to write: a new path or a regular file (a symlink is written through), checked
+    when the arguments are parsed, before anything is measured or simulated."""
+    try:
+        check_destination(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text

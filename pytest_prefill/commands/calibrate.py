@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_threads_argument,
@@ -22,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_timing_arguments(parser)
     add_threads_argument(parser)
-    parser.add_argument("--json", metavar="PATH", help="also write the calibration JSON here")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the calibration JSON here"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -39,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chunk size to test (default: C*, from --cost or a quick calibration made now)",
     )
     add_cost_argument(parser, default=None)  # C* for the chunk
-    parser.add_argument("--json", metavar="PATH", help="also write the result JSON here")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the result JSON here"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

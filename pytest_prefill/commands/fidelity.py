@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_threads_argument,
@@ -55,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-azure", action="store_true", help="skip the Poisson load with Azure conv lengths"
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the result JSON here")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the result JSON here"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,15 @@ import datetime
 from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.advice import recommend, star_text
-from pytest_prefill.commands._args import non_negative_float, positive_int
+from pytest_prefill.commands._args import (
+    MAX_SECONDS,
+    check_chunked_iterations,
+    output_path,
+    positive_int,
+    prompt_len_type,
+    seconds_type,
+    streams_type,
+)
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -27,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
     parser.add_argument(
         "--prompt-len",
-        type=positive_int,
+        type=prompt_len_type,
         default=2048,
         help="tokens of the arriving prompt (default 2048)",
     )
@@ -39,26 +47,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chunk size to simulate (repeatable; default: C*, powers of two, the whole prompt)",
     )
     parser.add_argument(
-        "--streams", type=positive_int, default=2, help="live streams already decoding (default 2)"
+        "--streams", type=streams_type, default=2, help="live streams already decoding (default 2)"
     )
     parser.add_argument(
         "--arrival",
-        type=non_negative_float,
+        type=seconds_type,
         default=0.1,
-        help="when the prompt arrives, seconds (default 0.1)",
+        help=f"when the prompt arrives, seconds (default 0.1; at most {MAX_SECONDS:,.0f})",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON here")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="also write the table as JSON here"
+    )
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
     add_threads_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_chunked_iterations(args.prompt_len, args.chunk or [])
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     cost, origin = spec.cost, spec.source
     load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
     chunks = args.chunk or default_chunks(cost, args.prompt_len)
+    check_chunked_iterations(args.prompt_len, chunks)
     rows = chunk_sweep(cost, load, chunks)
     star = cost.chunk_star()
     print(f"Cost model: {origin}")

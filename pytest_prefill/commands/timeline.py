@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import textwrap
 
 from pytest_prefill._io import write_atomic
 from pytest_prefill.advice import choose_chunk
-from pytest_prefill.commands._args import non_negative_float, positive_int
+from pytest_prefill.commands._args import (
+    MAX_SECONDS,
+    bounded_int,
+    check_chunked_iterations,
+    non_negative_float,
+    output_path,
+    positive_int,
+    prompt_len_type,
+    seconds_type,
+    streams_type,
+)
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -21,43 +30,57 @@ from pytest_prefill.commands._measure_args import (
 )
 from pytest_prefill.report import lab_timeline
 from pytest_prefill.scheduler import CostModel
-from pytest_prefill.timeline import focus_window, layout, render_svg, render_text
+from pytest_prefill.timeline import (
+    MIN_WINDOW,
+    check_window,
+    focus_window,
+    layout,
+    render_svg,
+    render_text,
+)
 from pytest_prefill.trace_events import chrome_trace
 
 HELP = "draw the lab scenario's timeline under shared, chunked and disaggregated serving"
 
 
 def window_type(text: str) -> tuple[float, float]:
-    """``START:END`` in seconds, 0 <= START < END."""
+    """``START:END`` in seconds, 0 <= START < END, at least a nanosecond apart."""
     start, sep, end = text.partition(":")
     try:
-        window = (float(start), float(end))
+        return check_window((float(start), float(end)) if sep else ())
     except ValueError:
-        window = (math.nan, math.nan)
-    if not sep or not 0 <= window[0] < window[1] < math.inf:
         raise argparse.ArgumentTypeError(
-            f"must be START:END in seconds with 0 <= START < END, got {text!r}"
-        )
-    return window
+            f"must be START:END in seconds with 0 <= START < END, finite and at least "
+            f"{MIN_WINDOW:g} s apart, got {text!r}"
+        ) from None
 
 
 OUT_SUFFIXES = (".svg", ".json")
 
 
 def out_type(text: str) -> str:
-    """A path ending in .svg (the drawing) or .json (Chrome trace events)."""
+    """A path ending in .svg (the drawing) or .json (Chrome trace events), where a file can be
+    written."""
     if not text.lower().endswith(OUT_SUFFIXES):
         raise argparse.ArgumentTypeError(
             f"must end in .svg (an SVG drawing) or .json (Chrome trace events for Perfetto), "
             f"got {text!r}"
         )
-    return text
+    return output_path(text)
 
 
-def positive_float(text: str) -> float:
+def until_type(text: str) -> float:
+    """SECONDS > 0: the window 0 to SECONDS."""
     value = non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    if value < MIN_WINDOW:
+        raise argparse.ArgumentTypeError(f"must be a number >= {MIN_WINDOW:g}, got {text!r}")
+    return value
+
+
+def width_type(text: str) -> int:
+    value = bounded_int(10_000, "characters")(text)
+    if value < 40:
+        raise argparse.ArgumentTypeError(f"must be at least 40 characters, got {text!r}")
     return value
 
 
@@ -73,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
     parser.add_argument(
         "--prompt-len",
-        type=positive_int,
+        type=prompt_len_type,
         default=2048,
         help="tokens of the arriving prompt (default 2048)",
     )
@@ -85,13 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "when C* < 1 or the per-token cost was refused)",
     )
     parser.add_argument(
-        "--streams", type=positive_int, default=2, help="live streams already decoding (default 2)"
+        "--streams", type=streams_type, default=2, help="live streams already decoding (default 2)"
     )
     parser.add_argument(
         "--arrival",
-        type=non_negative_float,
+        type=seconds_type,
         default=0.1,
-        help="when the prompt arrives, seconds (default 0.1)",
+        help=f"when the prompt arrives, seconds (default 0.1; at most {MAX_SECONDS:,.0f})",
     )
     view = parser.add_mutually_exclusive_group()
     view.add_argument(
@@ -101,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds to show (default: the prompt's arrival to its first token "
         "under every policy, plus a margin)",
     )
-    view.add_argument("--until", type=positive_float, metavar="SECONDS", help="show 0 to SECONDS")
+    view.add_argument("--until", type=until_type, metavar="SECONDS", help="show 0 to SECONDS")
     parser.add_argument(
         "--max-bars",
         type=positive_int,
@@ -111,9 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", action="store_true", help="also print the timeline as text")
     parser.add_argument(
         "--width",
-        type=positive_int,
+        type=width_type,
         default=100,
-        help="characters per line of --text (default 100)",
+        help="characters per line of --text (default 100; 40 to 10,000)",
     )
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
@@ -129,8 +152,12 @@ def default_chunk(cost: CostModel, prompt_len: int) -> int:
 def run(args: argparse.Namespace) -> int:
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")
+    check_chunked_iterations(args.prompt_len, [args.chunk] if args.chunk else [])
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
+    check_chunked_iterations(
+        args.prompt_len, [args.chunk or default_chunk(spec.cost, args.prompt_len)]
+    )
     drawn = lab_timeline(
         spec.cost,
         spec.source,

@@ -1,0 +1,199 @@
+"""The commands' arguments: sizes the command line bounds, times and windows it can resolve,
+output paths checked before anything is measured or simulated, and cost files that cannot be
+read named in one line. Every bad input: exit 2 with one line naming the option or the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from pytest_prefill.cli import main
+from pytest_prefill.commands import _measure_args
+from pytest_prefill.scheduler import get_preset, simulate
+from pytest_prefill.timeline import check_window, render_svg, render_text
+from pytest_prefill.workloads import lab_scenario
+
+pytestmark = pytest.mark.sim
+
+
+def usage_error(argv, capsys) -> str:
+    """The one error line a bad command line gives (exit 2, nothing on stdout)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "Traceback" not in printed.err
+    return printed.err.strip().splitlines()[-1]
+
+
+# --- sizes: the command line bounds them (the library takes any) --------------------------------
+
+
+@pytest.mark.parametrize("command", ["simulate", "timeline"])
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--prompt-len", "1000000000000", "at most 10,000,000 tokens"),
+        ("--streams", "1000000", "at most 10,000 streams"),
+        ("--arrival", "1e300", "at most 1,000,000 seconds"),
+    ],
+)
+def test_sizes_beyond_the_bounds_are_usage_errors(command, flag, value, words, capsys):
+    line = usage_error(
+        [command, "--text", flag, value] if command == "timeline" else [command, flag, value],
+        capsys,
+    )
+    assert f"argument {flag}: must be {words}" in line
+
+
+@pytest.mark.parametrize("command", ["simulate", "timeline"])
+def test_a_chunk_that_splits_the_prompt_too_finely_is_refused_before_simulating(command, capsys):
+    argv = [command, "--prompt-len", "10000000", "--chunk", "1"]
+    line = usage_error([*argv, "--text"] if command == "timeline" else argv, capsys)
+    assert "chunk 1 would split the 10,000,000-token prompt into 10,000,000 iterations" in line
+
+
+def test_the_largest_sizes_run(capsys):
+    assert main(["simulate", "--prompt-len", "10000000", "--chunk", "1000000"]) == 0
+    assert "10000000-token prompt" in capsys.readouterr().out
+
+
+# --- windows: at least a nanosecond wide ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--window", "0:5e-324"],
+        ["--window", "1e-300:2e-300"],
+        ["--window", "0:nan"],
+        ["--until", "5e-324"],
+    ],
+)
+def test_a_window_too_narrow_to_draw_is_a_usage_error(argv, capsys):
+    line = usage_error(["timeline", "--text", *argv], capsys)
+    assert f"argument {argv[0]}: must be" in line
+
+
+@pytest.mark.parametrize("window", [(0.0, 5e-324), (1e-300, 2e-300), (1.0, 1.0 + 1e-12)])
+def test_the_library_refuses_a_window_too_narrow_to_draw(window):
+    traces = [simulate("shared", lab_scenario(), get_preset("lab-laptop").cost)]
+    for render in (render_svg, render_text):
+        with pytest.raises(ValueError, match="at least 1e-09 s wide"):
+            render(traces, window=window)
+    assert check_window((0, 1e-9)) == (0.0, 1e-9)
+
+
+def test_a_text_width_is_bounded(capsys):
+    assert "at most 10,000 characters" in usage_error(
+        ["timeline", "--text", "--width", "1000000000"], capsys
+    )
+
+
+# --- output paths: checked when parsed, written through symlinks, special files refused ---------
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Fail the test if a command gets as far as loading a model."""
+
+    def load(args):
+        raise AssertionError("the command started measuring before checking its --json path")
+
+    monkeypatch.setattr(_measure_args, "load", load)
+
+
+@pytest.mark.parametrize("command", ["calibrate", "demo", "fidelity", "simulate"])
+def test_a_bad_json_destination_is_refused_before_measuring(
+    command, tmp_path, capsys, no_measuring
+):
+    (tmp_path / "file.json").write_text("{}\n")
+    (tmp_path / "folder").mkdir()
+    for bad, words in [
+        ("", "the output path is empty"),
+        (str(tmp_path / "folder"), "is a folder"),
+        (str(tmp_path / "file.json" / "x.json"), "a file is used there as a folder"),
+        ("/dev/null", "is a character device"),
+    ]:
+        line = usage_error([command, "--json", bad], capsys)
+        assert (
+            line.startswith(f"prefill-bench {command}: error: argument --json: ") and words in line
+        )
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_timeline_out_refuses_a_fifo_and_leaves_it(tmp_path, capsys):
+    fifo = tmp_path / "t.svg"
+    os.mkfifo(fifo)
+    assert "is a FIFO" in usage_error(["timeline", "--out", str(fifo)], capsys)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_json_and_out_write_through_a_symlink(tmp_path, capsys):
+    for name, argv in [("sweep.json", ["simulate", "--json"]), ("t.svg", ["timeline", "--out"])]:
+        target, link = tmp_path / ("real-" + name), tmp_path / name
+        target.write_text("")
+        link.symlink_to(target)
+        assert main([*argv, str(link)]) == 0
+        assert link.is_symlink() and target.stat().st_size > 0
+    assert (
+        json.loads((tmp_path / "real-sweep.json").read_text())["kind"]
+        == "pytest-prefill/chunk-sweep"
+    )
+    capsys.readouterr()
+
+
+def test_a_write_that_fails_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    def full(src, dst):
+        raise OSError(28, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "replace", full)
+    out = tmp_path / "sweep.json"
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--json", str(out)])
+    assert info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"prefill-bench simulate: error: [Errno 28] No space left on device: '{out}'"]
+    assert os.listdir(tmp_path) == []
+
+
+# --- cost files that cannot be read: one line naming the file -----------------------------------
+
+
+def cost_files(tmp_path):
+    fields = '"prefill_per_token": 1e-5, "decode_step_base": 0.03'
+    (tmp_path / "huge.json").write_text(
+        '{"prefill_pass_overhead": 1' + "0" * 400 + ", " + fields + "}"
+    )
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "latin1.json").write_bytes(
+        b'{"prefill_pass_overhead": 0.01, ' + fields.encode() + b', "x": "\xff"}'
+    )
+    (tmp_path / "folder.json").mkdir()
+    return [
+        ("huge.json", "an integer of 401 digits is too large"),
+        ("deep.json", "nests arrays or objects too deeply"),
+        ("latin1.json", ": not UTF-8"),
+        ("folder.json", ": a folder, not a JSON file"),
+    ]
+
+
+@pytest.mark.parametrize("command", ["simulate", "timeline", "compare"])
+def test_an_unreadable_cost_or_run_file_is_one_line_naming_it(command, tmp_path, capsys):
+    for name, words in cost_files(tmp_path):
+        path = str(tmp_path / name)
+        argv = {
+            "simulate": ["simulate", "--cost", path],
+            "timeline": ["timeline", "--text", "--cost", path],
+            "compare": ["compare", path, path],
+        }[command]
+        line = usage_error(argv, capsys)
+        assert path in line and words in line
+
+
+def test_dev_zero_as_cost_is_named_as_a_device(capsys):
+    line = usage_error(["simulate", "--cost", "/dev/zero"], capsys)
+    assert "/dev/zero: a character device, not a JSON file" in line
