@@ -15,6 +15,7 @@ from pytest_prefill import __version__
 # name -> module; the order is the order of ``prefill-bench --help``.
 COMMANDS = {
     "simulate": "pytest_prefill.commands.simulate",
+    "capacity": "pytest_prefill.commands.capacity",
     "calibrate": "pytest_prefill.commands.calibrate",
     "demo": "pytest_prefill.commands.demo",
     "timeline": "pytest_prefill.commands.timeline",

@@ -1,0 +1,142 @@
+"""``prefill-bench capacity``: for a workload, an SLO and N devices, which deployment serves
+the most requests per device — the search, its table, one line to act on, a plot and JSON."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+
+from pytest_prefill._io import write_atomic, write_json_atomic
+from pytest_prefill.capacity import DEFAULT_TARGET, DEFAULT_TOLERANCE, capacity
+from pytest_prefill.capacity_report import capacity_document, capacity_svg, capacity_text
+from pytest_prefill.commands._args import positive_int
+from pytest_prefill.commands._measure_args import (
+    add_cost_argument,
+    add_model_arguments,
+    add_threads_argument,
+    add_timing_arguments,
+    progress,
+    resolve_cost_args,
+)
+from pytest_prefill.commands._workload_args import (
+    add_workload_arguments,
+    capped_line,
+    positive_float,
+    workload_from_args,
+)
+from pytest_prefill.deployments import Deployment
+from pytest_prefill.executors import CONNECT_TIMEOUT, dask_executor, local_executor
+from pytest_prefill.metrics import SLO
+
+HELP = "find the deployment that serves the most requests per device within an SLO"
+
+
+def slo_type(text: str) -> SLO:
+    try:
+        return SLO.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def fraction_type(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cost_argument(parser)
+    add_workload_arguments(parser, default="poisson")
+    search = parser.add_argument_group("search")
+    search.add_argument(
+        "--slo",
+        type=slo_type,
+        required=True,
+        metavar="BOUNDS",
+        help="bounds a request must meet, e.g. ttft:1s,tpot:100ms (also e2el; units s, ms, us)",
+    )
+    search.add_argument("--devices", type=positive_int, default=1, help="devices (default 1)")
+    search.add_argument(
+        "--target",
+        type=fraction_type,
+        default=DEFAULT_TARGET,
+        help=f"SLO attainment to keep, in (0, 1] (default {DEFAULT_TARGET})",
+    )
+    search.add_argument(
+        "--tolerance",
+        type=fraction_type,
+        default=DEFAULT_TOLERANCE,
+        help=f"relative precision of each rate (default {DEFAULT_TOLERANCE})",
+    )
+    search.add_argument(
+        "--deployment",
+        action="append",
+        metavar="SPEC",
+        help="compare only these (repeatable): shared, coscheduled, chunked:512, "
+        "chunked:100ms (a per-iteration budget), disaggregated:1:3 (default: shared, chunked "
+        "around C* and at the TPOT bound, every disaggregated split)",
+    )
+    where = parser.add_argument_group("where the simulations run")
+    where.add_argument(
+        "--workers", type=positive_int, help="local processes (default: one per core)"
+    )
+    where.add_argument(
+        "--cluster",
+        metavar="tcp://HOST:PORT",
+        help="a Dask scheduler to run on (pip install 'pytest-prefill[cluster]'; the workers "
+        "need pytest-prefill installed)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--plot", metavar="PATH.svg", help="draw attainment against rate here")
+    out.add_argument("--json", metavar="PATH", help="write the whole search as JSON here")
+    add_model_arguments(parser)  # used by --cost measure
+    add_timing_arguments(parser)
+    add_threads_argument(parser)
+
+
+def _executor(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    if args.cluster and args.workers:
+        raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
+    if args.cluster:
+        return dask_executor(args.cluster, timeout=CONNECT_TIMEOUT)
+    return local_executor(args.workers)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot and not args.plot.endswith(".svg"):
+        raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
+    spec = resolve_cost_args(args)
+    assert spec.cost is not None  # measured by resolve_cost_args
+    workload = workload_from_args(args)
+    deployments = None
+    if args.deployment:
+        deployments = [Deployment.parse(text, args.devices) for text in args.deployment]
+    where = args.cluster or f"{args.workers or os.cpu_count() or 1} local process(es)"
+    progress(f"searching {workload.description} on {where} ...")
+    began = time.perf_counter()
+    with _executor(args) as executor:
+        result = capacity(
+            workload,
+            spec.cost,
+            args.slo,
+            args.devices,
+            target=args.target,
+            deployments=deployments,
+            tolerance=args.tolerance,
+            executor=executor,
+            progress=progress,
+        )
+    seconds = time.perf_counter() - began
+    capped = capped_line(workload)
+    print(capacity_text(result, spec.source) + (f"\n{capped}" if capped else ""))
+    print(f"{result.simulations} simulations in {seconds:.1f} s on {where}.")
+    if args.plot:
+        write_atomic(args.plot, capacity_svg(result))
+        print(f"wrote {args.plot}")
+    if args.json:
+        write_json_atomic(args.json, capacity_document(result, spec.source))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,175 @@
+"""The capacity search for a person: the table, the SVG plot, the JSON document, and
+``prefill-bench capacity`` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_prefill.capacity import capacity
+from pytest_prefill.capacity_report import (
+    HEADERS,
+    SCHEMA,
+    capacity_document,
+    capacity_svg,
+    capacity_table,
+    capacity_text,
+)
+from pytest_prefill.cli import main
+from pytest_prefill.deployments import Deployment
+from pytest_prefill.executors import InlineExecutor
+from pytest_prefill.metrics import SLO
+from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.workloads import poisson
+
+pytestmark = pytest.mark.sim
+
+SVG = "{http://www.w3.org/2000/svg}"
+COST = PRESETS["datacenter-illustrative"].cost
+SLO_TIGHT = SLO.parse("ttft:200ms,tpot:50ms")
+
+
+@pytest.fixture(scope="module")
+def result():
+    load = poisson(
+        20.0,
+        60,
+        prompt_len=lambda rng: rng.randint(64, 3000),
+        output_len=lambda rng: rng.randint(1, 60),
+    )
+    deployments = [Deployment("shared", 1), Deployment("chunked", 1, chunk=450)]
+    return capacity(load, COST, SLO_TIGHT, 1, deployments=deployments, executor=InlineExecutor())
+
+
+def test_the_table_has_one_row_per_deployment_best_first(result):
+    lines = capacity_table(result).splitlines()
+    assert all(h in lines[0] for h in HEADERS[:3])
+    body = lines[2:]
+    assert len(body) == len(result.results)
+    assert body[0].startswith(result.ranked()[0].deployment.label)
+    best = result.ranked()[0]
+    assert f"{best.max_rate:,.3g}" in body[0]
+
+
+def test_the_text_says_where_numbers_come_from_and_what_to_do(result):
+    text = capacity_text(result, "preset 'datacenter-illustrative'")
+    assert text.startswith("Cost model: preset 'datacenter-illustrative'")
+    assert "Simulated from the cost model, not measured." in text
+    assert f"-> {result.recommendation()}" in text
+
+
+def test_the_plot_is_svg_with_a_line_and_a_mark_per_probe(result):
+    root = ET.fromstring(capacity_svg(result))
+    assert root.tag == f"{SVG}svg"
+    assert len(root.findall(f"{SVG}polyline")) == len(result.results)
+    assert len(root.findall(f"{SVG}circle")) == result.simulations
+    texts = " ".join(t.text or "" for t in root.iter(f"{SVG}text"))
+    assert "target 90%" in texts
+    for r in result.results:
+        assert r.deployment.label in texts
+
+
+def test_the_document_is_strict_json_with_every_probe(result):
+    document = capacity_document(result, "somewhere")
+    text = json.dumps(document, allow_nan=False)
+    back = json.loads(text)
+    assert back["kind"] == SCHEMA and back["cost_source"] == "somewhere"
+    assert sum(len(r["probes"]) for r in back["results"]) == result.simulations
+    first = back["results"][0]["probes"][0]["metrics"]
+    assert "p90_ttft_ms" in first and "request_goodput" in first
+
+
+def run_cli(args, capsys):
+    code = main(["capacity", "--cost", "datacenter-illustrative", *args])
+    return code, capsys.readouterr()
+
+
+def test_the_command_prints_the_table_the_recommendation_and_writes_plot_and_json(tmp_path, capsys):
+    plot, out = tmp_path / "c.svg", tmp_path / "c.json"
+    code, captured = run_cli(
+        [
+            "--workload", "poisson", "--request-rate", "20", "--num-prompts", "60",
+            "--slo", "ttft:200ms,tpot:50ms", "--deployment", "shared",
+            "--deployment", "chunked:450", "--workers", "1",
+            "--plot", str(plot), "--json", str(out),
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0
+    assert "deployment" in captured.out and "-> " in captured.out
+    assert "shared ×1: " in captured.err  # progress, one line per deployment, on stderr
+    ET.parse(plot)
+    assert json.loads(out.read_text())["slo"] == {"ttft": 0.2, "tpot": 0.05}
+
+
+def test_the_command_says_how_many_prompts_it_capped(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": i * 100, "input_length": 500 * (i + 1), "output_length": 5} for i in range(8)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, captured = run_cli(
+        [
+            "--workload", str(trace), "--max-model-len", "2000", "--slo", "ttft:1s",
+            "--deployment", "shared", "--workers", "1",
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0 and "4 prompt(s) longer than 2,000 tokens" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--slo", "ttft:fast"], "not a duration"),
+        (["--slo", "latency:1s"], "is not one of ttft, tpot, e2el"),
+        (["--slo", "ttft:1s", "--devices", "0"], "must be a positive integer"),
+        (["--slo", "ttft:1s", "--target", "1.5"], "must be in (0, 1]"),
+        (["--slo", "ttft:1s", "--target", "0"], "must be a positive number"),
+        (["--slo", "ttft:1s", "--deployment", "fastest"], "unknown deployment 'fastest'"),
+        (["--slo", "ttft:1s", "--workload", "nothing-here"], "is not one of lab, poisson"),
+        (["--slo", "ttft:1s", "--window", "5:2"], "START:END"),
+        (["--slo", "ttft:1s", "--window", "0:1e9", "--workload", "poisson",
+          "--num-prompts", "3", "--window", "1e6:"], "has no request"),
+        (["--slo", "ttft:1s", "--plot", "out.png"], "must name an .svg"),
+        (["--slo", "ttft:1s", "--cluster", "tcp://127.0.0.1:1", "--workers", "2"], "--workers"),
+        ([], "--slo"),
+    ],
+)  # fmt: skip
+def test_bad_command_input_is_a_usage_error(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(["--num-prompts", "10", *args], capsys)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def test_an_unanswering_cluster_is_a_usage_error_within_seconds(capsys):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    began = time.perf_counter()
+    with pytest.raises(SystemExit):
+        run_cli(
+            ["--slo", "ttft:1s", "--num-prompts", "10", "--cluster", f"tcp://127.0.0.1:{port}"],
+            capsys,
+        )
+    assert "no Dask scheduler answered" in capsys.readouterr().err
+    assert time.perf_counter() - began < 15
+
+
+def test_a_deployment_that_never_meets_the_slo_has_a_row_without_latencies():
+    # a deployment that never meets the SLO has no latencies to print
+    load = poisson(50.0, 20, prompt_len=3000, output_len=4)
+    result = capacity(
+        load, COST, SLO.parse("ttft:1us"), 1, deployments=[Deployment("shared", 1)],
+        executor=InlineExecutor(),
+    )  # fmt: skip
+    table = capacity_table(result)
+    assert "none" in table and not math.isnan(result.results[0].max_rate)
