@@ -19,7 +19,7 @@ from typing import Any
 from pytest_prefill.deployments import Deployment, default_deployments
 from pytest_prefill.executors import local_executor
 from pytest_prefill.metrics import SLO, ServingMetrics, serving_metrics
-from pytest_prefill.scheduler import CostModel, Request, simulate
+from pytest_prefill.scheduler import CostModel, Request, check_int, simulate
 from pytest_prefill.workloads import Workload, scale_rate
 
 DEFAULT_TARGET = 0.9  # DistServe's attainment target
@@ -347,8 +347,7 @@ def _check_search(
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
     if not isinstance(slo, SLO):
         raise ValueError(f"slo must be an SLO (SLO.parse('ttft:1s,tpot:100ms')), got {slo!r}")
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"devices must be an integer >= 1, got {devices!r}")
+    check_int("devices", devices)
     number = isinstance(target, (int, float)) and not isinstance(target, bool)
     if not (number and 0 < target <= 1):
         raise ValueError(f"target attainment must be in (0, 1], got {target!r}")

@@ -10,15 +10,9 @@ from typing import Any
 
 from pytest_prefill.advice import MIN_USEFUL_CHUNK
 from pytest_prefill.metrics import SLO
-from pytest_prefill.scheduler import POLICIES, CostModel
+from pytest_prefill.scheduler import POLICIES, CostModel, check_int, check_number
 
 FALLBACK_CHUNKS = (64, 256, 1024)  # chunks tried when C* gives no usable size
-
-
-def _check_int(field: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _seconds(value: float) -> str:
@@ -49,7 +43,7 @@ class Deployment:
             raise ValueError(
                 f"deployment policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
             )
-        _check_int("devices", self.devices, 1)
+        check_int("devices", self.devices)
         chunked = self.policy == "chunked"
         if chunked and (self.chunk is None) == (self.chunk_budget is None):
             raise ValueError(
@@ -60,19 +54,15 @@ class Deployment:
                 f"chunk and chunk_budget apply to chunked deployments, not {self.policy!r}"
             )
         if self.chunk is not None:
-            _check_int("chunk", self.chunk, 1)
-        if self.chunk_budget is not None and not (
-            isinstance(self.chunk_budget, (int, float)) and 0 < self.chunk_budget < math.inf
-        ):
-            raise ValueError(
-                f"chunk_budget must be a positive number of seconds, got {self.chunk_budget!r}"
-            )
+            check_int("chunk", self.chunk)
+        if self.chunk_budget is not None:
+            check_number("chunk_budget", self.chunk_budget, positive=True)
         if self.policy == "disaggregated":
             if self.devices < 2:
                 raise ValueError(
                     "a disaggregated deployment needs devices >= 2 (one prefill, one decode)"
                 )
-            _check_int("prefill_workers", self.prefill_workers, 1)
+            check_int("prefill_workers", self.prefill_workers)
             assert self.prefill_workers is not None
             if self.prefill_workers >= self.devices:
                 raise ValueError(
@@ -177,7 +167,7 @@ def default_deployments(
 ) -> tuple[Deployment, ...]:
     """Shared ×N; chunked ×N at :func:`search_chunks` and, with a TPOT bound, with that bound as
     its ``chunk_budget``; disaggregated at every P:D split of N (N >= 2)."""
-    _check_int("devices", devices, 1)
+    check_int("devices", devices)
     out = [Deployment("shared", devices)]
     out += [Deployment("chunked", devices, chunk=c) for c in search_chunks(cost)]
     if slo is not None and slo.tpot is not None:

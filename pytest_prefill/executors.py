@@ -13,6 +13,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pytest_prefill.scheduler import check_int
+
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a scheduler before saying none answers
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
 
@@ -35,10 +37,8 @@ class InlineExecutor(concurrent.futures.Executor):
 @contextlib.contextmanager
 def local_executor(workers: int | None = None) -> Iterator[concurrent.futures.Executor]:
     """A process pool of ``workers`` processes (default: one per core; 1: :class:`InlineExecutor`)."""
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-    ):
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    if workers is not None:
+        check_int("workers", workers)
     count = workers or os.cpu_count() or 1
     if count == 1:
         yield InlineExecutor()

@@ -248,19 +248,6 @@ class Workload:
         return (len(self.requests) - 1) / span if span > 0 else math.nan
 
 
-def _positive_number(field: str, value: Any) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float))
-    if not (ok and math.isfinite(value) and value > 0):
-        raise ValueError(f"{field} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
-def _positive_int(field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
-    return value
-
-
 def load_jsonl(
     path: str | os.PathLike[str],
     *,
@@ -281,12 +268,11 @@ def load_jsonl(
             argument for a bad window or limit.
         FileNotFoundError: when the file does not exist.
     """
-    if not (isinstance(start, (int, float)) and math.isfinite(start) and start >= 0):
-        raise ValueError(f"start must be a finite number >= 0 seconds, got {start!r}")
+    check_number("start", start)
     if duration is not None:
-        _positive_number("duration", duration)
+        check_number("duration", duration, positive=True)
     if limit is not None:
-        _positive_int("limit", limit)
+        check_int("limit", limit)
     rows: list[tuple[float, int, int, int]] = []
     with open(path, encoding="utf-8") as handle:
         for line, text in enumerate(handle, start=1):
@@ -338,10 +324,8 @@ def _check_window(window: Any) -> tuple[float, float | None]:
         start, end = window
     except (TypeError, ValueError):
         raise ValueError(f"window must be (start, end) seconds, got {window!r}") from None
-    ok = isinstance(start, (int, float)) and not isinstance(start, bool)
-    if not (ok and math.isfinite(start) and start >= 0):
-        raise ValueError(f"window start must be a finite number >= 0 seconds, got {start!r}")
-    if end is not None and not (_positive_number("window end", end) > start):
+    check_number("window start", start)
+    if end is not None and not (check_number("window end", end, positive=True) > start):
         raise ValueError(f"window end must be after its start, got {start!r}:{end!r}")
     return float(start), None if end is None else float(end)
 
@@ -378,7 +362,7 @@ def scale_rate(load: Iterable[Request], factor: float) -> list[Request]:
     Raises:
         ValueError: for a factor that is not a positive finite number.
     """
-    factor = _positive_number("rate scale", factor)
+    factor = check_number("rate scale", factor, positive=True)
     if factor == 1:
         return list(load)
     return [dataclasses.replace(r, arrival=r.arrival / factor) for r in load]
@@ -395,10 +379,10 @@ def _check_resolve_arguments(
         raise ValueError(f"workload must be one of {', '.join(NAMED_WORKLOADS)} or a path")
     for field, value in (("request_rate", request_rate), ("rate_scale", rate_scale)):
         if value is not None:
-            _positive_number(field, value)
+            check_number(field, value, positive=True)
     for field, count in (("num_prompts", num_prompts), ("max_model_len", max_model_len)):
         if count is not None:
-            _positive_int(field, count)
+            check_int(field, count)
     if request_rate is not None and rate_scale is not None:
         raise ValueError("request_rate and rate_scale both set the arrival rate: give one")
 
