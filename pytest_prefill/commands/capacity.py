@@ -11,7 +11,7 @@ import time
 from pytest_prefill._io import write_atomic, write_json_atomic
 from pytest_prefill.capacity import DEFAULT_TARGET, DEFAULT_TOLERANCE, capacity
 from pytest_prefill.capacity_report import capacity_document, capacity_svg, capacity_text
-from pytest_prefill.commands._args import positive_int
+from pytest_prefill.commands._args import bounded_int, output_path, positive_int
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -31,6 +31,7 @@ from pytest_prefill.executors import CONNECT_TIMEOUT, dask_executor, local_execu
 from pytest_prefill.metrics import SLO
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
+MAX_DEVICES = 1024  # every prefill:decode split is a search of its own
 
 
 def slo_type(text: str) -> SLO:
@@ -58,7 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BOUNDS",
         help="bounds a request must meet, e.g. ttft:1s,tpot:100ms (also e2el; units s, ms, us)",
     )
-    search.add_argument("--devices", type=positive_int, default=1, help="devices (default 1)")
+    search.add_argument(
+        "--devices",
+        type=bounded_int(MAX_DEVICES, "devices"),
+        default=1,
+        help="devices every deployment uses (default 1)",
+    )
     search.add_argument(
         "--target",
         type=fraction_type,
@@ -90,8 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "need pytest-prefill installed)",
     )
     out = parser.add_argument_group("output")
-    out.add_argument("--plot", metavar="PATH.svg", help="draw attainment against rate here")
-    out.add_argument("--json", metavar="PATH", help="write the whole search as JSON here")
+    out.add_argument(
+        "--plot", type=output_path, metavar="PATH.svg", help="draw attainment against rate here"
+    )
+    out.add_argument(
+        "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
+    )
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
     add_threads_argument(parser)
