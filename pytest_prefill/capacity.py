@@ -236,19 +236,20 @@ class CapacityResult:
             )
         margin = max(self.tolerance, 0.05)
         at_least = "at least " if best.status == "never missed" else ""
-        per_device = best.max_rate / self.devices
-        line = (
-            f"{best.deployment.label} serves the most: {at_least}{per_device:.3g} req/s per device"
-        )
+        basis = f">= {self.target:.0%} of requests within {self.slo}"
+        per_device = f"{best.max_rate / self.devices:.3g}"
+        line = f"{best.deployment.label} serves the most: {at_least}{per_device} req/s per device"
+        line += f" ({basis})"
         shared = next((r for r in self.results if r.deployment.policy == "shared"), None)
         if shared is not None and shared is not best:
             if shared.max_rate == 0:
                 line += f"; {shared.deployment.label} never meets the SLO"
             elif shared.max_rate < best.max_rate * (1 - margin):
                 line = (
-                    f"{best.deployment.label} serves {at_least}{best.max_rate / shared.max_rate:.2g}× "
-                    f"the requests per device of {shared.deployment.label} ({per_device:.3g} vs "
-                    f"{shared.max_rate / self.devices:.3g} req/s per device)"
+                    f"{best.deployment.label} serves {at_least}"
+                    f"{best.max_rate / shared.max_rate:.2g}× the requests per device of "
+                    f"{shared.deployment.label} ({per_device} vs "
+                    f"{shared.max_rate / self.devices:.3g} req/s per device, {basis})"
                 )
         close = [
             r.deployment.label
@@ -257,7 +258,7 @@ class CapacityResult:
         ]
         if close:
             line += f"; {', '.join(close)} {'is' if len(close) == 1 else 'are'} within {margin:.0%}"
-        return line + f" (at >= {self.target:.0%} of requests within {self.slo})."
+        return line + "."
 
     def notes(self) -> list[str]:
         """Caveats a reader must see: attainment that is not monotone in rate, searches that

@@ -104,7 +104,7 @@ def capacity_text(result: CapacityResult, cost_source: str) -> str:
         "",
         f"max rate: the highest arrival rate (the workload's, scaled) at which >= "
         f"{result.target:.0%} of requests meet every bound; goodput/device: requests meeting "
-        "them per second (vLLM's goodput) there, per device; binds: the bound missed first "
+        "them per second there (vLLM's goodput: its duration includes draining the queue), per device; binds: the bound missed first "
         "above that rate; (!): attainment not monotone in rate (see the notes).",
     ]
     return "\n".join(lines)
@@ -218,7 +218,8 @@ def capacity_svg(result: CapacityResult, title: str | None = None) -> str:
 
     heading = title or (
         f"SLO attainment against arrival rate: {result.slo} for >= {result.target:.0%}, "
-        f"{result.devices} devices. {result.workload}. Simulated, not measured."
+        f"{result.devices} device{'s' * (result.devices != 1)}. {result.workload}. "
+        "Simulated, not measured."
     )
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
