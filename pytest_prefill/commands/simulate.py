@@ -1,4 +1,5 @@
-"""``prefill-bench simulate``: the chunk sweep and policy comparison for the lab scenario."""
+"""``prefill-bench simulate``: the chunk sweep and policy comparison, with vLLM's serving
+metrics, for the lab scenario or any workload (``--workload``)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,20 @@ from pytest_prefill.commands._measure_args import (
     add_timing_arguments,
     resolve_cost_args,
 )
+from pytest_prefill.commands._workload_args import (
+    add_workload_arguments,
+    workload_from_args,
+    workload_lines,
+)
+from pytest_prefill.deployments import search_chunks
+from pytest_prefill.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.report import sweep_rows_json, sweep_table
-from pytest_prefill.whatif import chunk_sweep, default_chunks
+from pytest_prefill.scheduler import CostModel, Request, simulate
+from pytest_prefill.serving_report import serving_table
+from pytest_prefill.whatif import SweepRow, chunk_sweep, default_chunks
 from pytest_prefill.workloads import lab_scenario
 
-HELP = "simulate the lab scenario under every policy and sweep the chunk size"
+HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +68,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the table as JSON here"
     )
+    add_workload_arguments(parser, default="lab")  # --prompt-len/--streams/--arrival: lab only
+    parser.add_argument(
+        "--slo",
+        type=_slo_type,
+        metavar="BOUNDS",
+        help="also report goodput and attainment for these bounds, e.g. ttft:1s,tpot:100ms",
+    )
     add_model_arguments(parser)  # used by --cost measure
     add_timing_arguments(parser)
     add_threads_argument(parser)
+
+
+def _slo_type(text: str) -> SLO:
+    try:
+        return SLO.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _load(
+    args: argparse.Namespace, cost: CostModel
+) -> tuple[list[Request], list[str], list[int], dict]:
+    """The requests, the lines that describe them, the chunks to sweep and the JSON scenario."""
+    workload = workload_from_args(args)  # refuses workload flags the lab does not take
+    if args.workload == "lab":
+        load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+        lines = [
+            f"Scenario: {args.streams} live streams decoding, a {args.prompt_len}-token prompt "
+            f"arrives at {args.arrival * 1e3:.0f} ms. Simulated, not measured."
+        ]
+        chunks = args.chunk or default_chunks(cost, args.prompt_len)
+        scenario = {"streams": args.streams, "prompt_len": args.prompt_len, "arrival": args.arrival}
+        return load, lines, chunks, scenario
+    load = list(workload.requests)
+    chunks = args.chunk or list(search_chunks(cost))
+    check_chunked_iterations(max(r.prompt_len for r in load), chunks)
+    scenario = {
+        "workload": workload.name,
+        "description": workload.description,
+        "requests": len(load),
+        "capped_prompts": workload.capped,
+        "max_model_len": workload.max_model_len,
+        "attribution": workload.attribution,
+    }
+    return load, [*workload_lines(workload), "Simulated, not measured."], chunks, scenario
+
+
+def _metrics(
+    rows: list[SweepRow], load: list[Request], cost: CostModel, slo: SLO | None
+) -> list[ServingMetrics]:
+    """vLLM's serving metrics of each row's run (simulated again: the sweep keeps summaries)."""
+    return [
+        serving_metrics(simulate(row.policy, load, cost, chunk=row.chunk), slo=slo) for row in rows
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,16 +129,13 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     cost, origin = spec.cost, spec.source
-    load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
-    chunks = args.chunk or default_chunks(cost, args.prompt_len)
+    load, lines, chunks, scenario = _load(args, cost)
     check_chunked_iterations(args.prompt_len, chunks)
     rows = chunk_sweep(cost, load, chunks)
+    metrics = _metrics(rows, load, cost, args.slo)
     star = cost.chunk_star()
     print(f"Cost model: {origin}")
-    print(
-        f"Scenario: {args.streams} live streams decoding, a {args.prompt_len}-token prompt "
-        f"arrives at {args.arrival * 1e3:.0f} ms. Simulated, not measured."
-    )
+    print("\n".join(lines))
     print(f"C* = {star_text(star)} tokens")
     print(recommend(cost, spec.refused).line)
     print()
@@ -85,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("TTFT cost = TTFT p99 / shared's; stall gain = shared's max stall / this max stall.")
     print("vLLM's max_num_batched_tokens ~ chunk + decode rows.")
+    print()
+    print("Serving metrics (vLLM's definitions; times in ms):")
+    print(serving_table([(row.label, m) for row, m in zip(rows, metrics)]))
     if args.json:
         write_json_atomic(
             args.json,
@@ -95,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
                 "version": __version__,
                 "cost_source": origin,
                 "cost_model": cost.to_dict(),
-                "scenario": {
-                    "streams": args.streams,
-                    "prompt_len": args.prompt_len,
-                    "arrival": args.arrival,
-                },
-                "rows": sweep_rows_json(rows),
+                "scenario": scenario,
+                "slo": args.slo.to_dict() if args.slo else None,
+                "rows": [
+                    {**row, "serving_metrics": m.as_dict()}
+                    for row, m in zip(sweep_rows_json(rows), metrics)
+                ],
             },
         )
         print(f"wrote {args.json}")

@@ -10,7 +10,12 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from pytest_prefill.capacity import capacity
-from pytest_prefill.capacity_report import (
+from pytest_prefill.cli import main
+from pytest_prefill.deployments import Deployment
+from pytest_prefill.executors import InlineExecutor
+from pytest_prefill.metrics import SLO
+from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.serving_report import (
     HEADERS,
     SCHEMA,
     capacity_document,
@@ -18,11 +23,6 @@ from pytest_prefill.capacity_report import (
     capacity_table,
     capacity_text,
 )
-from pytest_prefill.cli import main
-from pytest_prefill.deployments import Deployment
-from pytest_prefill.executors import InlineExecutor
-from pytest_prefill.metrics import SLO
-from pytest_prefill.scheduler import PRESETS
 from pytest_prefill.workloads import poisson
 
 pytestmark = pytest.mark.sim
@@ -173,3 +173,36 @@ def test_a_deployment_that_never_meets_the_slo_has_a_row_without_latencies():
     )  # fmt: skip
     table = capacity_table(result)
     assert "none" in table and not math.isnan(result.results[0].max_rate)
+
+
+def test_simulate_takes_a_workload_and_reports_vllms_metrics(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    code = main(
+        [
+            "simulate", "--cost", "datacenter-illustrative", "--workload", "poisson",
+            "--request-rate", "30", "--num-prompts", "40", "--slo", "ttft:500ms",
+            "--chunk", "512", "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "Serving metrics (vLLM's definitions" in text and "goodput req/s" in text
+    assert "poisson (40 requests at 30 req/s" in text
+    document = json.loads(out.read_text())
+    assert document["scenario"]["requests"] == 40 and document["slo"] == {"ttft": 0.5}
+    for row in document["rows"]:
+        assert row["serving_metrics"]["completed"] == 40
+        assert 0 <= row["serving_metrics"]["attainment"] <= 1
+        assert row["ttft_p99"] is not None  # the sweep's own keys stay as they are
+
+
+def test_simulate_still_runs_the_lab_scenario_by_default(capsys):
+    assert main(["simulate"]) == 0
+    text = capsys.readouterr().out
+    assert "Scenario: 2 live streams decoding" in text and "Serving metrics" in text
+
+
+def test_simulate_refuses_workload_flags_the_lab_does_not_take(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--request-rate", "5"])
+    assert "the lab workload is fixed; it takes no request_rate" in capsys.readouterr().err
