@@ -17,7 +17,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,89 @@ def write_run(
         os.unlink(reservation)
         os.close(reservation_fd)
     return final
+
+
+def cost_block(
+    cost: CostModel, source: str, label: str | None = None, refused: Collection[str] = ()
+) -> dict[str, Any]:
+    """A run's ``cost``: the cost model its tables used, where it came from, its C* and the
+    recommendation (the one rule's words)."""
+    return {
+        "source": source,
+        "label": label or source,
+        "cost_model": cost.to_dict(),
+        "chunk_star": cost.chunk_star(),
+        "refused": sorted(refused),
+        "recommendation": recommend(cost, refused).to_dict(),
+    }
+
+
+def run_document(
+    *,
+    created: datetime.datetime,
+    machine: Mapping[str, Any],
+    commit: str,
+    dirty: bool,
+    settings: Mapping[str, Any],
+    cost: Mapping[str, Any] | None = None,
+    calibration: Mapping[str, Any] | None = None,
+    model: Mapping[str, Any] | None = None,
+    tables: Sequence[Mapping[str, Any]] = (),
+    verdicts: Sequence[Mapping[str, Any]] = (),
+    benchmarks: Sequence[Mapping[str, Any]] = (),
+    pytest: Mapping[str, Any] | None = None,
+    command: str | None = None,
+    timeline: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The document of one run, as :func:`write_run` stores it (it adds kind, schema version
+    and number). ``pytest`` describes a pytest session (args, exit status, outcomes),
+    ``command`` the ``prefill-bench`` command line that made the run otherwise."""
+    return {
+        "created": created.isoformat(timespec="seconds"),
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine_key": machine["key"],
+        "machine": dict(machine),
+        "commit": commit,
+        "dirty": dirty,
+        "command": command,
+        "settings": dict(settings),
+        "model": model,
+        "cost": cost,
+        "calibration": calibration,
+        "tables": [{k: e.get(k) for k in ("title", "text", "data", "test")} for e in tables],
+        "verdicts": [
+            {k: e.get(k) for k in ("name", "verdict", "sentence", "detail", "test")}
+            for e in verdicts
+        ],
+        "benchmarks": [
+            {"test": e.get("test"), **{k: v for k, v in e.items() if k not in ("kind", "seq")}}
+            for e in benchmarks
+        ],
+        "pytest": pytest,
+        "timeline": timeline,
+    }
+
+
+def save_run(
+    results: str | os.PathLike[str],
+    document: Mapping[str, Any],
+    *,
+    when: datetime.datetime,
+    attachments: Mapping[str, str] | None = None,
+) -> Path:
+    """Write ``machine.json`` and the run (a :func:`run_document`) under
+    ``<results>/<document's machine key>/``; the run's path."""
+    machine = document["machine"]
+    write_machine(results, {**machine, "key": document["machine_key"]})
+    return write_run(
+        results,
+        document["machine_key"],
+        document,
+        commit=document["commit"],
+        dirty=document["dirty"],
+        when=when,
+        attachments=attachments,
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

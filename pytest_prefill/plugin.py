@@ -1,7 +1,8 @@
 """The pytest plugin: ``gpu`` and ``sim`` markers, ``--prefill-*`` options (each with an ini
 twin), fixtures (``prefill_model``, ``prefill_calibration``, ``cost_model``, ``scheduler``,
-``prefill_report``), a header line, the tables and verdicts in the terminal summary, and the
-per-machine results archive.
+``prefill_report``), a header line, a short verdict block in the terminal summary (the full
+tables with ``-v``), and the per-machine results archive -- written only when a prefill fixture
+recorded something or ``--prefill-save`` asks, never in a project that merely installed this.
 
 Imports nothing heavy at import time: torch is imported only when a gpu test or a fixture that
 needs the device runs. Under pytest-xdist the workers attach what they record to their test
@@ -11,12 +12,8 @@ so ``pytest -n 2`` gives the same summary and archive as a serial run.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
-import importlib.util
 import json
-import os
 import shutil
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
@@ -26,13 +23,24 @@ import pytest
 
 from pytest_prefill import archive
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.machine import Accelerator, device_index
-from pytest_prefill.plugin_options import OPTIONS, Settings, add_options, resolve
+from pytest_prefill.plugin_options import CPU_MODEL, OPTIONS, Settings, add_options, resolve
+from pytest_prefill.plugin_session import (
+    GPU_PROPERTY,
+    SKIP_PROPERTY,
+    STATE,
+    USER_PROPERTY,
+    Harvester,
+    SessionState,
+    benchmark_entry,
+    device_lock,
+    device_unavailable,
+    our_skip,
+    state_of,
+)
+from pytest_prefill.plugin_summary import archive_session, write_summary
 from pytest_prefill.scheduler import CostModel, Trace, simulate
 
 __all__ = ["OPTIONS", "PrefillReport", "Scheduler", "Settings"]
-
-USER_PROPERTY = "prefill"  # the user_properties name under which entries travel to the controller
 
 
 class Scheduler:
@@ -84,49 +92,6 @@ class PrefillReport:
         )
 
 
-@dataclasses.dataclass
-class _State:
-    """Per-process session state (in ``config.stash``)."""
-
-    settings: Settings
-    is_worker: bool
-    owns_session_dir: bool
-    pending: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    sequence: int = 0
-    device_reason: tuple[str | None] | None = None  # cached answer of _device_unavailable
-    lock_depth: int = 0
-    lock_fd: int | None = None
-    # the controller's harvest
-    order: dict[str, int] = dataclasses.field(default_factory=dict)
-    entries: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
-    outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
-    workers: int = 0
-    started: datetime.datetime = dataclasses.field(
-        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc)
-    )
-    archive_path: Path | None = None
-    archive_note: str | None = None
-
-    def record(self, entry: dict[str, Any]) -> None:
-        self.sequence += 1
-        self.pending.append({**entry, "seq": self.sequence})
-
-    def sorted_entries(self, kind: str) -> list[dict[str, Any]]:
-        chosen = [
-            (self.order.get(n, len(self.order)), n, e["seq"], e)
-            for n, _, e in self.entries
-            if e.get("kind") == kind
-        ]
-        return [e for *_, e in sorted(chosen, key=lambda c: c[:3])]
-
-
-STATE = pytest.StashKey[_State]()
-
-
-def _state(config: pytest.Config) -> _State:
-    return config.stash[STATE]
-
-
 # --- options ---------------------------------------------------------------------------------
 
 
@@ -148,9 +113,9 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "prefill_settings" in workerinput:
         settings = Settings(**workerinput["prefill_settings"])
-        config.stash[STATE] = _State(settings, is_worker=True, owns_session_dir=False)
+        config.stash[STATE] = SessionState(settings, is_worker=True, owns_session_dir=False)
     else:
-        config.stash[STATE] = _State(
+        config.stash[STATE] = SessionState(
             resolve(config), is_worker=workerinput is not None, owns_session_dir=True
         )
 
@@ -165,7 +130,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_configure_node(node: Any) -> None:
     """xdist: every worker gets the controller's resolved settings (one 'archive' lookup, one
     machine key, one session folder for the device lock and the shared calibration)."""
-    state = _state(node.config)
+    state = state_of(node.config)
     state.workers += 1
     node.workerinput["prefill_settings"] = dataclasses.asdict(state.settings)
 
@@ -183,109 +148,61 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     elif s.accelerators:
         device = f"cuda ({s.accelerators[0]['name']})"
     else:
-        device = "auto (nvidia-smi sees no GPU; gpu tests skip unless torch finds CUDA)"
+        device = "none (nvidia-smi sees no GPU; gpu tests skip; --prefill-device cpu runs them)"
     model = f"{s.model} ({s.model_note})" if s.model_note else s.model
     dtype = s.dtype or (
         "auto (float32 on CPU)" if s.device == "cpu" else "auto (bfloat16 on CUDA, float32 on CPU)"
     )
+    threads = f" | torch threads {s.threads}" if s.threads else ""
     lines = [
-        f"prefill: device {device} | model {model} | dtype {dtype} | machine "
+        f"prefill: device {device} | model {model} | dtype {dtype}{threads} | machine "
         f"{s.machine_key} | cost {s.cost_label}"
     ]
+    if s.device == "cpu" and s.model != CPU_MODEL:
+        lines.append(
+            f"prefill: {s.model} on the CPU is slow: a calibration can take most of an hour "
+            f"(--prefill-model {CPU_MODEL} takes seconds)"
+        )
     return lines + [f"prefill: {note}" for note in s.notes]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
-    if state is not None and session.items and not state.order:
+    if state is None:
+        return
+    if session.items and not state.order:
         state.order = {item.nodeid: i for i, item in enumerate(session.items)}
+    # Every process (each xdist worker collects the same items) decides alike: one session
+    # cost model, the calibration when a selected test calibrates and the device is there.
+    needs = any("prefill_calibration" in getattr(i, "fixturenames", ()) for i in session.items)
+    state.calibrates = needs and device_unavailable(state) is None
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
-    state = _state(node.config)
+    state = state_of(node.config)
     if not state.order:
         state.order = {nodeid: i for i, nodeid in enumerate(ids)}
-
-
-def _device_unavailable(state: _State) -> str | None:
-    """Why the device under test cannot be used here, or None. Asks torch (once)."""
-    if state.device_reason is None:
-        state.device_reason = (_ask_torch(state.settings.device),)
-    return state.device_reason[0]
-
-
-def _ask_torch(device: str | None) -> str | None:
-    missing = (
-        "torch is not installed, so nothing can be timed (pip install 'pytest-prefill[measure]')"
-    )
-    if device == "cpu":
-        # the CPU always exists; only the runner's libraries can be missing
-        return None if importlib.util.find_spec("torch") else missing
-    unless = "--prefill-device not given (--prefill-device cpu runs the hardware suite on the CPU)"
-    try:
-        import torch
-    except ImportError:
-        return missing
-    if not torch.cuda.is_available():
-        if device:
-            return (
-                f"--prefill-device {device}: no CUDA device found "
-                "(torch.cuda.is_available() is False)"
-            )
-        return f"no CUDA device found (torch.cuda.is_available() is False) and {unless}"
-    count = torch.cuda.device_count()
-    if device and device_index(device) >= count:
-        return f"--prefill-device {device}: only {count} CUDA device(s) visible"
-    return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is None:
         return
-    reason = _device_unavailable(_state(item.config))
+    reason = device_unavailable(state_of(item.config))
     if reason:
         # reported at the test's location, as a skip marker's would be
         raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
-@contextlib.contextmanager
-def _device_lock(state: _State) -> Iterator[None]:
-    """Under xdist, one worker at a time times the device (re-entrant within a process), so
-    parallel workers never disturb each other's measurements. Serial runs need no lock."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock; the summary cannot vouch for parallel timings
-        fcntl = None  # type: ignore[assignment]
-    if not state.is_worker or fcntl is None:
-        yield
-        return
-    if state.lock_depth == 0:
-        os.makedirs(state.settings.session_dir, exist_ok=True)  # a remote worker's own host
-        fd = os.open(
-            os.path.join(state.settings.session_dir, "device.lock"), os.O_CREAT | os.O_RDWR, 0o644
-        )
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        state.lock_fd = fd
-    state.lock_depth += 1
-    try:
-        yield
-    finally:
-        state.lock_depth -= 1
-        if state.lock_depth == 0 and state.lock_fd is not None:
-            fcntl.flock(state.lock_fd, fcntl.LOCK_UN)
-            os.close(state.lock_fd)
-            state.lock_fd = None
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     state = item.config.stash.get(STATE, None)
-    if state is None or item.get_closest_marker("gpu") is None:
+    gpu = item.get_closest_marker("gpu") is not None
+    if state is None or not (gpu or state.settings.device == "cpu"):
         yield
         return
-    with _device_lock(state):
+    with device_lock(state, exclusive=gpu):
         yield
 
 
@@ -295,14 +212,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.fixture(scope="session")
 def prefill_settings(pytestconfig: pytest.Config) -> Settings:
     """The session's resolved ``--prefill-*`` options."""
-    return _state(pytestconfig).settings
+    return state_of(pytestconfig).settings
 
 
 @pytest.fixture(scope="session")
 def prefill_model(pytestconfig: pytest.Config) -> Any:
     """The model under test (``--prefill-model`` on ``--prefill-device``), loaded once."""
-    state = _state(pytestconfig)
-    reason = _device_unavailable(state)
+    state = state_of(pytestconfig)
+    reason = device_unavailable(state)
     if reason:
         pytest.skip(reason)
     try:
@@ -313,6 +230,10 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
             "pip install 'pytest-prefill[measure]'"
         )
     s = state.settings
+    if s.threads:
+        import torch
+
+        torch.set_num_threads(s.threads)  # before anything is timed; in every xdist worker
     try:
         loaded = load_model(s.model, device=s.effective_device, dtype=s.dtype)
     except ValueError as err:
@@ -326,6 +247,7 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
                 "device": str(loaded.device),
                 "dtype": str(loaded.dtype).removeprefix("torch."),
                 "kv_bytes_per_token": loaded.kv_bytes_per_token,
+                "torch_threads": s.threads,
             },
         }
     )
@@ -336,8 +258,8 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
 def prefill_calibration(request: pytest.FixtureRequest) -> Any:
     """The device's calibration, measured once per session: under xdist the first worker that
     needs it calibrates (holding the device lock) and the others read its result."""
-    state = _state(request.config)
-    reason = _device_unavailable(state)
+    state = state_of(request.config)
+    reason = device_unavailable(state)
     if reason:
         pytest.skip(reason)
     try:
@@ -346,7 +268,7 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
         pytest.skip(f"the calibrator cannot be imported ({err})")
     s = state.settings
     shared = Path(s.session_dir) / "calibration.json"
-    with _device_lock(state):
+    with device_lock(state):
         if shared.is_file():
             return Calibration.from_dict(json.loads(shared.read_text(encoding="utf-8")))
         loaded = request.getfixturevalue("prefill_model")
@@ -365,9 +287,12 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="session")
 def cost_model(request: pytest.FixtureRequest) -> CostModel:
-    """The session's cost model, as ``--prefill-cost`` says (default: the lab-laptop preset)."""
-    s = _state(request.config).settings
-    if s.cost_model is not None:
+    """The session's one cost model: ``--prefill-cost`` when given; else this session's
+    calibration when a selected test calibrates (gpu tests on an available device); else the
+    lab-laptop preset. The summary and the archive name the same one."""
+    state = state_of(request.config)
+    s = state.settings
+    if s.cost_model is not None and (s.cost_explicit or not state.calibrates):
         return CostModel.from_dict(s.cost_model)
     return request.getfixturevalue("prefill_calibration").cost
 
@@ -382,7 +307,7 @@ def scheduler(cost_model: CostModel) -> Scheduler:
 def prefill_report(request: pytest.FixtureRequest) -> PrefillReport:
     """Add tables and verdicts to the run's terminal summary and archive."""
     return PrefillReport(
-        _state(request.config).record, request.node.nodeid, _progress(request.config)
+        state_of(request.config).record, request.node.nodeid, _progress(request.config)
     )
 
 
@@ -390,7 +315,7 @@ def _progress(config: pytest.Config) -> Callable[[str], None] | None:
     """Progress lines on the terminal around output capture (serial runs only)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or _state(config).is_worker:
+    if reporter is None or capture is None or state_of(config).is_worker:
         return None
 
     def say(line: str) -> None:
@@ -403,51 +328,6 @@ def _progress(config: pytest.Config) -> Callable[[str], None] | None:
 # --- entries travel with the reports ----------------------------------------------------------
 
 
-def _benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | None:
-    """pytest-benchmark's record of this test, errored ones included and marked."""
-    if "benchmark" not in getattr(item, "fixturenames", ()):
-        return None
-    fixture = getattr(item, "funcargs", {}).get("benchmark")
-    if report.when == "setup":
-        if not report.failed:
-            return None
-        return {
-            "kind": "benchmark",
-            "name": item.name,
-            "error": True,
-            "outcome": "error",
-            "note": "setup failed before the benchmark ran",
-            "stats": None,
-        }
-    if report.when != "call" or fixture is None or not hasattr(fixture, "has_error"):
-        return None
-    record: dict[str, Any] = {}
-    if fixture.stats is not None:
-        try:
-            record = fixture.stats.as_dict(include_data=False)
-        except Exception:  # an errored benchmark may have no rounds to summarise
-            record = {}
-    note = None
-    if fixture.disabled:
-        note = (
-            "pytest-benchmark did not time this benchmark (disabled: xdist is active, "
-            "or --benchmark-disable); run serially for statistics"
-        )
-    return {
-        "kind": "benchmark",
-        "name": fixture.name,
-        "group": fixture.group,
-        "param": fixture.param,
-        "error": bool(fixture.has_error or report.failed),
-        "disabled": bool(fixture.disabled),
-        "outcome": report.outcome,
-        "note": note,
-        "stats": record.get("stats"),
-        "options": record.get("options"),
-        "extra_info": record.get("extra_info") or dict(fixture.extra_info),
-    }
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -458,203 +338,32 @@ def pytest_runtest_makereport(
         return
     report = outcome.get_result()
     entries, state.pending = state.pending, []
-    bench = _benchmark_entry(item, report)
+    bench = benchmark_entry(item, report)
     if bench is not None:
         state.sequence += 1
         entries.append({**bench, "test": item.nodeid, "seq": state.sequence})
     for entry in entries:
         report.user_properties.append((USER_PROPERTY, json.dumps(entry, allow_nan=False)))
-
-
-class _Harvester:
-    """Registered on the controller only: collects what workers (or this process) reported."""
-
-    def __init__(self, state: _State) -> None:
-        self.state = state
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        state = self.state
-        for name, value in report.user_properties:
-            if name == USER_PROPERTY and isinstance(value, str):
-                try:
-                    entry = json.loads(value)
-                except (TypeError, ValueError):
-                    continue
-                state.entries.append((report.nodeid, entry.get("seq", 0), entry))
-        if report.when == "call" or report.outcome != "passed":
-            previous = state.outcomes.get(report.nodeid)
-            now = (
-                report.outcome
-                if report.when == "call"
-                else ("error" if report.failed else report.outcome)
-            )
-            if previous in (None, "passed"):
-                state.outcomes[report.nodeid] = now
+    if item.get_closest_marker("gpu") is not None:
+        report.user_properties.append((GPU_PROPERTY, True))
+    reason = our_skip(state, report)
+    if reason is not None:
+        report.user_properties.append((SKIP_PROPERTY, reason))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is not None and not state.is_worker:
-        session.config.pluginmanager.register(_Harvester(state), "prefill-harvester")
+        harvester = Harvester(state, session.config)
+        session.config.pluginmanager.register(harvester, "prefill-harvester")
 
 
 # --- the archive and the summary (controller only) --------------------------------------------
 
 
-def _session_cost(state: _State) -> tuple[CostModel | None, dict[str, Any] | None]:
-    calibrations = state.sorted_entries("calibration")
-    calibration = calibrations[0]["data"] if calibrations else None
-    if state.settings.cost_model is not None:
-        return CostModel.from_dict(state.settings.cost_model), calibration
-    if calibration is not None:
-        return CostModel.from_dict(calibration["cost_model"]), calibration
-    return None, calibration
-
-
-def _timeline(cost: CostModel, origin: str) -> str | None:
-    try:
-        from pytest_prefill.report import lab_timeline_svg
-    except ImportError:
-        return None
-    return lab_timeline_svg(cost, origin)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    state = session.config.stash.get(STATE, None)
-    if state is None or state.is_worker:
-        return
-    tables = state.sorted_entries("table")
-    verdicts = state.sorted_entries("verdict")
-    benchmarks = state.sorted_entries("benchmark")
-    cost, calibration = _session_cost(state)
-    if not (tables or verdicts or benchmarks or calibration):
-        return
-    s = state.settings
-    if not s.archive:
-        state.archive_note = "not archived (--prefill-no-archive)"
-        return
-    from pytest_prefill.machine import machine_info
-
-    accelerators = [Accelerator(**a) for a in s.accelerators]
-    machine = machine_info(s.device, accelerators)
-    machine["key"] = s.machine_key
-    commit, dirty = archive.git_state(session.config.rootpath)
-    models = state.sorted_entries("model")
-    counts: dict[str, int] = {}
-    for outcome in state.outcomes.values():
-        counts[outcome] = counts.get(outcome, 0) + 1
-    # The timeline shows this machine when the run calibrated it, else the session's model.
-    drawn = (
-        (CostModel.from_dict(calibration["cost_model"]), "calibrated in this run")
-        if calibration is not None
-        else (cost, s.cost_source)
-    )
-    svg = None
-    try:
-        svg = _timeline(drawn[0], drawn[1]) if drawn[0] is not None else None
-    except Exception as err:  # a drawing problem must not lose the run
-        state.settings.notes.append(f"timeline not drawn: {err}")
-    run = {
-        "created": state.started.isoformat(timespec="seconds"),
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine_key": s.machine_key,
-        "machine": machine,
-        "commit": commit,
-        "dirty": dirty,
-        "settings": {
-            "model": s.model,
-            "device": s.device,
-            "dtype": s.dtype,
-            "repeats": s.repeats,
-            "warmup": s.warmup,
-            "dry_run": s.dry_run,
-            "cost": s.cost_spec,
-        },
-        "model": models[0]["data"] if models else None,
-        "cost": None
-        if cost is None
-        else {
-            "source": s.cost_source,
-            "cost_model": cost.to_dict(),
-            "chunk_star": cost.chunk_star(),
-        },
-        "calibration": calibration,
-        "tables": [{k: e[k] for k in ("title", "text", "data", "test")} for e in tables],
-        "verdicts": [
-            {k: e[k] for k in ("name", "verdict", "sentence", "detail", "test")} for e in verdicts
-        ],
-        "benchmarks": [
-            {"test": e.get("test"), **{k: v for k, v in e.items() if k not in ("kind", "seq")}}
-            for e in benchmarks
-        ],
-        "pytest": {
-            "args": list(session.config.invocation_params.args),
-            "exit_status": int(exitstatus),
-            "xdist_workers": state.workers,
-            "outcomes": counts,
-        },
-        "timeline": {"cost_source": drawn[1], "attachment": "timeline.svg"} if svg else None,
-    }
-    try:
-        archive.write_machine(s.results, machine)
-        state.archive_path = archive.write_run(
-            s.results,
-            s.machine_key,
-            run,
-            commit=commit,
-            dirty=dirty,
-            when=state.started.astimezone(),
-            attachments={"timeline.svg": svg} if svg else None,
-        )
-    except (OSError, ValueError) as err:
-        state.archive_note = f"NOT archived: {err}"
+    archive_session(session, exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    state = config.stash.get(STATE, None)
-    if state is None or state.is_worker:
-        return
-    from pytest_prefill.report import Table, Verdict, summary_lines
-
-    tables = [Table.from_dict(e) for e in state.sorted_entries("table")]
-    verdicts = [Verdict.from_dict(e) for e in state.sorted_entries("verdict")]
-    benchmarks = state.sorted_entries("benchmark")
-    cost, calibration = _session_cost(state)
-    s = state.settings
-    if not (tables or verdicts or benchmarks or calibration or s.notes):
-        return
-    tr = terminalreporter
-    tr.write_sep("=", "pytest-prefill")
-    star = f" (C* = {cost.chunk_star():,.0f} tokens)" if cost is not None else ""
-    tr.write_line(f"machine {s.machine_key}; session cost model{star}: {s.cost_source}")
-    tr.write_line("")
-    for line in summary_lines(tables, verdicts):
-        markup = {}
-        if line.startswith("  HOLDS"):
-            markup = {"green": True, "bold": True}
-        elif line.startswith("  FAILS"):
-            markup = {"red": True, "bold": True}
-        tr.write_line(line, **markup)
-    if benchmarks:
-        errored = sum(1 for b in benchmarks if b.get("error"))
-        untimed = sum(1 for b in benchmarks if b.get("disabled"))
-        tr.write_line(
-            f"pytest-benchmark: {len(benchmarks)} benchmark(s), {errored} errored, "
-            f"{untimed} not timed (disabled){'; run serially for statistics' if untimed else ''}"
-        )
-    received = len(state.sorted_entries("calibration"))
-    if received > 1:  # the session lock should make this impossible; say so if it happens
-        tr.write_line(
-            f"note: {received} calibrations were reported this session; the "
-            "archive holds the first",
-            yellow=True,
-        )
-    for note in s.notes:
-        tr.write_line(f"note: {note}", yellow=True)
-    if state.archive_path is not None:
-        tr.write_line(f"archived: {state.archive_path}")
-        svg = state.archive_path.with_name(f"{state.archive_path.stem}_timeline.svg")
-        if svg.is_file():
-            tr.write_line(f"timeline: {svg}")
-    elif state.archive_note:
-        tr.write_line(state.archive_note)
+    write_summary(terminalreporter, config)

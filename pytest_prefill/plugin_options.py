@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from pytest_prefill import archive
-from pytest_prefill.costs import load_cost
+from pytest_prefill.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.machine import (
     DEVICE_FORMS,
+    KEY_PATTERN,
     Accelerator,
     check_device,
     cpu_model,
@@ -30,7 +30,6 @@ DEFAULT_COST = "lab-laptop"
 DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 3
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
-COST_WORDS = ("archive", "measure")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +94,26 @@ OPTIONS = (
         "from the rootdir in an ini file)",
         metavar="DIR",
     ),
+    _Option(
+        "save",
+        "archive this run even when no prefill fixture recorded anything (a run that "
+        "calibrated, or reported tables or verdicts, is archived without it)",
+        flag=True,
+    ),
     _Option("no-archive", "do not write this run into the results archive", flag=True),
+    _Option(
+        "machine",
+        "machine key: the archive folder and what 'archive' looks up (default: the GPU "
+        "nvidia-smi reports, else the CPU, e.g. nvidia-h200, cpu-amd-epyc)",
+        metavar="KEY",
+    ),
+    _Option(
+        "threads",
+        "torch CPU threads for the measurements (default 1 with --prefill-device cpu, where "
+        "intra-op threads stall whenever another process holds a core; torch's own on CUDA); "
+        "recorded in the calibration's provenance",
+        metavar="N",
+    ),
 )
 
 
@@ -114,12 +132,16 @@ class Settings:
     cost_source: str
     cost_label: str
     cost_model: dict[str, Any] | None  # None for 'measure': known once calibrated
+    cost_explicit: bool  # given by option or ini; else a session that calibrates uses that
+    cost_refused: list[str]  # constants the calibration behind cost_model refused
     results: str
     archive: bool
+    save: bool
     machine_key: str
     accelerators: list[dict[str, Any]]
     session_dir: str
     notes: list[str]  # archive files skipped while resolving, shown in header and summary
+    threads: int | None = None  # torch CPU threads; None: torch's own
 
     @property
     def effective_device(self) -> str:
@@ -176,8 +198,8 @@ def _integer(config: pytest.Config, opt: _Option, default: int, minimum: int) ->
     return number
 
 
-def resolve(config: pytest.Config) -> Settings:
-    """Read and check every option; a bad value is a UsageError naming the option."""
+def _device_and_model(config: pytest.Config) -> tuple[str | None, str | None, str, str]:
+    """(device, dtype, model, a note on how the model was chosen)."""
     opts = {o.name: o for o in OPTIONS}
     device, name, _ = _value(config, opts["device"])
     if device is not None:
@@ -199,12 +221,11 @@ def resolve(config: pytest.Config) -> Settings:
         )
     elif not model.strip():
         raise pytest.UsageError(f"{name} must name a model, got {model!r}")
-    repeats = _integer(config, opts["repeats"], DEFAULT_REPEATS, 1)
-    warmup = _integer(config, opts["warmup"], DEFAULT_WARMUP, 0)
-    dry_run = bool(_value(config, opts["dry-run"])[0])
-    no_archive = bool(_value(config, opts["no-archive"])[0])
+    return device, (dtype.lower() if dtype else None), model, model_note
 
-    results, _, from_ini = _value(config, opts["results"])
+
+def _results(config: pytest.Config) -> str:
+    results, _, from_ini = _value(config, {o.name: o for o in OPTIONS}["results"])
     if results is None:
         results_path = config.rootpath / "results"
     else:
@@ -212,55 +233,83 @@ def resolve(config: pytest.Config) -> Settings:
         results_path = (base / os.path.expanduser(results)).resolve()
     if results_path.exists() and not results_path.is_dir():
         raise pytest.UsageError(f"--prefill-results {results_path}: not a folder")
+    return str(results_path)
 
+
+def _machine(config: pytest.Config, device: str | None) -> tuple[str, list[Accelerator]]:
+    """(the machine key, the accelerators the driver reports)."""
     accelerators = [] if device == "cpu" else nvidia_accelerators()
     if not accelerators and device is not None and device.startswith("cuda"):
         accelerators = _torch_accelerators()  # CUDA asked for by name: torch may see it
-    key = machine_key(device, accelerators, cpu_model())
+    given, name, _ = _value(config, {o.name: o for o in OPTIONS}["machine"])
+    if given is None:
+        return machine_key(device, accelerators, cpu_model()), accelerators
+    if not KEY_PATTERN.match(given):
+        raise pytest.UsageError(
+            f"{name} must be lower-case letters, digits and dashes (a folder name), got {given!r}"
+        )
+    return given, accelerators
+
+
+def _cost(config: pytest.Config, results: str, key: str, notes: list[str]) -> CostSpec:
+    """The session's cost spec, by the one rule shared with the CLI."""
+    spec, name, from_ini = _value(config, {o.name: o for o in OPTIONS}["cost"])
+    try:
+        return resolve_cost(
+            spec or DEFAULT_COST,
+            results=results,
+            machine=key,
+            base=config.rootpath if from_ini else None,
+            warn=notes.append,
+        )
+    except ValueError as err:
+        raise pytest.UsageError(f"{name}{' archive' if spec == 'archive' else ''}: {err}") from None
+
+
+def resolve(config: pytest.Config) -> Settings:
+    """Read and check every option; a bad value is a UsageError naming the option."""
+    opts = {o.name: o for o in OPTIONS}
+    device, dtype, model, model_note = _device_and_model(config)
+    repeats = _integer(config, opts["repeats"], DEFAULT_REPEATS, 1)
+    warmup = _integer(config, opts["warmup"], DEFAULT_WARMUP, 0)
+    threads: int | None = _integer(config, opts["threads"], 0, 1) or None
+    if threads is None and device == "cpu":
+        threads = 1
+    dry_run = bool(_value(config, opts["dry-run"])[0])
+    no_archive = bool(_value(config, opts["no-archive"])[0])
+    save = bool(_value(config, opts["save"])[0])
+    if save and no_archive:
+        raise pytest.UsageError("--prefill-save and --prefill-no-archive contradict each other")
+    results = _results(config)
+    key, accelerators = _machine(config, device)
     notes: list[str] = []
-    spec, name, from_ini = _value(config, opts["cost"])
-    spec = spec or DEFAULT_COST
-    cost_model: dict[str, Any] | None = None
-    if spec == "measure":
-        source = "measured this session (calibrated once, when a test first needs it)"
-        label = "measure (calibrated once this session)"
-    elif spec == "archive":
-        try:
-            cost, run = archive.archived_cost(results_path, key, warn=notes.append)
-        except ValueError as err:
-            raise pytest.UsageError(f"{name} archive: {err}") from None
-        cost_model = cost.to_dict()
-        source = f"archived calibration {run.path} ({run.data.get('created', 'undated')})"
-        label = f"archive {run.path.name}"
-    else:
-        if spec not in PRESETS and from_ini and not os.path.isabs(spec):
-            spec = str(config.rootpath / spec)
-        try:
-            cost, source = load_cost(spec)
-        except ValueError as err:
-            raise pytest.UsageError(
-                f"{name}: {err} (or one of the words {', '.join(COST_WORDS)})"
-            ) from None
-        cost_model = cost.to_dict()
-        label = f"preset {spec} (not measured here)" if spec in PRESETS else f"file {spec}"
+    cost = _cost(config, results, key, notes)
+    explicit = _value(config, opts["cost"])[0] is not None
+    label = cost.label
+    if not explicit:
+        label += "; a session that calibrates (gpu tests) uses its calibration instead"
     return Settings(
         model=model,
         model_note=model_note,
         device=device,
-        dtype=dtype.lower() if dtype else None,
+        dtype=dtype,
         repeats=repeats,
         warmup=warmup,
         dry_run=dry_run,
-        cost_spec=spec,
-        cost_source=source,
+        cost_spec=cost.spec,
+        cost_source=cost.source,
         cost_label=label,
-        cost_model=cost_model,
-        results=str(results_path),
+        cost_model=None if cost.cost is None else cost.cost.to_dict(),
+        cost_explicit=explicit,
+        cost_refused=list(cost.refused),
+        results=results,
         archive=not no_archive,
+        save=save,
         machine_key=key,
         accelerators=[a.to_dict() for a in accelerators],
         session_dir=tempfile.mkdtemp(prefix="pytest-prefill-"),
         notes=notes,
+        threads=threads,
     )
 
 

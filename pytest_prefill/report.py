@@ -10,7 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.advice import choose_chunk, star_text
+from pytest_prefill.advice import choose_chunk, recommend, star_text
 from pytest_prefill.archive import RunSummary, json_safe
 from pytest_prefill.scheduler import CostModel, Trace, simulate
 from pytest_prefill.whatif import SweepRow
@@ -158,6 +158,32 @@ class Verdict:
             _field(data, "detail"),
             _field(data, "test") or "",
         )
+
+
+def verdict_block(
+    cost: CostModel | None,
+    cost_line: str,
+    verdicts: Sequence[Verdict],
+    refused: Collection[str] = (),
+) -> list[str]:
+    """The short block a run's summary opens with: the cost model its tables used, C* and
+    the recommendation (the one rule's words), and one line per verdict (its detail's first
+    line: the falsifier's gaps, the fidelity's median error)."""
+    lines = [f"cost model: {cost_line}"]
+    if cost is not None:
+        advice = recommend(cost, refused)
+        lines += [
+            f"C* = {star_text(advice.chunk_star)} tokens; pass overhead is "
+            f"{advice.overhead_fraction:.0%} of one decode step",
+            advice.line,
+        ]
+    for v in verdicts:
+        detail = (v.detail or "").strip()
+        text = detail.splitlines()[0] if detail else v.sentence
+        for prefix in ("HOLDS: ", "FAILS: "):
+            text = text.removeprefix(prefix)
+        lines.append(f"{v.verdict}  {v.name}: {text}")
+    return lines
 
 
 def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_prefill import archive
+from pytest_prefill.advice import recommend
 from pytest_prefill.machine import cpu_key, cpu_model, machine_key, nvidia_accelerators
 from pytest_prefill.scheduler import CostModel, get_preset
 
@@ -24,6 +25,10 @@ ENTRY_POINT = any(
     ep.value == "pytest_prefill.plugin" for ep in importlib.metadata.entry_points(group="pytest11")
 )
 PLUGIN = [] if ENTRY_POINT else ["-p", "pytest_prefill.plugin"]
+# The stubbed-calibration runs use --prefill-device cpu, which needs torch to be importable.
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="--prefill-device cpu needs torch"
+)
 
 # A conftest that stands in for the hardware: a dummy model and a calibrator stub that logs
 # each call (so a test can count calibrations across xdist workers).
@@ -162,36 +167,50 @@ def test_options_have_ini_twins_in_a_prefill_group(pytester):
         "dry-run",
         "cost",
         "results",
+        "save",
         "no-archive",
+        "machine",
+        "threads",
     ):
         assert f"--prefill-{option}" in text
         assert f"prefill_{option.replace('-', '_')} " in text  # the [ini] list
 
 
+GPU_TESTS = """
+    import pytest
+
+    @pytest.mark.gpu
+    def test_on_the_device():
+        pass
+
+    def test_needs_the_model(prefill_model):
+        pass
+
+    def test_plain():
+        pass
+"""
+LOOKED_FOR = "no GPU (nvidia-smi sees none) and --prefill-device not given"
+
+
 @pytest.mark.skipif(bool(nvidia_accelerators()), reason="this machine has an NVIDIA GPU")
 def test_gpu_tests_skip_with_a_reason_that_says_what_was_looked_for(pytester):
-    pytester.makepyfile("""
-        import pytest
-
-        @pytest.mark.gpu
-        def test_on_the_device():
-            pass
-
-        def test_needs_the_model(prefill_model):
-            pass
-    """)
+    pytester.makepyfile(GPU_TESTS)
     result = run(pytester, "-rs")
-    result.assert_outcomes(skipped=2)
+    result.assert_outcomes(skipped=2, passed=1)
     out = result.stdout.str()
-    if importlib.util.find_spec("torch"):
-        looked_for = (
-            "no CUDA device found (torch.cuda.is_available() is False) and "
-            "--prefill-device not given"
-        )
-    else:
-        looked_for = "torch is not installed"
-    assert out.count(looked_for) == 2, out
+    assert out.count(LOOKED_FOR) == 2, out  # -rs lists them; we do not repeat them
     assert "test_gpu_tests_skip_with_a_reason_that_says_what_was_looked_for.py:" in out
+
+
+@pytest.mark.skipif(bool(nvidia_accelerators()), reason="this machine has an NVIDIA GPU")
+def test_our_skips_are_explained_without_rs_and_torch_is_not_imported_to_find_no_gpu(pytester):
+    pytester.makeconftest(TORCH_PROBE)
+    pytester.makepyfile(GPU_TESTS)
+    result = run(pytester)
+    result.assert_outcomes(skipped=2, passed=1)
+    result.stdout.fnmatch_lines(["*= pytest-prefill =*", f"skipped 2 test(s): {LOOKED_FOR}*"])
+    assert (pytester.path / "heavy.txt").read_text() == "", "nvidia-smi had answered"
+    assert not (pytester.path / "results").exists()
 
 
 def test_sim_fixtures_work_from_a_fresh_test_file_with_ini_settings(pytester):
@@ -249,18 +268,34 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
             benchmark(lambda: 1 / 0)
     """
     )
-    result = run(pytester, "--prefill-results", "out")
+    short = run(pytester, "--prefill-results", "short")
+    short.assert_outcomes(passed=3, failed=1)
+    short.stdout.fnmatch_lines(
+        [
+            "*= pytest-prefill =*",
+            "cost model: preset 'lab-laptop'*",
+            f"C* = {get_preset('lab-laptop').cost.chunk_star():.0f} tokens; pass overhead is*",
+            "-> *",
+            "HOLDS  claim-a: because of x",
+            "FAILS  claim-b: B is true.",
+            "pytest-benchmark: 2 benchmark(s), 1 errored*",
+            "1 table(s): -v shows them here; the archive holds them",
+            "archived: *",
+        ]
+    )
+    assert "x    1" not in short.stdout.str(), "the full tables need -v"
+    result = run(pytester, "--prefill-results", "out", "-v")
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*= pytest-prefill =*",
+            "HOLDS  claim-a: because of x",
             "A table of things  [[]test_report.py::test_reports[]]",
             "x    1",
             "Verdicts:",
             "  HOLDS  claim-a: A is true.",
             "         because of x",
             "  FAILS  claim-b: B is true.",
-            "pytest-benchmark: 2 benchmark(s), 1 errored*",
             "archived: *",
             "timeline: *_timeline.svg",
         ]
@@ -283,6 +318,8 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
         ("claim-b", "FAILS"),
     ]
     assert run_["cost"]["cost_model"] == get_preset("lab-laptop").cost.to_dict()
+    lab = get_preset("lab-laptop").cost
+    assert run_["cost"]["recommendation"]["line"] == recommend(lab).line
     assert run_["calibration"] is None
     svg = files[0].parent / run_["attachments"]["timeline.svg"]
     assert svg.name == f"{files[0].stem}_timeline.svg" and "<svg" in svg.read_text()
@@ -305,6 +342,7 @@ def test_no_archive_from_the_ini_twin(pytester):
     assert not (pytester.path / "results").exists()
 
 
+@needs_torch
 def test_a_measured_calibration_is_archived_and_read_back_by_prefill_cost_archive(pytester):
     pytester.makeconftest(STUB_CONFTEST)
     pytester.makepyfile(REPORTING_TESTS)
@@ -360,10 +398,11 @@ def test_a_corrupt_archive_file_is_skipped_with_a_message(pytester):
     assert f"cost archive {good.name}" in out
 
 
+@needs_torch
 def test_xdist_gives_the_same_summary_and_one_complete_archive(pytester):
     pytester.makeconftest(STUB_CONFTEST)
     pytester.makepyfile(REPORTING_TESTS)
-    common = ("--prefill-device", "cpu", "-p", "xdist")
+    common = ("--prefill-device", "cpu", "-p", "xdist", "-v")
     serial = run(pytester, *common, "--prefill-results", "serial")
     serial.assert_outcomes(passed=8)
     (pytester.path / "calibrations.log").unlink()
@@ -372,6 +411,10 @@ def test_xdist_gives_the_same_summary_and_one_complete_archive(pytester):
 
     assert summary_section(parallel.outlines) == summary_section(serial.outlines)
     assert "  FAILS  claim 512: chunk 512 is below 500 tokens" in serial.outlines
+    finished = [line for line in parallel.outlines if line.startswith("prefill: [gw")]
+    assert len(finished) == 4 and all("test_calibrated[" in line for line in finished), (
+        "under xdist, one line per finished gpu test"
+    )
     calibrations = (pytester.path / "calibrations.log").read_text().split()
     assert len(calibrations) == 1, "one calibration per session, whatever the workers"
     workers = set((pytester.path / "gpu_workers.log").read_text().split()) - {"serial"}
@@ -413,6 +456,14 @@ def test_xdist_gives_the_same_summary_and_one_complete_archive(pytester):
             "--prefill-cost archive: no calibration archived for machine",
         ),
         ([], "prefill_repeats = many", "ini option prefill_repeats must be an integer >= 1"),
+        (["--prefill-threads", "0"], "", "--prefill-threads must be an integer >= 1"),
+        ([], "prefill_threads = all", "ini option prefill_threads must be an integer >= 1"),
+        (["--prefill-machine", "My Box"], "", "--prefill-machine must be lower-case letters"),
+        (
+            ["--prefill-save", "--prefill-no-archive"],
+            "",
+            "--prefill-save and --prefill-no-archive contradict each other",
+        ),
     ],
 )
 def test_bad_option_values_are_usage_errors_naming_the_option(pytester, args, ini, message):
@@ -421,3 +472,85 @@ def test_bad_option_values_are_usage_errors_naming_the_option(pytester, args, in
     result = run(pytester, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
+
+
+UNRELATED_TESTS = """
+    def test_unrelated():
+        assert 1 + 1 == 2
+
+    def test_timed(benchmark):
+        benchmark(sum, range(10))
+"""
+
+
+def test_a_project_that_merely_installed_the_plugin_gets_nothing_written(pytester):
+    pytester.makepyfile(UNRELATED_TESTS)
+    result = run(pytester)
+    result.assert_outcomes(passed=2)
+    assert not (pytester.path / "results").exists(), "nothing of ours ran: nothing archived"
+    assert "pytest-prefill" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_prefill_save_archives_one_run_holding_the_benchmark_statistics(pytester, how):
+    pytester.makepyfile(UNRELATED_TESTS)
+    if how == "ini":
+        pytester.makefile(".ini", pytest="[pytest]\nprefill_save = true\n")
+    result = run(pytester, *(["--prefill-save"] if how == "option" else []))
+    result.assert_outcomes(passed=2)
+    files = run_files(pytester.path / "results")
+    assert len(files) == 1
+    data = archive.read_run(files[0]).data
+    assert data["tables"] == [] and data["pytest"]["outcomes"] == {"passed": 2}
+    assert [b["name"] for b in data["benchmarks"]] == ["test_timed"]
+    assert data["benchmarks"][0]["stats"]["rounds"] >= 1
+    assert "attachments" not in data, "nothing was simulated: no timeline"
+
+
+def test_the_machine_key_can_be_set(pytester):
+    pytester.makepyfile("""
+        def test_reports(prefill_report):
+            prefill_report.table("T", "text")
+    """)
+    run(pytester, "--prefill-machine", "lab-box-1").assert_outcomes(passed=1)
+    assert [f.parent.name for f in run_files(pytester.path / "results")] == ["lab-box-1"]
+
+
+SESSION_COST_TESTS = """
+import pytest
+from pytest_prefill.scheduler import CostModel
+
+
+@pytest.mark.gpu
+def test_calibrates(prefill_calibration):
+    pass
+
+
+@pytest.mark.sim
+def test_sim_table(cost_model, prefill_report):
+    prefill_report.table("cost seen", repr(cost_model.to_dict()), cost_model.to_dict())
+"""
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--prefill-device", "cpu"], "calibration"),  # gpu tests calibrate: sim tables use it
+        (["--prefill-device", "cpu", "-m", "sim"], "preset"),  # nothing calibrates
+        (["--prefill-device", "cpu", "--prefill-cost", "lab-laptop"], "preset"),  # said so
+    ],
+)
+def test_one_session_cost_model(pytester, args, expected):
+    pytester.makeconftest(STUB_CONFTEST)
+    pytester.makepyfile(SESSION_COST_TESTS)
+    result = run(pytester, *args)
+    assert result.ret == 0
+    data = archive.read_run(run_files(pytester.path / "results")[0]).data
+    seen = CostModel.from_dict(data["tables"][0]["data"])
+    want = STUB_COST if expected == "calibration" else get_preset("lab-laptop").cost
+    assert seen == want
+    assert data["cost"]["cost_model"] == want.to_dict(), "the archive names the same model"
+    source = "calibrated in this session" if expected == "calibration" else "preset 'lab-laptop'"
+    result.stdout.fnmatch_lines([f"cost model: {source}*"])
+    assert data["settings"]["threads"] == 1, "one torch thread by default on the CPU"
