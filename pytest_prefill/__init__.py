@@ -18,9 +18,9 @@ from pytest_prefill.scheduler import RequestRecord
 from pytest_prefill.scheduler import Summary
 from pytest_prefill.scheduler import Trace
 from pytest_prefill.scheduler import Worker
-from pytest_prefill.scheduler import check_invariants
+from pytest_prefill.invariants import check_invariants
+from pytest_prefill.invariants import iteration_cost
 from pytest_prefill.scheduler import get_preset
-from pytest_prefill.scheduler import iteration_cost
 from pytest_prefill.scheduler import simulate
 
 __version__ = "0.1.0"

@@ -24,7 +24,7 @@ from pytest_prefill.engine import (
     make_prompts,
     warm_up,
 )
-from pytest_prefill.scheduler import LINK, Request, _Events
+from pytest_prefill.scheduler import LINK, EventLog, Request
 
 STARTUP_TIMEOUT = 300.0  # seconds for a child to import torch and load the model
 RUN_TIMEOUT = 3600.0
@@ -196,7 +196,7 @@ def _decode(
     executor = ModelExecutor(packed, requests, seed=seed)
     worker = Worker("decode0", "decode")
     arrivals = _QueueArrivals(channel, requests, kv, executor)
-    events = _Events()
+    events = EventLog()
     drive(worker, executor, clock, arrivals, events, worker.join)
     tokens = {rid: tuple(t) for rid, t in executor.tokens.items()}
     return worker, events.finish([worker.name]), tokens
@@ -341,7 +341,7 @@ class DisaggregatedWorkers:
                 gc.enable()
         starts, ready_times, link_events = got["prefill"]
         worker, decode_events, tokens = got["decode"]
-        events = _Events()
+        events = EventLog()
         for r in requests:
             start, end = starts[r.id]
             events.add("prefill0", start, end, "prefill", ((r.id, r.prompt_len),))

@@ -20,13 +20,14 @@ from typing import Any, Protocol
 from pytest_prefill.scheduler import (
     LINK,
     CostModel,
+    EventLog,
     Plan,
     Request,
     Trace,
     Worker,
-    _check_options,
-    _Events,
-    _validate_load,
+    check_options,
+    disaggregated_prefill,
+    validate_load,
 )
 
 
@@ -125,7 +126,7 @@ def drive(
     executor: Executor,
     clock: Clock,
     arrivals: Arrivals,
-    events: _Events,
+    events: EventLog,
     admit: Callable[[Request], None],
 ) -> None:
     """Run ``worker`` until its arrivals are exhausted and it has nothing left to do: at each
@@ -157,7 +158,7 @@ def drive(
 
 
 def _check(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
-    _check_options(policy, chunk, prefill_workers, decode_workers)
+    check_options(policy, chunk, prefill_workers=prefill_workers, decode_workers=decode_workers)
     if prefill_workers != 1 or decode_workers != 1:
         raise ValueError(
             "the engine runs one prefill worker and one decode worker; "
@@ -176,7 +177,7 @@ def run_single(
     mode = "shared" if policy == "shared" else "chunked"
     budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
     worker = Worker("worker", mode, budget)
-    events = _Events()
+    events = EventLog()
     drive(
         worker,
         executor,
@@ -214,7 +215,7 @@ def disaggregated_trace(
     order = ["prefill0", LINK, decoder.name]
     rank = {name: i for i, name in enumerate(order)}
     ordered = tuple(sorted(events, key=lambda e: (rank[e.resource], e.start)))
-    records = {r.id: decoder.record(r, *times[r.id]) for r in requests}
+    records = {r.id: decoder.record(r, *times[r.id], "prefill0") for r in requests}
     return Trace("disaggregated", ordered, records, chunk)
 
 
@@ -236,31 +237,15 @@ def replay(
     _check(policy, chunk, prefill_workers, decode_workers)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
-    requests = _validate_load(load)
+    requests = validate_load(load)
     clock = FakeClock()
     executor = CostExecutor(cost, clock)
     if policy != "disaggregated":
         return run_single(policy, requests, executor, clock, chunk)
-    # The three stages only feed forward (prefill -> link -> decode), so on a fake clock they
-    # can run one after the other.
-    events = _Events()
-    times: dict[str, tuple[float, float, float]] = {}
-    link_free = 0.0
-    schedule: list[tuple[float, Request]] = []
-    for r in requests:
-        clock.wait_until(r.arrival)
-        start = clock.now()
-        executor.run(Plan(((r, 0, r.prompt_len),), (), completed=(r,)))
-        end = clock.now()
-        events.add("prefill0", start, end, "prefill", ((r.id, r.prompt_len),))
-        transfer = cost.kv_transfer(r.prompt_len)
-        ready = end
-        if transfer > 0:
-            begin = max(end, link_free)
-            link_free = ready = begin + transfer
-            events.add(LINK, begin, ready, "transfer", ((r.id, r.prompt_len),))
-        times[r.id] = (start, end, ready)
-        schedule.append((ready, r))
+    # The stages only feed forward (prefill pool -> link -> decode), so on a fake clock they
+    # can run one after the other; the prefill pool and link are the simulator's own.
+    schedule, times, early = disaggregated_prefill(requests, cost)
+    events = EventLog()
     decode_clock = FakeClock()
     decoder = Worker("decode0", "decode")
     drive(
@@ -271,9 +256,8 @@ def replay(
         events,
         decoder.join,
     )
-    return disaggregated_trace(
-        requests, times, events.finish(["prefill0", LINK, "decode0"]), decoder, chunk
-    )
+    everything = early + events.finish(["decode0"])
+    return disaggregated_trace(requests, times, everything, decoder, chunk)
 
 
 def make_prompts(requests: Sequence[Request], vocab: int, seed: int) -> dict[str, Any]:
@@ -396,7 +380,7 @@ def execute(
         ValueError: for a bad policy, chunk or load, or an unsupported model.
     """
     _check(policy, chunk, 1, 1)
-    requests = _validate_load(load)
+    requests = validate_load(load)
     hf_model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
     if policy == "disaggregated":

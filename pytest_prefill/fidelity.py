@@ -14,7 +14,8 @@ import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import POLICIES, CostModel, Request, iteration_cost, simulate
+from pytest_prefill.invariants import iteration_cost
+from pytest_prefill.scheduler import POLICIES, CostModel, Request, simulate
 
 KIND = "pytest-prefill/fidelity"
 SCHEMA_VERSION = 1

@@ -15,8 +15,8 @@ import heapq
 import itertools
 import math
 import operator
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 POLICIES = ("shared", "coscheduled", "chunked", "disaggregated")
@@ -58,6 +58,23 @@ def check_int(field: str, value: Any, *, minimum: int = 1) -> int:
 
 
 Piece = tuple[int, int]  # a prompt piece in a pass: (new tokens T, tokens of context C)
+
+
+def piece_sums(pieces: Iterable[Piece]) -> tuple[int, int, int]:
+    """(sum T, sum of T*C + T*(T+1)/2, sum C) over prompt pieces (T, C): what a pass's cost
+    depends on. ValueError for a piece that is not two ints >= 0."""
+    tokens = pairs = context = 0
+    for piece in pieces:
+        try:
+            t, c = (operator.index(x) for x in piece)
+        except (TypeError, ValueError):
+            t = c = -1
+        if t < 0 or c < 0 or any(isinstance(x, bool) for x in piece):
+            raise ValueError(f"a piece's tokens and context must be ints >= 0, got {piece!r}")
+        tokens += t
+        pairs += t * c + t * (t + 1) // 2
+        context += c
+    return tokens, pairs, context
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,61 +136,66 @@ class CostModel:
                 f"finite, got {self.kv_bytes_per_token!r} / {self.link_bandwidth!r}"
             )
 
-    def prefill_pieces(self, pieces: Iterable[Piece]) -> float:
-        """A prefill pass over prompt pieces ``(T, C)``: T new tokens over C cached tokens of
-        the same request (each piece attends only to its own request)."""
-        tokens = pairs = context = 0
-        for t, c in pieces:
-            if (
-                isinstance(t, bool)
-                or isinstance(c, bool)
-                or not (isinstance(t, int) and isinstance(c, int) and t >= 0 and c >= 0)
-            ):
-                raise ValueError(f"a piece's tokens and context must be ints >= 0, got {(t, c)!r}")
-            tokens += t
-            pairs += t * c + t * (t + 1) // 2
-            context += c
-        return (
-            self.prefill_pass_overhead
-            + self.prefill_per_token * tokens
-            + self.prefill_per_pair * pairs
-            + self.decode_per_kv_token * context
-        )
-
-    def prefill_pass(self, tokens: int, context: int = 0) -> float:
-        """A prefill pass over ``tokens`` new tokens attending to ``context`` cached ones."""
-        if tokens < 0 or context < 0:
-            raise ValueError(f"tokens and context must be >= 0, got {tokens!r}, {context!r}")
-        return self.prefill_pieces(((tokens, context),))
-
-    def decode_step(self, rows: int, kv_tokens: int) -> float:
-        """A decode step of ``rows`` sequences reading ``kv_tokens`` cached tokens in total."""
-        if rows < 1 or kv_tokens < 0:
-            raise ValueError(f"rows must be >= 1 and kv_tokens >= 0, got {rows!r}, {kv_tokens!r}")
-        return (
+    def iteration_sums(
+        self, tokens: int, pairs: int, context: int, rows: int = 0, kv_tokens: int = 0
+    ) -> float:
+        """One iteration given its prompt pieces' sums: ``tokens`` = sum(T), ``pairs`` =
+        sum(T*C + T*(T+1)/2), ``context`` = sum(C) (all 0: no prompt piece), and ``rows``
+        decode rows reading ``kv_tokens`` cached tokens (0 rows: a prefill pass). The one place
+        the formulas of DESIGN.md live; every other cost method goes through it."""
+        if rows == 0:
+            return (
+                self.prefill_pass_overhead
+                + self.prefill_per_token * tokens
+                + self.prefill_per_pair * pairs
+                + self.decode_per_kv_token * context
+            )
+        decode = (
             self.decode_step_base
             + self.decode_per_seq * (rows - 1)
             + self.decode_per_kv_token * kv_tokens
         )
+        if tokens == 0:
+            return decode
+        compute = (
+            self.prefill_pass_overhead
+            + self.prefill_per_token * (tokens + rows)
+            + self.prefill_per_pair * pairs
+            + self.decode_per_kv_token * context
+        )
+        return max(decode, compute) + self.fusion_penalty * min(decode, compute)
+
+    def prefill_pieces(self, pieces: Iterable[Piece]) -> float:
+        """A prefill pass over prompt pieces ``(T, C)``: T new tokens over C cached tokens of
+        the same request (each piece attends only to its own request)."""
+        return self.iteration_sums(*piece_sums(pieces))
+
+    def prefill_pass(self, tokens: int, context: int = 0) -> float:
+        """A prefill pass over ``tokens`` new tokens attending to ``context`` cached ones."""
+        return self.prefill_pieces(((tokens, context),))
+
+    def decode_step(self, rows: int, kv_tokens: int) -> float:
+        """A decode step of ``rows`` sequences reading ``kv_tokens`` cached tokens in total."""
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be an int >= 1, got {rows!r}")
+        check_int("kv_tokens", kv_tokens, minimum=0)
+        return self.iteration_sums(0, 0, 0, rows, kv_tokens)
 
     def compute_part(self, pieces: Iterable[Piece], rows: int) -> float:
         """The compute part of a fused pass: the prefill pass over ``pieces`` with the ``rows``
         decode rows riding its linear layers as that many more tokens."""
-        if rows < 0:
-            raise ValueError(f"rows must be >= 0, got {rows!r}")
+        check_int("rows", rows, minimum=0)
         return self.prefill_pieces(pieces) + self.prefill_per_token * rows
 
     def iteration(self, pieces: Iterable[Piece] = (), rows: int = 0, kv_tokens: int = 0) -> float:
         """One iteration: a prefill pass (no rows), a decode step (no pieces), or a fused pass
         of both: ``max(decode, compute) + fusion_penalty * min(decode, compute)``."""
-        pieces = tuple(pieces)
-        if not pieces:
-            return self.decode_step(rows, kv_tokens)
-        if rows == 0:
-            return self.prefill_pieces(pieces)
-        decode = self.decode_step(rows, kv_tokens)
-        compute = self.compute_part(pieces, rows)
-        return max(decode, compute) + self.fusion_penalty * min(decode, compute)
+        tokens, pairs, context = piece_sums(pieces)
+        check_int("rows", rows, minimum=0)
+        check_int("kv_tokens", kv_tokens, minimum=0)
+        if tokens == 0 and rows == 0:
+            raise ValueError("an iteration needs prompt tokens or decode rows; got neither")
+        return self.iteration_sums(tokens, pairs, context, rows, kv_tokens)
 
     def fused_iteration(
         self, prefill_tokens: int, decode_rows: int, kv_tokens: int = 0, context: int = 0
@@ -377,11 +399,30 @@ class Event:
         return self.start + i * first + self.growth * (i * (i - 1) / 2)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """What happened to one request. ``kv_ready`` is when its KV cache was usable by the worker
-    that decodes it (its prefill end, except under disaggregation: the transfer's end)."""
+    """What happened to one request (seconds). ``kv_ready`` is when its KV cache was usable by
+    the worker that decodes it (its prefill end, except under disaggregation: the transfer's
+    end); ``prefill_resource`` and ``decode_resource`` name the workers it was on.
 
+    ``token_times`` may be given as a zero-argument function returning them (the simulator
+    keeps them implicit, computed on first access), with ``first_token`` and ``finish``
+    stated; given as a tuple, those two are read off it. Immutable.
+    """
+
+    __slots__ = (
+        "id",
+        "arrival",
+        "prompt_len",
+        "output_len",
+        "prefill_start",
+        "prefill_end",
+        "kv_ready",
+        "decode_resource",
+        "prefill_resource",
+        "first_token",
+        "finish",
+        "_times",
+    )
     id: str
     arrival: float
     prompt_len: int
@@ -390,19 +431,98 @@ class RequestRecord:
     prefill_end: float
     kv_ready: float
     decode_resource: str
-    token_times: tuple[float, ...]
+    prefill_resource: str
+    first_token: float
+    finish: float
+    _times: tuple[float, ...] | Callable[[], tuple[float, ...]]
+
+    def __init__(
+        self,
+        id: str,
+        arrival: float,
+        prompt_len: int,
+        output_len: int,
+        prefill_start: float,
+        prefill_end: float,
+        kv_ready: float,
+        decode_resource: str,
+        token_times: tuple[float, ...] | Callable[[], tuple[float, ...]],
+        prefill_resource: str | None = None,
+        *,
+        first_token: float | None = None,
+        finish: float | None = None,
+    ) -> None:
+        values = dict(
+            id=id,
+            arrival=arrival,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            prefill_start=prefill_start,
+            prefill_end=prefill_end,
+            kv_ready=kv_ready,
+            decode_resource=decode_resource,
+            prefill_resource=decode_resource if prefill_resource is None else prefill_resource,
+            _times=token_times,
+        )
+        if callable(token_times):
+            if first_token is None or finish is None:
+                raise ValueError("implicit token_times need first_token and finish")
+            values.update(first_token=first_token, finish=finish)
+        else:
+            times = tuple(token_times)
+            values.update(
+                _times=times,
+                first_token=times[0] if times else math.nan,
+                finish=times[-1] if times else math.nan,
+            )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
     @property
-    def first_token(self) -> float:
-        return self.token_times[0]
+    def token_times(self) -> tuple[float, ...]:
+        """Every token's time, first to last."""
+        times = self._times
+        if callable(times):
+            times = times()
+            object.__setattr__(self, "_times", times)
+        return times
 
     @property
     def ttft(self) -> float:
-        return self.token_times[0] - self.arrival
+        return self.first_token - self.arrival
 
-    @property
-    def finish(self) -> float:
-        return self.token_times[-1]
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.id,
+            self.arrival,
+            self.prompt_len,
+            self.output_len,
+            self.prefill_start,
+            self.prefill_end,
+            self.kv_ready,
+            self.decode_resource,
+            self.prefill_resource,
+            self.token_times,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestRecord):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestRecord(id={self.id!r}, arrival={self.arrival!r}, prompt_len="
+            f"{self.prompt_len}, output_len={self.output_len}, prefill_start="
+            f"{self.prefill_start!r}, prefill_end={self.prefill_end!r}, kv_ready="
+            f"{self.kv_ready!r}, decode_resource={self.decode_resource!r}, first_token="
+            f"{self.first_token!r}, finish={self.finish!r})"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -445,7 +565,7 @@ def percentile(values: Sequence[float], p: float) -> float:
     return weighted_percentile([(v, 1) for v in values], p)
 
 
-def weighted_percentile(pairs: Iterable[tuple[float, int]], p: float) -> float:
+def weighted_percentile(pairs: Iterable[tuple[Any, int]], p: float) -> Any:
     """Nearest-rank percentile of a multiset given as (value, multiplicity) pairs."""
     if not 0 < p <= 100:
         raise ValueError(f"percentile p must be in (0, 100], got {p!r}")
@@ -467,27 +587,61 @@ def token_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
     return [(b - a, 1) for r in records for a, b in zip(r.token_times, r.token_times[1:])]
 
 
-@dataclasses.dataclass(frozen=True)
 class Trace:
     """Everything a run did: iterations and transfers (``events``, by resource then time) and
-    one record per request (``requests``, by arrival then id). Real engine runs produce the
-    same type. ``gaps`` optionally carries the token-gap multiset precomputed by the simulator
-    (it equals :func:`token_gaps` of the records, only faster to rank)."""
+    one record per request (``requests``, by arrival then id). Real engine runs build one from
+    their events and records; the simulator's keeps its results compact and builds events,
+    records and token times on first access (``summary()`` and ``token_gap_counts()`` never
+    need them). ``gaps`` optionally carries the token-gap multiset as (gap, count) pairs.
+    """
 
-    policy: str
-    events: tuple[Event, ...]
-    requests: Mapping[str, RequestRecord]
-    chunk: int | None = None
-    gaps: tuple[tuple[float, int], ...] | None = dataclasses.field(
-        default=None, compare=False, repr=False
-    )
+    def __init__(
+        self,
+        policy: str,
+        events: Iterable[Event],
+        requests: Mapping[str, RequestRecord],
+        chunk: int | None = None,
+        gaps: Iterable[tuple[float, int]] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.chunk = chunk
+        self._events: tuple[Event, ...] | None = tuple(events)
+        self._requests: Mapping[str, RequestRecord] | None = requests
+        self._gaps = None if gaps is None else tuple(gaps)
+        self._run: _Results | None = None
+        self._summary: Summary | None = None
+
+    @classmethod
+    def _of(cls, policy: str, chunk: int | None, results: _Results) -> Trace:
+        trace = cls(policy, (), {}, chunk)
+        trace._events = trace._requests = None
+        trace._run = results
+        return trace
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        if self._events is None:
+            assert self._run is not None
+            self._events = self._run.events()
+        return self._events
+
+    @property
+    def requests(self) -> Mapping[str, RequestRecord]:
+        if self._requests is None:
+            assert self._run is not None
+            self._requests = self._run.records()
+        return self._requests
 
     @property
     def resources(self) -> tuple[str, ...]:
+        if self._run is not None:
+            return self._run.resources()
         return tuple(dict.fromkeys(e.resource for e in self.events))
 
     def busy_time(self, resource: str | None = None) -> float:
         """Busy seconds of one resource, or of all compute resources (not the link)."""
+        if self._run is not None:
+            return self._run.busy_time(resource)
         return sum(
             e.duration
             for e in self.events
@@ -496,21 +650,28 @@ class Trace:
 
     def token_gap_counts(self) -> tuple[tuple[float, int], ...]:
         """Every gap between consecutive tokens of any request (vLLM's ITL) as (gap seconds,
-        how many) pairs; cheap: the simulator's precomputed multiset when it has one."""
-        if self.gaps is not None:
-            return self.gaps
-        counts: Counter[float] = Counter()
+        how many) pairs, by gap; cheap: never materialises the token times of a simulation."""
+        if self._run is not None:
+            return tuple((from_ticks(g), n) for g, n in sorted(self._run.gap_counts().items()))
+        if self._gaps is not None:
+            return self._gaps
+        counts: dict[float, int] = {}
         for gap, n in token_gaps(self.requests.values()):
-            counts[gap] += n
-        return tuple(counts.items())
+            counts[gap] = counts.get(gap, 0) + n
+        return tuple(sorted(counts.items()))
 
     def summary(self) -> Summary:
+        if self._summary is None:
+            self._summary = self._run.summary() if self._run is not None else self._summarize()
+        return self._summary
+
+    def _summarize(self) -> Summary:
         records = list(self.requests.values())
         if not records:
             nan = math.nan
             return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
         ttfts = [r.ttft for r in records]
-        gaps = list(self.gaps) if self.gaps is not None else token_gaps(records)
+        gaps = self.token_gap_counts()
         return Summary(
             requests=len(records),
             output_tokens=sum(len(r.token_times) for r in records),
@@ -524,9 +685,41 @@ class Trace:
             makespan=max(r.finish for r in records) - min(r.arrival for r in records),
         )
 
+    def steps(self) -> Iterator[Event]:
+        """Every iteration as an event of its own (coalesced decode runs expanded, each step
+        with its own start, end and KV read): the shape to compare traces by."""
+        for e in self.events:
+            if e.count == 1:
+                yield e
+                continue
+            for i in range(e.count):
+                yield dataclasses.replace(
+                    e,
+                    start=e.step_start(i),
+                    end=e.step_start(i + 1),
+                    kv_tokens=e.kv_tokens + i * e.decode_rows,
+                    count=1,
+                )
 
-class _Events:
-    """Collects events, coalescing back-to-back identical decode steps into one."""
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (self.policy, self.chunk, self.events, dict(self.requests)) == (
+            other.policy,
+            other.chunk,
+            other.events,
+            dict(other.requests),
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}, {self.summary()})"
+
+
+class EventLog:
+    """Collects events as a run makes them, coalescing back-to-back decode steps of the same
+    rows into one event (the engine's log; the simulator coalesces whole runs itself)."""
 
     def __init__(self) -> None:
         self.done: list[Event] = []
@@ -588,12 +781,16 @@ class _Events:
     def finish(self, order: Sequence[str]) -> tuple[Event, ...]:
         for resource in list(self._open):
             self._close(resource)
-        # By resource in ``order``, then by start; grouping first spares a key call per event.
-        groups: dict[str, list[Event]] = {name: [] for name in order}
-        for e in self.done:
-            groups[e.resource].append(e)
-        start = operator.attrgetter("start")
-        return tuple(itertools.chain.from_iterable(sorted(g, key=start) for g in groups.values()))
+        return _by_resource(self.done, order)
+
+
+def _by_resource(events: Iterable[Event], order: Sequence[str]) -> tuple[Event, ...]:
+    """Events by resource in ``order``, then by start (grouping first spares a key call each)."""
+    groups: dict[str, list[Event]] = {name: [] for name in order}
+    for e in events:
+        groups[e.resource].append(e)
+    start = operator.attrgetter("start")
+    return tuple(itertools.chain.from_iterable(sorted(g, key=start) for g in groups.values()))
 
 
 MODES = ("shared", "chunked", "decode")
@@ -603,12 +800,11 @@ class Plan(NamedTuple):
     """What one iteration does, decided at its start by :meth:`Worker.compose`: prompt pieces
     ``(request, tokens done before, tokens now)`` taken FCFS, the ids of the decode rows (each
     emits one token; the same tuple while the rows do not change), the KV tokens the rows read
-    (K), the earlier context the pieces attend to (C), and the requests whose prompt the
+    (K), the earlier context the pieces attend to (sum of C), and the requests whose prompt the
     iteration completes.
 
     Immutable, built by the worker and not validated; a named tuple rather than a frozen
-    dataclass because the simulator builds one per iteration and a frozen dataclass's
-    ``__init__`` costs about three times as much.
+    dataclass because the simulator builds one per iteration.
     """
 
     prefill: tuple[tuple[Request, int, int], ...]
@@ -644,63 +840,114 @@ class Plan(NamedTuple):
         return tuple([done for _, done, _ in self.prefill])
 
 
+Price = Callable[[int, int, int, int, int], Any]  # (tokens, pairs, context, rows, kv) -> cost
+
+
 class Worker:
     """The scheduling rules of one compute resource, one iteration at a time: at a boundary
     :meth:`compose` says what the next iteration does, the caller runs it, :meth:`finish_at`
-    ends it. The simulator times iterations with the cost model; the engine runs them for real.
+    ends it. The simulator times iterations with the cost model (whole runs of decode steps at
+    once); the engine runs them for real. Times are whatever the caller counts in.
 
-    Modes: ``shared`` (a prefill pass of every waiting prompt first, else a decode step),
-    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens; inf: co-scheduled),
-    ``decode`` (decode only: prefilled requests come in through :meth:`join`); only ``chunked``
-    reads ``chunk``. A prompt completed here joins this worker's decode rows at the next
-    boundary.
+    Modes: ``shared`` (a prefill pass of every admitted prompt first, else a decode step),
+    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens, FCFS; inf: co-scheduled;
+    or, with ``budget`` and ``price``, the largest FCFS token count whose iteration ``price``
+    keeps within ``budget``, at least one token), ``decode`` (decode only: prefilled requests
+    come in through :meth:`join`). A prompt completed here joins this worker's decode rows at
+    the next boundary.
+
+    KV memory: a request is admitted (its prefill may start) only when the KV reserved here
+    plus its ``prompt_len + output_len`` fits ``capacity``, strictly FCFS; :meth:`join`
+    reserves too (the caller checks :meth:`has_room` first). A reservation is released when the
+    request finishes.
 
     Raises:
-        ValueError: for an unknown mode, or a chunk that is not a whole number >= 1 or inf.
+        ValueError: for an unknown mode, a chunk that is not a whole number >= 1 or inf, or a
+            budget without a price or outside ``chunked``.
     """
 
-    def __init__(self, name: str, mode: str, chunk: float = math.inf) -> None:
+    def __init__(
+        self,
+        name: str,
+        mode: str,
+        chunk: float = math.inf,
+        *,
+        capacity: float = math.inf,
+        budget: Any = None,
+        price: Price | None = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         whole = isinstance(chunk, (int, float)) and not isinstance(chunk, bool) and chunk >= 1
         if not (chunk == math.inf or (whole and chunk == int(chunk))):
             raise ValueError(f"chunk must be a whole number of tokens >= 1 or inf, got {chunk!r}")
+        if budget is not None and (mode != "chunked" or price is None):
+            raise ValueError("a chunk budget needs mode 'chunked' and a price function")
         self.name, self.mode = name, mode
         self.chunk = math.inf if mode == "shared" else float(chunk)  # prompt tokens per pass
+        self.capacity, self.budget, self.price = capacity, budget, price
+        self.reserved = 0  # KV tokens reserved by requests admitted here and not finished
+        self.unfinished = 0  # requests handed to this worker and not finished
+        self.pending: deque[Request] = deque()  # arrived, waiting for KV room
         self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
         self.joining: list[Request] = []  # prefilled, join the decode rows at the next boundary
         self.running: list[Request] = []
         self._ids: tuple[str, ...] = ()  # their ids, rebuilt on change: events key on identity
         self.kv_tokens = 0  # what the next decode step reads
-        self.decode_ends: list[float] = []  # end of every iteration that emitted tokens
-        self.first_index: dict[str, int] = {}  # request -> index of its first token there
-        self._finishing: dict[int, list[Request]] = {}  # decode index -> requests done there
+        self.steps = 0  # decode-bearing iterations so far (a token-time index)
+        self.first_index: dict[str, int] = {}  # request -> index of its first token here
+        self._finishing: dict[int, list[Request]] = {}  # index -> requests done there
         self._finish_heap: list[int] = []  # the keys of _finishing
-        self._firsts: dict[int, int] = {}  # decode index -> requests taking their first token
-        self.gaps: dict[float, int] = {}  # token gap -> how many tokens followed such a gap
-        self.prefill_start: dict[str, float] = {}
-        self.prefill_end: dict[str, float] = {}
+        self._newcomers: dict[int, list[Request]] = {}  # index -> first tokens there
+        self.prefill_start: dict[str, Any] = {}
+        self.prefill_end: dict[str, Any] = {}
+        self.first_token: dict[str, Any] = {}
+        self.finish: dict[str, Any] = {}
+        # Decode-bearing iterations as runs (first index, start, first step, growth, steps,
+        # end): step i of a run lasts first + i*growth and ends its token; one step each in
+        # the engine. Token times are read off these on demand.
+        self.runs: list[tuple[int, Any, Any, Any, int, Any]] = []
+        self._run_index: list[int] = []
+        self.gaps: dict[Any, int] = {}  # token gap -> how many tokens followed such a gap
+        self.gap_runs: list[tuple[Any, Any, int, int]] = []  # (first, growth, gaps, rows)
+        self._last_end: Any = None  # end of the last decode-bearing iteration
+        self._start: Any = None
         self._plan: Plan | None = None  # the running iteration's
 
     def admit(self, request: Request) -> None:
-        """A request arrives: its prompt waits for prefill here (FCFS)."""
+        """A request arrives: its prompt waits here for KV room, then for prefill (FCFS)."""
         if self.mode == "decode":
             raise ValueError(f"{self.name} only decodes: hand it prefilled requests with join()")
-        self.waiting.append([request, 0])
+        self.pending.append(request)
+        self.unfinished += 1
+
+    def has_room(self, request: Request) -> bool:
+        return self.reserved + request.prompt_len + request.output_len <= self.capacity
 
     def join(self, request: Request) -> None:
         """A request prefilled elsewhere joins the decode rows at the next boundary."""
+        self.reserved += request.prompt_len + request.output_len
         self.joining.append(request)
+        self.unfinished += 1
 
     @property
     def load(self) -> int:
         return len(self.running) + len(self.joining)
 
+    def _admit_pending(self) -> None:
+        pending, capacity = self.pending, self.capacity
+        while pending:
+            need = pending[0].prompt_len + pending[0].output_len
+            if self.reserved + need > capacity:
+                return  # strict FCFS: the head waits, and so does everyone behind it
+            self.reserved += need
+            self.waiting.append([pending.popleft(), 0])
+
     def _admit_joining(self) -> None:
-        index = len(self.decode_ends)
+        index = self.steps
+        self._newcomers.setdefault(index, []).extend(self.joining)
         for r in self.joining:
             self.first_index[r.id] = index
-            self._firsts[index] = self._firsts.get(index, 0) + 1
             last = index + r.output_len - 1
             if last not in self._finishing:
                 self._finishing[last] = []
@@ -711,47 +958,94 @@ class Worker:
         self.joining = []
         self._ids = tuple([r.id for r in self.running])
 
-    def compose(self, now: float) -> Plan | None:
-        """Admit the requests joining at this boundary and compose the iteration that starts
-        at ``now`` (None: nothing to do). Call :meth:`finish_at` before composing again."""
+    def compose(self, now: Any) -> Plan | None:
+        """Admit the requests joining at this boundary and what fits in KV memory, and compose
+        the iteration that starts at ``now`` (None: nothing to do). Call :meth:`finish_at`
+        before composing again."""
         if self.joining:
             self._admit_joining()
+        if self.pending:
+            self._admit_pending()
+        self._start = now
         if not self.waiting:  # decode rows only (always so in decode mode)
             plan = Plan((), self._ids, self.kv_tokens) if self._ids else None
-            self._plan = plan
-            return plan
-        budget = self.chunk  # >= 1, so at least one prompt piece
+        else:
+            plan = self._compose_prefill(now)
+        self._plan = plan
+        return plan
+
+    def _compose_prefill(self, now: Any) -> Plan:
+        ids = () if self.mode == "shared" else self._ids  # shared: the pass holds up every row
         prefill: list[tuple[Request, int, int]] = []
         completed: list[Request] = []
         context = 0
-        while self.waiting and budget > 0:
-            entry = self.waiting[0]
+        take_budget = self._budget_take(len(ids)) if self.budget is not None else None
+        budget = self.chunk  # tokens; >= 1, so at least one prompt piece
+        for entry in self.waiting:
             request, done = entry
-            take = int(min(request.prompt_len - done, budget))
+            left = request.prompt_len - done
+            take = take_budget(len(prefill), request, done) if take_budget else min(left, budget)
+            if take <= 0:
+                break
+            take = int(take)
             prefill.append((request, done, take))
             context += done
             budget -= take
             self.prefill_start.setdefault(request.id, now)
-            if done + take == request.prompt_len:
+            if take == left:
                 completed.append(request)
-                self.waiting.popleft()
             else:
                 entry[1] = done + take
-        if self.mode == "shared" or not self.running:  # shared: the pass holds up every row
-            plan = Plan(tuple(prefill), (), 0, context, tuple(completed))
-        else:
-            plan = Plan(tuple(prefill), self._ids, self.kv_tokens, context, tuple(completed))
-        self._plan = plan
-        return plan
+                break
+            if budget <= 0:
+                break
+        for _ in completed:
+            self.waiting.popleft()
+        return Plan(tuple(prefill), ids, self.kv_tokens if ids else 0, context, tuple(completed))
 
-    def finish_at(self, end: float) -> tuple[Request, ...]:
+    def _budget_take(self, rows: int) -> Callable[[int, Request, int], int]:
+        """The chunk_budget rule: the largest FCFS token count whose iteration costs <= the
+        budget (at least one token). Returns how much of the next piece to take."""
+        price, budget, kv = self.price, self.budget, self.kv_tokens
+        assert price is not None
+        sums = [0, 0, 0]  # tokens, pairs, context of the pieces taken so far
+
+        def fits(take: int, done: int) -> bool:
+            tokens, pairs, context = sums
+            pairs += take * done + take * (take + 1) // 2
+            return price(tokens + take, pairs, context + done, rows, kv) <= budget
+
+        def take_of(pieces_so_far: int, request: Request, done: int) -> int:
+            left = request.prompt_len - done
+            if fits(left, done):
+                take = left
+            else:  # bisect: fits(lo) or lo == 0, not fits(hi)
+                lo, hi = 0, left
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if fits(mid, done):
+                        lo = mid
+                    else:
+                        hi = mid
+                take = lo if lo or pieces_so_far else 1  # prompts always progress
+            sums[0] += take
+            sums[1] += take * done + take * (take + 1) // 2
+            sums[2] += done
+            return take
+
+        return take_of
+
+    def finish_at(self, end: Any) -> tuple[Request, ...]:
         """End the composed iteration at ``end``; return the requests whose prompt it completed
         (they join the decode rows at the next boundary)."""
-        return self._finish(end, [end])
+        return self._complete(end, 1, end - self._start, 0, end)
 
-    def _finish(self, end: float, ends: list[float]) -> tuple[Request, ...]:
-        """End the composed iteration at ``end``: its decode rows ran one step ending at each of
-        ``ends`` (more than one: a run of unchanging decode steps, up to the next finish)."""
+    def _complete(
+        self, end: Any, steps: int, first: Any, growth: Any, first_end: Any
+    ) -> tuple[Request, ...]:
+        """End the composed iteration at ``end``: ``steps`` decode steps (more than one: a run
+        of unchanging decode steps), the first lasting ``first`` and ending at ``first_end``,
+        each next one ``growth`` longer."""
         plan = self._plan
         assert plan is not None, "finish an iteration only after composing it"
         self._plan = None
@@ -763,137 +1057,712 @@ class Worker:
         rows = len(plan.decode_ids)
         if not rows:
             return completed
-        index = len(self.decode_ends)
+        index = self.steps
+        newcomers = self._newcomers.pop(index, ())
         gaps = self.gaps
-        continuing = rows - self._firsts.pop(index, 0)
-        if continuing and self.decode_ends:
-            gap = ends[0] - self.decode_ends[-1]
+        continuing = rows - len(newcomers)
+        if continuing and self._last_end is not None:
+            gap = first_end - self._last_end
             gaps[gap] = gaps.get(gap, 0) + continuing
-        if len(ends) > 64:  # a long run: count equal gaps in C first
-            for gap, times in Counter(map(operator.sub, ends[1:], ends)).items():
-                gaps[gap] = gaps.get(gap, 0) + times * rows
-        elif len(ends) > 1:
-            for gap in map(operator.sub, ends[1:], ends):
-                gaps[gap] = gaps.get(gap, 0) + rows
-        self.decode_ends.extend(ends)
-        self.kv_tokens += rows * len(ends)
-        last = len(self.decode_ends) - 1
-        if self._finish_heap[0] == last:
+        for r in newcomers:
+            self.first_token[r.id] = first_end
+        if steps > 1:
+            if growth:
+                self.gap_runs.append((first + growth, growth, steps - 1, rows))
+            else:
+                gaps[first] = gaps.get(first, 0) + (steps - 1) * rows
+        self.runs.append((index, self._start, first, growth, steps, end))
+        self._run_index.append(index)
+        self.steps = last = index + steps
+        self.kv_tokens += rows * steps
+        self._last_end = end
+        if self._finish_heap and self._finish_heap[0] == last - 1:
             heapq.heappop(self._finish_heap)
-            done = self._finishing.pop(last)
-            gone = {r.id for r in done}
+            done = self._finishing.pop(last - 1)
+            gone = set()
+            for r in done:
+                gone.add(r.id)
+                self.finish[r.id] = end
+                need = r.prompt_len + r.output_len
+                self.kv_tokens -= need
+                self.reserved -= need
+            self.unfinished -= len(done)
             self.running = [r for r in self.running if r.id not in gone]
             self._ids = tuple([r.id for r in self.running])
-            self.kv_tokens -= sum(r.prompt_len + r.output_len for r in done)
         return completed
 
-    def record(self, r: Request, start: float, end: float, ready: float) -> RequestRecord:
-        """What happened to ``r``, decoded here, given its prefill start and end and KV ready."""
-        first = self.first_index[r.id]
-        tokens = tuple(self.decode_ends[first : first + r.output_len])
+    def token_time(self, index: int) -> Any:
+        """When the decode-bearing step ``index`` (0-based, of this worker) ended."""
+        run = self.runs[bisect.bisect_right(self._run_index, index) - 1]
+        first_index, start, first, growth, steps, end = run
+        j = index - first_index
+        if j == steps - 1:
+            return end
+        return start + (j + 1) * first + growth * (j * (j + 1) // 2)
+
+    def token_times(self, request: Request) -> list[Any]:
+        """Every token time of ``request``, decoded here."""
+        first = self.first_index[request.id]
+        i = bisect.bisect_right(self._run_index, first) - 1
+        times: list[Any] = []
+        want = request.output_len
+        while len(times) < want:
+            first_index, start, step, growth, steps, end = self.runs[i]
+            for j in range(max(first - first_index, 0), steps):
+                times.append(
+                    end if j == steps - 1 else start + (j + 1) * step + growth * (j * (j + 1) // 2)
+                )
+                if len(times) == want:
+                    break
+            i += 1
+        return times
+
+    def record(
+        self, r: Request, start: Any, end: Any, ready: Any, prefill_resource: str | None = None
+    ) -> RequestRecord:
+        """What happened to ``r``, decoded here, given its prefill start and end, KV ready and
+        where it was prefilled (default: here). The engine's records: times are the caller's."""
+        times = tuple(self.token_times(r))
         return RequestRecord(
-            r.id, r.arrival, r.prompt_len, r.output_len, start, end, ready, self.name, tokens
+            r.id,
+            r.arrival,
+            r.prompt_len,
+            r.output_len,
+            start,
+            end,
+            ready,
+            self.name,
+            times,
+            prefill_resource,
         )
 
 
-class _Worker(Worker):
-    """A :class:`Worker` timed by the cost model, its iterations logged to ``events``.
+# --- exact time -----------------------------------------------------------------------------
+# Inside, the simulator counts time in integer ticks of 2**-64 s: every sum is exact, so a load
+# shifted by 10**9 s gives the same gaps, and a week-long trace drifts by nothing. Cost
+# constants are converted once (exactly, for any value of 2**-11 s or more; smaller ones to the
+# nearest tick); floats appear only at the API.
 
-    Speed: a stretch of decode steps in which nothing can change (no prompt waiting, nobody
-    finishing, no arrival before the step starts) is advanced in one go; every step's end time
-    is still computed by the same additions as step by step, so token times are exact.
-    """
+TICKS_PER_SECOND = 1 << 64
+_FLOAT_TICKS = float(TICKS_PER_SECOND)
+_EXACT_INT = 2.0**53
+
+
+def to_ticks(seconds: float, *, up: bool = False) -> int:
+    """``seconds`` (finite, >= 0) in ticks of 2**-64 s: exact for any float of 2**-11 s or more;
+    a smaller one goes to the nearest tick, or (``up``: arrivals, so that nothing happens
+    before one) to the next."""
+    if seconds >= _EXACT_INT:
+        return int(seconds) << 64
+    scaled = seconds * _FLOAT_TICKS  # exact: a power of two
+    return math.ceil(scaled) if up else round(scaled)
+
+
+def from_ticks(ticks: int) -> float:
+    """Ticks back to seconds, correctly rounded to the nearest float."""
+    return ticks / TICKS_PER_SECOND
+
+
+class TickCost:
+    """A :class:`CostModel` in exact integer ticks: the same formulas, no rounding beyond each
+    constant's conversion and the fusion penalty's product (rounded down to a tick)."""
+
+    __slots__ = (
+        "overhead",
+        "per_token",
+        "per_pair",
+        "per_kv",
+        "base",
+        "per_seq",
+        "latency",
+        "per_transfer",
+        "penalty",
+    )
+
+    def __init__(self, cost: CostModel) -> None:
+        self.overhead = to_ticks(cost.prefill_pass_overhead)
+        self.per_token = to_ticks(cost.prefill_per_token)
+        self.per_pair = to_ticks(cost.prefill_per_pair)
+        self.per_kv = to_ticks(cost.decode_per_kv_token)
+        self.base = to_ticks(cost.decode_step_base)
+        self.per_seq = to_ticks(cost.decode_per_seq)
+        self.latency = to_ticks(cost.link_latency)
+        self.per_transfer = to_ticks(cost.kv_bytes_per_token / cost.link_bandwidth)
+        self.penalty = cost.fusion_penalty.as_integer_ratio()
+
+    def decode(self, rows: int, kv_tokens: int) -> int:
+        return self.base + self.per_seq * (rows - 1) + self.per_kv * kv_tokens
+
+    def price(self, tokens: int, pairs: int, context: int, rows: int, kv_tokens: int) -> int:
+        """:meth:`CostModel.iteration_sums` in ticks."""
+        compute = (
+            self.overhead
+            + self.per_token * (tokens + rows)
+            + self.per_pair * pairs
+            + self.per_kv * context
+        )
+        if not rows:
+            return compute
+        decode = self.base + self.per_seq * (rows - 1) + self.per_kv * kv_tokens
+        if not tokens:
+            return decode
+        high, low = (decode, compute) if decode >= compute else (compute, decode)
+        num, den = self.penalty
+        return high + low * num // den if num else high
+
+    def transfer(self, tokens: int) -> int:
+        return self.latency + self.per_transfer * tokens
+
+
+def _steps_before(start: int, first: int, growth: int, horizon: int) -> int:
+    """How many steps of a run starting at ``start`` (step j lasts ``first + j * growth``)
+    start before ``horizon`` (> start): the least j >= 1 with j*first + growth*j*(j-1)/2 >=
+    horizon - start."""
+    span = horizon - start
+    if not growth:
+        return -(-span // first)
+    b = 2 * first - growth  # > 0: a step reads at least one cached token per row
+
+    def short(j: int) -> bool:  # step j starts before the horizon
+        return growth * j * j + b * j < 2 * span
+
+    j = max(1, (math.isqrt(b * b + 8 * growth * span) - b) // (2 * growth))
+    while short(j):
+        j += 1
+    while j > 1 and not short(j - 1):
+        j -= 1
+    return j
+
+
+# Each logged iteration: (resource, start, end, kind, pieces as (request, done, tokens),
+# decode ids, KV read, steps, growth), in ticks.
+_LogEntry = tuple[
+    str, int, int, str, tuple[tuple[Request, int, int], ...], tuple[str, ...], int, int, int
+]
+
+
+class _SimWorker(Worker):
+    """A :class:`Worker` timed by the cost model in ticks. A decode-only iteration is planned
+    as a whole run of steps up to the next finish and advanced in O(1) (its step costs form an
+    arithmetic progression: K grows by the rows each step); a request handed to the worker
+    mid-run cuts the run at the first step boundary after it (:meth:`truncate`)."""
 
     def __init__(
-        self, name: str, mode: str, cost: CostModel, events: _Events, chunk: float = math.inf
+        self,
+        index: int,
+        name: str,
+        mode: str,
+        tick: TickCost,
+        log: list[_LogEntry],
+        chunk: float = math.inf,
+        capacity: float = math.inf,
+        budget: int | None = None,
     ) -> None:
-        super().__init__(name, mode, chunk)
-        self.cost, self.events = cost, events
-        self.busy_until: float | None = None
-        self._ends: list[float] = []  # end of each decode-bearing step in the running iteration
+        price = tick.price if budget is not None else None
+        super().__init__(name, mode, chunk, capacity=capacity, budget=budget, price=price)
+        self.index, self.tick, self.log = index, tick, log
+        self.busy = 0  # ticks
+        self.busy_until: int | None = None
+        self._decode: tuple[int, int, int] | None = None  # a run's (first, growth, steps)
 
-    def start(self, now: float, horizon: float = math.inf) -> None:
-        """Begin the next iteration at ``now`` if there is work; otherwise stay idle.
-        ``horizon`` is the next arrival: no step that starts at or after it may be merged."""
+    def start(self, now: int) -> int | None:
+        """Begin the next iteration at ``now`` if there is work and return when it ends; else
+        stay idle (None)."""
         plan = self.compose(now)
         if plan is None:
-            return
+            return None
         rows = len(plan.decode_ids)
-        if not plan.prefill:
-            self._start_decode_run(now, horizon, rows)
-            return
-        end = now + self.cost.iteration(plan.pieces(), rows, plan.kv_tokens)
-        self.events.add(
-            self.name,
-            now,
-            end,
-            "fused" if rows else "prefill",
-            plan.prefill_ids(),
-            plan.decode_ids,
-            plan.kv_tokens,
-            plan.context_tokens,
-            contexts=plan.contexts(),
-        )
-        self._ends = [end] if rows else []
+        if plan.prefill:
+            tokens = pairs = 0
+            for _, done, n in plan.prefill:
+                tokens += n
+                pairs += n * done + n * (n + 1) // 2
+            end = now + self.tick.price(tokens, pairs, plan.context_tokens, rows, plan.kv_tokens)
+            self._decode = None
+            self.busy_until = end
+            return end
+        tick = self.tick
+        first = tick.decode(rows, plan.kv_tokens)
+        growth = tick.per_kv * rows
+        steps = self._finish_heap[0] - self.steps + 1  # up to the next finish
+        end = now + steps * first + growth * (steps * (steps - 1) // 2)
+        self._decode = (first, growth, steps)
         self.busy_until = end
+        return end
 
-    def _start_decode_run(self, now: float, horizon: float, rows: int) -> None:
-        cost, kv = self.cost, self.kv_tokens
-        steps = self._finish_heap[0] - len(self.decode_ends) + 1  # up to the next finish
-        first = cost.decode_step(rows, kv)
-        if horizon < math.inf:  # steps last >= first, so at most this many start before it
-            steps = min(steps, int((horizon - now) / first) + 2)
-        if cost.decode_per_kv_token == 0:
-            durations: Iterable[float] = itertools.repeat(first, steps)
-        else:
-            durations = [cost.decode_step(rows, kv + i * rows) for i in range(steps)]
-        ends = list(itertools.accumulate(durations, initial=now))
-        del ends[0]
-        # Step i starts at ends[i-1]; keep the steps that start before the horizon.
-        del ends[1 + bisect.bisect_left(ends, horizon, 0, steps - 1) :]
-        if cost.decode_per_kv_token == 0:
-            self.events.add(
-                self.name, now, ends[-1], "decode", (), self._ids, kv, count=len(ends), step=first
+    def truncate(self, horizon: int) -> bool:
+        """Cut a running decode run after its last step that starts before ``horizon``; True
+        if its end moved."""
+        run, start = self._decode, self._start
+        if run is None or self.busy_until is None or horizon >= self.busy_until:
+            return False
+        first, growth, steps = run
+        keep = _steps_before(start, first, growth, horizon)
+        if keep >= steps:
+            return False
+        self._decode = (first, growth, keep)
+        self.busy_until = start + keep * first + growth * (keep * (keep - 1) // 2)
+        return True
+
+    def end(self, now: int) -> None:
+        """End the running iteration (or run) at ``now``."""
+        plan, start = self._plan, self._start
+        assert plan is not None
+        self.busy += now - start
+        self.busy_until = None
+        if self._decode is not None:
+            first, growth, steps = self._decode
+            self.log.append(
+                (
+                    self.name,
+                    start,
+                    now,
+                    "decode",
+                    (),
+                    plan.decode_ids,
+                    plan.kv_tokens,
+                    steps,
+                    growth,
+                )
             )
-        else:
-            begin = now
-            for i, end in enumerate(ends):
-                self.events.add(self.name, begin, end, "decode", (), self._ids, kv + i * rows)
-                begin = end
-        self._ends = ends
-        self.busy_until = ends[-1]
-
-
-def _run(
-    workers: Sequence[_Worker],
-    arrivals: Sequence[tuple[float, Request]],
-    admit: Callable[[Request], None],
-) -> None:
-    """Advance ``workers`` instant by instant: finish iterations that end now, admit arrivals,
-    then start an iteration on every idle worker that has work."""
-    i, n = 0, len(arrivals)
-    while True:
-        t = arrivals[i][0] if i < n else math.inf
-        for w in workers:
-            if w.busy_until is not None and w.busy_until < t:
-                t = w.busy_until
-        if t == math.inf:
+            self._complete(now, steps, first, growth, start + first)
             return
-        for w in workers:
-            if w.busy_until == t:  # end what it started: one iteration, or a run of steps
-                w.busy_until = None
-                w._finish(t, w._ends)
-        while i < n and arrivals[i][0] <= t:
-            admit(arrivals[i][1])
+        kind = "fused" if plan.decode_ids else "prefill"
+        self.log.append(
+            (self.name, start, now, kind, plan.prefill, plan.decode_ids, plan.kv_tokens, 1, 0)
+        )
+        self._complete(now, 1, now - start, 0, now)
+
+
+class _LeastLoaded:
+    """Picks, among ``size`` workers, the one with the least count (ties: the lowest index)
+    in O(log n); workers not touched yet exist only as a count of them (all at 0)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values: list[int] = []
+        self.heap: list[tuple[int, int]] = []
+
+    def pick(self, fits: Callable[[int], bool] | None = None) -> int | None:
+        """The least-count worker for which ``fits`` holds (an untouched worker always
+        fits); None when there is none."""
+        heap, values = self.heap, self.values
+        skipped, found = [], None
+        while heap:
+            value, i = heap[0]
+            if values[i] != value:
+                heapq.heappop(heap)  # stale
+            elif fits is None or fits(i):
+                found = heap[0]
+                break
+            else:
+                skipped.append(heapq.heappop(heap))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        if len(values) < self.size and (found is None or found[0] > 0):
+            values.append(0)
+            heapq.heappush(heap, (0, len(values) - 1))
+            return len(values) - 1
+        return None if found is None else found[1]
+
+    def set(self, i: int, value: int) -> None:
+        if self.values[i] != value:
+            self.values[i] = value
+            heapq.heappush(self.heap, (value, i))
+
+
+class _Pool:
+    """Workers driven through time together: at each instant, end the iterations that end then,
+    hand out what arrives, then start every idle worker that has work."""
+
+    def __init__(self, size: int, make: Callable[[int], _SimWorker]) -> None:
+        self.make = make
+        self.workers: list[_SimWorker] = []
+        self.router = _LeastLoaded(size)
+        self._heap: list[tuple[int, int]] = []  # (end, worker index); stale when it moved
+        self._ready: list[_SimWorker] = []
+
+    def get(self, i: int) -> _SimWorker:
+        while i >= len(self.workers):
+            self.workers.append(self.make(len(self.workers)))
+        return self.workers[i]
+
+    def give(self, worker: _SimWorker, now: int) -> None:
+        """``worker`` was handed a request at ``now``: start it, or cut its decode run."""
+        self.router.set(worker.index, worker.unfinished)
+        if worker.busy_until is None:
+            self._ready.append(worker)
+        elif worker.truncate(now):
+            heapq.heappush(self._heap, (worker.busy_until, worker.index))
+
+    def run(
+        self,
+        arrivals: Sequence[tuple[int, Request]],
+        place: Callable[[Request, int], None],
+        retry: Callable[[int], None] | None = None,
+    ) -> None:
+        heap, ready, workers, router = self._heap, self._ready, self.workers, self.router
+        i, n = 0, len(arrivals)
+        while True:
+            while heap and workers[heap[0][1]].busy_until != heap[0][0]:
+                heapq.heappop(heap)  # a run that was cut short
+            if heap:
+                t = heap[0][0]
+                if i < n and arrivals[i][0] < t:
+                    t = arrivals[i][0]
+            elif i < n:
+                t = arrivals[i][0]
+            else:
+                return
+            while heap and heap[0][0] == t:
+                w = workers[heapq.heappop(heap)[1]]
+                if w.busy_until == t:
+                    before = w.unfinished
+                    w.end(t)
+                    if w.unfinished != before:
+                        router.set(w.index, w.unfinished)
+                    ready.append(w)
+            if retry is not None:
+                retry(t)
+            while i < n and arrivals[i][0] == t:
+                place(arrivals[i][1], t)
+                i += 1
+            for w in ready:
+                if w.busy_until is None:
+                    end = w.start(t)
+                    if end is not None:
+                        heapq.heappush(heap, (end, w.index))
+            ready.clear()
+
+
+def _colocated(
+    requests: list[Request],
+    tick: TickCost,
+    policy: str,
+    chunk: int | None,
+    chunk_budget: float | None,
+    replicas: int,
+    capacity: float,
+) -> _Results:
+    """``shared``, ``coscheduled`` or ``chunked`` on ``replicas`` workers; each request goes at
+    arrival to the one with the fewest unfinished requests routed to it (ties: lowest index)."""
+    log: list[_LogEntry] = []
+    mode = "shared" if policy == "shared" else "chunked"
+    chunked = policy == "chunked"
+    tokens = float(chunk) if chunked and chunk is not None else math.inf
+    budget = to_ticks(chunk_budget) if chunked and chunk_budget is not None else None
+
+    def make(i: int) -> _SimWorker:
+        name = "worker" if replicas == 1 else f"worker{i}"
+        return _SimWorker(i, name, mode, tick, log, tokens, capacity, budget)
+
+    pool = _Pool(replicas, make)
+    owner: dict[str, _SimWorker] = {}
+
+    def place(r: Request, now: int) -> None:
+        w = pool.get(pool.router.pick())  # type: ignore[arg-type]  # never None: no fits
+        owner[r.id] = w
+        w.admit(r)
+        pool.give(w, now)
+
+    pool.run([(to_ticks(r.arrival, up=True), r) for r in requests], place)
+    prefill = {}
+    for r in requests:
+        w = owner[r.id]
+        prefill[r.id] = (w.prefill_start[r.id], w.prefill_end[r.id], w.prefill_end[r.id])
+    order = [w.name for w in pool.workers]
+    return _Results(requests, owner, prefill, {}, log, order, pool.workers, 0)
+
+
+def _prefill_side(
+    requests: list[Request], tick: TickCost, size: int, capacity: float, log: list[_LogEntry]
+) -> tuple[list[tuple[int, Request]], dict[str, tuple[int, int, int]], dict[str, str], int, int]:
+    """The prefill pool and the link under disaggregation: a free prefill worker takes every
+    waiting prompt that fits its KV room in one unchunked pass (FCFS; a head that fits no
+    free worker waits, and so does everyone behind it); each finished prompt's KV crosses the
+    link, one transfer at a time, FCFS by prefill end. Returns the requests in order of KV
+    arrival with their times, (prefill start, end, KV ready) and prefill worker per request,
+    how many prefill workers were used, and the ticks they computed in all."""
+    order = {r.id: k for k, r in enumerate(requests)}
+    pending: deque[Request] = deque()
+    reserved: list[int] = []  # per prefill worker touched so far
+    free: list[int] = []  # idle touched workers (a heap of indices)
+    passes: list[tuple[int, int, list[Request], int]] = []  # (end, worker, batch, start)
+    link: deque[Request] = deque()
+    on_link: tuple[int, Request] | None = None
+    times: dict[str, tuple[int, int, int]] = {}
+    where: dict[str, int] = {}
+    ready: list[tuple[int, Request]] = []
+    busy = [0]  # ticks the prefill workers computed, in all
+    arrivals = [(to_ticks(r.arrival, up=True), r) for r in requests]
+    i, n = 0, len(arrivals)
+
+    def release(r: Request, now: int) -> None:
+        reserved[where[r.id]] -= r.prompt_len + r.output_len
+        start, end, _ = times[r.id]
+        times[r.id] = (start, end, now)
+        ready.append((now, r))
+
+    def take(w: int, now: int) -> bool:
+        batch: list[Request] = []
+        while pending and reserved[w] + pending[0].prompt_len + pending[0].output_len <= capacity:
+            r = pending.popleft()
+            reserved[w] += r.prompt_len + r.output_len
+            batch.append(r)
+        if not batch:
+            return False
+        pairs = sum(r.prompt_len * (r.prompt_len + 1) // 2 for r in batch)
+        end = now + tick.price(sum(r.prompt_len for r in batch), pairs, 0, 0, 0)
+        busy[0] += end - now
+        for r in batch:
+            times[r.id], where[r.id] = (now, end, end), w
+        pieces = tuple([(r, 0, r.prompt_len) for r in batch])
+        log.append((f"prefill{w}", now, end, "prefill", pieces, (), 0, 1, 0))
+        heapq.heappush(passes, (end, w, batch, now))
+        return True
+
+    while True:
+        times_next = [arrivals[i][0]] if i < n else []
+        if passes:
+            times_next.append(passes[0][0])
+        if on_link is not None:
+            times_next.append(on_link[0])
+        if not times_next:
+            break
+        t = min(times_next)
+        ended: list[Request] = []
+        while passes and passes[0][0] == t:
+            _, w, batch, _ = heapq.heappop(passes)
+            ended.extend(batch)
+            heapq.heappush(free, w)
+        ended.sort(key=lambda r: order[r.id])
+        link.extend(ended)
+        if on_link is not None and on_link[0] == t:
+            release(on_link[1], t)
+            on_link = None
+        while i < n and arrivals[i][0] == t:
+            pending.append(arrivals[i][1])
             i += 1
-        horizon = arrivals[i][0] if i < n else math.inf
-        for w in workers:
-            if w.busy_until is None:
-                w.start(t, horizon)
+        while on_link is None and link:
+            r = link.popleft()
+            duration = tick.transfer(r.prompt_len)
+            if duration == 0:
+                release(r, t)  # a free link: the KV is usable where it was made
+                continue
+            on_link = (t + duration, r)
+            log.append((LINK, t, t + duration, "transfer", ((r, 0, r.prompt_len),), (), 0, 1, 0))
+        full: list[int] = []
+        while pending and free:
+            w = heapq.heappop(free)
+            if not take(w, t):
+                full.append(w)  # no room for the head there: it stays free
+        for w in full:
+            heapq.heappush(free, w)
+        while pending and len(reserved) < size:
+            reserved.append(0)
+            take(len(reserved) - 1, t)
+    names = {rid: f"prefill{w}" for rid, w in where.items()}
+    return ready, times, names, len(reserved), busy[0]
 
 
-def _validate_load(load: Iterable[Request]) -> list[Request]:
-    requests = list(load)
+def _disaggregated(
+    requests: list[Request],
+    tick: TickCost,
+    prefill_workers: int,
+    decode_workers: int,
+    capacity: float,
+) -> _Results:
+    """Prefill pool and link first (they only feed forward), then the decode pool: a request
+    whose KV has arrived joins the decode worker with the fewest running plus joining requests
+    among those with KV room (ties: lowest index), or waits, FCFS, until one has room."""
+    log: list[_LogEntry] = []
+    ready, times, names, used, busy = _prefill_side(requests, tick, prefill_workers, capacity, log)
+    pool = _Pool(
+        decode_workers,
+        lambda i: _SimWorker(i, f"decode{i}", "decode", tick, log, capacity=capacity),
+    )
+    owner: dict[str, _SimWorker] = {}
+    waiting: deque[Request] = deque()
+    bounded = not math.isinf(capacity)
+
+    def assign(r: Request, now: int) -> bool:
+        fits = (lambda i: pool.workers[i].has_room(r)) if bounded else None
+        i = pool.router.pick(fits)
+        if i is None:
+            return False
+        w = owner[r.id] = pool.get(i)
+        w.join(r)
+        pool.give(w, now)
+        return True
+
+    def place(r: Request, now: int) -> None:
+        if waiting or not assign(r, now):
+            waiting.append(r)
+
+    def retry(now: int) -> None:
+        while waiting and assign(waiting[0], now):
+            waiting.popleft()
+
+    pool.run(ready, place, retry if bounded else None)
+    order = [f"prefill{i}" for i in range(used)] + [LINK] + [w.name for w in pool.workers]
+    return _Results(requests, owner, times, names, log, order, pool.workers, busy)
+
+
+def disaggregated_prefill(
+    load: Iterable[Request], cost: CostModel, *, prefill_workers: int = 1
+) -> tuple[list[tuple[float, Request]], dict[str, tuple[float, float, float]], tuple[Event, ...]]:
+    """The prefill pool and the link of a disaggregated run, as ``simulate`` runs them: the
+    requests in order of KV arrival with its time, each request's (prefill start, prefill end,
+    KV ready), and the prefill and transfer events. For an engine that decodes for real."""
+    check_int("prefill_workers", prefill_workers)
+    requests = validate_load(load)
+    log: list[_LogEntry] = []
+    capacity = cost.kv_capacity_tokens
+    ready, times, names, used, busy = _prefill_side(
+        requests, TickCost(cost), prefill_workers, capacity, log
+    )
+    order = [f"prefill{i}" for i in range(used)] + [LINK]
+    results = _Results(requests, {}, times, names, log, order, [], busy)
+    f = from_ticks
+    return (
+        [(f(t), r) for t, r in ready],
+        {rid: (f(a), f(b), f(c)) for rid, (a, b, c) in times.items()},
+        results.events(),
+    )
+
+
+class _Results:
+    """A simulation's results, compact and in ticks; :class:`Trace` reads them."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        owner: Mapping[str, _SimWorker],
+        prefill: Mapping[str, tuple[int, int, int]],
+        prefill_names: Mapping[str, str],
+        log: list[_LogEntry],
+        order: list[str],
+        workers: list[_SimWorker],
+        prefill_busy: int,
+    ) -> None:
+        self.requests, self.owner, self.prefill = requests, owner, prefill
+        # Busy ticks as the workers counted them (not from the log: the oracle compares both).
+        self.busy = prefill_busy + sum(w.busy for w in workers)
+        self.prefill_names, self.log, self.order, self.workers = prefill_names, log, order, workers
+        latest = max((e[2] for e in log), default=0)
+        try:
+            from_ticks(latest)
+        except OverflowError:
+            raise ValueError(
+                "the simulated run lasts beyond the float range (1.8e308 s): the cost model's "
+                "terms or the arrivals are too large"
+            ) from None
+
+    def resources(self) -> tuple[str, ...]:
+        used = {e[0] for e in self.log}
+        return tuple(name for name in self.order if name in used)
+
+    def busy_time(self, resource: str | None = None) -> float:
+        if resource is None:
+            return from_ticks(sum(e[2] - e[1] for e in self.log if e[0] != LINK))
+        return from_ticks(sum(e[2] - e[1] for e in self.log if e[0] == resource))
+
+    def gap_counts(self) -> dict[int, int]:
+        """Token gap (ticks) -> how many tokens followed such a gap, over every worker."""
+        counts: dict[int, int] = {}
+        for w in self.workers:
+            for gap, k in w.gaps.items():
+                counts[gap] = counts.get(gap, 0) + k
+            for first, growth, k, rows in w.gap_runs:
+                for gap in range(first, first + k * growth, growth):
+                    counts[gap] = counts.get(gap, 0) + rows
+        return counts
+
+    def summary(self) -> Summary:
+        requests = self.requests
+        if not requests:
+            nan = math.nan
+            return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
+        arrival = {r.id: to_ticks(r.arrival, up=True) for r in requests}
+        ttfts = sorted(self.owner[r.id].first_token[r.id] - arrival[r.id] for r in requests)
+        gaps = sorted(self.gap_counts().items())
+        last = max(self.owner[r.id].finish[r.id] for r in requests)
+        return Summary(
+            requests=len(requests),
+            output_tokens=sum(r.output_len for r in requests),
+            prefill_tokens=sum(r.prompt_len for r in requests),
+            ttft_p50=from_ticks(_nearest_rank(ttfts, 50)),
+            ttft_p99=from_ticks(_nearest_rank(ttfts, 99)),
+            tbt_p50=_seconds_or_nan(weighted_percentile(gaps, 50)),
+            tbt_p99=_seconds_or_nan(weighted_percentile(gaps, 99)),
+            max_stall=from_ticks(gaps[-1][0]) if gaps else math.nan,
+            gpu_seconds=from_ticks(self.busy),
+            makespan=from_ticks(last - min(arrival.values())),
+        )
+
+    def events(self) -> tuple[Event, ...]:
+        f = from_ticks
+        out = []
+        for name, start, end, kind, pieces, ids, kv, steps, growth in self.log:
+            prefill = tuple([(r.id, n) for r, _, n in pieces])
+            contexts = tuple([done for _, done, _ in pieces])
+            out.append(
+                Event(
+                    name,
+                    f(start),
+                    f(end),
+                    kind,
+                    prefill,
+                    ids,
+                    kv,
+                    sum(contexts),
+                    steps,
+                    contexts,
+                    f(growth),
+                )
+            )
+        return _by_resource(out, self.order)
+
+    def records(self) -> dict[str, RequestRecord]:
+        f = from_ticks
+        out = {}
+        for r in self.requests:
+            w = self.owner[r.id]
+            start, end, ready = self.prefill[r.id]
+            out[r.id] = RequestRecord(
+                r.id,
+                r.arrival,
+                r.prompt_len,
+                r.output_len,
+                f(start),
+                f(end),
+                f(ready),
+                w.name,
+                lambda w=w, r=r: tuple([f(t) for t in w.token_times(r)]),  # type: ignore[misc]
+                self.prefill_names.get(r.id, w.name),
+                first_token=f(w.first_token[r.id]),
+                finish=f(w.finish[r.id]),
+            )
+        return out
+
+
+def _nearest_rank(ordered: Sequence[int], p: int) -> int:
+    return ordered[max(1, -(-p * len(ordered) // 100)) - 1]
+
+
+def _seconds_or_nan(ticks: Any) -> float:
+    return math.nan if isinstance(ticks, float) else from_ticks(ticks)
+
+
+def validate_load(load: Iterable[Request]) -> list[Request]:
+    """The requests of ``load`` in FCFS order (arrival, then id: the order of the list never
+    matters). ValueError for anything that is not an iterable of Requests with unique ids."""
+    try:
+        requests = list(load)
+    except TypeError:
+        raise ValueError(
+            f"load must be an iterable of Request, got {type(load).__name__}"
+        ) from None
     seen: set[str] = set()
     for i, r in enumerate(requests):
         if not isinstance(r, Request):
@@ -901,23 +1770,41 @@ def _validate_load(load: Iterable[Request]) -> list[Request]:
         if r.id in seen:
             raise ValueError(f"load[{i}].id {r.id!r} is a duplicate; request ids must be unique")
         seen.add(r.id)
-    # FCFS ties are broken by id, so the order of the load list never matters.
     return sorted(requests, key=lambda r: (r.arrival, r.id))
 
 
-def _check_options(policy: str, chunk: Any, prefill_workers: Any, decode_workers: Any) -> None:
-    """ValueError naming the field for an unknown policy, a missing or bad chunk, or a pool
-    size < 1 (shared by every entry point that runs a policy)."""
+def check_options(
+    policy: Any,
+    chunk: Any = None,
+    chunk_budget: Any = None,
+    replicas: Any = 1,
+    prefill_workers: Any = 1,
+    decode_workers: Any = 1,
+) -> None:
+    """ValueError naming the field for an unknown policy, a missing or bad chunk or budget,
+    both at once, replicas for a disaggregated run, or a count < 1 (shared by every entry
+    point that runs a policy)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-    if policy == "chunked" and chunk is None:
+    if chunk is not None and chunk_budget is not None:
+        raise ValueError("chunk and chunk_budget exclude each other: give one of them")
+    if policy == "chunked" and chunk is None and chunk_budget is None:
         raise ValueError(
-            "chunk must be a positive integer (prompt tokens per iteration) for 'chunked'"
+            "chunk must be a positive integer (prompt tokens per iteration) for 'chunked', "
+            "or chunk_budget a positive number of seconds per iteration"
         )
     if chunk is not None:
         check_int("chunk", chunk)
+    if chunk_budget is not None:
+        check_number("chunk_budget", chunk_budget, positive=True)
+    check_int("replicas", replicas)
     check_int("prefill_workers", prefill_workers)
     check_int("decode_workers", decode_workers)
+    if policy == "disaggregated" and replicas != 1:
+        raise ValueError(
+            "replicas applies to colocated policies; size a disaggregated deployment with "
+            f"prefill_workers and decode_workers (got replicas={replicas})"
+        )
 
 
 def simulate(
@@ -926,167 +1813,50 @@ def simulate(
     cost: CostModel,
     *,
     chunk: int | None = None,
+    chunk_budget: float | None = None,
+    replicas: int = 1,
     prefill_workers: int = 1,
     decode_workers: int = 1,
 ) -> Trace:
-    """Replay ``load`` under ``policy`` on a device described by ``cost``.
+    """Replay ``load`` under ``policy`` on devices described by ``cost``.
 
     Args:
         policy: one of ``POLICIES``.
         load: the requests; their order does not matter (FCFS by arrival, then id).
-        cost: the cost model.
-        chunk: prompt tokens per iteration for ``chunked`` (required there, ignored elsewhere).
+        cost: the cost model (its ``kv_capacity_tokens`` bounds each worker's KV memory).
+        chunk: prompt tokens per iteration for ``chunked`` (ignored by the other policies).
+        chunk_budget: instead of ``chunk``, seconds per iteration for ``chunked``: each
+            iteration takes the largest FCFS token count whose fused cost fits (at least one).
+        replicas: independent workers of a colocated policy; a request goes at arrival to the
+            one with the fewest unfinished requests routed to it (ties: lowest index).
         prefill_workers, decode_workers: pool sizes for ``disaggregated``.
 
     Raises:
-        ValueError: naming the field, for an unknown policy, a missing or non-positive chunk,
-            workers < 1, a non-Request or duplicate id in the load, or a bad cost model.
+        ValueError: naming the field, for an unknown policy, a missing or non-positive chunk
+            or budget (or both), counts < 1, a non-Request or duplicate id in the load, a bad
+            cost model, a request that can never fit the KV capacity, or a run whose times
+            leave the float range.
     """
-    _check_options(policy, chunk, prefill_workers, decode_workers)
+    check_options(policy, chunk, chunk_budget, replicas, prefill_workers, decode_workers)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
-    requests = _validate_load(load)
-    events = _Events()
-    if policy == "disaggregated":
-        return _disaggregated(requests, cost, events, chunk, prefill_workers, decode_workers)
-    mode = "shared" if policy == "shared" else "chunked"
-    budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
-    worker = _Worker("worker", mode, cost, events, budget)
-    _run([worker], [(r.arrival, r) for r in requests], worker.admit)
-    records = {
-        r.id: worker.record(
-            r, worker.prefill_start[r.id], worker.prefill_end[r.id], worker.prefill_end[r.id]
-        )
-        for r in requests
-    }
-    return Trace(policy, events.finish(["worker"]), records, chunk, tuple(worker.gaps.items()))
-
-
-def _disaggregated(
-    requests: list[Request],
-    cost: CostModel,
-    events: _Events,
-    chunk: int | None,
-    prefill_workers: int,
-    decode_workers: int,
-) -> Trace:
-    # Prefill pool: one unchunked pass per prompt, FCFS, on the first free worker (lowest index).
-    free_at = [0.0] * prefill_workers
-    prefilled: list[tuple[float, int, Request, float]] = []
-    for order, r in enumerate(requests):
-        start = max(r.arrival, min(free_at))
-        w = next(i for i, f in enumerate(free_at) if f <= start)
-        end = start + cost.prefill_pass(r.prompt_len)
-        events.add(f"prefill{w}", start, end, "prefill", ((r.id, r.prompt_len),))
-        free_at[w] = end
-        prefilled.append((end, order, r, start))
-    # The link: one transfer at a time, in order of prefill completion.
-    prefilled.sort(key=lambda x: (x[0], x[1]))
-    link_free = 0.0
-    ready: dict[str, tuple[float, float, float]] = {}
-    arrivals: list[tuple[float, Request]] = []
-    for end, _, r, start in prefilled:
-        duration = cost.kv_transfer(r.prompt_len)
-        if duration > 0:
-            begin = max(end, link_free)
-            link_free = begin + duration
-            events.add(LINK, begin, link_free, "transfer", ((r.id, r.prompt_len),))
-            arrived = link_free
-        else:
-            arrived = end  # a free link: the KV is usable where it was made
-        ready[r.id] = (start, end, arrived)
-        arrivals.append((arrived, r))
-    # Decode pool: a request joins the worker with the fewest requests (lowest index on ties).
-    workers = [_Worker(f"decode{i}", "decode", cost, events) for i in range(decode_workers)]
-
-    def admit(r: Request) -> None:
-        min(workers, key=lambda w: w.load).join(r)
-
-    _run(workers, arrivals, admit)
-    owner = {rid: w for w in workers for rid in w.first_index}
-    records = {r.id: owner[r.id].record(r, *ready[r.id]) for r in requests}
-    names = [f"prefill{i}" for i in range(prefill_workers)] + [LINK] + [w.name for w in workers]
-    gaps = tuple(g for w in workers for g in w.gaps.items())
-    return Trace("disaggregated", events.finish(names), records, chunk, gaps)
-
-
-def iteration_cost(event: Event, cost: CostModel) -> float:
-    """What ``event`` lasts by ``cost``'s formulas: a KV transfer, a prefill pass, a fused
-    iteration, or ``count`` decode steps of which the i-th (from 0) reads
-    ``kv_tokens + i * decode_rows`` cached tokens.
-
-    Raises:
-        ValueError: for an event kind not in ``KINDS``.
-    """
-    if event.kind == "decode":
-        rows, n = event.decode_rows, event.count
-        first = cost.decode_step(rows, event.kv_tokens)
-        return n * first + cost.decode_per_kv_token * rows * (n * (n - 1) // 2)
-    if event.kind == "transfer":
-        return cost.kv_transfer(event.prefill_tokens)
-    if event.kind in ("prefill", "fused"):
-        return cost.iteration(event.pieces, event.decode_rows, event.kv_tokens)
-    raise ValueError(f"event kind must be one of {', '.join(KINDS)}; got {event.kind!r}")
-
-
-def check_invariants(
-    trace: Trace, load: Iterable[Request], cost: CostModel | None = None
-) -> list[str]:
-    """Every DESIGN.md invariant that ``trace`` breaks for ``load``, as sentences (empty: none).
-
-    With ``cost``, each event's duration is also checked against the cost model's formula.
-    """
-    problems: list[str] = []
-    requests = {r.id: r for r in load}
-    by_resource: dict[str, list[Event]] = {}
-    for e in trace.events:
-        by_resource.setdefault(e.resource, []).append(e)
-        if e.kind not in KINDS:
-            problems.append(f"event kind {e.kind!r} is not one of {KINDS}")
-        if not e.end > e.start:
-            problems.append(f"{e.resource} event at {e.start} has no duration")
-    for resource, evs in by_resource.items():
-        evs = sorted(evs, key=lambda e: e.start)
-        for a, b in zip(evs, evs[1:]):
-            if b.start < a.end:
-                problems.append(f"{resource} runs two things at once at {b.start}")
-    prefilled: dict[str, int] = {}
-    for e in trace.events:
-        if e.kind != "transfer":
-            for rid, tokens in e.prefill:
-                prefilled[rid] = prefilled.get(rid, 0) + tokens
-    if set(trace.requests) != set(requests):
-        problems.append("the trace's requests are not the load's requests")
-    for rid, r in requests.items():
-        rec = trace.requests.get(rid)
-        if rec is None:
-            continue
-        if len(rec.token_times) != r.output_len:
-            problems.append(f"{rid} got {len(rec.token_times)} tokens, expected {r.output_len}")
-        if prefilled.get(rid, 0) != r.prompt_len:
-            problems.append(
-                f"{rid} prefilled {prefilled.get(rid, 0)} tokens, expected {r.prompt_len}"
-            )
-        times = rec.token_times
-        if any(b <= a for a, b in zip(times, times[1:])):
-            problems.append(f"{rid}'s token times do not strictly increase")
-        if not r.arrival <= rec.prefill_start < rec.prefill_end <= rec.kv_ready:
-            problems.append(f"{rid}: arrival <= prefill start < prefill end <= KV ready fails")
-        if times and not times[0] > rec.kv_ready:
-            problems.append(f"{rid}'s first token is not after its KV cache was ready")
-    busy = sum(e.duration for e in trace.events if e.resource != LINK)
-    if not math.isclose(busy, trace.summary().gpu_seconds, rel_tol=1e-9, abs_tol=1e-12):
-        problems.append("events' busy time differs from gpu_seconds")
-    if cost is not None:
-        for e in trace.events:
-            if e.kind not in KINDS:
-                continue  # reported above
-            expected = iteration_cost(e, cost)
-            if not math.isclose(e.duration, expected, rel_tol=1e-9, abs_tol=1e-12):
-                problems.append(
-                    f"{e.resource} {e.kind} at {e.start} lasts {e.duration}, cost model says {expected}"
+    requests = validate_load(load)
+    capacity = cost.kv_capacity_tokens
+    if not math.isinf(capacity):
+        capacity = int(capacity)
+        for r in requests:
+            if r.prompt_len + r.output_len > capacity:
+                raise ValueError(
+                    f"request {r.id!r} needs {r.prompt_len + r.output_len} tokens of KV "
+                    f"(prompt_len + output_len) but kv_capacity_tokens is {capacity}: it can "
+                    "never be admitted"
                 )
-    return problems
+    tick = TickCost(cost)
+    if policy == "disaggregated":
+        results = _disaggregated(requests, tick, prefill_workers, decode_workers, capacity)
+    else:
+        results = _colocated(requests, tick, policy, chunk, chunk_budget, replicas, capacity)
+    return Trace._of(policy, chunk, results)
 
 
 def _demo() -> str:

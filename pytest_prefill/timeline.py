@@ -42,6 +42,7 @@ class Bar:
     count: int
     labels: tuple[str, ...]
     request_ids: tuple[str, ...] = ()
+    growth: float = 0.0  # each iteration lasts this much longer than the one before it
 
     @property
     def duration(self) -> float:
@@ -49,7 +50,7 @@ class Bar:
 
     @property
     def iteration(self) -> float:
-        """Seconds of one of the ``count`` iterations."""
+        """Seconds of one of the ``count`` iterations, on average."""
         return self.duration / self.count
 
     @property
@@ -58,7 +59,11 @@ class Bar:
 
     def edge(self, i: int) -> float:
         """When iteration ``i`` (0..count) starts; ``edge(count)`` is the end."""
-        return self.end if i >= self.count else self.start + i * self.iteration
+        if i >= self.count:
+            return self.end
+        n = self.count
+        first = (self.duration - self.growth * (n * (n - 1) / 2)) / n
+        return self.start + i * first + self.growth * (i * (i - 1) / 2)
 
     def part(self, first: int, stop: int) -> Bar:
         """Iterations ``first`` to ``stop - 1`` as a bar of their own."""
@@ -175,9 +180,20 @@ def _labels(kind: str, prefill: Any, ids: Sequence[str], count: int, rows: int =
     return (f"prefill {who} ({tokens:,} tok)", f"{who} {tokens:,} tok", who, f"{tokens:,} tok")
 
 
+def _continues(bar: Bar, e: Event) -> bool:
+    """Whether ``e``'s steps carry on ``bar``'s: the same growth, and its first step as long as
+    the bar's last one plus that growth."""
+    if not math.isclose(bar.growth, e.growth, rel_tol=1e-9, abs_tol=1e-15):
+        return False
+    last = bar.end - bar.edge(bar.count - 1)
+    first = e.step_start(1) - e.start
+    return math.isclose(first, last + e.growth, rel_tol=1e-9)
+
+
 def coalesce(events: Sequence[Event]) -> list[Bar]:
-    """Bars for ``events``: back-to-back decode iterations on one resource with the same rows and
-    the same duration become one bar with their summed ``count``; everything else, one bar each.
+    """Bars for ``events``: back-to-back decode iterations on one resource with the same rows, each
+    as long as the one before plus the same growth, become one bar with their summed ``count``;
+    everything else, one bar each.
     Total time and iteration count are kept."""
     bars: list[Bar] = []
     last: dict[str, int] = {}  # resource -> index of its latest bar
@@ -188,7 +204,7 @@ def coalesce(events: Sequence[Event]) -> list[Bar]:
             and e.kind == prev.kind == "decode"
             and prev.end == e.start
             and prev.request_ids == e.decode_ids
-            and math.isclose(prev.iteration, e.duration / e.count, rel_tol=1e-9)
+            and _continues(prev, e)
         ):
             count = prev.count + e.count
             labels = _labels("decode", (), e.decode_ids, count)
@@ -199,7 +215,7 @@ def coalesce(events: Sequence[Event]) -> list[Bar]:
         ids = e.decode_ids if e.kind == "decode" else tuple(r for r, _ in e.prefill)
         labels = _labels(e.kind, e.prefill, ids, e.count, e.decode_rows)
         last[e.resource] = len(bars)
-        bars.append(Bar(e.resource, e.start, e.end, e.kind, e.count, labels, ids))
+        bars.append(Bar(e.resource, e.start, e.end, e.kind, e.count, labels, ids, e.growth))
     return bars
 
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import chunks, cost_models, loads, policies
 
+from pytest_prefill.invariants import check_invariants, iteration_cost
 from pytest_prefill.scheduler import (
     LINK,
     POLICIES,
@@ -25,8 +26,6 @@ from pytest_prefill.scheduler import (
     Request,
     Trace,
     Worker,
-    check_invariants,
-    iteration_cost,
     percentile,
     simulate,
     token_gaps,
@@ -322,7 +321,7 @@ def test_shared_worst_stall_is_one_prefill_pass_plus_one_decode_step(cost, promp
 @given(cost=cost_models(), prompt_len=st.integers(256, 4096), chunk=st.integers(16, 1024))
 def test_chunked_worst_stall_is_at_most_the_costliest_fused_iteration(cost, prompt_len, chunk):
     trace = run("chunked", scenario(cost, prompt_len), cost, chunk)
-    costliest = max(e.duration / e.count for e in trace.events)
+    costliest = max(e.duration for e in trace.steps())
     assert trace.summary().max_stall <= costliest * (1 + 1e-9)
 
 
@@ -390,10 +389,12 @@ def test_disaggregated_decode_stall_does_not_depend_on_the_prompt_length(cost, s
 
 @SETTINGS
 @given(cost=cost_models(), prompt_len=st.integers(64, 8192))
-def test_disaggregation_spends_more_gpu_seconds_than_the_shared_worker(cost, prompt_len):
+def test_disaggregation_never_spends_fewer_gpu_seconds_than_the_shared_worker(cost, prompt_len):
+    # Equal when the prompts batch alike on both (they do here, the live streams arriving
+    # together); disaggregation saves no compute, it only moves it off the decode worker.
     load = scenario(cost, prompt_len)
     shared = run("shared", load, cost).summary().gpu_seconds
-    assert run("disaggregated", load, cost).summary().gpu_seconds > shared
+    assert run("disaggregated", load, cost).summary().gpu_seconds >= shared * (1 - 1e-12)
 
 
 @SETTINGS
@@ -432,15 +433,29 @@ def test_the_link_is_a_resource_transfers_queue():
     assert [e.request_ids for e in transfers] == [("a",), ("b",)]
     assert transfers[1].start == pytest.approx(transfers[0].end)  # b waited for a
     assert all(e.duration == pytest.approx(cost.kv_transfer(100)) for e in transfers)
-    assert trace.requests["b"].kv_ready == pytest.approx(cost.prefill_pass(100) + 2 * 0.1)
+    # one batched pass over both prompts (they wait together), then two transfers in turn
+    both = cost.prefill_pieces([(100, 0), (100, 0)])
+    assert trace.requests["b"].kv_ready == pytest.approx(both + 2 * 0.1)
 
 
-def test_prompts_go_to_the_first_free_prefill_worker():
-    load = [Request(f"r{i}", 0.0, 500, 2) for i in range(3)]
+def test_prompts_go_to_the_first_free_prefill_worker_which_takes_every_waiting_one():
+    one = FLAT.prefill_pass(500)
+    arrivals = {"r0": 0.0, "r1": one / 4, "r2": one / 2, "r3": one / 2, "r4": 3 * one}
+    load = [Request(rid, t, 500, 2) for rid, t in arrivals.items()]
     trace = run("disaggregated", load, FLAT, prefill_workers=2)
-    placed = {e.request_ids[0]: e.resource for e in trace.events if e.kind == "prefill"}
-    assert placed == {"r0": "prefill0", "r1": "prefill1", "r2": "prefill0"}
-    assert trace.requests["r2"].prefill_start == pytest.approx(FLAT.prefill_pass(500))
+    passes = [(e.resource, e.request_ids) for e in trace.events if e.kind == "prefill"]
+    # r0 and r1 each find a free worker; r2 and r3 wait for the first one free (prefill0, at
+    # the end of r0's pass) and share one pass; r4 finds both free and takes the lowest.
+    assert sorted(passes) == [
+        ("prefill0", ("r0",)),
+        ("prefill0", ("r2", "r3")),
+        ("prefill0", ("r4",)),
+        ("prefill1", ("r1",)),
+    ]
+    assert trace.requests["r2"].prefill_start == pytest.approx(one)
+    assert trace.requests["r3"].prefill_end == pytest.approx(
+        one + FLAT.prefill_pieces([(500, 0)] * 2)
+    )
 
 
 def test_a_prefilled_request_joins_the_decode_worker_with_fewest_requests():
@@ -475,7 +490,7 @@ def test_percentiles_are_nearest_rank(values, p):
 def test_summary_max_stall_is_the_longest_gap_between_a_requests_tokens():
     trace = run("shared", scenario(LAB), LAB)
     gaps = [g for g, _ in token_gaps(trace.requests.values())]
-    assert trace.summary().max_stall == max(gaps)
+    assert trace.summary().max_stall == pytest.approx(max(gaps), rel=1e-12)
 
 
 def test_an_empty_load_gives_an_empty_trace_whose_summary_says_so():

@@ -3,7 +3,6 @@ nothing is double-booked, and the SVG is well-formed, legible and renders in Chr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -147,21 +146,7 @@ def test_no_resource_is_double_booked_in_what_is_drawn(trace, window, max_bars):
 
 def expand(trace: Trace) -> Trace:
     """The trace with every coalesced event split into its single iterations."""
-    events = []
-    for e in trace.events:
-        step = e.duration / e.count
-        for i in range(e.count):
-            end = e.end if i == e.count - 1 else e.start + (i + 1) * step
-            events.append(
-                dataclasses.replace(
-                    e,
-                    start=e.start + i * step,
-                    end=end,
-                    count=1,
-                    kv_tokens=e.kv_tokens + i * e.decode_rows,
-                )
-            )
-    return dataclasses.replace(trace, events=tuple(events))
+    return Trace(trace.policy, tuple(trace.steps()), trace.requests, trace.chunk)
 
 
 @SETTINGS
