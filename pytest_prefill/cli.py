@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line, for what a run archives (calibrate --save)
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # e.g. `prefill-bench simulate | head`: not an error

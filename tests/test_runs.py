@@ -69,3 +69,29 @@ def test_a_corrupt_file_is_reported_and_skipped(tmp_path, capsys):
     assert main(["runs", "cpu-one", "--results", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "0001" in captured.out and "skipped" in captured.err
+
+
+def test_calibrate_save_archives_a_run_that_every_reader_finds(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from pytest_prefill import calibrate as cal
+
+    monkeypatch.setattr(cal, "DEFAULT_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 128))
+    monkeypatch.setattr(cal, "DEFAULT_BATCH_SIZES", (1, 2))
+    monkeypatch.setattr(cal, "BATCH_CACHE_LEN", 16)
+    where = ["--results", str(tmp_path), "--machine", "cpu-saved"]
+    argv = ["calibrate", "--model", "tiny", "--device", "cpu", "--dry-run", "--save", *where]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (saved,) = archive.runs(tmp_path, "cpu-saved")
+    assert f"archived: {saved.path}" in out
+    assert saved.data["command"].startswith("prefill-bench calibrate --model tiny")
+    assert saved.data["calibration"]["provenance"]["torch_threads"] == 1, "1 thread on the CPU"
+    advice = saved.data["cost"]["recommendation"]
+    assert advice["line"] in out, "calibrate and the archive say the same words"
+    assert main(["runs", "cpu-saved", "--results", str(tmp_path)]) == 0
+    assert "0001" in capsys.readouterr().out
+    assert main(["simulate", "--cost", "archive", *where]) == 0
+    assert str(saved.path) in capsys.readouterr().out
+    assert main(["compare", "0001", "cpu-saved/0001", *where]) == 0

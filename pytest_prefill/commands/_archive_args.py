@@ -4,8 +4,19 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+from pathlib import Path
+from typing import Any
 
-from pytest_prefill.machine import KEY_PATTERN, cpu_model, machine_key, nvidia_accelerators
+from pytest_prefill import archive
+from pytest_prefill.machine import (
+    KEY_PATTERN,
+    cpu_model,
+    machine_info,
+    machine_key,
+    nvidia_accelerators,
+)
 
 DEFAULT_RESULTS = "results"
 
@@ -43,3 +54,29 @@ def machine_of(args: argparse.Namespace, device: str | None = None) -> str:
         return str(given)
     accelerators = [] if device == "cpu" else nvidia_accelerators()
     return machine_key(device, accelerators, cpu_model())
+
+
+def save_calibration(args: argparse.Namespace, calibration: Any, origin: str) -> Path:
+    """Archive ``calibration`` (a ``calibrate.Calibration``) as a run of ``--machine`` (else
+    this machine) under ``--results``, as the plugin archives a pytest session's: where
+    ``--prefill-cost archive``, ``--cost archive``, ``compare`` and ``runs`` find it."""
+    info = calibration.provenance
+    device = "cpu" if str(info.get("device", "")).startswith("cpu") else info.get("device")
+    accelerators = [] if device == "cpu" else nvidia_accelerators()
+    machine = {**machine_info(device, accelerators), "key": machine_of(args, device)}
+    commit, dirty = archive.git_state(os.getcwd())
+    started = datetime.datetime.now(datetime.timezone.utc)
+    refused = calibration.refused()
+    settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
+    settings.update(warmup=args.warmup, dry_run=args.dry_run, threads=info.get("torch_threads"))
+    document = archive.run_document(
+        created=started,
+        machine=machine,
+        commit=commit,
+        dirty=dirty,
+        settings=settings,
+        cost=archive.cost_block(calibration.cost, origin, None, refused),
+        calibration=calibration.to_dict(),
+        command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["calibrate"]),
+    )
+    return archive.save_run(args.results, document, when=started.astimezone())

@@ -4,8 +4,10 @@ recommendation, and optionally write the calibration JSON."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._archive_args import add_archive_arguments, save_calibration
 from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
@@ -13,6 +15,7 @@ from pytest_prefill.commands._measure_args import (
     add_timing_arguments,
     apply_threads,
     load,
+    measured_origin,
     progress,
 )
 
@@ -26,11 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the calibration JSON here"
     )
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help="also archive it as a run under --results/<machine key>/ (what --cost archive, "
+        "--prefill-cost archive, compare and runs read)",
+    )
+    add_archive_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from pytest_prefill.calibrate import calibrate
 
+    if args.save and os.path.exists(args.results) and not os.path.isdir(args.results):
+        raise ValueError(f"--results {args.results}: not a folder")  # before measuring
     apply_threads(args)
     loaded = load(args)
     calibration = calibrate(
@@ -40,4 +52,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json_atomic(args.json, calibration.to_dict())
         print(f"\nwrote {args.json}")
+    if args.save:
+        print(f"\narchived: {save_calibration(args, calibration, measured_origin(calibration))}")
     return 0
