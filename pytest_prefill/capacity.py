@@ -90,10 +90,10 @@ class DeploymentResult:
 
     @property
     def goodput_per_device(self) -> float:
-        """Goodput at ``best`` divided by the deployment's devices (0 when never met)."""
-        if self.best is None:
-            return 0.0
-        return self.best.metrics.goodput / self.deployment.devices
+        """DistServe's per-device goodput: the highest rate served within the SLO attainment
+        target, divided by the deployment's devices (0 when never met). vLLM's goodput at that
+        rate (``best.metrics.goodput``) is lower: its duration includes draining the queue."""
+        return self.max_rate / self.deployment.devices
 
     @property
     def binding(self) -> str:
@@ -237,7 +237,7 @@ class CapacityResult:
         margin = max(self.tolerance, 0.05)
         at_least = "at least " if best.status == "never missed" else ""
         basis = f">= {self.target:.0%} of requests within {self.slo}"
-        per_device = f"{best.max_rate / self.devices:.3g}"
+        per_device = f"{best.goodput_per_device:.3g}"
         line = f"{best.deployment.label} serves the most: {at_least}{per_device} req/s per device"
         line += f" ({basis})"
         shared = next((r for r in self.results if r.deployment.policy == "shared"), None)
@@ -249,7 +249,7 @@ class CapacityResult:
                     f"{best.deployment.label} serves {at_least}"
                     f"{best.max_rate / shared.max_rate:.2g}× the requests per device of "
                     f"{shared.deployment.label} ({per_device} vs "
-                    f"{shared.max_rate / self.devices:.3g} req/s per device, {basis})"
+                    f"{shared.goodput_per_device:.3g} req/s per device, {basis})"
                 )
         close = [
             r.deployment.label

@@ -46,7 +46,6 @@ def serving_table(runs: Sequence[tuple[str, ServingMetrics]]) -> str:
 HEADERS = (
     "deployment",
     "max rate req/s",
-    "per device",
     "goodput/device",
     "attainment",
     f"TTFT p{PERCENTILE:g} ms",
@@ -66,15 +65,14 @@ def _rate(value: float, at_least: bool = False) -> str:
     return ("≥ " if at_least else "") + f"{value:,.3g}"
 
 
-def _row(r: DeploymentResult, devices: int) -> tuple[str, ...]:
+def _row(r: DeploymentResult) -> tuple[str, ...]:
     best = r.best
     flag = "" if r.monotone else " (!)"
     if best is None:
         return (
             r.deployment.label + flag,
             "none",
-            "-",
-            "-",
+            "0",
             "-",
             "-",
             "-",
@@ -85,8 +83,7 @@ def _row(r: DeploymentResult, devices: int) -> tuple[str, ...]:
     return (
         r.deployment.label + flag,
         _rate(r.max_rate, at_least),
-        _rate(r.max_rate / devices, at_least),
-        f"{r.goodput_per_device:,.3g}",
+        _rate(r.goodput_per_device, at_least),
         f"{best.attainment:.1%}",
         _ms(best.metrics.ttft.percentile(PERCENTILE)),
         _ms(best.metrics.tpot.percentile(PERCENTILE)),
@@ -96,9 +93,9 @@ def _row(r: DeploymentResult, devices: int) -> tuple[str, ...]:
 
 
 def capacity_table(result: CapacityResult) -> str:
-    """One row per deployment, best first: the highest rate within the SLO, per device, vLLM's
-    goodput per device there, the attainment and latencies there, and the bound that binds."""
-    body = [_row(r, result.devices) for r in result.ranked()]
+    """One row per deployment, best first: the highest rate within the SLO, per device
+    (DistServe's goodput), the attainment and latencies there, and the bound that binds."""
+    body = [_row(r) for r in result.ranked()]
     return tabulate(
         body,
         headers=HEADERS,
@@ -130,9 +127,10 @@ def capacity_text(result: CapacityResult, cost_source: str) -> str:
     lines += [
         "",
         f"max rate: the highest arrival rate (the workload's, scaled) at which >= "
-        f"{result.target:.0%} of requests meet every bound; goodput/device: requests meeting "
-        "them per second there (vLLM's goodput: its duration includes draining the queue), per device; binds: the bound missed first "
-        "above that rate; (!): attainment not monotone in rate (see the notes).",
+        f"{result.target:.0%} of requests meet every bound; goodput/device: that rate per "
+        "device (DistServe's per-device goodput; vLLM's goodput there, whose duration includes "
+        "draining the queue, is in --json); binds: the bound missed first above that rate; "
+        "(!): attainment not monotone in rate (see the notes).",
     ]
     return "\n".join(lines)
 

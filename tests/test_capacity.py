@@ -336,7 +336,8 @@ def test_the_answer_meets_the_slo_at_its_rate_and_misses_it_above_the_tolerance(
     if found.best is not None:
         assert attainment_at(load, cost, slo, deployment, found.best.scale) >= target
         assert found.max_rate == pytest.approx(found.best.scale * result.base_rate)
-        assert 0 <= found.goodput_per_device <= found.best.metrics.request_throughput / devices
+        assert found.goodput_per_device == pytest.approx(found.max_rate / devices)
+        assert found.best.metrics.goodput <= found.best.metrics.request_throughput
     if found.miss is not None:
         assert attainment_at(load, cost, slo, deployment, found.miss.scale) < target
         if found.best is not None:
