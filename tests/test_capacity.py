@@ -3,7 +3,6 @@ simulations, executors (inline, process pool, a Dask LocalCluster), and every ba
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import socket
@@ -29,10 +28,6 @@ from pytest_prefill.workloads import poisson, scale_rate
 
 pytestmark = pytest.mark.sim
 
-# TODO(capacity): drop once simulator-core v2 (replicas, chunk_budget) is on main.
-HAS_REPLICAS = "replicas" in inspect.signature(simulate).parameters
-needs_v2 = pytest.mark.skipif(not HAS_REPLICAS, reason="simulate() has no replicas yet (issue 9)")
-
 COST = PRESETS["datacenter-illustrative"].cost
 SLO_1S = SLO.parse("ttft:1s,tpot:100ms")
 
@@ -45,15 +40,6 @@ def small_load(count: int = 40, rate: float = 20.0, seed: int = 0) -> list[Reque
         output_len=lambda rng: rng.randint(1, 60),
         seed=seed,
     )
-
-
-def runnable(deployments):
-    return [
-        d
-        for d in deployments
-        if HAS_REPLICAS
-        or d.simulate_options().keys() <= {"chunk", "prefill_workers", "decode_workers"}
-    ]
 
 
 def attainment_at(load, cost, slo, deployment, scale) -> float:
@@ -327,7 +313,7 @@ def test_the_answer_meets_the_slo_at_its_rate_and_misses_it_above_the_tolerance(
 ):
     load = small_load(30, seed=seed)
     slo = SLO(ttft=ttft, tpot=tpot)
-    choices = runnable(default_deployments(cost, devices, slo))
+    choices = default_deployments(cost, devices, slo)
     deployment = choices[pick % len(choices)]
     result = capacity(
         load, cost, slo, devices, target=target, deployments=[deployment], executor=InlineExecutor()
@@ -362,7 +348,6 @@ def test_a_search_on_the_simulator_finds_the_shared_workers_limit():
     assert result.to_dict()["results"][0]["deployment"]["label"] == "shared ×1"
 
 
-@needs_v2
 def test_default_deployments_of_four_devices_all_run():
     result = capacity(small_load(40), COST, SLO_1S, 4, executor=InlineExecutor(), tolerance=0.2)
     assert len(result.results) == len(default_deployments(COST, 4, SLO_1S))
@@ -378,7 +363,7 @@ def comparable(result: CapacityResult) -> dict:
 
 def test_a_process_pool_gives_the_inline_answer():
     load = small_load(30)
-    deployments = runnable(default_deployments(COST, 2, SLO_1S))
+    deployments = default_deployments(COST, 2, SLO_1S)
     inline = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=InlineExecutor())
     with local_executor(2) as pool:
         pooled = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=pool)
@@ -393,7 +378,7 @@ def test_a_dask_local_cluster_gives_the_local_answer(monkeypatch):
         "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     )
     load = small_load(30)
-    deployments = runnable(default_deployments(COST, 2, SLO_1S))
+    deployments = default_deployments(COST, 2, SLO_1S)
     with local_executor(2) as pool:
         local = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=pool)
     with (
