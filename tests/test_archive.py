@@ -399,3 +399,20 @@ def test_a_run_file_name_with_a_huge_number_is_not_a_run(tmp_path):
     messages = []
     assert len(archive.runs(tmp_path, "cpu-test", warn=messages.append)) == 1
     assert write(tmp_path).name.startswith("0002_") and len(messages) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nests arrays or objects too deeply"),
+        ('{"kind": "pytest-prefill/run", "schema_version": 1' + "0" * 400 + "}", "401 digits"),
+        ('{"kind": "pytest-prefill/run", "x": "\xff"}', "not UTF-8"),
+    ],
+)
+def test_an_unreadable_newest_run_is_skipped_for_an_older_calibration(tmp_path, text, words):
+    older = write(tmp_path, calibrated_run())
+    newest = older.with_name("0002_abcdef12_20260102_030405.json")
+    newest.write_bytes(text.encode("latin-1"))
+    messages = []
+    assert archive.archived_cost(tmp_path, "cpu-test", warn=messages.append)[1].path == older
+    assert len(messages) == 1 and f"skipped {newest}: " in messages[0] and words in messages[0]
