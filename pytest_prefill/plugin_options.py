@@ -177,8 +177,16 @@ def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str, bool]:
     """(value, how to name it in an error, whether it came from the ini file)."""
     given = config.getoption(opt.ini)
     if given is not None:
+        if not opt.flag and not str(given).strip():
+            raise pytest.UsageError(
+                f"{opt.flag_name} is empty: give a value, or leave the option out for its default"
+            )
         return given, opt.flag_name, False
-    ini = config.getini(opt.ini)
+    try:
+        ini = config.getini(opt.ini)
+    except (ValueError, pytest.UsageError) as err:  # pytest >= 9 raises UsageError itself
+        allowed = " (true or false: 1/0, yes/no, on/off)" if opt.flag else ""
+        raise pytest.UsageError(f"ini option {opt.ini}: {err}{allowed}") from None
     if opt.flag:
         return bool(ini), f"ini option {opt.ini}", True
     text = str(ini).strip()
@@ -225,14 +233,19 @@ def _device_and_model(config: pytest.Config) -> tuple[str | None, str | None, st
 
 
 def _results(config: pytest.Config) -> str:
-    results, _, from_ini = _value(config, {o.name: o for o in OPTIONS}["results"])
+    results, name, from_ini = _value(config, {o.name: o for o in OPTIONS}["results"])
     if results is None:
         results_path = config.rootpath / "results"
     else:
+        expanded = os.path.expanduser(results)
+        if expanded.startswith("~"):  # ~user of a user this machine does not know
+            raise pytest.UsageError(
+                f"{name}: cannot expand {expanded.split('/')[0]!r} in {results!r}: no such user"
+            )
         base = config.rootpath if from_ini else config.invocation_params.dir
-        results_path = (base / os.path.expanduser(results)).resolve()
+        results_path = (base / expanded).resolve()
     if results_path.exists() and not results_path.is_dir():
-        raise pytest.UsageError(f"--prefill-results {results_path}: not a folder")
+        raise pytest.UsageError(f"{name} {results_path}: not a folder")
     return str(results_path)
 
 

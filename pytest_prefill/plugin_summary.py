@@ -90,7 +90,11 @@ def archive_session(session: pytest.Session, exitstatus: int) -> None:
             attachments={"timeline.svg": svg} if svg else None,
         )
     except (OSError, ValueError) as err:
-        state.archive_note = f"NOT archived: {err}"
+        state.archive_note = f"warning: NOT archived: {err}"
+        if s.save:  # asked for, and not done: the run fails, as a failed test would
+            state.archive_note += " (--prefill-save asked for it: exit status 1)"
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def our_skip_lines(state: SessionState, config: pytest.Config) -> list[str]:
@@ -161,7 +165,9 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         out.append((f"{len(tables)} table(s): -v shows them here; the archive holds them", {}))
     elif tables or verdicts:
         out += [(line, {}) for line in ["", *summary_lines(tables, verdicts)]]
-    return out + [(line, {}) for line in archive_lines(state)]
+    return out + [
+        (line, RED if line.startswith("warning:") else {}) for line in archive_lines(state)
+    ]
 
 
 def benchmark_lines(benchmarks: list[dict[str, Any]]) -> list[str]:

@@ -554,3 +554,97 @@ def test_one_session_cost_model(pytester, args, expected):
     source = "calibrated in this session" if expected == "calibration" else "preset 'lab-laptop'"
     result.stdout.fnmatch_lines([f"cost model: {source}*"])
     assert data["settings"]["threads"] == 1, "one torch thread by default on the CPU"
+
+
+# --- bad option values and a failed archive write (issue 13) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "--prefill-cost",
+        "--prefill-results",
+        "--prefill-model",
+        "--prefill-machine",
+        "--prefill-repeats",
+    ],
+)
+def test_an_empty_option_value_is_a_usage_error(pytester, option):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = run(pytester, f"{option}=", "--prefill-save")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"{option} is empty" in result.stderr.str()
+    assert not (pytester.path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("ini", "message"),
+    [
+        ("prefill_dry_run = maybe", "ini option prefill_dry_run: invalid truth value 'maybe'"),
+        ("prefill_save = perhaps", "ini option prefill_save: invalid truth value 'perhaps'"),
+        (
+            "prefill_cost = lab-lapto",
+            "ini option prefill_cost: unknown cost 'lab-lapto': give a preset (lab-laptop, "
+            "datacenter-illustrative)",
+        ),
+        ("prefill_results = ~nouser-x9/res", "cannot expand '~nouser-x9'"),
+    ],
+)
+def test_a_bad_ini_value_is_a_usage_error_naming_the_option(pytester, ini, message):
+    pytester.makefile(".ini", pytest=f"[pytest]\n{ini}\nprefill_machine = box\n")
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+    assert not any(p.name.startswith(("~", "results")) for p in pytester.path.iterdir())
+
+
+def test_a_cost_file_with_a_400_digit_integer_is_a_usage_error_not_an_internal_error(pytester):
+    cost = get_preset("lab-laptop").cost.to_dict()
+    text = json.dumps(cost).replace(str(cost["link_latency"]), "1" + "0" * 400)
+    (pytester.path / "huge.json").write_text(text)
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = run(pytester, "--prefill-cost", "huge.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--prefill-cost: huge.json: not readable JSON (an integer of 401 digits" in (
+        result.stderr.str()
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_an_archive_of_only_a_truncated_calibration_names_the_file(pytester):
+    key = this_machine()
+    path = archive.write_run(
+        pytester.path / "results",
+        key,
+        {"calibration": {"cost_model": STUB_COST.to_dict()}},
+        commit="abcdef12",
+        dirty=False,
+        when=__import__("datetime").datetime(2026, 1, 1),
+    )
+    path.write_text(path.read_text()[:60])
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = run(pytester, "--prefill-cost", "archive")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "no calibration archived" in err and f"passed over: skipped {path}: not readable" in err
+
+
+REPORTS_A_TABLE = """
+    def test_reports(prefill_report):
+        prefill_report.table("T", "text")
+"""
+
+
+@pytest.mark.parametrize(("save", "exit_code"), [(True, 1), (False, 0)])
+def test_a_failed_archive_write_is_a_warning_and_fails_the_run_when_asked_to_save(
+    pytester, save, exit_code
+):
+    (pytester.path / "results").mkdir()
+    (pytester.path / "results" / "box").write_text("a file where the machine folder goes\n")
+    pytester.makepyfile(REPORTS_A_TABLE)
+    result = run(pytester, "--prefill-machine", "box", *(["--prefill-save"] if save else []))
+    result.assert_outcomes(passed=1)
+    assert result.ret == exit_code
+    warning = [line for line in result.stdout.lines if line.startswith("warning: NOT archived")]
+    assert len(warning) == 1 and ("exit status 1" in warning[0]) == save
