@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.falsifier import chunk_from_cost
+from pytest_prefill.advice import chunk_from_cost
 from pytest_prefill.invariants import check_invariants
 from pytest_prefill.report import sweep_rows_json, sweep_table
 from pytest_prefill.scheduler import POLICIES
@@ -50,7 +50,7 @@ def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_repo
     load = poisson(
         rate, POISSON_COUNT, prompt_len=POISSON_PROMPTS, output_len=POISSON_OUTPUTS, seed=0
     )
-    chunk = chunk_from_cost(cost_model, max(POISSON_PROMPTS))  # the falsifier's rule
+    chunk = chunk_from_cost(cost_model, max(POISSON_PROMPTS))  # the one chunk rule
     rows = chunk_sweep(cost_model, load, [chunk])
     prefill_report.table(
         f"What-if: policies on {POISSON_COUNT} Poisson arrivals at {rate:.2f}/s (prompts "

@@ -8,7 +8,8 @@ import dataclasses
 import math
 from collections.abc import Collection
 
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.scheduler import CostModel, check_int
+from pytest_prefill.units import ms, us
 
 # The recommendation (see ``recommend``): with overhead fraction f = pass overhead / decode
 # step, prefer disaggregation when C* <= 0 (f >= 1), when f >= DISAGGREGATE_OVERHEAD_FRACTION
@@ -104,16 +105,6 @@ def recommend(cost: CostModel, refused: Collection[str] = ()) -> Recommendation:
     )
 
 
-def _ms(seconds: float) -> str:
-    value = seconds * 1e3
-    return f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
-
-
-def _us(seconds: float) -> str:
-    value = seconds * 1e6
-    return f"{value:.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
-
-
 def star_text(star: float) -> str:
     """C* in whole tokens, ``inf`` / ``-inf`` when infinite."""
     return f"{star:.0f}" if math.isfinite(star) else ("inf" if star > 0 else "-inf")
@@ -125,8 +116,8 @@ def chunk_star_text(cost: CostModel, refused: Collection[str] = ()) -> str:
     return "\n".join(
         [
             "C* = (decode_step - pass_overhead) / prefill_per_token",
-            f"   = ({_ms(cost.decode_step_base)} - {_ms(cost.prefill_pass_overhead)}) ms / "
-            f"{_us(cost.prefill_per_token)} us",
+            f"   = ({ms(cost.decode_step_base)} - {ms(cost.prefill_pass_overhead)}) ms / "
+            f"{us(cost.prefill_per_token)} us",
             f"   = {star_text(cost.chunk_star())} tokens",
             "",
             f"pass overhead is {advice.overhead_fraction:.0%} of one decode step",
@@ -151,8 +142,7 @@ def choose_chunk(cost: CostModel, prompt_len: int, refused: Collection[str] = ()
     Raises:
         ValueError: for a ``prompt_len`` that is not an integer >= 1.
     """
-    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
-        raise ValueError(f"prompt_len must be an integer >= 1, got {prompt_len!r}")
+    check_int("prompt_len", prompt_len)
     star = cost.chunk_star()
     fallback = min(FALLBACK_CHUNK, prompt_len)
     if "prefill_per_token" in refused:

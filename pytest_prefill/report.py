@@ -10,6 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_prefill import units
 from pytest_prefill.advice import choose_chunk, recommend, star_text
 from pytest_prefill.archive import RunSummary, json_safe
 from pytest_prefill.scheduler import CostModel, Trace, simulate
@@ -18,8 +19,8 @@ from pytest_prefill.workloads import lab_scenario
 
 
 def ms(seconds: float) -> str:
-    """Seconds as milliseconds for a table cell ("-" for NaN)."""
-    return "-" if math.isnan(seconds) else f"{seconds * 1e3:,.1f}"
+    """Seconds as milliseconds for a table cell, one decimal ("-" when not finite)."""
+    return units.ms(seconds, 1)
 
 
 def times(ratio: float) -> str:

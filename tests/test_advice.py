@@ -76,3 +76,13 @@ def test_the_recommendation_is_json_able_with_infinite_c_star():
     free = cost_of(1e-3, 0.0, 1e-2)
     data = recommend(free).to_dict()
     assert data["chunk_star"] == "inf" and data["policy"] == "chunked"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.03573, "35.73"), (0.0, "0.00"), (0.000648, "0.648"), (1.5, "1,500.00"), (math.nan, "-")],
+)
+def test_one_millisecond_formatter(seconds, text):
+    from pytest_prefill.units import ms
+
+    assert ms(seconds) == text

@@ -44,6 +44,7 @@ LAYERS = {
     "pytest_prefill.whatif": CORE,
     "pytest_prefill.advice": CORE,
     "pytest_prefill.costs": CORE,
+    "pytest_prefill.units": CORE,
     # 2. measurement: timing discipline, fits, the model and its runner (torch lazily)
     "pytest_prefill.timing": MEASUREMENT,
     "pytest_prefill.models": MEASUREMENT,
