@@ -497,18 +497,20 @@ def run_id(run: RunFile, key: str | None = None) -> str:
 def find_run(
     results: str | os.PathLike[str], key: str, number: int, *, warn: Warn = _ignore
 ) -> RunFile:
-    """Run ``number`` of machine ``key``.
+    """Run ``number`` of machine ``key``; only its file is read.
 
     Raises:
-        ValueError: naming the machine folder and the numbers it holds, when there is none.
+        ValueError: naming the machine folder and the numbers it holds, when there is none;
+            naming the file, when it cannot be read.
     """
-    found = runs(results, key, warn=warn)
-    for run in found:
-        if run.number == number:
-            return run
-    held = ", ".join(run_id(r) for r in found) or "none"
+    folder = machine_dir(results, key)
+    files = _run_files(folder, warn) if folder.is_dir() else []
+    for held_number, name in files:
+        if held_number == number:
+            return read_run(folder / name)
+    held = ", ".join(f"{n:04d}" for n, _ in files) or "none"
     raise ValueError(
-        f"no run {number:04d} archived for machine {key!r} under {machine_dir(results, key)} "
+        f"no run {number:04d} archived for machine {key!r} under {folder} "
         f"(runs there: {held}; prefill-bench runs lists them)"
     )
 

@@ -416,3 +416,17 @@ def test_an_unreadable_newest_run_is_skipped_for_an_older_calibration(tmp_path, 
     messages = []
     assert archive.archived_cost(tmp_path, "cpu-test", warn=messages.append)[1].path == older
     assert len(messages) == 1 and f"skipped {newest}: " in messages[0] and words in messages[0]
+
+
+def test_a_run_found_by_number_is_the_only_file_read(tmp_path, monkeypatch):
+    paths = [write(tmp_path, calibrated_run()) for _ in range(4)]
+    paths[3].write_text("{broken")
+    read = []
+    real = archive.read_json
+    monkeypatch.setattr(
+        archive, "read_json", lambda path, what: read.append(path) or real(path, what)
+    )
+    assert archive.find_run(tmp_path, "cpu-test", 2).path == paths[1]
+    assert read == [paths[1]]
+    with pytest.raises(ValueError, match=f"{paths[3]}: not readable JSON"):
+        archive.find_run(tmp_path, "cpu-test", 4)

@@ -1,5 +1,5 @@
-"""Issue 13's scheduler.py cases (fixed in core's rewrite): numbers that overflow a run are a ValueError
-naming the problem, never a traceback or a trace with tokens missing."""
+"""Issue 13's scheduler.py cases (fixed in core's rewrite): numbers that overflow a run are a
+ValueError naming the problem, never a traceback or a trace with tokens missing."""
 
 from __future__ import annotations
 
