@@ -55,7 +55,7 @@ def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_repo
     prefill_report.table(
         f"What-if: policies on {POISSON_COUNT} Poisson arrivals at {rate:.2f}/s (prompts "
         f"{', '.join(map(str, POISSON_PROMPTS))}; seed 0), chunk {chunk:,} "
-        f"(C* = {cost_model.chunk_star():,.0f}; the falsifier's rule) (simulated)",
+        f"(C* = {cost_model.chunk_star():,.0f}; the one chunk rule) (simulated)",
         sweep_table(rows),
         {
             "load": {

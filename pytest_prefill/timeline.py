@@ -457,6 +457,25 @@ def render_svg(
     def x(t: float) -> float:
         return x0 + (min(max(t, lay.start), lay.end) - lay.start) / span * (x1 - x0)
 
+    out, y = _svg_heading(lay, title)
+    top = y
+    for panel in lay.panels:
+        drawn, y = _svg_panel(panel, y, x, lay)
+        out += drawn
+    grid, labels = _svg_axis(lay, top, y, x)
+    height = f"{y + 30:.0f}"
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" font-family={quoteattr(FONT)}>{HATCH}'
+        f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>'
+    )
+    return "\n".join(
+        ['<?xml version="1.0" encoding="UTF-8"?>', head, *grid, *out, *labels, "</svg>", ""]
+    )
+
+
+def _svg_heading(lay: Layout, title: str | None) -> tuple[list[str], float]:
+    """The title lines and the legend (wrapping when it runs out of room); the y below them."""
     out: list[str] = []
     y: float = MARGIN
     heading = title or "Timeline of " + ", ".join(p.title for p in lay.panels)
@@ -465,7 +484,6 @@ def render_svg(
     for i, line in enumerate(lines):
         y += LINE_H + 2
         out.append(_text(MARGIN, y, line, 12 if i else 14, font_weight="normal" if i else "bold"))
-    # the legend wraps onto another line when it runs out of room
     lx, ly = float(MARGIN), y + 22
     cut = any(p.shown_until < lay.end for p in lay.panels)
     for kind, name in LEGEND.items():
@@ -476,33 +494,44 @@ def render_svg(
             lx, ly = MARGIN, ly + LINE_H
         out += [_legend_mark(kind, lx, ly), _text(lx + 24, ly, name, 11)]
         lx += w
-    y = top = ly + 16
-    for panel in lay.panels:
-        y += LINE_H
-        head = f"{panel.title}: {panel.description}" if panel.description else panel.title
-        if text_width(head, 12) + text_width(panel.stats, 11) + 24 > WIDTH - 2 * MARGIN:
-            head = panel.title
-        out.append(_text(MARGIN, y, head, 12, font_weight="bold"))
-        out.append(_text(WIDTH - MARGIN, y, panel.stats, 11, anchor="end", fill="#444"))
-        y += 6
-        xc = x(panel.shown_until)  # what a bar limit cut is hatched, behind the bars kept
-        tall = len(panel.rows) * (BAR_H + 4) + len(panel.tokens) * (TOKEN_H + 3)
-        rows_y = [y + i * (BAR_H + 4) for i in range(len(panel.rows))]
-        out += [_rect(x0, ry, x1 - x0, BAR_H, "#f3f3f3") for ry in rows_y]
-        if panel.shown_until < lay.end:
-            out.append(_rect(xc, y, x1 - xc, tall, "url(#hidden)"))
-        for row, ry in zip(panel.rows, rows_y):  # noqa: B905
-            out.append(_text(x0 - 8, ry + BAR_H / 2 + 4, row.label, 11, anchor="end"))
-            out.extend(_bars_svg(row.bars, ry, x, xc))
-        y += len(panel.rows) * (BAR_H + 4)
-        for tokens in panel.tokens:
-            out.extend(_tokens_svg(tokens, y, x, lay.start, panel.shown_until))
-            y += TOKEN_H + 3
-        for note in panel.notes:
-            y += 14
-            out.append(_text(x0, y, note, 11, fill="#7a4a00", font_style="italic"))
-        y += 10
+    return out, ly + 16
+
+
+def _svg_panel(panel: Panel, y: float, x: Any, lay: Layout) -> tuple[list[str], float]:
+    """One policy's panel from ``y``: heading, worker rows, token rows, notes; the y below."""
+    x0, x1 = LEFT, WIDTH - RIGHT
+    out: list[str] = []
+    y += LINE_H
+    head = f"{panel.title}: {panel.description}" if panel.description else panel.title
+    if text_width(head, 12) + text_width(panel.stats, 11) + 24 > WIDTH - 2 * MARGIN:
+        head = panel.title
+    out.append(_text(MARGIN, y, head, 12, font_weight="bold"))
+    out.append(_text(WIDTH - MARGIN, y, panel.stats, 11, anchor="end", fill="#444"))
+    y += 6
+    xc = x(panel.shown_until)  # what a bar limit cut is hatched, behind the bars kept
+    tall = len(panel.rows) * (BAR_H + 4) + len(panel.tokens) * (TOKEN_H + 3)
+    rows_y = [y + i * (BAR_H + 4) for i in range(len(panel.rows))]
+    out += [_rect(x0, ry, x1 - x0, BAR_H, "#f3f3f3") for ry in rows_y]
+    if panel.shown_until < lay.end:
+        out.append(_rect(xc, y, x1 - xc, tall, "url(#hidden)"))
+    for row, ry in zip(panel.rows, rows_y):  # noqa: B905
+        out.append(_text(x0 - 8, ry + BAR_H / 2 + 4, row.label, 11, anchor="end"))
+        out.extend(_bars_svg(row.bars, ry, x, xc))
+    y += len(panel.rows) * (BAR_H + 4)
+    for tokens in panel.tokens:
+        out.extend(_tokens_svg(tokens, y, x, lay.start, panel.shown_until))
+        y += TOKEN_H + 3
+    for note in panel.notes:
+        y += 14
+        out.append(_text(x0, y, note, 11, fill="#7a4a00", font_style="italic"))
+    return out, y + 10
+
+
+def _svg_axis(lay: Layout, top: float, y: float, x: Any) -> tuple[list[str], list[str]]:
+    """(the grid and axis lines, the tick labels and the "time (ms)" caption)."""
+    x0, x1 = LEFT, WIDTH - RIGHT
     grid = [_line(x0, y, x1, y, 'stroke="#444"')]
+    labels = []
     for value, label in _ticks(lay.start * 1e3, lay.end * 1e3, x1 - x0, 11 * CHAR_EM):
         gx, half = x(value / 1e3), text_width(label, 11) / 2
         grid += [
@@ -510,15 +539,50 @@ def render_svg(
             _line(gx, y, gx, y + 4, 'stroke="#444"'),
         ]
         if x0 - 6 <= gx - half and gx + half <= WIDTH:  # clear of the "time (ms)" caption
-            out.append(_text(gx, y + 16, label, 11, anchor="middle"))
-    out.append(_text(x0 - 8, y + 16, "time (ms)", 11, anchor="end"))
-    height = f"{y + 30:.0f}"
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'viewBox="0 0 {WIDTH} {height}" font-family={quoteattr(FONT)}>{HATCH}'
-        f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>'
-    )
-    return "\n".join(['<?xml version="1.0" encoding="UTF-8"?>', head, *grid, *out, "</svg>", ""])
+            labels.append(_text(gx, y + 16, label, 11, anchor="middle"))
+    labels.append(_text(x0 - 8, y + 16, "time (ms)", 11, anchor="end"))
+    return grid, labels
+
+
+TEXT_LABEL_W = 14  # characters of row label in the text rendering
+
+
+def _text_panel(panel: Panel, lay: Layout, col: Any, cols: int, width: int) -> list[str]:
+    """One policy's panel as text lines: heading, worker rows, token rows, the cut, notes."""
+    label_w, span = TEXT_LABEL_W, lay.end - lay.start
+    lines = textwrap.wrap(f"{panel.title}  ({panel.stats})", width, subsequent_indent="  ")
+    for row in panel.rows:
+        cells = [" "] * cols
+        for bar in row.bars:
+            c0, c1 = col(bar.start), col(bar.end - 1e-12 * span)
+            letter = KIND_LETTERS.get(bar.kind, "?")
+            cells[c0 : c1 + 1] = [letter] * (c1 + 1 - c0)
+            if c1 > c0:  # a bar wider than a column starts with |; coalesced ones say ×N
+                cells[c0] = "|"
+            fits = next((t for t in bar.labels if len(t) <= c1 - c0 - 1), "")
+            cells[c0 + 1 : c0 + 1 + len(fits)] = list(fits)
+        lines.append(row.label[: label_w - 1].ljust(label_w) + "".join(cells).rstrip())
+    for tokens in panel.tokens:
+        cells = [" "] * cols
+        if tokens.first_token > lay.start and tokens.arrival < panel.shown_until:
+            first = col(min(tokens.first_token, panel.shown_until))
+            cells[col(tokens.arrival) : first] = ["."] * (first - col(tokens.arrival))
+        for a, b in tokens.stalls:
+            gap = range(col(a) + 1, col(min(b, panel.shown_until)))
+            cells[gap.start : gap.stop] = ["-"] * len(gap)
+        for t in tokens.ticks:
+            cells[col(t)] = "^"
+        name = f"{tokens.request} tokens"[: label_w - 1]
+        lines.append(name.ljust(label_w) + "".join(cells).rstrip())
+    if panel.shown_until < lay.end:
+        at = label_w + col(panel.shown_until)
+        mark = "└ not shown from here"
+        lines.append(
+            " " * at + mark if at + len(mark) <= width else (mark[2:] + " ┘").rjust(at + 1)
+        )
+    for note in panel.notes:
+        lines += textwrap.wrap(note, width, initial_indent="  ", subsequent_indent="    ")
+    return lines + [""]
 
 
 def _legend_mark(kind: str, lx: float, ly: float) -> str:
@@ -618,8 +682,7 @@ def render_text(
     if isinstance(width, bool) or not isinstance(width, int) or width < 40:
         raise ValueError(f"width must be an integer >= 40 characters, got {width!r}")
     lay = layout(traces, window, max_bars)
-    label_w = 14
-    cols = width - label_w
+    cols = width - TEXT_LABEL_W
     span = lay.end - lay.start
 
     def col(t: float) -> int:
@@ -627,47 +690,15 @@ def render_text(
 
     lines = []
     for panel in lay.panels:
-        lines += textwrap.wrap(f"{panel.title}  ({panel.stats})", width, subsequent_indent="  ")
-        for row in panel.rows:
-            cells = [" "] * cols
-            for bar in row.bars:
-                c0, c1 = col(bar.start), col(bar.end - 1e-12 * span)
-                letter = KIND_LETTERS.get(bar.kind, "?")
-                cells[c0 : c1 + 1] = [letter] * (c1 + 1 - c0)
-                if c1 > c0:  # a bar wider than a column starts with |; coalesced ones say ×N
-                    cells[c0] = "|"
-                fits = next((t for t in bar.labels if len(t) <= c1 - c0 - 1), "")
-                cells[c0 + 1 : c0 + 1 + len(fits)] = list(fits)
-            lines.append(row.label[: label_w - 1].ljust(label_w) + "".join(cells).rstrip())
-        for tokens in panel.tokens:
-            cells = [" "] * cols
-            if tokens.first_token > lay.start and tokens.arrival < panel.shown_until:
-                first = col(min(tokens.first_token, panel.shown_until))
-                cells[col(tokens.arrival) : first] = ["."] * (first - col(tokens.arrival))
-            for a, b in tokens.stalls:
-                gap = range(col(a) + 1, col(min(b, panel.shown_until)))
-                cells[gap.start : gap.stop] = ["-"] * len(gap)
-            for t in tokens.ticks:
-                cells[col(t)] = "^"
-            name = f"{tokens.request} tokens"[: label_w - 1]
-            lines.append(name.ljust(label_w) + "".join(cells).rstrip())
-        if panel.shown_until < lay.end:
-            at = label_w + col(panel.shown_until)
-            mark = "└ not shown from here"
-            lines.append(
-                " " * at + mark if at + len(mark) <= width else (mark[2:] + " ┘").rjust(at + 1)
-            )
-        for note in panel.notes:
-            lines += textwrap.wrap(note, width, initial_indent="  ", subsequent_indent="    ")
-        lines.append("")
+        lines += _text_panel(panel, lay, col, cols, width)
     ruler, labels = [" "] * cols, [" "] * cols
     for value, label in _ticks(lay.start * 1e3, lay.end * 1e3, cols, 1):
         c = col(value / 1e3)
         ruler[c] = "+"
         if c + len(label) <= cols:
             labels[c : c + len(label)] = list(label)
-    lines.append(" " * label_w + "".join(ruler).rstrip())
-    lines.append("time (ms)".ljust(label_w) + "".join(labels).rstrip())
+    lines.append(" " * TEXT_LABEL_W + "".join(ruler).rstrip())
+    lines.append("time (ms)".ljust(TEXT_LABEL_W) + "".join(labels).rstrip())
     lines += textwrap.wrap(
         "P prefill · d decode · F fused prefill+decode · K KV transfer · "
         "| bar start · ^ token · - stall · . waiting for first token",

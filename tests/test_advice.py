@@ -86,3 +86,27 @@ def test_one_millisecond_formatter(seconds, text):
     from pytest_prefill.units import ms
 
     assert ms(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [
+        PRESETS["lab-laptop"].cost,
+        cost_of(0.05, 1e-5, 0.01),  # C* < 0: the fallback
+        cost_of(1e-3, 0.0, 1e-2),  # C* infinite: the whole prompt
+    ],
+)
+def test_the_archived_timeline_and_the_timeline_command_draw_the_one_chunk(cost, tmp_path, capsys):
+    import json
+    import re
+
+    from pytest_prefill.cli import main
+    from pytest_prefill.report import lab_timeline_svg
+
+    chunk = choose_chunk(cost, 2048).chunk
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(cost.to_dict()))
+    out = tmp_path / "t.svg"
+    assert main(["timeline", "--out", str(out), "--cost", str(path)]) == 0
+    for svg in (out.read_text(), lab_timeline_svg(cost, "archived")):
+        assert re.findall(r">chunked \(chunk ([\d,]+) tokens\)", svg) == [f"{chunk:,}"]
