@@ -131,5 +131,7 @@ def resolve_cost(
     try:
         cost, source = load_cost(path)
     except ValueError as err:
+        if os.path.lexists(path):  # a file that is there and bad: the words are no help
+            raise
         raise ValueError(f"{err} (or one of the words {', '.join(COST_WORDS)})") from None
     return CostSpec(spec, "file", cost, source, f"file {path}", _refusals_in_file(path))
