@@ -141,9 +141,26 @@ class DeploymentResult:
         }
 
 
+def _stopped_helping(misses: Sequence[Probe]) -> bool:
+    """Whether two more halvings of the rate (probes in falling order) changed nothing: no
+    attainment gained and no bounded latency's mean down by 1% or more. Requests then barely
+    interact, so no lower rate meets the SLO. (Under overload attainment can sit at 0 while
+    halving, but the latencies fall.)"""
+    if len(misses) < 3:
+        return False
+    first, last = misses[-3], misses[-1]
+    if not last.attainment <= misses[-2].attainment <= first.attainment:
+        return False
+    slo = last.metrics.slo
+    names = [name for name, _ in slo.bounds] if slo is not None else []
+    means = [(getattr(first.metrics, n).mean, getattr(last.metrics, n).mean) for n in names]
+    return bool(means) and all(after >= 0.99 * before for before, after in means)
+
+
 class _Search:
     """One deployment's search, one probe at a time: from ``start``, grow the rate (×4 while
-    every request meets the SLO, else ×2) until a miss, or halve it until a pass; then bisect
+    every request meets the SLO, else ×2) until a miss, or halve it until a pass (giving up when
+    two halvings raise attainment not at all); then bisect
     (geometric midpoints) until the highest pass and the lowest miss are within ``tolerance``;
     then, with ``verify``, probe twice the miss once, to catch attainment that rises again."""
 
@@ -171,6 +188,8 @@ class _Search:
             scale = low.scale * (4.0 if low.attainment == 1.0 else 2.0)
             return scale if scale <= MAX_SCALE else None
         if low is None:
+            if _stopped_helping(self.probes):
+                return None  # the SLO is out of reach, however light the load
             scale = high.scale / 2
             return scale if scale >= MIN_SCALE else None
         if high.scale > low.scale * (1 + self.tolerance):
@@ -284,8 +303,10 @@ class CapacityResult:
                     f"{label}: met the SLO up to {r.max_rate:.3g} req/s, the highest rate tried."
                 )
             elif r.status == "never met":
+                lowest = min(r.probes, key=lambda p: p.rate)
                 notes.append(
-                    f"{label}: missed the SLO even at {min(p.rate for p in r.probes):.3g} req/s."
+                    f"{label}: missed the SLO even at {lowest.rate:.3g} req/s "
+                    f"({lowest.attainment:.1%} attainment; lower rates stopped raising it)."
                 )
         return notes
 

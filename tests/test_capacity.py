@@ -140,17 +140,20 @@ def test_search_chunks_falls_back_when_c_star_is_no_size():
 # --- the search, against a fake probe with a known answer ----------------------------------
 
 
-def fake_metrics(attainment: float, n: int = 1000) -> ServingMetrics:
+def fake_metrics(attainment: float, n: int = 1000, latency: float = math.nan) -> ServingMetrics:
+    """Metrics of ``n`` requests, ``attainment`` of them meeting a 1 s TTFT bound; every TTFT
+    is ``latency`` (NaN: unknown)."""
     none = Distribution.of([], (50, 90, 99))
+    ttft = none if math.isnan(latency) else Distribution.of([(latency, n)], (50, 90, 99))
     good = round(attainment * n)
     return ServingMetrics(
-        n, 10.0, 0, 0, none, none, none, none, slo=SLO(ttft=1.0), good=good, met=(("ttft", good),)
+        n, 10.0, 0, 0, ttft, none, none, none, slo=SLO(ttft=1.0), good=good, met=(("ttft", good),)
     )
 
 
-def fake_probe(curve):
+def fake_probe(curve, latency=lambda s: math.nan):
     def run(load, cost, slo, deployment, scale, base_rate):
-        return Probe(scale, scale * base_rate, fake_metrics(curve(scale)))
+        return Probe(scale, scale * base_rate, fake_metrics(curve(scale), latency=latency(scale)))
 
     return run
 
@@ -209,6 +212,30 @@ def test_a_curve_that_rises_again_is_reported_not_trusted():
     assert any("NOT monotone" in note for note in result.notes())
 
 
+def test_halving_goes_on_while_latency_falls_even_at_zero_attainment():
+    curve = lambda s: 0.0 if s > 0.01 else 1.0  # noqa: E731  overloaded down to 0.01
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", fake_probe(curve, lambda s: 5.0 * s))
+        result = capacity(
+            small_load(10), COST, SLO_1S, 1, deployments=[Deployment("shared", 1)],
+            executor=InlineExecutor(),
+        )  # fmt: skip
+    (found,) = result.results
+    assert found.status == "found" and found.best.scale <= 0.01 < found.miss.scale
+
+
+def test_halving_goes_on_while_it_helps():
+    curve = lambda s: min(1.0, 0.05 / s)  # noqa: E731  attainment rises as the rate falls
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capacity_module, "probe", fake_probe(curve))
+        result = capacity(
+            small_load(10), COST, SLO_1S, 1, deployments=[Deployment("shared", 1)],
+            executor=InlineExecutor(),
+        )  # fmt: skip
+    (found,) = result.results
+    assert found.status == "found" and found.best.scale <= 0.05 / 0.9 < found.miss.scale
+
+
 def test_a_rise_that_stays_below_the_target_is_noted():
     curve = lambda s: 0.95 if s <= 1 else (0.97 if s <= 3 else 0.1)  # noqa: E731
     with pytest.MonkeyPatch.context() as patch:
@@ -229,8 +256,8 @@ def test_a_rise_that_stays_below_the_target_is_noted():
 def test_never_met_and_never_missed_are_said():
     deployments = [Deployment("shared", 1), Deployment("coscheduled", 1)]
     with pytest.MonkeyPatch.context() as patch:
-        curve = lambda s: 0.0  # noqa: E731
-        patch.setattr(capacity_module, "probe", fake_probe(curve))
+        # out of reach: attainment and latency no longer change as the rate falls
+        patch.setattr(capacity_module, "probe", fake_probe(lambda s: 0.0, lambda s: 2.0))
         never = capacity(
             small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
         )
@@ -239,6 +266,7 @@ def test_never_met_and_never_missed_are_said():
             small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
         )
     assert [r.status for r in never.results] == ["never met"] * 2
+    assert all(len(r.probes) == 3 for r in never.results)  # two halvings did not help: stop
     assert never.recommendation().startswith("No deployment meets")
     assert [r.status for r in always.results] == ["never missed"] * 2
     assert all(r.best.scale <= MAX_SCALE for r in always.results)
