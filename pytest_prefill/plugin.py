@@ -1,6 +1,6 @@
 """The pytest plugin: ``gpu`` and ``sim`` markers, ``--prefill-*`` options (each with an ini
 twin), fixtures (``prefill_model``, ``prefill_calibration``, ``cost_model``, ``scheduler``,
-``prefill_report``), a header line, a short verdict block in the terminal summary (the full
+``capacity``, ``prefill_report``), a header line, a short verdict block in the terminal summary (the full
 tables with ``-v``), and the per-machine results archive -- written only when a prefill fixture
 recorded something or ``--prefill-save`` asks, never in a project that merely installed this.
 
@@ -12,6 +12,7 @@ so ``pytest -n 2`` gives the same summary and archive as a serial run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -40,7 +41,7 @@ from pytest_prefill.plugin_session import (
 from pytest_prefill.plugin_summary import archive_session, write_summary
 from pytest_prefill.scheduler import CostModel, Trace, simulate
 
-__all__ = ["OPTIONS", "PrefillReport", "Scheduler", "Settings"]
+__all__ = ["OPTIONS", "CapacitySearch", "PrefillReport", "Scheduler", "Settings"]
 
 
 class Scheduler:
@@ -90,6 +91,47 @@ class PrefillReport:
         self._record(
             {"kind": "verdict", **Verdict(name, verdict, sentence, detail, self.test).to_dict()}
         )
+
+
+class CapacitySearch:
+    """:func:`~pytest_prefill.capacity.capacity` bound to the session's cost model, each search
+    added to the run's report (its table in the summary, the whole search in the archive):
+    ``capacity(load, "ttft:1s,tpot:100ms", 4)``. Simulations run in the test's process unless
+    ``workers=N`` (a process pool) or ``executor=`` says otherwise."""
+
+    def __init__(self, cost: CostModel, report: PrefillReport, cost_label: str) -> None:
+        self.cost, self.report, self.cost_label = cost, report, cost_label
+
+    def __call__(
+        self,
+        workload: Any,
+        slo: Any,
+        devices: int,
+        *,
+        title: str | None = None,
+        workers: int = 1,
+        **options: Any,
+    ) -> Any:
+        from pytest_prefill.capacity import capacity
+        from pytest_prefill.executors import local_executor
+        from pytest_prefill.metrics import SLO
+        from pytest_prefill.serving_report import capacity_document, capacity_text
+
+        slo = SLO.parse(slo) if isinstance(slo, str) else slo
+        with contextlib.ExitStack() as stack:
+            if "executor" not in options:
+                options["executor"] = stack.enter_context(local_executor(workers))
+            options.setdefault("progress", self.report.say)
+            result = capacity(workload, self.cost, slo, devices, **options)
+        self.report.table(
+            title or f"Capacity: {slo} on {devices} device(s); {result.workload}",
+            capacity_text(result, self.cost_label),
+            capacity_document(result, self.cost_label),
+        )
+        return result
+
+    def __repr__(self) -> str:
+        return f"CapacitySearch({self.cost!r})"
 
 
 # --- options ---------------------------------------------------------------------------------
@@ -301,6 +343,15 @@ def cost_model(request: pytest.FixtureRequest) -> CostModel:
 def scheduler(cost_model: CostModel) -> Scheduler:
     """The simulator bound to ``cost_model``: ``scheduler("chunked", load, chunk=256)``."""
     return Scheduler(cost_model)
+
+
+@pytest.fixture
+def capacity(
+    cost_model: CostModel, prefill_report: PrefillReport, request: pytest.FixtureRequest
+) -> CapacitySearch:
+    """The capacity search bound to ``cost_model``, reporting each search:
+    ``capacity(load, "ttft:1s,tpot:100ms", 4)`` returns a ``CapacityResult``."""
+    return CapacitySearch(cost_model, prefill_report, state_of(request.config).settings.cost_label)
 
 
 @pytest.fixture

@@ -648,3 +648,27 @@ def test_a_failed_archive_write_is_a_warning_and_fails_the_run_when_asked_to_sav
     assert result.ret == exit_code
     warning = [line for line in result.stdout.lines if line.startswith("warning: NOT archived")]
     assert len(warning) == 1 and ("exit status 1" in warning[0]) == save
+
+
+def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_search(pytester):
+    pytester.makepyfile(
+        test_capacity_fixture="""
+        import pytest
+        from pytest_prefill.workloads import poisson
+
+        @pytest.mark.sim
+        def test_search(capacity, cost_model):
+            load = poisson(5.0, 30, prompt_len=512, output_len=16)
+            result = capacity(load, "ttft:2s,tpot:200ms", 2)
+            assert result.cost == cost_model and result.devices == 2
+            assert {r.deployment.label for r in result.results} >= {"shared ×2"}
+    """
+    )
+    result = run(pytester, "--prefill-results", "out", "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["Capacity: ttft:2s,tpot:200ms on 2 device(s)*", "-> *"])
+    (only,) = run_files(pytester.path / "out")
+    (table,) = archive.read_run(only).data["tables"]
+    assert table["data"]["kind"] == "pytest-prefill/capacity"
+    assert table["data"]["cost_model"] == get_preset("lab-laptop").cost.to_dict()
+    assert all(r["probes"] for r in table["data"]["results"])
