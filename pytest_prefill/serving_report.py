@@ -17,6 +17,7 @@ from tabulate import tabulate
 from pytest_prefill import __version__
 from pytest_prefill.capacity import PERCENTILE, CapacityResult, DeploymentResult
 from pytest_prefill.metrics import ServingMetrics
+from pytest_prefill.units import ms
 
 
 def serving_table(runs: Sequence[tuple[str, ServingMetrics]]) -> str:
@@ -58,7 +59,7 @@ SCHEMA_VERSION = 1
 
 
 def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1e3:,.1f}"
+    return ms(seconds, 1)
 
 
 def _rate(value: float, at_least: bool = False) -> str:
