@@ -9,15 +9,17 @@ import dataclasses
 
 import pytest
 
+from pytest_prefill.calibration_tables import calibration_tables, held_out_text
 from pytest_prefill.report import kv_size_table
 
 pytestmark = pytest.mark.gpu
 
 TITLES = {
     "provenance": "Calibration: provenance",
-    "prefill": "Calibration: prefill pass into a fresh cache (median and spread per prompt length)",
+    "prefill": "Calibration: prefill and chunk passes (median and spread; fit and held out)",
     "kv": "Calibration: decode step, batch 1, per cached-token count",
     "batch": "Calibration: decode step per batch size",
+    "fused": "Calibration: fused passes (chunk + decode rows) against the fused rule",
     "constants": "Calibration: fitted cost model (refused constants recorded as 0)",
 }
 KV_PROMPTS = (512, 2048, 8192, 16384)
@@ -25,8 +27,16 @@ KV_PROMPTS = (512, 2048, 8192, 16384)
 
 def test_calibration_tables_and_chunk_star(prefill_calibration, prefill_report):
     calibration = prefill_calibration
-    for name, text in calibration.tables().items():
+    for name, text in calibration_tables(calibration).items():
         prefill_report.table(TITLES.get(name, f"Calibration: {name}"), text)
+    prefill_report.table(
+        "Calibration: held-out error (the number to trust)",
+        held_out_text(calibration),
+        {
+            "held_out_median_error": calibration.held_out_median,
+            "in_sample_median_error": calibration.in_sample_median,
+        },
+    )
     refused = [r.to_dict() for r in calibration.refusals]
     if refused:
         prefill_report.table(
@@ -40,6 +50,9 @@ def test_calibration_tables_and_chunk_star(prefill_calibration, prefill_report):
         calibration.chunk_star_text(),
         {
             "chunk_star": calibration.cost.chunk_star(),
+            "chunk_star_by_context": {
+                c: calibration.cost.chunk_star(context=c) for c in calibration.contexts
+            },
             "recommendation": advice.policy,
             "chunk": advice.chunk,
             "overhead_fraction": advice.overhead_fraction,

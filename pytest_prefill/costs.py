@@ -13,7 +13,7 @@ from pytest_prefill.scheduler import PRESETS, CostModel, get_preset
 RUN_KIND = "pytest-prefill/run"
 CALIBRATION_KIND = "pytest-prefill/calibration"
 # The newest schema version of each document kind this version reads (it reads 1 .. newest).
-SCHEMA_VERSIONS = {RUN_KIND: 1, CALIBRATION_KIND: 1}
+SCHEMA_VERSIONS = {RUN_KIND: 1, CALIBRATION_KIND: 2}  # calibration 2: cost model v2 fits
 
 
 def check_schema(data: Any, origin: str) -> None:

@@ -10,9 +10,7 @@ torch is imported lazily (only by :class:`ModelExecutor` and the real-time entry
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -157,7 +155,8 @@ def drive(
         worker.finish_at(end)
 
 
-def _check(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
+def check_engine(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
+    """``simulate``'s option checks, and the engine's own limit: one worker per pool."""
     check_options(policy, chunk, prefill_workers=prefill_workers, decode_workers=decode_workers)
     if prefill_workers != 1 or decode_workers != 1:
         raise ValueError(
@@ -234,7 +233,7 @@ def replay(
     Raises:
         ValueError: as ``simulate`` does; and for pools of more than one worker.
     """
-    _check(policy, chunk, prefill_workers, decode_workers)
+    check_engine(policy, chunk, prefill_workers, decode_workers)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
     requests = validate_load(load)
@@ -354,68 +353,3 @@ def warm_up(packed: Any, *, rows: int = 64) -> None:
     packed.forward([Segment(cache, torch.zeros(rows, dtype=torch.long))])
     for _ in range(3):
         packed.forward([Segment(cache, torch.zeros(1, dtype=torch.long))])
-
-
-def execute(
-    policy: str,
-    load: Iterable[Request],
-    model: Any,
-    *,
-    chunk: int | None = None,
-    seed: int = 0,
-    cores: Sequence[int] | None = None,
-    threads: int | None = None,
-    workers: Any = None,
-) -> EngineRun:
-    """Run ``load`` under ``policy`` for real on ``model`` (a ``*ForCausalLM`` or anything with
-    a ``.model`` attribute holding one). Arrivals are relative to the run's start.
-
-    Single-worker policies run in this process on ``cores`` (default: every core this process
-    may use) with ``threads`` torch threads (default: one per core); ``disaggregated`` runs a
-    prefill process and a decode process on disjoint halves of those cores (see
-    :mod:`pytest_prefill.disagg`; pass started ``workers`` to reuse them), so every policy gets
-    the same total resources.
-
-    Raises:
-        ValueError: for a bad policy, chunk or load, or an unsupported model.
-    """
-    _check(policy, chunk, 1, 1)
-    requests = validate_load(load)
-    hf_model = getattr(model, "model", model) if not hasattr(model, "lm_head") else model
-    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
-    if policy == "disaggregated":
-        if workers is not None:
-            return workers.run(requests, seed=seed, chunk=chunk)
-        from pytest_prefill.disagg import run_disaggregated
-
-        return run_disaggregated(requests, hf_model, seed=seed, cores=cores, chunk=chunk)
-    import torch
-
-    from pytest_prefill.packed import PackedModel
-
-    packed = PackedModel(hf_model)
-    on_cpu = packed.device.type == "cpu"
-    previous = (os.sched_getaffinity(0), torch.get_num_threads())
-    if on_cpu:
-        os.sched_setaffinity(0, cores)
-        torch.set_num_threads(threads or len(cores))
-    executor = ModelExecutor(packed, requests, seed=seed)
-    collect = gc.isenabled()
-    try:
-        warm_up(packed)
-        gc.collect()
-        gc.disable()  # a collection mid-run would show up as a stall that is not the model's
-        trace = run_single(policy, requests, executor, RealClock(), chunk)
-    finally:
-        if collect:
-            gc.enable()
-        if on_cpu:
-            os.sched_setaffinity(0, previous[0])
-            torch.set_num_threads(previous[1])
-    where = (
-        f"one worker on cores {cores} with {threads or len(cores)} torch thread(s)"
-        if on_cpu
-        else f"one worker on {packed.device}"
-    )
-    tokens = {rid: tuple(t) for rid, t in executor.tokens.items()}
-    return EngineRun(trace, tokens, where)

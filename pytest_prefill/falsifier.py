@@ -194,6 +194,8 @@ def run_falsifier(
             dry_run=dry_run,
             progress=progress,
             batch_sizes=(),
+            chunks=(),
+            fused=(),
             seed=seed,
         )
         chunk, chunk_source = _chunk_for(

@@ -45,11 +45,37 @@ _TINY = {
     "attention_bias": False,
 }
 
-MODEL_PRESETS: dict[str, dict[str, Any]] = {"qwen3-0.6b": _QWEN3_06B, "tiny": _TINY}
+# A 4-layer Qwen3 for CPU fidelity runs: wide enough to be compute-bound (a decode step costs
+# about five times an empty pass of the same depth on one core; the tiny preset is
+# interpreter-bound) and small enough that a whole fidelity run takes minutes. Qwen3's ratios:
+# 2 attention heads per KV head, intermediate = 3 x hidden, tied embeddings.
+_SMALL = {
+    "vocab_size": 8192,
+    "hidden_size": 384,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": _QWEN3_06B,
+    "small": _SMALL,
+    "tiny": _TINY,
+}
 MODEL_PRESET_SOURCES = {
     "qwen3-0.6b": "architecture preset: the exact Qwen3-0.6B shapes (hidden 1024, 28 layers, 16 "
     "attention heads, 8 KV heads, head dim 128, intermediate 3072, vocab 151,936, tied "
     "embeddings), random weights",
+    "small": "architecture preset: a 4-layer Qwen3 for CPU fidelity runs (hidden 384, 6 "
+    "attention heads, 3 KV heads, head dim 64, intermediate 1152, vocab 8,192), random weights",
     "tiny": "architecture preset: a 2-layer Qwen3 for CI (hidden 64, 4 heads, 2 KV heads, head "
     "dim 16, vocab 1,024), random weights",
 }

@@ -359,3 +359,20 @@ class PackedRunner:
                 last_chunk=True,
             ),
         }
+
+
+def calibration_runner(loaded: Any, *, seed: int = 0, packed: bool | None = None) -> Any:
+    """The runner a calibration times with: the engine's packed pass when the architecture
+    has one (it also times fused passes, for ``fusion_penalty``), else None -- the
+    calibrator's own default, the Hugging Face forward. ``packed`` forces one or the other.
+    The CLI and the plugin both call this, so they calibrate the same way.
+
+    Raises:
+        ValueError: when ``packed`` is True for an architecture the packed pass lacks.
+    """
+    supported = getattr(getattr(loaded, "config", None), "model_type", None) in (
+        SUPPORTED_MODEL_TYPES
+    )
+    if packed is None:
+        packed = supported
+    return PackedRunner(loaded.model, seed=seed) if packed else None

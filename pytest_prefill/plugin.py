@@ -313,6 +313,8 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
     with device_lock(state):
         if shared.is_file():
             return Calibration.from_dict(json.loads(shared.read_text(encoding="utf-8")))
+        from pytest_prefill.packed import calibration_runner
+
         loaded = request.getfixturevalue("prefill_model")
         calibration = calibrate(
             loaded,
@@ -320,6 +322,7 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
             warmup=s.warmup,
             dry_run=s.dry_run,
             progress=_progress(request.config),
+            runner=calibration_runner(loaded),
         )
         document = calibration.to_dict()
         write_json_atomic(shared, archive.json_safe(document, "calibration"))

@@ -72,6 +72,8 @@ class DecodeBatch:
 class ModelRunner:
     """Runs the passes a calibration needs on ``loaded``; ``seed`` fixes every input token."""
 
+    name = "hf forward"
+
     def __init__(self, loaded: LoadedModel, *, seed: int = 0):
         import torch
 

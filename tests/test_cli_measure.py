@@ -22,7 +22,9 @@ TINY = ["--model", "tiny", "--device", "cpu"]
 
 @pytest.fixture(autouse=True)
 def short_sweeps(monkeypatch, one_torch_thread):
-    monkeypatch.setattr(cal, "DEFAULT_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
+    monkeypatch.setattr(cal, "DEFAULT_FUSED", ((8, 16, 2),))
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 128))
     monkeypatch.setattr(cal, "DEFAULT_BATCH_SIZES", (1, 2))
     monkeypatch.setattr(cal, "BATCH_CACHE_LEN", 16)
@@ -35,7 +37,7 @@ def test_calibrate_prints_the_report_and_writes_json(tmp_path, capsys):
     assert "C* = (decode_step - pass_overhead) / prefill_per_token" in out
     for section in (
         "provenance",
-        "Prefill pass",
+        "Prefill and chunk passes",
         "per cached-token count",
         "per batch size",
         "Cost model",

@@ -168,7 +168,7 @@ def _hf_greedy(model, prompt, steps):
 
 @pytest.fixture(scope="module")
 def real_runs(tiny, small_load):
-    from pytest_prefill.engine import execute
+    from pytest_prefill.serving import execute
 
     return {
         policy: execute(policy, small_load, tiny, chunk=32, seed=7, threads=1)
@@ -205,7 +205,7 @@ def test_real_runs_emit_the_models_own_greedy_tokens(real_runs, tiny, small_load
 
 
 def test_real_run_idles_until_arrivals(tiny):
-    from pytest_prefill.engine import execute
+    from pytest_prefill.serving import execute
 
     load = [Request("late", 0.05, 8, 2)]
     trace = execute("shared", load, tiny).trace
@@ -217,7 +217,7 @@ def test_real_disaggregated_run_uses_two_processes(tiny, small_load, real_runs):
     import os
 
     from pytest_prefill.disagg import split_cores
-    from pytest_prefill.engine import execute
+    from pytest_prefill.serving import execute
 
     if len(os.sched_getaffinity(0)) < 2:
         with pytest.raises(ValueError, match="2 CPU cores"):

@@ -72,7 +72,9 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
     from pytest_prefill.falsifier import run_falsifier
     from pytest_prefill.runner import ModelRunner
 
-    monkeypatch.setattr(cal, "DEFAULT_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
+    monkeypatch.setattr(cal, "DEFAULT_FUSED", ((8, 16, 2),))
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 64))
     log: list[tuple[str, str]] = []
     real_measure = ModelRunner.measure

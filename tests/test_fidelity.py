@@ -24,15 +24,6 @@ def test_cell_error_and_spread_follow_their_definitions():
     assert data["measured_median"] == 1.0 and data["within_spread"] is False
 
 
-def test_fused_rules_bracket_the_parts():
-    rules = fid.fused_rules(chunk=5.0, decode=2.0, overhead=1.5)
-    assert rules[fid.MAX_RULE] == 5.0
-    assert rules[fid.SUM_RULE] == 7.0
-    assert rules[fid.ONE_OVERHEAD_RULE] == 5.5
-    # never cheaper than either part, whatever the overhead
-    assert fid.fused_rules(chunk=5.0, decode=2.0, overhead=10.0)[fid.ONE_OVERHEAD_RULE] == 5.0
-
-
 def test_scenarios_cover_the_lab_lengths_and_say_why_azure_is_missing(monkeypatch, tmp_path):
     cost = PRESETS["lab-laptop"].cost
     chosen, skipped = fid.scenarios(cost, prompt_lens=(256, 1024), azure=False)
@@ -63,9 +54,13 @@ def test_poisson_scenario_draws_capped_lengths_from_the_azure_trace(tmp_path, mo
     assert fid.scenarios(cost, prompt_lens=(512,), count=6, seed=3)[0][-1].load == load
 
 
-def _result(cells):
-    link = fid.Link(1e-5, 1e9, (), "synthetic")
-    return fid.FidelityResult(tuple(cells), (), (), {}, link, (), (1e-4, 2e-4), {}, 64, 3, {})
+def _result(cells, quiet=None, not_run=None):
+    from pytest_prefill.fidelity_calibration import Link
+
+    link = Link(1e-5, 1e9, (), "synthetic")
+    return fid.FidelityResult(
+        tuple(cells), (), (), not_run or {}, {}, link, (1e-4, 2e-4), {}, 64, 3, {}, {}, quiet
+    )
 
 
 def test_median_error_and_verdict():
@@ -83,6 +78,84 @@ def test_median_error_and_verdict():
     assert "+50%" in table and "in spread" in table
     assert "threshold" in tables.summary_table(result)
     assert "transfers in the disaggregated runs: 2" in tables.link_table(result)
+
+
+def test_cells_not_judged_are_reported_but_not_held_against_the_model():
+    cells = [
+        fid.Cell("s", "shared", "makespan", 1.05, (1.0, 1.0, 1.0)),  # +5%
+        fid.Cell("s", "disaggregated", "max_stall", 2.0, (1.0, 1.0, 1.0), judged=False),
+        fid.Cell("s", "disaggregated", "makespan", 0.95, (1.0, 1.0, 1.0)),  # -5%
+    ]
+    result = _result(cells)
+    assert result.median_abs_error == pytest.approx(0.05)
+    assert result.median_abs_error_all == pytest.approx(0.05)
+    assert result.by("metric") == {"makespan": pytest.approx(0.05)}
+    assert result.by("metric", only_judged=False)["max_stall"] == pytest.approx(1.0)
+    assert all(c.judged for c in result.weakest(5))
+    assert "not judged" in tables.fidelity_table(result)
+    assert result.to_dict()["cells"][1]["judged"] is False
+
+
+def test_max_stall_is_judged_where_the_policy_causes_a_stall():
+    from pytest_prefill.scheduler import simulate
+    from pytest_prefill.workloads import lab_scenario
+
+    cost = PRESETS["lab-laptop"].cost
+    shared = simulate("shared", lab_scenario(), cost).summary()
+    disaggregated = simulate("disaggregated", lab_scenario(), cost).summary()
+    assert shared.max_stall >= fid.STALL_JUDGED_RATIO * shared.tbt_p50
+    assert fid.judged("max_stall", shared)
+    # disaggregation: the streams never wait for a prefill, the stall is one decode step
+    assert not fid.judged("max_stall", disaggregated)
+    assert fid.judged("makespan", disaggregated)
+
+
+def test_on_one_cuda_device_disaggregation_is_reported_not_run_with_the_reason():
+    import types
+
+    cuda = types.SimpleNamespace(type="cuda")
+    policies, not_run = fid.policies_for(cuda, cuda_devices=1)
+    assert policies == ("shared", "coscheduled", "chunked")
+    assert "two devices" in not_run["disaggregated"] and "1 CUDA" in not_run["disaggregated"]
+    policies, not_run = fid.policies_for(cuda, cuda_devices=2)
+    assert "disaggregated" not in policies and "not built" in not_run["disaggregated"]
+    assert fid.policies_for(types.SimpleNamespace(type="cpu")) == (tuple(fid.POLICIES), {})
+    result = _result([fid.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], None, not_run)
+    assert "not built" in tables.summary_table(result)
+
+
+def test_a_busy_machine_gets_a_loud_warning_in_the_table_and_the_archive():
+    from pytest_prefill.timing import Quietness
+
+    busy = Quietness(other_cores=1.4, jitter=0.3, cores=2, seconds=1.0)
+    result = _result([fid.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], busy)
+    assert "BUSY MACHINE" in tables.summary_table(result)
+    assert result.to_dict()["quiet"]["quiet"] is False
+    assert "BUSY MACHINE" in result.to_dict()["quiet"]["warning"]
+
+
+def test_the_fidelity_sweep_covers_what_the_scenarios_run():
+    from pytest_prefill.fidelity_calibration import fidelity_sweep
+
+    sweep = fidelity_sweep((256, 1024, 2048), 256)
+    assert max(sweep["prompt_lens"]) == 2048 and len(sweep["prompt_lens"]) >= 4
+    assert {t for t, _ in sweep["chunks"]} == {256}
+    assert max(c for _, c in sweep["chunks"]) == 2048 - 256  # a chunked prompt's last chunk
+    assert (2048, 0, 2) in sweep["fused"]  # coscheduled: a whole prompt with two streams
+    assert all(rows >= 1 for _, _, rows in sweep["fused"])
+
+
+def test_the_link_fit_recovers_latency_and_bandwidth():
+    from pytest_prefill.fidelity_calibration import fit_link
+    from pytest_prefill.timing import Measurement
+
+    points = [
+        (b, Measurement.from_samples([2e-4 + b / 5e9] * 5)) for b in (10**6, 4 * 10**6, 16 * 10**6)
+    ]
+    link = fit_link(points)
+    assert link.latency == pytest.approx(2e-4) and link.bandwidth == pytest.approx(5e9)
+    flat = fit_link([(b, Measurement.from_samples([1e-3, 1.1e-3, 0.9e-3])) for b in (1, 2, 3)])
+    assert math.isinf(flat.bandwidth) and "refused" in flat.note
 
 
 def test_run_fidelity_checks_its_arguments():
@@ -108,7 +181,8 @@ def test_importing_fidelity_does_not_import_torch():
     import sys
 
     code = (
-        "import sys, pytest_prefill.fidelity, pytest_prefill.engine, "
+        "import sys, pytest_prefill.fidelity, pytest_prefill.engine, pytest_prefill.serving, "
+        "pytest_prefill.fidelity_calibration, pytest_prefill.disagg, "
         "pytest_prefill.commands.fidelity; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

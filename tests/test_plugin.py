@@ -43,7 +43,7 @@ COST = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_ste
 LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrations.log")
 
 
-def stub_calibrate(loaded, *, repeats, warmup, dry_run=False, progress=None):
+def stub_calibrate(loaded, *, repeats, warmup, dry_run=False, progress=None, runner=None):
     with open(LOG, "a") as handle:
         handle.write(f"{os.getpid()}\\n")
     return calibrate_module.Calibration(
@@ -54,9 +54,14 @@ def stub_calibrate(loaded, *, repeats, warmup, dry_run=False, progress=None):
 calibrate_module.calibrate = stub_calibrate
 
 
+class _Dummy:
+    config = None  # no architecture: the calibration runner falls back to the HF forward
+    model = None
+
+
 @pytest.fixture(scope="session")
 def prefill_model():
-    return object()
+    return _Dummy()
 """
 STUB_COST = CostModel(
     prefill_pass_overhead=0.002,

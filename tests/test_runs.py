@@ -76,7 +76,9 @@ def test_calibrate_save_archives_a_run_that_every_reader_finds(tmp_path, capsys,
     pytest.importorskip("transformers")
     from pytest_prefill import calibrate as cal
 
-    monkeypatch.setattr(cal, "DEFAULT_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
+    monkeypatch.setattr(cal, "DEFAULT_FUSED", ((8, 16, 2),))
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 128))
     monkeypatch.setattr(cal, "DEFAULT_BATCH_SIZES", (1, 2))
     monkeypatch.setattr(cal, "BATCH_CACHE_LEN", 16)

@@ -168,3 +168,34 @@ def test_fit_round_trips_through_a_dict():
     assert isinstance(fit, Fit)
     with pytest.raises(ValueError, match="missing"):
         fit_from_dict({"slope": 1.0})
+
+
+def test_the_quiet_probe_counts_what_other_processes_used():
+    from pytest_prefill.timing import QUIET_OTHER_CORES, quiet_probe
+
+    ticks = iter([1000.0, 1000.0 + 150.0])  # 150 ticks of everyone's CPU time
+    own = iter([10.0, 10.0 + 20.0])  # 20 of them ours
+
+    quiet = quiet_probe(
+        0.01, busy=lambda: next(ticks), own=lambda: next(own), ticks_per_second=100.0
+    )
+    # others used 130 ticks = 1.3 s of CPU over the probe's (short) wall time: busy
+    assert quiet.other_cores is not None and quiet.other_cores > QUIET_OTHER_CORES
+    assert not quiet.quiet and "BUSY MACHINE" in (quiet.warning or "")
+    assert quiet.to_dict()["quiet"] is False
+
+
+def test_the_quiet_probe_without_proc_stat_judges_by_jitter_alone():
+    from pytest_prefill.timing import quiet_probe
+
+    quiet = quiet_probe(0.01, busy=lambda: None, own=lambda: 0.0, workload=lambda: None)
+    assert quiet.other_cores is None and quiet.seconds > 0
+    assert quiet.quiet == (quiet.jitter <= 0.05)
+
+
+@pytest.mark.parametrize("seconds", [0, -1, math.inf, math.nan, "1"])
+def test_the_quiet_probe_refuses_a_bad_duration(seconds):
+    from pytest_prefill.timing import quiet_probe
+
+    with pytest.raises(ValueError, match="seconds"):
+        quiet_probe(seconds)

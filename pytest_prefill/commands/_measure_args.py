@@ -125,10 +125,16 @@ def _say_up_front(args: argparse.Namespace, loaded: Any) -> None:
 def measure(args: argparse.Namespace) -> Any:
     """A fresh ``Calibration`` of the model the flags name."""
     from pytest_prefill.calibrate import calibrate
+    from pytest_prefill.packed import calibration_runner
 
     loaded = load(args)
     return calibrate(
-        loaded, repeats=args.repeats, warmup=args.warmup, dry_run=args.dry_run, progress=progress
+        loaded,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        dry_run=args.dry_run,
+        progress=progress,
+        runner=calibration_runner(loaded),
     )
 
 

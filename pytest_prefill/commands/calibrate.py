@@ -8,7 +8,7 @@ import os
 
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_calibration
-from pytest_prefill.commands._args import output_path
+from pytest_prefill.commands._args import non_negative_float, output_path
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_threads_argument,
@@ -27,6 +27,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_timing_arguments(parser)
     add_threads_argument(parser)
     parser.add_argument(
+        "--point-budget",
+        type=non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help="skip a prefill or chunk point predicted to take longer than this in all "
+        "(default 60; a large model on a CPU would otherwise take hours)",
+    )
+    parser.add_argument(
+        "--runner",
+        choices=("packed", "hf"),
+        default=None,
+        help="time the engine's packed pass (default where the architecture has one: it can "
+        "fuse a chunk with decode rows, for fusion_penalty) or the Hugging Face forward",
+    )
+    parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the calibration JSON here"
     )
     parser.add_argument(
@@ -40,15 +55,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pytest_prefill.calibrate import calibrate
+    from pytest_prefill.calibration_tables import calibration_report
+    from pytest_prefill.packed import calibration_runner
 
     if args.save and os.path.exists(args.results) and not os.path.isdir(args.results):
         raise ValueError(f"--results {args.results}: not a folder")  # before measuring
     apply_threads(args)
     loaded = load(args)
+    packed = None if args.runner is None else args.runner == "packed"
     calibration = calibrate(
-        loaded, repeats=args.repeats, warmup=args.warmup, dry_run=args.dry_run, progress=progress
+        loaded,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        dry_run=args.dry_run,
+        progress=progress,
+        runner=calibration_runner(loaded, packed=packed),
+        budget=args.point_budget,
     )
-    print(calibration.report())
+    print(calibration_report(calibration))
     if args.json:
         write_json_atomic(args.json, calibration.to_dict())
         print(f"\nwrote {args.json}")
