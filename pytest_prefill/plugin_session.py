@@ -154,6 +154,7 @@ class Harvester:
     def __init__(self, state: SessionState, config: pytest.Config) -> None:
         self.state = state
         self.config = config
+        self.setup_seconds: dict[str, float] = {}  # a session fixture's time counts here
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         state = self.state
@@ -182,8 +183,12 @@ class Harvester:
                 state.outcomes[report.nodeid] = now
 
     def _finished(self, report: pytest.TestReport) -> None:
-        """One line per finished gpu test (its call, or a setup that failed)."""
-        if not (report.when == "call" or (report.when == "setup" and report.failed)):
+        """One line per finished gpu test (its call, or a setup that failed), with the time
+        its setup took (the session's calibration is set up by the first that needs it)."""
+        if report.when == "setup" and not report.failed:
+            self.setup_seconds[report.nodeid] = report.duration
+            return
+        if report.when not in ("call", "setup"):
             return
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -191,9 +196,8 @@ class Harvester:
         node = getattr(report, "node", None)
         worker = getattr(getattr(node, "gateway", None), "id", None)
         where = f"[{worker}] " if worker else ""
-        reporter.write_line(
-            f"prefill: {where}{report.nodeid} {report.outcome} in {report.duration:.1f} s"
-        )
+        seconds = report.duration + self.setup_seconds.pop(report.nodeid, 0.0)
+        reporter.write_line(f"prefill: {where}{report.nodeid} {report.outcome} in {seconds:.1f} s")
 
 
 @dataclasses.dataclass(frozen=True)
