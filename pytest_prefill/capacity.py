@@ -20,7 +20,7 @@ from pytest_prefill.deployments import Deployment, default_deployments
 from pytest_prefill.executors import local_executor
 from pytest_prefill.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.scheduler import CostModel, Request, check_int, simulate
-from pytest_prefill.workloads import Workload, scale_rate
+from pytest_prefill.workloads import Workload, arrival_rate, scale_rate
 
 DEFAULT_TARGET = 0.9  # DistServe's attainment target
 DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest miss are this close
@@ -437,8 +437,7 @@ def capacity(
         raise ValueError(
             f"start must be a rate multiple in [{MIN_SCALE:g}, {MAX_SCALE:g}], got {start!r}"
         )
-    span = max(r.arrival for r in load) - min(r.arrival for r in load)
-    base_rate = (len(load) - 1) / span
+    base_rate = arrival_rate(load)
     searches = [_Search(d, float(target), float(tolerance), float(start), verify) for d in chosen]
     with contextlib.ExitStack() as stack:
         pool = executor if executor is not None else stack.enter_context(local_executor())

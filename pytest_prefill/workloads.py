@@ -243,9 +243,16 @@ class Workload:
 
     @property
     def rate(self) -> float:
-        """Mean arrival rate, requests per second (NaN for fewer than two distinct arrivals)."""
-        span = self.span
-        return (len(self.requests) - 1) / span if span > 0 else math.nan
+        """Mean arrival rate: :func:`arrival_rate` of the requests."""
+        return arrival_rate(self.requests)
+
+
+def arrival_rate(load: Sequence[Request]) -> float:
+    """Mean arrival rate of ``load``, requests per second: (n - 1) arrivals after the first,
+    over the span from the first to the last (NaN when every request arrives at once)."""
+    arrivals = [r.arrival for r in load]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else math.nan
 
 
 def load_jsonl(
@@ -446,7 +453,7 @@ def resolve_workload(
         source += f", window {window[0]:g}:{'' if window[1] is None else f'{window[1]:g}'} s"
     workload = Workload(spec, tuple(load), source, capped, max_model_len, attribution)
     summary = f"{len(load):,} requests over {workload.span:,.1f} s"
-    if workload.rate == workload.rate:  # not NaN
+    if not math.isnan(workload.rate):
         summary += f" ({workload.rate:.2f} req/s)"
     return dataclasses.replace(workload, description=f"{source}: {summary}")
 
@@ -455,10 +462,10 @@ def _rescaled(
     load: list[Request], request_rate: float | None, rate_scale: float | None
 ) -> list[Request]:
     if request_rate is not None:
-        span = max(r.arrival for r in load) - min(r.arrival for r in load)
-        if span <= 0:
+        rate = arrival_rate(load)
+        if math.isnan(rate):
             raise ValueError("request_rate needs a workload whose arrivals are not all equal")
-        return scale_rate(load, request_rate / ((len(load) - 1) / span))
+        return scale_rate(load, request_rate / rate)
     return scale_rate(load, rate_scale) if rate_scale is not None else load
 
 
