@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_prefill._io import abandoned, lock, read_json, write_json_atomic
-from pytest_prefill.advice import recommend
+from pytest_prefill.advice import STAR_CONTEXTS, recommend
 from pytest_prefill.costs import RUN_KIND, SCHEMA_VERSIONS, check_schema, cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
@@ -271,7 +271,11 @@ def write_run(
 
 
 def cost_block(
-    cost: CostModel, source: str, label: str | None = None, refused: Collection[str] = ()
+    cost: CostModel,
+    source: str,
+    label: str | None = None,
+    refused: Collection[str] = (),
+    contexts: Sequence[int] = STAR_CONTEXTS,
 ) -> dict[str, Any]:
     """A run's ``cost``: the cost model its tables used, where it came from, its C* and the
     recommendation (the one rule's words)."""
@@ -281,7 +285,8 @@ def cost_block(
         "cost_model": cost.to_dict(),
         "chunk_star": cost.chunk_star(),
         "refused": sorted(refused),
-        "recommendation": recommend(cost, refused).to_dict(),
+        "chunk_star_by_context": {str(c): json_safe(cost.chunk_star(context=c)) for c in contexts},
+        "recommendation": recommend(cost, refused, contexts).to_dict(),
     }
 
 

@@ -22,7 +22,7 @@ from tabulate import tabulate
 from pytest_prefill._io import read_json
 from pytest_prefill.advice import chunk_star_text
 from pytest_prefill.archive import RUN_ID, Warn, find_run, latest_run, run_from_document
-from pytest_prefill.cost_spec import refusals_in
+from pytest_prefill.cost_spec import contexts_in, refusals_in
 from pytest_prefill.costs import CALIBRATION_KIND, cost_from_json
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.scheduler import CostModel
@@ -315,7 +315,8 @@ def gate_lines(rows: Sequence[Row], percent: float) -> tuple[bool, list[str]]:
 def verdict_lines(side: Side) -> list[str]:
     """C* and the recommendation for one side, in the words calibrate prints (its own
     calibration's refusals included: a refused per-token cost means no recommendation)."""
-    return chunk_star_text(side.cost, refusals_in(side.calibration)).splitlines()
+    basis = side.calibration
+    return chunk_star_text(side.cost, refusals_in(basis), contexts_in(basis)).splitlines()
 
 
 def comparison_report(a: Side, b: Side) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from pytest_prefill import archive
+from pytest_prefill.advice import STAR_CONTEXTS, star_contexts
 from pytest_prefill.costs import load_cost
 from pytest_prefill.scheduler import PRESETS, CostModel
 
@@ -29,7 +30,8 @@ class CostSpec:
     """A resolved cost spec. ``cost`` is None for ``measure`` (known once calibrated);
     ``source`` is the line that says where the numbers come from, ``label`` its short form;
     ``refused`` names the constants the calibration behind it refused (they are 0 in ``cost``
-    and the recommendation must know)."""
+    and the recommendation must know); ``contexts`` where C* is reported (within the measured
+    model's context), as the calibration itself reports it."""
 
     spec: str
     kind: str
@@ -37,6 +39,7 @@ class CostSpec:
     source: str
     label: str
     refused: tuple[str, ...] = ()
+    contexts: tuple[int, ...] = STAR_CONTEXTS
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -44,9 +47,17 @@ class CostSpec:
         if self.cost is None and self.kind != "measure":
             raise ValueError(f"a {self.kind} cost spec needs a cost model")
 
-    def measured(self, cost: CostModel, source: str, refused: Collection[str] = ()) -> CostSpec:
+    def measured(
+        self,
+        cost: CostModel,
+        source: str,
+        refused: Collection[str] = (),
+        contexts: tuple[int, ...] = STAR_CONTEXTS,
+    ) -> CostSpec:
         """This ``measure`` spec once the calibration is known."""
-        return dataclasses.replace(self, cost=cost, source=source, refused=tuple(refused))
+        return dataclasses.replace(
+            self, cost=cost, source=source, refused=tuple(refused), contexts=contexts
+        )
 
 
 def refusals_in(document: Any) -> tuple[str, ...]:
@@ -69,12 +80,27 @@ def refusals_in(document: Any) -> tuple[str, ...]:
     )
 
 
-def _refusals_in_file(path: str) -> tuple[str, ...]:
+def contexts_in(document: Any) -> tuple[int, ...]:
+    """Where C* is reported for the calibration inside a parsed calibration or run document:
+    ``advice.STAR_CONTEXTS`` within its model's context (all of them when it does not say)."""
+    calibration = document.get("calibration", document) if isinstance(document, Mapping) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, Mapping) else None
+    limit = provenance.get("max_context") if isinstance(provenance, Mapping) else None
+    valid = isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+    return star_contexts(limit if valid else None)
+
+
+def _basis_in_file(path: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(refusals, contexts) of a cost file's calibration."""
     try:
         with open(path, encoding="utf-8") as handle:
-            return refusals_in(json.load(handle))
+            document = json.load(handle)
     except (OSError, ValueError, RecursionError):
-        return ()  # load_cost has read it already; a second read failing is not an answer
+        return (
+            (),
+            STAR_CONTEXTS,
+        )  # load_cost has read it already; a second read failing is not an answer
+    return refusals_in(document), contexts_in(document)
 
 
 def resolve_cost(
@@ -121,6 +147,7 @@ def resolve_cost(
             f"archived calibration {run.path} ({created})",
             f"archive {run.path.name}",
             refusals_in(run.data),
+            contexts_in(run.data),
         )
     if spec in PRESETS:
         cost, source = load_cost(spec)
@@ -134,4 +161,5 @@ def resolve_cost(
         if os.path.lexists(path):  # a file that is there and bad: the words are no help
             raise
         raise ValueError(f"{err} (or one of the words {', '.join(COST_WORDS)})") from None
-    return CostSpec(spec, "file", cost, source, f"file {path}", _refusals_in_file(path))
+    refused, contexts = _basis_in_file(path)
+    return CostSpec(spec, "file", cost, source, f"file {path}", refused, contexts)

@@ -142,6 +142,7 @@ class Settings:
     session_dir: str
     notes: list[str]  # archive files skipped while resolving, shown in header and summary
     threads: int | None = None  # torch CPU threads; None: torch's own
+    cost_contexts: list[int] = dataclasses.field(default_factory=list)  # where C* is reported
 
     @property
     def effective_device(self) -> str:
@@ -315,6 +316,7 @@ def resolve(config: pytest.Config) -> Settings:
         cost_model=None if cost.cost is None else cost.cost.to_dict(),
         cost_explicit=explicit,
         cost_refused=list(cost.refused),
+        cost_contexts=list(cost.contexts),
         results=results,
         archive=not no_archive,
         save=save,

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from pytest_prefill.cost_spec import refusals_in
+from pytest_prefill.advice import STAR_CONTEXTS
+from pytest_prefill.cost_spec import contexts_in, refusals_in
 from pytest_prefill.plugin_device import DeviceLock, why_no_device
 from pytest_prefill.plugin_options import Settings
 from pytest_prefill.scheduler import CostModel
@@ -207,6 +208,7 @@ class SessionCost:
     cost: CostModel | None
     source: str
     refused: tuple[str, ...]
+    contexts: tuple[int, ...] = STAR_CONTEXTS  # where C* is reported (the model's context)
 
 
 def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | None]:
@@ -217,7 +219,8 @@ def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | Non
     calibration = calibrations[0]["data"] if calibrations else None
     if s.cost_model is not None and (s.cost_explicit or calibration is None):
         cost = CostModel.from_dict(s.cost_model)
-        return SessionCost(cost, s.cost_source, tuple(s.cost_refused)), calibration
+        contexts = tuple(s.cost_contexts) or STAR_CONTEXTS
+        return SessionCost(cost, s.cost_source, tuple(s.cost_refused), contexts), calibration
     if calibration is not None:
         info = calibration.get("provenance") or {}
         source = (
@@ -225,5 +228,6 @@ def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | Non
             f"{info.get('device_name', info.get('device', '?'))}, {info.get('dtype', '?')}"
         )
         cost = CostModel.from_dict(calibration["cost_model"])
-        return SessionCost(cost, source, refusals_in(calibration)), calibration
+        used = SessionCost(cost, source, refusals_in(calibration), contexts_in(calibration))
+        return used, calibration
     return SessionCost(None, "measure: no test calibrated this session", ()), None

@@ -38,7 +38,7 @@ def run_document(session: pytest.Session, state: SessionState, exitstatus: int) 
     settings.update(dry_run=s.dry_run, threads=s.threads, cost=s.cost_spec, save=s.save)
     cost = None
     if used.cost is not None:
-        cost = archive.cost_block(used.cost, used.source, None, used.refused)
+        cost = archive.cost_block(used.cost, used.source, None, used.refused, used.contexts)
     return archive.run_document(
         created=state.started,
         machine=machine,
@@ -142,7 +142,7 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         return []
     out: list[tuple[str, Markup]] = [(f"machine {s.machine_key}", {})]
     if produced:
-        for line in verdict_block(used.cost, used.source, verdicts, used.refused):
+        for line in verdict_block(used.cost, used.source, verdicts, used.refused, used.contexts):
             out.append(
                 (
                     line,

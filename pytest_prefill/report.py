@@ -11,7 +11,14 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_prefill import units
-from pytest_prefill.advice import choose_chunk, recommend, star_text
+from pytest_prefill.advice import (
+    STAR_CONTEXTS,
+    TYPICAL_PROMPT,
+    choose_chunk,
+    recommend,
+    star_text,
+    typical_star,
+)
 from pytest_prefill.archive import RunSummary, json_safe
 from pytest_prefill.scheduler import CostModel, Trace, simulate
 from pytest_prefill.whatif import SweepRow
@@ -166,17 +173,25 @@ def verdict_block(
     cost_line: str,
     verdicts: Sequence[Verdict],
     refused: Collection[str] = (),
+    contexts: Sequence[int] = STAR_CONTEXTS,
 ) -> list[str]:
     """The short block a run's summary opens with: the cost model its tables used, C* and
     the recommendation (the one rule's words), and one line per verdict (its detail's first
     line: the falsifier's gaps, the fidelity's median error)."""
     lines = [f"cost model: {cost_line}"]
     if cost is not None:
-        advice = recommend(cost, refused)
+        advice = recommend(cost, refused, contexts)
+        typical = typical_star(cost)
+        at = (
+            ""
+            if typical == advice.chunk_star
+            else f" ({star_text(typical)} at {TYPICAL_PROMPT:,} of context)"
+        )
         lines += [
-            f"C* = {star_text(advice.chunk_star)} tokens; pass overhead is "
+            f"C* = {star_text(advice.chunk_star)} tokens{at}; pass overhead is "
             f"{advice.overhead_fraction:.0%} of one decode step",
             advice.line,
+            *advice.warnings,
         ]
     for v in verdicts:
         detail = (v.detail or "").strip()

@@ -110,3 +110,38 @@ def test_the_archived_timeline_and_the_timeline_command_draw_the_one_chunk(cost,
     assert main(["timeline", "--out", str(out), "--cost", str(path)]) == 0
     for svg in (out.read_text(), lab_timeline_svg(cost, "archived")):
         assert re.findall(r">chunked \(chunk ([\d,]+) tokens\)", svg) == [f"{chunk:,}"]
+
+
+def test_summary_compare_and_archive_say_the_same_words_and_warnings(tmp_path, capsys):
+    import json
+
+    from pytest_prefill import archive
+    from pytest_prefill.cli import main
+    from pytest_prefill.report import verdict_block
+
+    cost = CostModel(
+        prefill_pass_overhead=1e-3,
+        prefill_per_token=1e-5,
+        prefill_per_pair=2e-9,
+        decode_step_base=1e-2,
+        fusion_penalty=0.2,
+    )
+    document = {
+        "kind": "pytest-prefill/calibration",
+        "schema_version": 1,
+        "cost_model": cost.to_dict(),
+        "provenance": {"max_context": 40960},
+        "refusals": [],
+    }
+    advice = recommend(cost, (), (0, 2048, 8192, 32768))
+    assert advice.warnings, "a pair term and a fusion penalty each earn a warning"
+    block = verdict_block(cost, "x", [], (), (0, 2048, 8192, 32768))
+    assert advice.line in block and all(w in block for w in advice.warnings)
+    assert archive.cost_block(cost, "x", contexts=(0, 2048, 8192, 32768))["recommendation"] == (
+        advice.to_dict()
+    )
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(document))
+    assert main(["compare", str(path), str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(advice.line) == 2 and all(out.count(w) == 2 for w in advice.warnings)

@@ -182,4 +182,6 @@ def resolve_cost_args(args: argparse.Namespace) -> CostSpec:
     if spec.kind != "measure":
         return spec
     calibration = measure(args)
-    return spec.measured(calibration.cost, measured_origin(calibration), calibration.refused())
+    return spec.measured(
+        calibration.cost, measured_origin(calibration), calibration.refused(), calibration.contexts
+    )

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Cost model: {origin}")
     print("\n".join(lines))
     print(f"C* = {star_text(star)} tokens")
-    print(recommend(cost, spec.refused).line)
+    print(str(recommend(cost, spec.refused, spec.contexts)))  # the line and any warnings
     print()
     print(sweep_table(rows))
     print()
