@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.falsifier import CLAIM, DEFAULT_PROMPT_LEN, run_falsifier
+from pytest_prefill.falsifier import CLAIM, DEFAULT_PROMPT_LEN
+from pytest_prefill.falsifier_report import run_falsifier, stall_table_of
 
 pytestmark = pytest.mark.gpu
 
@@ -36,11 +37,12 @@ def test_chunked_prefill_shortens_the_worst_decode_gap(
     prefill_report.table(
         f"Falsifier: a live stream's decode gap when a {result.prompt_len:,}-token prompt "
         f"arrives; chunk {result.chunk:,} ({result.chunk_source})",
-        result.stall_table,
+        stall_table_of(result),
         {k: v for k, v in data.items() if k != "provenance"},
     )
     prefill_report.verdict("falsifier", result.verdict, result.claim, result.verdict_line)
     if result.verdict == "FAILS":
         pytest.fail(
-            f"FAILS: {result.claim}\n{result.verdict_line}\n\n{result.stall_table}", pytrace=False
+            f"FAILS: {result.claim}\n{result.verdict_line}\n\n{stall_table_of(result)}",
+            pytrace=False,
         )

@@ -70,6 +70,7 @@ POINT_BUDGET = 60.0
 # On CUDA the KV capacity is the free memory after the weights, less this fraction of the
 # device kept for activations and the allocator (vLLM's default gpu_memory_utilization 0.9).
 KV_HEADROOM_FRACTION = 0.10
+NO_LINK = "not measured: infinite bandwidth, zero latency (state your own for disaggregation)"
 
 Progress = Callable[[str], object]
 
@@ -478,7 +479,7 @@ class Budget:
 
 
 def _say(progress: Progress | None, text: str) -> None:
-    if progress is not None:
+    if progress is not None and text:
         progress(text)
 
 
@@ -588,11 +589,21 @@ def measure_fused(
     repeats: int,
     warmup: int,
     progress: Progress | None = None,
+    budget: Budget | None = None,
+    skipped: list[str] | None = None,
 ) -> list[Point]:
     """Fused passes (``runner.time_fused``): a chunk of ``tokens`` over ``context`` cached
-    tokens and ``rows`` decode rows of ``row_context`` cached tokens each, in one pass."""
+    tokens and ``rows`` decode rows of ``row_context`` cached tokens each, in one pass (a pass
+    the ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
+    budget = budget or Budget(math.inf, repeats + warmup)
     points = []
     for tokens, context, rows in grid:
+        reason = budget.over(tokens, context)
+        if reason:
+            _say(progress, "fused " + reason)
+            if skipped is not None:
+                skipped.append("fused " + reason)
+            continue
         m = runner.time_fused(tokens, context, [row_context] * rows, repeats=repeats, warmup=warmup)
         _say(progress, f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}")
         points.append(
@@ -617,7 +628,14 @@ def measure_sweep(
             runner, sweep.batch_sizes, context=sweep.batch_context, **timing
         )
     if sweep.fused and hasattr(runner, "time_fused"):
-        points += measure_fused(runner, sweep.fused, row_context=sweep.row_context, **timing)
+        points += measure_fused(
+            runner,
+            sweep.fused,
+            row_context=sweep.row_context,
+            budget=budget,
+            skipped=skipped,
+            **timing,
+        )
     elif sweep.fused:
         skipped.append(f"fused passes: {getattr(runner, 'name', 'this runner')} cannot fuse")
     return points, skipped
@@ -644,16 +662,13 @@ def calibrate(
         dry_run: fewer repeats and warmup; prompt and cache lengths are unchanged.
         progress: called with one line per finished measurement (for stderr).
         seed: seeds every input token.
-        runner: what times the passes (``time_prefill``, ``time_chunk``, ``time_decode``, and
-            ``time_fused`` for the fusion penalty); default the Hugging Face forward
-            (``runner.ModelRunner``), which cannot fuse. ``packed.calibration_runner`` gives
-            the engine's packed pass where the architecture has one (what the CLI and the
-            plugin use).
+        runner: what times the passes (``time_prefill``, ``time_chunk``, ``time_decode``;
+            ``time_fused`` for the fusion penalty); default ``runner.ModelRunner`` (the HF
+            forward, which cannot fuse); ``packed.calibration_runner`` gives the packed pass.
         memory: returns (free, total) device bytes, for :func:`kv_capacity` (tests fake it).
         probe: probe how quiet the machine is first (:func:`timing.quiet_probe`).
         sweep: :func:`plan_sweep`'s arguments (prompt_lens, chunks, cache_lens, kv_rows,
-            batch_sizes, batch_context, fused, budget); an empty ``batch_sizes`` or ``chunks`` or ``fused``
-            skips that sweep.
+            batch_sizes, batch_context, fused, budget); an empty one skips that sweep.
 
     Raises:
         ValueError: for bad repeats, warmup, lengths or sweep arguments.
@@ -666,8 +681,7 @@ def calibrate(
 
         runner = ModelRunner(loaded, seed=seed)
     quiet = quiet_probe() if probe else None
-    if quiet is not None and quiet.warning:
-        _say(progress, quiet.warning)
+    _say(progress, quiet.warning if quiet is not None and quiet.warning else "")
     _say(
         progress,
         f"calibrating {loaded.name} on {loaded.device} ({loaded.dtype_name}) with the "
@@ -688,7 +702,7 @@ def calibrate(
         max_context=loaded.max_context,
         kv_capacity=capacity_note,
         quiet=quiet.to_dict() if quiet is not None else None,
-        link="not measured: infinite bandwidth, zero latency (state your own for disaggregation)",
+        link=NO_LINK,
         runner=getattr(runner, "name", "hf forward"),
     )
     return Calibration.from_fit(fit, info, points)

@@ -1,14 +1,13 @@
-"""The falsifier: state the claim first, then measure what a live stream's worst token gap is
-when a long prompt arrives, under a shared worker and under chunked prefill, and end with HOLDS
-or FAILS against exactly that claim. Nothing here prints: text goes to ``emit``."""
+"""The falsifier's measurement and verdict: what a live stream's worst token gap is when a long
+prompt arrives, under a shared worker and under chunked prefill (the HF forward unfused, and the
+engine's packed pass fused), judged HOLDS or FAILS against exactly the claim. Nothing here
+prints or renders: ``falsifier_report`` states the claim first, then prints the tables."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
-
-from tabulate import tabulate
 
 from pytest_prefill.advice import FALLBACK_CHUNK as FALLBACK_CHUNK
 from pytest_prefill.advice import choose_chunk
@@ -26,7 +25,7 @@ VERDICTS = ("HOLDS", "FAILS")
 DEFAULT_PROMPT_LEN = 2048
 STREAM_CONTEXT = 128  # cached tokens of the live stream (the lab scenario's stream prompt)
 
-Emit = Callable[[str], object]
+Progress = Callable[[str], object]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +46,6 @@ class FalsifierResult:
     baseline: Measurement
     shared: Measurement
     chunked: Measurement
-    stall_table: str
-    kv_table: str
     provenance: dict[str, Any]
     calibration: Any = None  # a calibrate.Calibration when the run calibrated for C*
     kv_points: tuple[Any, ...] = ()
@@ -117,52 +114,9 @@ def _ms(seconds: float) -> str:
     return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
 
 
-def stall_table(
-    baseline: Measurement, shared: Measurement, chunked: Measurement, *, prompt_len: int, chunk: int
-) -> str:
-    """The live stream's gap between two tokens: median [min, max] and x baseline."""
-    rows = [
-        ("BASELINE: decode step, nothing else running", baseline),
-        (f"shared: behind a {prompt_len:,}-token prefill", shared),
-        (f"chunked: behind one {chunk:,}-token chunk (unfused)*", chunked),
-    ]
-    return _gap_table(rows, baseline.median)
-
-
-def run_falsifier(
-    loaded: Any,
-    *,
-    prompt_len: int = DEFAULT_PROMPT_LEN,
-    chunk: int | None = None,
-    cost: CostModel | None = None,
-    repeats: int | None = None,
-    warmup: int | None = None,
-    dry_run: bool = False,
-    emit: Emit = print,
-    progress: Callable[[str], object] | None = None,
-    stream_context: int = STREAM_CONTEXT,
-    seed: int = 0,
-) -> FalsifierResult:
-    """Print the claim, measure, and judge it.
-
-    Args:
-        loaded: a ``models.LoadedModel``.
-        prompt_len: the arriving prompt (never shortened, not even by ``dry_run``).
-        chunk: the chunk to test; default C* of ``cost``, or of a quick calibration (prefill
-            and decode-per-KV sweeps, no batch sweep) made here.
-        repeats, warmup, dry_run: as for ``calibrate.calibrate``.
-        emit: receives the claim before any measurement, then each table and the verdict.
-        progress: receives one line per finished measurement (for stderr).
-        stream_context: cached tokens of the live stream.
-
-    Raises:
-        ValueError: for a non-positive prompt_len or chunk, or a prompt longer than the model's
-            context.
-    """
-    from pytest_prefill import calibrate as cal
-    from pytest_prefill.calibration_tables import kv_table
-    from pytest_prefill.runner import ModelRunner, rewind
-
+def check_arguments(loaded: Any, prompt_len: Any, chunk: Any, stream_context: Any) -> None:
+    """ValueError naming the field for a non-positive prompt_len, chunk or stream context, or a
+    prompt longer than the model's context."""
     for field, value in (("prompt_len", prompt_len), ("stream_context", stream_context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
@@ -172,67 +126,63 @@ def run_falsifier(
         raise ValueError(
             f"prompt_len {prompt_len} exceeds the model's context ({loaded.max_context})"
         )
-    repeats, warmup = cal.effective_repeats(repeats, warmup, dry_run)
 
-    emit(f"Falsifier: {CLAIM}")
-    emit(
-        f"Model: {loaded.name} ({loaded.source}); device {loaded.device}, {loaded.dtype_name}; "
-        f"{repeats} repeats after {warmup} warmup{' (dry run)' if dry_run else ''}"
-    )
 
-    calibration = None
-    caches = tuple(sorted({min(n, loaded.max_context - 1) for n in cal.DEFAULT_CACHE_LENS}))
+def pick_chunk(
+    loaded: Any,
+    prompt_len: int,
+    chunk: int | None,
+    cost: CostModel | None,
+    timing: dict[str, Any],
+) -> tuple[int, str, Any]:
+    """The chunk to test, where it came from, and the quick calibration made for it (None when
+    ``chunk`` or ``cost`` was given)."""
+    from pytest_prefill import calibrate as cal
+
     if chunk is not None:
-        chunk_source = "given"
-    elif cost is not None:
-        chunk, chunk_source = _chunk_for(cost, prompt_len, "C* of the given cost model")
-    else:
-        calibration = cal.calibrate(
-            loaded,
-            repeats=repeats,
-            warmup=warmup,
-            dry_run=dry_run,
-            progress=progress,
-            batch_sizes=(),
-            chunks=(),
-            fused=(),
-            seed=seed,
-        )
-        chunk, chunk_source = _chunk_for(
-            calibration.cost,
-            prompt_len,
-            "C* of a quick calibration made now",
-            usable="prefill_per_token" not in calibration.refused(),
-        )
-        emit(calibration.chunk_star_text())
-    chunk = min(chunk, prompt_len)
+        return min(chunk, prompt_len), "given", None
+    if cost is not None:
+        picked, source = _chunk_for(cost, prompt_len, "C* of the given cost model")
+        return min(picked, prompt_len), source, None
+    calibration = cal.calibrate(loaded, batch_sizes=(), chunks=(), fused=(), **timing)
+    picked, source = _chunk_for(
+        calibration.cost,
+        prompt_len,
+        "C* of a quick calibration made now",
+        usable="prefill_per_token" not in calibration.refused(),
+    )
+    return min(picked, prompt_len), source, calibration
+
+
+def hf_gaps(
+    loaded: Any,
+    prompt_len: int,
+    chunk: int,
+    stream_context: int,
+    *,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    progress: Progress | None = None,
+) -> tuple[Measurement, Measurement, Measurement]:
+    """The live stream's gap on the HF forward: its decode step alone, behind a whole prefill,
+    and behind the prompt's last chunk (run one after the other, unfused)."""
+    from pytest_prefill.runner import ModelRunner, rewind
 
     runner = ModelRunner(loaded, seed=seed)
     stream = runner.decode_batch([stream_context])
-    stream_ids = runner.tokens(1)
-    prompt_ids = runner.tokens(prompt_len)
-    chunk_ids = runner.tokens(chunk)
+    stream_ids, prompt_ids, chunk_ids = (
+        runner.tokens(1),
+        runner.tokens(prompt_len),
+        runner.tokens(chunk),
+    )
     context = prompt_len - chunk  # the prompt's last chunk: the longest context, the worst gap
     prompt_cache = runner.synthetic_cache(context) if context else None
+    timing = {"repeats": repeats, "warmup": warmup}
 
     def say(text: str) -> None:
         if progress is not None:
             progress(text)
-
-    baseline = runner.measure(
-        lambda: runner.decode(stream, stream_ids),
-        repeats=repeats,
-        warmup=warmup,
-        setup=stream.rewind,
-    )
-    say(f"baseline decode step: {_ms(baseline.median)} ms")
-
-    def shared_gap() -> None:
-        runner.prefill(prompt_ids)
-        runner.decode(stream, stream_ids)
-
-    shared = runner.measure(shared_gap, repeats=repeats, warmup=warmup, setup=stream.rewind)
-    say(f"decode step behind a {prompt_len}-token prefill: {_ms(shared.median)} ms")
 
     def chunked_gap() -> None:
         if prompt_cache is None:
@@ -246,53 +196,72 @@ def run_falsifier(
         if prompt_cache is not None:
             rewind(prompt_cache, context)
 
-    chunked = runner.measure(chunked_gap, repeats=repeats, warmup=warmup, setup=reset)
+    baseline = runner.measure(
+        lambda: runner.decode(stream, stream_ids), setup=stream.rewind, **timing
+    )
+    say(f"baseline decode step: {_ms(baseline.median)} ms")
+    shared = runner.measure(
+        lambda: (runner.prefill(prompt_ids), runner.decode(stream, stream_ids)),
+        setup=stream.rewind,
+        **timing,
+    )
+    say(f"decode step behind a {prompt_len}-token prefill: {_ms(shared.median)} ms")
+    chunked = runner.measure(chunked_gap, setup=reset, **timing)
     say(f"decode step behind one {chunk}-token chunk: {_ms(chunked.median)} ms")
+    return baseline, shared, chunked
 
-    if calibration is not None:
-        kv_points = tuple(calibration.points("decode_kv"))
-    else:
-        kv_points = tuple(
-            cal.measure_decode_kv(runner, caches, repeats=repeats, warmup=warmup, progress=progress)
-        )
-    table = stall_table(baseline, shared, chunked, prompt_len=prompt_len, chunk=chunk)
-    emit(
-        f"Stall: a live stream with {stream_context} cached tokens; a {prompt_len:,}-token "
-        f"prompt arrives. Chunk {chunk:,} tokens ({chunk_source}).\n" + table
+
+def measure_falsifier(
+    loaded: Any,
+    *,
+    prompt_len: int = DEFAULT_PROMPT_LEN,
+    chunk: int | None = None,
+    cost: CostModel | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    stream_context: int = STREAM_CONTEXT,
+    seed: int = 0,
+) -> FalsifierResult:
+    """Measure the gaps and judge the claim (``falsifier_report.run_falsifier`` states the claim
+    first and prints the tables; call that to run the falsifier as a user sees it).
+
+    Args:
+        loaded: a ``models.LoadedModel``.
+        prompt_len: the arriving prompt (never shortened, not even by ``dry_run``).
+        chunk: the chunk to test; default C* of ``cost``, or of a quick calibration (prefill
+            and decode-per-KV sweeps, no batch, chunk or fused sweep) made here.
+        repeats, warmup, dry_run: as for ``calibrate.calibrate``.
+        progress: receives one line per finished measurement (for stderr).
+        stream_context: cached tokens of the live stream.
+
+    Raises:
+        ValueError: for a non-positive prompt_len or chunk, or a prompt longer than the model's
+            context.
+    """
+    from pytest_prefill import calibrate as cal
+
+    check_arguments(loaded, prompt_len, chunk, stream_context)
+    repeats, warmup = cal.effective_repeats(repeats, warmup, dry_run)
+    timing = {"repeats": repeats, "warmup": warmup, "dry_run": dry_run, "seed": seed}
+    chosen, source, calibration = pick_chunk(
+        loaded, prompt_len, chunk, cost, {**timing, "progress": progress}
     )
-    emit(
-        f"* the chunk pass and the decode step run one after the other, not fused: an upper "
-        f"bound on one fused iteration. It is the prompt's last chunk ({context:,} tokens "
-        "already cached), so its gap is the worst."
+    gaps: dict[str, Any] = {
+        "repeats": repeats,
+        "warmup": warmup,
+        "seed": seed,
+        "progress": progress,
+    }
+    baseline, shared, chunked = hf_gaps(loaded, prompt_len, chosen, stream_context, **gaps)
+    kv_points = _kv_points(loaded, calibration, gaps)
+    engine = engine_gaps(loaded, prompt_len, chosen, stream_context, **gaps)
+    outcome, line = (
+        verdict(shared, chunked) if engine is None else verdict(engine["shared"], engine["fused"])
     )
-    kv = kv_table(list(kv_points))
-    emit("Decode step, batch 1, per cached-token count\n" + kv)
-    unstable = [
-        f"{name}: {m.warning}"
-        for name, m in (("baseline", baseline), ("shared", shared), ("chunked", chunked))
-        if m.warning
-    ]
-    if unstable:
-        emit("WARNING: unstable measurements (! above): " + "; ".join(unstable))
-    engine = _engine_gaps(loaded, prompt_len, chunk, stream_context, repeats, warmup, seed, say)
-    if engine is None:
-        outcome, line = verdict(shared, chunked)
-    else:
-        emit(
-            "Stall on the engine's packed pass: the chunk runs FUSED with the decode row in one "
-            "iteration\n"
-            + engine_stall_table(engine, prompt_len=prompt_len, chunk=chunk, unfused=chunked)
-        )
-        if engine["fused"].median > chunked.median:
-            # Two implementations: the bound holds for one model code, not across them.
-            emit(
-                "NOTE: the engine's fused iteration is slower here than the HF passes run one "
-                "after the other, so the unfused figure is no upper bound on this device: the "
-                "packed pass (attention per request in Python) is the slower implementation."
-            )
-        outcome, line = verdict(engine["shared"], engine["fused"])
+    if engine is not None:
         line += " [Judged on the engine's figures: the chunk fused with the decode step.]"
-    emit(line)
     info = cal.provenance(
         loaded,
         repeats=repeats,
@@ -300,41 +269,45 @@ def run_falsifier(
         dry_run=dry_run,
         seed=seed,
         prompt_len=prompt_len,
-        chunk=chunk,
+        chunk=chosen,
         stream_context=stream_context,
     )
     return FalsifierResult(
-        claim=CLAIM,
-        verdict=outcome,
-        verdict_line=line,
-        prompt_len=prompt_len,
-        chunk=chunk,
-        chunk_source=chunk_source,
-        stream_context=stream_context,
-        baseline=baseline,
-        shared=shared,
-        chunked=chunked,
-        stall_table=table,
-        kv_table=kv,
-        provenance=info,
-        calibration=calibration,
-        kv_points=kv_points,
-        engine=engine,
+        CLAIM, outcome, line, prompt_len, chosen, source, stream_context, baseline, shared,
+        chunked, info, calibration, kv_points, engine,
+    )  # fmt: skip
+
+
+def _kv_points(loaded: Any, calibration: Any, timing: dict[str, Any]) -> tuple[Any, ...]:
+    """The decode step per cached-token count: the quick calibration's, else measured now."""
+    from pytest_prefill import calibrate as cal
+    from pytest_prefill.runner import ModelRunner
+
+    if calibration is not None:
+        return tuple(calibration.points("decode_kv"))
+    caches = tuple(sorted({min(n, loaded.max_context - 1) for n in cal.DEFAULT_CACHE_LENS}))
+    runner = ModelRunner(loaded, seed=timing["seed"])
+    return tuple(
+        cal.measure_decode_kv(
+            runner,
+            caches,
+            repeats=timing["repeats"],
+            warmup=timing["warmup"],
+            progress=timing["progress"],
+        )
     )
 
 
-# --- The fused figure (issue 6): the same gaps measured on the engine's packed pass ----------
-
-
-def _engine_gaps(
+def engine_gaps(
     loaded: Any,
     prompt_len: int,
     chunk: int,
     stream_context: int,
+    *,
     repeats: int,
     warmup: int,
     seed: int,
-    say: Callable[[str], None],
+    progress: Progress | None = None,
 ) -> dict[str, Measurement] | None:
     """Baseline, shared and fused-chunk gaps on the packed pass; None if it cannot run it."""
     from pytest_prefill.packed import PackedRunner
@@ -342,50 +315,13 @@ def _engine_gaps(
     try:
         runner = PackedRunner(loaded.model, seed=seed)
     except ValueError as err:  # an architecture the packed pass does not implement
-        say(f"fused figure not measured: {err}")
+        if progress is not None:
+            progress(f"fused figure not measured: {err}")
         return None
     gaps = runner.time_gaps(prompt_len, chunk, stream_context, repeats=repeats, warmup=warmup)
-    say(f"engine: decode step fused with one {chunk}-token chunk: {_ms(gaps['fused'].median)} ms")
-    return gaps
-
-
-def engine_stall_table(
-    engine: dict[str, Measurement], *, prompt_len: int, chunk: int, unfused: Measurement
-) -> str:
-    """The engine's gaps (x its own baseline), with the unfused figure beside, labelled."""
-    base = engine["baseline"].median
-    rows = [
-        ("BASELINE: decode step alone (engine)", engine["baseline"]),
-        (f"shared: behind a {prompt_len:,}-token prefill (engine)", engine["shared"]),
-        (
-            f"chunked: one {chunk:,}-token chunk FUSED with the decode step (engine)",
-            engine["fused"],
-        ),
-        ("chunked, unfused (HF passes, from the table above; x engine baseline)", unfused),
-    ]
-    return _gap_table(rows, base)
-
-
-def _gap_table(rows: Sequence[tuple[str, Measurement]], base: float) -> str:
-    """Rows of (label, measurement) as median [min, max] and x ``base``."""
-    body = [
-        (
-            name,
-            _ms(m.median) + ("!" if m.warning else ""),
-            f"[{_ms(m.minimum)}, {_ms(m.maximum)}]",
-            f"{m.median / base:.2f}x",
+    if progress is not None:
+        progress(
+            f"engine: decode step fused with one {chunk}-token chunk: "
+            f"{_ms(gaps['fused'].median)} ms"
         )
-        for name, m in rows
-    ]
-    return tabulate(
-        body,
-        headers=(
-            "live stream's gap between two tokens",
-            "median ms",
-            "[min, max] ms",
-            "x baseline",
-        ),
-        tablefmt="simple",
-        disable_numparse=True,
-        colalign=("left", "right", "right", "right"),
-    )
+    return gaps

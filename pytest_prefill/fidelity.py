@@ -315,6 +315,27 @@ class _Runs:
     transfers: list[float] = dataclasses.field(default_factory=list)
     iterations: dict[str, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
+    def result(
+        self,
+        cells: Sequence[Cell],
+        chosen: Sequence[Scenario],
+        skipped: Sequence[str],
+        not_run: Mapping[str, str],
+        calibrations: Mapping[str, Any],
+        link: Any,
+        provenance: Mapping[str, Any],
+        quiet: Any,
+    ) -> FidelityResult:
+        """The run's :class:`FidelityResult`, with what was gathered here."""
+        iterations = {
+            p: {k: tuple(v) for k, v in kinds.items()} for p, kinds in self.iterations.items()
+        }
+        return FidelityResult(
+            tuple(cells), tuple(chosen), tuple(skipped), not_run, calibrations, link,
+            tuple(self.transfers), self.setups, provenance["chunk"], provenance["runs"],
+            provenance, iterations, quiet,
+        )  # fmt: skip
+
     def add(self, scenario: str, policy: str, run: Any, cost: CostModel) -> None:
         self.summaries.setdefault((scenario, policy), []).append(run.trace.summary())
         self.setups[policy] = run.setup
@@ -495,12 +516,11 @@ def run_fidelity(
     quiet = quiet_probe() if probe else None
     if quiet is not None and quiet.warning:
         _say(progress, quiet.warning)
-    sweep = fc.fidelity_sweep(prompt_lens, chunk, on_cuda=not on_cpu)
     timing: dict[str, Any] = {
         "repeats": repeats,
         "warmup": warmup,
         "dry_run": dry_run,
-        "sweep": sweep,
+        "sweep": fc.fidelity_sweep(prompt_lens, chunk, on_cuda=not on_cpu),
         "seed": seed,
     }
     _say(progress, f"calibrating the engine: single worker, cores {cores}, {threads} thread(s)")
@@ -524,31 +544,10 @@ def run_fidelity(
     else:
         costs = {"single worker": single.cost}
         gathered = run_policies(chosen, policies, loaded.model, costs, **settings)
-    costs = {name: c.cost for name, c in calibrations.items()}
     info = cal.provenance(
-        loaded,
-        repeats=repeats,
-        warmup=warmup,
-        dry_run=dry_run,
-        seed=seed,
-        runs=runs,
-        chunk=chunk,
-        cores=cores,
-        threads=threads,
+        loaded, **timing, runs=runs, chunk=chunk, cores=cores, threads=threads,
         prompt_lens=list(prompt_lens),
-    )
-    return FidelityResult(
-        tuple(cells_of(chosen, policies, costs, gathered.summaries, chunk)),
-        tuple(chosen),
-        tuple(skipped),
-        not_run,
-        calibrations,
-        link,
-        tuple(gathered.transfers),
-        gathered.setups,
-        chunk,
-        runs,
-        info,
-        {p: {k: tuple(v) for k, v in kinds.items()} for p, kinds in gathered.iterations.items()},
-        quiet,
-    )
+    )  # fmt: skip
+    costs = {name: c.cost for name, c in calibrations.items()}
+    cells = cells_of(chosen, policies, costs, gathered.summaries, chunk)
+    return gathered.result(cells, chosen, skipped, not_run, calibrations, link, info, quiet)

@@ -137,37 +137,61 @@ def fit_terms(
             raise ValueError(f"spreads must be {n} finite values >= 0")
         typical = float(np.median(np.array(spreads, dtype=float) / y))
     names = tuple(columns)
-    active = list(names)
-    refused: dict[str, str] = {}
-    estimates: dict[str, float] = {}
-    stderrs: dict[str, float] = {name: 0.0 for name in names}
-    effects: dict[str, float] = {name: 0.0 for name in names}
+    active, refused = list(names), {}
+    stats: dict[str, dict[str, float]] = {"estimate": {}, "stderr": {}, "effect": {}}
     coef: Any = np.zeros(0)
     sd = 0.0
-    scatter = typical
     while active:
         x = np.array([[float(columns[name][i]) for name in active] for i in range(n)])
         coef, se, sd = _solve(x.reshape(n, len(active)), y, known)
-        scatter = max(typical, sd)
-        worst: tuple[float, str, str] | None = None
-        for j, name in enumerate(active):
-            value = float(coef[j])
-            effect = float(np.max(np.abs(value * x[:, j]) / y))
-            estimates[name], stderrs[name], effects[name] = value, float(se[j]), effect
-            reason = _verdict(name, value, float(se[j]), effect, scatter, n - len(active))
-            if reason:
-                support = value / float(se[j]) if se[j] > 0 else value
-                if worst is None or support < worst[0]:
-                    worst = (support, name, reason)
+        worst = _least_supported(active, x, y, coef, se, max(typical, sd), stats)
         if worst is None:
             break
-        _, name, reason = worst
-        refused[name] = reason
-        active.remove(name)
-    values = {name: 0.0 for name in names}
+        refused[worst[0]] = worst[1]
+        active.remove(worst[0])
+    values = dict.fromkeys(names, 0.0)
+    values.update({name: float(coef[j]) for j, name in enumerate(active)})
+    return TermFit(
+        names,
+        values,
+        {name: stats["stderr"].get(name, 0.0) for name in names},
+        stats["estimate"],
+        {name: stats["effect"].get(name, 0.0) for name in names},
+        refused,
+        max(typical, sd),
+        sd,
+        n,
+    )
+
+
+def _least_supported(
+    active: Sequence[str],
+    x: Any,
+    y: Any,
+    coef: Any,
+    se: Any,
+    scatter: float,
+    stats: dict[str, dict[str, float]],
+) -> tuple[str, str] | None:
+    """The term to refuse next, with the reason (the lowest t-statistic among those that fail
+    :func:`_verdict`); None when every term is supported. Records each term's numbers."""
+    import numpy as np
+
+    worst: tuple[float, str, str] | None = None
     for j, name in enumerate(active):
-        values[name] = float(coef[j])
-    return TermFit(names, values, stderrs, estimates, effects, refused, scatter, sd, n)
+        value, stderr = float(coef[j]), float(se[j])
+        effect = float(np.max(np.abs(value * x[:, j]) / y))
+        stats["estimate"][name], stats["stderr"][name], stats["effect"][name] = (
+            value,
+            stderr,
+            effect,
+        )
+        reason = _verdict(name, value, stderr, effect, scatter, len(y) - len(active))
+        if reason:
+            support = value / stderr if stderr > 0 else value
+            if worst is None or support < worst[0]:
+                worst = (support, name, reason)
+    return None if worst is None else (worst[1], worst[2])
 
 
 def relative_errors(predicted: Sequence[float], measured: Sequence[float]) -> list[float]:

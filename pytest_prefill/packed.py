@@ -127,7 +127,6 @@ class PackedModel:
         its logits as asked (``[vocab]`` for ``"last"``, ``[rows, vocab]`` for ``"all"``, None).
         """
         import torch
-        import torch.nn.functional as F
 
         if not segments:
             raise ValueError("a packed pass needs at least one segment")
@@ -143,72 +142,94 @@ class PackedModel:
                 bounds.append((offset, n, s.cache.length))
                 positions.append(torch.arange(s.cache.length, s.cache.length + n))
                 offset += n
-            rows = offset
             ids = torch.cat([s.tokens.to(self.device) for s in segments])
-            position_ids = torch.cat(positions).to(self.device)
             inner = self.model.model
             h = inner.embed_tokens(ids)
-            cos, sin = inner.rotary_emb(h[None], position_ids[None])
-            cos, sin = cos[0][:, None, :], sin[0][:, None, :]
+            cos, sin = inner.rotary_emb(h[None], torch.cat(positions).to(self.device)[None])
+            rope = (cos[0][:, None, :], sin[0][:, None, :])
             masks = [self._mask(n, cached) for _, n, cached in bounds]
-            heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
             for index, layer in enumerate(self.layers):
-                attn = layer.self_attn
                 x = layer.input_layernorm(h)
-                q = attn.q_proj(x).view(rows, heads, dim)
-                k = attn.k_proj(x).view(rows, kv_heads, dim)
-                v = attn.v_proj(x).view(rows, kv_heads, dim)
-                if getattr(attn, "q_norm", None) is not None:
-                    q = attn.q_norm(q)
-                    k = attn.k_norm(k)
-                q = q * cos + _rotate_half(q) * sin
-                k = k * cos + _rotate_half(k) * sin
-                out = torch.empty_like(q)
-                for s, (first, n, cached), mask in zip(segments, bounds, masks):  # noqa: B905
-                    kv = s.cache.data[index]
-                    kv[0, :, cached : cached + n] = k[first : first + n].transpose(0, 1)
-                    kv[1, :, cached : cached + n] = v[first : first + n].transpose(0, 1)
-                    keys = kv[0, :, : cached + n]
-                    values = kv[1, :, : cached + n]
-                    if heads != kv_heads:
-                        keys = keys.repeat_interleave(heads // kv_heads, dim=0)
-                        values = values.repeat_interleave(heads // kv_heads, dim=0)
-                    query = q[first : first + n].transpose(0, 1)
-                    # 4-D inputs: with 3-D ones CPU SDPA falls back to its slow math kernel.
-                    o = F.scaled_dot_product_attention(
-                        query[None],
-                        keys[None],
-                        values[None],
-                        attn_mask=mask,
-                        is_causal=mask is None and n > 1,
-                        scale=self.scaling,
-                    )
-                    out[first : first + n] = o[0].transpose(0, 1)
-                h = h + attn.o_proj(out.reshape(rows, heads * dim))
+                h = h + self._attention(index, layer.self_attn, x, rope, segments, bounds, masks)
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
             for s, (_, n, _) in zip(segments, bounds):  # noqa: B905
                 s.cache.length += n
-            wanted = [
-                (i, first + n - 1 if s.logits == "last" else slice(first, first + n))
-                for i, (s, (first, n, _)) in enumerate(zip(segments, bounds))  # noqa: B905
-                if s.logits != "none"
-            ]
-            results: list[Any] = [None] * len(segments)
-            if wanted:
-                picked = [
-                    torch.arange(sel.start, sel.stop)
-                    if isinstance(sel, slice)
-                    else torch.tensor([sel])
-                    for _, sel in wanted
-                ]
-                index_rows = torch.cat(picked).to(self.device)
-                logits = self.model.lm_head(inner.norm(h[index_rows]))
-                at = 0
-                for (i, sel), chosen in zip(wanted, picked):  # noqa: B905
-                    block = logits[at : at + len(chosen)]
-                    results[i] = block[0] if not isinstance(sel, slice) else block
-                    at += len(chosen)
+            return self._logits(h, segments, bounds)
+
+    def _attention(
+        self,
+        index: int,
+        attn: Any,
+        x: Any,
+        rope: tuple[Any, Any],
+        segments: Sequence[Segment],
+        bounds: Sequence[tuple[int, int, int]],
+        masks: Sequence[Any],
+    ) -> Any:
+        """Layer ``index``'s attention output for every row: q/k/v over all rows at once, the
+        new keys and values written into each segment's cache, attention per segment."""
+        import torch
+        import torch.nn.functional as F
+
+        rows = x.shape[0]
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        q = attn.q_proj(x).view(rows, heads, dim)
+        k = attn.k_proj(x).view(rows, kv_heads, dim)
+        v = attn.v_proj(x).view(rows, kv_heads, dim)
+        if getattr(attn, "q_norm", None) is not None:
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        cos, sin = rope
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        out = torch.empty_like(q)
+        for s, (first, n, cached), mask in zip(segments, bounds, masks):  # noqa: B905
+            kv = s.cache.data[index]
+            kv[0, :, cached : cached + n] = k[first : first + n].transpose(0, 1)
+            kv[1, :, cached : cached + n] = v[first : first + n].transpose(0, 1)
+            keys = kv[0, :, : cached + n]
+            values = kv[1, :, : cached + n]
+            if heads != kv_heads:
+                keys = keys.repeat_interleave(heads // kv_heads, dim=0)
+                values = values.repeat_interleave(heads // kv_heads, dim=0)
+            query = q[first : first + n].transpose(0, 1)
+            # 4-D inputs: with 3-D ones CPU SDPA falls back to its slow math kernel.
+            o = F.scaled_dot_product_attention(
+                query[None],
+                keys[None],
+                values[None],
+                attn_mask=mask,
+                is_causal=mask is None and n > 1,
+                scale=self.scaling,
+            )
+            out[first : first + n] = o[0].transpose(0, 1)
+        return attn.o_proj(out.reshape(rows, heads * dim))
+
+    def _logits(
+        self, h: Any, segments: Sequence[Segment], bounds: Sequence[tuple[int, int, int]]
+    ) -> list[Any]:
+        """Per segment, the logits it asked for (one lm_head call over every row wanted)."""
+        import torch
+
+        wanted = [
+            (i, first + n - 1 if s.logits == "last" else slice(first, first + n))
+            for i, (s, (first, n, _)) in enumerate(zip(segments, bounds))  # noqa: B905
+            if s.logits != "none"
+        ]
+        results: list[Any] = [None] * len(segments)
+        if not wanted:
             return results
+        picked = [
+            torch.arange(sel.start, sel.stop) if isinstance(sel, slice) else torch.tensor([sel])
+            for _, sel in wanted
+        ]
+        logits = self.model.lm_head(self.model.model.norm(h[torch.cat(picked).to(self.device)]))
+        at = 0
+        for (i, sel), chosen in zip(wanted, picked):  # noqa: B905
+            block = logits[at : at + len(chosen)]
+            results[i] = block[0] if not isinstance(sel, slice) else block
+            at += len(chosen)
+        return results
 
     def _mask(self, n: int, cached: int) -> Any:
         """Boolean attention mask of ``n`` new rows over ``cached + n`` keys (None when SDPA's

@@ -248,20 +248,7 @@ def fit_line(
     """
     import numpy as np
 
-    if len(xs) != len(ys):
-        raise ValueError(f"xs and ys must have the same length, got {len(xs)} and {len(ys)}")
-    x = np.array([_finite("x", v) for v in xs], dtype=float)
-    y = np.array([_finite("y", v) for v in ys], dtype=float)
-    if len(set(x.tolist())) < 2:
-        raise ValueError(f"fit_line needs at least two distinct xs, got {list(xs)!r}")
-    if spreads is not None:
-        if len(spreads) != len(xs):
-            raise ValueError(
-                f"spreads must have one value per point, got {len(spreads)} for {len(xs)}"
-            )
-        spread_values = [_finite("spread", s) for s in spreads]
-        if min(spread_values) < 0:
-            raise ValueError(f"spreads must be >= 0, got {min(spread_values)!r}")
+    x, y, spread_values = _line_input(xs, ys, spreads)
     n = len(x)
     x_mean, y_mean = float(x.mean()), float(y.mean())
     sxx = float(((x - x_mean) ** 2).sum())
@@ -274,32 +261,14 @@ def fit_line(
         intercept_stderr = residual_sd * math.sqrt(1.0 / n + x_mean**2 / sxx)
     else:
         residual_sd = slope_stderr = intercept_stderr = 0.0
-    typical_spread = float(np.median(spread_values)) if spreads is not None else 0.0
+    typical_spread = float(np.median(spread_values)) if spread_values else 0.0
     scatter = max(typical_spread, residual_sd)
     x_range = float(x.max() - x.min())
     effect = abs(slope) * x_range
-
-    scale = 1e3 if unit == "ms" else 1.0
-
-    def show(value: float) -> str:
-        return f"{value * scale:.4g}{' ' + unit if unit else ''}"
-
-    reason = ""
-    if nonnegative and slope < 0:
-        reason = (
-            f"negative slope ({slope * scale:.3g} {unit + ' ' if unit else ''}per {x_unit}) for a "
-            "cost that cannot fall as work grows"
-        )
-    elif effect <= CLEARLY * scatter:
-        reason = (
-            f"flat within noise: the effect across x = {x.min():g}..{x.max():g} is "
-            f"{show(effect)}, not more than {CLEARLY:g}x the scatter {show(scatter)}"
-        )
-    elif n > 2 and abs(slope) <= SIGNIFICANT * slope_stderr:
-        reason = (
-            f"slope {slope * scale:.3g} is within {SIGNIFICANT:g} standard errors "
-            f"({slope_stderr * scale:.3g}) of zero"
-        )
+    reason = _line_refusal(
+        slope, slope_stderr, effect, scatter, (float(x.min()), float(x.max()), n),
+        nonnegative=nonnegative, unit=unit, x_unit=x_unit,
+    )  # fmt: skip
     return Fit(
         slope=slope,
         intercept=intercept,
@@ -313,6 +282,67 @@ def fit_line(
         refused=bool(reason),
         reason=reason,
     )
+
+
+def _line_input(
+    xs: Sequence[float], ys: Sequence[float], spreads: Sequence[float] | None
+) -> tuple[Any, Any, list[float]]:
+    """``fit_line``'s points as arrays, checked (ValueError naming what is wrong)."""
+    import numpy as np
+
+    if len(xs) != len(ys):
+        raise ValueError(f"xs and ys must have the same length, got {len(xs)} and {len(ys)}")
+    x = np.array([_finite("x", v) for v in xs], dtype=float)
+    y = np.array([_finite("y", v) for v in ys], dtype=float)
+    if len(set(x.tolist())) < 2:
+        raise ValueError(f"fit_line needs at least two distinct xs, got {list(xs)!r}")
+    spread_values: list[float] = []
+    if spreads is not None:
+        if len(spreads) != len(xs):
+            raise ValueError(
+                f"spreads must have one value per point, got {len(spreads)} for {len(xs)}"
+            )
+        spread_values = [_finite("spread", s) for s in spreads]
+        if min(spread_values) < 0:
+            raise ValueError(f"spreads must be >= 0, got {min(spread_values)!r}")
+    return x, y, spread_values
+
+
+def _line_refusal(
+    slope: float,
+    slope_stderr: float,
+    effect: float,
+    scatter: float,
+    span: tuple[float, float, int],
+    *,
+    nonnegative: bool,
+    unit: str,
+    x_unit: str,
+) -> str:
+    """Why ``fit_line`` refuses the slope ('' when it keeps it); ``span`` is (min x, max x,
+    points)."""
+    scale = 1e3 if unit == "ms" else 1.0
+
+    def show(value: float) -> str:
+        return f"{value * scale:.4g}{' ' + unit if unit else ''}"
+
+    low, high, n = span
+    if nonnegative and slope < 0:
+        return (
+            f"negative slope ({slope * scale:.3g} {unit + ' ' if unit else ''}per {x_unit}) for a "
+            "cost that cannot fall as work grows"
+        )
+    if effect <= CLEARLY * scatter:
+        return (
+            f"flat within noise: the effect across x = {low:g}..{high:g} is "
+            f"{show(effect)}, not more than {CLEARLY:g}x the scatter {show(scatter)}"
+        )
+    if n > 2 and abs(slope) <= SIGNIFICANT * slope_stderr:
+        return (
+            f"slope {slope * scale:.3g} is within {SIGNIFICANT:g} standard errors "
+            f"({slope_stderr * scale:.3g}) of zero"
+        )
+    return ""
 
 
 def fit_from_dict(data: Any) -> Fit:

@@ -14,9 +14,9 @@ from pytest_prefill.falsifier import (  # noqa: E402
     FALLBACK_CHUNK,
     VERDICTS,
     chunk_from_cost,
-    stall_table,
     verdict,
 )
+from pytest_prefill.falsifier_report import stall_table, stall_table_of  # noqa: E402
 from pytest_prefill.scheduler import PRESETS, CostModel  # noqa: E402
 from pytest_prefill.timing import Measurement  # noqa: E402
 
@@ -69,7 +69,7 @@ def tiny(one_torch_thread):
 
 def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
     from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier import run_falsifier
+    from pytest_prefill.falsifier_report import run_falsifier
     from pytest_prefill.runner import ModelRunner
 
     monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
@@ -92,7 +92,10 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
     emitted = [text for kind, text in log if kind == "emit"]
     assert emitted[-1].startswith(("HOLDS", "FAILS"))
     assert result.verdict in VERDICTS and emitted[-1] == result.verdict_line
-    assert result.stall_table in "\n".join(emitted) and result.kv_table in "\n".join(emitted)
+    from pytest_prefill.calibration_tables import kv_table
+
+    shown = "\n".join(emitted)
+    assert stall_table_of(result) in shown and kv_table(list(result.kv_points)) in shown
     assert "upper bound on one fused iteration" in "\n".join(emitted)
     assert "C* = " in "\n".join(emitted)  # the quick calibration's derivation
     assert 1 <= result.chunk <= 64 and "quick calibration" in result.chunk_source
@@ -104,7 +107,7 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
 
 def test_dry_run_cuts_repeats_never_the_prompt(tiny, monkeypatch):
     from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier import run_falsifier
+    from pytest_prefill.falsifier_report import run_falsifier
 
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
     result = run_falsifier(
@@ -117,7 +120,7 @@ def test_dry_run_cuts_repeats_never_the_prompt(tiny, monkeypatch):
 
 def test_a_given_cost_sets_the_chunk(tiny, monkeypatch):
     from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier import run_falsifier
+    from pytest_prefill.falsifier_report import run_falsifier
 
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
     result = run_falsifier(
@@ -143,7 +146,7 @@ def test_a_given_cost_sets_the_chunk(tiny, monkeypatch):
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs):
-    from pytest_prefill.falsifier import run_falsifier
+    from pytest_prefill.falsifier_report import run_falsifier
 
     emitted: list[str] = []
     with pytest.raises(ValueError):
@@ -153,7 +156,7 @@ def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs):
 
 def test_an_unusable_c_star_falls_back_to_the_smallest_useful_chunk(tiny, monkeypatch):
     from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier import run_falsifier
+    from pytest_prefill.falsifier_report import run_falsifier
 
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
     negative = CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-5, decode_step_base=0.01)

@@ -214,3 +214,29 @@ def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
 def test_percentiles_are_nearest_rank():
     p = fid.percentiles([float(i) for i in range(1, 11)])
     assert p == {"median": 5.5, "p10": 1.0, "p90": 9.0, "count": 10}
+
+
+def test_fidelity_save_archives_the_tables_and_the_verdict(tmp_path):
+    import argparse
+
+    from pytest_prefill import archive
+    from pytest_prefill.commands.fidelity import save_fidelity
+
+    cells = [fid.Cell("lab 256", "shared", "makespan", 1.05, (1.0, 1.0, 1.0))]
+    args = argparse.Namespace(
+        results=str(tmp_path),
+        machine="cpu-test",
+        model="small",
+        device="cpu",
+        dtype=None,
+        repeats=None,
+        warmup=None,
+        dry_run=False,
+        argv=["fidelity", "--save"],
+    )
+    path = save_fidelity(args, _result(cells))
+    (saved,) = archive.runs(tmp_path, "cpu-test")
+    assert saved.path == path
+    assert saved.data["verdicts"][0]["verdict"] == "HOLDS"  # 5% <= 10%
+    assert saved.data["tables"][0]["data"]["cells"][0]["policy"] == "shared"
+    assert saved.data["command"] == "prefill-bench fidelity --save"

@@ -80,3 +80,32 @@ def save_calibration(args: argparse.Namespace, calibration: Any, origin: str) ->
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["calibrate"]),
     )
     return archive.save_run(args.results, document, when=started.astimezone())
+
+
+def save_tables(
+    args: argparse.Namespace,
+    provenance: Any,
+    tables: Any,
+    verdicts: Any,
+) -> Path:
+    """Archive a measuring command's printed tables and verdicts (no calibration of its own)
+    as a run of ``--machine`` (else this machine) under ``--results``. ``tables``: (title,
+    text, data) each; ``verdicts``: (name, HOLDS or FAILS, sentence) each."""
+    device = "cpu" if str(provenance.get("device", "")).startswith("cpu") else None
+    accelerators = [] if device == "cpu" else nvidia_accelerators()
+    machine = {**machine_info(device, accelerators), "key": machine_of(args, device)}
+    commit, dirty = archive.git_state(os.getcwd())
+    started = datetime.datetime.now(datetime.timezone.utc)
+    settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
+    settings.update(warmup=args.warmup, dry_run=args.dry_run, threads=provenance.get("threads"))
+    document = archive.run_document(
+        created=started,
+        machine=machine,
+        commit=commit,
+        dirty=dirty,
+        settings=settings,
+        tables=[{"title": t, "text": text, "data": data} for t, text, data in tables],
+        verdicts=[{"name": n, "verdict": v, "sentence": s} for n, v, s in verdicts],
+        command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["fidelity"]),
+    )
+    return archive.save_run(args.results, document, when=started.astimezone())

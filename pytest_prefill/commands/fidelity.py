@@ -5,8 +5,10 @@ against the measured run-to-run spread."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._archive_args import save_tables
 from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
@@ -92,4 +94,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json_atomic(args.json, result.to_dict())
         print(f"wrote {args.json}")
+    if args.save:
+        print(f"archived: {save_fidelity(args, result)}")
     return 0 if result.passed else 1  # FAILS (median error over the threshold): CI gates on it
+
+
+def save_fidelity(args: argparse.Namespace, result: Any) -> Any:
+    """Archive a fidelity run: its printed tables, its verdict, and the whole result."""
+    from pytest_prefill import fidelity as fid
+    from pytest_prefill import fidelity_tables as tables
+
+    data = result.to_dict()
+    rows = [
+        ("Fidelity: simulated vs measured", tables.fidelity_table(result), data),
+        ("Fidelity: median |error| by policy and metric", tables.summary_table(result), None),
+        ("Fidelity: the cost models used", tables.calibration_table(result), None),
+        ("Each real iteration vs. the cost model", tables.iteration_table(result), None),
+        ("KV link between the disaggregated workers", tables.link_table(result), None),
+    ]
+    sentence = (
+        f"median |relative error| {result.median_abs_error:.1%} over the judged cells "
+        f"(threshold {fid.THRESHOLD:.0%}); all cells {result.median_abs_error_all:.1%}"
+    )
+    verdict = ("fidelity", "HOLDS" if result.passed else "FAILS", sentence)
+    return save_tables(args, result.provenance, rows, [verdict])
