@@ -587,6 +587,167 @@ def token_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
     return [(b - a, 1) for r in records for a, b in zip(r.token_times, r.token_times[1:])]
 
 
+class GapMultiset:
+    """The token gaps of a run (vLLM's ITL), kept as the simulator makes them: point masses
+    ``{gap: count}`` and arithmetic runs ``(first, growth, k, weight)`` (the k gaps first,
+    first + growth, ... each counted ``weight`` times), in ticks. Order statistics, moments and
+    the maximum come from these directly; :meth:`items` expands them (one pair per distinct gap).
+    """
+
+    def __init__(
+        self,
+        points: Mapping[int, int] | None = None,
+        runs: Iterable[tuple[int, int, int, int]] = (),
+        *,
+        owned: bool = False,
+    ) -> None:
+        # ``owned``: the caller hands over ``points`` (a dict) and ``runs`` (growth > 0, k and
+        # weight > 0), not to be touched again: no copy.
+        self._index: tuple[Any, ...] | None = None
+        self.points: dict[int, int]
+        self.runs: list[tuple[int, int, int, int]]
+        if owned and isinstance(points, dict) and isinstance(runs, list):
+            self.points, self.runs = points, runs
+            self.count = sum(self.points.values()) + sum(k * w for _, _, k, w in self.runs)
+            return
+        self.points = dict(points or {})
+        self.runs = []
+        for a, g, k, w in runs:
+            if k > 0 and w > 0:
+                if g:
+                    self.runs.append((a, g, k, w))
+                else:
+                    self.points[a] = self.points.get(a, 0) + k * w
+        self.count = sum(self.points.values()) + sum(k * w for _, _, k, w in self.runs)
+
+    @classmethod
+    def of_seconds(cls, pairs: Iterable[tuple[float, int]]) -> GapMultiset:
+        """From (gap seconds, count) pairs (a trace built from token times)."""
+        points: dict[int, int] = {}
+        for gap, n in pairs:
+            ticks = to_ticks(gap)
+            points[ticks] = points.get(ticks, 0) + n
+        return cls(points)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def max(self) -> float:
+        top = max(self.points, default=None)
+        for first, growth, k, _ in self.runs:
+            last = first + (k - 1) * growth
+            top = last if top is None or last > top else top
+        return math.nan if top is None else from_ticks(top)
+
+    def mean(self) -> float:
+        if not self.count:
+            return math.nan
+        return from_ticks(self._sum()) / self.count
+
+    def _sum(self) -> int:
+        total = sum(v * c for v, c in self.points.items())
+        for a, g, k, w in self.runs:
+            total += w * (k * a + g * (k * (k - 1) // 2))
+        return total
+
+    def std(self) -> float:
+        """The population standard deviation (numpy's default, as vLLM reports it)."""
+        n = self.count
+        if not n:
+            return math.nan
+        squares = sum(v * v * c for v, c in self.points.items())
+        for a, g, k, w in self.runs:
+            squares += w * (
+                k * a * a + a * g * k * (k - 1) + g * g * ((k - 1) * k * (2 * k - 1) // 6)
+            )
+        total = self._sum()
+        variance = (n * squares - total * total) / (n * n)  # ticks squared, exact until here
+        return math.sqrt(variance) / TICKS_PER_SECOND
+
+    def kth(self, k: int) -> float:
+        """The k-th smallest gap (1-based)."""
+        if not 1 <= k <= self.count:
+            raise ValueError(f"k must be in [1, {self.count}], got {k!r}")
+        count = self._counter()
+        low, high = self._low, self._high
+        while low < high:  # the least x with count(x) >= k: always a gap
+            middle = (low + high) // 2
+            if count(middle) >= k:
+                high = middle
+            else:
+                low = middle + 1
+        return from_ticks(low)
+
+    def _counter(self) -> Callable[[int], int]:
+        """count(x): how many gaps are <= x, in O(log n) plus the runs that straddle x (runs
+        spanning more than most are checked one by one; the rest found by their start)."""
+        if self._index is None:
+            points = self.points
+            keys = sorted(points)
+            below = [0, *itertools.accumulate(map(points.__getitem__, keys))]
+            weight_at_end: dict[int, int] = {}
+            spans = []
+            for a, g, k, w in self.runs:
+                span = (k - 1) * g
+                spans.append(span)
+                weight_at_end[a + span] = weight_at_end.get(a + span, 0) + k * w
+            end_values = sorted(weight_at_end)
+            full = [0, *itertools.accumulate(map(weight_at_end.__getitem__, end_values))]
+            spans.sort()
+            cutoff = spans[len(spans) * 15 // 16] if spans else 0
+            short = sorted(run for run in self.runs if (run[2] - 1) * run[1] <= cutoff)
+            starts = [a for a, _, _, _ in short]
+            long = [run for run in self.runs if (run[2] - 1) * run[1] > cutoff]
+            self._index = (keys, below, end_values, full, cutoff, short, starts, long)
+            self._low = min(keys[:1] + starts[:1] + [a for a, _, _, _ in long])
+            self._high = max(keys[-1:] + end_values[-1:])
+        keys, below, end_values, full, cutoff, short, starts, long = self._index
+        right = bisect.bisect_right
+
+        def count(x: int) -> int:
+            n = below[right(keys, x)] + full[right(end_values, x)]
+            for a, g, k, w in short[right(starts, x - cutoff) : right(starts, x)]:
+                if a + (k - 1) * g > x:
+                    n += ((x - a) // g + 1) * w
+            for a, g, k, w in long:
+                if a <= x < a + (k - 1) * g:
+                    n += ((x - a) // g + 1) * w
+            return n
+
+        return count
+
+    def percentile(self, p: float) -> float:
+        """Nearest-rank percentile (NaN for no gaps)."""
+        if not 0 < p <= 100:
+            raise ValueError(f"percentile p must be in (0, 100], got {p!r}")
+        if not self.count:
+            return math.nan
+        return self.kth(max(1, math.ceil(p / 100 * self.count)))
+
+    def linear_percentile(self, p: float) -> float:
+        """The percentile as numpy (and so vLLM) computes it: linear interpolation between the
+        order statistics around rank (n - 1) * p / 100 (NaN for no gaps)."""
+        if not 0 <= p <= 100:
+            raise ValueError(f"percentile p must be in [0, 100], got {p!r}")
+        if not self.count:
+            return math.nan
+        position = (self.count - 1) * p / 100
+        low = math.floor(position)
+        fraction = position - low
+        below = self.kth(low + 1)
+        if fraction == 0:
+            return below
+        return below + (self.kth(low + 2) - below) * fraction
+
+    def items(self) -> list[tuple[float, int]]:
+        """Every distinct gap with its count, by gap (expanded: as long as the run was)."""
+        counts = dict(self.points)
+        for first, growth, k, w in self.runs:
+            for gap in range(first, first + k * growth, growth) if growth else (first,):
+                counts[gap] = counts.get(gap, 0) + (w if growth else k * w)
+        return [(from_ticks(g), n) for g, n in sorted(counts.items())]
+
+
 class Trace:
     """Everything a run did: iterations and transfers (``events``, by resource then time) and
     one record per request (``requests``, by arrival then id). Real engine runs build one from
@@ -648,11 +809,19 @@ class Trace:
             if (e.resource == resource if resource is not None else e.resource != LINK)
         )
 
+    def token_gaps(self) -> GapMultiset:
+        """The gaps between consecutive tokens of every request (vLLM's ITL) as a multiset with
+        order statistics, moments and maximum; for a simulation, without expanding them."""
+        if self._run is not None:
+            return self._run.gaps()
+        return GapMultiset.of_seconds(self.token_gap_counts())
+
     def token_gap_counts(self) -> tuple[tuple[float, int], ...]:
         """Every gap between consecutive tokens of any request (vLLM's ITL) as (gap seconds,
-        how many) pairs, by gap; cheap: never materialises the token times of a simulation."""
+        how many) pairs, by gap (never materialises a simulation's token times, but lists every
+        distinct gap: :meth:`token_gaps` is the cheap way to rank them)."""
         if self._run is not None:
-            return tuple((from_ticks(g), n) for g, n in sorted(self._run.gap_counts().items()))
+            return tuple(self._run.gaps().items())
         if self._gaps is not None:
             return self._gaps
         counts: dict[float, int] = {}
@@ -687,7 +856,11 @@ class Trace:
 
     def steps(self) -> Iterator[Event]:
         """Every iteration as an event of its own (coalesced decode runs expanded, each step
-        with its own start, end and KV read): the shape to compare traces by."""
+        with its own start, end and KV read; exact for a simulation): the shape to compare
+        traces by."""
+        if self._run is not None:
+            yield from self._run.steps()
+            return
         for e in self.events:
             if e.count == 1:
                 yield e
@@ -865,6 +1038,39 @@ class Worker:
         ValueError: for an unknown mode, a chunk that is not a whole number >= 1 or inf, or a
             budget without a price or outside ``chunked``.
     """
+
+    __slots__ = (
+        "name",
+        "mode",
+        "chunk",
+        "capacity",
+        "budget",
+        "price",
+        "reserved",
+        "unfinished",
+        "pending",
+        "waiting",
+        "joining",
+        "running",
+        "_ids",
+        "kv_tokens",
+        "steps",
+        "first_index",
+        "_finishing",
+        "_finish_heap",
+        "_newcomers",
+        "prefill_start",
+        "prefill_end",
+        "first_token",
+        "finish",
+        "runs",
+        "_run_index",
+        "gaps",
+        "gap_runs",
+        "_last_end",
+        "_start",
+        "_plan",
+    )
 
     def __init__(
         self,
@@ -1247,6 +1453,8 @@ class _SimWorker(Worker):
     arithmetic progression: K grows by the rows each step); a request handed to the worker
     mid-run cuts the run at the first step boundary after it (:meth:`truncate`)."""
 
+    __slots__ = ("index", "tick", "log", "busy", "busy_until", "_decode")
+
     def __init__(
         self,
         index: int,
@@ -1268,7 +1476,13 @@ class _SimWorker(Worker):
     def start(self, now: int) -> int | None:
         """Begin the next iteration at ``now`` if there is work and return when it ends; else
         stay idle (None)."""
-        plan = self.compose(now)
+        if self.waiting or self.pending or self.joining:
+            plan = self.compose(now)
+        elif self._ids:  # decode rows only, as compose would say, without its checks
+            self._start = now
+            plan = self._plan = Plan((), self._ids, self.kv_tokens)
+        else:
+            plan = self._plan = None
         if plan is None:
             return None
         rows = len(plan.decode_ids)
@@ -1382,6 +1596,30 @@ class _Pool:
         self._heap: list[tuple[int, int]] = []  # (end, worker index); stale when it moved
         self._ready: list[_SimWorker] = []
 
+    def _run_one(
+        self, arrivals: Sequence[tuple[int, Request]], place: Callable[[Request, int], None]
+    ) -> None:
+        """:meth:`run` for a pool of one worker: no heap, no router to keep."""
+        ready = self._ready
+        i, n = 0, len(arrivals)
+        w: _SimWorker | None = None
+        while True:
+            end = None if w is None else w.busy_until
+            if end is not None and (i >= n or end <= arrivals[i][0]):
+                t = end
+                w.end(t)  # type: ignore[union-attr]
+            elif i < n:
+                t = arrivals[i][0]
+            else:
+                return
+            while i < n and arrivals[i][0] == t:
+                place(arrivals[i][1], t)  # cuts a running decode run short if need be
+                i += 1
+            ready.clear()
+            w = self.workers[0]
+            if w.busy_until is None:
+                w.start(t)
+
     def get(self, i: int) -> _SimWorker:
         while i >= len(self.workers):
             self.workers.append(self.make(len(self.workers)))
@@ -1401,6 +1639,9 @@ class _Pool:
         place: Callable[[Request, int], None],
         retry: Callable[[int], None] | None = None,
     ) -> None:
+        if self.router.size == 1 and retry is None:
+            self._run_one(arrivals, place)
+            return
         heap, ready, workers, router = self._heap, self._ready, self.workers, self.router
         i, n = 0, len(arrivals)
         while True:
@@ -1648,6 +1889,7 @@ class _Results:
         self.requests, self.owner, self.prefill = requests, owner, prefill
         # Busy ticks as the workers counted them (not from the log: the oracle compares both).
         self.busy = prefill_busy + sum(w.busy for w in workers)
+        self._gaps: GapMultiset | None = None
         self.prefill_names, self.log, self.order, self.workers = prefill_names, log, order, workers
         latest = max((e[2] for e in log), default=0)
         try:
@@ -1667,16 +1909,19 @@ class _Results:
             return from_ticks(sum(e[2] - e[1] for e in self.log if e[0] != LINK))
         return from_ticks(sum(e[2] - e[1] for e in self.log if e[0] == resource))
 
-    def gap_counts(self) -> dict[int, int]:
-        """Token gap (ticks) -> how many tokens followed such a gap, over every worker."""
-        counts: dict[int, int] = {}
-        for w in self.workers:
-            for gap, k in w.gaps.items():
-                counts[gap] = counts.get(gap, 0) + k
-            for first, growth, k, rows in w.gap_runs:
-                for gap in range(first, first + k * growth, growth):
-                    counts[gap] = counts.get(gap, 0) + rows
-        return counts
+    def gaps(self) -> GapMultiset:
+        """Every worker's token gaps, in one multiset."""
+        if self._gaps is None:
+            workers = self.workers
+            points: dict[int, int] = dict(workers[0].gaps) if workers else {}
+            runs: list[tuple[int, int, int, int]] = []
+            for w in workers[1:]:
+                for gap, k in w.gaps.items():
+                    points[gap] = points.get(gap, 0) + k
+            for w in workers:
+                runs += w.gap_runs
+            self._gaps = GapMultiset(points, runs, owned=True)
+        return self._gaps
 
     def summary(self) -> Summary:
         requests = self.requests
@@ -1685,7 +1930,7 @@ class _Results:
             return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
         arrival = {r.id: to_ticks(r.arrival, up=True) for r in requests}
         ttfts = sorted(self.owner[r.id].first_token[r.id] - arrival[r.id] for r in requests)
-        gaps = sorted(self.gap_counts().items())
+        gaps = self.gaps()
         last = max(self.owner[r.id].finish[r.id] for r in requests)
         return Summary(
             requests=len(requests),
@@ -1693,35 +1938,66 @@ class _Results:
             prefill_tokens=sum(r.prompt_len for r in requests),
             ttft_p50=from_ticks(_nearest_rank(ttfts, 50)),
             ttft_p99=from_ticks(_nearest_rank(ttfts, 99)),
-            tbt_p50=_seconds_or_nan(weighted_percentile(gaps, 50)),
-            tbt_p99=_seconds_or_nan(weighted_percentile(gaps, 99)),
-            max_stall=from_ticks(gaps[-1][0]) if gaps else math.nan,
+            tbt_p50=gaps.percentile(50),
+            tbt_p99=gaps.percentile(99),
+            max_stall=gaps.max(),
             gpu_seconds=from_ticks(self.busy),
             makespan=from_ticks(last - min(arrival.values())),
         )
 
-    def events(self) -> tuple[Event, ...]:
+    def _entries(self) -> list[_LogEntry]:
+        """The log by resource (in ``order``), then by start."""
+        rank = {name: i for i, name in enumerate(self.order)}
+        return sorted(self.log, key=lambda e: (rank[e[0]], e[1]))
+
+    @staticmethod
+    def _event(entry: _LogEntry) -> Event:
         f = from_ticks
-        out = []
-        for name, start, end, kind, pieces, ids, kv, steps, growth in self.log:
-            prefill = tuple([(r.id, n) for r, _, n in pieces])
-            contexts = tuple([done for _, done, _ in pieces])
-            out.append(
-                Event(
+        name, start, end, kind, pieces, ids, kv, steps, growth = entry
+        prefill = tuple([(r.id, n) for r, _, n in pieces])
+        contexts = tuple([done for _, done, _ in pieces])
+        return Event(
+            name,
+            f(start),
+            f(end),
+            kind,
+            prefill,
+            ids,
+            kv,
+            sum(contexts),
+            steps,
+            contexts,
+            f(growth),
+        )
+
+    def events(self) -> tuple[Event, ...]:
+        return tuple([self._event(entry) for entry in self._entries()])
+
+    def steps(self) -> Iterator[Event]:
+        """Every iteration as an event of its own, each step's times exact to the float."""
+        f = from_ticks
+        for entry in self._entries():
+            name, start, end, _, _, ids, kv, steps, growth = entry
+            if steps == 1:
+                yield self._event(entry)
+                continue
+            first = (end - start - growth * (steps * (steps - 1) // 2)) // steps  # exact
+            for i in range(steps):
+                stop = start + first + i * growth
+                yield Event(
                     name,
                     f(start),
-                    f(end),
-                    kind,
-                    prefill,
+                    f(stop),
+                    "decode",
+                    (),
                     ids,
-                    kv,
-                    sum(contexts),
-                    steps,
-                    contexts,
+                    kv + i * len(ids),
+                    0,
+                    1,
+                    (),
                     f(growth),
                 )
-            )
-        return _by_resource(out, self.order)
+                start = stop
 
     def records(self) -> dict[str, RequestRecord]:
         f = from_ticks
@@ -1748,10 +2024,6 @@ class _Results:
 
 def _nearest_rank(ordered: Sequence[int], p: int) -> int:
     return ordered[max(1, -(-p * len(ordered) // 100)) - 1]
-
-
-def _seconds_or_nan(ticks: Any) -> float:
-    return math.nan if isinstance(ticks, float) else from_ticks(ticks)
 
 
 def validate_load(load: Iterable[Request]) -> list[Request]:

@@ -407,16 +407,12 @@ def test_a_free_link_removes_the_transfer_from_ttft(cost, prompt_len):
     rec = trace.requests["long"]
     assert rec.kv_ready == rec.prefill_end
     # its first token ends the first decode step that starts once its KV is ready
-    steps = []
-    for e in trace.events:
-        if e.resource == rec.decode_resource:
-            begin = e.start
-            for i in range(e.count):
-                end = begin + free.decode_step(e.decode_rows, e.kv_tokens + i * e.decode_rows)
-                steps.append((begin, end))
-                begin = end
-    first = min(end for begin, end in steps if begin >= rec.kv_ready)
-    assert rec.token_times[0] == pytest.approx(first)
+    steps = [(e.start, e.end) for e in trace.steps() if e.resource == rec.decode_resource]
+    after = [(begin, end) for begin, end in steps if begin >= rec.kv_ready]
+    # Time is exact inside: a step that starts a few ticks (< a float's resolution) before
+    # the KV is ready shows the same float start; then the next step is the first one.
+    allowed = {after[0][1]} | ({after[1][1]} if after[0][0] == rec.kv_ready else set())
+    assert rec.token_times[0] in allowed
 
 
 def test_the_link_is_a_resource_transfers_queue():

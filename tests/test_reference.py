@@ -1,0 +1,145 @@
+"""``simulate()`` against the naive reference simulator (tests/reference_sim.py): every policy,
+pools, replicas, KV capacity, chunk budgets, long outputs and every cost term non-zero. Both work
+in exact integer ticks on the same constants, so they must agree exactly: the same iterations
+with the same pieces, rows and KV reads at the same times, the same token times."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference_sim import reference
+
+from pytest_prefill.invariants import check_invariants
+from pytest_prefill.scheduler import CostModel, Request, from_ticks, simulate
+
+pytestmark = pytest.mark.sim
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def v2_costs(draw: st.DrawFn, *, zero_terms: bool = True) -> CostModel:
+    """Cost models with every v2 term drawn, zero or not (``zero_terms=False``: all non-zero)."""
+
+    def term(values):
+        pool = [v for v in values if v or zero_terms]
+        return draw(st.sampled_from(pool))
+
+    return CostModel(
+        prefill_pass_overhead=draw(st.sampled_from([1e-4, 2e-3, 2.5e-2])),
+        prefill_per_token=draw(st.sampled_from([1e-6, 1.5e-5, 6e-5])),
+        decode_step_base=draw(st.sampled_from([1e-3, 1e-2, 3.1e-2])),
+        decode_per_seq=term([0.0, 1e-5, 3e-4]),
+        decode_per_kv_token=term([0.0, 1e-9, 2e-8, 3e-7]),
+        kv_bytes_per_token=term([0.0, 1e3, 1.1e5]),
+        link_bandwidth=draw(st.sampled_from([math.inf, 1e9, 25e9])),
+        link_latency=term([0.0, 1e-5, 1e-3]),
+        prefill_per_pair=term([0.0, 1e-10, 3e-9]),
+        fusion_penalty=term([0.0, 0.25, 0.7, 1.0]),
+    )
+
+
+@st.composite
+def v2_loads(draw: st.DrawFn) -> list[Request]:
+    count = draw(st.integers(1, 9))
+    return [
+        Request(
+            f"r{i}",
+            draw(st.sampled_from([0.0, 0.0005, 0.01, 0.04, 0.1, 0.35, 1.2])),
+            draw(st.integers(1, 700)),
+            draw(st.integers(1, 200)),
+        )
+        for i in range(count)
+    ]
+
+
+@st.composite
+def setups(draw: st.DrawFn, *, zero_terms: bool = True):
+    load = draw(v2_loads())
+    cost = draw(v2_costs(zero_terms=zero_terms))
+    if draw(st.booleans()):  # a KV capacity every request fits, often tight
+        largest = max(r.prompt_len + r.output_len for r in load)
+        extra = draw(st.sampled_from([0, 1, 100, 1000]))
+        cost = CostModel.from_dict({**cost.to_dict(), "kv_capacity_tokens": largest + extra})
+    policy = draw(st.sampled_from(["shared", "coscheduled", "chunked", "disaggregated"]))
+    options: dict = {}
+    if policy == "chunked":
+        if draw(st.booleans()):
+            options["chunk"] = draw(st.integers(1, 700))
+        else:
+            options["chunk_budget"] = draw(st.sampled_from([1e-3, 8e-3, 2e-2, 6e-2]))
+    if policy == "disaggregated":
+        options["prefill_workers"] = draw(st.integers(1, 3))
+        options["decode_workers"] = draw(st.integers(1, 3))
+    else:
+        options["replicas"] = draw(st.integers(1, 3))
+    return policy, load, cost, options
+
+
+def assert_agrees(policy, load, cost, options):
+    trace = simulate(policy, load, cost, **options)
+    ref = reference(policy, load, cost, **options)
+    f = from_ticks
+    got: dict[str, list] = {}
+    for e in trace.steps():
+        pieces = tuple(
+            (rid, t, c) for (rid, t), c in zip(e.prefill, e.contexts or (0,) * len(e.prefill))
+        )
+        got.setdefault(e.resource, []).append(
+            (e.start, e.end, e.kind, pieces, e.decode_ids, e.kv_tokens)
+        )
+    want: dict[str, list] = {}
+    for name, start, end, kind, pieces, ids, kv in ref.events:
+        want.setdefault(name, []).append((f(start), f(end), kind, pieces, ids, kv))
+    for steps in want.values():
+        steps.sort(key=lambda s: s[0])
+    assert got == want
+    for r in load:
+        rec = trace.requests[r.id]
+        start, end, ready, where = ref.prefill[r.id]
+        assert (rec.prefill_start, rec.prefill_end, rec.kv_ready) == (f(start), f(end), f(ready))
+        assert (rec.prefill_resource, rec.decode_resource) == (where, ref.decoder[r.id])
+        assert rec.token_times == tuple(f(t) for t in ref.tokens[r.id])
+    assert check_invariants(trace, load, cost) == []
+
+
+@SETTINGS
+@given(setup=setups())
+def test_simulate_is_the_reference(setup):
+    assert_agrees(*setup)
+
+
+@SETTINGS
+@given(setup=setups(zero_terms=False))
+def test_simulate_is_the_reference_with_every_cost_term_non_zero(setup):
+    assert_agrees(*setup)
+
+
+@pytest.mark.parametrize("policy", ["shared", "coscheduled", "chunked", "disaggregated"])
+def test_long_outputs_on_several_workers_take_every_fast_path(policy):
+    """Long decode runs cut by arrivals on a worker mid-run, finishing together, KV waits."""
+    load = [
+        Request(f"r{i}", 0.013 * i * (i % 3), 37 * i + 5, 150 + 40 * (i % 4)) for i in range(12)
+    ]
+    cost = CostModel(
+        prefill_pass_overhead=2e-3,
+        prefill_per_token=1.5e-5,
+        decode_step_base=1e-2,
+        decode_per_seq=1e-4,
+        decode_per_kv_token=2e-8,
+        kv_bytes_per_token=1.1e5,
+        link_bandwidth=25e9,
+        link_latency=1e-5,
+        prefill_per_pair=1e-9,
+        fusion_penalty=0.3,
+        kv_capacity_tokens=1500,
+    )
+    options = {"chunk": 64} if policy == "chunked" else {}
+    if policy == "disaggregated":
+        options.update(prefill_workers=2, decode_workers=3)
+    else:
+        options.update(replicas=2)
+    assert_agrees(policy, load, cost, options)
