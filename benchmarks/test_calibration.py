@@ -51,7 +51,7 @@ def test_calibration_tables_and_chunk_star(prefill_calibration, prefill_report):
         {
             "chunk_star": calibration.cost.chunk_star(),
             "chunk_star_by_context": {
-                c: calibration.cost.chunk_star(context=c) for c in calibration.contexts
+                str(c): calibration.cost.chunk_star(context=c) for c in calibration.contexts
             },
             "recommendation": advice.policy,
             "chunk": advice.chunk,
