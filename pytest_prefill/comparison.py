@@ -2,10 +2,12 @@
 whether the difference is beyond both runs' recorded spread; then each side's C* and
 recommendation. Standard library and tabulate only (no torch, no numpy).
 
-A constant's spread is the half-width the calibration's own numbers support: for a fitted
-slope, the larger of 2 standard errors and the fit's scatter spread over its x range; for an
-intercept (pass overhead, decode step), the larger of 2 standard errors and the scatter. Two
-values differ *beyond spread* when ``|a - b| > spread_a + spread_b``.
+A constant's spread is the half-width the calibration's own numbers support. A calibration of
+cost model v2 records each constant's standard error, and the spread is 2 of them. An older one
+recorded straight-line fits: for a slope, the larger of 2 standard errors and the fit's scatter
+spread over its x range; for an intercept (pass overhead, decode step), the larger of 2 standard
+errors and the scatter. Two values differ *beyond spread* when ``|a - b| > spread_a +
+spread_b``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ CONSTANTS: dict[str, tuple[str | None, str | None, str, float]] = {
     "decode_step_base": ("decode_kv", "intercept", "ms", 1e3),
     "decode_per_seq": ("decode_batch", "slope", "us/row", 1e6),
     "decode_per_kv_token": ("decode_kv", "slope", "ns/token", 1e9),
+    "prefill_per_pair": ("prefill", "slope", "ns/pair", 1e9),
+    "fusion_penalty": ("fused", "value", "fraction", 1.0),
     "kv_bytes_per_token": (None, "exact", "bytes", 1.0),
+    "kv_capacity_tokens": (None, "exact", "tokens", 1.0),
     "link_bandwidth": (None, None, "GB/s", 1e-9),
     "link_latency": (None, None, "us", 1e6),
 }
@@ -69,6 +74,9 @@ class Side:
         if self.calibration is None or fit_name is None:
             return None
         fits = self.calibration.get("fits")
+        stderr = _v2_stderr(fits, constant)
+        if stderr is not None:
+            return 2 * stderr
         fit = fits.get(fit_name) if isinstance(fits, Mapping) else None
         if not isinstance(fit, Mapping):
             if constant == "decode_step_base":
@@ -86,6 +94,22 @@ class Side:
             return max(2 * float(fit["intercept_stderr"]), scatter)
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
+
+
+def _v2_stderr(fits: Any, constant: str) -> float | None:
+    """``constant``'s standard error in a cost model v2 calibration's fits (groups of terms,
+    each with ``stderrs`` by name), or None when these fits are not of that shape."""
+    if not isinstance(fits, Mapping):
+        return None
+    for group in fits.values():
+        stderrs = group.get("stderrs") if isinstance(group, Mapping) else None
+        if isinstance(stderrs, Mapping) and constant in stderrs:
+            try:
+                value = float(stderrs[constant])
+            except (TypeError, ValueError, OverflowError):
+                return None
+            return value if math.isfinite(value) and value >= 0 else None
+    return None
 
 
 def _single_point_spread(calibration: Mapping[str, Any], kind: str) -> float | None:

@@ -286,3 +286,47 @@ def test_a_malformed_calibration_is_one_line_naming_the_file_and_field(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0] and words in err[0]
+
+
+def calibration_v2(cost: CostModel, *, stderr: float = 0.01) -> dict:
+    """A cost model v2 calibration: fits in groups of terms, each constant with a standard
+    error of ``stderr`` times its value."""
+    groups = {
+        "prefill": ("prefill_pass_overhead", "prefill_per_token", "prefill_per_pair"),
+        "decode": ("decode_step_base", "decode_per_seq", "decode_per_kv_token"),
+    }
+    fits = {
+        group: {
+            "names": list(names),
+            "values": {n: getattr(cost, n) for n in names},
+            "stderrs": {n: stderr * getattr(cost, n) for n in names},
+        }
+        for group, names in groups.items()
+    }
+    return {
+        "kind": "pytest-prefill/calibration",
+        "schema_version": 1,
+        "cost_model": cost.to_dict(),
+        "provenance": {"device": "test"},
+        "fits": fits,
+        "refusals": [],
+    }
+
+
+def test_a_v2_calibration_spreads_are_two_standard_errors(tmp_path, capsys):
+    rows = {
+        r.constant: r
+        for r in compare(
+            side_from_document(calibration_v2(LAB), "A", "a"),
+            side_from_document(calibration_v2(scaled(LAB, 1.5)), "B", "b"),
+        )
+    }
+    per_token = rows["prefill_per_token"]
+    assert per_token.spread_a == pytest.approx(2 * 0.01 * LAB.prefill_per_token)
+    assert per_token.beyond == "yes" and rows["decode_step_base"].beyond == "no"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(calibration_v2(LAB)))
+    b.write_text(json.dumps(calibration_v2(scaled(LAB, 1.5))))
+    assert main(["compare", str(a), str(b), "--fail-above", "10"]) == 1
+    assert "prefill_per_token: +50.0%, beyond both spreads" in capsys.readouterr().out
+    assert main(["compare", str(a), str(a), "--fail-above", "10"]) == 0
