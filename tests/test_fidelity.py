@@ -216,6 +216,15 @@ def test_percentiles_are_nearest_rank():
     assert p == {"median": 5.5, "p10": 1.0, "p90": 9.0, "count": 10}
 
 
+def test_fidelity_takes_save_results_and_machine():
+    from pytest_prefill.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["fidelity", "--save", "--results", "r", "--machine", "cpu-x", "--runs", "3"]
+    )
+    assert args.save and args.results == "r" and args.machine == "cpu-x"
+
+
 def test_fidelity_save_archives_the_tables_and_the_verdict(tmp_path):
     import argparse
 

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import save_tables
+from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
 from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_model_arguments,
@@ -63,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the result JSON here"
     )
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help="also archive the run under --results/<machine key>/ (tables, verdict, the "
+        "whole result), where runs and compare find it",
+    )
+    add_archive_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
