@@ -515,3 +515,33 @@ def fit_cost_model(
         Prediction(p, predict(cost, floor, p), held.get(i)) for i, p in enumerate(ordered)
     )
     return FitResult(cost, fits, tuple(refusals), floor, predictions)
+
+
+def prefill_curve(
+    lengths: Sequence[int], seconds: Sequence[float], per_kv: float = 0.0
+) -> tuple[TermFit, Floor, list[float], list[float]]:
+    """The prefill fit on bare (prompt length, seconds) pairs -- e.g. published measurements
+    of a model nobody here can run -- with its in-sample and held-out relative errors (each
+    length refitted without it and predicted), in the order of ``lengths``.
+
+    Raises:
+        ValueError: for mismatched lengths, fewer than 3 distinct lengths, or bad values.
+    """
+    if len(lengths) != len(seconds):
+        raise ValueError(f"lengths and seconds differ in size: {len(lengths)}, {len(seconds)}")
+    points = [
+        Point("prefill", int(t), Measurement.from_samples([float(s)]))
+        for t, s in zip(lengths, seconds, strict=True)
+    ]
+    if len({p.x for p in points}) < 3:
+        raise ValueError("prefill_curve needs 3 or more distinct prompt lengths")
+    fit, floor = fit_prefill(points, per_kv)
+    held = held_out(points, per_kv)
+    columns = prefill_columns(points)
+    in_sample, out = [], []
+    for i, p in enumerate(points):
+        row = {name: column[i] for name, column in columns.items()}
+        measured = p.measurement.median
+        in_sample.append((max(floor.value, fit.predict(row)) - measured) / measured)
+        out.append((held[i] - measured) / measured)
+    return fit, floor, in_sample, out

@@ -220,3 +220,19 @@ def test_fit_terms_weights_relative_errors():
 def test_fit_terms_rejects_bad_input(columns, ys, match):
     with pytest.raises(ValueError, match=match):
         fit_terms(columns, ys)
+
+
+def test_prefill_curve_fits_bare_pairs_and_holds_each_length_out():
+    from pytest_prefill.calibration_fit import prefill_curve
+
+    truth = CostModel(
+        prefill_pass_overhead=3e-3, prefill_per_token=80e-6, prefill_per_pair=4e-9,
+        decode_step_base=30e-3,
+    )  # fmt: skip
+    lengths = (256, 512, 1024, 2048, 4096, 8192)
+    fit, floor, in_sample, held = prefill_curve(lengths, [truth.prefill_pass(t) for t in lengths])
+    assert fit.values["prefill_per_pair"] == pytest.approx(4e-9, rel=1e-6)
+    assert floor.knee == 0
+    assert max(abs(e) for e in in_sample + held) < 1e-6
+    with pytest.raises(ValueError, match="3 or more"):
+        prefill_curve((256, 256, 512), (1.0, 1.0, 2.0))
