@@ -344,8 +344,22 @@ def save_run(
     attachments: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``machine.json`` and the run (a :func:`run_document`) under
-    ``<results>/<document's machine key>/``; the run's path."""
-    machine = document["machine"]
+    ``<results>/<document's machine key>/``; the run's path.
+
+    Raises:
+        ValueError: naming the field, when ``document`` lacks what a run needs (``machine``
+            an object, ``machine_key``, ``commit``, ``dirty`` a bool).
+    """
+    if not isinstance(document, Mapping):
+        raise ValueError(f"document must be a run document (a mapping), got {document!r:.60}")
+    machine = document.get("machine")
+    if not isinstance(machine, Mapping):
+        raise ValueError(f"document.machine must be an object, got {machine!r:.60}")
+    if not isinstance(document.get("dirty"), bool):
+        raise ValueError(f"document.dirty must be true or false, got {document.get('dirty')!r}")
+    for field in ("machine_key", "commit"):
+        if not isinstance(document.get(field), str):
+            raise ValueError(f"document.{field} must be a string, got {document.get(field)!r}")
     write_machine(results, {**machine, "key": document["machine_key"]})
     return write_run(
         results,

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pytest_prefill import _io, archive
+from pytest_prefill.advice import recommend
 from pytest_prefill.costs import load_cost
 from pytest_prefill.machine import (
     Accelerator,
@@ -26,7 +27,7 @@ from pytest_prefill.machine import (
     machine_key,
     slug,
 )
-from pytest_prefill.scheduler import get_preset
+from pytest_prefill.scheduler import CostModel, get_preset
 
 WHEN = datetime.datetime(2026, 1, 2, 3, 4, 5)
 COST = get_preset("lab-laptop").cost
@@ -430,3 +431,43 @@ def test_a_run_found_by_number_is_the_only_file_read(tmp_path, monkeypatch):
     assert read == [paths[1]]
     with pytest.raises(ValueError, match=f"{paths[3]}: not readable JSON"):
         archive.find_run(tmp_path, "cpu-test", 4)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"machine": None}, "document.machine"),
+        ({"machine_key": 7}, "document.machine_key"),
+        ({"commit": None}, "document.commit"),
+        ({"dirty": "no"}, "document.dirty"),
+    ],
+)
+def test_save_run_names_what_a_document_lacks(tmp_path, change, field):
+    document = archive.run_document(
+        created=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
+        machine={"key": "cpu-test"},
+        commit="abcdef12",
+        dirty=False,
+        settings={},
+    )
+    with pytest.raises(ValueError, match=field):
+        archive.save_run(tmp_path, {**document, **change}, when=datetime.datetime(2026, 1, 1))
+    assert not any(tmp_path.iterdir()), "nothing written for a bad document"
+
+
+def test_a_saved_document_reads_back_with_its_cost_and_recommendation(tmp_path):
+    cost = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_step_base=0.02)
+    document = archive.run_document(
+        created=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
+        machine={"key": "cpu-test"},
+        commit="abcdef12",
+        dirty=False,
+        settings={"threads": 1},
+        cost=archive.cost_block(cost, "given"),
+        command="prefill-bench calibrate",
+    )
+    path = archive.save_run(tmp_path, document, when=datetime.datetime(2026, 1, 1))
+    data = archive.read_run(path).data
+    assert CostModel.from_dict(data["cost"]["cost_model"]) == cost
+    assert data["cost"]["recommendation"]["line"] == recommend(cost).line
+    assert (tmp_path / "cpu-test" / archive.MACHINE_FILE).is_file()
