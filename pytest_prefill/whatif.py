@@ -7,6 +7,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
+from pytest_prefill.advice import choose_chunk
 from pytest_prefill.scheduler import POLICIES, CostModel, Request, Summary, check_int, simulate
 
 
@@ -26,9 +27,10 @@ class SweepRow:
 
 
 def default_chunks(cost: CostModel, prompt_len: int) -> list[int]:
-    """C* (when positive), powers of two from 64 below the prompt, and the whole prompt."""
+    """C* (when positive), the chunk every report runs (:func:`advice.choose_chunk`), powers
+    of two from 64 below the prompt, and the whole prompt."""
     check_int("prompt_len", prompt_len)
-    chunks = {prompt_len}
+    chunks = {prompt_len, choose_chunk(cost, prompt_len).chunk}
     star = cost.chunk_star()
     if 1 <= star < prompt_len:
         chunks.add(int(round(star)))

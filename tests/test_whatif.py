@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from pytest_prefill.advice import choose_chunk
 from pytest_prefill.cli import main
-from pytest_prefill.scheduler import PRESETS, simulate
+from pytest_prefill.scheduler import PRESETS, CostModel, simulate
 from pytest_prefill.whatif import chunk_sweep, default_chunks
 from pytest_prefill.workloads import lab_scenario
 
@@ -20,6 +21,23 @@ def test_default_chunks_hold_c_star_powers_of_two_and_the_prompt():
     chunks = default_chunks(LAB, 2048)
     assert round(LAB.chunk_star()) in chunks and 2048 in chunks and 64 in chunks
     assert chunks == sorted(set(chunks)) and max(chunks) == 2048
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [
+        LAB,
+        CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-5, decode_step_base=0.01),
+        CostModel(
+            prefill_pass_overhead=1e-3,
+            prefill_per_token=1e-5,
+            prefill_per_pair=1e-9,
+            decode_step_base=1e-2,
+        ),
+    ],
+)
+def test_the_sweep_holds_the_chunk_every_report_runs(cost):
+    assert choose_chunk(cost, 2048).chunk in default_chunks(cost, 2048)
 
 
 def test_sweep_ratios_are_against_the_shared_row():
