@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import Trace
+from pytest_prefill.scheduler import GapMultiset, Trace
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_METRICS = ("ttft", "tpot", "e2el")  # the bounds vLLM's --goodput accepts
@@ -99,6 +99,19 @@ class Distribution:
             weighted_linear_percentile(items, 50),
             math.sqrt(variance),
             tuple((p, weighted_linear_percentile(items, p)) for p in asked),
+        )
+
+    @classmethod
+    def of_gaps(cls, gaps: GapMultiset, percentiles: Sequence[float]) -> Distribution:
+        """The statistics of a trace's token-gap multiset, read off its runs (a simulation's
+        gaps are never expanded one by one)."""
+        asked = tuple(_check_percentile(p) for p in percentiles)
+        return cls(
+            len(gaps),
+            gaps.mean(),
+            gaps.linear_percentile(50),
+            gaps.std(),
+            tuple((p, gaps.linear_percentile(p)) for p in asked),
         )
 
     def percentile(self, p: float) -> float:
@@ -305,7 +318,7 @@ def serving_metrics(
     """vLLM's serving metrics of ``trace`` (and goodput and attainment for ``slo``).
 
     Never materialises every token time: it reads each request's first and last token and the
-    trace's token-gap multiset (:meth:`Trace.token_gap_counts`).
+    trace's token-gap multiset (:meth:`Trace.token_gaps`).
 
     Raises:
         ValueError: for a percentile outside [0, 100] or an ``slo`` that is not an :class:`SLO`.
@@ -323,7 +336,7 @@ def serving_metrics(
         total_output_tokens=sum(r.output_len for r in records),
         ttft=Distribution.of(((v, 1) for v in ttfts), percentiles),
         tpot=Distribution.of(((v, 1) for v in tpots if v is not None), percentiles),
-        itl=Distribution.of(trace.token_gap_counts(), percentiles),
+        itl=Distribution.of_gaps(trace.token_gaps(), percentiles),
         e2el=Distribution.of(((v, 1) for v in e2els), percentiles),
         slo=slo,
         good=good,
