@@ -10,7 +10,9 @@ test.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import gc
 import heapq
 import itertools
 import math
@@ -633,11 +635,10 @@ class GapMultiset:
         return self.count
 
     def max(self) -> float:
-        top = max(self.points, default=None)
-        for first, growth, k, _ in self.runs:
-            last = first + (k - 1) * growth
-            top = last if top is None or last > top else top
-        return math.nan if top is None else from_ticks(top)
+        if not self.count:
+            return math.nan
+        self._counter()
+        return from_ticks(self._high)
 
     def mean(self) -> float:
         if not self.count:
@@ -695,7 +696,8 @@ class GapMultiset:
             full = [0, *itertools.accumulate(map(weight_at_end.__getitem__, end_values))]
             spans.sort()
             cutoff = spans[len(spans) * 15 // 16] if spans else 0
-            short = sorted(run for run in self.runs if (run[2] - 1) * run[1] <= cutoff)
+            short = [run for run in self.runs if (run[2] - 1) * run[1] <= cutoff]
+            short.sort(key=operator.itemgetter(0))
             starts = [a for a, _, _, _ in short]
             long = [run for run in self.runs if (run[2] - 1) * run[1] > cutoff]
             self._index = (keys, below, end_values, full, cutoff, short, starts, long)
@@ -831,7 +833,8 @@ class Trace:
 
     def summary(self) -> Summary:
         if self._summary is None:
-            self._summary = self._run.summary() if self._run is not None else self._summarize()
+            with _no_collection():
+                self._summary = self._run.summary() if self._run is not None else self._summarize()
         return self._summary
 
     def _summarize(self) -> Summary:
@@ -1182,29 +1185,35 @@ class Worker:
 
     def _compose_prefill(self, now: Any) -> Plan:
         ids = () if self.mode == "shared" else self._ids  # shared: the pass holds up every row
+        if self.budget is not None:
+            take = self._budget_take(len(ids))
+        else:
+            chunk = self.chunk  # tokens; >= 1, so at least one prompt piece
+
+            def take(pieces: int, request: Request, done: int) -> int:
+                nonlocal chunk
+                left = request.prompt_len - done
+                n = left if left <= chunk else int(chunk)
+                chunk -= n
+                return n
+
         prefill: list[tuple[Request, int, int]] = []
         completed: list[Request] = []
         context = 0
-        take_budget = self._budget_take(len(ids)) if self.budget is not None else None
-        budget = self.chunk  # tokens; >= 1, so at least one prompt piece
+        starts = self.prefill_start
         for entry in self.waiting:
             request, done = entry
-            left = request.prompt_len - done
-            take = take_budget(len(prefill), request, done) if take_budget else min(left, budget)
-            if take <= 0:
+            n = take(len(prefill), request, done)
+            if n <= 0:
                 break
-            take = int(take)
-            prefill.append((request, done, take))
+            prefill.append((request, done, n))
             context += done
-            budget -= take
-            self.prefill_start.setdefault(request.id, now)
-            if take == left:
-                completed.append(request)
-            else:
-                entry[1] = done + take
+            if request.id not in starts:
+                starts[request.id] = now
+            if done + n < request.prompt_len:
+                entry[1] = done + n
                 break
-            if budget <= 0:
-                break
+            completed.append(request)
         for _ in completed:
             self.waiting.popleft()
         return Plan(tuple(prefill), ids, self.kv_tokens if ids else 0, context, tuple(completed))
@@ -2112,23 +2121,45 @@ def simulate(
     check_options(policy, chunk, chunk_budget, replicas, prefill_workers, decode_workers)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
-    requests = validate_load(load)
-    capacity = cost.kv_capacity_tokens
-    if not math.isinf(capacity):
-        capacity = int(capacity)
-        for r in requests:
-            if r.prompt_len + r.output_len > capacity:
-                raise ValueError(
-                    f"request {r.id!r} needs {r.prompt_len + r.output_len} tokens of KV "
-                    f"(prompt_len + output_len) but kv_capacity_tokens is {capacity}: it can "
-                    "never be admitted"
-                )
-    tick = TickCost(cost)
-    if policy == "disaggregated":
-        results = _disaggregated(requests, tick, prefill_workers, decode_workers, capacity)
-    else:
-        results = _colocated(requests, tick, policy, chunk, chunk_budget, replicas, capacity)
+    with _no_collection():
+        requests = validate_load(load)
+        capacity = _capacity(requests, cost)
+        tick = TickCost(cost)
+        if policy == "disaggregated":
+            results = _disaggregated(requests, tick, prefill_workers, decode_workers, capacity)
+        else:
+            results = _colocated(requests, tick, policy, chunk, chunk_budget, replicas, capacity)
     return Trace._of(policy, chunk, results)
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """No cyclic garbage collection inside: a run (or its summary) builds many small objects
+    and no reference cycles, and the collector's scans would only cost time."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _capacity(requests: Sequence[Request], cost: CostModel) -> float:
+    """The KV capacity as a whole number of tokens (or inf); ValueError naming a request that
+    could never be admitted."""
+    capacity = cost.kv_capacity_tokens
+    if math.isinf(capacity):
+        return capacity
+    whole = int(capacity)
+    for r in requests:
+        if r.prompt_len + r.output_len > whole:
+            raise ValueError(
+                f"request {r.id!r} needs {r.prompt_len + r.output_len} tokens of KV "
+                f"(prompt_len + output_len) but kv_capacity_tokens is {whole}: it can never "
+                "be admitted"
+            )
+    return whole
 
 
 def _demo() -> str:
