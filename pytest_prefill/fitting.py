@@ -17,8 +17,10 @@ class TermFit:
 
     ``values`` holds every term, 0 for a refused one; ``estimates`` what the last fit that
     still held the term gave it (the number a refusal quotes); ``refused`` maps a refused term to
-    the reason, with numbers. ``scatter`` is the relative scatter the terms were judged against:
-    the larger of the points' typical relative spread and the fit's relative residual SD.
+    the reason, with numbers. ``scatter`` is the measurements' own relative scatter the terms'
+    effects were judged against (the points' median IQR / median); ``residual_sd`` the fit's
+    relative residual SD, which sets the standard errors (a misfit widens them; it is not
+    mistaken for noise).
     """
 
     names: tuple[str, ...]
@@ -108,11 +110,13 @@ def fit_terms(
     spreads: Sequence[float] | None = None,
     *,
     offset: Sequence[float] | None = None,
+    required: Sequence[str] = (),
 ) -> TermFit:
     """Fit non-negative coefficients of ``columns`` to ``ys``, minimising the sum of squared
     relative errors, and refuse terms one at a time (the least supported first) until every
     kept term is positive, more than ``timing.SIGNIFICANT`` standard errors from zero, and
-    accounts for more than ``timing.CLEARLY`` times the relative scatter of some measured time.
+    accounts for more than ``timing.CLEARLY`` times the measurements' own relative scatter
+    (their IQRs) of some measured time.
 
     Args:
         columns: per term, its multiplier at each point (e.g. 1 for an overhead, the tokens
@@ -120,6 +124,7 @@ def fit_terms(
         ys: the measured times (> 0), one per point.
         spreads: optional per-point scatter in seconds (e.g. each point's IQR).
         offset: optional known part of each time (seconds), fitted around, not fitted.
+        required: terms never refused (e.g. a decode step's base cost: the level itself).
 
     Raises:
         ValueError: for mismatched lengths, no points or terms, or bad values.
@@ -144,7 +149,8 @@ def fit_terms(
     while active:
         x = np.array([[float(columns[name][i]) for name in active] for i in range(n)])
         coef, se, sd = _solve(x.reshape(n, len(active)), y, known)
-        worst = _least_supported(active, x, y, coef, se, max(typical, sd), stats)
+        candidates = [name for name in active if name not in required]
+        worst = _least_supported(active, candidates, x, y, coef, se, typical, stats)
         if worst is None:
             break
         refused[worst[0]] = worst[1]
@@ -158,7 +164,7 @@ def fit_terms(
         stats["estimate"],
         {name: stats["effect"].get(name, 0.0) for name in names},
         refused,
-        max(typical, sd),
+        typical,
         sd,
         n,
     )
@@ -166,6 +172,7 @@ def fit_terms(
 
 def _least_supported(
     active: Sequence[str],
+    candidates: Sequence[str],
     x: Any,
     y: Any,
     coef: Any,
@@ -173,8 +180,9 @@ def _least_supported(
     scatter: float,
     stats: dict[str, dict[str, float]],
 ) -> tuple[str, str] | None:
-    """The term to refuse next, with the reason (the lowest t-statistic among those that fail
-    :func:`_verdict`); None when every term is supported. Records each term's numbers."""
+    """The term of ``candidates`` to refuse next, with the reason (the lowest t-statistic
+    among those that fail :func:`_verdict`); None when every one is supported. Records each
+    active term's numbers."""
     import numpy as np
 
     worst: tuple[float, str, str] | None = None
@@ -187,7 +195,7 @@ def _least_supported(
             effect,
         )
         reason = _verdict(name, value, stderr, effect, scatter, len(y) - len(active))
-        if reason:
+        if reason and name in candidates:
             support = value / stderr if stderr > 0 else value
             if worst is None or support < worst[0]:
                 worst = (support, name, reason)
