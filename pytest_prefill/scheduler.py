@@ -680,40 +680,38 @@ class GapMultiset:
         return from_ticks(low)
 
     def _counter(self) -> Callable[[int], int]:
-        """count(x): how many gaps are <= x, in O(log n) plus the runs that straddle x (runs
-        spanning more than most are checked one by one; the rest found by their start)."""
+        """count(x): how many gaps are <= x, in O(log n) plus about twice the runs that straddle
+        x. Runs are grouped by the bit length b of their span (< 2**b): those of a group that
+        straddle x start in (x - 2**b, x], a window found by bisection."""
         if self._index is None:
             points = self.points
             keys = sorted(points)
             below = [0, *itertools.accumulate(map(points.__getitem__, keys))]
             weight_at_end: dict[int, int] = {}
-            spans = []
-            for a, g, k, w in self.runs:
+            groups: dict[int, list[tuple[int, int, int, int]]] = {}
+            for run in sorted(self.runs, key=operator.itemgetter(0)):
+                a, g, k, w = run
                 span = (k - 1) * g
-                spans.append(span)
                 weight_at_end[a + span] = weight_at_end.get(a + span, 0) + k * w
+                groups.setdefault(span.bit_length(), []).append(run)
             end_values = sorted(weight_at_end)
             full = [0, *itertools.accumulate(map(weight_at_end.__getitem__, end_values))]
-            spans.sort()
-            cutoff = spans[len(spans) * 15 // 16] if spans else 0
-            short = [run for run in self.runs if (run[2] - 1) * run[1] <= cutoff]
-            short.sort(key=operator.itemgetter(0))
-            starts = [a for a, _, _, _ in short]
-            long = [run for run in self.runs if (run[2] - 1) * run[1] > cutoff]
-            self._index = (keys, below, end_values, full, cutoff, short, starts, long)
-            self._low = min(keys[:1] + starts[:1] + [a for a, _, _, _ in long])
+            windows = [
+                (1 << bits, [a for a, _, _, _ in runs], runs) for bits, runs in groups.items()
+            ]
+            self._index = (keys, below, end_values, full, windows)
+            firsts = [runs[0][0] for _, _, runs in windows]
+            self._low = min(keys[:1] + firsts)
             self._high = max(keys[-1:] + end_values[-1:])
-        keys, below, end_values, full, cutoff, short, starts, long = self._index
+        keys, below, end_values, full, windows = self._index
         right = bisect.bisect_right
 
         def count(x: int) -> int:
             n = below[right(keys, x)] + full[right(end_values, x)]
-            for a, g, k, w in short[right(starts, x - cutoff) : right(starts, x)]:
-                if a + (k - 1) * g > x:
-                    n += ((x - a) // g + 1) * w
-            for a, g, k, w in long:
-                if a <= x < a + (k - 1) * g:
-                    n += ((x - a) // g + 1) * w
+            for reach, starts, runs in windows:
+                for a, g, k, w in runs[right(starts, x - reach) : right(starts, x)]:
+                    if a + (k - 1) * g > x:
+                        n += ((x - a) // g + 1) * w
             return n
 
         return count
@@ -1185,35 +1183,32 @@ class Worker:
 
     def _compose_prefill(self, now: Any) -> Plan:
         ids = () if self.mode == "shared" else self._ids  # shared: the pass holds up every row
-        if self.budget is not None:
-            take = self._budget_take(len(ids))
-        else:
-            chunk = self.chunk  # tokens; >= 1, so at least one prompt piece
-
-            def take(pieces: int, request: Request, done: int) -> int:
-                nonlocal chunk
-                left = request.prompt_len - done
-                n = left if left <= chunk else int(chunk)
-                chunk -= n
-                return n
-
+        take = self._budget_take(len(ids)) if self.budget is not None else None
+        chunk = self.chunk  # tokens; >= 1, so at least one prompt piece
         prefill: list[tuple[Request, int, int]] = []
         completed: list[Request] = []
         context = 0
         starts = self.prefill_start
         for entry in self.waiting:
             request, done = entry
-            n = take(len(prefill), request, done)
-            if n <= 0:
-                break
+            left = request.prompt_len - done
+            if take is not None:
+                n = take(len(prefill), request, done)
+                if n <= 0:
+                    break
+            else:
+                n = left if left <= chunk else int(chunk)
+                chunk -= n
             prefill.append((request, done, n))
             context += done
             if request.id not in starts:
                 starts[request.id] = now
-            if done + n < request.prompt_len:
+            if n < left:
                 entry[1] = done + n
                 break
             completed.append(request)
+            if chunk <= 0:
+                break
         for _ in completed:
             self.waiting.popleft()
         return Plan(tuple(prefill), ids, self.kv_tokens if ids else 0, context, tuple(completed))
