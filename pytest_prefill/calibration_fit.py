@@ -268,9 +268,7 @@ def fit_decode(points: Sequence[Point]) -> TermFit:
     }
     kept = {k: v for k, v in columns.items() if k == "decode_step_base" or len(set(v)) > 1}
     ys = [p.measurement.median for p in decode]
-    fit = fit_terms(
-        kept, ys, [p.measurement.iqr for p in decode], required=("decode_step_base",)
-    )
+    fit = fit_terms(kept, ys, [p.measurement.iqr for p in decode], required=("decode_step_base",))
     return _with_unmeasured(fit, columns)
 
 
