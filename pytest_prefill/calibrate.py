@@ -30,7 +30,7 @@ from pytest_prefill.calibration_fit import (
 from pytest_prefill.costs import CALIBRATION_KIND, SCHEMA_VERSIONS
 from pytest_prefill.fitting import TermFit
 from pytest_prefill.scheduler import CostModel
-from pytest_prefill.timing import Measurement, quiet_probe
+from pytest_prefill.timing import Measurement, settle
 
 __all__ = [
     "Calibration",
@@ -680,7 +680,7 @@ def calibrate(
         from pytest_prefill.runner import ModelRunner
 
         runner = ModelRunner(loaded, seed=seed)
-    quiet = quiet_probe() if probe else None
+    quiet = settle() if probe else None
     _say(progress, quiet.warning if quiet is not None and quiet.warning else "")
     _say(
         progress,

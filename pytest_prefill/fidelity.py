@@ -505,7 +505,7 @@ def run_fidelity(
     """
     from pytest_prefill import calibrate as cal
     from pytest_prefill import fidelity_calibration as fc
-    from pytest_prefill.timing import quiet_probe
+    from pytest_prefill.timing import settle
 
     _check_arguments(runs, chunk, prompt_lens)
     repeats, warmup = cal.effective_repeats(repeats, warmup, dry_run)
@@ -513,7 +513,7 @@ def run_fidelity(
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
     threads = threads or 1
     policies, not_run = policies_for(loaded.device, _cuda_devices(loaded.device))
-    quiet = quiet_probe() if probe else None
+    quiet = settle() if probe else None
     if quiet is not None and quiet.warning:
         _say(progress, quiet.warning)
     timing: dict[str, Any] = {

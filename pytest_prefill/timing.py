@@ -490,3 +490,27 @@ def quiet_probe(
         other = max(0.0, used / ticks / elapsed)
     jitter = Measurement.from_samples(samples).relative_spread
     return Quietness(other, jitter, os.cpu_count() or 1, elapsed)
+
+
+SETTLE_SECONDS = 5.0
+
+
+def settle(
+    limit: float = SETTLE_SECONDS, probe: Callable[[], Quietness] | None = None
+) -> Quietness:
+    """Probe until the machine is quiet or ``limit`` seconds have passed; the last probe. A
+    probe right after loading a model often sees the kernel still paging the weights in (CPU
+    time that is not ours): a few seconds' wait settles that, and a machine that stays busy is
+    reported busy.
+
+    Raises:
+        ValueError: for a limit that is not a finite number >= 0.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 <= limit < math.inf:
+        raise ValueError(f"limit must be a finite number of seconds >= 0, got {limit!r}")
+    run = probe or quiet_probe
+    start = time.perf_counter()
+    while True:
+        quiet = run()
+        if quiet.quiet or time.perf_counter() - start >= limit:
+            return quiet

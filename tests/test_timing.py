@@ -199,3 +199,15 @@ def test_the_quiet_probe_refuses_a_bad_duration(seconds):
 
     with pytest.raises(ValueError, match="seconds"):
         quiet_probe(seconds)
+
+
+def test_settle_probes_until_quiet_or_the_limit():
+    from pytest_prefill.timing import Quietness, settle
+
+    busy = Quietness(other_cores=1.0, jitter=0.01, cores=2, seconds=0.0)
+    quiet = Quietness(other_cores=0.0, jitter=0.01, cores=2, seconds=0.0)
+    answers = iter([busy, busy, quiet, busy])
+    assert settle(10.0, probe=lambda: next(answers)) is quiet
+    assert settle(0.0, probe=lambda: busy) is busy  # no time to wait: the first probe
+    with pytest.raises(ValueError, match="limit"):
+        settle(-1.0)
