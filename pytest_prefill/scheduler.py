@@ -1301,15 +1301,6 @@ class Worker:
             self._ids = tuple([r.id for r in self.running])
         return completed
 
-    def token_time(self, index: int) -> Any:
-        """When the decode-bearing step ``index`` (0-based, of this worker) ended."""
-        run = self.runs[bisect.bisect_right(self._run_index, index) - 1]
-        first_index, start, first, growth, steps, end = run
-        j = index - first_index
-        if j == steps - 1:
-            return end
-        return start + (j + 1) * first + growth * (j * (j + 1) // 2)
-
     def token_times(self, request: Request) -> list[Any]:
         """Every token time of ``request``, decoded here."""
         first = self.first_index[request.id]
