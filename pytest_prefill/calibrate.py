@@ -600,9 +600,10 @@ def measure_fused(
     for tokens, context, rows in grid:
         reason = budget.over(tokens, context)
         if reason:
-            _say(progress, "fused " + reason)
+            reason = f"fused, {rows} decode row(s): {reason}"
+            _say(progress, reason)
             if skipped is not None:
-                skipped.append("fused " + reason)
+                skipped.append(reason)
             continue
         m = runner.time_fused(tokens, context, [row_context] * rows, repeats=repeats, warmup=warmup)
         _say(progress, f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}")
