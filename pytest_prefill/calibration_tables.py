@@ -15,6 +15,7 @@ from tabulate import tabulate
 from pytest_prefill.calibrate import Calibration
 from pytest_prefill.calibration_fit import Point, Prediction
 from pytest_prefill.timing import Measurement
+from pytest_prefill.units import ms
 
 PROVENANCE_KEYS = (
     "device_name",
@@ -32,14 +33,6 @@ PROVENANCE_KEYS = (
     "kv_capacity",
     "date",
 )
-
-
-def ms(seconds: float) -> str:
-    """Seconds as a milliseconds cell with 3+ significant digits."""
-    value = seconds * 1e3
-    if not math.isfinite(value):
-        return "-"
-    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
 
 
 def pct(value: float | None) -> str:

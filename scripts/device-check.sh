@@ -15,7 +15,8 @@
 # env.txt (versions, nvidia-smi) and device-check.tgz (all of it, with the archived run JSON).
 #
 # Environment: DEVICE (default cuda), MODEL (default qwen3-0.6b), DTYPE (default: bfloat16 on
-# CUDA), EXTRA (more pytest flags, e.g. "--prefill-dry-run"), LIMIT (seconds, default 540).
+# CUDA), EXTRA (more pytest flags, e.g. "--prefill-dry-run"), LIMIT (seconds, default 540),
+# PYTHON (default python3).
 # A CPU rehearsal: DEVICE=cpu MODEL=small EXTRA=--prefill-dry-run scripts/device-check.sh /tmp/dc
 set -euo pipefail
 
@@ -34,11 +35,12 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/device-check.XXXXXX")
 device=${DEVICE:-cuda}
 model=${MODEL:-qwen3-0.6b}
 limit=${LIMIT:-540}
+py=${PYTHON:-python3}
 
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-    python3 - <<'EOF'
+    "$py" - <<'EOF' || echo "($py cannot import torch, transformers, numpy or tabulate)"
 import platform, torch, transformers, numpy, tabulate
 print("python", platform.python_version(), "| torch", torch.__version__, "| cuda", torch.version.cuda,
       "| transformers", transformers.__version__, "| numpy", numpy.__version__,
@@ -53,7 +55,7 @@ EOF
 } >"$work/env.txt" 2>&1
 cat "$work/env.txt"
 
-if [[ $device == cuda* ]] && ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+if [[ $device == cuda* ]] && ! "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
     echo "device-check: $device asked for, but torch sees no CUDA device (see env.txt)" >&2
     cp "$work/env.txt" "$out/"
     exit 1
@@ -63,16 +65,16 @@ flags=(-p pytest_prefill.plugin -m gpu -p no:cacheprovider -rs -v
     --prefill-model "$model" --prefill-device "$device" --prefill-results "$work/results")
 if [[ -n ${DTYPE:-} ]]; then flags+=(--prefill-dtype "$DTYPE"); fi
 # Archiving is on request in newer versions of the plugin: ask when the option exists.
-if python3 -m pytest -p pytest_prefill.plugin --help 2>/dev/null | grep -q -- '--prefill-save'; then
+if "$py" -m pytest -p pytest_prefill.plugin --help 2>/dev/null | grep -q -- '--prefill-save'; then
     flags+=(--prefill-save)
 fi
 # shellcheck disable=SC2206  # EXTRA is split on purpose
 if [[ -n ${EXTRA:-} ]]; then flags+=($EXTRA); fi
 
-echo "== python3 -m pytest ${flags[*]} benchmarks   (limit ${limit} s)"
+echo "== $py -m pytest ${flags[*]} benchmarks   (limit ${limit} s)"
 start=$SECONDS
 set +e
-timeout --signal=INT --kill-after=30 "$limit" python3 -m pytest "${flags[@]}" benchmarks \
+timeout --signal=INT --kill-after=30 "$limit" "$py" -m pytest "${flags[@]}" benchmarks \
     >"$work/pytest-gpu.txt" 2>&1
 status=$?
 set -e
@@ -84,7 +86,7 @@ tail -n 120 "$work/pytest-gpu.txt"
     echo "device $device, model $model; $(grep -m1 'cuda available' "$work/env.txt" || true)"
     grep -E "HOLDS|FAILS|passed|failed|skipped|median \|relative error\||Held-out error|C\* by context|^ +0:|Prefer|WARNING|BUSY|not run" \
         "$work/pytest-gpu.txt" | head -n 60 || true
-    python3 - "$work/results" <<'EOF' || true
+    "$py" - "$work/results" <<'EOF' || true
 import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*/*.json")):
     if path.name == "machine.json":
