@@ -1787,16 +1787,20 @@ def _prefill_side(
                 continue
             on_link = (t + duration, r)
             log.append((LINK, t, t + duration, "transfer", ((r, 0, r.prompt_len),), (), 0, 1, 0))
-        full: list[int] = []
-        while pending and free:
-            w = heapq.heappop(free)
-            if not take(w, t):
-                full.append(w)  # no room for the head there: it stays free
-        for w in full:
-            heapq.heappush(free, w)
-        while pending and len(reserved) < size:
-            reserved.append(0)
-            take(len(reserved) - 1, t)
+        progress = True
+        while pending and progress:  # until no free worker has room for the head
+            progress, full = False, []
+            while pending and free:
+                w = heapq.heappop(free)
+                if take(w, t):
+                    progress = True
+                else:
+                    full.append(w)  # no room for the head there: it stays free
+            for w in full:
+                heapq.heappush(free, w)
+            while pending and len(reserved) < size:
+                reserved.append(0)
+                progress = take(len(reserved) - 1, t) or progress
     names = {rid: f"prefill{w}" for rid, w in where.items()}
     return ready, times, names, len(reserved), busy[0]
 

@@ -244,18 +244,22 @@ class Reference:
                 w.reserved += need(r)
                 w.routed += 1
                 self.decoder[r.id] = w.name
-            for w in pre:
-                if w.until is None and queue:
-                    while queue and w.reserved + need(queue[0]) <= self.cap:
-                        r = queue.popleft()
-                        w.reserved += need(r)
-                        w.batch.append(r)
-                        owner[r.id] = w
-                        self.prefill[r.id] = [t, None, None, w.name]
-                    if w.batch:
-                        pieces = [(r, 0, r.prompt_len) for r in w.batch]
-                        w.current = (pieces, [], 0, t)
-                        w.until = t + self.compute(pieces, 0)
+            progress = True
+            while queue and progress:  # free workers take what fits, until none can
+                progress = False
+                for w in pre:
+                    if w.until is None and queue:
+                        while queue and w.reserved + need(queue[0]) <= self.cap:
+                            r = queue.popleft()
+                            w.reserved += need(r)
+                            w.batch.append(r)
+                            owner[r.id] = w
+                            self.prefill[r.id] = [t, None, None, w.name]
+                        if w.batch:
+                            progress = True
+                            pieces = [(r, 0, r.prompt_len) for r in w.batch]
+                            w.current = (pieces, [], 0, t)
+                            w.until = t + self.compute(pieces, 0)
             for w in dec:
                 if w.until is None:
                     self.start(w, "decode", t)
