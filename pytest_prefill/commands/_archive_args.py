@@ -62,24 +62,30 @@ def save_calibration(args: argparse.Namespace, calibration: Any, origin: str) ->
     ``--prefill-cost archive``, ``--cost archive``, ``compare`` and ``runs`` find it."""
     info = calibration.provenance
     device = "cpu" if str(info.get("device", "")).startswith("cpu") else info.get("device")
-    accelerators = [] if device == "cpu" else nvidia_accelerators()
-    machine = {**machine_info(device, accelerators), "key": machine_of(args, device)}
-    commit, dirty = archive.git_state(os.getcwd())
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started, context = _run_context(args, device, info.get("torch_threads"))
     refused = calibration.refused()
-    settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
-    settings.update(warmup=args.warmup, dry_run=args.dry_run, threads=info.get("torch_threads"))
     document = archive.run_document(
-        created=started,
-        machine=machine,
-        commit=commit,
-        dirty=dirty,
-        settings=settings,
+        **context,
         cost=archive.cost_block(calibration.cost, origin, None, refused),
         calibration=calibration.to_dict(),
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["calibrate"]),
     )
     return archive.save_run(args.results, document, when=started.astimezone())
+
+
+def _run_context(
+    args: argparse.Namespace, device: str | None, threads: Any
+) -> tuple[datetime.datetime, dict[str, Any]]:
+    """When a measuring command's run started, and the run document's machine, commit and
+    settings (the command's measuring flags and its torch threads)."""
+    accelerators = [] if device == "cpu" else nvidia_accelerators()
+    machine = {**machine_info(device, accelerators), "key": machine_of(args, device)}
+    commit, dirty = archive.git_state(os.getcwd())
+    started = datetime.datetime.now(datetime.timezone.utc)
+    settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
+    settings.update(warmup=args.warmup, dry_run=args.dry_run, threads=threads)
+    context = dict(created=started, machine=machine, commit=commit, dirty=dirty, settings=settings)
+    return started, context
 
 
 def save_tables(
@@ -92,18 +98,9 @@ def save_tables(
     as a run of ``--machine`` (else this machine) under ``--results``. ``tables``: (title,
     text, data) each; ``verdicts``: (name, HOLDS or FAILS, sentence) each."""
     device = "cpu" if str(provenance.get("device", "")).startswith("cpu") else None
-    accelerators = [] if device == "cpu" else nvidia_accelerators()
-    machine = {**machine_info(device, accelerators), "key": machine_of(args, device)}
-    commit, dirty = archive.git_state(os.getcwd())
-    started = datetime.datetime.now(datetime.timezone.utc)
-    settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
-    settings.update(warmup=args.warmup, dry_run=args.dry_run, threads=provenance.get("threads"))
+    started, context = _run_context(args, device, provenance.get("threads"))
     document = archive.run_document(
-        created=started,
-        machine=machine,
-        commit=commit,
-        dirty=dirty,
-        settings=settings,
+        **context,
         tables=[{"title": t, "text": text, "data": data} for t, text, data in tables],
         verdicts=[{"name": n, "verdict": v, "sentence": s} for n, v, s in verdicts],
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["fidelity"]),

@@ -97,3 +97,22 @@ def output_path(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def add_lab_scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--prompt-len --streams --arrival``: the lab scenario's inputs (simulate, timeline)."""
+    parser.add_argument(
+        "--prompt-len",
+        type=prompt_len_type,
+        default=2048,
+        help="tokens of the arriving prompt (default 2048)",
+    )
+    parser.add_argument(
+        "--streams", type=streams_type, default=2, help="live streams already decoding (default 2)"
+    )
+    parser.add_argument(
+        "--arrival",
+        type=seconds_type,
+        default=0.1,
+        help=f"when the prompt arrives, seconds (default 0.1; at most {MAX_SECONDS:,.0f})",
+    )

@@ -10,13 +10,10 @@ from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.advice import recommend, star_text
 from pytest_prefill.commands._args import (
-    MAX_SECONDS,
+    add_lab_scenario_arguments,
     check_chunked_iterations,
     output_path,
     positive_int,
-    prompt_len_type,
-    seconds_type,
-    streams_type,
 )
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
@@ -43,27 +40,13 @@ HELP = "simulate a workload (default: the lab scenario) under every policy; swee
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
-    parser.add_argument(
-        "--prompt-len",
-        type=prompt_len_type,
-        default=2048,
-        help="tokens of the arriving prompt (default 2048)",
-    )
+    add_lab_scenario_arguments(parser)
     parser.add_argument(
         "--chunk",
         type=positive_int,
         action="append",
         metavar="TOKENS",
         help="chunk size to simulate (repeatable; default: C*, powers of two, the whole prompt)",
-    )
-    parser.add_argument(
-        "--streams", type=streams_type, default=2, help="live streams already decoding (default 2)"
-    )
-    parser.add_argument(
-        "--arrival",
-        type=seconds_type,
-        default=0.1,
-        help=f"when the prompt arrives, seconds (default 0.1; at most {MAX_SECONDS:,.0f})",
     )
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the table as JSON here"

@@ -11,15 +11,12 @@ import textwrap
 from pytest_prefill._io import write_atomic
 from pytest_prefill.advice import choose_chunk
 from pytest_prefill.commands._args import (
-    MAX_SECONDS,
+    add_lab_scenario_arguments,
     bounded_int,
     check_chunked_iterations,
     non_negative_float,
     output_path,
     positive_int,
-    prompt_len_type,
-    seconds_type,
-    streams_type,
 )
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
@@ -94,27 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "an error",
     )
     add_cost_argument(parser)
-    parser.add_argument(
-        "--prompt-len",
-        type=prompt_len_type,
-        default=2048,
-        help="tokens of the arriving prompt (default 2048)",
-    )
+    add_lab_scenario_arguments(parser)
     parser.add_argument(
         "--chunk",
         type=positive_int,
         metavar="TOKENS",
         help="chunk size for the chunked policy (default: C* rounded, within the prompt; 16 "
         "when C* < 1 or the per-token cost was refused)",
-    )
-    parser.add_argument(
-        "--streams", type=streams_type, default=2, help="live streams already decoding (default 2)"
-    )
-    parser.add_argument(
-        "--arrival",
-        type=seconds_type,
-        default=0.1,
-        help=f"when the prompt arrives, seconds (default 0.1; at most {MAX_SECONDS:,.0f})",
     )
     view = parser.add_mutually_exclusive_group()
     view.add_argument(
