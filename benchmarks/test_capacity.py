@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.deployments import default_deployments
-from pytest_prefill.metrics import SLO
-from pytest_prefill.workloads import azure_trace_path, resolve_workload
+from pytest_prefill.plan.deployments import default_deployments
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.workloads import azure_trace_path, resolve_workload
 
 pytestmark = pytest.mark.sim
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.falsifier import CLAIM, DEFAULT_PROMPT_LEN
-from pytest_prefill.falsifier_report import run_falsifier, stall_table_of
+from pytest_prefill.engine.falsifier import CLAIM, DEFAULT_PROMPT_LEN
+from pytest_prefill.report.falsifier import run_falsifier, stall_table_of
 
 pytestmark = pytest.mark.gpu
 

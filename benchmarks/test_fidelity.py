@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill import fidelity as fid
-from pytest_prefill import fidelity_tables as tables
+from pytest_prefill.engine import fidelity as fid
+from pytest_prefill.report import fidelity as tables
 
 pytestmark = pytest.mark.gpu
 

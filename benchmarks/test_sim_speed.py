@@ -17,8 +17,8 @@ import tracemalloc
 import pytest
 from tabulate import tabulate
 
+from pytest_prefill.plan.workloads import azure_trace_path, load_azure
 from pytest_prefill.scheduler import POLICIES, PRESETS, simulate
-from pytest_prefill.workloads import azure_trace_path, load_azure
 
 pytestmark = pytest.mark.sim
 

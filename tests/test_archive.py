@@ -16,9 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pytest_prefill import _io, archive
-from pytest_prefill.advice import recommend
-from pytest_prefill.costs import load_cost
+from pytest_prefill import _io
+from pytest_prefill.archive import runs as archive
 from pytest_prefill.machine import (
     Accelerator,
     check_device,
@@ -27,6 +26,8 @@ from pytest_prefill.machine import (
     machine_key,
     slug,
 )
+from pytest_prefill.plan.advice import recommend
+from pytest_prefill.plan.cost_document import load_cost
 from pytest_prefill.scheduler import CostModel, get_preset
 
 WHEN = datetime.datetime(2026, 1, 2, 3, 4, 5)
@@ -227,7 +228,7 @@ def test_resolve_run_takes_a_path_or_a_machine_key(tmp_path):
 # is). SIGKILL there is a ``kill -9``; ``interrupt`` raises KeyboardInterrupt (Ctrl-C) instead.
 KILLED_WRITER = """
 import datetime, os, signal, sys
-from pytest_prefill import archive
+from pytest_prefill.archive import runs as archive
 
 results, point, how = sys.argv[1:4]
 calls = {"fsync": 0}

@@ -13,13 +13,13 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from pytest_prefill import calibrate as cal  # noqa: E402
-from pytest_prefill.advice import MIN_USEFUL_CHUNK, TYPICAL_PROMPT, recommend  # noqa: E402
-from pytest_prefill.calibrate import Calibration, Point  # noqa: E402
-from pytest_prefill.calibration_tables import calibration_report, calibration_tables  # noqa: E402
-from pytest_prefill.costs import cost_from_json  # noqa: E402
+from pytest_prefill.measure import calibrate as cal  # noqa: E402
+from pytest_prefill.measure.calibrate import Calibration, Point  # noqa: E402
+from pytest_prefill.measure.timing import Measurement  # noqa: E402
+from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, TYPICAL_PROMPT, recommend  # noqa: E402
+from pytest_prefill.plan.cost_document import cost_from_json  # noqa: E402
+from pytest_prefill.report.calibration import calibration_report, calibration_tables  # noqa: E402
 from pytest_prefill.scheduler import CostModel  # noqa: E402
-from pytest_prefill.timing import Measurement  # noqa: E402
 
 TRUE = CostModel(
     prefill_pass_overhead=1.2e-3,
@@ -309,11 +309,11 @@ def one_thread(one_torch_thread):
 
 
 def test_calibrating_tiny_gives_a_valid_cost_model_with_provenance(one_thread):
-    from pytest_prefill.models import load_model
+    from pytest_prefill.measure.models import load_model
 
     loaded = load_model("tiny", device="cpu")
     lines: list[str] = []
-    from pytest_prefill.packed import calibration_runner
+    from pytest_prefill.engine.packed import calibration_runner
 
     calibration = cal.calibrate(
         loaded,
@@ -367,7 +367,7 @@ def test_calibrating_tiny_gives_a_valid_cost_model_with_provenance(one_thread):
 
 def test_calibrate_rejects_too_few_prompt_lengths():
     pytest.importorskip("torch")
-    from pytest_prefill.models import load_model
+    from pytest_prefill.measure.models import load_model
 
     with pytest.raises(ValueError, match="4 or more"):
         cal.calibrate(load_model("tiny", device="cpu"), prompt_lens=(16, 32, 32, 64))

@@ -17,14 +17,20 @@ from hypothesis import strategies as st
 from strategies import cost_models
 
 import pytest_prefill
-import pytest_prefill.capacity as capacity_module
-import pytest_prefill.deployments as deployments_module
-from pytest_prefill.capacity import MAX_SCALE, CapacityResult, DeploymentResult, Probe, capacity
-from pytest_prefill.deployments import Deployment, default_deployments, search_chunks
-from pytest_prefill.executors import InlineExecutor, dask_executor, local_executor
-from pytest_prefill.metrics import SLO, Distribution, ServingMetrics, serving_metrics
+import pytest_prefill.plan.capacity as capacity_module
+import pytest_prefill.plan.deployments as deployments_module
+from pytest_prefill.plan.capacity import (
+    MAX_SCALE,
+    CapacityResult,
+    DeploymentResult,
+    Probe,
+    capacity,
+)
+from pytest_prefill.plan.deployments import Deployment, default_deployments, search_chunks
+from pytest_prefill.plan.executors import InlineExecutor, dask_executor, local_executor
+from pytest_prefill.plan.metrics import SLO, Distribution, ServingMetrics, serving_metrics
+from pytest_prefill.plan.workloads import poisson, scale_rate
 from pytest_prefill.scheduler import PRESETS, Request, simulate
-from pytest_prefill.workloads import poisson, scale_rate
 
 pytestmark = pytest.mark.sim
 
@@ -460,8 +466,8 @@ def test_without_distributed_a_cluster_says_what_to_install(monkeypatch):
 
 def test_importing_the_package_imports_no_dask():
     code = (
-        "import sys, pytest_prefill, pytest_prefill.capacity, pytest_prefill.executors, "
-        "pytest_prefill.metrics; "
+        "import sys, pytest_prefill, pytest_prefill.plan.capacity, pytest_prefill.plan.executors, "
+        "pytest_prefill.plan.metrics; "
         "bad = [m for m in ('dask', 'distributed', 'torch', 'numpy') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -12,9 +12,9 @@ import pytest
 
 from pytest_prefill.cli import main
 from pytest_prefill.commands import _measure_args
+from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.report.timeline import check_window, render_svg, render_text
 from pytest_prefill.scheduler import get_preset, simulate
-from pytest_prefill.timeline import check_window, render_svg, render_text
-from pytest_prefill.workloads import lab_scenario
 
 pytestmark = pytest.mark.sim
 

@@ -11,11 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pytest_prefill import calibrate as cal  # noqa: E402
-from pytest_prefill.calibrate import Calibration  # noqa: E402
 from pytest_prefill.cli import main  # noqa: E402
-from pytest_prefill.costs import load_cost  # noqa: E402
-from pytest_prefill.falsifier import CLAIM  # noqa: E402
+from pytest_prefill.engine.falsifier import CLAIM  # noqa: E402
+from pytest_prefill.measure import calibrate as cal  # noqa: E402
+from pytest_prefill.measure.calibrate import Calibration  # noqa: E402
+from pytest_prefill.plan.cost_document import load_cost  # noqa: E402
 
 TINY = ["--model", "tiny", "--device", "cpu"]
 

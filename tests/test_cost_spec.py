@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from pytest_prefill import archive
+from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive.cost_spec import COST_WORDS, resolve_cost
 from pytest_prefill.cli import main
-from pytest_prefill.cost_spec import COST_WORDS, resolve_cost
 from pytest_prefill.scheduler import PRESETS, CostModel
 
 pytestmark = pytest.mark.sim
@@ -82,7 +82,7 @@ def test_simulate_and_timeline_take_the_archive_of_a_named_machine(tmp_path, cap
 
 
 def recommend_line(refused: str) -> str:
-    from pytest_prefill.advice import recommend
+    from pytest_prefill.plan.advice import recommend
 
     return recommend(COST, {refused}).line
 

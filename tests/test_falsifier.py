@@ -9,16 +9,16 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from pytest_prefill.falsifier import (  # noqa: E402
+from pytest_prefill.engine.falsifier import (  # noqa: E402
     CLAIM,
     FALLBACK_CHUNK,
     VERDICTS,
     chunk_from_cost,
     verdict,
 )
-from pytest_prefill.falsifier_report import stall_table, stall_table_of  # noqa: E402
+from pytest_prefill.measure.timing import Measurement  # noqa: E402
+from pytest_prefill.report.falsifier import stall_table, stall_table_of  # noqa: E402
 from pytest_prefill.scheduler import PRESETS, CostModel  # noqa: E402
-from pytest_prefill.timing import Measurement  # noqa: E402
 
 
 def test_the_claim_is_designs_sentence():
@@ -62,15 +62,15 @@ def test_stall_table_ratios_are_against_the_baseline():
 
 @pytest.fixture(scope="module")
 def tiny(one_torch_thread):
-    from pytest_prefill.models import load_model
+    from pytest_prefill.measure.models import load_model
 
     return load_model("tiny", device="cpu")
 
 
 def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
-    from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier_report import run_falsifier
-    from pytest_prefill.runner import ModelRunner
+    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure.runner import ModelRunner
+    from pytest_prefill.report.falsifier import run_falsifier
 
     monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
     monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
@@ -92,7 +92,7 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
     emitted = [text for kind, text in log if kind == "emit"]
     assert emitted[-1].startswith(("HOLDS", "FAILS"))
     assert result.verdict in VERDICTS and emitted[-1] == result.verdict_line
-    from pytest_prefill.calibration_tables import kv_table
+    from pytest_prefill.report.calibration import kv_table
 
     shown = "\n".join(emitted)
     assert stall_table_of(result) in shown and kv_table(list(result.kv_points)) in shown
@@ -106,8 +106,8 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
 
 
 def test_dry_run_cuts_repeats_never_the_prompt(tiny, monkeypatch):
-    from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier_report import run_falsifier
+    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.report.falsifier import run_falsifier
 
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
     result = run_falsifier(
@@ -119,8 +119,8 @@ def test_dry_run_cuts_repeats_never_the_prompt(tiny, monkeypatch):
 
 
 def test_a_given_cost_sets_the_chunk(tiny, monkeypatch):
-    from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier_report import run_falsifier
+    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.report.falsifier import run_falsifier
 
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
     result = run_falsifier(
@@ -146,7 +146,7 @@ def test_a_given_cost_sets_the_chunk(tiny, monkeypatch):
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs):
-    from pytest_prefill.falsifier_report import run_falsifier
+    from pytest_prefill.report.falsifier import run_falsifier
 
     emitted: list[str] = []
     with pytest.raises(ValueError):
@@ -155,8 +155,8 @@ def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs):
 
 
 def test_an_unusable_c_star_falls_back_to_the_smallest_useful_chunk(tiny, monkeypatch):
-    from pytest_prefill import calibrate as cal
-    from pytest_prefill.falsifier_report import run_falsifier
+    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.report.falsifier import run_falsifier
 
     monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
     negative = CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-5, decode_step_base=0.01)

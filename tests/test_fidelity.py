@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from pytest_prefill import fidelity as fid
-from pytest_prefill import fidelity_tables as tables
+from pytest_prefill.engine import fidelity as fid
+from pytest_prefill.report import fidelity as tables
 from pytest_prefill.scheduler import PRESETS
 
 
@@ -31,7 +31,7 @@ def test_scenarios_cover_the_lab_lengths_and_say_why_azure_is_missing(monkeypatc
     assert [r.prompt_len for r in chosen[1].load if r.id == "long"] == [1024]
     assert skipped and "not asked" in skipped[0]
     monkeypatch.setenv("PYTEST_PREFILL_AZURE_DIR", str(tmp_path))
-    import pytest_prefill.workloads as workloads
+    import pytest_prefill.plan.workloads as workloads
 
     monkeypatch.setattr(workloads, "azure_trace_path", lambda name: None)
     chosen, skipped = fid.scenarios(cost, prompt_lens=(256,))
@@ -55,7 +55,7 @@ def test_poisson_scenario_draws_capped_lengths_from_the_azure_trace(tmp_path, mo
 
 
 def _result(cells, quiet=None, not_run=None):
-    from pytest_prefill.fidelity_calibration import Link
+    from pytest_prefill.engine.fidelity_calibration import Link
 
     link = Link(1e-5, 1e9, (), "synthetic")
     return fid.FidelityResult(
@@ -97,8 +97,8 @@ def test_cells_not_judged_are_reported_but_not_held_against_the_model():
 
 
 def test_max_stall_is_judged_where_the_policy_causes_a_stall():
+    from pytest_prefill.plan.workloads import lab_scenario
     from pytest_prefill.scheduler import simulate
-    from pytest_prefill.workloads import lab_scenario
 
     cost = PRESETS["lab-laptop"].cost
     shared = simulate("shared", lab_scenario(), cost).summary()
@@ -125,7 +125,7 @@ def test_on_one_cuda_device_disaggregation_is_reported_not_run_with_the_reason()
 
 
 def test_a_busy_machine_gets_a_loud_warning_in_the_table_and_the_archive():
-    from pytest_prefill.timing import Quietness
+    from pytest_prefill.measure.timing import Quietness
 
     busy = Quietness(other_cores=1.4, jitter=0.3, cores=2, seconds=1.0)
     result = _result([fid.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], busy)
@@ -135,7 +135,7 @@ def test_a_busy_machine_gets_a_loud_warning_in_the_table_and_the_archive():
 
 
 def test_the_fidelity_sweep_covers_what_the_scenarios_run():
-    from pytest_prefill.fidelity_calibration import fidelity_sweep
+    from pytest_prefill.engine.fidelity_calibration import fidelity_sweep
 
     sweep = fidelity_sweep((256, 1024, 2048), 256)
     assert max(sweep["prompt_lens"]) == 2048 and len(sweep["prompt_lens"]) >= 4
@@ -146,8 +146,8 @@ def test_the_fidelity_sweep_covers_what_the_scenarios_run():
 
 
 def test_the_link_fit_recovers_latency_and_bandwidth():
-    from pytest_prefill.fidelity_calibration import fit_link
-    from pytest_prefill.timing import Measurement
+    from pytest_prefill.engine.fidelity_calibration import fit_link
+    from pytest_prefill.measure.timing import Measurement
 
     points = [
         (b, Measurement.from_samples([2e-4 + b / 5e9] * 5)) for b in (10**6, 4 * 10**6, 16 * 10**6)
@@ -181,8 +181,8 @@ def test_importing_fidelity_does_not_import_torch():
     import sys
 
     code = (
-        "import sys, pytest_prefill.fidelity, pytest_prefill.engine, pytest_prefill.serving, "
-        "pytest_prefill.fidelity_calibration, pytest_prefill.disagg, "
+        "import sys, pytest_prefill.engine.fidelity, pytest_prefill.engine.loop, pytest_prefill.engine.execute, "
+        "pytest_prefill.engine.fidelity_calibration, pytest_prefill.engine.disaggregated, "
         "pytest_prefill.commands.fidelity; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -190,8 +190,8 @@ def test_importing_fidelity_does_not_import_torch():
 
 
 def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
+    from pytest_prefill.plan.workloads import lab_scenario
     from pytest_prefill.scheduler import simulate
-    from pytest_prefill.workloads import lab_scenario
 
     cost = PRESETS["lab-laptop"].cost
     for policy in ("shared", "chunked", "disaggregated"):
@@ -228,7 +228,7 @@ def test_fidelity_takes_save_results_and_machine():
 def test_fidelity_save_archives_the_tables_and_the_verdict(tmp_path):
     import argparse
 
-    from pytest_prefill import archive
+    from pytest_prefill.archive import runs as archive
     from pytest_prefill.commands.fidelity import save_fidelity
 
     cells = [fid.Cell("lab 256", "shared", "makespan", 1.05, (1.0, 1.0, 1.0))]

@@ -13,16 +13,16 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from pytest_prefill.calibration_fit import (  # noqa: E402
+from pytest_prefill.measure.calibration_fit import (  # noqa: E402
     Point,
     fit_cost_model,
     fit_prefill,
     held_out,
     predict,
 )
-from pytest_prefill.fitting import fit_terms  # noqa: E402
+from pytest_prefill.measure.fitting import fit_terms  # noqa: E402
+from pytest_prefill.measure.timing import CLEARLY, Measurement  # noqa: E402
 from pytest_prefill.scheduler import CostModel  # noqa: E402
-from pytest_prefill.timing import CLEARLY, Measurement  # noqa: E402
 
 TRUE = CostModel(
     prefill_pass_overhead=1.2e-3,
@@ -223,7 +223,7 @@ def test_fit_terms_rejects_bad_input(columns, ys, match):
 
 
 def test_prefill_curve_fits_bare_pairs_and_holds_each_length_out():
-    from pytest_prefill.calibration_fit import prefill_curve
+    from pytest_prefill.measure.calibration_fit import prefill_curve
 
     truth = CostModel(
         prefill_pass_overhead=3e-3, prefill_per_token=80e-6, prefill_per_pair=4e-9,

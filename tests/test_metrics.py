@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import chunks, cost_models, loads, policies
 
-from pytest_prefill.metrics import (
+from pytest_prefill.plan.metrics import (
     SLO,
     Distribution,
     linear_percentile,
     serving_metrics,
     weighted_linear_percentile,
 )
+from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.scheduler import PRESETS, Request, Trace, simulate
-from pytest_prefill.workloads import lab_scenario
 
 pytestmark = pytest.mark.sim
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pytest_prefill.models import (  # noqa: E402
+from pytest_prefill.measure.models import (  # noqa: E402
     MODEL_PRESETS,
     LoadedModel,
     kv_bytes_per_token,
@@ -138,7 +138,7 @@ def test_bad_dtype_is_refused():
 
 
 def test_running_the_model_raises_no_deprecation_warning(tiny):
-    from pytest_prefill.runner import DecodeBatch, ModelRunner
+    from pytest_prefill.measure.runner import DecodeBatch, ModelRunner
 
     runner = ModelRunner(tiny)
     with warnings.catch_warnings():

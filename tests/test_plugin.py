@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_prefill import archive
-from pytest_prefill.advice import recommend
+from pytest_prefill.archive import runs as archive
 from pytest_prefill.machine import cpu_key, cpu_model, machine_key, nvidia_accelerators
+from pytest_prefill.plan.advice import recommend
 from pytest_prefill.scheduler import CostModel, get_preset
 
 ENTRY_POINT = any(
@@ -35,7 +35,7 @@ needs_torch = pytest.mark.skipif(
 STUB_CONFTEST = """
 import os
 import pytest
-import pytest_prefill.calibrate as calibrate_module
+import pytest_prefill.measure.calibrate as calibrate_module
 from pytest_prefill.scheduler import CostModel
 
 COST = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_step_base=0.02,
@@ -74,9 +74,9 @@ REPORTING_TESTS = """
 import os
 
 import pytest
-from pytest_prefill.report import sweep_table
-from pytest_prefill.whatif import chunk_sweep
-from pytest_prefill.workloads import lab_scenario
+from pytest_prefill.report.tables import sweep_table
+from pytest_prefill.plan.sweep import chunk_sweep
+from pytest_prefill.plan.workloads import lab_scenario
 
 
 @pytest.mark.gpu
@@ -224,7 +224,7 @@ def test_sim_fixtures_work_from_a_fresh_test_file_with_ini_settings(pytester):
     pytester.makepyfile("""
         import pytest
         from pytest_prefill import check_invariants, get_preset
-        from pytest_prefill.workloads import lab_scenario
+        from pytest_prefill.plan.workloads import lab_scenario
 
         @pytest.mark.sim
         def test_uses_the_fixtures(scheduler, cost_model, prefill_settings):
@@ -659,7 +659,7 @@ def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_se
     pytester.makepyfile(
         test_capacity_fixture="""
         import pytest
-        from pytest_prefill.workloads import poisson
+        from pytest_prefill.plan.workloads import poisson
 
         @pytest.mark.sim
         def test_search(capacity, cost_model):

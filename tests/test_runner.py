@@ -9,15 +9,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pytest_prefill.models import load_model  # noqa: E402
-from pytest_prefill.runner import (  # noqa: E402
+from pytest_prefill.measure.models import load_model  # noqa: E402
+from pytest_prefill.measure.runner import (  # noqa: E402
     DecodeBatch,
     ModelRunner,
     cache_length,
     layer_tensors,
     rewind,
 )
-from pytest_prefill.timing import Measurement  # noqa: E402
+from pytest_prefill.measure.timing import Measurement  # noqa: E402
 
 ATOL = 1e-4  # float32 on CPU; different kernels (full vs cached attention) round differently
 

@@ -6,9 +6,9 @@ import datetime
 
 import pytest
 
-from pytest_prefill import archive
-from pytest_prefill.advice import recommend
+from pytest_prefill.archive import runs as archive
 from pytest_prefill.cli import main
+from pytest_prefill.plan.advice import recommend
 from pytest_prefill.scheduler import get_preset
 
 pytestmark = pytest.mark.sim
@@ -74,7 +74,7 @@ def test_a_corrupt_file_is_reported_and_skipped(tmp_path, capsys):
 def test_calibrate_save_archives_a_run_that_every_reader_finds(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from pytest_prefill import calibrate as cal
+    from pytest_prefill.measure import calibrate as cal
 
     monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
     monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))

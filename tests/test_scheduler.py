@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from strategies import chunks, cost_models, loads, policies
 
 from pytest_prefill.invariants import check_invariants, iteration_cost
+from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.scheduler import (
     LINK,
     POLICIES,
@@ -31,7 +32,6 @@ from pytest_prefill.scheduler import (
     token_gaps,
     weighted_percentile,
 )
-from pytest_prefill.workloads import lab_scenario
 
 pytestmark = pytest.mark.sim
 

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from pytest_prefill.cli import main
+from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.scheduler import CostModel, Request, get_preset, simulate
-from pytest_prefill.workloads import lab_scenario
 
 pytestmark = pytest.mark.sim
 

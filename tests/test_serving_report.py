@@ -9,13 +9,13 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from pytest_prefill.capacity import capacity
 from pytest_prefill.cli import main
-from pytest_prefill.deployments import Deployment
-from pytest_prefill.executors import InlineExecutor
-from pytest_prefill.metrics import SLO
-from pytest_prefill.scheduler import PRESETS
-from pytest_prefill.serving_report import (
+from pytest_prefill.plan.capacity import capacity
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.executors import InlineExecutor
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.workloads import poisson
+from pytest_prefill.report.serving import (
     HEADERS,
     SCHEMA,
     capacity_document,
@@ -23,7 +23,7 @@ from pytest_prefill.serving_report import (
     capacity_table,
     capacity_text,
 )
-from pytest_prefill.workloads import poisson
+from pytest_prefill.scheduler import PRESETS
 
 pytestmark = pytest.mark.sim
 

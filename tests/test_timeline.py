@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from pytest_prefill.cli import build_parser, main
 from pytest_prefill.commands.timeline import default_chunk
-from pytest_prefill.scheduler import LINK, PRESETS, CostModel, Event, Request, Trace, simulate
-from pytest_prefill.timeline import (
+from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.report.timeline import (
     CHAR_EM,
     COLOURS,
     Layout,
@@ -30,7 +30,7 @@ from pytest_prefill.timeline import (
     render_svg,
     render_text,
 )
-from pytest_prefill.workloads import lab_scenario
+from pytest_prefill.scheduler import LINK, PRESETS, CostModel, Event, Request, Trace, simulate
 
 pytestmark = pytest.mark.sim
 

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from pytest_prefill.cli import main
-from pytest_prefill.report import lab_timeline
+from pytest_prefill.report.tables import lab_timeline
+from pytest_prefill.report.trace_events import chrome_trace
 from pytest_prefill.scheduler import PRESETS
-from pytest_prefill.trace_events import chrome_trace
 
 pytestmark = pytest.mark.sim
 

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from pytest_prefill.advice import choose_chunk
 from pytest_prefill.cli import main
+from pytest_prefill.plan.advice import choose_chunk
+from pytest_prefill.plan.sweep import chunk_sweep, default_chunks
+from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.scheduler import PRESETS, CostModel, simulate
-from pytest_prefill.whatif import chunk_sweep, default_chunks
-from pytest_prefill.workloads import lab_scenario
 
 pytestmark = pytest.mark.sim
 LAB = PRESETS["lab-laptop"].cost

@@ -8,8 +8,7 @@ import statistics
 
 import pytest
 
-from pytest_prefill.scheduler import Request
-from pytest_prefill.workloads import (
+from pytest_prefill.plan.workloads import (
     azure_trace_path,
     lab_scenario,
     load_azure,
@@ -18,6 +17,7 @@ from pytest_prefill.workloads import (
     resolve_workload,
     scale_rate,
 )
+from pytest_prefill.scheduler import Request
 
 pytestmark = pytest.mark.sim
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_prefill import archive
+from pytest_prefill.archive import runs as archive
 from pytest_prefill.machine import (
     KEY_PATTERN,
     cpu_model,

@@ -1,6 +1,6 @@
 """Flags shared by the commands that measure (``calibrate``, ``demo``, ``fidelity``,
 ``simulate``/``timeline --cost measure``), the glue that turns them into a loaded model and a
-calibration, and ``--cost`` resolved by the one rule (:mod:`pytest_prefill.cost_spec`).
+calibration, and ``--cost`` resolved by the one rule (:mod:`pytest_prefill.archive.cost_spec`).
 Importing this module imports no torch."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import argparse
 import sys
 from typing import Any
 
+from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
 from pytest_prefill.commands._args import non_negative_int, positive_int
-from pytest_prefill.cost_spec import CostSpec, resolve_cost
-from pytest_prefill.models import DTYPES, MODEL_PRESETS, validate_device
+from pytest_prefill.measure.models import DTYPES, MODEL_PRESETS, validate_device
 from pytest_prefill.scheduler import PRESETS
 
 DEFAULT_MODEL = "qwen3-0.6b"
@@ -94,7 +94,7 @@ def progress(text: str) -> None:
 
 def load(args: argparse.Namespace) -> Any:
     """The model the flags name (ValueError with the reason when it cannot be had)."""
-    from pytest_prefill.models import load_model
+    from pytest_prefill.measure.models import load_model
 
     progress(f"loading {args.model} ...")
     try:
@@ -124,8 +124,8 @@ def _say_up_front(args: argparse.Namespace, loaded: Any) -> None:
 
 def measure(args: argparse.Namespace) -> Any:
     """A fresh ``Calibration`` of the model the flags name."""
-    from pytest_prefill.calibrate import calibrate
-    from pytest_prefill.packed import calibration_runner
+    from pytest_prefill.engine.packed import calibration_runner
+    from pytest_prefill.measure.calibrate import calibrate
 
     loaded = load(args)
     return calibrate(

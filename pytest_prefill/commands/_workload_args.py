@@ -1,5 +1,5 @@
 """``--workload`` and its flags, shared by ``simulate`` and ``capacity``, resolved by the one
-rule (:func:`pytest_prefill.workloads.resolve_workload`)."""
+rule (:func:`pytest_prefill.plan.workloads.resolve_workload`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import math
 
 from pytest_prefill.commands._args import non_negative_int, positive_int
-from pytest_prefill.workloads import NAMED_WORKLOADS, Workload, resolve_workload
+from pytest_prefill.plan.workloads import NAMED_WORKLOADS, Workload, resolve_workload
 
 QWEN3_CONTEXT = 40_960  # max_position_embeddings of Qwen3-0.6B, the model the presets describe
 

@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.calibrate import calibrate
-    from pytest_prefill.calibration_tables import calibration_report
-    from pytest_prefill.packed import calibration_runner
+    from pytest_prefill.engine.packed import calibration_runner
+    from pytest_prefill.measure.calibrate import calibrate
+    from pytest_prefill.report.calibration import calibration_report
 
     if args.save and os.path.exists(args.results) and not os.path.isdir(args.results):
         raise ValueError(f"--results {args.results}: not a folder")  # before measuring

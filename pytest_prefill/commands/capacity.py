@@ -9,7 +9,6 @@ import os
 import time
 
 from pytest_prefill._io import write_atomic, write_json_atomic
-from pytest_prefill.capacity import DEFAULT_TARGET, DEFAULT_TOLERANCE, capacity
 from pytest_prefill.commands._args import bounded_int, output_path, positive_int
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
@@ -25,10 +24,11 @@ from pytest_prefill.commands._workload_args import (
     positive_float,
     workload_from_args,
 )
-from pytest_prefill.deployments import Deployment
-from pytest_prefill.executors import CONNECT_TIMEOUT, dask_executor, local_executor
-from pytest_prefill.metrics import SLO
-from pytest_prefill.serving_report import capacity_document, capacity_svg, capacity_text
+from pytest_prefill.plan.capacity import DEFAULT_TARGET, DEFAULT_TOLERANCE, capacity
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.executors import CONNECT_TIMEOUT, dask_executor, local_executor
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.report.serving import capacity_document, capacity_svg, capacity_text
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
 MAX_DEVICES = 1024  # every prefill:decode split is a search of its own

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.falsifier_report import run_falsifier
+    from pytest_prefill.report.falsifier import run_falsifier
 
     cost = None
     if args.cost is not None:

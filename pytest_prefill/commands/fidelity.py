@@ -73,8 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill import fidelity as fid
-    from pytest_prefill.fidelity_tables import fidelity_report
+    from pytest_prefill.engine import fidelity as fid
+    from pytest_prefill.report.fidelity import fidelity_report
 
     if args.model is None:
         args.model = DEFAULT_CPU_MODEL if (args.device or "cpu") == "cpu" else "qwen3-0.6b"
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 def save_fidelity(args: argparse.Namespace, result: Any) -> Any:
     """Archive a fidelity run: its printed tables, its verdict, and the whole result."""
-    from pytest_prefill import fidelity as fid
-    from pytest_prefill import fidelity_tables as tables
+    from pytest_prefill.engine import fidelity as fid
+    from pytest_prefill.report import fidelity as tables
 
     data = result.to_dict()
     rows = [

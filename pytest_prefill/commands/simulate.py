@@ -8,7 +8,6 @@ import datetime
 
 from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.advice import recommend, star_text
 from pytest_prefill.commands._args import (
     add_lab_scenario_arguments,
     check_chunked_iterations,
@@ -27,13 +26,14 @@ from pytest_prefill.commands._workload_args import (
     workload_from_args,
     workload_lines,
 )
-from pytest_prefill.deployments import search_chunks
-from pytest_prefill.metrics import SLO, ServingMetrics, serving_metrics
-from pytest_prefill.report import sweep_rows_json, sweep_table
+from pytest_prefill.plan.advice import recommend, star_text
+from pytest_prefill.plan.deployments import search_chunks
+from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
+from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks
+from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.report.serving import serving_table
+from pytest_prefill.report.tables import sweep_rows_json, sweep_table
 from pytest_prefill.scheduler import CostModel, Request, simulate
-from pytest_prefill.serving_report import serving_table
-from pytest_prefill.whatif import SweepRow, chunk_sweep, default_chunks
-from pytest_prefill.workloads import lab_scenario
 
 HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"
 

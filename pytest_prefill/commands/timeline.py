@@ -9,7 +9,6 @@ import json
 import textwrap
 
 from pytest_prefill._io import write_atomic
-from pytest_prefill.advice import choose_chunk
 from pytest_prefill.commands._args import (
     add_lab_scenario_arguments,
     bounded_int,
@@ -25,9 +24,9 @@ from pytest_prefill.commands._measure_args import (
     add_timing_arguments,
     resolve_cost_args,
 )
-from pytest_prefill.report import lab_timeline
-from pytest_prefill.scheduler import CostModel
-from pytest_prefill.timeline import (
+from pytest_prefill.plan.advice import choose_chunk
+from pytest_prefill.report.tables import lab_timeline
+from pytest_prefill.report.timeline import (
     MIN_WINDOW,
     check_window,
     focus_window,
@@ -35,7 +34,8 @@ from pytest_prefill.timeline import (
     render_svg,
     render_text,
 )
-from pytest_prefill.trace_events import chrome_trace
+from pytest_prefill.report.trace_events import chrome_trace
+from pytest_prefill.scheduler import CostModel
 
 HELP = "draw the lab scenario's timeline under shared, chunked and disaggregated serving"
 
@@ -128,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def default_chunk(cost: CostModel, prompt_len: int) -> int:
     """The chunk drawn when ``--chunk`` is not given: the one rule,
-    :func:`pytest_prefill.advice.choose_chunk`."""
+    :func:`pytest_prefill.plan.advice.choose_chunk`."""
     return choose_chunk(cost, prompt_len).chunk
 
 

@@ -1,0 +1,355 @@
+"""A mini serving engine: executes a workload under a policy with the simulator's own scheduling
+rules (``scheduler.Worker``; DESIGN.md, "Simulation semantics") and records what it did as the
+simulator's ``Trace``. The work is done by an executor: the model's packed pass in real time
+(:class:`ModelExecutor`), or the cost model on a fake clock (:func:`replay`, which must give
+exactly ``simulate()``'s trace — the engine's loop is checked against the simulator's that way).
+
+torch is imported lazily (only by :class:`ModelExecutor` and the real-time entry points).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pytest_prefill.scheduler import (
+    LINK,
+    CostModel,
+    EventLog,
+    Plan,
+    Request,
+    Trace,
+    Worker,
+    check_options,
+    disaggregated_prefill,
+    validate_load,
+)
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def wait_until(self, t: float) -> None: ...
+
+
+class Executor(Protocol):
+    def run(self, plan: Plan) -> float | None:
+        """Do the planned iteration's work; return its exact duration if known (a simulated
+        executor), else None (the engine reads the clock)."""
+        ...
+
+
+class RealClock:
+    """Seconds since ``origin`` on the system-wide monotonic clock (comparable across
+    processes on one machine); idles by sleeping."""
+
+    def __init__(self, origin: float | None = None) -> None:
+        self.origin = time.perf_counter() if origin is None else origin
+
+    def now(self) -> float:
+        return time.perf_counter() - self.origin
+
+    def wait_until(self, t: float) -> None:
+        while True:
+            left = t - self.now()
+            if left <= 0:
+                return
+            time.sleep(left if left < 1e-3 else left - 2e-4)
+
+
+class FakeClock:
+    """A clock that moves only when told: idling jumps to the target time."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+class CostExecutor:
+    """Executes an iteration by advancing a fake clock by the cost model's duration for it."""
+
+    def __init__(self, cost: CostModel, clock: FakeClock) -> None:
+        self.cost, self.clock = cost, clock
+
+    def run(self, plan: Plan) -> float | None:
+        duration = self.cost.iteration(plan.pieces(), plan.decode_rows, plan.kv_tokens)
+        self.clock.t += duration
+        # The simulator keys runs of equal decode steps on the formula's duration when it is
+        # constant (no per-KV-token term) and on end - start otherwise; so does the engine.
+        if plan.kind == "decode" and self.cost.decode_per_kv_token == 0:
+            return duration
+        return None
+
+
+class Arrivals(Protocol):
+    def ready(self, now: float) -> list[Request]:
+        """Requests that have arrived by ``now`` and were not handed out yet, in order."""
+        ...
+
+    def wait(self, clock: Clock) -> bool:
+        """Idle until the next arrival; False when none is left."""
+        ...
+
+
+class ScheduledArrivals:
+    """Arrivals known in advance: ``(time, request)`` in time order."""
+
+    def __init__(self, schedule: Sequence[tuple[float, Request]]) -> None:
+        self.schedule, self.i = list(schedule), 0
+
+    def ready(self, now: float) -> list[Request]:
+        out = []
+        while self.i < len(self.schedule) and self.schedule[self.i][0] <= now:
+            out.append(self.schedule[self.i][1])
+            self.i += 1
+        return out
+
+    def wait(self, clock: Clock) -> bool:
+        if self.i >= len(self.schedule):
+            return False
+        clock.wait_until(self.schedule[self.i][0])
+        return True
+
+
+def drive(
+    worker: Worker,
+    executor: Executor,
+    clock: Clock,
+    arrivals: Arrivals,
+    events: EventLog,
+    admit: Callable[[Request], None],
+) -> None:
+    """Run ``worker`` until its arrivals are exhausted and it has nothing left to do: at each
+    boundary admit what has arrived, compose the iteration, execute it, record it."""
+    while True:
+        now = clock.now()
+        for r in arrivals.ready(now):
+            admit(r)
+        plan = worker.compose(now)
+        if plan is None:
+            if not arrivals.wait(clock):
+                return
+            continue
+        step = executor.run(plan)
+        end = clock.now()
+        events.add(
+            worker.name,
+            now,
+            end,
+            plan.kind,
+            plan.prefill_ids(),
+            plan.decode_ids,
+            plan.kv_tokens,
+            plan.context_tokens,
+            step=step or 0.0,
+            contexts=plan.contexts(),
+        )
+        worker.finish_at(end)
+
+
+def check_engine(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
+    """``simulate``'s option checks, and the engine's own limit: one worker per pool."""
+    check_options(policy, chunk, prefill_workers=prefill_workers, decode_workers=decode_workers)
+    if prefill_workers != 1 or decode_workers != 1:
+        raise ValueError(
+            "the engine runs one prefill worker and one decode worker; "
+            f"got prefill_workers={prefill_workers!r}, decode_workers={decode_workers!r}"
+        )
+
+
+def run_single(
+    policy: str,
+    requests: Sequence[Request],
+    executor: Executor,
+    clock: Clock,
+    chunk: int | None = None,
+) -> Trace:
+    """``shared``, ``coscheduled`` or ``chunked`` on one worker (``requests`` already sorted)."""
+    mode = "shared" if policy == "shared" else "chunked"
+    budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
+    worker = Worker("worker", mode, budget)
+    events = EventLog()
+    drive(
+        worker,
+        executor,
+        clock,
+        ScheduledArrivals([(r.arrival, r) for r in requests]),
+        events,
+        worker.admit,
+    )
+    records = {
+        r.id: worker.record(
+            r, worker.prefill_start[r.id], worker.prefill_end[r.id], worker.prefill_end[r.id]
+        )
+        for r in requests
+    }
+    return Trace(policy, events.finish(["worker"]), records, chunk)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillResult:
+    """What the prefill side of a disaggregated run did, per request: (prefill start, prefill
+    end, KV ready), plus its prefill and link events."""
+
+    times: Mapping[str, tuple[float, float, float]]
+    events: tuple[Any, ...]
+
+
+def disaggregated_trace(
+    requests: Sequence[Request],
+    times: Mapping[str, tuple[float, float, float]],
+    events: Iterable[Any],
+    decoder: Worker,
+    chunk: int | None = None,
+) -> Trace:
+    """Assemble the trace of a disaggregated run from its two sides."""
+    order = ["prefill0", LINK, decoder.name]
+    rank = {name: i for i, name in enumerate(order)}
+    ordered = tuple(sorted(events, key=lambda e: (rank[e.resource], e.start)))
+    records = {r.id: decoder.record(r, *times[r.id], "prefill0") for r in requests}
+    return Trace("disaggregated", ordered, records, chunk)
+
+
+def replay(
+    policy: str,
+    load: Iterable[Request],
+    cost: CostModel,
+    *,
+    chunk: int | None = None,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+) -> Trace:
+    """Run the engine with the cost model as its executor on a fake clock. Must equal
+    ``simulate(policy, load, cost, chunk=chunk)`` exactly (tests pin it).
+
+    Raises:
+        ValueError: as ``simulate`` does; and for pools of more than one worker.
+    """
+    check_engine(policy, chunk, prefill_workers, decode_workers)
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
+    requests = validate_load(load)
+    clock = FakeClock()
+    executor = CostExecutor(cost, clock)
+    if policy != "disaggregated":
+        return run_single(policy, requests, executor, clock, chunk)
+    # The stages only feed forward (prefill pool -> link -> decode), so on a fake clock they
+    # can run one after the other; the prefill pool and link are the simulator's own.
+    schedule, times, early = disaggregated_prefill(requests, cost)
+    events = EventLog()
+    decode_clock = FakeClock()
+    decoder = Worker("decode0", "decode")
+    drive(
+        decoder,
+        CostExecutor(cost, decode_clock),
+        decode_clock,
+        ScheduledArrivals(schedule),
+        events,
+        decoder.join,
+    )
+    everything = early + events.finish(["decode0"])
+    return disaggregated_trace(requests, times, everything, decoder, chunk)
+
+
+def make_prompts(requests: Sequence[Request], vocab: int, seed: int) -> dict[str, Any]:
+    """Random prompt token ids per request: the same requests and seed give the same prompts."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        r.id: torch.randint(0, int(vocab), (r.prompt_len,), generator=generator) for r in requests
+    }
+
+
+class ModelExecutor:
+    """Executes iterations with the packed pass: greedy decoding of real tokens from random,
+    seeded prompts. A decode row feeds the request's latest token and emits the next one (the
+    prefill's own prediction is the first decode step's input), so a request's cache holds
+    ``prompt_len + steps`` tokens, as the cost model counts them."""
+
+    def __init__(self, packed: Any, requests: Sequence[Request], *, seed: int = 0) -> None:
+        self.packed = packed
+        self.prompts = make_prompts(requests, packed.config.vocab_size, seed)
+        self.caches: dict[str, Any] = {}
+        self.tokens: dict[str, list[int]] = {r.id: [] for r in requests}
+        self.steps: dict[str, int] = {r.id: 0 for r in requests}
+        self.output_len: dict[str, int] = {r.id: r.output_len for r in requests}
+        self._next: dict[str, int] = {}  # the input of each request's next decode row
+        self._sync = _synchronizer(packed.device)
+
+    def adopt(self, request: Request, cache: Any, next_token: int) -> None:
+        """Take over a request prefilled elsewhere (disaggregation)."""
+        self.caches[request.id] = cache
+        self._next[request.id] = next_token
+
+    def run(self, plan: Plan) -> float | None:
+        import torch
+
+        from pytest_prefill.engine.packed import Segment
+
+        segments = []
+        for r, done, n in plan.prefill:
+            if r.id not in self.caches:
+                self.caches[r.id] = self.packed.new_cache(r.prompt_len + r.output_len)
+            last = done + n == r.prompt_len
+            segments.append(
+                Segment(
+                    self.caches[r.id],
+                    self.prompts[r.id][done : done + n],
+                    "last" if last else "none",
+                )
+            )
+        for rid in plan.decode_ids:
+            segments.append(Segment(self.caches[rid], torch.tensor([self._next[rid]])))
+        logits = self.packed.forward(segments)
+        picks = [i for i, s in enumerate(segments) if s.logits == "last"]
+        if picks:
+            chosen = torch.stack([logits[i] for i in picks]).argmax(dim=-1).tolist()
+            owners = [r.id for r in plan.completed] + list(plan.decode_ids)
+            for rid, token in zip(owners, chosen):  # noqa: B905
+                self._next[rid] = token
+        for rid in plan.decode_ids:
+            self.tokens[rid].append(self._next[rid])
+            self.steps[rid] += 1
+            if self.steps[rid] == self.output_len[rid]:
+                del self.caches[rid]  # done: free its KV
+        self._sync()
+        return None
+
+
+def _synchronizer(device: Any) -> Callable[[], None]:
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRun:
+    """A real run: its trace, the greedy tokens each request emitted, and how the machine was
+    used (``setup``: a sentence, e.g. cores and threads per worker)."""
+
+    trace: Trace
+    tokens: Mapping[str, tuple[int, ...]]
+    setup: str
+
+
+def warm_up(packed: Any, *, rows: int = 64) -> None:
+    """A few passes so that first-call allocations do not land in a measured run."""
+    import torch
+
+    from pytest_prefill.engine.packed import Segment
+
+    cache = packed.new_cache(rows + 4)
+    packed.forward([Segment(cache, torch.zeros(rows, dtype=torch.long))])
+    for _ in range(3):
+        packed.forward([Segment(cache, torch.zeros(1, dtype=torch.long))])

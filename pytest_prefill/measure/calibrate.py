@@ -1,0 +1,709 @@
+"""Calibration: time the model's passes on this machine, fit the cost model v2 (constants the
+noise cannot support are refused), hold each prompt length out to say how far to trust the fit,
+and record the KV capacity. Nothing here prints (progress goes to a callable); the tables are
+``calibration_tables``'s, the recommendation ``recommendation``'s."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.measure.calibration_fit import (
+    NO_FLOOR,
+    FitResult,
+    Floor,
+    Point,
+    Prediction,
+    Refusal,
+    fit_cost_model,
+)
+from pytest_prefill.measure.fitting import TermFit
+from pytest_prefill.measure.timing import Measurement, settle
+from pytest_prefill.plan.advice import (
+    Recommendation,
+    chunk_star_text,
+    recommend,
+    star_contexts,
+)
+from pytest_prefill.plan.cost_document import CALIBRATION_KIND, SCHEMA_VERSIONS
+from pytest_prefill.scheduler import CostModel
+
+__all__ = [
+    "Calibration",
+    "Point",
+    "Refusal",
+    "calibrate",
+    "chunk_star_text",
+    "fit_cost_model",
+    "recommend",
+]
+
+KIND = CALIBRATION_KIND
+SCHEMA_VERSION = SCHEMA_VERSIONS[CALIBRATION_KIND]  # 2: cost model v2 (fits, held-out error)
+READABLE_SCHEMAS = tuple(range(1, SCHEMA_VERSION + 1))  # 1 (linear): cost model and points kept
+
+# Prompt lengths wide enough to show attention's curvature (on CUDA up to 16k where the model
+# allows); chunks of 256 and 1,024 new tokens over 2k and 8k cached tokens (context 0 is the
+# prefill sweep); fused passes of a chunk with decode rows (runners with ``time_fused``).
+CPU_PROMPT_LENS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+CUDA_PROMPT_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_CHUNKS = ((256, 2048), (1024, 2048), (256, 8192), (1024, 8192))
+DEFAULT_FUSED = tuple(
+    (tokens, context, rows) for tokens in (32, 128, 512) for context in (0, 2048) for rows in (1, 8)
+)
+FUSED_ROW_CONTEXT = 512  # cached tokens of each decode row in a fused pass
+DEFAULT_CACHE_LENS = (128, 1024, 4096, 16384)
+DEFAULT_KV_ROWS = 1  # rows of the decode steps in the cache-length sweep
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+BATCH_CACHE_LEN = 128  # cached tokens per sequence in the batch sweep
+DEFAULT_REPEATS = 10
+DEFAULT_WARMUP = 3
+DRY_RUN_REPEATS = 3  # --dry-run caps repeats and warmup here; it never shortens a prompt
+DRY_RUN_WARMUP = 1
+# A prefill or chunk point predicted to take longer than this (all its calls) is skipped and
+# the skip recorded: a 0.6B model on one CPU core would otherwise take hours at 16k tokens.
+POINT_BUDGET = 60.0
+# On CUDA the KV capacity is the free memory after the weights, less this fraction of the
+# device kept for activations and the allocator (vLLM's default gpu_memory_utilization 0.9).
+KV_HEADROOM_FRACTION = 0.10
+NO_LINK = "not measured: infinite bandwidth, zero latency (state your own for disaggregation)"
+
+Progress = Callable[[str], object]
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """A measured cost model and everything needed to trust it or not: provenance, every raw
+    measurement (median and spread), the fits, the refused constants with their reasons, the
+    prefill floor, and each point's fitted and held-out prediction."""
+
+    cost: CostModel
+    provenance: Mapping[str, Any]
+    measurements: tuple[Point, ...]
+    fits: Mapping[str, TermFit]
+    refusals: tuple[Refusal, ...]
+    floor: Floor = NO_FLOOR
+    predictions: tuple[Prediction, ...] = ()
+
+    @classmethod
+    def from_fit(
+        cls, fit: FitResult, provenance: Mapping[str, Any], points: Sequence[Point]
+    ) -> Calibration:
+        return cls(
+            fit.cost,
+            dict(provenance),
+            tuple(points),
+            dict(fit.fits),
+            fit.refusals,
+            fit.floor,
+            fit.predictions,
+        )
+
+    def points(self, kind: str) -> list[Point]:
+        return [p for p in self.measurements if p.kind == kind]
+
+    def refused(self) -> set[str]:
+        """Names of the constants this calibration refused."""
+        return {r.constant for r in self.refusals}
+
+    @property
+    def contexts(self) -> tuple[int, ...]:
+        """The contexts C* is reported at (within the model's context)."""
+        return star_contexts(self.provenance.get("max_context"))
+
+    def recommendation(self) -> Recommendation:
+        return recommend(self.cost, self.refused(), self.contexts)
+
+    def chunk_star_text(self) -> str:
+        return chunk_star_text(self.cost, self.refused(), self.contexts)
+
+    def _fit(self) -> FitResult:
+        return FitResult(self.cost, self.fits, self.refusals, self.floor, self.predictions)
+
+    @property
+    def held_out_median(self) -> float:
+        """Median |relative error| of each prefill/chunk point predicted by a fit made without
+        its prompt length: the number to trust (nan when not computed)."""
+        return self._fit().held_out_median
+
+    @property
+    def in_sample_median(self) -> float:
+        """Median |relative error| of the fit itself over the prefill/chunk points."""
+        return self._fit().in_sample_median
+
+    def to_dict(self) -> dict[str, Any]:
+        advice = self.recommendation()
+        return {
+            "kind": KIND,
+            "schema_version": SCHEMA_VERSION,
+            "cost_model": self.cost.to_dict(),
+            "chunk_star": _json_number(self.cost.chunk_star()),
+            "chunk_star_by_context": {
+                str(c): _json_number(self.cost.chunk_star(context=c)) for c in self.contexts
+            },
+            "recommendation": advice.policy,
+            "recommended_chunk": advice.chunk,
+            "held_out_median_error": _json_number(self.held_out_median),
+            "in_sample_median_error": _json_number(self.in_sample_median),
+            "floor": self.floor.to_dict(),
+            "provenance": dict(self.provenance),
+            "measurements": [p.to_dict() for p in self.measurements],
+            "fits": {name: fit.to_dict() for name, fit in self.fits.items()},
+            "refusals": [r.to_dict() for r in self.refusals],
+            "predictions": [p.to_dict() for p in self.predictions],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Calibration:
+        """Inverse of :meth:`to_dict`; a schema-1 calibration loads with its cost model,
+        measurements and refusals (and no fits or held-out predictions).
+
+        Raises:
+            ValueError: for anything that is not a pytest-prefill calibration.
+        """
+        if not isinstance(data, Mapping) or data.get("kind") != KIND:
+            kind = data.get("kind") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(
+                f"not a pytest-prefill calibration: kind is {kind!r}, expected {KIND!r}"
+            )
+        version = data.get("schema_version")
+        if version not in READABLE_SCHEMAS:
+            raise ValueError(
+                f"calibration schema_version must be one of {READABLE_SCHEMAS}, got {version!r}"
+            )
+        try:
+            return _from_document(data, version)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise ValueError(f"corrupt pytest-prefill calibration: {err!s}") from None
+
+
+def _from_document(data: Mapping[str, Any], version: int) -> Calibration:
+    cost = CostModel.from_dict(data["cost_model"])
+    provenance = data["provenance"]
+    if not isinstance(provenance, Mapping):
+        raise ValueError("provenance must be an object")
+    points = tuple(Point.from_dict(p) for p in data["measurements"])
+    refusals = tuple(Refusal.from_dict(r) for r in data["refusals"])
+    if version == 1:
+        return Calibration(cost, dict(provenance), points, {}, refusals)
+    fits = {str(k): _term_fit(v) for k, v in data["fits"].items()}
+    by_label: dict[tuple[str, str], Point] = {}
+    for p in points:
+        by_label.setdefault((p.label(), p.kind), p)
+    predictions = tuple(
+        Prediction(by_label[(d["label"], d["kind"])], float(d["fitted"]), d.get("held_out"))
+        for d in data.get("predictions", [])
+    )
+    floor = Floor.from_dict(data.get("floor"))
+    return Calibration(cost, dict(provenance), points, fits, refusals, floor, predictions)
+
+
+def _term_fit(data: Any) -> TermFit:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a fit must be an object, got {data!r:.60}")
+    names = tuple(str(n) for n in data["names"])
+    floats = {
+        key: {str(k): float(v) for k, v in data[key].items()}
+        for key in ("values", "stderrs", "estimates", "effects")
+    }
+    return TermFit(
+        names,
+        floats["values"],
+        floats["stderrs"],
+        floats["estimates"],
+        floats["effects"],
+        {str(k): str(v) for k, v in data["refused"].items()},
+        float(data["scatter"]),
+        float(data["residual_sd"]),
+        int(data["points"]),
+    )
+
+
+def _json_number(value: float) -> float | str | None:
+    if math.isnan(value):
+        return None
+    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+
+
+def device_name(device: Any) -> str:
+    """The accelerator's name (CUDA), else the CPU's model name and thread count."""
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        return str(torch.cuda.get_device_name(device))
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name} (CPU, {torch.get_num_threads()} torch threads)"
+
+
+def provenance(
+    loaded: Any, *, repeats: int, warmup: int, dry_run: bool, **extra: Any
+) -> dict[str, Any]:
+    """Where a figure comes from: device, model, dtype, library versions, repeats, date."""
+    import numpy
+    import torch
+    import transformers
+
+    from pytest_prefill import __version__
+
+    return {
+        "device": str(loaded.device),
+        "device_name": device_name(loaded.device),
+        "model": loaded.name,
+        "model_source": loaded.source,
+        "dtype": loaded.dtype_name,
+        "attention": str(getattr(loaded.config, "_attn_implementation", None) or "default"),
+        "torch_threads": torch.get_num_threads(),
+        "kv_bytes_per_token": loaded.kv_bytes_per_token,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "pytest_prefill": __version__,
+        "repeats": repeats,
+        "warmup": warmup,
+        "dry_run": dry_run,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def effective_repeats(repeats: int | None, warmup: int | None, dry_run: bool) -> tuple[int, int]:
+    """The repeats and warmup a run uses: the defaults, capped by ``--dry-run``.
+
+    Raises:
+        ValueError: for repeats < 1 or warmup < 0.
+    """
+    repeats = DEFAULT_REPEATS if repeats is None else repeats
+    warmup = DEFAULT_WARMUP if warmup is None else warmup
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if dry_run:
+        return min(repeats, DRY_RUN_REPEATS), min(warmup, DRY_RUN_WARMUP)
+    return repeats, warmup
+
+
+def kv_capacity(
+    device: Any,
+    kv_bytes_per_token: float,
+    *,
+    memory: Callable[[], tuple[int, int]] | None = None,
+) -> tuple[float, str]:
+    """Tokens of KV cache one worker holds, and a sentence saying how that was found.
+
+    On CUDA: the free device memory after the weights (``memory`` returns (free, total) bytes;
+    default ``torch.cuda.mem_get_info``), less ``KV_HEADROOM_FRACTION`` of the device kept for
+    activations, divided by ``kv_bytes_per_token``. Elsewhere: inf (none recorded).
+    """
+    if not getattr(device, "type", str(device)).startswith("cuda"):
+        return math.inf, (
+            "not recorded on CPU (inf): host memory is not the limit the simulator models"
+        )
+    if not kv_bytes_per_token > 0:
+        return math.inf, "not recorded (inf): the model's KV bytes per token are unknown"
+    if memory is None:
+        import torch
+
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+    else:
+        free, total = memory()
+    headroom = KV_HEADROOM_FRACTION * total
+    tokens = math.floor((free - headroom) / kv_bytes_per_token)
+    gib = 2.0**30
+    where = (
+        f"{free / gib:.1f} GiB free after the weights of {total / gib:.1f} GiB; "
+        f"{headroom / gib:.1f} GiB ({KV_HEADROOM_FRACTION:.0%} of the device) kept as headroom "
+        "for activations"
+    )
+    if tokens < 1:
+        return math.inf, f"not recorded (inf): no room for KV left ({where})"
+    return float(tokens), f"{tokens:,} tokens of {kv_bytes_per_token:,.0f} bytes: {where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """What a calibration measures: prefill lengths, chunks (new tokens, context), decode cache
+    lengths and batch sizes, fused passes (tokens, context, rows; each row ``row_context``
+    cached), and the per-point time budget in seconds."""
+
+    prompt_lens: tuple[int, ...]
+    chunks: tuple[tuple[int, int], ...]
+    cache_lens: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    batch_context: int
+    fused: tuple[tuple[int, int, int], ...]
+    row_context: int = FUSED_ROW_CONTEXT
+    budget: float = POINT_BUDGET
+    kv_rows: int = DEFAULT_KV_ROWS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_lens": list(self.prompt_lens),
+            "chunks": [list(c) for c in self.chunks],
+            "cache_lens": list(self.cache_lens),
+            "batch_sizes": list(self.batch_sizes),
+            "batch_context": self.batch_context,
+            "fused": [list(f) for f in self.fused],
+            "row_context": self.row_context,
+            "budget_seconds": self.budget,
+            "kv_rows": self.kv_rows,
+        }
+
+
+def _lengths(field: str, values: Sequence[int], limit: int) -> tuple[int, ...]:
+    checked = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{field} must be positive integers, got {v!r}")
+        checked.append(min(v, limit))
+    return tuple(sorted(set(checked)))
+
+
+def _tuples(field: str, values: Sequence[Sequence[int]], size: int) -> tuple[Any, ...]:
+    out = []
+    for v in values:
+        if len(v) != size or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in v):
+            raise ValueError(f"{field} must hold {size}-tuples of integers >= 0, got {v!r}")
+        if v[0] < 1:
+            raise ValueError(f"{field}: a pass needs at least one new token, got {v!r}")
+        out.append(tuple(v))
+    return tuple(out)
+
+
+def plan_sweep(
+    loaded: Any,
+    *,
+    prompt_lens: Sequence[int] | None = None,
+    chunks: Sequence[Sequence[int]] | None = None,
+    cache_lens: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    batch_context: int | None = None,
+    fused: Sequence[Sequence[int]] | None = None,
+    budget: float | None = None,
+    kv_rows: int | None = None,
+) -> Sweep:
+    """The sweep for ``loaded``: the defaults for its device where an argument is None, every
+    length within the model's context (a pass that would not fit is dropped).
+
+    Raises:
+        ValueError: for fewer than 4 distinct prompt lengths, bad lengths or tuples, or a
+            budget that is not a positive number.
+    """
+    on_cuda = getattr(loaded.device, "type", str(loaded.device)).startswith("cuda")
+    limit = loaded.max_context - 1  # room for the token a decode step appends
+    default_prompts = CUDA_PROMPT_LENS if on_cuda else CPU_PROMPT_LENS
+    prompt_lens = default_prompts if prompt_lens is None else prompt_lens
+    prompts = _lengths("prompt_lens", prompt_lens, loaded.max_context)
+    if len(prompts) < 4:
+        raise ValueError(
+            f"prompt_lens must hold 4 or more distinct lengths within the model's "
+            f"context ({loaded.max_context}), got {list(prompt_lens)!r}"
+        )
+    chunk_list = _tuples("chunks", DEFAULT_CHUNKS if chunks is None else chunks, 2)
+    fused_list = _tuples("fused", DEFAULT_FUSED if fused is None else fused, 3)
+    caches = _lengths("cache_lens", DEFAULT_CACHE_LENS if cache_lens is None else cache_lens, limit)
+    if not caches:
+        raise ValueError("cache_lens must hold at least one length")
+    batches = _lengths(
+        "batch_sizes", DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes, 2**31
+    )
+    context = _lengths(
+        "batch_context", [BATCH_CACHE_LEN if batch_context is None else batch_context], limit
+    )[0]
+    budget = POINT_BUDGET if budget is None else budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise ValueError(f"budget must be a number of seconds > 0, got {budget!r}")
+    rows = DEFAULT_KV_ROWS if kv_rows is None else kv_rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"kv_rows must be an integer >= 1, got {rows!r}")
+    return Sweep(
+        prompts,
+        tuple(c for c in chunk_list if c[0] + c[1] <= limit),
+        caches,
+        batches,
+        context,
+        tuple(f for f in fused_list if f[0] + f[1] <= limit and f[2] >= 1),
+        min(FUSED_ROW_CONTEXT, limit),
+        float(budget),
+        rows,
+    )
+
+
+class Budget:
+    """Predicts a pass's time from the prefill passes measured so far, to skip the ones that
+    would exceed the per-point budget. Deliberately rough and on the high side: a doubling is
+    taken to cost 3x (between linear and quadratic)."""
+
+    def __init__(self, seconds: float, calls: int) -> None:
+        self.seconds, self.calls = seconds, calls
+        self.passes: list[tuple[int, float]] = []
+
+    def record(self, tokens: int, seconds: float) -> None:
+        self.passes.append((tokens, seconds))
+
+    def predict(self, tokens: int, context: int = 0) -> float:
+        """Seconds one pass of ``tokens`` over ``context`` cached tokens may take (0 when
+        nothing has been measured yet)."""
+        if not self.passes:
+            return 0.0
+        known, seconds = max(self.passes)
+        whole = tokens + context
+        ratio = whole / known
+        estimate = seconds * (ratio * (1 + ratio) / 2 if ratio > 1 else ratio)
+        return estimate * (tokens / whole) * (2 if context else 1)
+
+    def over(self, tokens: int, context: int = 0) -> str:
+        """Why this point is skipped ('' when it fits the budget)."""
+        expected = self.predict(tokens, context) * self.calls
+        if expected <= self.seconds:
+            return ""
+        what = f"{tokens:,} tokens" + (f" over {context:,}" if context else "")
+        return (
+            f"{what}: skipped, about {expected:,.0f} s for {self.calls} calls exceeds the "
+            f"{self.seconds:g} s budget per point (--point-budget)"
+        )
+
+
+def _say(progress: Progress | None, text: str) -> None:
+    if progress is not None and text:
+        progress(text)
+
+
+def _summary(m: Measurement) -> str:
+    return f"{m.median * 1e3:.2f} ms [{m.minimum * 1e3:.2f}, {m.maximum * 1e3:.2f}]"
+
+
+def measure_prefill(
+    runner: Any,
+    prompt_lens: Sequence[int],
+    *,
+    repeats: int,
+    warmup: int,
+    progress: Progress | None = None,
+    budget: Budget | None = None,
+    skipped: list[str] | None = None,
+) -> list[Point]:
+    """Prefill passes into a fresh cache at each prompt length (shortest first; a length the
+    ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
+    budget = budget or Budget(math.inf, repeats + warmup)
+    points: list[Point] = []
+    for tokens in sorted(prompt_lens):
+        reason = budget.over(tokens)
+        if reason:
+            _say(progress, "prefill " + reason)
+            if skipped is not None:
+                skipped.append("prefill " + reason)
+            continue
+        m = runner.time_prefill(tokens, repeats=repeats, warmup=warmup)
+        budget.record(tokens, m.median)
+        _say(progress, f"prefill {tokens:>6} tokens: {_summary(m)}")
+        if not points and len(prompt_lens) > 1:
+            rest = sum(min(budget.predict(t) * budget.calls, budget.seconds) for t in prompt_lens)
+            _say(progress, f"the prefill sweep will take about {rest:,.0f} s more")
+        points.append(Point("prefill", tokens, m))
+    return points
+
+
+def measure_chunks(
+    runner: Any,
+    chunks: Sequence[tuple[int, int]],
+    *,
+    repeats: int,
+    warmup: int,
+    progress: Progress | None = None,
+    budget: Budget | None = None,
+    skipped: list[str] | None = None,
+) -> list[Point]:
+    """Chunk passes: ``tokens`` new tokens over ``context`` cached tokens of the same prompt."""
+    budget = budget or Budget(math.inf, repeats + warmup)
+    points = []
+    for tokens, context in chunks:
+        reason = budget.over(tokens, context)
+        if reason:
+            _say(progress, "chunk " + reason)
+            if skipped is not None:
+                skipped.append("chunk " + reason)
+            continue
+        m = runner.time_chunk(tokens, context, repeats=repeats, warmup=warmup)
+        _say(progress, f"chunk {tokens:>6} tokens over {context:,} cached: {_summary(m)}")
+        points.append(Point("chunk", tokens, m, context=context))
+    return points
+
+
+def measure_decode_kv(
+    runner: Any,
+    cache_lens: Sequence[int],
+    *,
+    repeats: int,
+    warmup: int,
+    progress: Progress | None = None,
+    rows: int = 1,
+) -> list[Point]:
+    """Decode steps of ``rows`` rows (batch 1 by default), each over a cache of each length."""
+    points = []
+    for cached in cache_lens:
+        m = runner.time_decode([cached] * rows, repeats=repeats, warmup=warmup)
+        point = Point("decode_kv", cached, m, rows=rows if rows > 1 else 0)
+        _say(progress, f"{point.label()}: {_summary(m)}")
+        points.append(point)
+    return points
+
+
+def measure_decode_batch(
+    runner: Any,
+    batch_sizes: Sequence[int],
+    *,
+    context: int,
+    repeats: int,
+    warmup: int,
+    progress: Progress | None = None,
+) -> list[Point]:
+    """Decode steps of each batch size, every sequence holding ``context`` cached tokens."""
+    points = []
+    for batch in batch_sizes:
+        m = runner.time_decode([context] * batch, repeats=repeats, warmup=warmup)
+        _say(progress, f"decode, batch {batch:>3} x {context} cached: {_summary(m)}")
+        points.append(Point("decode_batch", batch, m, context=context))
+    return points
+
+
+def measure_fused(
+    runner: Any,
+    grid: Sequence[tuple[int, int, int]],
+    *,
+    row_context: int,
+    repeats: int,
+    warmup: int,
+    progress: Progress | None = None,
+    budget: Budget | None = None,
+    skipped: list[str] | None = None,
+) -> list[Point]:
+    """Fused passes (``runner.time_fused``): a chunk of ``tokens`` over ``context`` cached
+    tokens and ``rows`` decode rows of ``row_context`` cached tokens each, in one pass (a pass
+    the ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
+    budget = budget or Budget(math.inf, repeats + warmup)
+    points = []
+    for tokens, context, rows in grid:
+        reason = budget.over(tokens, context)
+        if reason:
+            reason = f"fused, {rows} decode row(s): {reason}"
+            _say(progress, reason)
+            if skipped is not None:
+                skipped.append(reason)
+            continue
+        m = runner.time_fused(tokens, context, [row_context] * rows, repeats=repeats, warmup=warmup)
+        _say(progress, f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}")
+        points.append(
+            Point("fused", tokens, m, context=context, rows=rows, row_context=row_context)
+        )
+    return points
+
+
+def measure_sweep(
+    runner: Any, sweep: Sweep, *, repeats: int, warmup: int, progress: Progress | None = None
+) -> tuple[list[Point], list[str]]:
+    """Every point of ``sweep`` (fused passes only when the runner has ``time_fused``), and
+    the points skipped with their reasons."""
+    timing: dict[str, Any] = {"repeats": repeats, "warmup": warmup, "progress": progress}
+    skipped: list[str] = []
+    budget = Budget(sweep.budget, repeats + warmup)
+    points = measure_prefill(runner, sweep.prompt_lens, budget=budget, skipped=skipped, **timing)
+    points += measure_chunks(runner, sweep.chunks, budget=budget, skipped=skipped, **timing)
+    points += measure_decode_kv(runner, sweep.cache_lens, rows=sweep.kv_rows, **timing)
+    if sweep.batch_sizes:
+        points += measure_decode_batch(
+            runner, sweep.batch_sizes, context=sweep.batch_context, **timing
+        )
+    if sweep.fused and hasattr(runner, "time_fused"):
+        points += measure_fused(
+            runner,
+            sweep.fused,
+            row_context=sweep.row_context,
+            budget=budget,
+            skipped=skipped,
+            **timing,
+        )
+    elif sweep.fused:
+        skipped.append(f"fused passes: {getattr(runner, 'name', 'this runner')} cannot fuse")
+    return points, skipped
+
+
+def calibrate(
+    loaded: Any,
+    *,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    seed: int = 0,
+    runner: Any = None,
+    memory: Callable[[], tuple[int, int]] | None = None,
+    probe: bool = True,
+    **sweep: Any,
+) -> Calibration:
+    """Measure ``loaded`` (a ``models.LoadedModel``) on its device and fit the cost model v2.
+
+    Args:
+        repeats, warmup: per measurement; default ``DEFAULT_REPEATS``/``DEFAULT_WARMUP``,
+            capped at ``DRY_RUN_REPEATS``/``DRY_RUN_WARMUP`` by ``dry_run``.
+        dry_run: fewer repeats and warmup; prompt and cache lengths are unchanged.
+        progress: called with one line per finished measurement (for stderr).
+        seed: seeds every input token.
+        runner: what times the passes (``time_prefill``, ``time_chunk``, ``time_decode``;
+            ``time_fused`` for the fusion penalty); default ``runner.ModelRunner`` (the HF
+            forward, which cannot fuse); ``packed.calibration_runner`` gives the packed pass.
+        memory: returns (free, total) device bytes, for :func:`kv_capacity` (tests fake it).
+        probe: probe how quiet the machine is first (:func:`timing.quiet_probe`).
+        sweep: :func:`plan_sweep`'s arguments (prompt_lens, chunks, cache_lens, kv_rows,
+            batch_sizes, batch_context, fused, budget); an empty one skips that sweep.
+
+    Raises:
+        ValueError: for bad repeats, warmup, lengths or sweep arguments.
+    """
+    repeats, warmup = effective_repeats(repeats, warmup, dry_run)
+    plan = plan_sweep(loaded, **sweep)
+    capacity, capacity_note = kv_capacity(loaded.device, loaded.kv_bytes_per_token, memory=memory)
+    if runner is None:
+        from pytest_prefill.measure.runner import ModelRunner
+
+        runner = ModelRunner(loaded, seed=seed)
+    quiet = settle() if probe else None
+    _say(progress, quiet.warning if quiet is not None and quiet.warning else "")
+    _say(
+        progress,
+        f"calibrating {loaded.name} on {loaded.device} ({loaded.dtype_name}) with the "
+        f"{getattr(runner, 'name', 'hf forward')}, {repeats} repeats after {warmup} warmup",
+    )
+    points, skipped = measure_sweep(runner, plan, repeats=repeats, warmup=warmup, progress=progress)
+    fit = fit_cost_model(
+        points, kv_bytes_per_token=loaded.kv_bytes_per_token, kv_capacity_tokens=capacity
+    )
+    info = provenance(
+        loaded,
+        repeats=repeats,
+        warmup=warmup,
+        dry_run=dry_run,
+        seed=seed,
+        sweep=plan.to_dict(),
+        skipped=skipped,
+        max_context=loaded.max_context,
+        kv_capacity=capacity_note,
+        quiet=quiet.to_dict() if quiet is not None else None,
+        link=NO_LINK,
+        runner=getattr(runner, "name", "hf forward"),
+    )
+    return Calibration.from_fit(fit, info, points)

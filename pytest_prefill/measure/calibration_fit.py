@@ -1,0 +1,547 @@
+"""The cost model v2 fit (DESIGN.md, "Simulation semantics"): measured points in, constants out,
+each refused (recorded as 0, with the reason and the numbers) when the scatter cannot support
+it; a floor under the prefill pass when short prompts need one; and the held-out error, refit
+without each prompt length and predicted, which is the number a user should trust. numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.measure.fitting import TermFit, fit_terms
+from pytest_prefill.measure.timing import Measurement
+from pytest_prefill.scheduler import CostModel
+
+POINT_KINDS = ("prefill", "chunk", "decode_kv", "decode_batch", "fused")
+PREFILL_KINDS = ("prefill", "chunk")
+DECODE_KINDS = ("decode_kv", "decode_batch")
+PREFILL_TERMS = ("prefill_pass_overhead", "prefill_per_token", "prefill_per_pair")
+DECODE_TERMS = ("decode_step_base", "decode_per_seq", "decode_per_kv_token")
+# A floor is tried only under at least this many prompt lengths (one point cannot show that
+# anything is flat) and with at least this many left above the knee.
+MIN_LENGTHS_BELOW_KNEE = 2
+MIN_LENGTHS_ABOVE_KNEE = 3
+# ... and kept only when it cuts the sum of squared relative errors at least this many times.
+FLOOR_GAIN = 2.0
+
+
+def _whole(field: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"point {field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    """One measured operation.
+
+    ``kind``: ``prefill`` (x = prompt tokens into a fresh cache), ``chunk`` (x new tokens over
+    ``context`` cached tokens of the same prompt), ``decode_kv`` (x = cached tokens of each of
+    ``rows`` rows, 1 when 0),
+    ``decode_batch`` (x rows, each with ``context`` cached tokens) or ``fused`` (x prompt tokens
+    over ``context`` cached ones, plus ``rows`` decode rows of ``row_context`` cached tokens
+    each, in one pass).
+    """
+
+    kind: str
+    x: int
+    measurement: Measurement
+    context: int = 0
+    rows: int = 0
+    row_context: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in POINT_KINDS:
+            raise ValueError(
+                f"point kind must be one of {', '.join(POINT_KINDS)}, got {self.kind!r}"
+            )
+        _whole("x", self.x, 1)
+        _whole("context", self.context, 0)
+        _whole("rows", self.rows, 1 if self.kind == "fused" else 0)
+        _whole("row_context", self.row_context, 0)
+
+    @property
+    def pieces(self) -> tuple[tuple[int, int], ...]:
+        """The prompt pieces (new tokens, context) the pass holds."""
+        return ((self.x, self.context),) if self.kind in ("prefill", "chunk", "fused") else ()
+
+    @property
+    def decode_rows(self) -> int:
+        if self.kind == "decode_kv":
+            return max(1, self.rows)
+        return {"decode_batch": self.x, "fused": self.rows}.get(self.kind, 0)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Cached tokens the decode rows read in all."""
+        if self.kind == "decode_kv":
+            return self.x * self.decode_rows
+        if self.kind == "decode_batch":
+            return self.x * self.context
+        return self.rows * self.row_context if self.kind == "fused" else 0
+
+    def label(self) -> str:
+        if self.kind == "prefill":
+            return f"prefill {self.x:,}"
+        if self.kind == "chunk":
+            return f"chunk {self.x:,} over {self.context:,}"
+        if self.kind == "decode_kv":
+            rows = f"{self.rows} x " if self.rows > 1 else ""
+            return f"decode, {rows}{self.x:,} cached"
+        if self.kind == "decode_batch":
+            return f"decode, batch {self.x} x {self.context:,} cached"
+        return f"fused {self.x:,} over {self.context:,} + {self.rows} rows"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "x": self.x,
+            "context": self.context,
+            "rows": self.rows,
+            "row_context": self.row_context,
+            "measurement": self.measurement.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Point:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a measurement point must be an object, got {data!r:.60}")
+        numbers: dict[str, Any] = {k: data.get(k, 0) for k in ("context", "rows", "row_context")}
+        return cls(
+            data.get("kind"),  # type: ignore[arg-type]  # checked by __post_init__
+            data.get("x"),  # type: ignore[arg-type]
+            Measurement.from_dict(data.get("measurement")),
+            **numbers,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """A cost-model constant the measurements could not support, recorded as 0."""
+
+    constant: str
+    reason: str
+    numbers: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"constant": self.constant, "reason": self.reason, "numbers": dict(self.numbers)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Refusal:
+        if not isinstance(data, Mapping) or not isinstance(data.get("constant"), str):
+            raise ValueError(f"a refusal must be an object with 'constant', got {data!r:.60}")
+        numbers = data.get("numbers", {})
+        if not isinstance(numbers, Mapping):
+            raise ValueError("a refusal's 'numbers' must be an object")
+        return cls(data["constant"], str(data.get("reason", "")), dict(numbers))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Floor:
+    """The prefill floor: below the compute knee a pass costs about ``value`` seconds whatever
+    its length (memory-bound). ``knee`` is the longest prompt the floor was fitted on (0: no
+    floor, ``value`` 0); ``reason`` says why there is one or not."""
+
+    value: float
+    knee: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "knee": self.knee, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Floor:
+        if not isinstance(data, Mapping):
+            return NO_FLOOR
+        return cls(float(data.get("value", 0.0)), int(data.get("knee", 0)), str(data.get("reason")))
+
+
+NO_FLOOR = Floor(0.0, 0, "no floor")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prediction:
+    """A measured point beside the fitted model's value for it, in-sample and held out (None
+    when the point was not held out: only prefill and chunk points are)."""
+
+    point: Point
+    fitted: float
+    held_out: float | None
+
+    @property
+    def measured(self) -> float:
+        return self.point.measurement.median
+
+    @property
+    def error(self) -> float:
+        return (self.fitted - self.measured) / self.measured
+
+    @property
+    def held_out_error(self) -> float | None:
+        if self.held_out is None:
+            return None
+        return (self.held_out - self.measured) / self.measured
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.point.label(),
+            "kind": self.point.kind,
+            "x": self.point.x,
+            "context": self.point.context,
+            "measured": self.measured,
+            "fitted": self.fitted,
+            "error": self.error,
+            "held_out": self.held_out,
+            "held_out_error": self.held_out_error,
+        }
+
+
+def predict(cost: CostModel, floor: Floor, point: Point) -> float:
+    """The model's time for ``point``: the cost model's iteration, and the floor under a
+    prefill pass."""
+    value = cost.iteration(point.pieces, point.decode_rows, point.kv_tokens)
+    if point.kind in PREFILL_KINDS:
+        return max(value, floor.value)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit_cost_model` found."""
+
+    cost: CostModel
+    fits: Mapping[str, TermFit]
+    refusals: tuple[Refusal, ...]
+    floor: Floor
+    predictions: tuple[Prediction, ...]
+
+    @property
+    def held_out_errors(self) -> list[float]:
+        return [p.held_out_error for p in self.predictions if p.held_out_error is not None]
+
+    @property
+    def held_out_median(self) -> float:
+        """Median |held-out relative error| over the prefill and chunk points (nan if none)."""
+        errors = [abs(e) for e in self.held_out_errors]
+        return statistics.median(errors) if errors else math.nan
+
+    @property
+    def in_sample_median(self) -> float:
+        """Median |relative error| of the fit over the prefill and chunk points."""
+        errors = [abs(p.error) for p in self.predictions if p.point.kind in PREFILL_KINDS]
+        return statistics.median(errors) if errors else math.nan
+
+
+def _of(points: Sequence[Point], kinds: Sequence[str]) -> list[Point]:
+    return sorted((p for p in points if p.kind in kinds), key=lambda p: (p.kind, p.x, p.context))
+
+
+def _refusals(fit: TermFit, prefix: str = "") -> list[Refusal]:
+    return [
+        Refusal(
+            name,
+            prefix + reason,
+            {
+                "estimate": fit.estimates.get(name, 0.0),
+                "stderr": fit.stderrs.get(name, 0.0),
+                "effect": fit.effects.get(name, 0.0),
+                "scatter": fit.scatter,
+                "points": fit.points,
+            },
+        )
+        for name, reason in fit.refused.items()
+    ]
+
+
+def fit_decode(points: Sequence[Point]) -> TermFit:
+    """``decode_step_base + decode_per_seq*(rows - 1) + decode_per_kv_token*K`` over every
+    decode point, by relative least squares."""
+    decode = _of(points, DECODE_KINDS)
+    columns = {
+        "decode_step_base": [1.0] * len(decode),
+        "decode_per_seq": [float(p.decode_rows - 1) for p in decode],
+        "decode_per_kv_token": [float(p.kv_tokens) for p in decode],
+    }
+    kept = {k: v for k, v in columns.items() if k == "decode_step_base" or len(set(v)) > 1}
+    ys = [p.measurement.median for p in decode]
+    fit = fit_terms(kept, ys, [p.measurement.iqr for p in decode], required=("decode_step_base",))
+    return _with_unmeasured(fit, columns)
+
+
+def _with_unmeasured(fit: TermFit, columns: Mapping[str, Sequence[float]]) -> TermFit:
+    """``fit`` with every name of ``columns``; a column that never varied is refused."""
+    missing = [name for name in columns if name not in fit.names]
+    if not missing:
+        return fit
+    reason = "not measured: every point had the same value of its multiplier"
+    return dataclasses.replace(
+        fit,
+        names=tuple(columns),
+        values={**fit.values, **{m: 0.0 for m in missing}},
+        stderrs={**fit.stderrs, **{m: 0.0 for m in missing}},
+        effects={**fit.effects, **{m: 0.0 for m in missing}},
+        refused={**fit.refused, **{m: reason for m in missing}},
+    )
+
+
+def prefill_columns(points: Sequence[Point]) -> dict[str, list[float]]:
+    """The design of the prefill fit: per term, its multiplier at each point."""
+    return {
+        "prefill_pass_overhead": [1.0] * len(points),
+        "prefill_per_token": [float(p.x) for p in points],
+        "prefill_per_pair": [float(p.x * p.context + p.x * (p.x + 1) // 2) for p in points],
+    }
+
+
+def _fit_pass(points: Sequence[Point], per_kv: float) -> TermFit:
+    return fit_terms(
+        prefill_columns(points),
+        [p.measurement.median for p in points],
+        [p.measurement.iqr for p in points],
+        offset=[per_kv * p.context for p in points],
+    )
+
+
+def _score(fit: TermFit, floor: float, points: Sequence[Point], per_kv: float) -> float:
+    columns = prefill_columns(points)
+    total = 0.0
+    for i, p in enumerate(points):
+        row = {name: column[i] for name, column in columns.items()}
+        value = max(floor, fit.predict(row) + per_kv * p.context)
+        total += ((value - p.measurement.median) / p.measurement.median) ** 2
+    return total
+
+
+def fit_prefill(points: Sequence[Point], per_kv: float) -> tuple[TermFit, Floor]:
+    """The prefill terms over prefill and chunk points, and the floor if the data need one.
+
+    Short prompts below the compute knee are memory-bound and nearly flat; a sum of terms
+    drawn through them and the long prompts fits neither (and drags the overhead negative or
+    inflates it). So for each k that leaves ``MIN_LENGTHS_ABOVE_KNEE`` prompt lengths above,
+    the k shortest lengths are fitted by a constant (the floor) and the terms by the rest; the
+    best k is kept when it cuts the sum of squared relative errors over all points by at least
+    ``FLOOR_GAIN`` times against no floor.
+
+    Raises:
+        ValueError: without prefill passes at 2 or more prompt lengths.
+    """
+    passes = _of(points, PREFILL_KINDS)
+    lengths = sorted({p.x for p in passes if p.kind == "prefill"})
+    if len(lengths) < 2:
+        raise ValueError("calibration needs prefill passes at 2 or more prompt lengths")
+    plain = _fit_pass(passes, per_kv)
+    baseline = _score(plain, 0.0, passes, per_kv)
+    best = (baseline, 0, plain, 0.0)
+    for k in range(MIN_LENGTHS_BELOW_KNEE, len(lengths) - MIN_LENGTHS_ABOVE_KNEE + 1):
+        knee = lengths[k - 1]
+        below = [p for p in passes if p.kind == "prefill" and p.x <= knee]
+        above = [p for p in passes if p not in below]
+        ys = [p.measurement.median for p in below]
+        # the constant minimising the squared relative error over the floor points
+        floor = sum(1 / y for y in ys) / sum(1 / (y * y) for y in ys)
+        candidate = _fit_pass(above, per_kv)
+        score = _score(candidate, floor, passes, per_kv)
+        if score < best[0]:
+            best = (score, knee, candidate, floor)
+    score, knee, fit, floor = best
+    if knee == 0 or score * FLOOR_GAIN > baseline:
+        return plain, Floor(0.0, 0, "no floor: the shortest prompts lie on the fitted terms")
+    return fit, Floor(
+        floor,
+        knee,
+        f"prompts up to {knee:,} tokens are flat (memory-bound below the compute knee): a "
+        f"floor under them cuts the squared relative error {baseline / score:.1f}x",
+    )
+
+
+def fit_fusion(points: Sequence[Point], cost: CostModel) -> TermFit:
+    """``fusion_penalty`` from fused passes: measured = max(decode, compute) + penalty *
+    min(decode, compute), the parts from ``cost`` (what the simulator will compute)."""
+    fused = _of(points, ("fused",))
+    parts = [
+        (cost.decode_step(p.rows, p.kv_tokens), cost.compute_part(p.pieces, p.rows)) for p in fused
+    ]
+    return fit_terms(
+        {"fusion_penalty": [min(d, c) for d, c in parts]},
+        [p.measurement.median for p in fused],
+        [p.measurement.iqr for p in fused],
+        offset=[max(d, c) for d, c in parts],
+    )
+
+
+def _decode_constants(points: Sequence[Point]) -> tuple[TermFit, dict[str, float], list[Refusal]]:
+    decode = _of(points, DECODE_KINDS)
+    if not decode:
+        raise ValueError("calibration needs at least one decode step (decode_kv point)")
+    fit = fit_decode(decode)
+    values = dict(fit.values)
+    refusals = _refusals(fit)
+    if values["decode_step_base"] <= 0:
+        fastest = min(p.measurement.median for p in decode)
+        refusals = [r for r in refusals if r.constant != "decode_step_base"]
+        refusals.append(
+            Refusal(
+                "decode_step_base",
+                f"{fit.refused.get('decode_step_base', 'not positive')}; using the fastest "
+                "measured decode step",
+                {"estimate": fit.estimates.get("decode_step_base", 0.0), "used": fastest},
+            )
+        )
+        values["decode_step_base"] = fastest
+    return fit, values, refusals
+
+
+def _prefill_constants(
+    points: Sequence[Point], per_kv: float
+) -> tuple[TermFit, Floor, dict[str, float], list[Refusal]]:
+    fit, floor = fit_prefill(points, per_kv)
+    values = dict(fit.values)
+    refusals = _refusals(fit)
+    if values["prefill_pass_overhead"] + values["prefill_per_token"] <= 0:
+        # a pass must take time: keep the typical pass as its overhead and say so
+        typical = statistics.median(p.measurement.median for p in _of(points, PREFILL_KINDS))
+        values["prefill_pass_overhead"] = typical
+        refusals = [r for r in refusals if r.constant != "prefill_pass_overhead"]
+        refusals.append(
+            Refusal(
+                "prefill_pass_overhead",
+                "every prefill term was refused; the median measured pass is recorded as the "
+                "overhead so that a pass takes time",
+                {"used": typical},
+            )
+        )
+    return fit, floor, values, refusals
+
+
+def _fusion_constant(
+    points: Sequence[Point], cost: CostModel
+) -> tuple[TermFit | None, float, list[Refusal]]:
+    if not any(p.kind == "fused" for p in points):
+        return (
+            None,
+            0.0,
+            [
+                Refusal(
+                    "fusion_penalty",
+                    "not measured: no fused passes (the HF forward cannot fuse a chunk with other "
+                    "requests' decode rows; the packed runner can)",
+                    {},
+                )
+            ],
+        )
+    fit = fit_fusion(points, cost)
+    penalty = fit.values["fusion_penalty"]
+    refusals = _refusals(fit)
+    if penalty > 1:
+        refusals.append(
+            Refusal(
+                "fusion_penalty",
+                f"fitted {penalty:.3g} > 1 (a fused pass costs more than its two parts one after "
+                "the other); recorded as 1, the model's ceiling",
+                {"estimate": penalty, "used": 1.0},
+            )
+        )
+        penalty = 1.0
+    return fit, penalty, refusals
+
+
+def fit_model(
+    points: Sequence[Point],
+    *,
+    kv_bytes_per_token: float = 0.0,
+    kv_capacity_tokens: float = math.inf,
+) -> tuple[CostModel, dict[str, TermFit], list[Refusal], Floor]:
+    """The cost model ``points`` support: decode terms first (the prefill pass reads its
+    cached context at ``decode_per_kv_token``), then the prefill terms and floor, then the
+    fusion penalty against the fitted parts. Refused constants are recorded as 0.
+
+    Raises:
+        ValueError: without two prefill lengths and at least one decode point.
+    """
+    decode_fit, decode, refusals = _decode_constants(points)
+    prefill_fit, floor, prefill, more = _prefill_constants(points, decode["decode_per_kv_token"])
+    cost = CostModel(
+        **prefill,
+        **decode,
+        kv_bytes_per_token=kv_bytes_per_token,
+        kv_capacity_tokens=kv_capacity_tokens,
+    )
+    fusion_fit, penalty, fusion_refusals = _fusion_constant(points, cost)
+    fits = {"prefill": prefill_fit, "decode": decode_fit}
+    if fusion_fit is not None:
+        fits["fused"] = fusion_fit
+    cost = dataclasses.replace(cost, fusion_penalty=penalty)
+    return cost, fits, refusals + more + fusion_refusals, floor
+
+
+def held_out(points: Sequence[Point], per_kv: float) -> dict[int, float]:
+    """For each prompt length T measured as a prefill pass: refit the prefill terms (and floor)
+    without every point of T new tokens (prefill and chunk), and predict those points. Returns
+    {index into ``points``: held-out prediction}. A length whose removal leaves fewer than 2
+    prefill lengths is not held out."""
+    passes = [(i, p) for i, p in enumerate(points) if p.kind in PREFILL_KINDS]
+    lengths = sorted({p.x for _, p in passes if p.kind == "prefill"})
+    out: dict[int, float] = {}
+    if len(lengths) < 3:
+        return out
+    for length in lengths:
+        rest = [p for _, p in passes if p.x != length]
+        fit, floor = fit_prefill(rest, per_kv)
+        columns = prefill_columns([p for _, p in passes])
+        for j, (i, p) in enumerate(passes):
+            if p.x == length:
+                row = {name: column[j] for name, column in columns.items()}
+                out[i] = max(floor.value, fit.predict(row) + per_kv * p.context)
+    return out
+
+
+def fit_cost_model(
+    points: Sequence[Point],
+    *,
+    kv_bytes_per_token: float = 0.0,
+    kv_capacity_tokens: float = math.inf,
+) -> FitResult:
+    """:func:`fit_model`, and every point's fitted and held-out prediction."""
+    cost, fits, refusals, floor = fit_model(
+        points, kv_bytes_per_token=kv_bytes_per_token, kv_capacity_tokens=kv_capacity_tokens
+    )
+    ordered = list(points)
+    held = held_out(ordered, cost.decode_per_kv_token)
+    predictions = tuple(
+        Prediction(p, predict(cost, floor, p), held.get(i)) for i, p in enumerate(ordered)
+    )
+    return FitResult(cost, fits, tuple(refusals), floor, predictions)
+
+
+def prefill_curve(
+    lengths: Sequence[int], seconds: Sequence[float], per_kv: float = 0.0
+) -> tuple[TermFit, Floor, list[float], list[float]]:
+    """The prefill fit on bare (prompt length, seconds) pairs -- e.g. published measurements
+    of a model nobody here can run -- with its in-sample and held-out relative errors (each
+    length refitted without it and predicted), in the order of ``lengths``.
+
+    Raises:
+        ValueError: for mismatched lengths, fewer than 3 distinct lengths, or bad values.
+    """
+    if len(lengths) != len(seconds):
+        raise ValueError(f"lengths and seconds differ in size: {len(lengths)}, {len(seconds)}")
+    points = [
+        Point("prefill", int(t), Measurement.from_samples([float(s)]))
+        for t, s in zip(lengths, seconds, strict=True)
+    ]
+    if len({p.x for p in points}) < 3:
+        raise ValueError("prefill_curve needs 3 or more distinct prompt lengths")
+    fit, floor = fit_prefill(points, per_kv)
+    held = held_out(points, per_kv)
+    columns = prefill_columns(points)
+    in_sample, out = [], []
+    for i, p in enumerate(points):
+        row = {name: column[i] for name, column in columns.items()}
+        measured = p.measurement.median
+        in_sample.append((max(floor.value, fit.predict(row)) - measured) / measured)
+        out.append((held[i] - measured) / measured)
+    return fit, floor, in_sample, out

@@ -1,0 +1,85 @@
+"""What-if tables computed with the simulator: the chunk sweep and the policy comparison.
+Standard library only; formatting lives in :mod:`pytest_prefill.report.tables`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+from pytest_prefill.plan.advice import choose_chunk
+from pytest_prefill.scheduler import POLICIES, CostModel, Request, Summary, check_int, simulate
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepRow:
+    """One policy (and chunk) on one load; ratios are against the shared worker's row."""
+
+    policy: str
+    chunk: int | None
+    summary: Summary
+    ttft_cost: float  # TTFT p99 / shared TTFT p99 (> 1: slower first token)
+    stall_gain: float  # shared max stall / this max stall (> 1: shorter worst stall)
+
+    @property
+    def label(self) -> str:
+        return f"chunked {self.chunk}" if self.policy == "chunked" else self.policy
+
+
+def default_chunks(cost: CostModel, prompt_len: int) -> list[int]:
+    """C* (when positive), the chunk every report runs (:func:`advice.choose_chunk`), powers
+    of two from 64 below the prompt, and the whole prompt."""
+    check_int("prompt_len", prompt_len)
+    chunks = {prompt_len, choose_chunk(cost, prompt_len).chunk}
+    star = cost.chunk_star()
+    if 1 <= star < prompt_len:
+        chunks.add(int(round(star)))
+    size = 64
+    while size < prompt_len:
+        chunks.add(size)
+        size *= 2
+    return sorted(chunks)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def chunk_sweep(
+    cost: CostModel,
+    load: Sequence[Request],
+    chunks: Iterable[int],
+    *,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+) -> list[SweepRow]:
+    """Shared, coscheduled, chunked at each of ``chunks``, and disaggregated, on ``load``."""
+    chunks = sorted({check_int("chunk", c) for c in chunks})
+    if not chunks:
+        raise ValueError("chunks must name at least one chunk size")
+    runs: list[tuple[str, int | None]] = [("shared", None), ("coscheduled", None)]
+    runs += [("chunked", c) for c in chunks]
+    runs.append(("disaggregated", None))
+    assert {p for p, _ in runs} == set(POLICIES)
+    summaries = [
+        (
+            policy,
+            chunk,
+            simulate(
+                policy,
+                load,
+                cost,
+                chunk=chunk,
+                prefill_workers=prefill_workers,
+                decode_workers=decode_workers,
+            ).summary(),
+        )
+        for policy, chunk in runs
+    ]
+    base = summaries[0][2]
+    return [
+        SweepRow(
+            policy, chunk, s, _ratio(s.ttft_p99, base.ttft_p99), _ratio(base.max_stall, s.max_stall)
+        )
+        for policy, chunk, s in summaries
+    ]

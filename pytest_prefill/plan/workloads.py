@@ -1,0 +1,481 @@
+"""Workloads for the simulator: the lab's scenario, seeded Poisson loads, and the Azure LLM
+inference 2023 traces (Patel et al., "Splitwise", ISCA 2024; CC-BY 4.0). Standard library only."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import math
+import os
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from pytest_prefill.scheduler import Request, check_int, check_number
+
+# Where the repository's sibling ``shared/`` keeps the Azure traces; override with
+# PYTEST_PREFILL_AZURE_DIR.
+AZURE_DIR_ENV = "PYTEST_PREFILL_AZURE_DIR"
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def lab_scenario(
+    *,
+    streams: int = 2,
+    prompt_len: int = 2048,
+    arrival: float = 0.1,
+    stream_prompt_len: int = 128,
+    stream_output_len: int = 256,
+    output_len: int = 32,
+) -> list[Request]:
+    """``streams`` live requests arrive at 0 and decode for ``stream_output_len`` tokens; a
+    prompt of ``prompt_len`` tokens (id ``"long"``) arrives at ``arrival`` seconds."""
+    check_int("streams", streams, minimum=0)
+    check_number("arrival", arrival)
+    live = [Request(f"live{i}", 0.0, stream_prompt_len, stream_output_len) for i in range(streams)]
+    return [*live, Request("long", arrival, prompt_len, output_len)]
+
+
+def poisson(
+    rate: float,
+    count: int,
+    *,
+    prompt_len: int | Callable[[random.Random], int] | Sequence[int] = 1024,
+    output_len: int | Callable[[random.Random], int] | Sequence[int] = 128,
+    seed: int = 0,
+    start: float = 0.0,
+) -> list[Request]:
+    """``count`` requests with exponential inter-arrival times at ``rate`` per second.
+
+    A length is a constant, a function of the seeded ``random.Random``, or a sequence to sample
+    from uniformly (e.g. the prompt lengths of a real trace). The same seed gives the same load.
+    """
+    check_number("rate", rate, positive=True)
+    check_int("count", count, minimum=0)
+    check_number("start", start)
+    _check_length("prompt_len", prompt_len)
+    _check_length("output_len", output_len)
+    rng = random.Random(seed)
+
+    def draw(field: str, spec: int | Callable[[random.Random], int] | Sequence[int]) -> int:
+        if isinstance(spec, int):
+            return spec
+        value = spec(rng) if callable(spec) else rng.choice(spec)
+        return check_int(field, value)
+
+    t = start
+    load = []
+    for i in range(count):
+        t += rng.expovariate(rate)
+        load.append(
+            Request(f"p{i}", t, draw("prompt_len", prompt_len), draw("output_len", output_len))
+        )
+    return load
+
+
+def _check_length(field: str, spec: object) -> None:
+    """A length spec is an int >= 1, a function of the ``random.Random``, or a non-empty
+    sequence (a string is none of these); what a function or a sequence yields is checked when
+    drawn."""
+    if callable(spec):
+        return
+    if isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)):
+        if not spec:
+            raise ValueError(f"{field} must not be an empty sequence")
+        return
+    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 1:
+        raise ValueError(
+            f"{field} must be an integer >= 1, a function of a random.Random, or a non-empty "
+            f"sequence of integers >= 1; got {spec!r}"
+        )
+
+
+def _parse_timestamp(text: str) -> datetime.datetime:
+    # "2023-11-16 18:17:03.9799600": seven fractional digits, which datetime does not take.
+    head, _, frac = text.strip().partition(".")
+    moment = datetime.datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+    if frac:
+        if not frac.isdigit():
+            raise ValueError(f"bad fractional seconds {frac!r}")
+        moment += datetime.timedelta(microseconds=round(int(frac) / 10 ** len(frac) * 1e6))
+    return moment
+
+
+def load_azure(
+    path: str | os.PathLike[str],
+    *,
+    start: float = 0.0,
+    duration: float | None = None,
+    limit: int | None = None,
+    rate_scale: float = 1.0,
+) -> list[Request]:
+    """Requests from an Azure LLM inference 2023 CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    Rows need not be in time order: they are sorted by timestamp (a stable sort, so equal
+    timestamps keep the file's order), and times count from the earliest row. A request's id
+    is ``az<row>``, its row in the file (0 for the first data row), whatever the order.
+
+    Args:
+        path: the CSV file (UTF-8).
+        start, duration: keep rows whose time since the earliest row is in
+            [start, start+duration) seconds (all rows when duration is None); kept arrivals are
+            shifted to begin at 0.
+        limit: keep at most this many rows (the earliest, after the window).
+        rate_scale: multiply the arrival rate (divide every arrival time) by this factor.
+
+    Raises:
+        ValueError: naming the file and line, for a missing column, a bad timestamp, a
+            non-positive token count, a field over the csv module's size limit or bytes that
+            are not UTF-8; or naming the argument for a bad window, limit or scale.
+        FileNotFoundError: when the file does not exist.
+    """
+    check_number("start", start)
+    if duration is not None:
+        check_number("duration", duration, positive=True)
+    if limit is not None:
+        check_int("limit", limit)
+    check_number("rate_scale", rate_scale, positive=True)
+    rows = sorted(_azure_rows(path), key=lambda row: row[0])
+    load: list[Request] = []
+    for moment, index, prompt, output in rows:
+        offset = (moment - rows[0][0]).total_seconds()
+        if offset < start:
+            continue
+        if duration is not None and offset >= start + duration:
+            break
+        load.append(Request(f"az{index}", (offset - start) / rate_scale, prompt, output))
+        if limit is not None and len(load) >= limit:
+            break
+    return load
+
+
+def _azure_rows(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[datetime.datetime, int, int, int]]:
+    """(timestamp, row index, prompt tokens, output tokens) of every data row, in file order."""
+    with open(path, "rb") as handle:
+        lines = _utf8_lines(handle, path)
+        reader = csv.reader(lines)
+        try:
+            header = next(reader, None)
+            if header is None or tuple(h.strip() for h in header) != AZURE_COLUMNS:
+                raise ValueError(
+                    f"{path}: header must be {','.join(AZURE_COLUMNS)}, got {header!r}"
+                )
+            for index, row in enumerate(reader):
+                if not row:
+                    continue
+                line = reader.line_num
+                try:
+                    stamp, context, generated = row
+                    moment = _parse_timestamp(stamp)
+                    prompt, output = int(context), int(generated)
+                except ValueError as err:
+                    raise ValueError(f"{path}:{line}: cannot read row {row!r} ({err})") from None
+                if prompt < 1 or output < 1:
+                    raise ValueError(f"{path}:{line}: token counts must be >= 1, got {row!r}")
+                yield moment, index, prompt, output
+        except csv.Error as err:  # e.g. a field over csv.field_size_limit() characters
+            raise ValueError(f"{path}:{reader.line_num}: not a CSV row ({err})") from None
+
+
+def _utf8_lines(handle: Iterable[bytes], path: str | os.PathLike[str]) -> Iterator[str]:
+    """The file's lines as text; bytes that are not UTF-8 are a ValueError naming the line
+    (a leading byte-order mark is dropped)."""
+    for number, raw in enumerate(handle, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{path}:{number}: not UTF-8 text ({err.reason}: byte {raw[err.start]:#04x} "
+                f"at column {err.start + 1})"
+            ) from None
+
+
+def azure_trace_path(name: str) -> str | None:
+    """Path of the shared Azure trace ``name`` (``"code"`` or ``"conv"``), or None if absent."""
+    if name not in ("code", "conv"):
+        raise ValueError(f"Azure trace name must be 'code' or 'conv', got {name!r}")
+    candidates = []
+    if os.environ.get(AZURE_DIR_ENV):
+        candidates.append(os.environ[AZURE_DIR_ENV])
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for up in (checkout, os.getcwd()):
+        candidates.append(os.path.join(up, "..", "shared", "data", "azure-llm-inference-2023"))
+    for folder in candidates:
+        path = os.path.join(folder, f"{name}.csv")
+        if os.path.isfile(path):
+            return os.path.normpath(path)
+    return None
+
+
+# --- workloads by name, for the command line: lab, poisson, the Azure traces, CSV and JSONL ---
+
+JSONL_KEYS = ("timestamp", "input_length", "output_length")  # Mooncake-style public traces
+NAMED_WORKLOADS = ("lab", "poisson", "azure-conv", "azure-code")
+POISSON_DEFAULTS = {"request_rate": 1.0, "num_prompts": 1000}
+AZURE_ATTRIBUTION = (
+    "Azure LLM inference trace 2023 (AzurePublicDataset, CC-BY 4.0; Patel et al., "
+    '"Splitwise: Efficient Generative LLM Inference Using Phase Splitting", ISCA 2024)'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A load with what a report needs to say about it: its ``name`` as the user gave it, a
+    one-line ``description``, how many prompts were cut to the model's context (``capped``, to
+    ``max_model_len`` tokens) and the data's ``attribution`` when it carries one."""
+
+    name: str
+    requests: tuple[Request, ...]
+    description: str
+    capped: int = 0
+    max_model_len: int | None = None
+    attribution: str | None = None
+
+    @property
+    def span(self) -> float:
+        """Seconds from the first arrival to the last."""
+        arrivals = [r.arrival for r in self.requests]
+        return max(arrivals) - min(arrivals) if arrivals else 0.0
+
+    @property
+    def rate(self) -> float:
+        """Mean arrival rate: :func:`arrival_rate` of the requests."""
+        return arrival_rate(self.requests)
+
+
+def arrival_rate(load: Sequence[Request]) -> float:
+    """Mean arrival rate of ``load``, requests per second: (n - 1) arrivals after the first,
+    over the span from the first to the last (NaN when every request arrives at once)."""
+    arrivals = [r.arrival for r in load]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else math.nan
+
+
+def load_jsonl(
+    path: str | os.PathLike[str],
+    *,
+    start: float = 0.0,
+    duration: float | None = None,
+    limit: int | None = None,
+) -> list[Request]:
+    """Requests from a JSON-lines trace, one object a line in the form public traces use:
+    ``{"timestamp": ms, "input_length": tokens, "output_length": tokens}`` (other keys ignored).
+
+    Rows are taken in time order (ties by line); arrivals are seconds since the earliest
+    timestamp. ``start``/``duration`` keep rows in [start, start + duration) seconds and shift
+    them to begin at 0; ``limit`` keeps the first rows after that.
+
+    Raises:
+        ValueError: naming the file and line, for a line that is not a JSON object with the
+            three keys, a timestamp that is not a finite number, or a length < 1; or naming the
+            argument for a bad window or limit.
+        FileNotFoundError: when the file does not exist.
+    """
+    check_number("start", start)
+    if duration is not None:
+        check_number("duration", duration, positive=True)
+    if limit is not None:
+        check_int("limit", limit)
+    rows: list[tuple[float, int, int, int]] = []
+    with open(path, encoding="utf-8") as handle:
+        for line, text in enumerate(handle, start=1):
+            if text.strip():
+                rows.append((*_jsonl_row(path, line, text), line))
+    rows.sort(key=lambda row: (row[0], row[3]))
+    origin = rows[0][0] if rows else 0.0
+    load: list[Request] = []
+    for stamp, prompt, output, line in rows:
+        offset = (stamp - origin) / 1e3
+        if offset < start or (duration is not None and offset >= start + duration):
+            continue
+        load.append(Request(f"j{line}", offset - start, prompt, output))
+        if limit is not None and len(load) >= limit:
+            break
+    return load
+
+
+def _jsonl_row(path: str | os.PathLike[str], line: int, text: str) -> tuple[float, int, int]:
+    where = f"{os.fspath(path)}:{line}"
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not a JSON object ({err.msg})") from None
+    if not isinstance(row, dict) or any(key not in row for key in JSONL_KEYS):
+        raise ValueError(f"{where}: each line needs the keys {', '.join(JSONL_KEYS)}")
+    stamp, prompt, output = (row[key] for key in JSONL_KEYS)
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+        raise ValueError(f"{where}: timestamp must be a finite number of ms, got {stamp!r}")
+    for key, value in (("input_length", prompt), ("output_length", output)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    return float(stamp), prompt, output
+
+
+def _window_of(load: Sequence[Request], window: tuple[float, float | None]) -> list[Request]:
+    """The requests arriving in [start, end) seconds after the first arrival, shifted to 0."""
+    start, end = window
+    origin = min((r.arrival for r in load), default=0.0)
+    return [
+        dataclasses.replace(r, arrival=r.arrival - origin - start)
+        for r in sorted(load, key=lambda r: (r.arrival, r.id))
+        if r.arrival - origin >= start and (end is None or r.arrival - origin < end)
+    ]
+
+
+def _check_window(window: Any) -> tuple[float, float | None]:
+    try:
+        start, end = window
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be (start, end) seconds, got {window!r}") from None
+    check_number("window start", start)
+    if end is not None and not (check_number("window end", end, positive=True) > start):
+        raise ValueError(f"window end must be after its start, got {start!r}:{end!r}")
+    return float(start), None if end is None else float(end)
+
+
+def _read_trace(
+    spec: str, window: tuple[float, float | None] | None, limit: int | None
+) -> tuple[list[Request], str, str | None]:
+    """The trace ``spec`` names (an Azure name or a .csv/.jsonl path), windowed and limited."""
+    start, end = window or (0.0, None)
+    duration = None if end is None else end - start
+    if spec in ("azure-conv", "azure-code"):
+        path = azure_trace_path(spec.removeprefix("azure-"))
+        if path is None:
+            raise ValueError(
+                f"workload {spec!r}: the Azure trace is not in ../shared/data/"
+                f"azure-llm-inference-2023 (set {AZURE_DIR_ENV} to its folder)"
+            )
+        load = load_azure(path, start=start, duration=duration, limit=limit)
+        return load, f"{spec} ({os.path.basename(path)})", AZURE_ATTRIBUTION
+    if not os.path.isfile(spec):
+        raise ValueError(
+            f"workload {spec!r} is not one of {', '.join(NAMED_WORKLOADS)} and no such file exists"
+        )
+    if spec.endswith(".jsonl"):
+        return load_jsonl(spec, start=start, duration=duration, limit=limit), spec, None
+    if spec.endswith(".csv"):
+        return load_azure(spec, start=start, duration=duration, limit=limit), spec, None
+    raise ValueError(f"workload file {spec!r} must end in .csv (Azure columns) or .jsonl")
+
+
+def scale_rate(load: Iterable[Request], factor: float) -> list[Request]:
+    """``load`` with its arrival rate multiplied by ``factor`` (every arrival time divided).
+
+    Raises:
+        ValueError: for a factor that is not a positive finite number.
+    """
+    factor = check_number("rate scale", factor, positive=True)
+    if factor == 1:
+        return list(load)
+    return [dataclasses.replace(r, arrival=r.arrival / factor) for r in load]
+
+
+def _check_resolve_arguments(
+    spec: str,
+    request_rate: float | None,
+    num_prompts: int | None,
+    rate_scale: float | None,
+    max_model_len: int | None,
+) -> None:
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"workload must be one of {', '.join(NAMED_WORKLOADS)} or a path")
+    for field, value in (("request_rate", request_rate), ("rate_scale", rate_scale)):
+        if value is not None:
+            check_number(field, value, positive=True)
+    for field, count in (("num_prompts", num_prompts), ("max_model_len", max_model_len)):
+        if count is not None:
+            check_int(field, count)
+    if request_rate is not None and rate_scale is not None:
+        raise ValueError("request_rate and rate_scale both set the arrival rate: give one")
+
+
+def resolve_workload(
+    spec: str,
+    *,
+    request_rate: float | None = None,
+    num_prompts: int | None = None,
+    window: tuple[float, float | None] | None = None,
+    rate_scale: float | None = None,
+    seed: int = 0,
+    max_model_len: int | None = None,
+) -> Workload:
+    """The workload ``spec`` names: ``lab``, ``poisson``, ``azure-conv``, ``azure-code``, or a
+    ``.csv`` (Azure columns) or ``.jsonl`` (``timestamp`` ms, ``input_length``,
+    ``output_length``) path.
+
+    Args:
+        spec: the workload.
+        request_rate: ``poisson``: its rate (default 1/s); a trace: arrival times rescaled so
+            the mean rate is this.
+        num_prompts: ``poisson``: how many (default 1000); a trace: its first N (after the
+            window).
+        window: (start, end or None) seconds since the first arrival; kept arrivals start at 0.
+        rate_scale: multiply the arrival rate by this (not with ``request_rate``).
+        seed: ``poisson``'s random seed.
+        max_model_len: prompts longer than this many tokens are cut to it (``capped`` counts
+            them).
+
+    Raises:
+        ValueError: naming the argument, for an unknown workload or missing file, a value out of
+            range, both rate arguments, an argument the lab scenario does not take, or a
+            workload with no request (e.g. an empty window).
+    """
+    _check_resolve_arguments(spec, request_rate, num_prompts, rate_scale, max_model_len)
+    window = _check_window(window) if window is not None else None
+    attribution = None
+    if spec == "lab":
+        given: dict[str, object] = {"request_rate": request_rate, "num_prompts": num_prompts}
+        given.update(window=window, rate_scale=rate_scale)
+        if any(value is not None for value in given.values()):
+            names = ", ".join(name for name, value in given.items() if value is not None)
+            raise ValueError(f"the lab workload is fixed; it takes no {names}")
+        load = lab_scenario()
+        source = "lab (2 live streams decoding, a 2048-token prompt arrives at 100 ms)"
+    elif spec == "poisson":
+        rate = request_rate or POISSON_DEFAULTS["request_rate"]
+        count = int(num_prompts or POISSON_DEFAULTS["num_prompts"])
+        load = poisson(rate, count, seed=seed)
+        load = _window_of(load, window) if window is not None else load
+        source = f"poisson ({count:,} requests at {rate:g} req/s, seed {seed}; 1024/128 tokens)"
+        request_rate = None
+    else:
+        load, source, attribution = _read_trace(spec, window, num_prompts)
+    if not load:
+        raise ValueError(f"workload {spec!r} has no request (window {window!r})")
+    load = _rescaled(load, request_rate, rate_scale)
+    load, capped = _capped(load, max_model_len)
+    if window is not None:
+        source += f", window {window[0]:g}:{'' if window[1] is None else f'{window[1]:g}'} s"
+    workload = Workload(spec, tuple(load), source, capped, max_model_len, attribution)
+    summary = f"{len(load):,} requests over {workload.span:,.1f} s"
+    if not math.isnan(workload.rate):
+        summary += f" ({workload.rate:.2f} req/s)"
+    return dataclasses.replace(workload, description=f"{source}: {summary}")
+
+
+def _rescaled(
+    load: list[Request], request_rate: float | None, rate_scale: float | None
+) -> list[Request]:
+    if request_rate is not None:
+        rate = arrival_rate(load)
+        if math.isnan(rate):
+            raise ValueError("request_rate needs a workload whose arrivals are not all equal")
+        return scale_rate(load, request_rate / rate)
+    return scale_rate(load, rate_scale) if rate_scale is not None else load
+
+
+def _capped(load: list[Request], max_model_len: int | None) -> tuple[list[Request], int]:
+    if max_model_len is None:
+        return load, 0
+    capped = sum(1 for r in load if r.prompt_len > max_model_len)
+    if not capped:
+        return load, 0
+    return [
+        dataclasses.replace(r, prompt_len=max_model_len) if r.prompt_len > max_model_len else r
+        for r in load
+    ], capped

@@ -1,0 +1,191 @@
+"""The controller's end of a session: the run document written to the archive (only when a
+prefill fixture recorded something or ``--prefill-save`` asked) and the terminal summary (a
+short verdict block; the full tables with ``-v``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_prefill.archive import runs as archive
+from pytest_prefill.machine import Accelerator
+from pytest_prefill.plugin.session import RECORDED, STATE, SessionCost, SessionState, session_cost
+
+
+def timeline_svg(cost: SessionCost) -> str | None:
+    try:
+        from pytest_prefill.report.tables import lab_timeline_svg
+    except ImportError:
+        return None
+    assert cost.cost is not None
+    return lab_timeline_svg(cost.cost, cost.source, refused=cost.refused)
+
+
+def run_document(session: pytest.Session, state: SessionState, exitstatus: int) -> dict[str, Any]:
+    from pytest_prefill.machine import machine_info
+
+    s = state.settings
+    used, calibration = session_cost(state)
+    machine = machine_info(s.device, [Accelerator(**a) for a in s.accelerators])
+    machine["key"] = s.machine_key
+    commit, dirty = archive.git_state(session.config.rootpath)
+    models = state.sorted_entries("model")
+    counts: dict[str, int] = {}
+    for outcome in state.outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    settings = {k: getattr(s, k) for k in ("model", "device", "dtype", "repeats", "warmup")}
+    settings.update(dry_run=s.dry_run, threads=s.threads, cost=s.cost_spec, save=s.save)
+    cost = None
+    if used.cost is not None:
+        cost = archive.cost_block(used.cost, used.source, None, used.refused, used.contexts)
+    return archive.run_document(
+        created=state.started,
+        machine=machine,
+        commit=commit,
+        dirty=dirty,
+        settings=settings,
+        cost=cost,
+        calibration=calibration,
+        model=models[0]["data"] if models else None,
+        tables=state.sorted_entries("table"),
+        verdicts=state.sorted_entries("verdict"),
+        benchmarks=state.sorted_entries("benchmark"),
+        pytest={
+            "args": list(session.config.invocation_params.args),
+            "exit_status": int(exitstatus),
+            "xdist_workers": state.workers,
+            "outcomes": counts,
+        },
+    )
+
+
+def archive_session(session: pytest.Session, exitstatus: int) -> None:
+    """Write the run, when something of ours ran or the user asked (controller only)."""
+    state = session.config.stash.get(STATE, None)
+    if state is None or state.is_worker:
+        return
+    s = state.settings
+    produced = any(e.get("kind") in RECORDED for _, _, e in state.entries)
+    if not (produced or s.save):
+        return  # nothing of ours ran: a project that merely installed the plugin
+    if not s.archive:
+        state.archive_note = "not archived (--prefill-no-archive)"
+        return
+    document = run_document(session, state, exitstatus)
+    used, _ = session_cost(state)
+    svg = None
+    if produced and used.cost is not None:
+        try:
+            svg = timeline_svg(used)
+        except Exception as err:  # a drawing problem must not lose the run
+            s.notes.append(f"timeline not drawn: {err}")
+    if svg:
+        document["timeline"] = {"cost_source": used.source, "attachment": "timeline.svg"}
+    try:
+        state.archive_path = archive.save_run(
+            s.results,
+            document,
+            when=state.started.astimezone(),
+            attachments={"timeline.svg": svg} if svg else None,
+        )
+    except (OSError, ValueError) as err:
+        state.archive_note = f"warning: NOT archived: {err}"
+        if s.save:  # asked for, and not done: the run fails, as a failed test would
+            state.archive_note += " (--prefill-save asked for it: exit status 1)"
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def our_skip_lines(state: SessionState, config: pytest.Config) -> list[str]:
+    """Our skip reasons, unless ``-rs`` (or ``-ra``) already lists them."""
+    chars = getattr(config.option, "reportchars", "") or ""
+    if any(c in chars for c in "saA"):
+        return []
+    return [
+        f"skipped {count} test(s): {reason}" for reason, count in state.skipped.items() if count
+    ]
+
+
+def write_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The pytest-prefill section of the terminal summary (controller only)."""
+    state = config.stash.get(STATE, None)
+    if state is None or state.is_worker:
+        return
+    lines = summary(state, config)
+    if not lines:
+        return
+    terminalreporter.write_sep("=", "pytest-prefill")
+    for line, markup in lines:
+        terminalreporter.write_line(line, **markup)
+
+
+Markup = dict[str, bool]
+GREEN: Markup = {"green": True, "bold": True}
+RED: Markup = {"red": True, "bold": True}
+YELLOW: Markup = {"yellow": True}
+
+
+def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Markup]]:
+    """The section's lines: the machine, the verdict block, our skips, pytest-benchmark's
+    count, notes, the tables (with ``-v``; else how many), where the run was archived.
+    Empty when nothing of ours ran."""
+    from pytest_prefill.report.tables import Table, Verdict, summary_lines, verdict_block
+
+    tables = [Table.from_dict(e) for e in state.sorted_entries("table")]
+    verdicts = [Verdict.from_dict(e) for e in state.sorted_entries("verdict")]
+    used, calibration = session_cost(state)
+    s = state.settings
+    produced = bool(tables or verdicts or calibration)
+    skips = our_skip_lines(state, config)
+    if not (produced or s.notes or skips or state.archive_path or state.archive_note):
+        return []
+    out: list[tuple[str, Markup]] = [(f"machine {s.machine_key}", {})]
+    if produced:
+        for line in verdict_block(used.cost, used.source, verdicts, used.refused, used.contexts):
+            out.append(
+                (
+                    line,
+                    GREEN if line.startswith("HOLDS") else RED if line.startswith("FAILS") else {},
+                )
+            )
+    out += [(line, YELLOW) for line in skips]
+    out += [(line, {}) for line in benchmark_lines(state.sorted_entries("benchmark"))]
+    received = len(state.sorted_entries("calibration"))
+    if received > 1:  # the session lock should make this impossible; say so if it happens
+        out.append(
+            (
+                f"note: {received} calibrations were reported this session; the archive holds "
+                "the first",
+                YELLOW,
+            )
+        )
+    out += [(f"note: {note}", YELLOW) for note in s.notes]
+    if tables and config.option.verbose <= 0:
+        out.append((f"{len(tables)} table(s): -v shows them here; the archive holds them", {}))
+    elif tables or verdicts:
+        out += [(line, {}) for line in ["", *summary_lines(tables, verdicts)]]
+    return out + [
+        (line, RED if line.startswith("warning:") else {}) for line in archive_lines(state)
+    ]
+
+
+def benchmark_lines(benchmarks: list[dict[str, Any]]) -> list[str]:
+    if not benchmarks:
+        return []
+    errored = sum(1 for b in benchmarks if b.get("error"))
+    untimed = sum(1 for b in benchmarks if b.get("disabled"))
+    return [
+        f"pytest-benchmark: {len(benchmarks)} benchmark(s), {errored} errored, "
+        f"{untimed} not timed (disabled){'; run serially for statistics' if untimed else ''}"
+    ]
+
+
+def archive_lines(state: SessionState) -> list[str]:
+    if state.archive_path is None:
+        return [state.archive_note] if state.archive_note else []
+    lines = [f"archived: {state.archive_path}"]
+    svg = state.archive_path.with_name(f"{state.archive_path.stem}_timeline.svg")
+    if svg.is_file():
+        lines.append(f"timeline: {svg}")
+    return lines

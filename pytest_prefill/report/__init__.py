@@ -1,0 +1,1 @@
+"""Tables, timelines, verdicts and comparisons a person reads. Lower layers return data; this layer renders it."""

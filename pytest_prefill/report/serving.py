@@ -1,0 +1,278 @@
+"""Serving metrics and capacity searches for a person: the metrics table, the capacity table
+(tabulate), the text around it, the JSON document and an SVG of attainment against arrival
+rate per deployment (standard library, like the timeline). Rendering only: the numbers come
+from :mod:`pytest_prefill.plan.metrics` and :mod:`pytest_prefill.plan.capacity`."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from tabulate import tabulate
+
+from pytest_prefill import __version__
+from pytest_prefill.plan.capacity import PERCENTILE, CapacityResult, DeploymentResult
+from pytest_prefill.plan.metrics import ServingMetrics
+from pytest_prefill.units import ms
+
+
+def serving_table(runs: Sequence[tuple[str, ServingMetrics]]) -> str:
+    """vLLM's serving metrics, one row per (label, metrics): TTFT, TPOT, ITL and E2EL in ms
+    (mean and p99; p99 needs it among the computed percentiles), throughputs, and goodput and
+    attainment when the metrics carry an SLO."""
+    with_slo = any(m.slo is not None for _, m in runs)
+    headers = ["run", "TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "ITL p99", "E2EL p99"]
+    headers += ["req/s", "out tok/s"] + (["goodput req/s", "attainment"] if with_slo else [])
+    body = []
+    for label, m in runs:
+        row = [label, _ms(m.ttft.mean), _ms(m.ttft.percentile(99)), _ms(m.tpot.mean)]
+        row += [_ms(m.tpot.percentile(99)), _ms(m.itl.percentile(99)), _ms(m.e2el.percentile(99))]
+        row += [f"{m.request_throughput:,.3g}", f"{m.output_throughput:,.4g}"]
+        if with_slo:
+            row += ["-", "-"] if m.slo is None else [f"{m.goodput:,.3g}", f"{m.attainment:.1%}"]
+        body.append(row)
+    return tabulate(
+        body,
+        headers=headers,
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * (len(headers) - 1),
+    )
+
+
+HEADERS = (
+    "deployment",
+    "max rate req/s",
+    "goodput/device",
+    "attainment",
+    f"TTFT p{PERCENTILE:g} ms",
+    f"TPOT p{PERCENTILE:g} ms",
+    "binds",
+    "sims",
+)
+SCHEMA = "pytest-prefill/capacity"
+SCHEMA_VERSION = 1
+
+
+def _ms(seconds: float) -> str:
+    return ms(seconds, 1)
+
+
+def _rate(value: float, at_least: bool = False) -> str:
+    return ("≥ " if at_least else "") + f"{value:,.3g}"
+
+
+def _row(r: DeploymentResult) -> tuple[str, ...]:
+    best = r.best
+    flag = "" if r.monotone else " (!)"
+    if best is None:
+        return (
+            r.deployment.label + flag,
+            "none",
+            "0",
+            "-",
+            "-",
+            "-",
+            r.binding,
+            str(len(r.probes)),
+        )
+    at_least = r.status == "never missed"
+    return (
+        r.deployment.label + flag,
+        _rate(r.max_rate, at_least),
+        _rate(r.goodput_per_device, at_least),
+        f"{best.attainment:.1%}",
+        _ms(best.metrics.ttft.percentile(PERCENTILE)),
+        _ms(best.metrics.tpot.percentile(PERCENTILE)),
+        r.binding,
+        str(len(r.probes)),
+    )
+
+
+def capacity_table(result: CapacityResult) -> str:
+    """One row per deployment, best first: the highest rate within the SLO, per device
+    (DistServe's goodput), the attainment and latencies there, and the bound that binds."""
+    body = [_row(r) for r in result.ranked()]
+    return tabulate(
+        body,
+        headers=HEADERS,
+        tablefmt="simple",
+        disable_numparse=True,
+        colalign=("left",) + ("right",) * (len(HEADERS) - 1),
+    )
+
+
+def capacity_text(result: CapacityResult, cost_source: str) -> str:
+    """What ``prefill-bench capacity`` prints: the inputs, the table, the recommendation, the
+    notes and how the table is read."""
+    lines = [
+        f"Cost model: {cost_source}",
+        f"Workload: {result.workload}",
+    ]
+    if result.attribution:
+        lines.append(f"  data: {result.attribution}")
+    lines += [
+        f"SLO: {result.slo} for >= {result.target:.0%} of requests, on {result.devices} "
+        f"device{'s' * (result.devices != 1)}; rates found to within {result.tolerance:.0%}. "
+        "Simulated from the cost model, not measured.",
+        "",
+        capacity_table(result),
+        "",
+        f"-> {result.recommendation()}",
+    ]
+    lines += [f"note: {note}" for note in result.notes()]
+    lines += [
+        "",
+        f"max rate: the highest arrival rate (the workload's, scaled) at which >= "
+        f"{result.target:.0%} of requests meet every bound; goodput/device: that rate per "
+        "device (DistServe's per-device goodput; vLLM's goodput there, whose duration includes "
+        "draining the queue, is in --json); binds: the bound missed first above that rate; "
+        "(!): attainment not monotone in rate (see the notes).",
+    ]
+    return "\n".join(lines)
+
+
+def capacity_document(result: CapacityResult, cost_source: str) -> dict[str, Any]:
+    """The whole search as the JSON ``--json`` writes (schema-versioned, with provenance)."""
+    return {
+        "kind": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "version": __version__,
+        "cost_source": cost_source,
+        **result.to_dict(),
+    }
+
+
+# --- the plot: attainment against arrival rate ---------------------------------------------
+
+WIDTH, HEIGHT = 960, 560
+LEFT, RIGHT, TOP, BOTTOM = 70, 290, 90, 70
+PALETTE = (
+    "#3f76b5",
+    "#e07b28",
+    "#2f9a62",
+    "#c0392b",
+    "#8a55b0",
+    "#8c6d31",
+    "#d6609f",
+    "#5b5b5b",
+    "#17a2b8",
+    "#9aa02d",
+)
+
+
+def _text(
+    x: float, y: float, text: str, size: int = 12, anchor: str = "start", **style: str
+) -> str:
+    extra = "".join(f" {k.replace('_', '-')}={quoteattr(v)}" for k, v in style.items())
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"'
+        f' font-family="sans-serif"{extra}>{escape(text)}</text>'
+    )
+
+
+def _decade_ticks(low: float, high: float) -> list[float]:
+    ticks = []
+    for exponent in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10.0**exponent
+            if low <= value <= high:
+                ticks.append(value)
+    return ticks
+
+
+def _axes(result: CapacityResult, low: float, high: float, x: Any, y: Any) -> list[str]:
+    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
+    out = [
+        f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="#fafafa" stroke="#999"/>'
+    ]
+    for value in (0.0, 0.25, 0.5, 0.75, 1.0):
+        out.append(
+            f'<line x1="{x0}" x2="{x1}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#e4e4e4"/>'
+        )
+        out.append(_text(x0 - 8, y(value) + 4, f"{value:.0%}", 11, "end"))
+    for tick in _decade_ticks(low, high):
+        out.append(
+            f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="{y1}" y2="{y0}" stroke="#e4e4e4"/>'
+        )
+        out.append(_text(x(tick), y0 + 16, f"{tick:g}", 11, "middle"))
+    ty = y(result.target)
+    out.append(
+        f'<line x1="{x0}" x2="{x1}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#333" stroke-dasharray="6 4"/>'
+    )
+    out.append(_text(x1 - 4, ty - 5, f"target {result.target:.0%}", 11, "end", fill="#333"))
+    out.append(_text((x0 + x1) / 2, y0 + 40, "arrival rate, requests/s (log scale)", 12, "middle"))
+    out.append(
+        f'<text x="18" y="{(y0 + y1) / 2:.1f}" font-size="12" font-family="sans-serif" '
+        f'text-anchor="middle" transform="rotate(-90 18 {(y0 + y1) / 2:.1f})">SLO attainment</text>'
+    )
+    return out
+
+
+def _series(r: DeploymentResult, colour: str, x: Any, y: Any) -> list[str]:
+    ordered = sorted(r.probes, key=lambda p: p.rate)
+    points = " ".join(f"{x(p.rate):.1f},{y(p.attainment):.1f}" for p in ordered)
+    out = [f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.8"/>']
+    for p in ordered:
+        mark = 5 if p is r.best else 3
+        fill = colour if p is r.best or p.attainment >= r.target else "white"
+        tip = escape(f"{r.deployment.label}: {p.rate:.3g} req/s, attainment {p.attainment:.1%}")
+        out.append(
+            f'<circle cx="{x(p.rate):.1f}" cy="{y(p.attainment):.1f}" r="{mark}" fill="{fill}" '
+            f'stroke="{colour}" stroke-width="1.5"><title>{tip}</title></circle>'
+        )
+    return out
+
+
+def capacity_svg(result: CapacityResult, title: str | None = None) -> str:
+    """Attainment against arrival rate, one line per deployment: every probe the search ran
+    (filled: meets the target; the big dot is the answer), the target dashed."""
+    rates = [p.rate for r in result.results for p in r.probes if p.rate > 0]
+    low, high = min(rates) / 1.3, max(rates) * 1.3
+    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
+
+    def x(rate: float) -> float:
+        return x0 + (math.log(rate) - math.log(low)) / (math.log(high) - math.log(low)) * (x1 - x0)
+
+    def y(attainment: float) -> float:
+        return y0 - attainment * (y0 - y1)
+
+    heading = title or (
+        f"SLO attainment against arrival rate: {result.slo} for >= {result.target:.0%}, "
+        f"{result.devices} device{'s' * (result.devices != 1)}. {result.workload}. "
+        "Simulated, not measured."
+    )
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+    ]
+    for i, line in enumerate(textwrap.wrap(heading, 120)[:4]):
+        out.append(
+            _text(
+                20,
+                24 + 16 * i,
+                line,
+                13 if i == 0 else 12,
+                font_weight="bold" if i == 0 else "normal",
+            )
+        )
+    out += _axes(result, low, high, x, y)
+    for i, r in enumerate(result.ranked()):
+        colour = PALETTE[i % len(PALETTE)]
+        out += _series(r, colour, x, y)
+        ly = TOP + 10 + i * 20
+        answer = f"{r.max_rate:.3g} req/s" if r.best is not None else "never met"
+        out.append(f'<rect x="{x1 + 16}" y="{ly - 9}" width="14" height="10" fill="{colour}"/>')
+        out.append(
+            _text(x1 + 36, ly, f"{r.deployment.label}: {answer}{'' if r.monotone else ' (!)'}", 11)
+        )
+    if result.attribution:
+        out.append(_text(20, HEIGHT - 12, f"Data: {result.attribution}", 10, fill="#555"))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
