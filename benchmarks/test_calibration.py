@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from pytest_prefill.report.calibration import calibration_tables, held_out_text
-from pytest_prefill.report.tables import kv_size_table
+from pytest_prefill.report.sweep import kv_size_table
 
 pytestmark = pytest.mark.gpu
 

@@ -1,14 +1,18 @@
 """Files in and out. Writes are atomic (a reader never sees half a file, Ctrl-C leaves nothing
 behind), go through a symlink to its target, and refuse anything that is not a regular file or a
-new path; JSON is read with a size limit and every way it can be bad named by path."""
+new path; JSON is read with a size limit and every way it can be bad named by path. Numbers
+that JSON cannot hold are written one way everywhere: infinities as the strings "inf" / "-inf",
+NaN as null (:func:`json_number`, :func:`json_safe`), and read back by :func:`number_from_json`."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 # A calibration or run file is kilobytes to a few megabytes; anything near this is not one, and
@@ -197,3 +201,51 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def json_number(value: float) -> float | str | None:
+    """``value`` as strict JSON: itself when finite, "inf" / "-inf" when infinite, null for NaN.
+    The one convention of every document the package writes."""
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def number_from_json(value: Any, field: str, *, null: float | None = None) -> float:
+    """A number written by :func:`json_number` (or by Python's ``json``: ``Infinity``), as a
+    float. ``null`` is what a JSON null stands for: documents written before the one convention
+    (capacity and fidelity results) wrote an infinite value as null, so their readers pass
+    ``null=math.inf``; elsewhere a null is NaN only if ``null`` says so.
+
+    Raises:
+        ValueError: naming ``field``, for anything but a number, "inf", "-inf" (or null when
+            ``null`` is given).
+    """
+    if value is None and null is not None:
+        return null
+    if value in ("inf", "-inf"):
+        return math.inf if value == "inf" else -math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f'{field} must be a number, "inf" or "-inf", got {value!r}')
+    return float(value)
+
+
+def json_safe(value: Any, field: str = "value") -> Any:
+    """``value`` as strict JSON: NaN becomes null, infinities the strings "inf" / "-inf",
+    tuples lists. Anything else that JSON cannot hold is a ValueError naming ``field``."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return json_number(value)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{field}: JSON object keys must be strings, got {key!r}")
+            out[key] = json_safe(item, f"{field}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item, f"{field}[{i}]") for i, item in enumerate(value)]
+    raise ValueError(f"{field}: {type(value).__name__} cannot be stored as JSON")

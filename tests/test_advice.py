@@ -101,7 +101,7 @@ def test_the_archived_timeline_and_the_timeline_command_draw_the_one_chunk(cost,
     import re
 
     from pytest_prefill.cli import main
-    from pytest_prefill.report.tables import lab_timeline_svg
+    from pytest_prefill.report.timeline import lab_timeline_svg
 
     chunk = choose_chunk(cost, 2048).chunk
     path = tmp_path / "cost.json"
@@ -117,7 +117,7 @@ def test_summary_compare_and_archive_say_the_same_words_and_warnings(tmp_path, c
 
     from pytest_prefill.archive import runs as archive
     from pytest_prefill.cli import main
-    from pytest_prefill.report.tables import verdict_block
+    from pytest_prefill.report.verdicts import verdict_block
 
     cost = CostModel(
         prefill_pass_overhead=1e-3,

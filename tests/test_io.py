@@ -157,3 +157,20 @@ def test_a_file_over_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ValueError, match="run file '.*nope.json' does not exist"):
         read_json(tmp_path / "nope.json", "run file")
+
+
+def test_json_numbers_are_written_one_way_and_read_back_in_both_forms():
+    import math
+
+    assert [_io.json_number(v) for v in (1.5, math.inf, -math.inf)] == [1.5, "inf", "-inf"]
+    assert _io.json_number(math.nan) is None
+    nested = _io.json_safe({"a": (math.inf, 2), "b": {"c": -math.inf}}, "doc")
+    assert nested == {"a": ["inf", 2], "b": {"c": "-inf"}}
+    for value in (0.25, math.inf, -math.inf):
+        assert _io.number_from_json(_io.json_number(value), "x") == value
+    # documents from before the one convention wrote infinity as null (capacity, fidelity)
+    assert _io.number_from_json(None, "max_rate", null=math.inf) == math.inf
+    with pytest.raises(ValueError, match="max_rate"):
+        _io.number_from_json(None, "max_rate")
+    with pytest.raises(ValueError, match="x must be a number"):
+        _io.number_from_json("infinity", "x")

@@ -74,7 +74,7 @@ REPORTING_TESTS = """
 import os
 
 import pytest
-from pytest_prefill.report.tables import sweep_table
+from pytest_prefill.report.sweep import sweep_table
 from pytest_prefill.plan.sweep import chunk_sweep
 from pytest_prefill.plan.workloads import lab_scenario
 

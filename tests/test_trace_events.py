@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pytest_prefill.cli import main
-from pytest_prefill.report.tables import lab_timeline
+from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.report.trace_events import chrome_trace
 from pytest_prefill.scheduler import PRESETS
 

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import datetime
 import json
-import math
 import os
 import re
 import subprocess
@@ -21,7 +20,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_prefill._io import abandoned, lock, read_json, write_json_atomic
+from pytest_prefill._io import abandoned, json_safe, lock, read_json, write_json_atomic
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.plan.advice import STAR_CONTEXTS, recommend
 from pytest_prefill.plan.cost_document import (
@@ -42,29 +41,6 @@ Warn = Callable[[str], None]
 
 def _ignore(_: str) -> None:
     pass
-
-
-def json_safe(value: Any, field: str = "value") -> Any:
-    """``value`` as strict JSON: NaN becomes null, infinities the strings "inf" / "-inf",
-    tuples lists. Anything else that JSON cannot hold is a ValueError naming ``field``."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError(f"{field}: JSON object keys must be strings, got {key!r}")
-            out[key] = json_safe(item, f"{field}.{key}")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item, f"{field}[{i}]") for i, item in enumerate(value)]
-    raise ValueError(f"{field}: {type(value).__name__} cannot be stored as JSON")
 
 
 def git_state(root: str | os.PathLike[str]) -> tuple[str, bool]:

@@ -28,7 +28,7 @@ from pytest_prefill.plan.capacity import DEFAULT_TARGET, DEFAULT_TOLERANCE, capa
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import CONNECT_TIMEOUT, dask_executor, local_executor
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.report.serving import capacity_document, capacity_svg, capacity_text
+from pytest_prefill.report.capacity import capacity_document, capacity_svg, capacity_text
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
 MAX_DEVICES = 1024  # every prefill:decode split is a search of its own

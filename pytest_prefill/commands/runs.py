@@ -7,7 +7,7 @@ import sys
 
 from pytest_prefill.archive.runs import machine_dir, machines, runs, summarize_run
 from pytest_prefill.commands._archive_args import DEFAULT_RESULTS, machine_key_type
-from pytest_prefill.report.tables import runs_table
+from pytest_prefill.report.runs import runs_table
 
 HELP = "list the archived runs (of one machine, or of every machine) with their ids"
 

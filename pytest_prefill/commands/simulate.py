@@ -31,8 +31,8 @@ from pytest_prefill.plan.deployments import search_chunks
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.report.serving import serving_table
-from pytest_prefill.report.tables import sweep_rows_json, sweep_table
+from pytest_prefill.report.metrics import serving_table
+from pytest_prefill.report.sweep import sweep_rows_json, sweep_table
 from pytest_prefill.scheduler import CostModel, Request, simulate
 
 HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"

@@ -25,7 +25,7 @@ from pytest_prefill.commands._measure_args import (
     resolve_cost_args,
 )
 from pytest_prefill.plan.advice import choose_chunk
-from pytest_prefill.report.tables import lab_timeline
+from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.report.timeline import (
     MIN_WINDOW,
     check_window,

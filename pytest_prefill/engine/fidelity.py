@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pytest_prefill._io import json_number
 from pytest_prefill.invariants import iteration_cost
 from pytest_prefill.scheduler import POLICIES, CostModel, Request, simulate
 
@@ -98,8 +99,8 @@ class Cell:
             "measured_min": self.minimum,
             "measured_max": self.maximum,
             "runs": list(self.runs),
-            "relative_error": _json(self.relative_error),
-            "spread": _json(self.spread),
+            "relative_error": json_number(self.relative_error),
+            "spread": json_number(self.spread),
             "within_spread": self.within_spread,
             "judged": self.judged,
         }
@@ -111,10 +112,6 @@ def judged(metric: str, simulated: Any) -> bool:
     if metric != "max_stall":
         return True
     return simulated.max_stall >= STALL_JUDGED_RATIO * simulated.tbt_p50
-
-
-def _json(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float | int]:
@@ -273,8 +270,8 @@ class FidelityResult:
             "schema_version": SCHEMA_VERSION,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "threshold": THRESHOLD,
-            "median_abs_relative_error": _json(self.median_abs_error),
-            "median_abs_relative_error_all_cells": _json(self.median_abs_error_all),
+            "median_abs_relative_error": json_number(self.median_abs_error),
+            "median_abs_relative_error_all_cells": json_number(self.median_abs_error_all),
             "passed": self.passed,
             "quiet": self.quiet.to_dict() if self.quiet is not None else None,
             "chunk": self.chunk,

@@ -12,6 +12,7 @@ import platform
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pytest_prefill._io import json_number
 from pytest_prefill.measure.calibration_fit import (
     NO_FLOOR,
     FitResult,
@@ -141,14 +142,14 @@ class Calibration:
             "kind": KIND,
             "schema_version": SCHEMA_VERSION,
             "cost_model": self.cost.to_dict(),
-            "chunk_star": _json_number(self.cost.chunk_star()),
+            "chunk_star": json_number(self.cost.chunk_star()),
             "chunk_star_by_context": {
-                str(c): _json_number(self.cost.chunk_star(context=c)) for c in self.contexts
+                str(c): json_number(self.cost.chunk_star(context=c)) for c in self.contexts
             },
             "recommendation": advice.policy,
             "recommended_chunk": advice.chunk,
-            "held_out_median_error": _json_number(self.held_out_median),
-            "in_sample_median_error": _json_number(self.in_sample_median),
+            "held_out_median_error": json_number(self.held_out_median),
+            "in_sample_median_error": json_number(self.in_sample_median),
             "floor": self.floor.to_dict(),
             "provenance": dict(self.provenance),
             "measurements": [p.to_dict() for p in self.measurements],
@@ -221,12 +222,6 @@ def _term_fit(data: Any) -> TermFit:
         float(data["residual_sd"]),
         int(data["points"]),
     )
-
-
-def _json_number(value: float) -> float | str | None:
-    if math.isnan(value):
-        return None
-    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
 
 
 def device_name(device: Any) -> str:

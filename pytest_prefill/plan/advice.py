@@ -10,6 +10,7 @@ import dataclasses
 import math
 from collections.abc import Collection, Sequence
 
+from pytest_prefill._io import json_number
 from pytest_prefill.scheduler import CostModel, check_int
 from pytest_prefill.units import ms, us
 
@@ -50,17 +51,11 @@ class Recommendation:
         return {
             "policy": self.policy,
             "chunk": self.chunk,
-            "chunk_star": _json_number(self.chunk_star),
-            "overhead_fraction": _json_number(self.overhead_fraction),
+            "chunk_star": json_number(self.chunk_star),
+            "overhead_fraction": json_number(self.overhead_fraction),
             "line": self.line,
             "warnings": list(self.warnings),
         }
-
-
-def _json_number(value: float) -> float | str | None:
-    if math.isnan(value):
-        return None
-    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
 
 
 def star_contexts(max_context: int | None = None) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.executors import local_executor
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
@@ -327,17 +328,7 @@ class CapacityResult:
             "notes": self.notes(),
             "results": [r.to_dict() for r in self.results],
         }
-        return _json_safe(data)
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+        return json_safe(data, "capacity")
 
 
 def _workload_of(

@@ -1,14 +1,25 @@
-"""What-if tables computed with the simulator: the chunk sweep and the policy comparison.
-Standard library only; formatting lives in :mod:`pytest_prefill.report.tables`."""
+"""What the simulator says about chunking, computed (rendering lives in
+:mod:`pytest_prefill.report.sweep` and :mod:`pytest_prefill.report.timeline`): the chunk sweep
+and the policy comparison, and the lab scenario under the three designs. Standard library
+only."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from pytest_prefill.plan.advice import choose_chunk
-from pytest_prefill.scheduler import POLICIES, CostModel, Request, Summary, check_int, simulate
+from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.scheduler import (
+    POLICIES,
+    CostModel,
+    Request,
+    Summary,
+    Trace,
+    check_int,
+    simulate,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,3 +94,47 @@ def chunk_sweep(
         )
         for policy, chunk, s in summaries
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class LabTimeline:
+    """The lab scenario simulated under shared, chunked and disaggregated serving, with the
+    chunk the one rule picks (:func:`advice.choose_chunk`) and a title that names the cost
+    model. What both the archive's timeline and ``prefill-bench timeline`` draw."""
+
+    traces: tuple[Trace, ...]
+    chunk: int
+    how: str  # why the chunk is what it is
+    title: str
+
+
+def lab_timeline(
+    cost: CostModel,
+    origin: str,
+    *,
+    streams: int = 2,
+    prompt_len: int = 2048,
+    arrival: float = 0.1,
+    chunk: int | None = None,
+    refused: Collection[str] = (),
+) -> LabTimeline:
+    """``streams`` live streams decoding and a ``prompt_len`` prompt (id "long") arriving at
+    ``arrival`` seconds, under the three designs; ``chunk`` None means the one chunk rule."""
+    load = lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival)
+    if chunk is None:
+        chosen = choose_chunk(cost, prompt_len, refused)
+        chunk, how = chosen.chunk, chosen.how
+    else:
+        how = "given"
+    traces = (
+        simulate("shared", load, cost),
+        simulate("chunked", load, cost, chunk=chunk),
+        simulate("disaggregated", load, cost),
+    )
+    title = (
+        f"{streams} live stream{'s' * (streams != 1)} decoding; a "
+        f'{prompt_len:,}-token prompt ("long") arrives at {arrival * 1e3:,.0f} ms. '
+        f"Chunk {chunk:,} ({how}). Simulated from a cost model, not measured.\n"
+        f"Cost model: {origin}"
+    )
+    return LabTimeline(traces, chunk, how, title)

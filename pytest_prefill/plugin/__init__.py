@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from pytest_prefill._io import write_json_atomic
-from pytest_prefill.archive import runs as archive
+from pytest_prefill._io import json_safe, write_json_atomic
 from pytest_prefill.plugin.options import CPU_MODEL, OPTIONS, Settings, add_options, resolve
 from pytest_prefill.plugin.session import (
     GPU_PROPERTY,
@@ -80,13 +79,13 @@ class PrefillReport:
 
     def table(self, title: str, text: str, data: Any = None) -> None:
         """A formatted table under ``title``; ``data`` (JSON-able) goes into the archive."""
-        from pytest_prefill.report.tables import Table
+        from pytest_prefill.report.verdicts import Table
 
         self._record({"kind": "table", **Table(title, text, data, self.test).to_dict()})
 
     def verdict(self, name: str, verdict: str, sentence: str, detail: str | None = None) -> None:
         """HOLDS or FAILS for the claim ``sentence`` (printed with it in the summary)."""
-        from pytest_prefill.report.tables import Verdict
+        from pytest_prefill.report.verdicts import Verdict
 
         self._record(
             {"kind": "verdict", **Verdict(name, verdict, sentence, detail, self.test).to_dict()}
@@ -115,7 +114,7 @@ class CapacitySearch:
         from pytest_prefill.plan.capacity import capacity
         from pytest_prefill.plan.executors import local_executor
         from pytest_prefill.plan.metrics import SLO
-        from pytest_prefill.report.serving import capacity_document, capacity_text
+        from pytest_prefill.report.capacity import capacity_document, capacity_text
 
         slo = SLO.parse(slo) if isinstance(slo, str) else slo
         with contextlib.ExitStack() as stack:
@@ -325,7 +324,7 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
             runner=calibration_runner(loaded),
         )
         document = calibration.to_dict()
-        write_json_atomic(shared, archive.json_safe(document, "calibration"))
+        write_json_atomic(shared, json_safe(document, "calibration"))
     state.record({"kind": "calibration", "data": document})
     return calibration
 

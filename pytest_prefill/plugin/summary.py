@@ -15,7 +15,7 @@ from pytest_prefill.plugin.session import RECORDED, STATE, SessionCost, SessionS
 
 def timeline_svg(cost: SessionCost) -> str | None:
     try:
-        from pytest_prefill.report.tables import lab_timeline_svg
+        from pytest_prefill.report.timeline import lab_timeline_svg
     except ImportError:
         return None
     assert cost.cost is not None
@@ -130,7 +130,7 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
     """The section's lines: the machine, the verdict block, our skips, pytest-benchmark's
     count, notes, the tables (with ``-v``; else how many), where the run was archived.
     Empty when nothing of ours ran."""
-    from pytest_prefill.report.tables import Table, Verdict, summary_lines, verdict_block
+    from pytest_prefill.report.verdicts import Table, Verdict, summary_lines, verdict_block
 
     tables = [Table.from_dict(e) for e in state.sorted_entries("table")]
     verdicts = [Verdict.from_dict(e) for e in state.sorted_entries("verdict")]

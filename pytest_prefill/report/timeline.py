@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from pytest_prefill.scheduler import LINK, Event, Trace
+from pytest_prefill.plan.sweep import lab_timeline
+from pytest_prefill.scheduler import LINK, CostModel, Event, Trace
 
 Window = tuple[float, float]  # (start, end) in seconds
 Labels = tuple[str, ...]
@@ -705,3 +706,18 @@ def render_text(
         width,
     )
     return "\n".join(lines) + "\n"
+
+
+def lab_timeline_svg(
+    cost: CostModel,
+    origin: str,
+    *,
+    prompt_len: int = 2048,
+    max_bars: int = 150,
+    refused: Collection[str] = (),
+) -> str:
+    """:func:`lab_timeline` as an SVG around the prompt (at most ``max_bars`` bars per policy,
+    so a tiny chunk cannot make it megabytes)."""
+    drawn = lab_timeline(cost, origin, prompt_len=prompt_len, refused=refused)
+    window = focus_window(drawn.traces, "long")
+    return render_svg(drawn.traces, window=window, max_bars=max_bars, title=drawn.title)

@@ -15,7 +15,7 @@ from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import poisson
-from pytest_prefill.report.serving import (
+from pytest_prefill.report.capacity import (
     HEADERS,
     SCHEMA,
     capacity_document,

@@ -1,14 +1,12 @@
-"""Serving metrics and capacity searches for a person: the metrics table, the capacity table
-(tabulate), the text around it, the JSON document and an SVG of attainment against arrival
-rate per deployment (standard library, like the timeline). Rendering only: the numbers come
-from :mod:`pytest_prefill.plan.metrics` and :mod:`pytest_prefill.plan.capacity`."""
+"""Capacity searches for a person: the capacity table (tabulate), the text around it, the JSON
+document and an SVG of attainment against arrival rate per deployment (standard library, like
+the timeline). Rendering only: the numbers come from :mod:`pytest_prefill.plan.capacity`."""
 
 from __future__ import annotations
 
 import datetime
 import math
 import textwrap
-from collections.abc import Sequence
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -16,33 +14,7 @@ from tabulate import tabulate
 
 from pytest_prefill import __version__
 from pytest_prefill.plan.capacity import PERCENTILE, CapacityResult, DeploymentResult
-from pytest_prefill.plan.metrics import ServingMetrics
 from pytest_prefill.units import ms
-
-
-def serving_table(runs: Sequence[tuple[str, ServingMetrics]]) -> str:
-    """vLLM's serving metrics, one row per (label, metrics): TTFT, TPOT, ITL and E2EL in ms
-    (mean and p99; p99 needs it among the computed percentiles), throughputs, and goodput and
-    attainment when the metrics carry an SLO."""
-    with_slo = any(m.slo is not None for _, m in runs)
-    headers = ["run", "TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "ITL p99", "E2EL p99"]
-    headers += ["req/s", "out tok/s"] + (["goodput req/s", "attainment"] if with_slo else [])
-    body = []
-    for label, m in runs:
-        row = [label, _ms(m.ttft.mean), _ms(m.ttft.percentile(99)), _ms(m.tpot.mean)]
-        row += [_ms(m.tpot.percentile(99)), _ms(m.itl.percentile(99)), _ms(m.e2el.percentile(99))]
-        row += [f"{m.request_throughput:,.3g}", f"{m.output_throughput:,.4g}"]
-        if with_slo:
-            row += ["-", "-"] if m.slo is None else [f"{m.goodput:,.3g}", f"{m.attainment:.1%}"]
-        body.append(row)
-    return tabulate(
-        body,
-        headers=headers,
-        tablefmt="simple",
-        disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(headers) - 1),
-    )
-
 
 HEADERS = (
     "deployment",

@@ -1,0 +1,147 @@
+"""What a run reports, as the plugin's summary and the archive hold it: titled tables and
+HOLDS/FAILS verdicts (frozen values that validate), the short block a summary opens with, and
+the lines a terminal shows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from pytest_prefill._io import json_safe
+from pytest_prefill.plan.advice import (
+    STAR_CONTEXTS,
+    TYPICAL_PROMPT,
+    recommend,
+    star_text,
+    typical_star,
+)
+from pytest_prefill.scheduler import CostModel
+
+VERDICTS = ("HOLDS", "FAILS")
+
+
+def _text_field(field: str, value: object, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value.strip()):
+        raise ValueError(f"{field} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _field(data: Mapping[str, Any], key: str) -> Any:
+    """A field of an archived entry, unchecked (the constructor checks it)."""
+    return data.get(key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Table:
+    """A titled, already formatted table; ``data`` is its JSON form for the archive (or None);
+    ``test`` is the node id of the test that produced it."""
+
+    title: str
+    text: str
+    data: Any = None
+    test: str = ""
+
+    def __post_init__(self) -> None:
+        _text_field("title", self.title)
+        _text_field("text", self.text)
+        object.__setattr__(self, "data", json_safe(self.data, f"table {self.title!r} data"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "text": self.text, "data": self.data, "test": self.test}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Table:
+        return cls(
+            _field(data, "title"),
+            _field(data, "text"),
+            _field(data, "data"),
+            _field(data, "test") or "",
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """A falsifiable claim's outcome: HOLDS or FAILS, with the sentence it was judged against."""
+
+    name: str
+    verdict: str
+    sentence: str
+    detail: str | None = None
+    test: str = ""
+
+    def __post_init__(self) -> None:
+        _text_field("name", self.name)
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
+        _text_field("sentence", self.sentence)
+        if self.detail is not None:
+            _text_field("detail", self.detail, allow_empty=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "sentence": self.sentence,
+            "detail": self.detail,
+            "test": self.test,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(
+            _field(data, "name"),
+            _field(data, "verdict"),
+            _field(data, "sentence"),
+            _field(data, "detail"),
+            _field(data, "test") or "",
+        )
+
+
+def verdict_block(
+    cost: CostModel | None,
+    cost_line: str,
+    verdicts: Sequence[Verdict],
+    refused: Collection[str] = (),
+    contexts: Sequence[int] = STAR_CONTEXTS,
+) -> list[str]:
+    """The short block a run's summary opens with: the cost model its tables used, C* and
+    the recommendation (the one rule's words), and one line per verdict (its detail's first
+    line: the falsifier's gaps, the fidelity's median error)."""
+    lines = [f"cost model: {cost_line}"]
+    if cost is not None:
+        advice = recommend(cost, refused, contexts)
+        typical = typical_star(cost)
+        at = (
+            ""
+            if typical == advice.chunk_star
+            else f" ({star_text(typical)} at {TYPICAL_PROMPT:,} of context)"
+        )
+        lines += [
+            f"C* = {star_text(advice.chunk_star)} tokens{at}; pass overhead is "
+            f"{advice.overhead_fraction:.0%} of one decode step",
+            advice.line,
+            *advice.warnings,
+        ]
+    for v in verdicts:
+        detail = (v.detail or "").strip()
+        text = detail.splitlines()[0] if detail else v.sentence
+        for prefix in ("HOLDS: ", "FAILS: "):
+            text = text.removeprefix(prefix)
+        lines.append(f"{v.verdict}  {v.name}: {text}")
+    return lines
+
+
+def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[str]:
+    """The tables, then every verdict with its sentence, as lines for a terminal."""
+    lines: list[str] = []
+    for table in tables:
+        heading = f"{table.title}  [{table.test}]" if table.test else table.title
+        lines += [heading, "-" * min(len(heading), 100), *table.text.rstrip().splitlines(), ""]
+    if verdicts:
+        lines.append("Verdicts:")
+        for v in verdicts:
+            lines.append(f"  {v.verdict}  {v.name}: {v.sentence}")
+            if v.detail:
+                lines += [f"         {line}" for line in v.detail.rstrip().splitlines()]
+    return lines
