@@ -18,6 +18,16 @@ def ms(seconds: float, decimals: int = 2) -> str:
     return _scaled(seconds * 1e3, decimals) if math.isfinite(seconds) else "-"
 
 
+def ms_spread(median: float, low: float, high: float) -> str:
+    """A measurement as "median ms [low, high]", each as :func:`ms` prints it."""
+    return f"{ms(median)} ms [{ms(low)}, {ms(high)}]"
+
+
+def duration_label(seconds: float) -> str:
+    """A duration as a compact label, the way an SLO is written: "1.5s", "100ms"."""
+    return f"{seconds:g}s" if seconds >= 1 else f"{seconds * 1e3:g}ms"
+
+
 def us(seconds: float, decimals: int = 1) -> str:
     """``seconds`` as microseconds, like :func:`ms`."""
     return _scaled(seconds * 1e6, decimals) if math.isfinite(seconds) else "-"

@@ -211,3 +211,14 @@ def test_settle_probes_until_quiet_or_the_limit():
     assert settle(0.0, probe=lambda: busy) is busy  # no time to wait: the first probe
     with pytest.raises(ValueError, match="limit"):
         settle(-1.0)
+
+
+def test_one_rule_refuses_a_term_for_each_reason_in_order():
+    from pytest_prefill.measure.timing import CLEARLY, SIGNIFICANT, unsupported
+
+    assert unsupported(-1.0, 0.1, 10.0, 1.0) == "negative"
+    assert unsupported(-1.0, 0.1, 10.0, 1.0, nonnegative=False) is None
+    assert unsupported(1.0, 0.1, CLEARLY * 1.0, 1.0) == "flat"  # not MORE than CLEARLY x
+    assert unsupported(1.0, 1.0 / SIGNIFICANT, 10.0, 1.0) == "near zero"
+    assert unsupported(1.0, 1.0 / SIGNIFICANT, 10.0, 1.0, test_stderr=False) is None
+    assert unsupported(1.0, 0.1, 10.0, 1.0) is None

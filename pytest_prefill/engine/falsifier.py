@@ -13,7 +13,8 @@ from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.plan.advice import FALLBACK_CHUNK as FALLBACK_CHUNK
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.advice import chunk_from_cost as chunk_from_cost
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.scheduler import CostModel, check_int
+from pytest_prefill.units import ms
 
 CLAIM = (
     "If chunked prefill's worst decode gap is not below the shared worker's, chunking does not "
@@ -82,8 +83,8 @@ def verdict(shared: Measurement, chunked: Measurement) -> tuple[str, str]:
     """HOLDS when chunked's gap is below shared's beyond their spread: median below, and the
     interquartile ranges apart (chunked's q3 < shared's q1). Anything else FAILS the claim."""
     numbers = (
-        f"chunked {_ms(chunked.median)} ms [IQR {_ms(chunked.q1)}-{_ms(chunked.q3)}] vs "
-        f"shared {_ms(shared.median)} ms [IQR {_ms(shared.q1)}-{_ms(shared.q3)}]"
+        f"chunked {ms(chunked.median)} ms [IQR {ms(chunked.q1)}-{ms(chunked.q3)}] vs "
+        f"shared {ms(shared.median)} ms [IQR {ms(shared.q1)}-{ms(shared.q3)}]"
     )
     if chunked.median < shared.median and chunked.q3 < shared.q1:
         return "HOLDS", (
@@ -109,17 +110,11 @@ def _chunk_for(
     return chosen.chunk, f"fallback: {source} is unusable, {why}"
 
 
-def _ms(seconds: float) -> str:
-    value = seconds * 1e3
-    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
-
-
 def check_arguments(loaded: Any, prompt_len: Any, chunk: Any, stream_context: Any) -> None:
     """ValueError naming the field for a non-positive prompt_len, chunk or stream context, or a
     prompt longer than the model's context."""
-    for field, value in (("prompt_len", prompt_len), ("stream_context", stream_context)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+    check_int("prompt_len", prompt_len)
+    check_int("stream_context", stream_context)
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"chunk must be an integer >= 1 (or None for C*), got {chunk!r}")
     if prompt_len > loaded.max_context:
@@ -199,15 +194,15 @@ def hf_gaps(
     baseline = runner.measure(
         lambda: runner.decode(stream, stream_ids), setup=stream.rewind, **timing
     )
-    say(f"baseline decode step: {_ms(baseline.median)} ms")
+    say(f"baseline decode step: {ms(baseline.median)} ms")
     shared = runner.measure(
         lambda: (runner.prefill(prompt_ids), runner.decode(stream, stream_ids)),
         setup=stream.rewind,
         **timing,
     )
-    say(f"decode step behind a {prompt_len}-token prefill: {_ms(shared.median)} ms")
+    say(f"decode step behind a {prompt_len}-token prefill: {ms(shared.median)} ms")
     chunked = runner.measure(chunked_gap, setup=reset, **timing)
-    say(f"decode step behind one {chunk}-token chunk: {_ms(chunked.median)} ms")
+    say(f"decode step behind one {chunk}-token chunk: {ms(chunked.median)} ms")
     return baseline, shared, chunked
 
 
@@ -321,7 +316,6 @@ def engine_gaps(
     gaps = runner.time_gaps(prompt_len, chunk, stream_context, repeats=repeats, warmup=warmup)
     if progress is not None:
         progress(
-            f"engine: decode step fused with one {chunk}-token chunk: "
-            f"{_ms(gaps['fused'].median)} ms"
+            f"engine: decode step fused with one {chunk}-token chunk: {ms(gaps['fused'].median)} ms"
         )
     return gaps

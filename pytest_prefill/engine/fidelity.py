@@ -14,7 +14,7 @@ from typing import Any
 
 from pytest_prefill._io import json_number
 from pytest_prefill.invariants import iteration_cost
-from pytest_prefill.scheduler import POLICIES, CostModel, Request, simulate
+from pytest_prefill.scheduler import POLICIES, CostModel, Request, check_int, simulate
 
 KIND = "pytest-prefill/fidelity"
 SCHEMA_VERSION = 2
@@ -414,10 +414,8 @@ def cells_of(
 
 
 def _check_arguments(runs: Any, chunk: Any, prompt_lens: Sequence[Any]) -> None:
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < MIN_RUNS:
-        raise ValueError(f"runs must be an integer >= {MIN_RUNS}, got {runs!r}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    check_int("runs", runs, minimum=MIN_RUNS)
+    check_int("chunk", chunk)
     if not prompt_lens:
         raise ValueError("prompt_lens must name at least one prompt length")
     for n in prompt_lens:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pytest_prefill.measure import calibrate as cal
+from pytest_prefill.units import ms_spread
 
 LINK_PROMPT_LENS = (128, 512, 2048)
 # Decode steps as the scenarios run them: two or more rows (the lab's two live streams decode
@@ -197,10 +198,7 @@ def calibrate_workers(
     for p in points:
         m = p.measurement
         if progress is not None:
-            progress(
-                f"worker {p.label()}: {m.median * 1e3:.2f} ms [{m.minimum * 1e3:.2f}, "
-                f"{m.maximum * 1e3:.2f}]"
-            )
+            progress(f"worker {p.label()}: {ms_spread(m.median, m.minimum, m.maximum)}")
     fit = cal.fit_cost_model(points, kv_bytes_per_token=loaded.kv_bytes_per_token)
     cost = dataclasses.replace(fit.cost, link_latency=link.latency, link_bandwidth=link.bandwidth)
     info = cal.provenance(

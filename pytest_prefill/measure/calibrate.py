@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_number
+from pytest_prefill.machine import cpu_model
 from pytest_prefill.measure.calibration_fit import (
     NO_FLOOR,
     FitResult,
@@ -31,7 +32,8 @@ from pytest_prefill.plan.advice import (
     star_contexts,
 )
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND, SCHEMA_VERSIONS
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.scheduler import CostModel, check_int
+from pytest_prefill.units import ms_spread
 
 __all__ = [
     "Calibration",
@@ -230,16 +232,7 @@ def device_name(device: Any) -> str:
 
     if getattr(device, "type", str(device)).startswith("cuda"):
         return str(torch.cuda.get_device_name(device))
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name} (CPU, {torch.get_num_threads()} torch threads)"
+    return f"{cpu_model()} (CPU, {torch.get_num_threads()} torch threads)"
 
 
 def provenance(
@@ -282,10 +275,8 @@ def effective_repeats(repeats: int | None, warmup: int | None, dry_run: bool) ->
     """
     repeats = DEFAULT_REPEATS if repeats is None else repeats
     warmup = DEFAULT_WARMUP if warmup is None else warmup
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    check_int("repeats", repeats)
+    check_int("warmup", warmup, minimum=0)
     if dry_run:
         return min(repeats, DRY_RUN_REPEATS), min(warmup, DRY_RUN_WARMUP)
     return repeats, warmup
@@ -479,7 +470,7 @@ def _say(progress: Progress | None, text: str) -> None:
 
 
 def _summary(m: Measurement) -> str:
-    return f"{m.median * 1e3:.2f} ms [{m.minimum * 1e3:.2f}, {m.maximum * 1e3:.2f}]"
+    return ms_spread(m.median, m.minimum, m.maximum)
 
 
 def measure_prefill(

@@ -14,7 +14,7 @@ from typing import Any
 
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.scheduler import CostModel, check_int
 
 POINT_KINDS = ("prefill", "chunk", "decode_kv", "decode_batch", "fused")
 PREFILL_KINDS = ("prefill", "chunk")
@@ -30,9 +30,7 @@ FLOOR_GAIN = 2.0
 
 
 def _whole(field: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"point {field} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return check_int(f"point {field}", value, minimum=minimum)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.measure.timing import CLEARLY, SIGNIFICANT
+from pytest_prefill.measure.timing import CLEARLY, SIGNIFICANT, unsupported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,15 +91,16 @@ def _solve(x: Any, y: Any, offset: Any) -> tuple[Any, Any, float]:
 def _verdict(
     name: str, value: float, stderr: float, effect: float, scatter: float, dof: int
 ) -> str:
-    """Why ``name`` cannot be kept ('' when it can)."""
-    if value < 0:
+    """Why ``name`` cannot be kept ('' when it can), by the one rule (:func:`unsupported`)."""
+    why = unsupported(value, stderr, effect, scatter, test_stderr=dof > 0)
+    if why == "negative":
         return f"negative ({value:.3g}) for a cost that cannot be negative"
-    if effect <= CLEARLY * scatter:
+    if why == "flat":
         return (
             f"too small to see: it accounts for at most {effect:.1%} of a measured time, not "
             f"more than {CLEARLY:g}x the relative scatter {scatter:.1%}"
         )
-    if dof > 0 and value <= SIGNIFICANT * stderr:
+    if why == "near zero":
         return f"{value:.3g} is within {SIGNIFICANT:g} standard errors ({stderr:.2g}) of zero"
     return ""
 

@@ -9,6 +9,8 @@ import os
 import re
 from typing import Any
 
+from pytest_prefill.machine import check_device
+
 # Qwen3-0.6B as published (config.json of Qwen/Qwen3-0.6B); random weights, since timing does
 # not depend on weight values.
 _QWEN3_06B = {
@@ -88,7 +90,6 @@ DTYPES = {
     "float16": "float16",
     "fp16": "float16",
 }
-_DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 _SEED = 0
 
 
@@ -121,9 +122,7 @@ class LoadedModel:
 
 def validate_device(device: str) -> str:
     """Return ``device`` if it is ``cpu``, ``cuda`` or ``cuda:N``; else raise ValueError."""
-    if not isinstance(device, str) or not _DEVICE_PATTERN.match(device):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    return device
+    return check_device(device)
 
 
 def validate_dtype(dtype: str) -> str:

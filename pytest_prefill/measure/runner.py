@@ -12,16 +12,11 @@ from typing import Any
 
 from pytest_prefill.measure.models import LoadedModel, kv_geometry
 from pytest_prefill.measure.timing import Measurement, measure, perf_counter_timer
+from pytest_prefill.scheduler import check_int
 
 # Synthetic caches repeat a random tile of this many positions: timing does not depend on the
 # values, and filling gigabytes with fresh random numbers would dominate a CPU run.
 _TILE = 256
-
-
-def _count(field: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def cache_length(cache: Any) -> int:
@@ -93,8 +88,8 @@ class ModelRunner:
         """Seeded random token ids, shape (batch, length), on the device."""
         import torch
 
-        _count("length", length)
-        _count("batch", batch)
+        check_int("length", length)
+        check_int("batch", batch)
         ids = torch.randint(0, self.loaded.vocab_size, (batch, length), generator=self._generator)
         return ids.to(self.device)
 
@@ -110,8 +105,8 @@ class ModelRunner:
         """A cache of ``length`` positions per row filled with random values (for timing)."""
         import torch
 
-        _count("length", length)
-        _count("batch", batch)
+        check_int("length", length)
+        check_int("batch", batch)
         layers, kv_heads, head_dim = kv_geometry(self.loaded.config)
         cache = self.new_cache()
         tile = min(length, _TILE)
@@ -131,7 +126,7 @@ class ModelRunner:
         """A batch of ``len(cache_lengths)`` sequences with synthetic caches of those lengths."""
         if len(cache_lengths) == 0:
             raise ValueError("cache_lengths must name at least one sequence")
-        lengths = [_count("cache length", n) for n in cache_lengths]
+        lengths = [check_int("cache length", n) for n in cache_lengths]
         return DecodeBatch(self.synthetic_cache(max(lengths), batch=len(lengths)), lengths)
 
     def stack(self, caches: Sequence[Any]) -> DecodeBatch:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_prefill.scheduler import check_int
+
 # A measurement is flagged (pyperf's spirit: shown beside the figure, never hidden) when its
 # interquartile range exceeds this fraction of the median, or its [min, max] range exceeds
 # UNSTABLE_RANGE of it, or it holds fewer than MIN_SAMPLES samples.
@@ -22,18 +24,37 @@ MIN_SAMPLES = 3
 # SIGNIFICANT standard errors from zero.
 CLEARLY = 3.0
 SIGNIFICANT = 2.0
+UNSUPPORTED = ("negative", "flat", "near zero")
+
+
+def unsupported(
+    value: float,
+    stderr: float,
+    effect: float,
+    scatter: float,
+    *,
+    nonnegative: bool = True,
+    test_stderr: bool = True,
+) -> str | None:
+    """The one rule for refusing a fitted term: why the noise cannot support ``value`` — one of
+    :data:`UNSUPPORTED` — or None when it is kept. ``effect`` is what the term contributes
+    across the measured range and ``scatter`` the measurements' own scatter, in the same unit:
+    a term whose effect is not more than ``CLEARLY`` times the scatter is "flat"; with
+    ``test_stderr`` (enough points to have one), a value within ``SIGNIFICANT`` standard errors
+    of zero is "near zero"; with ``nonnegative``, a negative value is "negative"."""
+    if nonnegative and value < 0:
+        return "negative"
+    if effect <= CLEARLY * scatter:
+        return "flat"
+    if test_stderr and abs(value) <= SIGNIFICANT * stderr:
+        return "near zero"
+    return None
 
 
 def _finite(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{field} must be a finite number, got {value!r}")
     return float(value)
-
-
-def _count(field: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +136,7 @@ class Measurement:
         if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
             raise ValueError(f"a measurement must be an object with 'samples', got {data!r:.80}")
         warmup = data.get("warmup", 0)
-        return cls.from_samples(data["samples"], warmup=_count("warmup", warmup, 0))
+        return cls.from_samples(data["samples"], warmup=check_int("warmup", warmup, minimum=0))
 
 
 def perf_counter_timer(fn: Callable[[], object], sync: Callable[[], object] | None = None) -> float:
@@ -153,8 +174,8 @@ def measure(
     Raises:
         ValueError: for repeats < 1 or warmup < 0.
     """
-    _count("repeats", repeats, 1)
-    _count("warmup", warmup, 0)
+    check_int("repeats", repeats, minimum=1)
+    check_int("warmup", warmup, minimum=0)
 
     def timed(call: Callable[[], object]) -> float:
         return timer(call) if timer is not None else perf_counter_timer(call, sync)
@@ -327,17 +348,20 @@ def _line_refusal(
         return f"{value * scale:.4g}{' ' + unit if unit else ''}"
 
     low, high, n = span
-    if nonnegative and slope < 0:
+    why = unsupported(
+        slope, slope_stderr, effect, scatter, nonnegative=nonnegative, test_stderr=n > 2
+    )
+    if why == "negative":
         return (
             f"negative slope ({slope * scale:.3g} {unit + ' ' if unit else ''}per {x_unit}) for a "
             "cost that cannot fall as work grows"
         )
-    if effect <= CLEARLY * scatter:
+    if why == "flat":
         return (
             f"flat within noise: the effect across x = {low:g}..{high:g} is "
             f"{show(effect)}, not more than {CLEARLY:g}x the scatter {show(scatter)}"
         )
-    if n > 2 and abs(slope) <= SIGNIFICANT * slope_stderr:
+    if why == "near zero":
         return (
             f"slope {slope * scale:.3g} is within {SIGNIFICANT:g} standard errors "
             f"({slope_stderr * scale:.3g}) of zero"
@@ -362,7 +386,7 @@ def fit_from_dict(data: Any) -> Fit:
         elif name == "reason":
             values[name] = str(data[name])
         elif name == "points":
-            values[name] = _count("points", data[name], 2)
+            values[name] = check_int("points", data[name], minimum=2)
         else:
             values[name] = _finite(f"fit field {name!r}", data[name])
     return Fit(**values)

@@ -11,12 +11,9 @@ from typing import Any
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.scheduler import POLICIES, CostModel, check_int, check_number
+from pytest_prefill.units import duration_label
 
 FALLBACK_CHUNKS = (64, 256, 1024)  # chunks tried when C* gives no usable size
-
-
-def _seconds(value: float) -> str:
-    return f"{value:g}s" if value >= 1 else f"{value * 1e3:g}ms"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,7 +83,7 @@ class Deployment:
         if self.chunk is not None:
             return f"chunked {self.chunk} ×{self.devices}"
         if self.chunk_budget is not None:
-            return f"chunked ≤{_seconds(self.chunk_budget)} ×{self.devices}"
+            return f"chunked ≤{duration_label(self.chunk_budget)} ×{self.devices}"
         return f"{self.policy} ×{self.devices}"
 
     def simulate_options(self) -> dict[str, Any]:

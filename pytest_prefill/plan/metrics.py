@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill.scheduler import GapMultiset, Trace
+from pytest_prefill.units import duration_label
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_METRICS = ("ttft", "tpot", "e2el")  # the bounds vLLM's --goodput accepts
@@ -137,10 +138,6 @@ def _duration(item: str, text: str) -> float:
     return float(match.group(1)) * UNITS[match.group(2)]
 
 
-def _format_duration(seconds: float) -> str:
-    return f"{seconds:g}s" if seconds >= 1 else f"{seconds * 1e3:g}ms"
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class SLO:
     """Latency bounds a request must meet, in seconds (None: no bound on that metric).
@@ -199,7 +196,7 @@ class SLO:
         )
 
     def __str__(self) -> str:
-        return ",".join(f"{name}:{_format_duration(value)}" for name, value in self.bounds)
+        return ",".join(f"{name}:{duration_label(value)}" for name, value in self.bounds)
 
     def to_dict(self) -> dict[str, float]:
         return dict(self.bounds)

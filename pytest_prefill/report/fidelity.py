@@ -14,10 +14,11 @@ from pytest_prefill.engine.fidelity import (
     FidelityResult,
     percentiles,
 )
+from pytest_prefill.units import ms
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.2f}"
+    return ms(seconds, 1)
 
 
 def _pct(value: float) -> str:

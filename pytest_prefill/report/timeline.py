@@ -13,6 +13,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.scheduler import LINK, CostModel, Event, Trace
+from pytest_prefill.units import ms
 
 Window = tuple[float, float]  # (start, end) in seconds
 Labels = tuple[str, ...]
@@ -369,8 +370,8 @@ def _panel(trace: Trace, lo: float, hi: float, max_bars: int | None, token_rows:
     stats = "nothing ran"
     if not summary.empty:
         stats = (
-            f"whole run: max stall {summary.max_stall * 1e3:,.1f} ms · TTFT p99 "
-            f"{summary.ttft_p99 * 1e3:,.1f} ms · {summary.gpu_seconds:,.2f} GPU-s"
+            f"whole run: max stall {ms(summary.max_stall, 1)} ms · TTFT p99 "
+            f"{ms(summary.ttft_p99, 1)} ms · {summary.gpu_seconds:,.2f} GPU-s"
         )
     dropped = before.note("before", lo) + after.note("after", until)
     description = DESCRIPTIONS.get(trace.policy, "")
@@ -606,7 +607,7 @@ def _bars_svg(bars: Sequence[Bar], y: float, x: Any, x1: float) -> list[str]:
         bx, bw = x(bar.start), x(bar.end) - x(bar.start)
         tip = (
             f"{bar.kind}{f' ×{bar.count:,}' if bar.count > 1 else ''}: "
-            f"{bar.start * 1e3:,.1f}–{bar.end * 1e3:,.1f} ms {' '.join(bar.request_ids)}"
+            f"{ms(bar.start, 1)}–{ms(bar.end, 1)} ms {' '.join(bar.request_ids)}"
         )
         out.append(
             f'<rect x="{bx:.2f}" y="{y:.1f}" width="{bw:.2f}" height="{BAR_H}" '
@@ -634,7 +635,7 @@ def _tokens_svg(row: TokenRow, y: float, x: Any, lo: float, until: float) -> lis
     for a, b in row.stalls:
         xa, xb = x(a), x(min(b, until))
         out.append(_rect(xa, y, xb - xa, TOKEN_H, "#d62728", ' fill-opacity="0.18"'))
-        label = f"stall {(b - a) * 1e3:,.1f} ms"
+        label = f"stall {ms(b - a, 1)} ms"
         if text_width(label, 10) + 8 <= xb - xa:
             out.append(
                 _text(
@@ -651,7 +652,7 @@ def _tokens_svg(row: TokenRow, y: float, x: Any, lo: float, until: float) -> lis
         xa, xb = x(row.arrival), x(min(row.first_token, until))
         if row.arrival >= lo:
             out.append(f'<path d="M{xa - 4:.1f} {y} h8 l-4 6 z" fill="#555"/>')
-        label = f"TTFT {(row.first_token - row.arrival) * 1e3:,.1f} ms"
+        label = f"TTFT {ms(row.first_token - row.arrival, 1)} ms"
         half, c = text_width(label, 10) / 2 + 4, (xa + xb) / 2
         dashes = [(xa, xb)]
         if 2 * half + 16 <= xb - xa:  # the label sits in a break of the dashed line
