@@ -101,7 +101,7 @@ def test_the_archived_timeline_and_the_timeline_command_draw_the_one_chunk(cost,
     import re
 
     from pytest_prefill.cli import main
-    from pytest_prefill.report.timeline import lab_timeline_svg
+    from pytest_prefill.report.timeline_svg import lab_timeline_svg
 
     chunk = choose_chunk(cost, 2048).chunk
     path = tmp_path / "cost.json"

@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("numpy")
 
 from pytest_prefill.measure import calibrate as cal  # noqa: E402
-from pytest_prefill.measure.calibrate import Calibration, Point  # noqa: E402
+from pytest_prefill.measure.calibration_document import Calibration  # noqa: E402
+from pytest_prefill.measure.calibration_fit import Point  # noqa: E402
 from pytest_prefill.measure.timing import Measurement  # noqa: E402
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, TYPICAL_PROMPT, recommend  # noqa: E402
 from pytest_prefill.plan.cost_document import cost_from_json  # noqa: E402

@@ -13,7 +13,8 @@ import pytest
 from pytest_prefill.cli import main
 from pytest_prefill.commands import _measure_args
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.report.timeline import check_window, render_svg, render_text
+from pytest_prefill.report.timeline import check_window, render_text
+from pytest_prefill.report.timeline_svg import render_svg
 from pytest_prefill.scheduler import get_preset, simulate
 
 pytestmark = pytest.mark.sim

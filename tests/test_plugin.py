@@ -36,6 +36,7 @@ STUB_CONFTEST = """
 import os
 import pytest
 import pytest_prefill.measure.calibrate as calibrate_module
+from pytest_prefill.measure.calibration_document import Calibration
 from pytest_prefill.scheduler import CostModel
 
 COST = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_step_base=0.02,
@@ -46,7 +47,7 @@ LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibrations.log
 def stub_calibrate(loaded, *, repeats, warmup, dry_run=False, progress=None, runner=None):
     with open(LOG, "a") as handle:
         handle.write(f"{os.getpid()}\\n")
-    return calibrate_module.Calibration(
+    return Calibration(
         COST, {"device": "cpu", "model": "stub", "dtype": "float32", "repeats": repeats},
         (), {}, ())
 

@@ -29,3 +29,24 @@ def test_the_readme_opens_with_two_commands_that_install_then_run():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert readme_commands()[1] in ci
+
+
+def readme_python_imports() -> list[tuple[str, str]]:
+    """(module, name) for every ``from pytest_prefill... import name`` in the README's code."""
+    text = (ROOT / "README.md").read_text()
+    found = []
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        for module, names in re.findall(r"^from (pytest_prefill[\w.]*) import (.+)$", block, re.M):
+            found += [(module, n.strip()) for n in names.split(",") if n.strip()]
+    return found
+
+
+def test_the_readme_imports_only_from_the_facade():
+    import pytest_prefill
+
+    imports = readme_python_imports()
+    assert imports, "the README shows no Python import"
+    deep = [f"{module}.{name}" for module, name in imports if module != "pytest_prefill"]
+    assert not deep, f"the README imports past the facade (pytest_prefill/__init__.py): {deep}"
+    missing = [name for _, name in imports if name not in pytest_prefill.__all__]
+    assert not missing, f"the facade does not export what the README imports: {missing}"

@@ -46,13 +46,9 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 KNOWN_LONG_MODULES: dict[str, str] = {
     "pytest_prefill.scheduler": "being split into sim/ (issue 16, the simulator's part)",
-    "pytest_prefill.archive.runs": "to be split: writing runs apart from reading them",
-    "pytest_prefill.measure.calibrate": "to be split: the sweeps apart from the fit's driver",
-    "pytest_prefill.report.timeline": "to be split: the SVG apart from the text rendering",
 }
 KNOWN_LONG_FUNCTIONS: dict[str, str] = {
     "pytest_prefill.scheduler:_prefill_side": "becomes the prefill pool class in sim/",
-    "pytest_prefill.engine.fidelity:run_fidelity": "to be split",
 }
 
 

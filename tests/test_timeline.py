@@ -21,15 +21,14 @@ from pytest_prefill.cli import build_parser, main
 from pytest_prefill.commands.timeline import default_chunk
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.timeline import (
-    CHAR_EM,
     COLOURS,
     Layout,
     coalesce,
     focus_window,
     layout,
-    render_svg,
     render_text,
 )
+from pytest_prefill.report.timeline_svg import CHAR_EM, render_svg
 from pytest_prefill.scheduler import LINK, PRESETS, CostModel, Event, Request, Trace, simulate
 
 pytestmark = pytest.mark.sim

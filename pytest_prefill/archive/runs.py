@@ -523,66 +523,6 @@ def machines(results: str | os.PathLike[str]) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and KEY_PATTERN.match(p.name))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunSummary:
-    """What ``prefill-bench runs`` shows of one run: its id, when, which commit, what made it,
-    and what it found (C* and the recommendation of its calibration, its verdicts)."""
-
-    id: str
-    created: str
-    commit: str
-    made_by: str
-    chunk_star: float | None
-    recommendation: str | None
-    verdicts: tuple[tuple[str, str], ...]
-    tables: int
-
-
-def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
-    """A :class:`RunSummary` of ``run``; fields a damaged run lacks are left empty."""
-    data = run.data
-    commit = str(data.get("commit") or "?") + (" dirty" if data.get("dirty") else "")
-    command = data.get("command")
-    pytest_info = data.get("pytest")
-    if isinstance(command, str):
-        made_by = command
-    elif isinstance(pytest_info, Mapping):
-        args = pytest_info.get("args")
-        made_by = "pytest " + " ".join(map(str, args)) if isinstance(args, list) else "pytest"
-    else:
-        made_by = "?"
-    star = recommendation = None
-    if run.calibration is not None:
-        try:
-            cost = cost_from_json(run.calibration, str(run.path))
-        except ValueError:
-            cost = None
-        if cost is not None:
-            refused = {
-                r.get("constant")
-                for r in run.calibration.get("refusals") or []
-                if isinstance(r, Mapping)
-            }
-            advice = recommend(cost, {str(c) for c in refused})
-            star, recommendation = advice.chunk_star, advice.policy
-    verdicts = tuple(
-        (str(v.get("name")), str(v.get("verdict")))
-        for v in data.get("verdicts") or []
-        if isinstance(v, Mapping)
-    )
-    tables = data.get("tables")
-    return RunSummary(
-        run_id(run, key),
-        str(data.get("created") or "undated"),
-        commit,
-        made_by,
-        star,
-        recommendation,
-        verdicts,
-        len(tables) if isinstance(tables, list) else 0,
-    )
-
-
 def resolve_run(ref: str, results: str | os.PathLike[str], *, warn: Warn = _ignore) -> RunFile:
     """A run named by ``ref``: a run file's path, or a machine key meaning its latest run
     (looked up under ``results``).

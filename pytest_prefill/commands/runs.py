@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_prefill.archive.runs import machine_dir, machines, runs, summarize_run
+from pytest_prefill.archive.runs import machine_dir, machines, runs
 from pytest_prefill.commands._archive_args import DEFAULT_RESULTS, machine_key_type
-from pytest_prefill.report.runs import runs_table
+from pytest_prefill.report.runs import runs_table, summarize_run
 
 HELP = "list the archived runs (of one machine, or of every machine) with their ids"
 

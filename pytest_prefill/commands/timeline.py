@@ -31,9 +31,9 @@ from pytest_prefill.report.timeline import (
     check_window,
     focus_window,
     layout,
-    render_svg,
     render_text,
 )
+from pytest_prefill.report.timeline_svg import render_svg
 from pytest_prefill.report.trace_events import chrome_trace
 from pytest_prefill.scheduler import CostModel
 

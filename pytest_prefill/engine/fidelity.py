@@ -14,7 +14,14 @@ from typing import Any
 
 from pytest_prefill._io import json_number
 from pytest_prefill.invariants import iteration_cost
-from pytest_prefill.scheduler import POLICIES, CostModel, Request, check_int, simulate
+from pytest_prefill.scheduler import (
+    POLICIES,
+    CostModel,
+    Request,
+    check_int,
+    percentile,
+    simulate,
+)
 
 KIND = "pytest-prefill/fidelity"
 SCHEMA_VERSION = 2
@@ -116,13 +123,11 @@ def judged(metric: str, simulated: Any) -> bool:
 
 def percentiles(values: Sequence[float]) -> dict[str, float | int]:
     """Median and nearest-rank 10th/90th percentiles of ``values`` (and how many)."""
-    ordered = sorted(values)
-    pick = lambda p: ordered[min(len(ordered) - 1, max(0, math.ceil(p * len(ordered)) - 1))]  # noqa: E731
     return {
-        "median": statistics.median(ordered),
-        "p10": pick(0.1),
-        "p90": pick(0.9),
-        "count": len(ordered),
+        "median": statistics.median(values),
+        "p10": percentile(values, 10),
+        "p90": percentile(values, 90),
+        "count": len(values),
     }
 
 
@@ -466,6 +471,22 @@ def _disaggregated(
     return gathered, link
 
 
+def _run_everything(
+    loaded: Any,
+    chosen: Sequence[Scenario],
+    policies: Sequence[str],
+    calibrations: dict[str, Any],
+    settings: dict[str, Any],
+    timing: dict[str, Any],
+) -> tuple[_Runs, Any]:
+    """Every scenario under every policy, for real: (what was gathered, the KV link or None).
+    Disaggregation calibrates its own workers (added to ``calibrations``) before it runs."""
+    if "disaggregated" in policies:
+        return _disaggregated(loaded, chosen, policies, calibrations, settings, timing)
+    costs = {"single worker": calibrations["single worker"].cost}
+    return run_policies(chosen, policies, loaded.model, costs, **settings), None
+
+
 def run_fidelity(
     loaded: Any,
     *,
@@ -533,12 +554,7 @@ def run_fidelity(
         "threads": threads,
         "progress": progress,
     }
-    link = None
-    if "disaggregated" in policies:
-        gathered, link = _disaggregated(loaded, chosen, policies, calibrations, settings, timing)
-    else:
-        costs = {"single worker": single.cost}
-        gathered = run_policies(chosen, policies, loaded.model, costs, **settings)
+    gathered, link = _run_everything(loaded, chosen, policies, calibrations, settings, timing)
     info = cal.provenance(
         loaded, **timing, runs=runs, chunk=chunk, cores=cores, threads=threads,
         prompt_lens=list(prompt_lens),

@@ -304,7 +304,8 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
     if reason:
         pytest.skip(reason)
     try:
-        from pytest_prefill.measure.calibrate import Calibration, calibrate
+        from pytest_prefill.measure.calibrate import calibrate
+        from pytest_prefill.measure.calibration_document import Calibration
     except ImportError as err:
         pytest.skip(f"the calibrator cannot be imported ({err})")
     s = state.settings

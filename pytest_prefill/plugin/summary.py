@@ -15,7 +15,7 @@ from pytest_prefill.plugin.session import RECORDED, STATE, SessionCost, SessionS
 
 def timeline_svg(cost: SessionCost) -> str | None:
     try:
-        from pytest_prefill.report.timeline import lab_timeline_svg
+        from pytest_prefill.report.timeline_svg import lab_timeline_svg
     except ImportError:
         return None
     assert cost.cost is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.measure.calibrate import Calibration
+from pytest_prefill.measure.calibration_document import Calibration
 from pytest_prefill.measure.calibration_fit import Point, Prediction
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.units import ms
