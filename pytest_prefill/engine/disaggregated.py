@@ -18,7 +18,7 @@ from typing import Any
 from pytest_prefill.engine.loop import (
     Clock,
     EngineRun,
-    ModelExecutor,
+    ModelBackend,
     RealClock,
     Worker,
     disaggregated_trace,
@@ -99,9 +99,9 @@ class _QueueArrivals:
     messages; a request is handed out at the first boundary at or after its ready time."""
 
     def __init__(
-        self, channel: Any, requests: Sequence[Request], kv: dict[str, Any], executor: ModelExecutor
+        self, channel: Any, requests: Sequence[Request], kv: dict[str, Any], backend: ModelBackend
     ) -> None:
-        self.channel, self.kv, self.executor = channel, kv, executor
+        self.channel, self.kv, self.backend = channel, kv, backend
         self.by_id = {r.id: r for r in requests}
         self.left = len(requests)
         self.pending: list[tuple[float, str, int]] = []
@@ -126,7 +126,7 @@ class _QueueArrivals:
         out = []
         for _, rid, token in due:
             r = self.by_id[rid]
-            self.executor.adopt(r, KVCache(self.kv[rid], length=r.prompt_len), token)
+            self.backend.adopt(r, KVCache(self.kv[rid], length=r.prompt_len), token)
             out.append(r)
         self.left -= len(out)
         return out
@@ -190,12 +190,12 @@ def _decode(
     channel: Any,
     clock: RealClock,
 ) -> Any:
-    executor = ModelExecutor(packed, requests, seed=seed)
+    backend = ModelBackend(packed, requests, seed=seed)
     worker = Worker("decode0", "decode")
-    arrivals = _QueueArrivals(channel, requests, kv, executor)
+    arrivals = _QueueArrivals(channel, requests, kv, backend)
     events = EventLog()
-    drive(worker, executor, clock, arrivals, events, worker.join)
-    tokens = {rid: tuple(t) for rid, t in executor.tokens.items()}
+    drive(worker, backend, clock, arrivals, events, worker.join)
+    tokens = {rid: tuple(t) for rid, t in backend.tokens.items()}
     return worker, events.finish([worker.name]), tokens
 
 

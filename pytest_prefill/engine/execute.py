@@ -11,7 +11,7 @@ from typing import Any
 
 from pytest_prefill.engine.loop import (
     EngineRun,
-    ModelExecutor,
+    ModelBackend,
     RealClock,
     check_engine,
     run_single,
@@ -47,13 +47,13 @@ def run_colocated(
     if on_cpu:
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(threads or len(cores))
-    executor = ModelExecutor(packed, requests, seed=seed)
+    backend = ModelBackend(packed, requests, seed=seed)
     collect = gc.isenabled()
     try:
         warm_up(packed)
         gc.collect()
         gc.disable()  # a collection mid-run would show up as a stall that is not the model's
-        trace = run_single(policy, requests, executor, RealClock(), chunk)
+        trace = run_single(policy, requests, backend, RealClock(), chunk)
     finally:
         if collect:
             gc.enable()
@@ -65,7 +65,7 @@ def run_colocated(
         if on_cpu
         else f"one worker on {packed.device}"
     )
-    tokens = {rid: tuple(t) for rid, t in executor.tokens.items()}
+    tokens = {rid: tuple(t) for rid, t in backend.tokens.items()}
     return EngineRun(trace, tokens, where)
 
 

@@ -1,10 +1,10 @@
 """A mini serving engine: executes a workload under a policy with the simulator's own scheduling
 rules (``scheduler.Worker``; DESIGN.md, "Simulation semantics") and records what it did as the
-simulator's ``Trace``. The work is done by an executor: the model's packed pass in real time
-(:class:`ModelExecutor`), or the cost model on a fake clock (:func:`replay`, which must give
+simulator's ``Trace``. The work is done by a backend: the model's packed pass in real time
+(:class:`ModelBackend`), or the cost model on a fake clock (:func:`replay`, which must give
 exactly ``simulate()``'s trace — the engine's loop is checked against the simulator's that way).
 
-torch is imported lazily (only by :class:`ModelExecutor` and the real-time entry points).
+torch is imported lazily (only by :class:`ModelBackend` and the real-time entry points).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ class Clock(Protocol):
     def wait_until(self, t: float) -> None: ...
 
 
-class Executor(Protocol):
+class Backend(Protocol):
     def run(self, plan: Plan) -> float | None:
         """Do the planned iteration's work; return its exact duration if known (a simulated
-        executor), else None (the engine reads the clock)."""
+        backend), else None (the engine reads the clock)."""
         ...
 
 
@@ -73,7 +73,7 @@ class FakeClock:
         self.t = max(self.t, t)
 
 
-class CostExecutor:
+class CostBackend:
     """Executes an iteration by advancing a fake clock by the cost model's duration for it."""
 
     def __init__(self, cost: CostModel, clock: FakeClock) -> None:
@@ -121,7 +121,7 @@ class ScheduledArrivals:
 
 def drive(
     worker: Worker,
-    executor: Executor,
+    backend: Backend,
     clock: Clock,
     arrivals: Arrivals,
     events: EventLog,
@@ -138,7 +138,7 @@ def drive(
             if not arrivals.wait(clock):
                 return
             continue
-        step = executor.run(plan)
+        step = backend.run(plan)
         end = clock.now()
         events.add(
             worker.name,
@@ -168,7 +168,7 @@ def check_engine(policy: str, chunk: int | None, prefill_workers: int, decode_wo
 def run_single(
     policy: str,
     requests: Sequence[Request],
-    executor: Executor,
+    backend: Backend,
     clock: Clock,
     chunk: int | None = None,
 ) -> Trace:
@@ -179,7 +179,7 @@ def run_single(
     events = EventLog()
     drive(
         worker,
-        executor,
+        backend,
         clock,
         ScheduledArrivals([(r.arrival, r) for r in requests]),
         events,
@@ -227,7 +227,7 @@ def replay(
     prefill_workers: int = 1,
     decode_workers: int = 1,
 ) -> Trace:
-    """Run the engine with the cost model as its executor on a fake clock. Must equal
+    """Run the engine with the cost model as its backend on a fake clock. Must equal
     ``simulate(policy, load, cost, chunk=chunk)`` exactly (tests pin it).
 
     Raises:
@@ -238,9 +238,9 @@ def replay(
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
     requests = validate_load(load)
     clock = FakeClock()
-    executor = CostExecutor(cost, clock)
+    backend = CostBackend(cost, clock)
     if policy != "disaggregated":
-        return run_single(policy, requests, executor, clock, chunk)
+        return run_single(policy, requests, backend, clock, chunk)
     # The stages only feed forward (prefill pool -> link -> decode), so on a fake clock they
     # can run one after the other; the prefill pool and link are the simulator's own.
     schedule, times, early = disaggregated_prefill(requests, cost)
@@ -249,7 +249,7 @@ def replay(
     decoder = Worker("decode0", "decode")
     drive(
         decoder,
-        CostExecutor(cost, decode_clock),
+        CostBackend(cost, decode_clock),
         decode_clock,
         ScheduledArrivals(schedule),
         events,
@@ -269,7 +269,7 @@ def make_prompts(requests: Sequence[Request], vocab: int, seed: int) -> dict[str
     }
 
 
-class ModelExecutor:
+class ModelBackend:
     """Executes iterations with the packed pass: greedy decoding of real tokens from random,
     seeded prompts. A decode row feeds the request's latest token and emits the next one (the
     prefill's own prediction is the first decode step's input), so a request's cache holds
