@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from pytest_prefill import __version__
+from pytest_prefill.serve.http import ServerError
 
 # name -> module; the order is the order of ``prefill-bench --help``.
 COMMANDS = {
@@ -22,6 +23,7 @@ COMMANDS = {
     "compare": "pytest_prefill.commands.compare",
     "runs": "pytest_prefill.commands.runs",
     "fidelity": "pytest_prefill.commands.fidelity",
+    "bench": "pytest_prefill.commands.bench",
 }
 
 
@@ -56,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except ValueError as err:
         parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
+    except ServerError as err:  # unreachable, not OpenAI-compatible, stalled: not a usage error
+        parser.exit(1, f"prefill-bench {args.command}: error: {err}\n")
     except OSError as err:
         if err.filename is None:  # not a file the command was told to write or read
             raise

@@ -83,7 +83,11 @@ def _run_context(
     commit, dirty = archive.git_state(os.getcwd())
     started = datetime.datetime.now(datetime.timezone.utc)
     settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
-    settings.update(warmup=args.warmup, dry_run=args.dry_run, threads=threads)
+    settings.update(
+        warmup=getattr(args, "warmup", None),
+        dry_run=getattr(args, "dry_run", None),
+        threads=threads,
+    )
     context = dict(created=started, machine=machine, commit=commit, dirty=dirty, settings=settings)
     return started, context
 
@@ -93,10 +97,12 @@ def save_tables(
     provenance: Any,
     tables: Any,
     verdicts: Any,
+    attachments: dict[str, str] | None = None,
 ) -> Path:
     """Archive a measuring command's printed tables and verdicts (no calibration of its own)
     as a run of ``--machine`` (else this machine) under ``--results``. ``tables``: (title,
-    text, data) each; ``verdicts``: (name, HOLDS or FAILS, sentence) each."""
+    text, data) each; ``verdicts``: (name, HOLDS or FAILS, sentence) each; ``attachments``: suffix
+    -> text stored beside the run (``archive.write_run``)."""
     device = "cpu" if str(provenance.get("device", "")).startswith("cpu") else None
     started, context = _run_context(args, device, provenance.get("threads"))
     document = archive.run_document(
@@ -105,4 +111,6 @@ def save_tables(
         verdicts=[{"name": n, "verdict": v, "sentence": s} for n, v, s in verdicts],
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["fidelity"]),
     )
-    return archive.save_run(args.results, document, when=started.astimezone())
+    return archive.save_run(
+        args.results, document, when=started.astimezone(), attachments=attachments
+    )

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_prefill.scheduler import GapMultiset, Trace
 from pytest_prefill.units import duration_label
@@ -320,20 +320,97 @@ def serving_metrics(
     Raises:
         ValueError: for a percentile outside [0, 100] or an ``slo`` that is not an :class:`SLO`.
     """
-    if slo is not None and not isinstance(slo, SLO):
-        raise ValueError(f"slo must be an SLO (SLO.parse('ttft:1s')), got {type(slo).__name__}")
+    _check_slo(slo)
     records = list(trace.requests.values())
     ttfts, tpots, e2els = _request_values(trace)
     duration = max(r.finish for r in records) - min(r.arrival for r in records) if records else 0.0
+    return _assemble(
+        (ttfts, tpots, e2els),
+        Distribution.of_gaps(trace.token_gaps(), percentiles),
+        duration=duration,
+        tokens=(sum(r.prompt_len for r in records), sum(r.output_len for r in records)),
+        slo=slo,
+        percentiles=percentiles,
+    )
+
+
+class TimedRequest(Protocol):
+    """A measured request: when it was sent, its lengths and every output token's time (the
+    same clock), e.g. a load generator's record."""
+
+    @property
+    def arrival(self) -> float: ...
+    @property
+    def prompt_len(self) -> int: ...
+    @property
+    def token_times(self) -> Sequence[float]: ...
+
+
+def serving_metrics_of(
+    requests: Iterable[TimedRequest],
+    *,
+    slo: SLO | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> ServingMetrics:
+    """vLLM's serving metrics of measured requests, by the same definitions as
+    :func:`serving_metrics`: the output length is the number of token times (tokens that
+    arrived together share a time, and their gaps of 0 count in ITL, as they happened).
+
+    Raises:
+        ValueError: for a request without tokens or with token times out of order, a
+            percentile outside [0, 100], or an ``slo`` that is not an :class:`SLO`.
+    """
+    _check_slo(slo)
+    rows = list(requests)
+    ttfts: list[float] = []
+    tpots: list[float | None] = []
+    e2els: list[float] = []
+    gaps: list[float] = []
+    for row in rows:
+        times = list(row.token_times)
+        if not times or any(b < a for a, b in zip(times, times[1:])):
+            raise ValueError(f"request {row!r:.60}: token_times must be non-empty and in order")
+        ttfts.append(times[0] - row.arrival)
+        e2els.append(times[-1] - row.arrival)
+        tpots.append((times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None)
+        gaps.extend(b - a for a, b in zip(times, times[1:]))
+    start = min((r.arrival for r in rows), default=0.0)
+    end = max((r.token_times[-1] for r in rows), default=0.0)
+    return _assemble(
+        (ttfts, tpots, e2els),
+        Distribution.of(((g, 1) for g in gaps), percentiles),
+        duration=end - start if rows else 0.0,
+        tokens=(sum(r.prompt_len for r in rows), sum(len(r.token_times) for r in rows)),
+        slo=slo,
+        percentiles=percentiles,
+    )
+
+
+def _check_slo(slo: Any) -> None:
+    if slo is not None and not isinstance(slo, SLO):
+        raise ValueError(f"slo must be an SLO (SLO.parse('ttft:1s')), got {type(slo).__name__}")
+
+
+def _assemble(
+    values: tuple[list[float], list[float | None], list[float]],
+    itl: Distribution,
+    *,
+    duration: float,
+    tokens: tuple[int, int],
+    slo: SLO | None,
+    percentiles: Sequence[float],
+) -> ServingMetrics:
+    """The metrics of per-request TTFTs, TPOTs (None: one token) and E2ELs and the ITLs."""
+    ttfts, tpots, e2els = values
     good, met = _meeting(slo, {"ttft": ttfts, "tpot": tpots, "e2el": e2els}) if slo else (0, ())
     return ServingMetrics(
-        completed=len(records),
+        completed=len(ttfts),
         duration=duration,
-        total_input_tokens=sum(r.prompt_len for r in records),
-        total_output_tokens=sum(r.output_len for r in records),
+        total_input_tokens=tokens[0],
+        total_output_tokens=tokens[1],
         ttft=Distribution.of(((v, 1) for v in ttfts), percentiles),
         tpot=Distribution.of(((v, 1) for v in tpots if v is not None), percentiles),
-        itl=Distribution.of_gaps(trace.token_gaps(), percentiles),
+        itl=itl,
         e2el=Distribution.of(((v, 1) for v in e2els), percentiles),
         slo=slo,
         good=good,

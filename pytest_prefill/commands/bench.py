@@ -1,0 +1,178 @@
+"""``prefill-bench bench``: replay a workload against a running OpenAI-compatible server (as
+vLLM's ``bench serve`` does) and print vLLM's serving metrics; optionally write the result JSON,
+the per-request records, and archive the run with the server's identity."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from pytest_prefill._io import write_atomic, write_json_atomic
+from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
+from pytest_prefill.commands._args import non_negative_int, output_path, positive_int
+from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
+from pytest_prefill.commands._serve_report import bench_text
+from pytest_prefill.commands._workload_args import (
+    add_workload_arguments,
+    positive_float,
+    workload_from_args,
+    workload_lines,
+)
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.serve.loadgen import Bounds, Schedule, run_load
+from pytest_prefill.serve.records import BenchRun
+
+HELP = "replay a workload against a running server and report vLLM's serving metrics"
+
+
+def arrivals_type(text: str) -> Schedule:
+    """``trace``, ``burst``, ``poisson:RATE`` or ``gamma:RATE:BURSTINESS``."""
+    kind, *numbers = text.split(":")
+    try:
+        values = [float(n) for n in numbers]
+        if kind in ("trace", "burst") and not values:
+            return Schedule(kind)
+        if kind == "poisson" and len(values) == 1:
+            return Schedule(kind, request_rate=values[0])
+        if kind == "gamma" and len(values) == 2:
+            return Schedule(kind, request_rate=values[0], burstiness=values[1])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
+    raise argparse.ArgumentTypeError(
+        f"must be trace, burst, poisson:RATE or gamma:RATE:BURSTINESS, got {text!r}"
+    )
+
+
+def slo_type(text: str) -> SLO:
+    try:
+        return SLO.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def percentiles_type(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(not 0 < p < 100 for p in values):
+        raise argparse.ArgumentTypeError(
+            f"must be percentiles in (0, 100) like 50,90,99, got {text!r}"
+        )
+    return tuple(sorted(set(values) | {50.0}))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("schedule and bounds")
+    group.add_argument(
+        "--arrivals",
+        type=arrivals_type,
+        default=Schedule(),
+        metavar="KIND",
+        help="trace (the workload's own arrival times, the default), burst (all at once), "
+        "poisson:RATE, gamma:RATE:BURSTINESS (vLLM's burstiness: < 1 burstier)",
+    )
+    group.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        metavar="N",
+        help="at most N requests in flight (with --arrivals burst: a fixed concurrency)",
+    )
+    group.add_argument("--max-requests", type=positive_int, metavar="N", help="send the first N")
+    group.add_argument(
+        "--max-duration",
+        type=positive_float,
+        metavar="S",
+        help="send nothing after S seconds (requests in flight finish)",
+    )
+    group.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=1,
+        metavar="N",
+        help="requests sent one at a time first, not counted (default 1)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_server_arguments(parser)
+    add_workload_arguments(parser, default="poisson")
+    add_run_arguments(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--slo", type=slo_type, metavar="BOUNDS", help="goodput for e.g. ttft:1s,tpot:100ms"
+    )
+    out.add_argument(
+        "--percentiles",
+        type=percentiles_type,
+        default=(50.0, 90.0, 99.0),
+        metavar="P,P",
+        help="percentiles to report (default 50,90,99)",
+    )
+    out.add_argument(
+        "--json", type=output_path, metavar="PATH", help="write vLLM-style result JSON"
+    )
+    out.add_argument(
+        "--records", type=output_path, metavar="PATH", help="write one JSON line per request"
+    )
+    out.add_argument(
+        "--save", action="store_true", help="archive the run (and its records) under --results"
+    )
+    add_archive_arguments(parser)
+
+
+def progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def result_document(run: BenchRun, metrics: Any, workload: Any) -> dict[str, Any]:
+    return {
+        **metrics.as_dict(),
+        "workload": workload.description,
+        **run.to_dict(),
+    }
+
+
+async def _bench(args: argparse.Namespace, workload: Any) -> BenchRun:
+    target = await target_from_args(args)
+    schedule = args.arrivals
+    if args.max_concurrency:
+        schedule = Schedule(
+            schedule.arrivals,
+            schedule.rate_scale,
+            schedule.request_rate,
+            schedule.burstiness,
+            args.max_concurrency,
+            args.seed,
+        )
+    bounds = Bounds(args.max_requests, args.max_duration, args.warmup)
+    return await run_load(
+        target, workload.requests, schedule=schedule, bounds=bounds, progress=progress
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    workload = workload_from_args(args)
+    for line in workload_lines(workload):
+        print(line)
+    result = asyncio.run(_bench(args, workload))
+    metrics = result.metrics(slo=args.slo, percentiles=args.percentiles)
+    text = bench_text(result, metrics)
+    print(text)
+    document = result_document(result, metrics, workload)
+    if args.json:
+        write_json_atomic(args.json, document)
+        print(f"wrote {args.json}")
+    if args.records:
+        write_atomic(args.records, result.records_jsonl())
+        print(f"wrote {args.records}")
+    if args.save:
+        provenance = {"device": "server", "threads": None}
+        tables = [("bench " + str(args.url), text, document)]
+        path = save_tables(
+            args, provenance, tables, [], attachments={"requests.jsonl": result.records_jsonl()}
+        )
+        print(f"archived: {path}")
+    return 0 if result.completed else 1

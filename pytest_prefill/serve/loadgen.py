@@ -1,0 +1,340 @@
+"""The load generator: replay a workload against a running server with streaming requests, at
+the workload's own arrival times (or scaled), at a Poisson or gamma rate, all at once, and under
+a cap on requests in flight; warm up first; stop at a request count or a time bound; report
+progress; record every token's arrival (``records``). Standard library only: asyncio and the
+client in ``http``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.scheduler import Request, validate_load
+from pytest_prefill.serve.api import (
+    ENDPOINTS,
+    TAKES_TOKEN_IDS,
+    check_choice,
+    parse_chunk,
+    request_body,
+)
+from pytest_prefill.serve.http import (
+    DEFAULT_TIMEOUTS,
+    Event,
+    ServerError,
+    Timeouts,
+    Url,
+    stream_events,
+)
+from pytest_prefill.serve.identity import ServerIdentity
+from pytest_prefill.serve.prompts import Prompts
+from pytest_prefill.serve.records import BenchRun, RequestRecord
+
+ARRIVALS = ("trace", "poisson", "gamma", "burst")
+PROGRESS_INTERVAL = 2.0
+Progress = Callable[[str], object]
+
+
+def _positive(field: str, value: Any, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    ok = not isinstance(value, bool) and isinstance(value, kind)
+    if not (ok and math.isfinite(value) and value > 0):
+        what = "a positive integer" if integer else "a positive number"
+        raise ValueError(f"{field} must be {what}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where requests go and how they are written: the server (``identity``), the endpoint
+    (``api.ENDPOINTS``), the prompts' words, whether prompts go as token ids (where the
+    endpoint takes them), timeouts and extra headers (an API key)."""
+
+    url: Url
+    identity: ServerIdentity
+    prompts: Prompts
+    endpoint: str = "completions"
+    token_ids: bool = False
+    timeouts: Timeouts = DEFAULT_TIMEOUTS
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("endpoint", self.endpoint, tuple(ENDPOINTS))
+        engine = self.identity.engine
+        if self.token_ids and self.endpoint != "llama" and engine not in TAKES_TOKEN_IDS:
+            raise ValueError(f"token_ids: a {engine} server takes text prompts on {self.endpoint}")
+
+    def body(self, request_id: str, prompt_len: int, output_len: int) -> dict[str, Any]:
+        prompt: str | list[int] = (
+            self.prompts.token_ids(request_id, prompt_len)
+            if self.token_ids
+            else self.prompts.text(request_id, prompt_len)
+        )
+        return request_body(
+            self.identity.engine, self.endpoint, self.identity.model, prompt, output_len
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When requests go out. ``arrivals``: ``trace`` (the workload's own times divided by
+    ``rate_scale``), ``poisson`` or ``gamma`` (at ``request_rate`` per second; gamma's shape is
+    ``burstiness``, vLLM's: below 1 burstier than Poisson), ``burst`` (all at once). At most
+    ``max_concurrency`` requests are in flight (a request waits for a free place: with
+    ``burst`` this is a fixed concurrency)."""
+
+    arrivals: str = "trace"
+    rate_scale: float = 1.0
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("arrivals", self.arrivals, ARRIVALS)
+        _positive("rate_scale", self.rate_scale)
+        _positive("burstiness", self.burstiness)
+        if self.max_concurrency is not None:
+            _positive("max_concurrency", self.max_concurrency, integer=True)
+        if self.arrivals in ("poisson", "gamma"):
+            if self.request_rate is None:
+                raise ValueError(f"request_rate is needed for {self.arrivals} arrivals")
+            _positive("request_rate", self.request_rate)
+        elif self.request_rate is not None:
+            raise ValueError(
+                f"request_rate applies to poisson or gamma arrivals, not {self.arrivals}"
+            )
+
+    def send_times(self, load: Sequence[Request]) -> list[float]:
+        """Seconds after the start at which each request (in arrival order) is due."""
+        if not load:
+            return []
+        if self.arrivals == "trace":
+            first = load[0].arrival
+            return [(r.arrival - first) / self.rate_scale for r in load]
+        if self.arrivals == "burst":
+            return [0.0] * len(load)
+        rng = random.Random(self.seed)
+        rate = float(self.request_rate or 0)
+        shape = 1.0 if self.arrivals == "poisson" else self.burstiness
+        times, t = [], 0.0
+        for _ in load:
+            times.append(t)
+            t += rng.gammavariate(shape, 1.0 / (rate * shape))
+        return times
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """``max_requests``: the first N of the workload; ``max_duration``: no request is sent
+    after this many seconds (those in flight finish); ``warmup``: requests sent one at a time
+    before the run and not counted (the workload's first ones, under other ids)."""
+
+    max_requests: int | None = None
+    max_duration: float | None = None
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_requests is not None:
+            _positive("max_requests", self.max_requests, integer=True)
+        if self.max_duration is not None:
+            _positive("max_duration", self.max_duration)
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+
+
+# Reading a finished stream yields to the event loop every this many events, so that the
+# other streams' bytes are stamped as they arrive rather than after this one is parsed.
+EVENTS_PER_SLICE = 32
+
+
+@dataclasses.dataclass
+class Tally:
+    """What a stream's events said: when tokens arrived (seconds after ``t0``) and how many
+    each time, the usage totals, llama.cpp's timings, and whether counts were assumed."""
+
+    times: list[float] = dataclasses.field(default_factory=list)
+    counts: list[int] = dataclasses.field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    timings: Mapping[str, Any] | None = None
+    assumed: bool = False
+
+
+async def tally(endpoint: str, events: Sequence[Event], t0: float) -> Tally:
+    """Count the tokens of a stream's events (``api.parse_chunk``).
+
+    Raises:
+        ValueError: for an event that is not of the endpoint's shape, or a streamed error.
+    """
+    out = Tally()
+    counted = 0
+    for i, event in enumerate(events):
+        if i % EVENTS_PER_SLICE == EVENTS_PER_SLICE - 1:
+            await asyncio.sleep(0)
+        chunk = parse_chunk(endpoint, event.data, counted)
+        if chunk.prompt_tokens is not None:
+            out.prompt_tokens = chunk.prompt_tokens
+        if chunk.output_tokens is not None:
+            out.output_tokens = chunk.output_tokens
+        out.timings = chunk.timings or out.timings
+        tokens = chunk.tokens
+        if tokens is None:  # a text chunk without a count: one token, as vLLM assumes
+            tokens, out.assumed = 1, True
+        if tokens > 0:
+            out.times.append(event.time - t0)
+            out.counts.append(tokens)
+            counted += tokens
+    return out
+
+
+async def send_one(target: Target, request: Request, scheduled: float, t0: float) -> RequestRecord:
+    """Send ``request`` now and read its stream to the end; a failure is the record's error."""
+    body = target.body(request.id, request.prompt_len, request.output_len)
+    arrival = time.perf_counter() - t0
+    counted = Tally()
+    error = None
+    try:
+        _, events = await stream_events(
+            target.url,
+            ENDPOINTS[target.endpoint],
+            body,
+            timeouts=target.timeouts,
+            headers=target.headers,
+        )
+        counted = await tally(target.endpoint, events, t0)
+    except (ServerError, ValueError) as err:
+        error = str(err)
+    if error is None and not counted.times:
+        error = "the stream ended without a token"
+    return RequestRecord(
+        request.id,
+        scheduled,
+        arrival,
+        request.prompt_len,
+        request.output_len,
+        tuple(counted.times),
+        tuple(counted.counts),
+        counted.prompt_tokens,
+        counted.output_tokens,
+        counted.timings,
+        error,
+        counted.assumed,
+    )
+
+
+class _Progress:
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.progress = total, progress
+        self.done = self.failed = self.tokens = self.in_flight = 0
+        self.start = time.perf_counter()
+
+    def finished(self, record: RequestRecord) -> None:
+        self.done += 1
+        self.failed += not record.ok
+        self.tokens += record.tokens_received
+
+    def line(self) -> str:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        failed = f", {self.failed} failed" if self.failed else ""
+        return (
+            f"{self.done}/{self.total} done{failed}, {self.in_flight} in flight, "
+            f"{elapsed:.0f} s, {self.done / elapsed:.2f} req/s, {self.tokens / elapsed:.0f} tok/s"
+        )
+
+    async def report(self) -> None:
+        while self.progress is not None:
+            await asyncio.sleep(PROGRESS_INTERVAL)
+            self.progress(self.line())
+
+
+async def _issue(
+    target: Target,
+    load: Sequence[Request],
+    due: Sequence[float],
+    schedule: Schedule,
+    bounds: Bounds,
+    state: _Progress,
+) -> tuple[list[RequestRecord], str | None]:
+    limit = asyncio.Semaphore(schedule.max_concurrency or len(load) or 1)
+    t0 = state.start
+    tasks: list[asyncio.Task[RequestRecord]] = []
+    stopped = None
+
+    async def one(request: Request, scheduled: float) -> RequestRecord:
+        try:
+            state.in_flight += 1
+            record = await send_one(target, request, scheduled, t0)
+        finally:
+            state.in_flight -= 1
+            limit.release()
+        state.finished(record)
+        return record
+
+    for request, at in zip(load, due):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await limit.acquire()
+        if bounds.max_duration is not None and time.perf_counter() - t0 > bounds.max_duration:
+            limit.release()
+            stopped = f"time bound: no request sent after {bounds.max_duration:g} s"
+            break
+        tasks.append(asyncio.create_task(one(request, at)))
+    return list(await asyncio.gather(*tasks)), stopped
+
+
+async def run_load(
+    target: Target,
+    load: Sequence[Request],
+    *,
+    schedule: Schedule = Schedule(),
+    bounds: Bounds = Bounds(),
+    progress: Progress | None = None,
+) -> BenchRun:
+    """Warm up, then send ``load`` (sorted by arrival, cut to ``bounds.max_requests``) on
+    ``schedule`` and record every request.
+
+    Raises:
+        ValueError: for an invalid load (see ``scheduler.validate_load``) or an empty one.
+    """
+    ordered = sorted(validate_load(load), key=lambda r: (r.arrival, r.id))
+    if bounds.max_requests is not None:
+        ordered = ordered[: bounds.max_requests]
+    if not ordered:
+        raise ValueError("load must hold at least one request")
+    warm = []
+    for i, request in enumerate(ordered[: bounds.warmup]):
+        twin = dataclasses.replace(request, id=f"warmup{i}-{request.id}")
+        warm.append(await send_one(target, twin, 0.0, time.perf_counter()))
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    state = _Progress(len(ordered), progress)
+    reporter = asyncio.create_task(state.report())
+    try:
+        due = schedule.send_times(ordered)
+        records, stopped = await _issue(target, ordered, due, schedule, bounds, state)
+    finally:
+        reporter.cancel()
+    settings = {
+        "endpoint": target.endpoint,
+        "token_ids": target.token_ids,
+        "prompts": target.prompts.source,
+        "schedule": schedule.to_dict(),
+        "bounds": dataclasses.asdict(bounds),
+        "timeouts": dataclasses.asdict(target.timeouts),
+    }
+    return BenchRun(
+        tuple(records), target.identity.to_dict(), settings, started, tuple(warm), stopped
+    )
+
+
+def bench(target: Target, load: Sequence[Request], **kwargs: Any) -> BenchRun:
+    """:func:`run_load` from synchronous code (its own event loop)."""
+    return asyncio.run(run_load(target, load, **kwargs))

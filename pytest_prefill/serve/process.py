@@ -1,0 +1,181 @@
+"""Starting and stopping a local server for a measurement: ``transformers serve`` with
+continuous batching, llama.cpp's ``llama-server``, or the reference server; bound to
+127.0.0.1, ready when its health endpoint answers, stopped by its PID (its own process group,
+so nothing it started outlives it). Standard library only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
+
+READY_POLL = 0.25
+STOP_GRACE = 10.0
+LOG_TAIL = 1500
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclasses.dataclass
+class ServerProcess:
+    """A server this process started: its command, PID, URL and log file."""
+
+    argv: tuple[str, ...]
+    process: subprocess.Popen[bytes]
+    url: Url
+    log: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            return ""
+        return text[-LOG_TAIL:].strip()
+
+    def stop(self, grace: float = STOP_GRACE) -> int | None:
+        """SIGTERM its process group (the server is its leader), SIGKILL after ``grace`` s;
+        its exit status."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def _healthy(url: Url, path: str) -> bool:
+    async def probe() -> bool:
+        status, _ = await request_json(url, "GET", path, timeouts=Timeouts(2.0, 5.0))
+        return status == 200
+
+    try:
+        return asyncio.run(probe())
+    except ServerError:
+        return False
+
+
+def start_server(
+    argv: Sequence[str],
+    port: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    ready_path: str = "/health",
+    timeout: float = 180.0,
+    log: str | None = None,
+) -> ServerProcess:
+    """Start ``argv`` (a server that will listen on 127.0.0.1:``port``) and wait until
+    ``ready_path`` answers 200.
+
+    Raises:
+        ServerError: with the end of its log, when it exits or is not ready within ``timeout``
+            seconds (it is stopped first).
+    """
+    if log is None:
+        handle, log = tempfile.mkstemp(prefix="prefill-server-", suffix=".log")
+        os.close(handle)
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    server = ServerProcess(tuple(argv), process, Url("http", "127.0.0.1", port, ""), log)
+    deadline = time.monotonic() + timeout
+    while not _healthy(server.url, ready_path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            why = (
+                f"exited with status {process.returncode}"
+                if process.poll() is not None
+                else (f"not ready within {timeout:g} s")
+            )
+            server.stop()
+            raise ServerError(f"{argv[0]} {why}; its log ends:\n{server.log_tail()}")
+        time.sleep(READY_POLL)
+    return server
+
+
+@contextlib.contextmanager
+def running_server(argv: Sequence[str], port: int, **kwargs: object) -> Iterator[ServerProcess]:
+    """:func:`start_server` as a context: stopped by its PID on the way out."""
+    server = start_server(argv, port, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# One thread per engine on a small CPU: oversubscribed, torch went from ~40 ms to 500-850 ms a
+# token (ENGINES.md).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def transformers_serve(
+    model: str, port: int, *, max_batch_tokens: int = 256, num_blocks: int = 64
+) -> tuple[list[str], dict[str, str]]:
+    """The command (and environment) of ``transformers serve --continuous-batching`` on the CPU
+    with one thread: decodes first, then prompt tokens up to ``max_batch_tokens`` a batch."""
+    executable = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which(
+        "transformers"
+    )
+    if executable is None:
+        raise ServerError(
+            "transformers serve is not installed here (pip install 'transformers[serving]')"
+        )
+    argv = [executable, "serve", os.path.abspath(model), "--continuous-batching"]
+    argv += ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--cb-max-batch-tokens", str(max_batch_tokens), "--cb-num-blocks", str(num_blocks)]
+    return argv, dict(ONE_THREAD)
+
+
+def llama_server(
+    binary: str,
+    gguf: str,
+    port: int,
+    *,
+    batch: int = 256,
+    slots: int = 8,
+    context: int = 32768,
+) -> tuple[list[str], dict[str, str]]:
+    """The command of llama.cpp's ``llama-server`` with one thread: ``-b`` tokens an iteration
+    (decode rows included), ``-np`` slots sharing a unified ``-c`` token KV cache."""
+    argv = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", str(context)]
+    argv += ["-np", str(slots), "-kvu", "-b", str(batch), "-ub", str(batch), "-t", "1"]
+    argv += ["--no-webui", "--metrics"]
+    return argv, dict(ONE_THREAD)
+
+
+def reference_server(port: int, ttft: float, gap: float) -> tuple[list[str], dict[str, str]]:
+    """The command of the reference server (``serve.reference``) in its own process."""
+    argv = [sys.executable, "-m", "pytest_prefill.serve.reference", "--port", str(port)]
+    argv += ["--ttft", repr(ttft), "--gap", repr(gap)]
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH")
+    return argv, {"PYTHONPATH": package_root + (os.pathsep + path if path else "")}

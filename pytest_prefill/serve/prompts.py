@@ -1,0 +1,151 @@
+"""Prompts of exact token lengths: built from words that are one token each in the server's
+tokenizer (a leading space included), as text or as token ids. The words come from a model
+folder this package made (``prefill-words.json``) or from any tokenizer's ``tokenizer.json``
+(its byte-level or SentencePiece word tokens; read with ``tokenizers`` when installed, else as
+plain JSON). Every request's prompt is drawn afresh from its id, so no two share a prefix a
+server could cache. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_prefill._io import read_json
+from pytest_prefill.serve.http import Timeouts, Url, request_json
+
+WORDS_FILE = "prefill-words.json"
+MIN_WORDS = 64
+# A vocabulary entry that is a whole lowercase word with its leading-space marker: GPT-2's
+# byte-level "Ġ" or SentencePiece's "▁".
+WORD_TOKEN = re.compile(r"^[\u0120\u2581]([a-z]{3,12})$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Words (each with its leading space) and their token ids, in the same order."""
+
+    words: tuple[str, ...]
+    ids: tuple[int, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if len(self.words) != len(self.ids):
+            raise ValueError(f"{self.source}: {len(self.words)} words for {len(self.ids)} ids")
+        if len(self.words) < MIN_WORDS:
+            raise ValueError(
+                f"{self.source}: {len(self.words)} single-token words found, need at least "
+                f"{MIN_WORDS} to draw distinct prompts"
+            )
+
+    def _picks(self, key: str, length: int) -> list[int]:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"prompt length must be an integer >= 1, got {length!r}")
+        rng = random.Random(zlib.crc32(key.encode()))
+        return [rng.randrange(len(self.words)) for _ in range(length)]
+
+    def text(self, key: str, length: int) -> str:
+        """A prompt of ``length`` tokens, the same for the same ``key``."""
+        return "".join(self.words[i] for i in self._picks(key, length))
+
+    def token_ids(self, key: str, length: int) -> list[int]:
+        """The token ids of :meth:`text` for the same key and length."""
+        return [self.ids[i] for i in self._picks(key, length)]
+
+
+def prompts_from_folder(folder: str | os.PathLike[str]) -> Prompts:
+    """The single-token words of a model folder: its ``prefill-words.json`` when
+    ``make-model`` wrote one, else the word tokens of its ``tokenizer.json``.
+
+    Raises:
+        ValueError: naming the folder, when neither file is there or too few words are found.
+    """
+    path = os.fspath(folder)
+    if not os.path.isdir(path):
+        raise ValueError(f"tokenizer folder {path}: not a folder")
+    made = os.path.join(path, WORDS_FILE)
+    if os.path.isfile(made):
+        data = read_json(made, "word list")
+        if not isinstance(data, dict) or not isinstance(data.get("words"), list):
+            raise ValueError(f"{made}: not a word list (an object with 'words' and 'ids')")
+        return Prompts(tuple(data["words"]), tuple(data["ids"]), made)
+    tokenizer = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tokenizer):
+        raise ValueError(f"tokenizer folder {path}: no {WORDS_FILE} and no tokenizer.json")
+    return words_of_vocabulary(_vocabulary(tokenizer), tokenizer)
+
+
+def _vocabulary(path: str) -> dict[str, int]:
+    data = read_json(path, "tokenizer")
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        return {str(entry[0]): i for i, entry in enumerate(vocab) if isinstance(entry, list)}
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{path}: no model.vocab in this tokenizer.json")
+    return {str(k): int(v) for k, v in vocab.items()}
+
+
+def words_of_vocabulary(vocab: dict[str, int], source: str, limit: int = 4096) -> Prompts:
+    """The whole-word tokens of ``vocab`` (at most ``limit``, in id order)."""
+    found = sorted((i, WORD_TOKEN.match(token)) for token, i in vocab.items())
+    pairs = [(" " + m.group(1), i) for i, m in found if m is not None][:limit]
+    return Prompts(tuple(w for w, _ in pairs), tuple(i for _, i in pairs), source)
+
+
+# Words a server's /tokenize is asked about: random lowercase strings; the pieces that come back
+# as whole words with their leading space are the words prompts are built from.
+CANDIDATES = 3000
+CANDIDATE_SEED = 0
+PIECE = re.compile(r"^(?: |\u0120|\u2581)([a-z]{2,12})$")
+
+
+def _candidates() -> str:
+    rng = random.Random(CANDIDATE_SEED)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = (
+        "".join(rng.choice(letters) for _ in range(rng.randint(2, 6))) for _ in range(CANDIDATES)
+    )
+    return " " + " ".join(words)
+
+
+async def prompts_from_server(
+    url: Url, engine: str, timeouts: Timeouts, headers: Mapping[str, str]
+) -> Prompts:
+    """Single-token words found by the server's own ``/tokenize`` (llama.cpp with pieces, vLLM
+    and SGLang with token strings).
+
+    Raises:
+        ValueError: for a server without ``/tokenize`` (give the model folder instead), or one
+            whose tokenizer yields too few whole-word tokens.
+        ServerError: when the server cannot be reached.
+    """
+    text = _candidates()
+    if engine == "llama.cpp":
+        payload: dict[str, Any] = {"content": text, "with_pieces": True}
+    elif engine in ("vllm", "sglang"):
+        payload = {"prompt": text, "return_token_strs": True}
+    else:
+        raise ValueError(
+            f"a {engine} server has no /tokenize to find one-token words: give --tokenizer DIR "
+            "(the served model's folder)"
+        )
+    status, body = await request_json(
+        url, "POST", "/tokenize", payload, timeouts=timeouts, headers=headers
+    )
+    if status != 200 or not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+        raise ValueError(f"{url}: POST /tokenize answered HTTP {status}; give --tokenizer DIR")
+    if engine == "llama.cpp":
+        pairs = [(t.get("piece"), t.get("id")) for t in body["tokens"] if isinstance(t, dict)]
+    else:
+        pairs = list(zip(body.get("token_strs") or [], body["tokens"]))
+    seen: dict[str, int] = {}
+    for piece, token in pairs:
+        match = PIECE.match(piece) if isinstance(piece, str) else None
+        if match and isinstance(token, int):
+            seen.setdefault(" " + match.group(1), token)
+    return Prompts(tuple(seen), tuple(seen.values()), f"{url} /tokenize")

@@ -1,0 +1,152 @@
+"""What a run against a server measured: one record per request (every token's arrival on the
+client's monotonic clock, counted from the server's usage figures), and the run's serving
+metrics by the simulator's own definitions. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics, serving_metrics_of
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request as the client saw it. Times are seconds since the run started.
+
+    ``scheduled`` is when the schedule meant to send it, ``arrival`` when it went out (what
+    TTFT is counted from, as vLLM's benchmark does); ``chunk_times`` when each streamed chunk
+    that carried tokens arrived and ``chunk_tokens`` how many (several tokens in one chunk
+    arrived together); ``prompt_tokens`` / ``output_tokens`` are the server's usage figures
+    (None when it gave none); ``error`` says why a request failed (then it has no metrics)."""
+
+    id: str
+    scheduled: float
+    arrival: float
+    prompt_len: int
+    output_len: int
+    chunk_times: tuple[float, ...] = ()
+    chunk_tokens: tuple[int, ...] = ()
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    server_timings: Mapping[str, Any] | None = None
+    error: str | None = None
+    counts_assumed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.chunk_times)
+
+    @property
+    def token_times(self) -> tuple[float, ...]:
+        """Every output token's arrival time (a chunk of k tokens gives k equal times)."""
+        return tuple(t for t, k in zip(self.chunk_times, self.chunk_tokens) for _ in range(k))
+
+    @property
+    def tokens_received(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the server's usage confirms the lengths that were asked for."""
+        return self.output_tokens == self.output_len == self.tokens_received and (
+            self.prompt_tokens is None or self.prompt_tokens >= self.prompt_len
+        )
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.arrival
+
+    @property
+    def e2el(self) -> float:
+        return self.chunk_times[-1] - self.arrival
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "scheduled": self.scheduled,
+            "arrival": self.arrival,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "chunk_times": list(self.chunk_times),
+            "chunk_tokens": list(self.chunk_tokens),
+            "counts_assumed": self.counts_assumed,
+            "server_timings": dict(self.server_timings) if self.server_timings else None,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RequestRecord:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a request record must be an object, got {data!r:.60}")
+        try:
+            return cls(
+                str(data["id"]),
+                float(data["scheduled"]),
+                float(data["arrival"]),
+                int(data["prompt_len"]),
+                int(data["output_len"]),
+                tuple(float(t) for t in data.get("chunk_times", ())),
+                tuple(int(k) for k in data.get("chunk_tokens", ())),
+                data.get("prompt_tokens"),
+                data.get("output_tokens"),
+                data.get("server_timings"),
+                data.get("error"),
+                bool(data.get("counts_assumed", False)),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"a request record lacks or mangles {err!s}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRun:
+    """A measured run: its records (warm-up requests excluded), what it was aimed at and how
+    requests were issued (``settings``), and the server's identity (``server``). ``duration``
+    is the seconds from the first send to the last token; ``stopped`` says why the run ended
+    early (a time bound), or is None."""
+
+    records: tuple[RequestRecord, ...]
+    server: Mapping[str, Any]
+    settings: Mapping[str, Any]
+    started: str
+    warmup: tuple[RequestRecord, ...] = ()
+    stopped: str | None = None
+
+    @property
+    def completed(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for r in self.records if r.ok)
+
+    @property
+    def failed(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for r in self.records if not r.ok)
+
+    def inexact(self) -> tuple[RequestRecord, ...]:
+        """Completed requests whose usage does not confirm the asked lengths."""
+        return tuple(r for r in self.completed if not r.exact)
+
+    def metrics(
+        self, *, slo: SLO | None = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES
+    ) -> ServingMetrics:
+        """vLLM's serving metrics over the completed requests."""
+        return serving_metrics_of(self.completed, slo=slo, percentiles=percentiles)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "server": dict(self.server),
+            "settings": dict(self.settings),
+            "started": self.started,
+            "stopped": self.stopped,
+            "completed": len(self.completed),
+            "failed": len(self.failed),
+            "inexact": len(self.inexact()),
+        }
+
+    def records_jsonl(self) -> str:
+        """One JSON object per request (warm-up ones marked), a line each."""
+        lines = [json.dumps({"warmup": True, **r.to_dict()}) for r in self.warmup]
+        lines += [json.dumps(r.to_dict()) for r in self.records]
+        return "\n".join(lines) + "\n"

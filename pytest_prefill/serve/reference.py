@@ -1,0 +1,226 @@
+"""A reference server whose token times are known, and the client's timestamp error measured
+against it. The server (standard library, asyncio) speaks enough of the OpenAI API for the load
+generator — ``/v1/models``, ``/health``, streaming ``/v1/completions`` — and emits each request's
+tokens on a fixed schedule (the first after ``ttft`` seconds, then one every ``gap``), stamping
+each chunk with the monotonic time just before it was written. It can also misbehave on demand
+(stall mid-stream, answer every path with 404) so the client's failures can be tested.
+
+Run it in its own process so its work is not the client's: ``python -m
+pytest_prefill.serve.reference --port 8100 --ttft 0.02 --gap 0.01``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from pytest_prefill.serve.api import request_body
+from pytest_prefill.serve.http import Timeouts, Url, stream_events
+from pytest_prefill.serve.loadgen import tally
+
+MODEL = "reference"
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """The schedule (seconds) and faults: after ``stall_after`` tokens a stream goes silent for
+    ``stall_seconds``; ``not_openai`` answers every path with 404."""
+
+    ttft: float = 0.02
+    gap: float = 0.01
+    stall_after: int | None = None
+    stall_seconds: float = 0.0
+    not_openai: bool = False
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    body = await reader.readexactly(length) if length else b""
+    return method, path, json.loads(body) if body else None
+
+
+def _json_response(status: int, payload: Any) -> bytes:
+    body = json.dumps(payload).encode()
+    reason = {200: "OK", 404: "Not Found", 400: "Bad Request"}.get(status, "Error")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _chunk(data: bytes) -> bytes:
+    """One piece of a chunked body (an empty one ends the body)."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _sse(payload: Any) -> bytes:
+    return _chunk(f"data: {json.dumps(payload)}\n\n".encode())
+
+
+async def _stream(writer: asyncio.StreamWriter, body: Any, behaviour: Behaviour) -> None:
+    tokens = int(body.get("max_tokens") or 16)
+    prompt = body.get("prompt")
+    prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    start = time.perf_counter()
+    for i in range(tokens):
+        due = start + behaviour.ttft + i * behaviour.gap
+        if behaviour.stall_after is not None and i >= behaviour.stall_after:
+            due += behaviour.stall_seconds
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        choice = {"index": 0, "text": f" w{i % 10}"}
+        writer.write(_sse({"choices": [choice], "sent": time.perf_counter()}))
+        await writer.drain()
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}
+    final = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage}
+    writer.write(_sse(final) + _chunk(b"data: [DONE]\n\n") + _chunk(b""))
+    await writer.drain()
+
+
+async def _handle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, behaviour: Behaviour
+) -> None:
+    try:
+        method, path, body = await _read_request(reader)
+        if behaviour.not_openai:
+            writer.write(_json_response(404, {"detail": "Not Found"}))
+        elif path == "/v1/models":
+            writer.write(_json_response(200, {"object": "list", "data": [{"id": MODEL}]}))
+        elif path == "/health":
+            writer.write(_json_response(200, {"status": "ok"}))
+        elif method == "POST" and path == "/v1/completions" and isinstance(body, dict):
+            await _stream(writer, body, behaviour)
+        else:
+            writer.write(_json_response(404, {"detail": "Not Found"}))
+        await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
+async def serve(port: int, behaviour: Behaviour, ready: Any = None) -> None:
+    """Serve on 127.0.0.1:``port`` (0: any free port) until cancelled; ``ready`` is called
+    with the port once it listens."""
+    async with running(behaviour, port) as url:
+        if ready is not None:
+            ready(url.port)
+        await asyncio.Event().wait()
+
+
+@contextlib.asynccontextmanager
+async def running(behaviour: Behaviour = Behaviour(), port: int = 0) -> AsyncIterator[Url]:
+    """A reference server in this event loop (for tests: its timing is the client's too)."""
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, behaviour), "127.0.0.1", port, backlog=2048
+    )
+    try:
+        yield Url("http", "127.0.0.1", server.sockets[0].getsockname()[1], "")
+    finally:
+        server.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class TimestampError:
+    """The client's stamps minus the server's, over every token of ``streams`` concurrent
+    streams (seconds), and the client's CPU seconds per token."""
+
+    streams: int
+    tokens: int
+    p50: float
+    p99: float
+    maximum: float
+    cpu_per_token: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+async def _one_stream(url: Url, tokens: int, errors: list[float]) -> None:
+    body = request_body("openai", "completions", MODEL, "a b c", tokens)
+    _, events = await stream_events(url, "/v1/completions", body, timeouts=Timeouts(5, 60))
+    counted = await tally("completions", events, 0.0)  # the load generator's own reading
+    stamps = [float(e.data[e.data.rfind('"sent": ') + 8 :].rstrip("}")) for e in events[:-1]]
+    errors.extend(t - sent for t, sent in zip(counted.times, stamps))
+
+
+async def measure_timestamp_error(url: Url, streams: int, tokens: int) -> TimestampError:
+    """Open ``streams`` streams of ``tokens`` tokens at once against a reference server and
+    compare each token's client stamp with the server's write time (one monotonic clock: the
+    server must run on this machine)."""
+    errors: list[float] = []
+    cpu = time.process_time()
+    await asyncio.gather(*(_one_stream(url, tokens, errors) for _ in range(streams)))
+    cpu = time.process_time() - cpu
+    ordered = sorted(errors)
+    if not ordered:
+        raise ValueError("no token was stamped by the reference server")
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return TimestampError(
+        streams, len(ordered), statistics.median(ordered), p99, ordered[-1], cpu / len(ordered)
+    )
+
+
+def timestamp_errors(
+    streams: Sequence[int] = (1, 64, 512),
+    *,
+    tokens: int = 100,
+    ttft: float = 0.02,
+    gap: float = 0.05,
+) -> list[TimestampError]:
+    """:func:`measure_timestamp_error` at each count of concurrent streams, against a reference
+    server started in its own process (and stopped by its PID)."""
+    from pytest_prefill.serve.process import free_port, reference_server, running_server
+
+    port = free_port()
+    argv, env = reference_server(port, ttft, gap)
+    with running_server(argv, port, env=env, ready_path="/health", timeout=30) as server:
+        return [asyncio.run(measure_timestamp_error(server.url, n, tokens)) for n in streams]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_prefill.serve.reference")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ttft", type=float, default=0.02)
+    parser.add_argument("--gap", type=float, default=0.01)
+    parser.add_argument("--stall-after", type=int, default=None)
+    parser.add_argument("--stall-seconds", type=float, default=0.0)
+    parser.add_argument("--not-openai", action="store_true")
+    args = parser.parse_args(argv)
+    behaviour = Behaviour(
+        args.ttft, args.gap, args.stall_after, args.stall_seconds, args.not_openai
+    )
+
+    def ready(port: int) -> None:
+        print(f"listening on 127.0.0.1:{port} (pid {os.getpid()})", flush=True)
+
+    try:
+        asyncio.run(serve(args.port, behaviour, ready))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

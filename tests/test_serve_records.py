@@ -1,0 +1,87 @@
+"""Per-request records and their serving metrics: the same definitions as the simulator's
+(vLLM's), tokens that arrived together counted as such, and a lossless JSON line per request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_prefill.plan.metrics import SLO, serving_metrics_of
+from pytest_prefill.serve.prompts import Prompts, prompts_from_folder
+from pytest_prefill.serve.records import BenchRun, RequestRecord
+
+
+def _record(rid: str, arrival: float, times: list[float], counts: list[int], **kw) -> RequestRecord:
+    out = sum(counts)
+    return RequestRecord(rid, arrival, arrival, 10, out, tuple(times), tuple(counts), 10, out, **kw)
+
+
+def test_metrics_follow_the_definitions():
+    a = _record("a", 0.0, [0.5, 0.6, 0.8], [1, 2, 1])  # tokens at .5, .6, .6, .8
+    b = _record("b", 1.0, [1.2], [1])
+    assert a.token_times == (0.5, 0.6, 0.6, 0.8)
+    m = serving_metrics_of([a, b], slo=SLO(ttft=0.4))
+    assert m.completed == 2 and m.total_output_tokens == 5 and m.total_input_tokens == 20
+    assert m.ttft.mean == pytest.approx((0.5 + 0.2) / 2)
+    assert m.tpot.count == 1 and m.tpot.mean == pytest.approx((0.8 - 0.5) / 3)
+    gaps = [0.1, 0.0, 0.2]  # the chunk of two gives a gap of 0
+    assert m.itl.count == 3 and m.itl.mean == pytest.approx(sum(gaps) / 3)
+    assert m.e2el.median == pytest.approx((0.8 + 0.2) / 2)
+    assert m.duration == pytest.approx(1.2) and m.good == 1 and m.attainment == 0.5
+
+
+def test_metrics_refuse_tokens_out_of_order():
+    bad = _record("a", 0.0, [0.5, 0.4], [1, 1])
+    with pytest.raises(ValueError, match="token_times"):
+        serving_metrics_of([bad])
+
+
+def test_failed_and_inexact_requests_are_told_apart():
+    ok = _record("ok", 0.0, [0.1, 0.2], [1, 1])
+    failed = RequestRecord("f", 0.0, 0.0, 10, 2, error="stalled")
+    short = RequestRecord("s", 0.0, 0.0, 10, 3, (0.1, 0.2), (1, 1), 10, 2)
+    run = BenchRun((ok, failed, short), {"url": "x"}, {}, "now")
+    assert run.completed == (ok, short) and run.failed == (failed,) and run.inexact() == (short,)
+    assert run.metrics().completed == 2 and run.to_dict()["failed"] == 1
+
+
+def test_records_survive_a_json_line():
+    record = _record("a", 0.25, [0.5, 0.7], [2, 1], server_timings={"prompt_ms": 3.5})
+    run = BenchRun((record,), {}, {}, "now", warmup=(record,))
+    lines = run.records_jsonl().splitlines()
+    assert json.loads(lines[0])["warmup"] is True
+    assert RequestRecord.from_dict(json.loads(lines[1])) == record
+    with pytest.raises(ValueError, match="record"):
+        RequestRecord.from_dict({"id": "x"})
+
+
+def test_prompts_have_exact_lengths_and_differ_by_request():
+    words = tuple(f" w{i:03d}" for i in range(100))
+    prompts = Prompts(words, tuple(range(100)), "test")
+    text = prompts.text("r1", 37)
+    assert len(text.split()) == 37 and text == prompts.text("r1", 37)
+    assert text != prompts.text("r2", 37)
+    assert [prompts.ids[prompts.words.index(" " + w)] for w in text.split()] == prompts.token_ids(
+        "r1", 37
+    )
+    with pytest.raises(ValueError, match="prompt length"):
+        prompts.text("r1", 0)
+    with pytest.raises(ValueError, match="single-token words"):
+        Prompts(words[:3], (1, 2, 3), "few")
+
+
+def test_word_tokens_are_read_from_a_tokenizer_json(tmp_path):
+    vocab = {
+        f"\u0120{w}": i
+        for i, w in enumerate(f"{a}{b}{c}" for a in "abc" for b in "defg" for c in "hijklm")
+    }
+    vocab.update({"!": 500, "\u0120a1": 501, "plain": 502})
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": vocab}}))
+    prompts = prompts_from_folder(tmp_path)
+    assert len(prompts.words) == 72 and all(
+        w.startswith(" ") and w[1:].isalpha() for w in prompts.words
+    )
+    assert all(vocab["\u0120" + w[1:]] == i for w, i in zip(prompts.words, prompts.ids))
+    with pytest.raises(ValueError, match="no prefill-words.json and no tokenizer.json"):
+        prompts_from_folder(tmp_path / "..")
