@@ -63,6 +63,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="the flags the server runs with, archived beside the figures (e.g. "
         "'--max-num-batched-tokens 256 --max-num-seqs 8')",
     )
+    add_timeout_arguments(group)
+
+
+def add_timeout_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--api-key-env --connect-timeout --stall-timeout``."""
     group.add_argument(
         "--api-key-env",
         metavar="VAR",

@@ -13,7 +13,6 @@ from pytest_prefill._io import write_atomic, write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
 from pytest_prefill.commands._args import non_negative_int, output_path, positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
-from pytest_prefill.commands._serve_report import bench_text
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     positive_float,
@@ -21,6 +20,7 @@ from pytest_prefill.commands._workload_args import (
     workload_lines,
 )
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.report.bench import bench_text
 from pytest_prefill.serve.loadgen import Bounds, Schedule, run_load
 from pytest_prefill.serve.records import BenchRun
 
