@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Mapping
@@ -249,3 +250,37 @@ def json_safe(value: Any, field: str = "value") -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(item, f"{field}[{i}]") for i, item in enumerate(value)]
     raise ValueError(f"{field}: {type(value).__name__} cannot be stored as JSON")
+
+
+# --- numbers as a person writes them -------------------------------------------------------------
+# int() and float() also take "1_000", surrounding blanks and the digits of every script
+# ("١٢"); a number we read from a command line, an SLO or a trace is plain ASCII.
+
+_ASCII_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_ASCII_FLOAT = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
+    re.ASCII | re.IGNORECASE,
+)
+
+
+def ascii_int(text: str) -> int:
+    """``text`` as an integer written in ASCII digits with an optional sign.
+
+    Raises:
+        ValueError: for anything else (``1_000``, ``١٢``, ``1.0``, blanks around it).
+    """
+    if not isinstance(text, str) or not _ASCII_INT.fullmatch(text):
+        raise ValueError(f"not an integer in ASCII digits: {text!r}")
+    return int(text)
+
+
+def ascii_float(text: str) -> float:
+    """``text`` as a number written in ASCII (digits, a point, an exponent; ``inf``/``nan`` are
+    read and left to the caller's range check).
+
+    Raises:
+        ValueError: for anything else (``1_000``, ``١٢``, blanks around it).
+    """
+    if not isinstance(text, str) or not _ASCII_FLOAT.fullmatch(text):
+        raise ValueError(f"not a number in ASCII digits: {text!r}")
+    return float(text)

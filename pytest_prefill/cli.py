@@ -1,6 +1,8 @@
 """``prefill-bench``: the command line. Thin glue: each subcommand lives in
 ``pytest_prefill/commands/<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int``; none of them may import torch or numpy at import time."""
+``run(args) -> int``, and optionally ``check(args)``: what can be refused from the command line
+alone, called right after parsing, before any work (a ``ValueError`` there is a usage error).
+None of them may import torch or numpy at import time."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pytest_prefill import __version__
+from pytest_prefill.plan.executors import ExecutorLost
 from pytest_prefill.serve.http import ServerError
 
 # name -> module; the order is the order of ``prefill-bench --help``.
@@ -27,8 +31,16 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a short usage error: the one line that says what is wrong and where the
+    usage is (a subcommand's usage block runs to 14 lines and buries the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="prefill-bench",
         description="Measure prefill/decode interference and compare serving policies.",
     )
@@ -39,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(_run=module.run, _check=getattr(module, "check", None))
     return parser
 
 
@@ -48,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv  # the command line, for what a run archives (calibrate --save)
+    if args._check is not None:
+        try:
+            args._check(args)
+        except ValueError as err:
+            parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # e.g. `prefill-bench simulate | head`: not an error
@@ -58,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except ValueError as err:
         parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
-    except ServerError as err:  # unreachable, not OpenAI-compatible, stalled: not a usage error
+    except (ExecutorLost, ServerError) as err:
+        # a search's workers died; a server unreachable, not OpenAI-compatible, stalled: not
+        # the command line's fault, so not a usage error
         parser.exit(1, f"prefill-bench {args.command}: error: {err}\n")
     except OSError as err:
         if err.filename is None:  # not a file the command was told to write or read

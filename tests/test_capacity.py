@@ -444,7 +444,10 @@ def test_a_cluster_that_does_not_answer_is_a_clear_error_within_seconds():
     [
         ("", "must be like tcp://host:8786"),
         ("nowhere", "must be like"),
-        ("foo://h:1", "scheme must be one of"),
+        ("foo://h:1", "only tcp:// is supported"),
+        ("tls://127.0.0.1:8786", "only tcp:// is supported"),
+        ("ucx://127.0.0.1:8786", "only tcp:// is supported"),
+        ("tcp://127.0.0.1:99999", "must be like"),
     ],
 )
 def test_a_malformed_cluster_address_is_a_named_error(address, message):
@@ -527,3 +530,269 @@ def test_deployment_result_without_a_miss_binds_nothing():
     probe = Probe(1.0, 1.0, fake_metrics(1.0))
     result = DeploymentResult(Deployment("shared", 1), 0.9, (probe,), probe, None)
     assert result.binding == "-" and result.status == "never missed"
+
+
+# --- what a hostile run found: hangs and tracebacks, each now bounded ---------------------------
+
+
+def finishes_within(seconds: float, call):
+    """``call()``'s result, or the exception it raised; a test failure (not a hang) when it is
+    still running after ``seconds``."""
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = call()
+        except BaseException as err:  # handed to the test
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s"
+    return box.get("error", box.get("value"))
+
+
+def test_a_tolerance_too_fine_to_separate_rates_is_refused():
+    """1: with 1 + tolerance == 1.0 the bracket never closed (still running at 60 s)."""
+    for tolerance in (1e-17, 1e-300):
+        error = finishes_within(
+            10,
+            lambda t=tolerance: capacity(
+                small_load(5), COST, SLO_1S, 1, tolerance=t, executor=InlineExecutor()
+            ),
+        )
+        assert isinstance(error, ValueError) and "tolerance must be in [0.0001, 1]" in str(error)
+
+
+class Peer:
+    """A TCP server on 127.0.0.1 that accepts and then ``greet``s (bytes, or nothing)."""
+
+    def __init__(self, greet: bytes = b"") -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.greet, self.held = greet, []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)  # never closed while the test runs: a peer that stays
+            if self.greet:
+                conn.sendall(self.greet)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture
+def peer():
+    made = []
+
+    def make(greet: bytes = b"") -> Peer:
+        made.append(Peer(greet))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_a_peer_that_accepts_and_never_answers_is_an_error_within_the_timeout(peer):
+    """2: something that accepts TCP and never speaks hung the command past 180 s."""
+    silent = peer()
+    began = time.perf_counter()
+    error = finishes_within(15, lambda: dask_executor(silent.address, timeout=1).__enter__())
+    assert isinstance(error, ValueError), error
+    assert "sent no Dask scheduler handshake within 1 s" in str(error)
+    assert time.perf_counter() - began < 10
+
+
+def test_a_peer_that_answers_with_junk_is_an_error_at_once(peer):
+    """4: junk was read as a frame length (a MemoryError after 20 s: 'Unable to allocate 3.07
+    EiB') plus a traceback from Client.__del__."""
+    junk = peer(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    error = finishes_within(15, lambda: dask_executor(junk.address, timeout=5).__enter__())
+    assert isinstance(error, ValueError), error
+    assert "answers, but not as a Dask scheduler" in str(error)
+
+
+class FakeDistributed:
+    """Stands for the ``distributed`` module: a client whose cluster has no worker left, and
+    whose executor's futures therefore never finish (what dask does when every worker died)."""
+
+    class Client:
+        def __init__(self, address, **kwargs):
+            import concurrent.futures
+
+            self.pool = concurrent.futures.ThreadPoolExecutor(1)
+            self.release = __import__("threading").Event()
+
+        def get_executor(self, **kwargs):
+            client = self
+
+            class Never(__import__("concurrent.futures").futures.Executor):
+                def submit(self, fn, *args, **kwargs):
+                    return client.pool.submit(client.release.wait)
+
+            return Never()
+
+        def nthreads(self):
+            return {}
+
+        def close(self):
+            self.release.set()
+            self.pool.shutdown(wait=False)
+
+
+def test_a_cluster_whose_workers_all_died_stops_the_search_with_a_message(peer, monkeypatch):
+    """3: kill -9 every worker 4 s in and the search waited for ever, silently."""
+    import pytest_prefill.plan.executors as executors
+
+    monkeypatch.setitem(sys.modules, "distributed", FakeDistributed)
+    monkeypatch.setattr(executors, "WORKERLESS_GRACE", 0.5)
+    greeting = (58).to_bytes(8, "little") + b"x" * 58  # a scheduler's handshake, as sent
+    scheduler = peer(greeting)
+
+    def search():
+        with dask_executor(scheduler.address, timeout=5) as executor:
+            return capacity(
+                small_load(10),
+                COST,
+                SLO_1S,
+                1,
+                deployments=[Deployment("shared", 1)],
+                executor=executor,
+            )
+
+    error = finishes_within(20, search)
+    assert isinstance(error, executors.ExecutorLost), error
+    assert "has had no worker for 0.5 s" in str(error)
+
+
+def test_a_broken_process_pool_is_named_not_a_traceback():
+    """3: a local worker killed mid-search breaks the pool; the search says so."""
+    import concurrent.futures
+
+    from pytest_prefill.plan.executors import ExecutorLost
+
+    class Broken(concurrent.futures.Executor):
+        def submit(self, fn, *args, **kwargs):
+            future = concurrent.futures.Future()
+            future.set_exception(concurrent.futures.process.BrokenProcessPool("a child died"))
+            return future
+
+    with pytest.raises(ExecutorLost, match="a worker died"):
+        capacity(small_load(5), COST, SLO_1S, 1, executor=Broken())
+
+
+def test_default_deployments_are_bounded_for_many_devices():
+    """8: 1,024 devices gave 1,027 searches in lockstep (892 s, the first progress at 494 s)."""
+    from pytest_prefill.plan.deployments import MAX_SPLITS
+
+    for devices in (2, 16, 17, 64, 1024):
+        splits = [d for d in default_deployments(COST, devices) if d.policy == "disaggregated"]
+        assert 1 <= len(splits) <= MAX_SPLITS
+        prefill = [d.prefill_workers for d in splits]
+        assert prefill == sorted(set(prefill)) and prefill[0] == 1 and prefill[-1] == devices - 1
+    every = default_deployments(COST, MAX_SPLITS + 1)
+    assert len([d for d in every if d.policy == "disaggregated"]) == MAX_SPLITS
+
+
+def test_a_long_search_says_how_far_it_is_before_any_deployment_finishes(monkeypatch):
+    """8: progress only came when a deployment finished; in lockstep that is the end."""
+    monkeypatch.setattr(capacity_module, "PROGRESS_EVERY", 0.0)
+    lines: list[str] = []
+    with local_executor(2) as pool:
+        capacity(small_load(10), COST, SLO_1S, 2, executor=pool, progress=lines.append)
+    first_done = next(i for i, line in enumerate(lines) if "req/s (" in line)
+    assert any("simulations done;" in line for line in lines[:first_done])
+
+
+def _sigint_handler_name() -> str:
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    return "ignored" if handler == signal.SIG_IGN else str(handler)
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_pool_workers_leave_ctrl_c_to_the_caller():
+    """10: Ctrl-C reaches the whole process group; workers printed KeyboardInterrupt
+    tracebacks."""
+    with local_executor(2) as pool:
+        assert pool.submit(_sigint_handler_name).result() == "ignored"
+
+
+def test_an_interrupted_pool_stops_its_workers_at_once():
+    """10: after "interrupted" the command did not exit for 30 s: the pool waited for the
+    simulations in flight."""
+
+    def interrupted():
+        with local_executor(2) as pool:
+            futures = [pool.submit(_sleep, 30) for _ in range(2)]
+            time.sleep(0.5)  # both running
+            assert not any(f.done() for f in futures)
+            raise KeyboardInterrupt
+
+    began = time.perf_counter()
+    assert isinstance(finishes_within(15, interrupted), KeyboardInterrupt)
+    assert time.perf_counter() - began < 10
+
+
+def test_ctrl_c_during_capacity_exits_at_once_without_tracebacks(tmp_path):
+    """10, end to end: SIGINT to the command's process group (what a terminal's Ctrl-C does)."""
+    import signal
+
+    root = str(Path(pytest_prefill.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "pytest_prefill", "capacity", "--slo", "ttft:1s,tpot:50ms"]
+    argv += ["--workers", "2", "--num-prompts", "3000", "--devices", "4"]
+    child = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while (
+            time.monotonic() < deadline
+            and len([p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == child.pid]) < 2
+        ):
+            time.sleep(0.1)  # until the pool's workers exist
+        time.sleep(1.0)
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=15)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    text = err.decode()
+    assert child.returncode == 130, text
+    assert "Traceback" not in text and "interrupted" in text
+
+
+def _parent(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1

@@ -198,3 +198,159 @@ def test_an_unreadable_cost_or_run_file_is_one_line_naming_it(command, tmp_path,
 def test_dev_zero_as_cost_is_named_as_a_device(capsys):
     line = usage_error(["simulate", "--cost", "/dev/zero"], capsys)
     assert "/dev/zero: a character device, not a JSON file" in line
+
+
+# --- bounds the hostile run crossed: each refused when parsed, before any work --------------------
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a command gets as far as running (its ``run``): a bound must be checked
+    when the command line is parsed, before anything is read, generated or simulated."""
+    import importlib
+
+    from pytest_prefill.cli import COMMANDS
+
+    for name, module_name in COMMANDS.items():
+
+        def ran(args, name=name):
+            raise AssertionError(f"{name} started working before refusing its command line")
+
+        monkeypatch.setattr(importlib.import_module(module_name), "run", ran)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # 1: 1 + 1e-17 is 1.0, so the bisection could never close
+        (["capacity", "--slo", "ttft:1s", "--tolerance", "1e-17"], "at least 0.0001"),
+        (["capacity", "--slo", "ttft:1s", "--tolerance", "1e-300"], "at least 0.0001"),
+        # 4: tls:// and ucx:// crashed with TypeError tracebacks
+        (["capacity", "--slo", "ttft:1s", "--cluster", "tls://127.0.0.1:8786"], "only tcp://"),
+        (["capacity", "--slo", "ttft:1s", "--cluster", "ucx://127.0.0.1:8786"], "only tcp://"),
+        # 5: a Chrome trace of 7.7 million token instants (945 MB; 5.7 GB with chunk 10)
+        (["timeline", "--streams", "10000", "--out", "w.json"], "at most 1,000,000"),
+        (["timeline", "--max-bars", "1000000", "--text"], "at most 100,000 bars"),
+        (
+            ["timeline", "--prompt-len", "10000000", "--chunk", "10", "--until", "1e6", "--text"],
+            "simulates at most 100,000",
+        ),
+        # 8: sizes the command line did not bound
+        (["simulate", "--workload", "poisson", "--num-prompts", "1000000000"], "1,000,000 req"),
+        (
+            ["simulate", "--workload", "poisson", "--num-prompts", "20000", "--chunk", "1"],
+            "20,480,000 iterations",
+        ),
+        (
+            ["capacity", "--slo", "ttft:1s", "--deployment", "chunked:1", "--num-prompts", "2000"],
+            "2,048,000 iterations",
+        ),
+        (["capacity", "--slo", "ttft:1s", "--max-model-len", "100000000"], "10,000,000 tokens"),
+        (["capacity", "--slo", "ttft:1s", "--workers", "100000"], "at most 256 processes"),
+        # 9: arrivals so far from 0 that float seconds lose the latency
+        (["simulate", "--workload", "poisson", "--rate-scale", "1e-14"], "from 1e-06"),
+        (["simulate", "--workload", "poisson", "--request-rate", "1e-300"], "from 1e-06"),
+        (
+            ["simulate", "--workload", "poisson", "--num-prompts", "50", "--request-rate", "1e-5"],
+            "at most 1,000,000 s of arrivals",
+        ),
+        # 11: flags a workload does not take were ignored without a word
+        (["simulate", "--workload", "poisson", "--prompt-len", "100"], "--prompt-len shapes"),
+        (["simulate", "--workload", "x.csv", "--streams", "3"], "--streams shapes"),
+        (["simulate", "--workload", "x.csv", "--seed", "5"], "--seed is poisson's seed"),
+        (["capacity", "--slo", "ttft:1s", "--workload", "x.csv", "--seed", "5"], "poisson's"),
+        # 13: an empty archive folder meant the current one; numbers in other scripts' digits
+        (["runs", "--results", ""], "must name a folder"),
+        (["compare", "a", "b", "--results", ""], "must name a folder"),
+        (["simulate", "--chunk", "1_000"], "must be a positive integer"),
+        (["simulate", "--chunk", "١٠٠"], "must be a positive integer"),
+        (["capacity", "--slo", "ttft:١s"], "is not a duration"),
+        (["capacity", "--slo", "ttft:1s", "--deployment", "chunked:١٠"], "chunked takes"),
+        (["capacity", "--slo", "ttft:1s", "--deployment", "chunked:1_0"], "chunked takes"),
+    ],
+)
+def test_a_bound_is_refused_when_parsed_before_any_work(argv, words, capsys, no_work):
+    line = usage_error(argv, capsys)
+    assert words in line, line
+
+
+def test_a_usage_error_is_short(capsys):
+    """Issue 21: the error, and where the usage is; not a 14-line usage block above it."""
+    with pytest.raises(SystemExit):
+        main(["capacity", "--slo", "nonsense"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prefill-bench capacity: error: argument --slo")
+    assert err[0].endswith("(usage: prefill-bench capacity --help)")
+
+
+def test_the_default_chunk_is_checked_against_the_trace_before_simulating(
+    tmp_path, capsys, monkeypatch
+):
+    """8: the chunk bound is per run (all prompts), not per prompt; a trace's prompts are known
+    once it is read, and then checked before anything is simulated."""
+    from pytest_prefill.commands import simulate as command
+
+    def simulated(*args, **kwargs):
+        raise AssertionError("simulated before checking the chunked iterations")
+
+    monkeypatch.setattr(command, "chunk_sweep", simulated)
+    rows = [{"timestamp": i, "input_length": 500_000, "output_length": 1} for i in range(200)]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = usage_error(["simulate", "--workload", str(path), "--max-model-len", "1000000"], capsys)
+    assert "prompts into" in line and "at most 1,000,000 a run" in line
+
+
+def test_a_trace_spanning_more_than_the_bound_is_refused_before_simulating(
+    tmp_path, capsys, monkeypatch
+):
+    """9: a JSONL whose arrivals span 2·10⁶ s (its own timestamps, or rescaled) would print
+    latencies float seconds cannot carry; refused once read, before simulating."""
+    from pytest_prefill.commands import simulate as command
+
+    monkeypatch.setattr(command, "chunk_sweep", lambda *a, **k: pytest.fail("simulated"))
+    path = tmp_path / "far.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
+        '{"timestamp": 2e9, "input_length": 5, "output_length": 2}\n'
+    )
+    assert "its arrivals span 2,000,000 s" in usage_error(
+        ["simulate", "--workload", str(path)], capsys
+    )
+    path.write_text(
+        '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
+        '{"timestamp": 2000, "input_length": 5, "output_length": 2}\n'
+    )
+    line = usage_error(["simulate", "--workload", str(path), "--rate-scale", "1e-6"], capsys)
+    assert "its arrivals span 2,000,000 s" in line and "--window" in line
+
+
+def test_a_workload_within_the_span_bound_gives_latencies_independent_of_its_offset(capsys):
+    """9: within the bound the latencies do not depend on where the arrivals sit: the lightest
+    load the command takes (50 prompts at the lowest rate it accepts, 5·10⁵ s) gives each request
+    its isolated TTFT, exactly as at a high rate."""
+    from pytest_prefill.plan.metrics import serving_metrics
+    from pytest_prefill.plan.workloads import resolve_workload
+
+    cost = get_preset("lab-laptop").cost
+    ttfts = []
+    for rate in (1e-4, 1e3):
+        load = resolve_workload("poisson", num_prompts=50, request_rate=rate).requests
+        metrics = serving_metrics(simulate("chunked", list(load), cost, chunk=900))
+        ttfts.append(metrics.ttft.median)
+    alone = serving_metrics(simulate("chunked", list(load[:1]), cost, chunk=900)).ttft.median
+    assert ttfts[0] == pytest.approx(alone, rel=1e-6)
+    assert ttfts[1] > ttfts[0]  # at a high rate the requests queue
+
+
+def test_a_timeline_svg_draws_a_bounded_number_of_bars_by_default(tmp_path, capsys):
+    """5: a 10,000-chunk prompt drawn whole was a bar per chunk (167 MB at 10⁶ chunks); the
+    default draws the earliest 2,000 per policy and says what it left out."""
+    from pytest_prefill.commands.timeline import DEFAULT_MAX_BARS
+
+    out = tmp_path / "t.svg"
+    argv = ["timeline", "--prompt-len", "100000", "--chunk", "10", "--until", "1000"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{DEFAULT_MAX_BARS:,}" in printed and "not shown" in printed
+    assert out.read_text().count("<rect") < 3 * (DEFAULT_MAX_BARS + 100)

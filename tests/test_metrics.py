@@ -193,6 +193,9 @@ def test_a_percentile_that_was_not_computed_is_a_named_error():
         (" TPOT : 100ms , ttft:1.5s", SLO(ttft=1.5, tpot=0.1)),
         ("e2el:250us", SLO(e2el=250e-6)),
         ("ttft:1e3ms", SLO(ttft=1.0)),
+        # units in any case, as metric names are (ttft:1S was refused)
+        ("ttft:1S,TPOT:100MS", SLO(ttft=1.0, tpot=0.1)),
+        ("e2el:250Us", SLO(e2el=250e-6)),
     ],
 )
 def test_slo_parse(text, expected):
@@ -214,6 +217,9 @@ def test_slo_parse(text, expected):
         ("ttft:1s,ttft:2s", "given twice"),
         ("ttft:1s,", "must be metric:duration"),
         ("ttft:5min", "not a duration"),
+        # other scripts' digits and underscores are not numbers here (they were accepted)
+        ("ttft:١s", "not a duration"),
+        ("ttft:1_000ms", "not a duration"),
     ],
 )
 def test_a_malformed_slo_is_a_named_error(text, message):

@@ -97,3 +97,23 @@ def test_calibrate_save_archives_a_run_that_every_reader_finds(tmp_path, capsys,
     assert main(["simulate", "--cost", "archive", *where]) == 0
     assert str(saved.path) in capsys.readouterr().out
     assert main(["compare", "0001", "cpu-saved/0001", *where]) == 0
+
+
+def test_a_run_number_two_files_carry_is_reported_not_picked(tmp_path, capsys):
+    """Two archives merged: two 0001 files. compare picked one silently and runs listed 0001
+    twice without a word."""
+    write(tmp_path, "cpu-one", calibration={"cost_model": LAB.to_dict()})
+    folder = tmp_path / "cpu-one"
+    (first,) = sorted(folder.glob("0001_*.json"))
+    twin = folder / first.name.replace("abcdef12", "12345678")
+    twin.write_text(first.read_text())
+    assert main(["runs", "cpu-one", "--results", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "run 0001 of cpu-one is listed 2 times" in err and twin.name in err
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "--machine", "cpu-one", "0001", str(first), "--results", str(tmp_path)])
+    assert info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "run 0001 of machine 'cpu-one' is ambiguous" in line and twin.name in line
+    assert main(["compare", str(twin), str(first)]) == 0  # the files name them
+    capsys.readouterr()

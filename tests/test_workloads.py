@@ -302,3 +302,86 @@ def test_azure_loader_names_the_file_and_line_of_bytes_that_are_not_utf8(tmp_pat
     )
     with pytest.raises(ValueError, match=r"trace\.csv:3: not UTF-8 text"):
         load_azure(path)
+
+
+# --- input the hostile run found: one line naming the file and line, never a traceback ----------
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        (
+            "huge.jsonl",
+            b'{"timestamp": 1' + b"0" * 400 + b', "input_length": 5, "output_length": 5}\n',
+            "huge.jsonl:1: timestamp must be a finite number of ms",
+        ),
+        ("deep.jsonl", b"[" * 100_000 + b"]" * 100_000 + b"\n", "deep.jsonl:1: nests"),
+        (
+            "latin1.jsonl",
+            '{"timestamp": 1, "input_length": 5, "output_length": 5, "x": "é"}\n'.encode("latin-1"),
+            "latin1.jsonl:1: not UTF-8 text",
+        ),
+        ("zipped.jsonl", None, "zipped.jsonl:1: not UTF-8 text"),
+        (
+            "future.csv",
+            (HEADER + "2023-01-01 00:00:00.0,5,5\n9999-12-31 23:59:59.9999999,5,5\n").encode(),
+            "future.csv:3: cannot read row",
+        ),
+        (
+            "digits.csv",
+            (HEADER + "2023-01-01 00:00:00.0,١٢,5\n").encode(),
+            "digits.csv:2: cannot read row",
+        ),
+        ("under.csv", (HEADER + "2023-01-01 00:00:00.0,1_000,5\n").encode(), "under.csv:2"),
+        (
+            "frac.csv",
+            (HEADER + "2023-01-01 00:00:00.١٢,5,5\n").encode(),
+            "frac.csv:2: cannot read row",
+        ),
+    ],
+)
+def test_a_trace_that_cannot_be_read_is_one_line_naming_file_and_line(
+    tmp_path, name, content, words
+):
+    """6: a 400-digit timestamp (OverflowError), 100,000-deep nesting (RecursionError), the year
+    9999 rounding up (OverflowError), gzip or latin-1 JSONL (no path, no line); 13: digits of
+    other scripts and ``1_000`` were read as numbers in a CSV."""
+    import gzip
+
+    if content is None:
+        content = gzip.compress(b'{"timestamp": 1, "input_length": 5, "output_length": 5}\n')
+    path = tmp_path / name
+    path.write_bytes(content)
+    reader = load_jsonl if name.endswith(".jsonl") else load_azure
+    with pytest.raises(ValueError) as info:
+        reader(path)
+    assert f"{path.parent}/{words}" in str(info.value)
+    if name == "zipped.jsonl":
+        assert "gzip-compressed: decompress it first" in str(info.value)
+
+
+def test_a_trace_line_over_the_bound_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    """7: one 1 GiB line cost 6.2 GB and 31 s; lines are read at most MAX_LINE_BYTES at a time."""
+    import pytest_prefill.plan.workloads as workloads
+
+    monkeypatch.setattr(workloads, "MAX_LINE_BYTES", 1000)
+    path = tmp_path / "long.jsonl"
+    line = '{"timestamp": 1, "input_length": 5, "output_length": 5, "pad": "%s"}\n'
+    path.write_text(line % "" + line % ("x" * 5000))
+    with pytest.raises(ValueError, match=r"long.jsonl:2: a line over"):
+        load_jsonl(path)
+    csv_path = write_csv(tmp_path, ["2023-01-01 00:00:00.0,5,5", "2023-01-01 00:00:01.0," * 200])
+    with pytest.raises(ValueError, match=r"trace.csv:3: a line over"):
+        load_azure(csv_path)
+    assert workloads.MAX_LINE_BYTES == 1000  # the bound the readers use is the module's
+
+
+def test_a_byte_order_mark_is_accepted_in_jsonl_as_in_csv(tmp_path):
+    """13: a BOM was accepted in .csv and refused in .jsonl."""
+    row = b'{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + row + row.replace(b"0,", b"1000,", 1))
+    assert [r.arrival for r in load_jsonl(path)] == [0.0, 1.0]
+    csv_path = tmp_path / "bom.csv"
+    csv_path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "2023-01-01 00:00:00.0,5,5\n").encode())
+    assert len(load_azure(csv_path)) == 1

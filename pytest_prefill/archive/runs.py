@@ -501,13 +501,19 @@ def find_run(
 
     Raises:
         ValueError: naming the machine folder and the numbers it holds, when there is none;
-            naming the file, when it cannot be read.
+            naming the files, when several carry that number; naming the file, when it cannot
+            be read.
     """
     folder = machine_dir(results, key)
     files = _run_files(folder, warn) if folder.is_dir() else []
-    for held_number, name in files:
-        if held_number == number:
-            return read_run(folder / name)
+    named = [name for held_number, name in files if held_number == number]
+    if len(named) > 1:  # e.g. two archives merged: the number alone no longer names one run
+        raise ValueError(
+            f"run {number:04d} of machine {key!r} is ambiguous: {len(named)} files under "
+            f"{folder} carry that number ({', '.join(named)}); name the file instead"
+        )
+    if named:
+        return read_run(folder / named[0])
     held = ", ".join(f"{n:04d}" for n, _ in files) or "none"
     raise ValueError(
         f"no run {number:04d} archived for machine {key!r} under {folder} "

@@ -29,10 +29,19 @@ def machine_key_type(text: str) -> str:
     return text
 
 
+def results_type(text: str) -> str:
+    """The archive folder: a non-empty path (an empty one would mean the current folder, as the
+    plugin's ``--prefill-results ''`` refuses to)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a folder, got ''")
+    return text
+
+
 def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
     """``--results DIR --machine KEY``."""
     parser.add_argument(
         "--results",
+        type=results_type,
         default=DEFAULT_RESULTS,
         metavar="DIR",
         help=f"the results archive, one folder per machine (default {DEFAULT_RESULTS}/)",

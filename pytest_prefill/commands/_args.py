@@ -7,12 +7,14 @@ import argparse
 import math
 from collections.abc import Callable, Iterable
 
-from pytest_prefill._io import check_destination
+from pytest_prefill._io import ascii_float, ascii_int, check_destination
 
 
 def _number(text: str, kind: type, allowed: str) -> float:
+    """``text`` read by :func:`ascii_int` or :func:`ascii_float` (``1_000`` and other scripts'
+    digits are refused, as everywhere we read numbers)."""
     try:
-        return kind(text)
+        return ascii_int(text) if kind is int else ascii_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}") from None
 
@@ -43,7 +45,9 @@ def non_negative_float(text: str) -> float:
 # library takes any size, the command line refuses sizes that would run for minutes.
 MAX_PROMPT_LEN = 10_000_000  # tokens: beyond any model's context window
 MAX_STREAMS = 10_000
-MAX_CHUNKED_ITERATIONS = 1_000_000  # prompt_len / chunk: ~5 s of simulation
+MAX_CHUNKED_ITERATIONS = 1_000_000  # chunked iterations in one run: 5-15 s of simulation
+# A timeline also lays out and draws what it simulated, three policies of it: a tenth of that.
+MAX_TIMELINE_ITERATIONS = 100_000
 MAX_SECONDS = 1e6  # an arrival time: ~11.6 days, where a float still resolves 1e-10 s
 
 
@@ -76,16 +80,18 @@ def seconds_type(text: str) -> float:
     return value
 
 
-def check_chunked_iterations(prompt_len: int, chunks: Iterable[int]) -> None:
-    """ValueError naming the chunk when one would split the prompt into more than
-    :data:`MAX_CHUNKED_ITERATIONS` iterations."""
+def check_chunked_iterations(
+    prompt_len: int, chunks: Iterable[int], limit: int = MAX_CHUNKED_ITERATIONS
+) -> None:
+    """ValueError naming the chunk when one would split the prompt into more than ``limit``
+    iterations."""
     for chunk in chunks:
         iterations = -(-prompt_len // chunk)
-        if iterations > MAX_CHUNKED_ITERATIONS:
+        if iterations > limit:
             raise ValueError(
                 f"chunk {chunk:,} would split the {prompt_len:,}-token prompt into "
                 f"{iterations:,} iterations; the command line simulates at most "
-                f"{MAX_CHUNKED_ITERATIONS:,} (give a larger --chunk or a shorter --prompt-len)"
+                f"{limit:,} (give a larger --chunk or a shorter --prompt-len)"
             )
 
 
@@ -99,20 +105,38 @@ def output_path(text: str) -> str:
     return text
 
 
+LAB_DEFAULTS = {"prompt_len": 2048, "streams": 2, "arrival": 0.1}
+
+
 def add_lab_scenario_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--prompt-len --streams --arrival``: the lab scenario's inputs (simulate, timeline)."""
+    """``--prompt-len --streams --arrival``: the lab scenario's inputs (simulate, timeline).
+    They parse to None when not given (so a command can tell them apart from their defaults);
+    :func:`lab_scenario_given` then fills in the defaults."""
     parser.add_argument(
         "--prompt-len",
         type=prompt_len_type,
-        default=2048,
-        help="tokens of the arriving prompt (default 2048)",
+        help=f"tokens of the arriving prompt (default {LAB_DEFAULTS['prompt_len']})",
     )
     parser.add_argument(
-        "--streams", type=streams_type, default=2, help="live streams already decoding (default 2)"
+        "--streams",
+        type=streams_type,
+        help=f"live streams already decoding (default {LAB_DEFAULTS['streams']})",
     )
     parser.add_argument(
         "--arrival",
         type=seconds_type,
-        default=0.1,
-        help=f"when the prompt arrives, seconds (default 0.1; at most {MAX_SECONDS:,.0f})",
+        help=f"when the prompt arrives, seconds (default {LAB_DEFAULTS['arrival']}; at most "
+        f"{MAX_SECONDS:,.0f})",
     )
+
+
+def lab_scenario_given(args: argparse.Namespace) -> list[str]:
+    """The lab-scenario flags given on the command line (as ``--prompt-len`` …); the others are
+    set to their defaults."""
+    given = []
+    for name, default in LAB_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+        else:
+            given.append("--" + name.replace("_", "-"))
+    return given

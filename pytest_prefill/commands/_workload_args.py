@@ -5,16 +5,36 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Iterable
 
-from pytest_prefill.commands._args import non_negative_int, positive_int
-from pytest_prefill.plan.workloads import NAMED_WORKLOADS, Workload, resolve_workload
+from pytest_prefill._io import ascii_float
+from pytest_prefill.commands._args import (
+    MAX_CHUNKED_ITERATIONS,
+    MAX_PROMPT_LEN,
+    MAX_SECONDS,
+    bounded_int,
+    non_negative_int,
+)
+from pytest_prefill.plan.workloads import (
+    NAMED_WORKLOADS,
+    POISSON_DEFAULTS,
+    POISSON_PROMPT_LEN,
+    Workload,
+    resolve_workload,
+)
 
 QWEN3_CONTEXT = 40_960  # max_position_embeddings of Qwen3-0.6B, the model the presets describe
+# The command line's bounds on a workload (the library takes any): a simulation's memory grows
+# with its requests (10^6 of them: about a gigabyte), and beyond MAX_SECONDS of arrivals float
+# seconds no longer resolve a microsecond, so latencies (token time minus arrival) go wrong.
+MAX_REQUESTS = 1_000_000
+MAX_RATE = 1e6  # requests/s, and the largest --rate-scale
+MIN_RATE_SCALE = 1e-6
 
 
 def positive_float(text: str) -> float:
     try:
-        value = float(text)
+        value = ascii_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
@@ -22,12 +42,26 @@ def positive_float(text: str) -> float:
     return value
 
 
+def bounded_float(low: float, high: float, unit: str) -> Callable[[str], float]:
+    """An argparse type for a number in [``low``, ``high``]."""
+
+    def parse(text: str) -> float:
+        value = positive_float(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be from {low:g} to {high:g}{unit} (the command line's bound), got {text!r}"
+            )
+        return value
+
+    return parse
+
+
 def window_type(text: str) -> tuple[float, float | None]:
     """``START:END`` seconds (``START:`` runs to the end of the trace)."""
     start, sep, end = text.partition(":")
     try:
-        low = float(start) if start.strip() else 0.0
-        high = float(end) if end.strip() else None
+        low = ascii_float(start) if start else 0.0
+        high = ascii_float(end) if end else None
     except ValueError:
         low, high = math.nan, None
     if not sep or not (math.isfinite(low) and low >= 0) or (high is not None and not high > low):
@@ -51,13 +85,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
     )
     group.add_argument(
         "--request-rate",
-        type=positive_float,
+        type=bounded_float(1 / MAX_SECONDS, MAX_RATE, " requests/s"),
         metavar="REQ/S",
         help="poisson: its rate (default 1); a trace: arrivals rescaled to this mean rate",
     )
     group.add_argument(
         "--num-prompts",
-        type=positive_int,
+        type=bounded_int(MAX_REQUESTS, "requests"),
         metavar="N",
         help="poisson: how many requests (default 1000); a trace: its first N after --window",
     )
@@ -69,31 +103,80 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
     )
     group.add_argument(
         "--rate-scale",
-        type=positive_float,
+        type=bounded_float(MIN_RATE_SCALE, MAX_RATE, ""),
         metavar="X",
         help="multiply the arrival rate by X (not with --request-rate)",
     )
-    group.add_argument("--seed", type=non_negative_int, default=0, help="poisson's seed")
+    group.add_argument(
+        "--seed", type=non_negative_int, help="poisson's seed (default 0; poisson only)"
+    )
     group.add_argument(
         "--max-model-len",
-        type=positive_int,
+        type=bounded_int(MAX_PROMPT_LEN, "tokens"),
         default=QWEN3_CONTEXT,
         metavar="TOKENS",
         help="cap longer prompts at this many tokens (default 40960, Qwen3-0.6B's context)",
     )
 
 
+def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) -> None:
+    """What the command line can refuse before reading or generating anything (ValueError naming
+    the flag): a flag this workload does not take, and for ``poisson`` a span over
+    :data:`MAX_SECONDS` or ``chunks`` that would split its prompts into more than
+    :data:`MAX_CHUNKED_ITERATIONS` iterations in one run."""
+    if args.seed is not None and args.workload != "poisson":
+        raise ValueError(f"--seed is poisson's seed; workload {args.workload!r} takes none")
+    if args.workload != "poisson":
+        args.seed = 0
+        return
+    args.seed = args.seed or 0
+    count = args.num_prompts or POISSON_DEFAULTS["num_prompts"]
+    rate = args.request_rate or POISSON_DEFAULTS["request_rate"]
+    if count / rate > MAX_SECONDS:
+        raise ValueError(
+            f"--num-prompts {count:,} at {rate:g} req/s spans about {count / rate:,.0f} s; the "
+            f"command line simulates at most {MAX_SECONDS:,.0f} s of arrivals (raise "
+            "--request-rate or lower --num-prompts)"
+        )
+    prompt = min(POISSON_PROMPT_LEN, args.max_model_len)
+    check_chunked_run([prompt] * int(count), chunks)
+
+
+def check_chunked_run(prompt_lens: Iterable[int], chunks: Iterable[int]) -> None:
+    """ValueError naming the chunk when one run of these prompts at that chunk would take more
+    than :data:`MAX_CHUNKED_ITERATIONS` chunked iterations (the bound is per run: a thousand
+    1,024-token prompts at chunk 1 are a million iterations)."""
+    lens = list(prompt_lens)
+    for chunk in chunks:
+        iterations = sum(-(-n // chunk) for n in lens)
+        if iterations > MAX_CHUNKED_ITERATIONS:
+            raise ValueError(
+                f"chunk {chunk:,} would split the workload's {len(lens):,} prompts into "
+                f"{iterations:,} iterations; the command line simulates at most "
+                f"{MAX_CHUNKED_ITERATIONS:,} a run (give a larger chunk or fewer prompts)"
+            )
+
+
 def workload_from_args(args: argparse.Namespace) -> Workload:
-    """The workload the flags name (ValueError naming the flag's argument otherwise)."""
-    return resolve_workload(
+    """The workload the flags name (ValueError naming the flag's argument otherwise, or when its
+    arrivals span more than :data:`MAX_SECONDS`)."""
+    workload = resolve_workload(
         args.workload,
         request_rate=args.request_rate,
         num_prompts=args.num_prompts,
         window=args.window,
         rate_scale=args.rate_scale,
-        seed=args.seed,
+        seed=args.seed or 0,
         max_model_len=args.max_model_len,
     )
+    last = max(r.arrival for r in workload.requests)
+    if last > MAX_SECONDS:
+        raise ValueError(
+            f"workload {args.workload!r}: its arrivals span {last:,.0f} s; the command line "
+            f"simulates at most {MAX_SECONDS:,.0f} s (beyond, float seconds cannot resolve a "
+            "millisecond of latency): use --window, or a larger --rate-scale or --request-rate"
+        )
+    return workload
 
 
 def capped_line(workload: Workload) -> str | None:

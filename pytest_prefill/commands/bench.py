@@ -145,7 +145,7 @@ async def _bench(args: argparse.Namespace, workload: Any) -> BenchRun:
             schedule.request_rate,
             schedule.burstiness,
             args.max_concurrency,
-            args.seed,
+            args.seed or 0,  # --seed parses to None when not given (it is poisson's)
         )
     bounds = Bounds(args.max_requests, args.max_duration, args.warmup)
     return await run_load(

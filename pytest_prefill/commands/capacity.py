@@ -7,9 +7,10 @@ import argparse
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 
 from pytest_prefill._io import write_atomic, write_json_atomic
-from pytest_prefill.commands._args import bounded_int, output_path, positive_int
+from pytest_prefill.commands._args import bounded_int, output_path
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -21,17 +22,30 @@ from pytest_prefill.commands._measure_args import (
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     capped_line,
+    check_chunked_run,
+    check_workload_args,
     positive_float,
     workload_from_args,
 )
-from pytest_prefill.plan.capacity import DEFAULT_TARGET, DEFAULT_TOLERANCE, capacity
-from pytest_prefill.plan.deployments import Deployment
-from pytest_prefill.plan.executors import CONNECT_TIMEOUT, dask_executor, local_executor
+from pytest_prefill.plan.capacity import (
+    DEFAULT_TARGET,
+    DEFAULT_TOLERANCE,
+    MIN_TOLERANCE,
+    capacity,
+)
+from pytest_prefill.plan.deployments import Deployment, default_deployments
+from pytest_prefill.plan.executors import (
+    CONNECT_TIMEOUT,
+    check_cluster_address,
+    dask_executor,
+    local_executor,
+)
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.report.capacity import capacity_document, capacity_svg, capacity_text
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
-MAX_DEVICES = 1024  # every prefill:decode split is a search of its own
+MAX_DEVICES = 1024  # every device count's default deployments are a bounded set (deployments.py)
+MAX_WORKERS = 256  # local processes
 
 
 def slo_type(text: str) -> SLO:
@@ -46,6 +60,43 @@ def fraction_type(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
     return value
+
+
+def tolerance_type(text: str) -> float:
+    """A relative precision in [MIN_TOLERANCE, 1]: below it the bisection's midpoints stop
+    being distinct rates (1 + 1e-17 is 1.0), and no search needs rates closer than 0.01%."""
+    value = fraction_type(text)
+    if value < MIN_TOLERANCE:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_TOLERANCE:g} (rates closer than that cannot be told apart "
+            f"by a simulation), got {text!r}"
+        )
+    return value
+
+
+def cluster_type(text: str) -> str:
+    try:
+        return check_cluster_address(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def check(args: argparse.Namespace) -> None:
+    """Before any work: the workload's flags, the deployments (and the chunked iterations a run
+    would take where the flags alone decide them), a plot's suffix, workers beside a cluster."""
+    if args.plot and not args.plot.endswith(".svg"):
+        raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
+    if args.cluster and args.workers:
+        raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
+    args.deployments = None
+    if args.deployment:
+        args.deployments = [Deployment.parse(text, args.devices) for text in args.deployment]
+    check_workload_args(args, _token_chunks(args.deployments))
+
+
+def _token_chunks(deployments: Sequence[Deployment] | None) -> list[int]:
+    """The chunks in tokens among ``deployments`` (a budget's chunk is not known beforehand)."""
+    return [d.chunk for d in deployments or () if d.chunk is not None]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     search.add_argument(
         "--tolerance",
-        type=fraction_type,
+        type=tolerance_type,
         default=DEFAULT_TOLERANCE,
         help=f"relative precision of each rate (default {DEFAULT_TOLERANCE})",
     )
@@ -87,10 +138,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where = parser.add_argument_group("where the simulations run")
     where.add_argument(
-        "--workers", type=positive_int, help="local processes (default: one per core)"
+        "--workers",
+        type=bounded_int(MAX_WORKERS, "processes"),
+        help="local processes (default: one per core)",
     )
     where.add_argument(
         "--cluster",
+        type=cluster_type,
         metavar="tcp://HOST:PORT",
         help="a Dask scheduler to run on (pip install 'pytest-prefill[cluster]'; the workers "
         "need pytest-prefill installed)",
@@ -108,22 +162,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _executor(args: argparse.Namespace) -> contextlib.AbstractContextManager:
-    if args.cluster and args.workers:
-        raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
     if args.cluster:
         return dask_executor(args.cluster, timeout=CONNECT_TIMEOUT)
     return local_executor(args.workers)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.plot and not args.plot.endswith(".svg"):
-        raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
+    if not hasattr(args, "deployments"):
+        check(args)
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
-    deployments = None
-    if args.deployment:
-        deployments = [Deployment.parse(text, args.devices) for text in args.deployment]
+    deployments = args.deployments
+    chunks = _token_chunks(deployments or default_deployments(spec.cost, args.devices, args.slo))
+    check_chunked_run((r.prompt_len for r in workload.requests), chunks)
     where = args.cluster or f"{args.workers or os.cpu_count() or 1} local process(es)"
     progress(f"searching {workload.description} on {where} ...")
     began = time.perf_counter()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_prefill.archive.runs import machine_dir, machines, runs
-from pytest_prefill.commands._archive_args import DEFAULT_RESULTS, machine_key_type
+from pytest_prefill.archive.runs import RunFile, machine_dir, machines, runs
+from pytest_prefill.commands._archive_args import DEFAULT_RESULTS, machine_key_type, results_type
 from pytest_prefill.report.runs import runs_table, summarize_run
 
 HELP = "list the archived runs (of one machine, or of every machine) with their ids"
@@ -22,10 +22,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--results",
+        type=results_type,
         default=DEFAULT_RESULTS,
         metavar="DIR",
         help=f"the results archive (default {DEFAULT_RESULTS}/)",
     )
+
+
+def duplicate_numbers(found: list[RunFile]) -> dict[int, list[str]]:
+    """Run numbers that more than one file carries (two archives merged), with the files."""
+    by_number: dict[int, list[str]] = {}
+    for r in found:
+        by_number.setdefault(r.number, []).append(r.path.name)
+    return {n: names for n, names in by_number.items() if len(names) > 1}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
         label = None if args.machine else key
         if found:
             print(runs_table([summarize_run(r, label) for r in found]))
+        for number, paths in duplicate_numbers(found).items():
+            warn(
+                f"run {number:04d} of {key} is listed {len(paths)} times ({', '.join(paths)}): "
+                "compare needs the file name for it"
+            )
     if not args.machine:
         print("\ncompare takes these ids: prefill-bench compare KEY/0001 KEY/0002")
     else:

@@ -11,6 +11,7 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import (
     add_lab_scenario_arguments,
     check_chunked_iterations,
+    lab_scenario_given,
     output_path,
     positive_int,
 )
@@ -23,6 +24,8 @@ from pytest_prefill.commands._measure_args import (
 )
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
+    check_chunked_run,
+    check_workload_args,
     workload_from_args,
     workload_lines,
 )
@@ -63,6 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
 
 
+def check(args: argparse.Namespace) -> None:
+    """Before any work: the lab scenario's flags only with the lab workload, the workload's own
+    flags, and the chunked iterations a run would take where the flags alone decide them."""
+    given = lab_scenario_given(args)
+    if args.workload != "lab" and given:
+        raise ValueError(
+            f"{', '.join(given)} {'shapes' if len(given) == 1 else 'shape'} the lab scenario; "
+            f"workload {args.workload!r} brings its own prompts (drop "
+            f"{'it' if len(given) == 1 else 'them'}, or use --workload lab)"
+        )
+    check_chunked_iterations(args.prompt_len, args.chunk or [])
+    check_workload_args(args, args.chunk or [])
+
+
 def _slo_type(text: str) -> SLO:
     try:
         return SLO.parse(text)
@@ -86,7 +103,7 @@ def _load(
         return load, lines, chunks, scenario
     load = list(workload.requests)
     chunks = args.chunk or list(search_chunks(cost))
-    check_chunked_iterations(max(r.prompt_len for r in load), chunks)
+    check_chunked_run((r.prompt_len for r in load), chunks)
     scenario = {
         "workload": workload.name,
         "description": workload.description,
@@ -108,12 +125,12 @@ def _metrics(
 
 
 def run(args: argparse.Namespace) -> int:
-    check_chunked_iterations(args.prompt_len, args.chunk or [])
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     cost, origin = spec.cost, spec.source
     load, lines, chunks, scenario = _load(args, cost)
-    check_chunked_iterations(args.prompt_len, chunks)
+    if args.workload == "lab":
+        check_chunked_iterations(args.prompt_len, chunks)
     rows = chunk_sweep(cost, load, chunks)
     metrics = _metrics(rows, load, cost, args.slo)
     star = cost.chunk_star()

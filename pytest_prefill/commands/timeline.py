@@ -8,11 +8,13 @@ import argparse
 import json
 import textwrap
 
-from pytest_prefill._io import write_atomic
+from pytest_prefill._io import ascii_float, write_atomic
 from pytest_prefill.commands._args import (
+    MAX_TIMELINE_ITERATIONS,
     add_lab_scenario_arguments,
     bounded_int,
     check_chunked_iterations,
+    lab_scenario_given,
     non_negative_float,
     output_path,
     positive_int,
@@ -26,6 +28,7 @@ from pytest_prefill.commands._measure_args import (
 )
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.sweep import lab_timeline
+from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.timeline import (
     MIN_WINDOW,
     check_window,
@@ -34,7 +37,7 @@ from pytest_prefill.report.timeline import (
     render_text,
 )
 from pytest_prefill.report.timeline_svg import render_svg
-from pytest_prefill.report.trace_events import chrome_trace
+from pytest_prefill.report.trace_events import MAX_TRACE_ITEMS, chrome_trace, trace_items
 from pytest_prefill.scheduler import CostModel
 
 HELP = "draw the lab scenario's timeline under shared, chunked and disaggregated serving"
@@ -44,7 +47,7 @@ def window_type(text: str) -> tuple[float, float]:
     """``START:END`` in seconds, 0 <= START < END, at least a nanosecond apart."""
     start, sep, end = text.partition(":")
     try:
-        return check_window((float(start), float(end)) if sep else ())
+        return check_window((ascii_float(start), ascii_float(end)) if sep else ())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"must be START:END in seconds with 0 <= START < END, finite and at least "
@@ -53,6 +56,10 @@ def window_type(text: str) -> tuple[float, float]:
 
 
 OUT_SUFFIXES = (".svg", ".json")
+# Bars an SVG or the text draws per policy: a million-chunk prompt would otherwise be a 167 MB
+# SVG. The default shows any lab scenario's window whole; what is left out is noted.
+DEFAULT_MAX_BARS = 2_000
+MAX_BARS = 100_000
 
 
 def out_type(text: str) -> str:
@@ -110,9 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     view.add_argument("--until", type=until_type, metavar="SECONDS", help="show 0 to SECONDS")
     parser.add_argument(
         "--max-bars",
-        type=positive_int,
+        type=bounded_int(MAX_BARS, "bars"),
         metavar="N",
-        help="draw at most N bars per policy (the rest is noted as not shown)",
+        help=f"draw at most N bars per policy, the earliest (the rest is noted as not shown; "
+        f"default {DEFAULT_MAX_BARS:,}, at most {MAX_BARS:,})",
     )
     parser.add_argument("--text", action="store_true", help="also print the timeline as text")
     parser.add_argument(
@@ -132,14 +140,42 @@ def default_chunk(cost: CostModel, prompt_len: int) -> int:
     return choose_chunk(cost, prompt_len).chunk
 
 
-def run(args: argparse.Namespace) -> int:
+def check(args: argparse.Namespace) -> None:
+    """Before any work: an output asked for, and sizes the flags alone decide (the chunked
+    iterations; a Chrome trace's token instants, one per output token under each policy)."""
+    lab_scenario_given(args)
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")
-    check_chunked_iterations(args.prompt_len, [args.chunk] if args.chunk else [])
+    check_chunked_iterations(
+        args.prompt_len, [args.chunk] if args.chunk else [], MAX_TIMELINE_ITERATIONS
+    )
+    if _as_json(args):
+        load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
+        _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
+    if args.max_bars is None:
+        args.max_bars = DEFAULT_MAX_BARS
+
+
+def _as_json(args: argparse.Namespace) -> bool:
+    return bool(args.out) and args.out.lower().endswith(".json")
+
+
+def _check_trace_items(items: int, out: str) -> None:
+    if items > MAX_TRACE_ITEMS:
+        raise ValueError(
+            f"--out {out}: the Chrome trace would hold {items:,} events, token instants and "
+            f"listed request ids; it holds at most {MAX_TRACE_ITEMS:,} (fewer --streams, a "
+            "larger --chunk, or an .svg, which draws the window)"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     check_chunked_iterations(
-        args.prompt_len, [args.chunk or default_chunk(spec.cost, args.prompt_len)]
+        args.prompt_len,
+        [args.chunk or default_chunk(spec.cost, args.prompt_len)],
+        MAX_TIMELINE_ITERATIONS,
     )
     drawn = lab_timeline(
         spec.cost,
@@ -156,8 +192,9 @@ def run(args: argparse.Namespace) -> int:
     text = args.text and render_text(
         traces, width=args.width, window=window, max_bars=args.max_bars
     )
-    as_json = bool(args.out) and args.out.lower().endswith(".json")
+    as_json = _as_json(args)
     if as_json:
+        _check_trace_items(trace_items(traces), args.out)
         document = json.dumps(chrome_trace(traces, title), allow_nan=False) + "\n"
     elif args.out:
         document = render_svg(traces, window=window, max_bars=args.max_bars, title=title)

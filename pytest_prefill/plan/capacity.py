@@ -18,13 +18,17 @@ from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments
-from pytest_prefill.plan.executors import local_executor
+from pytest_prefill.plan.executors import ExecutorLost, local_executor
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.workloads import Workload, arrival_rate, scale_rate
 from pytest_prefill.scheduler import CostModel, Request, check_int, simulate
 
 DEFAULT_TARGET = 0.9  # DistServe's attainment target
 DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest miss are this close
+# Below this the bisection would need rates closer than any simulation tells apart (and below
+# about 1e-16, 1 + tolerance is 1.0: the bracket could never close).
+MIN_TOLERANCE = 1e-4
+PROGRESS_EVERY = 10.0  # seconds between progress lines while no deployment finishes
 PERCENTILE = 90.0  # the latency percentile a search reports at its answer
 MAX_SCALE = 4096.0  # the search gives up above this multiple of the workload's own rate
 MIN_SCALE = 1 / 4096
@@ -193,8 +197,9 @@ class _Search:
                 return None  # the SLO is out of reach, however light the load
             scale = high.scale / 2
             return scale if scale >= MIN_SCALE else None
-        if high.scale > low.scale * (1 + self.tolerance):
-            return math.sqrt(low.scale * high.scale)
+        middle = math.sqrt(low.scale * high.scale)
+        if high.scale > low.scale * (1 + self.tolerance) and low.scale < middle < high.scale:
+            return middle
         if self.verify and not self._verifying:
             self._verifying = True
             return high.scale * 2
@@ -365,8 +370,10 @@ def _check_search(
     if not (number and 0 < target <= 1):
         raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
     number = isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
-    if not (number and 0 < tolerance <= 1):
-        raise ValueError(f"tolerance must be in (0, 1] (relative), got {tolerance!r}")
+    if not (number and MIN_TOLERANCE <= tolerance <= 1):
+        raise ValueError(
+            f"tolerance must be in [{MIN_TOLERANCE:g}, 1] (relative), got {tolerance!r}"
+        )
     if deployments is None:
         return
     if not deployments:
@@ -474,17 +481,36 @@ def _drive(
                 f"({len(r.probes)} simulations, {seconds:.1f} s)"
             )
 
+    said = time.perf_counter()
     try:
         for search in searches:
             advance(search)
         while pending:
             done, _ = concurrent.futures.wait(
-                pending, return_when=concurrent.futures.FIRST_COMPLETED
+                pending, timeout=PROGRESS_EVERY, return_when=concurrent.futures.FIRST_COMPLETED
             )
             for future in done:
                 search = pending.pop(future)
-                search.observe(future.result())
+                search.observe(_result(future))
                 advance(search)
+            if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
+                said = time.perf_counter()
+                finished = len(searches) - len(set(map(id, pending.values())))
+                simulations = sum(len(s.probes) for s in searches)
+                progress(
+                    f"{simulations} simulations done; {finished} of {len(searches)} "
+                    f"deployments finished ({said - min(began.values()):.0f} s)"
+                )
     finally:
         for future in pending:
             future.cancel()
+
+
+def _result(future: concurrent.futures.Future[Probe]) -> Probe:
+    """The probe, or :class:`ExecutorLost` when the pool that ran it broke (a worker died)."""
+    try:
+        return future.result()
+    except concurrent.futures.BrokenExecutor as err:
+        raise ExecutorLost(
+            f"the process pool running the search broke: a worker died ({err or type(err).__name__})"
+        ) from None

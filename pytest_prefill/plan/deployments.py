@@ -119,7 +119,7 @@ class Deployment:
         if policy == "disaggregated" and rest:
             return cls._parse_split(text, rest, devices)
         if policy == "chunked" and rest:
-            if rest.isdigit():
+            if rest.isascii() and rest.isdigit():
                 return cls("chunked", devices, chunk=int(rest))
             try:
                 budget = SLO.parse(f"tpot:{rest}").tpot
@@ -138,7 +138,7 @@ class Deployment:
     @classmethod
     def _parse_split(cls, text: str, rest: str, devices: int) -> Deployment:
         parts = [p.strip().upper().removesuffix("P").removesuffix("D") for p in rest.split(":")]
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
             raise ValueError(
                 f"deployment {text!r}: disaggregated takes P:D, e.g. disaggregated:1:3"
             )
@@ -148,6 +148,9 @@ class Deployment:
                 f"deployment {text!r}: {prefill}P + {decode}D is not the {devices} devices"
             )
         return cls("disaggregated", devices, prefill_workers=prefill)
+
+
+MAX_SPLITS = 15
 
 
 def search_chunks(cost: CostModel) -> tuple[int, ...]:
@@ -163,11 +166,26 @@ def default_deployments(
     cost: CostModel, devices: int, slo: SLO | None = None
 ) -> tuple[Deployment, ...]:
     """Shared ×N; chunked ×N at :func:`search_chunks` and, with a TPOT bound, with that bound as
-    its ``chunk_budget``; disaggregated at every P:D split of N (N >= 2)."""
+    its ``chunk_budget``; disaggregated at the P:D splits of :func:`default_splits`."""
     check_int("devices", devices)
     out = [Deployment("shared", devices)]
     out += [Deployment("chunked", devices, chunk=c) for c in search_chunks(cost)]
     if slo is not None and slo.tpot is not None:
         out.append(Deployment("chunked", devices, chunk_budget=slo.tpot))
-    out += [Deployment("disaggregated", devices, prefill_workers=p) for p in range(1, devices)]
+    out += [
+        Deployment("disaggregated", devices, prefill_workers=p) for p in default_splits(devices)
+    ]
     return tuple(out)
+
+
+def default_splits(devices: int) -> tuple[int, ...]:
+    """The prefill workers of the P:D splits a search compares by default: every split up to
+    ``MAX_SPLITS`` + 1 devices; beyond, ``MAX_SPLITS`` of them spread evenly over the P:D ratio
+    on a log scale, from 1:N-1 to N-1:1 (each split is a search of its own, and a thousand
+    devices would otherwise take a thousand searches)."""
+    check_int("devices", devices)
+    if devices - 1 <= MAX_SPLITS:
+        return tuple(range(1, devices))
+    low, high = math.log(1 / (devices - 1)), math.log(devices - 1)
+    ratios = (math.exp(low + (high - low) * i / (MAX_SPLITS - 1)) for i in range(MAX_SPLITS))
+    return tuple(sorted({min(devices - 1, max(1, round(devices * r / (1 + r)))) for r in ratios}))

@@ -8,15 +8,30 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import math
+import multiprocessing
 import os
+import signal
 import socket
+import struct
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from pytest_prefill.scheduler import check_int
 
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a scheduler before saying none answers
-SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+# tls:// needs certificates and ucx:// a UCX build, settings this harness does not take.
+SCHEMES = ("tcp",)
+# A Dask scheduler greets every connection at once with its handshake: a little-endian 8-byte
+# length, then that many bytes (about sixty). Anything announcing more is not a scheduler.
+MAX_HANDSHAKE_BYTES = 2**20
+WORKERLESS_GRACE = 10.0  # seconds a cluster may have no worker before a search stops waiting
+
+
+class ExecutorLost(RuntimeError):
+    """The executor can no longer run a search's simulations: its workers died (a broken
+    process pool, a cluster with no worker left)."""
 
 
 class InlineExecutor(concurrent.futures.Executor):
@@ -36,15 +51,36 @@ class InlineExecutor(concurrent.futures.Executor):
 
 @contextlib.contextmanager
 def local_executor(workers: int | None = None) -> Iterator[concurrent.futures.Executor]:
-    """A process pool of ``workers`` processes (default: one per core; 1: :class:`InlineExecutor`)."""
+    """A process pool of ``workers`` processes (default: one per core; 1: :class:`InlineExecutor`).
+
+    The workers ignore SIGINT: Ctrl-C reaches the whole process group, and only the caller
+    should hear it (each worker would print a ``KeyboardInterrupt`` traceback). When the block
+    ends by an exception (Ctrl-C included) the pool's processes are stopped at once rather than
+    waited for: simulations in flight are not finished for a caller who has given up."""
     if workers is not None:
         check_int("workers", workers)
     count = workers or os.cpu_count() or 1
     if count == 1:
         yield InlineExecutor()
         return
-    with concurrent.futures.ProcessPoolExecutor(max_workers=count) as pool:
+    before = set(multiprocessing.active_children())
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=count, initializer=ignore_sigint)
+    try:
         yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        started = [p for p in multiprocessing.active_children() if p not in before]
+        for process in started:
+            process.terminate()
+        for process in started:
+            process.join(timeout=5)
+        raise
+    pool.shutdown(wait=True)
+
+
+def ignore_sigint() -> None:
+    """A pool worker's initializer: Ctrl-C is for the process that owns the pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -58,50 +94,182 @@ def dask_executor(
         ValueError: when ``distributed`` is not installed, the address is empty or the timeout
             not a positive number, or no scheduler answers within ``timeout`` seconds.
     """
-    if not isinstance(address, str) or not address.strip():
-        raise ValueError(f"cluster address must be like tcp://host:8786, got {address!r}")
+    address = check_cluster_address(address)
     if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    _check_answers(address.strip(), timeout)
     try:
         from distributed import Client
     except ImportError:
         raise ValueError(
             "a cluster needs Dask's distributed scheduler: pip install 'pytest-prefill[cluster]'"
         ) from None
+    scheduler_answers(address, timeout)
     try:
-        client = Client(address.strip(), timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError) as err:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except Exception as err:  # whatever the peer said; it greeted like a scheduler
         raise ValueError(
-            f"no Dask scheduler answered at {address} within {timeout:g} s ({err})"
+            f"no Dask scheduler answered at {address} within {timeout:g} s "
+            f"({type(err).__name__}: {err})"
         ) from None
-    except ValueError as err:  # e.g. an unknown protocol in the address
-        raise ValueError(f"cluster address {address!r}: {err}") from None
     try:
         # pure=False: every probe runs; dask need not hash the workload to name the task
-        yield client.get_executor(pure=False)
+        inner = client.get_executor(pure=False)
+
+        executor = WatchedExecutor(
+            inner, lambda: bool(client.nthreads()), f"the cluster at {address}"
+        )
+        try:
+            yield executor
+        finally:
+            executor.shutdown(wait=False)  # what is still queued is cancelled with the client
     finally:
         client.close()
 
 
-def _check_answers(address: str, timeout: float) -> None:
-    """For a ``tcp://host:port`` address, ValueError unless something accepts a connection
-    there within ``timeout`` seconds (a refused port fails at once, not after the timeout, and
-    no half-made dask client is left to complain at exit)."""
+def check_cluster_address(address: Any) -> str:
+    """``address`` stripped, when it has the form ``tcp://host:port`` (or ``host:port``).
+
+    Raises:
+        ValueError: naming the form, for anything else (``tls://`` and ``ucx://`` included).
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"cluster address must be like tcp://host:8786, got {address!r}")
+    address = address.strip()
     scheme, sep, rest = address.partition("://")
     if sep and scheme not in SCHEMES:
         raise ValueError(
-            f"cluster address {address!r}: the scheme must be one of {', '.join(SCHEMES)}"
+            f"cluster address {address!r}: only tcp:// is supported (tls:// and ucx:// need "
+            "settings this harness does not take)"
         )
-    if sep and scheme != "tcp":
-        return  # dask's own connect reports those
     host, colon, port = (rest if sep else address).rpartition(":")
-    if not colon or not port.isdigit():
+    if not colon or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"cluster address {address!r} must be like tcp://host:8786")
+    return address
+
+
+class WatchedExecutor(concurrent.futures.Executor):
+    """``inner`` (an executor on a cluster), whose pending futures fail with
+    :class:`ExecutorLost` once ``alive()`` has said False (no worker) for ``grace`` seconds: a
+    cluster whose workers all died would otherwise keep a search waiting for ever."""
+
+    def __init__(
+        self,
+        inner: concurrent.futures.Executor,
+        alive: Callable[[], bool],
+        what: str,
+        grace: float | None = None,
+        poll: float | None = None,
+    ) -> None:
+        self.inner, self.alive, self.what = inner, alive, what
+        self.grace = WORKERLESS_GRACE if grace is None else grace
+        self.poll = min(1.0, self.grace / 4) if poll is None else poll
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watchdog, name="cluster-watch", daemon=True)
+        self._watch.start()
+
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        outer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        inner = self.inner.submit(fn, *args, **kwargs)
+        with self._lock:
+            self._pending.add(outer)
+
+        def deliver(done: concurrent.futures.Future[Any]) -> None:
+            with self._lock:
+                self._pending.discard(outer)
+                if outer.done():
+                    return
+                if done.cancelled():
+                    outer.cancel()
+                elif done.exception() is not None:
+                    outer.set_exception(done.exception())
+                else:
+                    outer.set_result(done.result())
+
+        inner.add_done_callback(deliver)
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        return outer
+
+    def _watchdog(self) -> None:
+        since: float | None = None
+        while not self._stop.wait(self.poll):
+            try:
+                ok = self.alive()
+            except Exception:  # a scheduler that cannot be asked has no worker for us
+                ok = False
+            now = time.monotonic()
+            since = None if ok else (since if since is not None else now)
+            if since is not None and now - since >= self.grace:
+                self._fail(
+                    ExecutorLost(
+                        f"{self.what} has had no worker for {self.grace:g} s; its workers died "
+                        "(start new ones, or run locally without --cluster)"
+                    )
+                )
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, set()
+            for future in pending:
+                if not future.done():
+                    future.set_exception(error)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._stop.set()
+        self.inner.shutdown(wait=wait)  # dask's ClientExecutor takes no cancel_futures
+
+
+def scheduler_answers(address: str, timeout: float) -> None:
+    """ValueError unless a Dask scheduler greets us at ``address`` (``tcp://host:port``) within
+    ``timeout`` seconds: its handshake arrives at once on connecting, so a refused port fails at
+    once, a peer that accepts and never speaks fails after ``timeout`` (dask's own connect would
+    wait on it for minutes), and one that answers with anything else (a length no handshake has)
+    fails before dask tries to allocate what it announced. No half-made dask client is left to
+    complain at exit."""
+    address = check_cluster_address(address)
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    deadline = time.monotonic() + timeout
     try:
-        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout):
-            pass
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout) as s:
+            header = _receive(s, 8, deadline)
+            if len(header) == 8:
+                (length,) = struct.unpack("<Q", header)
+                if not 0 < length <= MAX_HANDSHAKE_BYTES:
+                    raise ValueError(
+                        f"something at {address} answers, but not as a Dask scheduler (its "
+                        f"first 8 bytes, {header!r}, are no handshake)"
+                    )
+                body = _receive(s, length, deadline)
+                if len(body) == length:
+                    return
+            raise ValueError(
+                f"something at {address} accepted the connection and closed it without a "
+                "Dask scheduler's handshake"
+            )
+    except TimeoutError:
+        raise ValueError(
+            f"something at {address} accepts connections but sent no Dask scheduler "
+            f"handshake within {timeout:g} s (is it a Dask scheduler?)"
+        ) from None
     except OSError as err:
         raise ValueError(
             f"no Dask scheduler answered at {address} within {timeout:g} s ({err})"
         ) from None
+
+
+def _receive(sock: socket.socket, count: int, deadline: float) -> bytes:
+    """Up to ``count`` bytes, fewer when the peer closes; TimeoutError at ``deadline``."""
+    data = b""
+    while len(data) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data

@@ -26,7 +26,12 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_METRICS = ("ttft", "tpot", "e2el")  # the bounds vLLM's --goodput accepts
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
-_DURATION = re.compile(r"^\s*((?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(s|ms|us|µs)\s*$")
+# ASCII digits only (\d would take every script's digits) and no "1_000"; units in any case, as
+# metric names are ("ttft:1S" is one second).
+_DURATION = re.compile(
+    r"^\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|µs)\s*$",
+    re.ASCII | re.IGNORECASE,
+)
 
 
 def _check_percentile(p: Any) -> float:
@@ -135,7 +140,7 @@ def _duration(item: str, text: str) -> float:
             f"SLO bound {item!r}: {text!r} is not a duration; write a positive number with a "
             f"unit ({', '.join(UNITS)}), e.g. 500ms or 1.5s"
         )
-    return float(match.group(1)) * UNITS[match.group(2)]
+    return float(match.group(1)) * UNITS[match.group(2).lower()]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

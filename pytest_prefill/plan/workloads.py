@@ -11,14 +11,19 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
+from pytest_prefill._io import ascii_int
 from pytest_prefill.scheduler import Request, check_int, check_number
 
 # Where the repository's sibling ``shared/`` keeps the Azure traces; override with
 # PYTEST_PREFILL_AZURE_DIR.
 AZURE_DIR_ENV = "PYTEST_PREFILL_AZURE_DIR"
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# A trace's line is one request: tens of bytes in the Azure CSV, a few kilobytes in a JSONL trace
+# that lists its prompt's block hashes. A longer line is not a request, and reading it whole
+# would cost memory for nothing (a 1 GiB line: 6 GB).
+MAX_LINE_BYTES = 2**20
 
 
 def lab_scenario(
@@ -97,9 +102,12 @@ def _parse_timestamp(text: str) -> datetime.datetime:
     head, _, frac = text.strip().partition(".")
     moment = datetime.datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
     if frac:
-        if not frac.isdigit():
+        if not (frac.isascii() and frac.isdigit()):
             raise ValueError(f"bad fractional seconds {frac!r}")
-        moment += datetime.timedelta(microseconds=round(int(frac) / 10 ** len(frac) * 1e6))
+        try:
+            moment += datetime.timedelta(microseconds=round(int(frac) / 10 ** len(frac) * 1e6))
+        except OverflowError:  # 9999-12-31 23:59:59.9999999 rounds past the last datetime
+            raise ValueError(f"timestamp {text.strip()!r} is past the year 9999") from None
     return moment
 
 
@@ -171,7 +179,7 @@ def _azure_rows(
                 try:
                     stamp, context, generated = row
                     moment = _parse_timestamp(stamp)
-                    prompt, output = int(context), int(generated)
+                    prompt, output = ascii_int(context.strip()), ascii_int(generated.strip())
                 except ValueError as err:
                     raise ValueError(f"{path}:{line}: cannot read row {row!r} ({err})") from None
                 if prompt < 1 or output < 1:
@@ -181,16 +189,25 @@ def _azure_rows(
             raise ValueError(f"{path}:{reader.line_num}: not a CSV row ({err})") from None
 
 
-def _utf8_lines(handle: Iterable[bytes], path: str | os.PathLike[str]) -> Iterator[str]:
-    """The file's lines as text; bytes that are not UTF-8 are a ValueError naming the line
-    (a leading byte-order mark is dropped)."""
-    for number, raw in enumerate(handle, start=1):
+def _utf8_lines(handle: BinaryIO, path: str | os.PathLike[str]) -> Iterator[str]:
+    """The file's lines as text; bytes that are not UTF-8 (a gzip file, latin-1) or a line
+    over :data:`MAX_LINE_BYTES` are a ValueError naming the line (a leading byte-order mark is
+    dropped)."""
+    number = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise ValueError(
+                f"{path}:{number}: a line over {MAX_LINE_BYTES // 2**20} MiB; a trace has one "
+                "request a line, so this is not one (not read further)"
+            )
         try:
             yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as err:
+            hint = "; it is gzip-compressed: decompress it first" if raw[:2] == b"\x1f\x8b" else ""
             raise ValueError(
                 f"{path}:{number}: not UTF-8 text ({err.reason}: byte {raw[err.start]:#04x} "
-                f"at column {err.start + 1})"
+                f"at column {err.start + 1}){hint}"
             ) from None
 
 
@@ -216,6 +233,7 @@ def azure_trace_path(name: str) -> str | None:
 JSONL_KEYS = ("timestamp", "input_length", "output_length")  # Mooncake-style public traces
 NAMED_WORKLOADS = ("lab", "poisson", "azure-conv", "azure-code")
 POISSON_DEFAULTS = {"request_rate": 1.0, "num_prompts": 1000}
+POISSON_PROMPT_LEN, POISSON_OUTPUT_LEN = 1024, 128  # the named workload's lengths
 AZURE_ATTRIBUTION = (
     "Azure LLM inference trace 2023 (AzurePublicDataset, CC-BY 4.0; Patel et al., "
     '"Splitwise: Efficient Generative LLM Inference Using Phase Splitting", ISCA 2024)'
@@ -281,8 +299,8 @@ def load_jsonl(
     if limit is not None:
         check_int("limit", limit)
     rows: list[tuple[float, int, int, int]] = []
-    with open(path, encoding="utf-8") as handle:
-        for line, text in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line, text in enumerate(_utf8_lines(handle, path), start=1):
             if text.strip():
                 rows.append((*_jsonl_row(path, line, text), line))
     rows.sort(key=lambda row: (row[0], row[3]))
@@ -304,15 +322,33 @@ def _jsonl_row(path: str | os.PathLike[str], line: int, text: str) -> tuple[floa
         row = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{where}: not a JSON object ({err.msg})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nests arrays or objects too deeply to read") from None
+    except ValueError as err:  # e.g. an integer over Python's digit limit
+        raise ValueError(f"{where}: not a JSON object ({err})") from None
     if not isinstance(row, dict) or any(key not in row for key in JSONL_KEYS):
         raise ValueError(f"{where}: each line needs the keys {', '.join(JSONL_KEYS)}")
     stamp, prompt, output = (row[key] for key in JSONL_KEYS)
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
-        raise ValueError(f"{where}: timestamp must be a finite number of ms, got {stamp!r}")
+    number = not isinstance(stamp, bool) and isinstance(stamp, (int, float))
+    if not (number and _finite(stamp)):
+        shown = (
+            repr(stamp)
+            if len(repr(stamp)) <= 40
+            else f"{repr(stamp)[:20]}... ({len(repr(stamp))} characters)"
+        )
+        raise ValueError(f"{where}: timestamp must be a finite number of ms, got {shown}")
     for key, value in (("input_length", prompt), ("output_length", output)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{where}: {key} must be an integer >= 1, got {value!r}")
     return float(stamp), prompt, output
+
+
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a float that is finite (an int too large for a float is not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _window_of(load: Sequence[Request], window: tuple[float, float | None]) -> list[Request]:
@@ -439,9 +475,12 @@ def resolve_workload(
     elif spec == "poisson":
         rate = request_rate or POISSON_DEFAULTS["request_rate"]
         count = int(num_prompts or POISSON_DEFAULTS["num_prompts"])
-        load = poisson(rate, count, seed=seed)
+        load = poisson(
+            rate, count, seed=seed, prompt_len=POISSON_PROMPT_LEN, output_len=POISSON_OUTPUT_LEN
+        )
         load = _window_of(load, window) if window is not None else load
-        source = f"poisson ({count:,} requests at {rate:g} req/s, seed {seed}; 1024/128 tokens)"
+        lengths = f"{POISSON_PROMPT_LEN}/{POISSON_OUTPUT_LEN} tokens"
+        source = f"poisson ({count:,} requests at {rate:g} req/s, seed {seed}; {lengths})"
         request_rate = None
     else:
         load, source, attribution = _read_trace(spec, window, num_prompts)

@@ -11,6 +11,21 @@ from typing import Any
 from pytest_prefill.scheduler import Trace
 
 US = 1e6  # trace-event timestamps are microseconds
+# What a Chrome trace of ours may hold (events, token instants and the request ids listed in
+# them, each about a hundred bytes of JSON): Perfetto opens a million at ease, and a bigger file
+# costs gigabytes to build and minutes to open.
+MAX_TRACE_ITEMS = 1_000_000
+
+
+def trace_items(traces: Sequence[Trace]) -> int:
+    """How many items :func:`chrome_trace` would write for ``traces``: an event per iteration and
+    the ids of the requests it decodes, an arrival and an instant per token of every request
+    (counted without building anything)."""
+    total = 0
+    for trace in traces:
+        total += sum(1 + len(e.decode_ids) for e in trace.events)
+        total += sum(1 + r.output_len for r in trace.requests.values())
+    return total
 
 
 def _meta(kind: str, pid: int, tid: int, name: str) -> dict[str, Any]:
