@@ -18,7 +18,7 @@ import pytest
 from tabulate import tabulate
 
 from pytest_prefill.plan.workloads import azure_trace_path, load_azure
-from pytest_prefill.scheduler import POLICIES, PRESETS, simulate
+from pytest_prefill.sim import POLICIES, PRESETS, simulate
 
 pytestmark = pytest.mark.sim
 

@@ -12,7 +12,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_prefill.scheduler import LINK, CostModel, Request, TickCost, to_ticks
+from pytest_prefill.sim import LINK, CostModel, Request, TickCost, to_ticks
 
 
 @dataclass

@@ -1,12 +1,50 @@
-"""Hypothesis strategies for cost models and loads."""
+"""Hypothesis strategies for cost models and loads, and the cost models, loads and settings the
+simulator's tests share."""
 
 from __future__ import annotations
 
 import math
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from pytest_prefill.scheduler import CostModel, Request
+from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.sim import PRESETS, CostModel, Request, Trace, simulate
+
+
+def examples(n: int) -> settings:
+    """Hypothesis settings: ``n`` examples, no deadline (the machine is shared)."""
+    return settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+LAB = PRESETS["lab-laptop"].cost
+FLAT = CostModel(
+    prefill_pass_overhead=2e-3, prefill_per_token=2e-5, decode_step_base=1e-2, decode_per_seq=1e-4
+)
+V2 = CostModel(  # every cost model v2 term non-zero
+    prefill_pass_overhead=2e-3,
+    prefill_per_token=2e-5,
+    decode_step_base=1e-2,
+    decode_per_seq=1e-4,
+    decode_per_kv_token=2e-8,
+    prefill_per_pair=1e-9,
+    fusion_penalty=0.25,
+)
+
+
+def run(policy: str, load: list[Request], cost: CostModel, chunk: int = 128, **kw: int) -> Trace:
+    return simulate(policy, load, cost, chunk=chunk, **kw)
+
+
+def scenario(cost: CostModel, prompt_len: int = 2048, streams: int = 2) -> list[Request]:
+    """The lab scenario with the prompt arriving in the middle of a decode step, and live
+    streams that outlast the prompt's prefill under every policy (chunks >= 16 tokens)."""
+    arrival = cost.prefill_pass(streams * 128) + 1.5 * cost.decode_step(streams, 0)
+    busy = arrival + 2 * cost.prefill_pass(prompt_len) + cost.kv_transfer(prompt_len)
+    outlast = max(prompt_len // 16, math.ceil(busy / cost.decode_step(streams, 0))) + 64
+    return lab_scenario(
+        streams=streams, prompt_len=prompt_len, arrival=arrival, stream_output_len=outlast
+    )
 
 
 def seconds(low: float, high: float) -> st.SearchStrategy[float]:

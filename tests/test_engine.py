@@ -99,11 +99,11 @@ def test_engine_on_a_fake_clock_is_the_simulator_on_named_scenarios(policy, pres
 
 
 def test_the_engine_schedules_with_the_simulators_own_worker():
-    from pytest_prefill import scheduler
+    from pytest_prefill import sim
     from pytest_prefill.engine import loop as engine
 
-    assert engine.Worker is scheduler.Worker
-    assert issubclass(scheduler._SimWorker, scheduler.Worker)
+    assert engine.Worker is sim.Worker
+    assert issubclass(sim.TimedWorker, sim.Worker)
 
 
 def test_replay_validates_like_simulate():

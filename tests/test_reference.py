@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference_sim import reference
 
-from pytest_prefill.invariants import check_invariants
-from pytest_prefill.scheduler import CostModel, Request, from_ticks, simulate
+from pytest_prefill.sim import CostModel, Request, check_invariants, from_ticks, simulate
 
 pytestmark = pytest.mark.sim
 

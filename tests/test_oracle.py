@@ -1,5 +1,5 @@
-"""The oracle can fail: real traces, corrupted one way each, must be named by check_invariants
-(and the untouched trace passes)."""
+"""The oracle (sim/oracle.py) can fail: real traces, corrupted one way each, must be named by
+check_invariants (and the untouched trace passes); iteration_cost refuses an unknown kind."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ import dataclasses
 
 import pytest
 
-from pytest_prefill.invariants import check_invariants
-from pytest_prefill.scheduler import CostModel, Request, RequestRecord, Trace, simulate
+from pytest_prefill.sim import (
+    CostModel,
+    Event,
+    Request,
+    RequestRecord,
+    Trace,
+    check_invariants,
+    iteration_cost,
+    simulate,
+)
 
 pytestmark = pytest.mark.sim
 
@@ -199,3 +207,8 @@ def test_the_wrong_set_of_requests_is_named():
     requests = {k: v for k, v in trace.requests.items() if k != "d"}
     broken = Trace(trace.policy, trace.events, requests, trace.chunk)
     assert "the trace's requests are not the load's requests" in problems(broken, None)
+
+
+def test_iteration_cost_refuses_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind"):
+        iteration_cost(Event("w", 0.0, 1.0, "nap"), COST)

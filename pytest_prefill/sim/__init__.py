@@ -1,0 +1,112 @@
+"""The simulator core: an iteration-level simulator of LLM serving policies — shared worker,
+co-scheduled batching, chunked prefill (Sarathi-Serve) and prefill/decode disaggregation
+(DistServe) — standard library only. Copy this folder anywhere and ``python path/to/sim``
+prints the lab's policy table. The semantics are DESIGN.md's "Simulation semantics"; each point
+is pinned by a test, and ``tests/reference_sim.py`` is the same rules written out literally
+(slow, one instant at a time): ``simulate()`` must agree with it exactly.
+
+Reading order:
+
+1. ``requests`` — what a run is given; ``cost`` and ``presets`` — what one iteration costs.
+2. ``rules`` — what the next iteration on a worker holds (:meth:`Worker.compose`, in one
+   place), with ``kv`` (when a request may be admitted) and ``tokens`` (who emits which
+   token when).
+3. ``policies`` — the policies, their options and the worker mode of each; ``router`` — which
+   worker gets a request; ``prefill_pool`` — disaggregation's prefill workers and KV link.
+4. ``simulation`` — :func:`simulate`: each policy as pools of workers.
+5. The speed-ups, kept apart from the rules: ``ticks`` (exact integer time), ``fastpath``
+   (a worker timed by the cost model; decode runs in closed form), ``pool`` (the loop that
+   drives workers through time).
+6. What a run returns: ``events``, ``trace`` (records, summary), ``gaps`` (nearest-rank
+   percentiles, the token-gap multiset), ``results`` (a simulation's compact results).
+7. ``oracle`` — every invariant a trace must keep, checked from the trace alone.
+8. ``checks`` — the input checks every entry point shares; ``demo`` — the lab's table.
+"""
+
+from __future__ import annotations
+
+from .checks import check_cap, check_int, check_number, check_whole_or_inf
+from .cost import CostModel, Piece, attention_pairs, piece_sums
+from .demo import lab_table
+from .events import KINDS, LINK, Event, EventLog, LogEntry, events_by_resource
+from .fastpath import TimedWorker, steps_before
+from .gaps import GapMultiset, GapRun, nearest_rank, percentile, token_gaps, weighted_percentile
+from .kv import KVReserve, kv_capacity, kv_need
+from .oracle import check_invariants, close, iteration_cost
+from .policies import POLICIES, WorkerMode, check_options, worker_mode
+from .pool import Pool
+from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
+from .presets import PRESETS, Preset, get_preset
+from .requests import Request, validate_load
+from .results import SimResults
+from .router import LeastLoaded
+from .rules import MODES, Plan, Price, Worker
+from .simulation import colocated, disaggregated, disaggregated_prefill, simulate
+from .ticks import TICKS_PER_SECOND, TickCost, from_ticks, to_ticks
+from .tokens import TokenBook
+from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection
+
+__all__ = [
+    "KINDS",
+    "LINK",
+    "MODES",
+    "POLICIES",
+    "PRESETS",
+    "TICKS_PER_SECOND",
+    "CompactRun",
+    "CostModel",
+    "Event",
+    "EventLog",
+    "GapMultiset",
+    "GapRun",
+    "KVReserve",
+    "LeastLoaded",
+    "LogEntry",
+    "Piece",
+    "Plan",
+    "Pool",
+    "PrefillPool",
+    "PrefillSide",
+    "PrefillTimes",
+    "Preset",
+    "Price",
+    "Request",
+    "RequestRecord",
+    "SimResults",
+    "Summary",
+    "TickCost",
+    "TimedWorker",
+    "TokenBook",
+    "Trace",
+    "Worker",
+    "WorkerMode",
+    "attention_pairs",
+    "check_cap",
+    "check_int",
+    "check_invariants",
+    "check_number",
+    "check_options",
+    "check_whole_or_inf",
+    "close",
+    "colocated",
+    "disaggregated",
+    "disaggregated_prefill",
+    "events_by_resource",
+    "from_ticks",
+    "get_preset",
+    "iteration_cost",
+    "kv_capacity",
+    "kv_need",
+    "lab_table",
+    "nearest_rank",
+    "no_collection",
+    "percentile",
+    "piece_sums",
+    "simulate",
+    "steps_before",
+    "to_ticks",
+    "token_gaps",
+    "validate_load",
+    "weighted_percentile",
+    "worker_mode",
+]

@@ -1,0 +1,179 @@
+"""The prefill side of a disaggregated run: the prefill workers and the KV link (DESIGN.md,
+"disaggregated"). It only feeds forward, so it runs first, on its own, and hands the decode
+pool the requests in order of KV arrival."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import NamedTuple
+
+from .cost import attention_pairs
+from .events import LINK, LogEntry
+from .kv import KVReserve
+from .requests import Request
+from .ticks import TickCost, to_ticks
+
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__ (hot path)
+
+
+class PrefillTimes(NamedTuple):
+    """When a request's prefill started and ended, and when its KV was ready on the decode
+    side (ticks)."""
+
+    start: int
+    end: int
+    kv_ready: int
+
+
+class PrefillSide(NamedTuple):
+    """What the prefill pool and the link did: the requests in order of KV arrival with its
+    time, each request's times and prefill worker, the resources used (prefill workers, then
+    the link) with their iterations and transfers (``logs``, aligned with ``resources``), and
+    the ticks the prefill workers computed in all."""
+
+    ready: list[tuple[int, Request]]
+    times: dict[str, PrefillTimes]
+    names: dict[str, str]
+    resources: list[str]
+    logs: list[list[LogEntry]]
+    busy: int
+
+
+class PrefillPool:
+    """Up to ``size`` prefill workers and the link. A free prefill worker takes every waiting
+    prompt that fits its KV room in one unchunked pass (FCFS; a head that fits no free worker
+    waits, and so does everyone behind it); free workers keep taking until none has room for
+    the head. Each finished prompt's KV crosses the link, one transfer at a time, FCFS by
+    prefill end (ties: FCFS order); its reservation on the prefill worker is released when it
+    has crossed. Workers are touched lowest index first, only when needed."""
+
+    def __init__(self, requests: list[Request], tick: TickCost, size: int, capacity: float) -> None:
+        self.requests, self.tick, self.size, self.capacity = requests, tick, size, capacity
+        self.fcfs = {r.id: k for k, r in enumerate(requests)}
+        self.pending: deque[Request] = deque()
+        self.kv: list[KVReserve] = []  # per prefill worker touched so far
+        self.logs: list[list[LogEntry]] = []  # per prefill worker touched so far
+        self.free: list[int] = []  # idle touched workers (a heap of indices)
+        self.passes: list[tuple[int, int, list[Request]]] = []  # (end, worker, prompts): a heap
+        self.link: deque[Request] = deque()  # prefilled, waiting for the link
+        self.on_link: tuple[int, Request] | None = None  # (arrival, request)
+        self.link_log: list[LogEntry] = []
+        self.times: dict[str, PrefillTimes] = {}
+        self.where: dict[str, int] = {}
+        self.ready: list[tuple[int, Request]] = []
+        self.busy = 0  # ticks the prefill workers computed, in all
+
+    def run(self) -> PrefillSide:
+        arrivals = [(to_ticks(r.arrival, up=True), r) for r in self.requests]
+        i, n = 0, len(arrivals)
+        passes, pending = self.passes, self.pending
+        while True:  # each instant: passes end, a KV arrives, prompts arrive, work starts
+            t = arrivals[i][0] if i < n else None
+            if passes and (t is None or passes[0][0] < t):
+                t = passes[0][0]
+            on_link = self.on_link
+            if on_link is not None and (t is None or on_link[0] < t):
+                t = on_link[0]
+            if t is None:
+                break
+            if passes and passes[0][0] == t:
+                self._end_passes(t)
+            if on_link is not None and on_link[0] == t:
+                self._kv_arrived(on_link[1], t)
+                self.on_link = None
+            while i < n and arrivals[i][0] == t:
+                pending.append(arrivals[i][1])
+                i += 1
+            if self.on_link is None and self.link:
+                self._send(t)
+            if pending and (self.free or len(self.kv) < self.size):
+                self._start_passes(t)
+        used = len(self.kv)
+        return PrefillSide(
+            self.ready,
+            self.times,
+            {rid: f"prefill{w}" for rid, w in self.where.items()},
+            [f"prefill{w}" for w in range(used)] + [LINK],
+            [*self.logs, self.link_log],
+            self.busy,
+        )
+
+    def _end_passes(self, now: int) -> None:
+        """End the passes that end ``now``: their prompts queue for the link, FCFS."""
+        ended: list[Request] = []
+        passes = self.passes
+        while passes and passes[0][0] == now:
+            _, w, batch = heapq.heappop(passes)
+            ended.extend(batch)
+            heapq.heappush(self.free, w)
+        ended.sort(key=lambda r: self.fcfs[r.id])
+        self.link.extend(ended)
+
+    def _kv_arrived(self, r: Request, now: int) -> None:
+        self.kv[self.where[r.id]].release(r)
+        start, end, _ = self.times[r.id]
+        self.times[r.id] = _new_tuple(PrefillTimes, (start, end, now))
+        self.ready.append((now, r))
+
+    def _send(self, now: int) -> None:
+        """Put the next prefilled request's KV on the link, if it is free."""
+        while self.on_link is None and self.link:
+            r = self.link.popleft()
+            duration = self.tick.transfer(r.prompt_len)
+            if duration == 0:
+                self._kv_arrived(r, now)  # a free link: the KV is usable where it was made
+                continue
+            self.on_link = (now + duration, r)
+            self.link_log.append(
+                LogEntry(
+                    LINK, now, now + duration, "transfer", ((r, 0, r.prompt_len),), (), 0, 1, 0
+                )
+            )
+
+    def _start_passes(self, now: int) -> None:
+        """Free workers take what fits until none has room for the head; then untouched
+        workers, lowest index first."""
+        pending, free = self.pending, self.free
+        progress = True
+        while pending and progress:
+            progress, full = False, []
+            while pending and free:
+                w = heapq.heappop(free)
+                if self._take(w, now):
+                    progress = True
+                else:
+                    full.append(w)  # no room for the head there: it stays free
+            for w in full:
+                heapq.heappush(free, w)
+            while pending and len(self.kv) < self.size:
+                self.kv.append(KVReserve(self.capacity))
+                self.logs.append([])
+                progress = self._take(len(self.kv) - 1, now) or progress
+
+    def _take(self, w: int, now: int) -> bool:
+        """Worker ``w`` starts a pass over every waiting prompt that fits its KV room (FCFS);
+        False if the head does not fit."""
+        kv, pending = self.kv[w], self.pending
+        batch: list[Request] = []
+        tokens = pairs = 0
+        while pending and kv.fits(pending[0]):
+            r = pending.popleft()
+            kv.reserve(r)
+            batch.append(r)
+            tokens += r.prompt_len
+            pairs += attention_pairs(r.prompt_len, 0)
+        if not batch:
+            return False
+        end = now + self.tick.price(tokens, pairs, 0, 0, 0)
+        self.busy += end - now
+        times, where = self.times, self.where
+        span = _new_tuple(PrefillTimes, (now, end, end))
+        for r in batch:
+            times[r.id] = span
+            where[r.id] = w
+        pieces = tuple([(r, 0, r.prompt_len) for r in batch])
+        entry = (f"prefill{w}", now, end, "prefill", pieces, (), 0, 1, 0)
+        self.logs[w].append(_new_tuple(LogEntry, entry))
+        heapq.heappush(self.passes, (end, w, batch))
+        return True

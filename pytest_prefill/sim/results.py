@@ -1,0 +1,134 @@
+"""A simulation's results, compact and in ticks: what the workers and the prefill side kept.
+:class:`Trace` reads them (events, records and token times built on first access; the summary
+and the gap statistics never need them)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+from .events import LINK, Event, LogEntry
+from .fastpath import TimedWorker
+from .gaps import GapMultiset, GapRun, nearest_rank
+from .prefill_pool import PrefillSide
+from .requests import Request
+from .ticks import from_ticks, to_ticks
+from .trace import RequestRecord, Summary
+
+
+class SimResults:
+    """The results of one simulation: its requests, the worker that decoded each one
+    (``owner``), the compute workers, and, under disaggregation, the prefill side."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        owner: Mapping[str, TimedWorker],
+        workers: Sequence[TimedWorker],
+        prefill: PrefillSide | None = None,
+    ) -> None:
+        self.requests, self.owner, self.workers, self.prefill = requests, owner, workers, prefill
+        names, logs = [w.name for w in workers], [w.log for w in workers]
+        if prefill is not None:
+            names, logs = prefill.resources + names, prefill.logs + logs
+        self.names, self.logs = names, logs  # every resource and its log, in order
+        # Busy ticks as the workers counted them (not from the log: the oracle compares both).
+        self.busy = (prefill.busy if prefill else 0) + sum(w.busy for w in workers)
+        self._gaps: GapMultiset | None = None
+        latest = max((log[-1].end for log in logs if log), default=0)  # each log by start
+        try:
+            from_ticks(latest)
+        except OverflowError:
+            raise ValueError(
+                "the simulated run lasts beyond the float range (1.8e308 s): the cost model's "
+                "terms or the arrivals are too large"
+            ) from None
+
+    def resources(self) -> tuple[str, ...]:
+        return tuple(name for name, log in zip(self.names, self.logs) if log)
+
+    def busy_time(self, resource: str | None = None) -> float:
+        if resource is None:
+            chosen = [log for name, log in zip(self.names, self.logs) if name != LINK]
+        else:
+            chosen = [log for name, log in zip(self.names, self.logs) if name == resource]
+        return from_ticks(sum(e.end - e.start for log in chosen for e in log))
+
+    def gaps(self) -> GapMultiset:
+        """Every worker's token gaps, in one multiset."""
+        if self._gaps is None:
+            books = [w.tokens for w in self.workers]
+            points: dict[int, int] = dict(books[0].gaps) if books else {}
+            runs: list[GapRun] = []
+            for book in books[1:]:
+                for gap, k in book.gaps.items():
+                    points[gap] = points.get(gap, 0) + k
+            for book in books:
+                runs += book.gap_runs
+            self._gaps = GapMultiset(points, runs, owned=True)
+        return self._gaps
+
+    def summary(self) -> Summary:
+        requests = self.requests
+        if not requests:
+            nan = math.nan
+            return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
+        arrival = {r.id: to_ticks(r.arrival, up=True) for r in requests}
+        owner = self.owner
+        ttfts = sorted(owner[r.id].tokens.first_token[r.id] - arrival[r.id] for r in requests)
+        gaps = self.gaps()
+        last = max(owner[r.id].tokens.finish[r.id] for r in requests)
+        return Summary(
+            requests=len(requests),
+            output_tokens=sum(r.output_len for r in requests),
+            prefill_tokens=sum(r.prompt_len for r in requests),
+            ttft_p50=from_ticks(ttfts[nearest_rank(50, len(ttfts)) - 1]),
+            ttft_p99=from_ticks(ttfts[nearest_rank(99, len(ttfts)) - 1]),
+            tbt_p50=gaps.percentile(50),
+            tbt_p99=gaps.percentile(99),
+            max_stall=gaps.max(),
+            gpu_seconds=from_ticks(self.busy),
+            makespan=from_ticks(last - min(arrival.values())),
+        )
+
+    def entries(self) -> Iterator[LogEntry]:
+        """The log by resource (in order), then by start."""
+        return itertools.chain.from_iterable(self.logs)
+
+    def events(self) -> tuple[Event, ...]:
+        return tuple([entry.event() for entry in self.entries()])
+
+    def steps(self) -> Iterator[Event]:
+        """Every iteration as an event of its own, each step's times exact to the float."""
+        for entry in self.entries():
+            yield from entry.each_step()
+
+    def records(self) -> dict[str, RequestRecord]:
+        f = from_ticks
+        out = {}
+        side = self.prefill
+        for r in self.requests:
+            w = self.owner[r.id]
+            if side is None:
+                start, end = w.prefill_start[r.id], w.prefill_end[r.id]
+                ready, where = end, w.name
+            else:
+                start, end, ready = side.times[r.id]
+                where = side.names[r.id]
+            book = w.tokens
+            out[r.id] = RequestRecord(
+                r.id,
+                r.arrival,
+                r.prompt_len,
+                r.output_len,
+                f(start),
+                f(end),
+                f(ready),
+                w.name,
+                lambda w=w, r=r: tuple([f(t) for t in w.token_times(r)]),  # type: ignore[misc]
+                where,
+                first_token=f(book.first_token[r.id]),
+                finish=f(book.finish[r.id]),
+            )
+        return out

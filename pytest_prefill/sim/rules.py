@@ -1,0 +1,330 @@
+"""The scheduling rules: what the next iteration on a worker holds (DESIGN.md, "Simulation
+semantics", the policies). :meth:`Worker.compose` is the whole decision, in one place; the
+simulator times what it composes (:mod:`.fastpath`), the engine runs it for real."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .checks import check_whole_or_inf
+from .cost import Piece, attention_pairs
+from .events import LogEntry
+from .kv import KVReserve
+from .requests import Request
+from .tokens import TokenBook
+from .trace import RequestRecord
+
+MODES = ("shared", "chunked", "decode")
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__ (one per iteration)
+
+
+class Plan(NamedTuple):
+    """What one iteration does, decided at its start by :meth:`Worker.compose`: prompt pieces
+    ``(request, tokens done before, tokens now)`` taken FCFS, the ids of the decode rows (each
+    emits one token; the same tuple while the rows do not change), the KV tokens the rows read
+    (K), the earlier context the pieces attend to (sum of C), and the requests whose prompt the
+    iteration completes.
+
+    Immutable, built by the worker and not validated; a named tuple rather than a frozen
+    dataclass because the simulator builds one per iteration (with ``tuple.__new__``: all
+    five fields given).
+    """
+
+    prefill: tuple[tuple[Request, int, int], ...]
+    decode_ids: tuple[str, ...]
+    kv_tokens: int = 0
+    context_tokens: int = 0
+    completed: tuple[Request, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        if self.prefill:
+            return "fused" if self.decode_ids else "prefill"
+        return "decode"
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, _, n in self.prefill)
+
+    @property
+    def decode_rows(self) -> int:
+        return len(self.decode_ids)
+
+    def prefill_ids(self) -> tuple[tuple[str, int], ...]:
+        """The prompt pieces as an :class:`Event` lists them: (request id, tokens now)."""
+        return tuple([(r.id, n) for r, _, n in self.prefill])
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """The prompt pieces as the cost model takes them: (tokens now, tokens done before)."""
+        return tuple([(n, done) for _, done, n in self.prefill])
+
+    def contexts(self) -> tuple[int, ...]:
+        """Each piece's earlier context, as :attr:`Event.contexts` lists it."""
+        return tuple([done for _, done, _ in self.prefill])
+
+
+Price = Callable[[int, int, int, int, int], Any]  # (tokens, pairs, context, rows, kv) -> cost
+
+
+class Worker:
+    """The scheduling rules of one compute resource, one iteration at a time: at a boundary
+    :meth:`compose` says what the next iteration does, the caller runs it, :meth:`finish_at`
+    ends it. The simulator times iterations with the cost model (whole runs of decode steps at
+    once); the engine runs them for real. Times are whatever the caller counts in.
+
+    Modes: ``shared`` (a prefill pass of every admitted prompt first, else a decode step),
+    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens, FCFS; inf: co-scheduled;
+    or, with ``budget`` and ``price``, the largest FCFS token count whose iteration ``price``
+    keeps within ``budget``, at least one token), ``decode`` (decode only: prefilled requests
+    come in through :meth:`join`). A prompt completed here joins this worker's decode rows at
+    the next boundary.
+
+    A request moves through the queues ``pending`` (arrived, waiting for KV room; see
+    :mod:`.kv`) -> ``waiting`` (admitted: ``[request, prompt tokens done]``, FCFS) ->
+    ``joining`` (prefilled, joins the rows at the next boundary) -> ``running`` (the decode
+    rows). Its tokens are kept by ``tokens`` (:class:`TokenBook`); every iteration is in
+    ``log``.
+
+    Raises:
+        ValueError: for an unknown mode, a chunk that is not a whole number >= 1 or inf, or a
+            budget without a price or outside ``chunked``.
+    """
+
+    __slots__ = (
+        "name",
+        "mode",
+        "chunk",
+        "budget",
+        "price",
+        "kv",
+        "unfinished",
+        "pending",
+        "waiting",
+        "joining",
+        "running",
+        "row_ids",
+        "tokens",
+        "prefill_start",
+        "prefill_end",
+        "log",
+        "started",
+        "current",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        mode: str,
+        chunk: float = math.inf,
+        *,
+        capacity: float = math.inf,
+        budget: Any = None,
+        price: Price | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        tokens = check_whole_or_inf("chunk", chunk)
+        if budget is not None and (mode != "chunked" or price is None):
+            raise ValueError("a chunk budget needs mode 'chunked' and a price function")
+        self.name, self.mode = name, mode
+        self.chunk = math.inf if mode == "shared" else tokens  # prompt tokens per pass
+        self.budget, self.price = budget, price
+        self.kv = KVReserve(capacity)
+        self.unfinished = 0  # requests handed to this worker and not finished
+        self.pending: deque[Request] = deque()  # arrived, waiting for KV room
+        self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
+        self.joining: list[Request] = []  # prefilled, join the decode rows at the next boundary
+        self.running: list[Request] = []
+        self.row_ids: tuple[str, ...] = ()  # their ids, rebuilt on change: events key on identity
+        self.tokens = TokenBook()
+        self.prefill_start: dict[str, Any] = {}
+        self.prefill_end: dict[str, Any] = {}
+        self.log: list[LogEntry] = []  # every iteration, in order
+        self.started: Any = None  # when the running iteration started
+        self.current: Plan | None = None  # the running iteration's plan
+
+    def admit(self, request: Request) -> None:
+        """A request arrives: its prompt waits here for KV room, then for prefill (FCFS)."""
+        if self.mode == "decode":
+            raise ValueError(f"{self.name} only decodes: hand it prefilled requests with join()")
+        self.pending.append(request)
+        self.unfinished += 1
+
+    def has_room(self, request: Request) -> bool:
+        return self.kv.fits(request)
+
+    def join(self, request: Request) -> None:
+        """A request prefilled elsewhere joins the decode rows at the next boundary."""
+        self.kv.reserve(request)
+        self.joining.append(request)
+        self.unfinished += 1
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.joining)
+
+    def _admit_pending(self) -> None:
+        pending, kv = self.pending, self.kv
+        while pending and kv.fits(pending[0]):  # strict FCFS: a head that does not fit waits,
+            request = pending.popleft()  # and so does everyone behind it
+            kv.reserve(request)
+            self.waiting.append([request, 0])
+
+    def _admit_joining(self) -> None:
+        self.tokens.enter(self.joining)
+        self.running.extend(self.joining)
+        self.joining = []
+        self.row_ids = tuple([r.id for r in self.running])
+
+    def compose(self, now: Any) -> Plan | None:
+        """Admit the requests joining at this boundary and what fits in KV memory, and compose
+        the iteration that starts at ``now`` (None: nothing to do). Call :meth:`finish_at`
+        before composing again."""
+        if self.joining:
+            self._admit_joining()
+        if self.pending:
+            self._admit_pending()
+        self.started = now
+        if not self.waiting:  # decode rows only (always so in decode mode)
+            plan = self.decode_plan() if self.row_ids else None
+        else:
+            plan = self._compose_prefill(now)
+        self.current = plan
+        return plan
+
+    def _compose_prefill(self, now: Any) -> Plan:
+        ids = () if self.mode == "shared" else self.row_ids  # shared: the pass holds up the rows
+        take = self._budget_take(len(ids)) if self.budget is not None else None
+        chunk = self.chunk  # tokens; >= 1, so at least one prompt piece
+        prefill: list[tuple[Request, int, int]] = []
+        completed: list[Request] = []
+        context = 0
+        starts = self.prefill_start
+        for entry in self.waiting:
+            request, done = entry
+            left = request.prompt_len - done
+            if take is not None:
+                n = take(len(prefill), request, done)
+                if n <= 0:
+                    break
+            else:
+                n = left if left <= chunk else int(chunk)
+                chunk -= n
+            prefill.append((request, done, n))
+            context += done
+            if request.id not in starts:
+                starts[request.id] = now
+            if n < left:
+                entry[1] = done + n
+                break
+            completed.append(request)
+            if chunk <= 0:
+                break
+        for _ in completed:
+            self.waiting.popleft()
+        kv = self.tokens.kv_tokens if ids else 0
+        return _new_tuple(Plan, (tuple(prefill), ids, kv, context, tuple(completed)))
+
+    def decode_plan(self) -> Plan:
+        """A decode step of every running request (the plan of a boundary with no prompt
+        waiting)."""
+        return _new_tuple(Plan, ((), self.row_ids, self.tokens.kv_tokens, 0, ()))
+
+    def _budget_take(self, rows: int) -> Callable[[int, Request, int], int]:
+        """The chunk_budget rule: the largest FCFS token count whose iteration costs <= the
+        budget (at least one token). Returns how much of the next piece to take."""
+        price, budget, kv = self.price, self.budget, self.tokens.kv_tokens
+        assert price is not None
+        sums = [0, 0, 0]  # tokens, pairs, context of the pieces taken so far
+
+        def fits(take: int, done: int) -> bool:
+            tokens, pairs, context = sums
+            pairs += attention_pairs(take, done)
+            return price(tokens + take, pairs, context + done, rows, kv) <= budget
+
+        def take_of(pieces_so_far: int, request: Request, done: int) -> int:
+            left = request.prompt_len - done
+            if fits(left, done):
+                take = left
+            else:  # bisect: fits(lo) or lo == 0, not fits(hi)
+                lo, hi = 0, left
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if fits(mid, done):
+                        lo = mid
+                    else:
+                        hi = mid
+                take = lo if lo or pieces_so_far else 1  # prompts always progress
+            sums[0] += take
+            sums[1] += attention_pairs(take, done)
+            sums[2] += done
+            return take
+
+        return take_of
+
+    def finish_at(self, end: Any) -> tuple[Request, ...]:
+        """End the composed iteration at ``end``; return the requests whose prompt it completed
+        (they join the decode rows at the next boundary)."""
+        return self.complete(end, 1, end - self.started, 0)
+
+    def complete(self, end: Any, steps: int, first: Any, growth: Any) -> tuple[Request, ...]:
+        """End the composed iteration at ``end`` as ``steps`` decode steps (more than one: a
+        run of unchanging decode steps), the first lasting ``first``, each next one ``growth``
+        longer; log it, and return the requests whose prompt it completed."""
+        plan = self.current
+        assert plan is not None, "finish an iteration only after composing it"
+        self.current = None
+        ids = plan.decode_ids
+        kind = ("fused" if ids else "prefill") if plan.prefill else "decode"
+        entry = _new_tuple(
+            LogEntry,
+            (self.name, self.started, end, kind, plan.prefill, ids, plan.kv_tokens, steps, growth),
+        )
+        self.log.append(entry)
+        completed = plan.completed
+        if completed:
+            prefill_end = self.prefill_end
+            for r in completed:
+                prefill_end[r.id] = end
+            self.joining.extend(completed)
+        if ids:
+            done = self.tokens.emit(entry, first)
+            if done is not None:
+                self._leave(done)
+        return completed
+
+    def _leave(self, done: list[Request]) -> None:
+        """``done`` emitted their last tokens: they leave the rows and free their KV."""
+        gone = set()
+        for r in done:
+            gone.add(r.id)
+            self.kv.release(r)
+        self.unfinished -= len(done)
+        self.running = [r for r in self.running if r.id not in gone]
+        self.row_ids = tuple([r.id for r in self.running])
+
+    def token_times(self, request: Request) -> list[Any]:
+        """Every token time of ``request``, decoded here."""
+        return self.tokens.token_times(request)
+
+    def record(
+        self, r: Request, start: Any, end: Any, ready: Any, prefill_resource: str | None = None
+    ) -> RequestRecord:
+        """What happened to ``r``, decoded here, given its prefill start and end, KV ready and
+        where it was prefilled (default: here). The engine's records: times are the caller's."""
+        times = tuple(self.token_times(r))
+        return RequestRecord(
+            r.id,
+            r.arrival,
+            r.prompt_len,
+            r.output_len,
+            start,
+            end,
+            ready,
+            self.name,
+            times,
+            prefill_resource,
+        )

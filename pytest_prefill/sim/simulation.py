@@ -1,0 +1,161 @@
+"""``simulate()``: a load replayed under a policy on devices described by a cost model. The
+colocated policies run one pool of workers; disaggregation runs the prefill side first (it only
+feeds forward), then the decode pool."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+from .checks import check_int
+from .cost import CostModel
+from .events import Event, LogEntry
+from .fastpath import TimedWorker
+from .kv import kv_capacity
+from .policies import check_options, worker_mode
+from .pool import Pool
+from .prefill_pool import PrefillPool, PrefillTimes
+from .requests import Request, validate_load
+from .results import SimResults
+from .ticks import TickCost, from_ticks, to_ticks
+from .trace import Trace, no_collection
+
+
+def colocated(
+    requests: list[Request],
+    tick: TickCost,
+    policy: str,
+    chunk: int | None,
+    chunk_budget: float | None,
+    replicas: int,
+    capacity: float,
+) -> SimResults:
+    """``shared``, ``coscheduled`` or ``chunked`` on ``replicas`` workers; each request goes at
+    arrival to the one with the fewest unfinished requests routed to it (ties: lowest index)."""
+    mode, tokens = worker_mode(policy, chunk)
+    budget = to_ticks(chunk_budget) if policy == "chunked" and chunk_budget is not None else None
+
+    def make(i: int) -> TimedWorker:
+        name = "worker" if replicas == 1 else f"worker{i}"
+        return TimedWorker(i, name, mode, tick, tokens, capacity, budget)
+
+    pool = Pool(replicas, make)
+    owner: dict[str, TimedWorker] = {}
+
+    def place(r: Request, now: int) -> None:
+        w = pool.get(pool.router.pick())  # type: ignore[arg-type]  # never None: no fits
+        owner[r.id] = w
+        w.admit(r)
+        pool.give(w, now)
+
+    pool.run([(to_ticks(r.arrival, up=True), r) for r in requests], place)
+    return SimResults(requests, owner, pool.workers)
+
+
+def disaggregated(
+    requests: list[Request],
+    tick: TickCost,
+    prefill_workers: int,
+    decode_workers: int,
+    capacity: float,
+) -> SimResults:
+    """Prefill pool and link first (they only feed forward), then the decode pool: a request
+    whose KV has arrived joins the decode worker with the fewest running plus joining requests
+    among those with KV room (ties: lowest index), or waits, FCFS, until one has room."""
+    side = PrefillPool(requests, tick, prefill_workers, capacity).run()
+    mode = worker_mode("disaggregated").mode
+    pool = Pool(
+        decode_workers,
+        lambda i: TimedWorker(i, f"decode{i}", mode, tick, capacity=capacity),
+    )
+    owner: dict[str, TimedWorker] = {}
+    waiting: deque[Request] = deque()
+    bounded = not math.isinf(capacity)
+
+    def assign(r: Request, now: int) -> bool:
+        fits = (lambda i: pool.workers[i].has_room(r)) if bounded else None
+        i = pool.router.pick(fits)
+        if i is None:
+            return False
+        w = owner[r.id] = pool.get(i)
+        w.join(r)
+        pool.give(w, now)
+        return True
+
+    def place(r: Request, now: int) -> None:
+        if waiting or not assign(r, now):
+            waiting.append(r)
+
+    def retry(now: int) -> None:
+        while waiting and assign(waiting[0], now):
+            waiting.popleft()
+
+    pool.run(side.ready, place, retry if bounded else None)
+    return SimResults(requests, owner, pool.workers, side)
+
+
+def disaggregated_prefill(
+    load: Iterable[Request], cost: CostModel, *, prefill_workers: int = 1
+) -> tuple[list[tuple[float, Request]], dict[str, tuple[float, float, float]], tuple[Event, ...]]:
+    """The prefill pool and the link of a disaggregated run, as ``simulate`` runs them: the
+    requests in order of KV arrival with its time, each request's (prefill start, prefill end,
+    KV ready), and the prefill and transfer events. For an engine that decodes for real."""
+    check_int("prefill_workers", prefill_workers)
+    requests = validate_load(load)
+    side = PrefillPool(requests, TickCost(cost), prefill_workers, cost.kv_capacity_tokens).run()
+    f = from_ticks
+    entries: list[LogEntry] = [e for log in side.logs for e in log]
+    return (
+        [(f(t), r) for t, r in side.ready],
+        {rid: _seconds(times) for rid, times in side.times.items()},
+        tuple([e.event() for e in entries]),
+    )
+
+
+def _seconds(times: PrefillTimes) -> tuple[float, float, float]:
+    return from_ticks(times.start), from_ticks(times.end), from_ticks(times.kv_ready)
+
+
+def simulate(
+    policy: str,
+    load: Iterable[Request],
+    cost: CostModel,
+    *,
+    chunk: int | None = None,
+    chunk_budget: float | None = None,
+    replicas: int = 1,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+) -> Trace:
+    """Replay ``load`` under ``policy`` on devices described by ``cost``.
+
+    Args:
+        policy: one of ``POLICIES``.
+        load: the requests; their order does not matter (FCFS by arrival, then id).
+        cost: the cost model (its ``kv_capacity_tokens`` bounds each worker's KV memory).
+        chunk: prompt tokens per iteration for ``chunked`` (ignored by the other policies).
+        chunk_budget: instead of ``chunk``, seconds per iteration for ``chunked``: each
+            iteration takes the largest FCFS token count whose fused cost fits (at least one).
+        replicas: independent workers of a colocated policy; a request goes at arrival to the
+            one with the fewest unfinished requests routed to it (ties: lowest index).
+        prefill_workers, decode_workers: pool sizes for ``disaggregated``.
+
+    Raises:
+        ValueError: naming the field, for an unknown policy, a missing or non-positive chunk
+            or budget (or both), counts < 1, a non-Request or duplicate id in the load, a bad
+            cost model, a request that can never fit the KV capacity, or a run whose times
+            leave the float range.
+    """
+    check_options(policy, chunk, chunk_budget, replicas, prefill_workers, decode_workers)
+    if not isinstance(cost, CostModel):
+        raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
+    with no_collection():
+        requests = validate_load(load)
+        capacity = kv_capacity(requests, cost)
+        tick = TickCost(cost)
+        if policy == "disaggregated":
+            results = disaggregated(requests, tick, prefill_workers, decode_workers, capacity)
+        else:
+            results = colocated(requests, tick, policy, chunk, chunk_budget, replicas, capacity)
+    return Trace.of_run(policy, chunk, results)

@@ -1,0 +1,138 @@
+"""Token bookkeeping of one worker: which decode-bearing iteration emits each request's tokens,
+the gaps between them, first tokens and finishes. Token times are kept implicit (an index into
+the worker's iterations) and read off on demand; the scheduling rules (:mod:`.rules`) only
+tell the book who joined the decode rows and which iteration just ended."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Any
+
+from .events import LogEntry
+from .gaps import GapRun
+from .requests import Request
+
+_new_tuple = tuple.__new__  # a GapRun without NamedTuple's Python-level __new__ (one per run)
+
+
+class TokenBook:
+    """The tokens of the requests decoding on one worker. Times are the worker's (ticks in the
+    simulator, seconds in the engine).
+
+    Decode-bearing iterations are counted by ``steps`` (a run of ``n`` unchanging decode steps
+    counts ``n``); a request entering the rows at step index ``i`` emits its tokens at steps
+    ``i .. i + output_len - 1``. ``kv_tokens`` is what the rows' next decode step reads.
+    """
+
+    __slots__ = (
+        "steps",
+        "kv_tokens",
+        "first_index",
+        "finishing",
+        "finish_heap",
+        "newcomers",
+        "first_token",
+        "finish",
+        "entries",
+        "entry_index",
+        "gaps",
+        "gap_runs",
+        "last_end",
+    )
+
+    def __init__(self) -> None:
+        self.steps = 0  # decode-bearing iterations so far (a token-time index)
+        self.kv_tokens = 0  # what the next decode step reads
+        self.first_index: dict[str, int] = {}  # request -> index of its first token here
+        self.finishing: dict[int, list[Request]] = {}  # index -> requests done there
+        self.finish_heap: list[int] = []  # the keys of ``finishing``
+        self.newcomers: dict[int, list[Request]] = {}  # index -> first tokens there
+        self.first_token: dict[str, Any] = {}
+        self.finish: dict[str, Any] = {}
+        # The decode-bearing iterations and the index of each one's first step: step j of an
+        # entry lasts first + j * growth and ends its token.
+        self.entries: list[LogEntry] = []
+        self.entry_index: list[int] = []
+        self.gaps: dict[Any, int] = {}  # token gap -> how many tokens followed such a gap
+        self.gap_runs: list[GapRun] = []
+        self.last_end: Any = None  # end of the last decode-bearing iteration
+
+    def next_finish(self) -> int:
+        """How many decode steps from now until the next request finishes (>= 1)."""
+        return self.finish_heap[0] - self.steps + 1
+
+    def enter(self, requests: list[Request]) -> None:
+        """``requests`` join the decode rows at this boundary."""
+        index = self.steps
+        self.newcomers.setdefault(index, []).extend(requests)
+        finishing, heap = self.finishing, self.finish_heap
+        for r in requests:
+            self.first_index[r.id] = index
+            last = index + r.output_len - 1
+            if last not in finishing:
+                finishing[last] = []
+                heapq.heappush(heap, last)
+            finishing[last].append(r)
+            self.kv_tokens += r.prompt_len
+
+    def emit(self, entry: LogEntry, first: Any) -> list[Request] | None:
+        """The decode-bearing iteration ``entry`` ended: each of its rows emitted a token at
+        the end of each of its ``steps`` steps, the first lasting ``first``. Returns the
+        requests that emitted their last token (None: none did)."""
+        start, end, steps, growth = entry.start, entry.end, entry.steps, entry.growth
+        rows = len(entry.decode_ids)
+        first_end = end if steps == 1 else start + first
+        index = self.steps
+        newcomers = self.newcomers.pop(index, ())
+        gaps = self.gaps
+        continuing = rows - len(newcomers)
+        if continuing and self.last_end is not None:
+            gap = first_end - self.last_end
+            gaps[gap] = gaps.get(gap, 0) + continuing
+        for r in newcomers:
+            self.first_token[r.id] = first_end
+        if steps > 1:
+            if growth:
+                self.gap_runs.append(_new_tuple(GapRun, (first + growth, growth, steps - 1, rows)))
+            else:
+                gaps[first] = gaps.get(first, 0) + (steps - 1) * rows
+        self.entries.append(entry)
+        self.entry_index.append(index)
+        self.steps = last = index + steps
+        self.kv_tokens += rows * steps
+        self.last_end = end
+        heap = self.finish_heap
+        if not heap or heap[0] != last - 1:
+            return None
+        heapq.heappop(heap)
+        done = self.finishing.pop(last - 1)
+        finish = self.finish
+        for r in done:
+            finish[r.id] = end
+            self.kv_tokens -= r.prompt_len + r.output_len
+        return done
+
+    def token_times(self, request: Request) -> list[Any]:
+        """Every token time of ``request``, decoded here."""
+        first = self.first_index[request.id]
+        i = bisect.bisect_right(self.entry_index, first) - 1
+        times: list[Any] = []
+        want = request.output_len
+        while len(times) < want:
+            entry, index = self.entries[i], self.entry_index[i]
+            steps, end = entry.steps, entry.end
+            if steps == 1:
+                times.append(end)
+            else:
+                start, step, growth = entry.start, entry.first_step(), entry.growth
+                for j in range(max(first - index, 0), steps):
+                    times.append(
+                        end
+                        if j == steps - 1
+                        else start + (j + 1) * step + growth * (j * (j + 1) // 2)
+                    )
+                    if len(times) == want:
+                        break
+            i += 1
+        return times

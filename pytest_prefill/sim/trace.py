@@ -1,0 +1,351 @@
+"""A run's results as the API gives them: per-request records, the summary's headline
+figures, and :class:`Trace`, which holds events and records (or, for a simulation, its compact
+results, read on first access)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
+
+from .events import LINK, Event
+from .gaps import GapMultiset, percentile, token_gaps, weighted_percentile
+
+
+class CompactRun(Protocol):
+    """What a simulation's compact results give a :class:`Trace`."""
+
+    def events(self) -> tuple[Event, ...]: ...
+
+    def records(self) -> dict[str, RequestRecord]: ...
+
+    def resources(self) -> tuple[str, ...]: ...
+
+    def busy_time(self, resource: str | None = None) -> float: ...
+
+    def gaps(self) -> GapMultiset: ...
+
+    def summary(self) -> Summary: ...
+
+    def steps(self) -> Iterator[Event]: ...
+
+
+class RequestRecord:
+    """What happened to one request (seconds). ``kv_ready`` is when its KV cache was usable by
+    the worker that decodes it (its prefill end, except under disaggregation: the transfer's
+    end); ``prefill_resource`` and ``decode_resource`` name the workers it was on.
+
+    ``token_times`` may be given as a zero-argument function returning them (the simulator
+    keeps them implicit, computed on first access), with ``first_token`` and ``finish``
+    stated; given as a tuple, those two are read off it. Immutable.
+    """
+
+    __slots__ = (
+        "id",
+        "arrival",
+        "prompt_len",
+        "output_len",
+        "prefill_start",
+        "prefill_end",
+        "kv_ready",
+        "decode_resource",
+        "prefill_resource",
+        "first_token",
+        "finish",
+        "_times",
+    )
+    id: str
+    arrival: float
+    prompt_len: int
+    output_len: int
+    prefill_start: float
+    prefill_end: float
+    kv_ready: float
+    decode_resource: str
+    prefill_resource: str
+    first_token: float
+    finish: float
+    _times: tuple[float, ...] | Callable[[], tuple[float, ...]]
+
+    def __init__(
+        self,
+        id: str,
+        arrival: float,
+        prompt_len: int,
+        output_len: int,
+        prefill_start: float,
+        prefill_end: float,
+        kv_ready: float,
+        decode_resource: str,
+        token_times: tuple[float, ...] | Callable[[], tuple[float, ...]],
+        prefill_resource: str | None = None,
+        *,
+        first_token: float | None = None,
+        finish: float | None = None,
+    ) -> None:
+        values = dict(
+            id=id,
+            arrival=arrival,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            prefill_start=prefill_start,
+            prefill_end=prefill_end,
+            kv_ready=kv_ready,
+            decode_resource=decode_resource,
+            prefill_resource=decode_resource if prefill_resource is None else prefill_resource,
+            _times=token_times,
+        )
+        if callable(token_times):
+            if first_token is None or finish is None:
+                raise ValueError("implicit token_times need first_token and finish")
+            values.update(first_token=first_token, finish=finish)
+        else:
+            times = tuple(token_times)
+            values.update(
+                _times=times,
+                first_token=times[0] if times else math.nan,
+                finish=times[-1] if times else math.nan,
+            )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    @property
+    def token_times(self) -> tuple[float, ...]:
+        """Every token's time, first to last."""
+        times = self._times
+        if callable(times):
+            times = times()
+            object.__setattr__(self, "_times", times)
+        return times
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.id,
+            self.arrival,
+            self.prompt_len,
+            self.output_len,
+            self.prefill_start,
+            self.prefill_end,
+            self.kv_ready,
+            self.decode_resource,
+            self.prefill_resource,
+            self.token_times,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestRecord):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestRecord(id={self.id!r}, arrival={self.arrival!r}, prompt_len="
+            f"{self.prompt_len}, output_len={self.output_len}, prefill_start="
+            f"{self.prefill_start!r}, prefill_end={self.prefill_end!r}, kv_ready="
+            f"{self.kv_ready!r}, decode_resource={self.decode_resource!r}, first_token="
+            f"{self.first_token!r}, finish={self.finish!r})"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Summary:
+    """Headline figures of a trace (seconds). Percentiles are nearest-rank; NaN when there is
+    nothing to rank (no requests, or no request with two tokens for TBT)."""
+
+    requests: int
+    output_tokens: int
+    prefill_tokens: int
+    ttft_p50: float
+    ttft_p99: float
+    tbt_p50: float
+    tbt_p99: float
+    max_stall: float
+    gpu_seconds: float
+    makespan: float
+
+    @property
+    def empty(self) -> bool:
+        return self.requests == 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __str__(self) -> str:
+        if self.empty:
+            return "empty trace: no requests were simulated"
+        return (
+            f"{self.requests} requests, {self.output_tokens} tokens: "
+            f"TTFT p50 {self.ttft_p50 * 1e3:.1f} ms, p99 {self.ttft_p99 * 1e3:.1f} ms; "
+            f"TBT p50 {self.tbt_p50 * 1e3:.1f} ms, p99 {self.tbt_p99 * 1e3:.1f} ms; "
+            f"max stall {self.max_stall * 1e3:.1f} ms; {self.gpu_seconds:.3f} GPU-s; "
+            f"makespan {self.makespan:.3f} s"
+        )
+
+
+class Trace:
+    """Everything a run did: iterations and transfers (``events``, by resource then time) and
+    one record per request (``requests``, by arrival then id). Real engine runs build one from
+    their events and records; the simulator's keeps its results compact and builds events,
+    records and token times on first access (``summary()`` and ``token_gap_counts()`` never
+    need them). ``gaps`` optionally carries the token-gap multiset as (gap, count) pairs.
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        events: Iterable[Event],
+        requests: Mapping[str, RequestRecord],
+        chunk: int | None = None,
+        gaps: Iterable[tuple[float, int]] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.chunk = chunk
+        self._events: tuple[Event, ...] | None = tuple(events)
+        self._requests: Mapping[str, RequestRecord] | None = requests
+        self._gaps = None if gaps is None else tuple(gaps)
+        self._run: CompactRun | None = None
+        self._summary: Summary | None = None
+
+    @classmethod
+    def of_run(cls, policy: str, chunk: int | None, run: CompactRun) -> Trace:
+        """The trace of a simulation, read from its compact results on demand."""
+        trace = cls(policy, (), {}, chunk)
+        trace._events = trace._requests = None
+        trace._run = run
+        return trace
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        if self._events is None:
+            assert self._run is not None
+            self._events = self._run.events()
+        return self._events
+
+    @property
+    def requests(self) -> Mapping[str, RequestRecord]:
+        if self._requests is None:
+            assert self._run is not None
+            self._requests = self._run.records()
+        return self._requests
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        if self._run is not None:
+            return self._run.resources()
+        return tuple(dict.fromkeys(e.resource for e in self.events))
+
+    def busy_time(self, resource: str | None = None) -> float:
+        """Busy seconds of one resource, or of all compute resources (not the link)."""
+        if self._run is not None:
+            return self._run.busy_time(resource)
+        return sum(
+            e.duration
+            for e in self.events
+            if (e.resource == resource if resource is not None else e.resource != LINK)
+        )
+
+    def token_gaps(self) -> GapMultiset:
+        """The gaps between consecutive tokens of every request (vLLM's ITL) as a multiset with
+        order statistics, moments and maximum; for a simulation, without expanding them."""
+        if self._run is not None:
+            return self._run.gaps()
+        return GapMultiset.of_seconds(self.token_gap_counts())
+
+    def token_gap_counts(self) -> tuple[tuple[float, int], ...]:
+        """Every gap between consecutive tokens of any request (vLLM's ITL) as (gap seconds,
+        how many) pairs, by gap (never materialises a simulation's token times, but lists every
+        distinct gap: :meth:`token_gaps` is the cheap way to rank them)."""
+        if self._run is not None:
+            return tuple(self._run.gaps().items())
+        if self._gaps is not None:
+            return self._gaps
+        counts: dict[float, int] = {}
+        for gap, n in token_gaps(self.requests.values()):
+            counts[gap] = counts.get(gap, 0) + n
+        return tuple(sorted(counts.items()))
+
+    def summary(self) -> Summary:
+        if self._summary is None:
+            with no_collection():
+                self._summary = self._run.summary() if self._run is not None else self._summarize()
+        return self._summary
+
+    def _summarize(self) -> Summary:
+        records = list(self.requests.values())
+        if not records:
+            nan = math.nan
+            return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
+        ttfts = [r.ttft for r in records]
+        gaps = self.token_gap_counts()
+        return Summary(
+            requests=len(records),
+            output_tokens=sum(len(r.token_times) for r in records),
+            prefill_tokens=sum(r.prompt_len for r in records),
+            ttft_p50=percentile(ttfts, 50),
+            ttft_p99=percentile(ttfts, 99),
+            tbt_p50=weighted_percentile(gaps, 50),
+            tbt_p99=weighted_percentile(gaps, 99),
+            max_stall=max((g for g, w in gaps if w > 0), default=math.nan),
+            gpu_seconds=self.busy_time(),
+            makespan=max(r.finish for r in records) - min(r.arrival for r in records),
+        )
+
+    def steps(self) -> Iterator[Event]:
+        """Every iteration as an event of its own (coalesced decode runs expanded, each step
+        with its own start, end and KV read; exact for a simulation): the shape to compare
+        traces by."""
+        if self._run is not None:
+            yield from self._run.steps()
+            return
+        for e in self.events:
+            if e.count == 1:
+                yield e
+                continue
+            for i in range(e.count):
+                yield dataclasses.replace(
+                    e,
+                    start=e.step_start(i),
+                    end=e.step_start(i + 1),
+                    kv_tokens=e.kv_tokens + i * e.decode_rows,
+                    count=1,
+                )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (self.policy, self.chunk, self.events, dict(self.requests)) == (
+            other.policy,
+            other.chunk,
+            other.events,
+            dict(other.requests),
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}, {self.summary()})"
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """No cyclic garbage collection inside: a run (or its summary) builds many small objects
+    and no reference cycles, and the collector's scans would only cost time."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
