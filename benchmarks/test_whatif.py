@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.invariants import check_invariants
 from pytest_prefill.plan.advice import chunk_from_cost
 from pytest_prefill.plan.sweep import chunk_sweep, default_chunks
 from pytest_prefill.plan.workloads import lab_scenario, poisson
 from pytest_prefill.report.sweep import sweep_rows_json, sweep_table
-from pytest_prefill.scheduler import POLICIES
+from pytest_prefill.sim import POLICIES, check_invariants
 
 pytestmark = pytest.mark.sim
 

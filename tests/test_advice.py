@@ -17,7 +17,7 @@ from pytest_prefill.plan.advice import (
     chunk_star_text,
     recommend,
 )
-from pytest_prefill.scheduler import PRESETS, CostModel
+from pytest_prefill.sim import PRESETS, CostModel
 
 pytestmark = pytest.mark.sim
 

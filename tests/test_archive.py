@@ -28,7 +28,7 @@ from pytest_prefill.machine import (
 )
 from pytest_prefill.plan.advice import recommend
 from pytest_prefill.plan.cost_document import load_cost
-from pytest_prefill.scheduler import CostModel, get_preset
+from pytest_prefill.sim import CostModel, get_preset
 
 WHEN = datetime.datetime(2026, 1, 2, 3, 4, 5)
 COST = get_preset("lab-laptop").cost

@@ -20,7 +20,7 @@ from pytest_prefill.measure.timing import Measurement  # noqa: E402
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, TYPICAL_PROMPT, recommend  # noqa: E402
 from pytest_prefill.plan.cost_document import cost_from_json  # noqa: E402
 from pytest_prefill.report.calibration import calibration_report, calibration_tables  # noqa: E402
-from pytest_prefill.scheduler import CostModel  # noqa: E402
+from pytest_prefill.sim import CostModel  # noqa: E402
 
 TRUE = CostModel(
     prefill_pass_overhead=1.2e-3,

@@ -30,7 +30,7 @@ from pytest_prefill.plan.deployments import Deployment, default_deployments, sea
 from pytest_prefill.plan.executors import InlineExecutor, dask_executor, local_executor
 from pytest_prefill.plan.metrics import SLO, Distribution, ServingMetrics, serving_metrics
 from pytest_prefill.plan.workloads import poisson, scale_rate
-from pytest_prefill.scheduler import PRESETS, Request, simulate
+from pytest_prefill.sim import PRESETS, Request, simulate
 
 pytestmark = pytest.mark.sim
 

@@ -15,7 +15,7 @@ from pytest_prefill.commands import _measure_args
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.timeline import check_window, render_text
 from pytest_prefill.report.timeline_svg import render_svg
-from pytest_prefill.scheduler import get_preset, simulate
+from pytest_prefill.sim import get_preset, simulate
 
 pytestmark = pytest.mark.sim
 

@@ -14,7 +14,7 @@ import pytest
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.cli import main
 from pytest_prefill.report.comparison import CONSTANTS, Side, compare, side_from_document
-from pytest_prefill.scheduler import CostModel, get_preset
+from pytest_prefill.sim import CostModel, get_preset
 
 LAB = get_preset("lab-laptop").cost
 

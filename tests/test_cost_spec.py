@@ -11,7 +11,7 @@ import pytest
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.archive.cost_spec import COST_WORDS, resolve_cost
 from pytest_prefill.cli import main
-from pytest_prefill.scheduler import PRESETS, CostModel
+from pytest_prefill.sim import PRESETS, CostModel
 
 pytestmark = pytest.mark.sim
 

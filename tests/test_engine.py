@@ -10,14 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_prefill.engine.loop import replay
-from pytest_prefill.invariants import check_invariants, close
 from pytest_prefill.plan.workloads import lab_scenario, poisson
-from pytest_prefill.scheduler import (
+from pytest_prefill.sim import (
     LINK,
     POLICIES,
     PRESETS,
     CostModel,
     Request,
+    check_invariants,
+    close,
     simulate,
 )
 

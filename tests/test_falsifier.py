@@ -18,7 +18,7 @@ from pytest_prefill.engine.falsifier import (  # noqa: E402
 )
 from pytest_prefill.measure.timing import Measurement  # noqa: E402
 from pytest_prefill.report.falsifier import stall_table, stall_table_of  # noqa: E402
-from pytest_prefill.scheduler import PRESETS, CostModel  # noqa: E402
+from pytest_prefill.sim import PRESETS, CostModel  # noqa: E402
 
 
 def test_the_claim_is_designs_sentence():

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_prefill.engine import fidelity as fid
 from pytest_prefill.report import fidelity as tables
-from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.sim import PRESETS
 
 
 def test_cell_error_and_spread_follow_their_definitions():
@@ -98,7 +98,7 @@ def test_cells_not_judged_are_reported_but_not_held_against_the_model():
 
 def test_max_stall_is_judged_where_the_policy_causes_a_stall():
     from pytest_prefill.plan.workloads import lab_scenario
-    from pytest_prefill.scheduler import simulate
+    from pytest_prefill.sim import simulate
 
     cost = PRESETS["lab-laptop"].cost
     shared = simulate("shared", lab_scenario(), cost).summary()
@@ -191,7 +191,7 @@ def test_importing_fidelity_does_not_import_torch():
 
 def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
     from pytest_prefill.plan.workloads import lab_scenario
-    from pytest_prefill.scheduler import simulate
+    from pytest_prefill.sim import simulate
 
     cost = PRESETS["lab-laptop"].cost
     for policy in ("shared", "chunked", "disaggregated"):

@@ -22,7 +22,7 @@ from pytest_prefill.measure.calibration_fit import (  # noqa: E402
 )
 from pytest_prefill.measure.fitting import fit_terms  # noqa: E402
 from pytest_prefill.measure.timing import CLEARLY, Measurement  # noqa: E402
-from pytest_prefill.scheduler import CostModel  # noqa: E402
+from pytest_prefill.sim import CostModel  # noqa: E402
 
 TRUE = CostModel(
     prefill_pass_overhead=1.2e-3,

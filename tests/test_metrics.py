@@ -18,7 +18,7 @@ from pytest_prefill.plan.metrics import (
     weighted_linear_percentile,
 )
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.scheduler import PRESETS, Request, Trace, simulate
+from pytest_prefill.sim import PRESETS, Request, Trace, simulate
 
 pytestmark = pytest.mark.sim
 

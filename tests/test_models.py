@@ -20,7 +20,7 @@ from pytest_prefill.measure.models import (  # noqa: E402
     validate_device,
     validate_dtype,
 )
-from pytest_prefill.scheduler import PRESETS  # noqa: E402
+from pytest_prefill.sim import PRESETS  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

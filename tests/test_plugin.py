@@ -19,7 +19,7 @@ import pytest
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.machine import cpu_key, cpu_model, machine_key, nvidia_accelerators
 from pytest_prefill.plan.advice import recommend
-from pytest_prefill.scheduler import CostModel, get_preset
+from pytest_prefill.sim import CostModel, get_preset
 
 ENTRY_POINT = any(
     ep.value == "pytest_prefill.plugin" for ep in importlib.metadata.entry_points(group="pytest11")
@@ -37,7 +37,7 @@ import os
 import pytest
 import pytest_prefill.measure.calibrate as calibrate_module
 from pytest_prefill.measure.calibration_document import Calibration
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 COST = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_step_base=0.02,
                  kv_bytes_per_token=512)
@@ -362,7 +362,7 @@ def test_a_measured_calibration_is_archived_and_read_back_by_prefill_cost_archiv
     pytester.makepyfile(
         test_reads_back=f"""
         import pytest
-        from pytest_prefill.scheduler import CostModel
+        from pytest_prefill.sim import CostModel
 
         @pytest.mark.sim
         def test_archived_cost(cost_model):
@@ -391,7 +391,7 @@ def test_a_corrupt_archive_file_is_skipped_with_a_message(pytester):
     foreign = good.parent / "notes.json"
     foreign.write_text(json.dumps({"hello": "world"}))
     pytester.makepyfile(f"""
-        from pytest_prefill.scheduler import CostModel
+        from pytest_prefill.sim import CostModel
 
         def test_archived_cost(cost_model):
             assert cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
@@ -524,7 +524,7 @@ def test_the_machine_key_can_be_set(pytester):
 
 SESSION_COST_TESTS = """
 import pytest
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 
 @pytest.mark.gpu

@@ -23,7 +23,7 @@ from pytest_prefill.report.capacity import (
     capacity_table,
     capacity_text,
 )
-from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.sim import PRESETS
 
 pytestmark = pytest.mark.sim
 

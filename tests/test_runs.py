@@ -9,7 +9,7 @@ import pytest
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.cli import main
 from pytest_prefill.plan.advice import recommend
-from pytest_prefill.scheduler import get_preset
+from pytest_prefill.sim import get_preset
 
 pytestmark = pytest.mark.sim
 LAB = get_preset("lab-laptop").cost

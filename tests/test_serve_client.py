@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from pytest_prefill.scheduler import Request
 from pytest_prefill.serve.api import parse_chunk, request_body
 from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json, stream_events
 from pytest_prefill.serve.identity import identify
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.serve.prompts import Prompts
 from pytest_prefill.serve.reference import Behaviour, running
+from pytest_prefill.sim import Request
 
 WORDS = Prompts(
     tuple(f" w{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(80)), tuple(range(80)), "test"

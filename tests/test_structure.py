@@ -27,9 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytest_prefill"
 # own rung and the rungs below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_io", "units", "machine"),  # small leaf utilities at the package root
-    # the simulator core (scheduler.py: the seed's name, a re-export); invariants.py until the
-    # oracle moves into sim/ with the simulator's split (issue 16)
-    ("sim", "scheduler", "invariants"),
+    ("sim", "scheduler"),  # the simulator core (scheduler.py: the seed's name, a re-export)
     ("plan", "__init__"),  # traffic and planning; the facade re-exports sim and plan
     ("measure",),
     ("engine", "serve"),
@@ -44,12 +42,8 @@ MAX_FUNCTION_LINES = 60
 # Exceptions that exist today, each with its reason. Only ever delete from here.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
-KNOWN_LONG_MODULES: dict[str, str] = {
-    "pytest_prefill.scheduler": "being split into sim/ (issue 16, the simulator's part)",
-}
-KNOWN_LONG_FUNCTIONS: dict[str, str] = {
-    "pytest_prefill.scheduler:_prefill_side": "becomes the prefill pool class in sim/",
-}
+KNOWN_LONG_MODULES: dict[str, str] = {}
+KNOWN_LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def module_name(path: Path) -> str:

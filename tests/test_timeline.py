@@ -29,7 +29,7 @@ from pytest_prefill.report.timeline import (
     render_text,
 )
 from pytest_prefill.report.timeline_svg import CHAR_EM, render_svg
-from pytest_prefill.scheduler import LINK, PRESETS, CostModel, Event, Request, Trace, simulate
+from pytest_prefill.sim import LINK, PRESETS, CostModel, Event, Request, Trace, simulate
 
 pytestmark = pytest.mark.sim
 

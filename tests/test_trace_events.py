@@ -10,7 +10,7 @@ import pytest
 from pytest_prefill.cli import main
 from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.report.trace_events import chrome_trace
-from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.sim import PRESETS
 
 pytestmark = pytest.mark.sim
 

@@ -11,7 +11,7 @@ from pytest_prefill.cli import main
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.sweep import chunk_sweep, default_chunks
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.scheduler import PRESETS, CostModel, simulate
+from pytest_prefill.sim import PRESETS, CostModel, simulate
 
 pytestmark = pytest.mark.sim
 LAB = PRESETS["lab-laptop"].cost

@@ -17,7 +17,7 @@ from pytest_prefill.plan.workloads import (
     resolve_workload,
     scale_rate,
 )
-from pytest_prefill.scheduler import Request
+from pytest_prefill.sim import Request
 
 pytestmark = pytest.mark.sim
 

@@ -15,7 +15,7 @@ from typing import Any
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.plan.advice import STAR_CONTEXTS, star_contexts
 from pytest_prefill.plan.cost_document import load_cost
-from pytest_prefill.scheduler import PRESETS, CostModel
+from pytest_prefill.sim import PRESETS, CostModel
 
 COST_WORDS = ("archive", "measure")
 KINDS = ("preset", "file", "archive", "measure")

@@ -29,7 +29,7 @@ from pytest_prefill.plan.cost_document import (
     check_schema,
     cost_from_json,
 )
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 SCHEMA_VERSION = SCHEMA_VERSIONS[RUN_KIND]
 MACHINE_FILE = "machine.json"

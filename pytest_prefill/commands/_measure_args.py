@@ -13,7 +13,7 @@ from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
 from pytest_prefill.commands._args import non_negative_int, positive_int
 from pytest_prefill.measure.models import DTYPES, MODEL_PRESETS, validate_device
-from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.sim import PRESETS
 
 DEFAULT_MODEL = "qwen3-0.6b"
 

@@ -36,7 +36,7 @@ from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.metrics import serving_table
 from pytest_prefill.report.sweep import sweep_rows_json, sweep_table
-from pytest_prefill.scheduler import CostModel, Request, simulate
+from pytest_prefill.sim import CostModel, Request, simulate
 
 HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"
 

@@ -38,7 +38,7 @@ from pytest_prefill.report.timeline import (
 )
 from pytest_prefill.report.timeline_svg import render_svg
 from pytest_prefill.report.trace_events import MAX_TRACE_ITEMS, chrome_trace, trace_items
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 HELP = "draw the lab scenario's timeline under shared, chunked and disaggregated serving"
 

@@ -26,7 +26,7 @@ from pytest_prefill.engine.loop import (
     make_prompts,
     warm_up,
 )
-from pytest_prefill.scheduler import LINK, EventLog, Request
+from pytest_prefill.sim import LINK, EventLog, Request
 
 STARTUP_TIMEOUT = 300.0  # seconds for a child to import torch and load the model
 RUN_TIMEOUT = 3600.0

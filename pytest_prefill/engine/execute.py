@@ -17,7 +17,7 @@ from pytest_prefill.engine.loop import (
     run_single,
     warm_up,
 )
-from pytest_prefill.scheduler import Request, validate_load
+from pytest_prefill.sim import Request, validate_load
 
 
 def hf_model(model: Any) -> Any:

@@ -13,7 +13,7 @@ from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.plan.advice import FALLBACK_CHUNK as FALLBACK_CHUNK
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.advice import chunk_from_cost as chunk_from_cost
-from pytest_prefill.scheduler import CostModel, check_int
+from pytest_prefill.sim import CostModel, check_int
 from pytest_prefill.units import ms
 
 CLAIM = (

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_number
-from pytest_prefill.invariants import iteration_cost
-from pytest_prefill.scheduler import (
+from pytest_prefill.sim import (
     POLICIES,
     CostModel,
     Request,
     check_int,
+    iteration_cost,
     percentile,
     simulate,
 )

@@ -10,12 +10,11 @@ torch is imported lazily (only by :class:`ModelBackend` and the real-time entry 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from pytest_prefill.scheduler import (
+from pytest_prefill.sim import (
     LINK,
     CostModel,
     EventLog,
@@ -26,6 +25,7 @@ from pytest_prefill.scheduler import (
     check_options,
     disaggregated_prefill,
     validate_load,
+    worker_mode,
 )
 
 
@@ -173,9 +173,7 @@ def run_single(
     chunk: int | None = None,
 ) -> Trace:
     """``shared``, ``coscheduled`` or ``chunked`` on one worker (``requests`` already sorted)."""
-    mode = "shared" if policy == "shared" else "chunked"
-    budget = float(chunk) if policy == "chunked" and chunk is not None else math.inf
-    worker = Worker("worker", mode, budget)
+    worker = Worker("worker", *worker_mode(policy, chunk))
     events = EventLog()
     drive(
         worker,

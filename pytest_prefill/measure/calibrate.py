@@ -26,7 +26,7 @@ from pytest_prefill.plan.advice import (
     chunk_star_text,
     recommend,
 )
-from pytest_prefill.scheduler import check_int
+from pytest_prefill.sim import check_int
 from pytest_prefill.units import ms_spread
 
 __all__ = [

@@ -20,7 +20,7 @@ from pytest_prefill.measure.calibration_fit import (
 from pytest_prefill.measure.fitting import TermFit
 from pytest_prefill.plan.advice import Recommendation, chunk_star_text, recommend, star_contexts
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND, SCHEMA_VERSIONS
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 KIND = CALIBRATION_KIND
 SCHEMA_VERSION = SCHEMA_VERSIONS[CALIBRATION_KIND]  # 2: cost model v2 (fits, held-out error)

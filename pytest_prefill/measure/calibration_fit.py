@@ -14,7 +14,7 @@ from typing import Any
 
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.scheduler import CostModel, check_int
+from pytest_prefill.sim import CostModel, check_int
 
 POINT_KINDS = ("prefill", "chunk", "decode_kv", "decode_batch", "fused")
 PREFILL_KINDS = ("prefill", "chunk")

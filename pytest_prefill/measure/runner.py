@@ -12,7 +12,7 @@ from typing import Any
 
 from pytest_prefill.measure.models import LoadedModel, kv_geometry
 from pytest_prefill.measure.timing import Measurement, measure, perf_counter_timer
-from pytest_prefill.scheduler import check_int
+from pytest_prefill.sim import check_int
 
 # Synthetic caches repeat a random tile of this many positions: timing does not depend on the
 # values, and filling gigabytes with fresh random numbers would dominate a CPU run.

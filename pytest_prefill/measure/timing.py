@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import check_int
+from pytest_prefill.sim import check_int
 
 # A measurement is flagged (pyperf's spirit: shown beside the figure, never hidden) when its
 # interquartile range exceeds this fraction of the median, or its [min, max] range exceeds

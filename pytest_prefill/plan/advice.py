@@ -11,7 +11,7 @@ import math
 from collections.abc import Collection, Sequence
 
 from pytest_prefill._io import json_number
-from pytest_prefill.scheduler import CostModel, check_int
+from pytest_prefill.sim import CostModel, check_int
 from pytest_prefill.units import ms, us
 
 # The recommendation (see ``recommend``): with overhead fraction f = pass overhead / decode

@@ -21,7 +21,7 @@ from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.executors import ExecutorLost, local_executor
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.workloads import Workload, arrival_rate, scale_rate
-from pytest_prefill.scheduler import CostModel, Request, check_int, simulate
+from pytest_prefill.sim import CostModel, Request, check_int, simulate
 
 DEFAULT_TARGET = 0.9  # DistServe's attainment target
 DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest miss are this close

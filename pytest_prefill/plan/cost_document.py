@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_prefill._io import read_json
-from pytest_prefill.scheduler import PRESETS, CostModel, get_preset
+from pytest_prefill.sim import PRESETS, CostModel, get_preset
 
 RUN_KIND = "pytest-prefill/run"
 CALIBRATION_KIND = "pytest-prefill/calibration"

@@ -10,7 +10,7 @@ from typing import Any
 
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.scheduler import POLICIES, CostModel, check_int, check_number
+from pytest_prefill.sim import POLICIES, CostModel, check_int, check_number
 from pytest_prefill.units import duration_label
 
 FALLBACK_CHUNKS = (64, 256, 1024)  # chunks tried when C* gives no usable size

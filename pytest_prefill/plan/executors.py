@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pytest_prefill.scheduler import check_int
+from pytest_prefill.sim import check_int
 
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a scheduler before saying none answers
 # tls:// needs certificates and ucx:// a UCX build, settings this harness does not take.

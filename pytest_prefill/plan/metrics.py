@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from pytest_prefill.scheduler import GapMultiset, Trace
+from pytest_prefill.sim import GapMultiset, Trace
 from pytest_prefill.units import duration_label
 
 METRICS = ("ttft", "tpot", "itl", "e2el")

@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.scheduler import (
+from pytest_prefill.sim import (
     POLICIES,
     CostModel,
     Request,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from pytest_prefill._io import ascii_int
-from pytest_prefill.scheduler import Request, check_int, check_number
+from pytest_prefill.sim import Request, check_int, check_number
 
 # Where the repository's sibling ``shared/`` keeps the Azure traces; override with
 # PYTEST_PREFILL_AZURE_DIR.

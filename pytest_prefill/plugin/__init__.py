@@ -38,7 +38,7 @@ from pytest_prefill.plugin.session import (
     state_of,
 )
 from pytest_prefill.plugin.summary import archive_session, write_summary
-from pytest_prefill.scheduler import CostModel, Trace, simulate
+from pytest_prefill.sim import CostModel, Trace, simulate
 
 __all__ = ["OPTIONS", "CapacitySearch", "PrefillReport", "Scheduler", "Settings"]
 

@@ -22,7 +22,7 @@ from pytest_prefill.machine import (
     machine_key,
     nvidia_accelerators,
 )
-from pytest_prefill.scheduler import PRESETS
+from pytest_prefill.sim import PRESETS
 
 DEFAULT_MODEL = "qwen3-0.6b"
 CPU_MODEL = "tiny"  # the default with --prefill-device cpu: Qwen3-0.6B on a CPU takes hours

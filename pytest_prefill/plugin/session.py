@@ -20,7 +20,7 @@ from pytest_prefill.archive.cost_spec import contexts_in, refusals_in
 from pytest_prefill.plan.advice import STAR_CONTEXTS
 from pytest_prefill.plugin.device import DeviceLock, why_no_device
 from pytest_prefill.plugin.options import Settings
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 USER_PROPERTY = "prefill"  # the user_properties name under which entries travel to the controller
 GPU_PROPERTY = "prefill-gpu"  # marks a gpu test's reports (the controller's progress lines)

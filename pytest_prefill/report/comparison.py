@@ -27,7 +27,7 @@ from pytest_prefill.archive.runs import RUN_ID, Warn, find_run, latest_run, run_
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.plan.advice import chunk_star_text
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND, cost_from_json
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 
 def _ignore(_: str) -> None:

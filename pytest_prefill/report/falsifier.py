@@ -19,7 +19,7 @@ from pytest_prefill.engine.falsifier import (
 )
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.report.calibration import kv_table
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 from pytest_prefill.units import ms
 
 Emit = Callable[[str], object]

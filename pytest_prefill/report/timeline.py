@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import LINK, Event, Trace
+from pytest_prefill.sim import LINK, Event, Trace
 from pytest_prefill.units import ms
 
 Window = tuple[float, float]  # (start, end) in seconds

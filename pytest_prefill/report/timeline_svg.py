@@ -21,7 +21,7 @@ from pytest_prefill.report.timeline import (
     layout,
     ticks,
 )
-from pytest_prefill.scheduler import CostModel, Trace
+from pytest_prefill.sim import CostModel, Trace
 from pytest_prefill.units import ms
 
 FONT = "DejaVu Sans Mono, Menlo, Consolas, Liberation Mono, monospace"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import Trace
+from pytest_prefill.sim import Trace
 
 US = 1e6  # trace-event timestamps are microseconds
 # What a Chrome trace of ours may hold (events, token instants and the request ids listed in

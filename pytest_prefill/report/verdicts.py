@@ -16,7 +16,7 @@ from pytest_prefill.plan.advice import (
     star_text,
     typical_star,
 )
-from pytest_prefill.scheduler import CostModel
+from pytest_prefill.sim import CostModel
 
 VERDICTS = ("HOLDS", "FAILS")
 

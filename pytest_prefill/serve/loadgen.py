@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.scheduler import Request, validate_load
 from pytest_prefill.serve.api import (
     ENDPOINTS,
     TAKES_TOKEN_IDS,
@@ -34,6 +33,7 @@ from pytest_prefill.serve.http import (
 from pytest_prefill.serve.identity import ServerIdentity
 from pytest_prefill.serve.prompts import Prompts
 from pytest_prefill.serve.records import BenchRun, RequestRecord
+from pytest_prefill.sim import Request, validate_load
 
 ARRIVALS = ("trace", "poisson", "gamma", "burst")
 PROGRESS_INTERVAL = 2.0
