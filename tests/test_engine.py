@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pytest_prefill.engine.loop import replay
@@ -60,6 +60,15 @@ def loads(draw):
     load=loads(),
     cost=cost_models(),
     chunk=st.integers(1, 700),
+)
+# A KV arriving exactly at a decode step's end: in float sums the engine's clock drifted an ulp
+# off the simulator's ticks and the request joined one step late (hypothesis found it).
+@example(
+    policy="disaggregated",
+    load=[Request(f"r{i}", 0.0, 1, 1) for i in range(3)]
+    + [Request("r3", 0.5, 1, 1), Request("r4", 0.0, 397, 1), Request("r5", 0.0, 600, 2)],
+    cost=CostModel(prefill_pass_overhead=0.0, prefill_per_token=0.001, decode_step_base=0.001),
+    chunk=1,
 )
 def test_engine_on_a_fake_clock_is_the_simulator(policy, load, cost, chunk):
     assert_same_schedule(

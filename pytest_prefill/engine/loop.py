@@ -20,10 +20,14 @@ from pytest_prefill.sim import (
     EventLog,
     Plan,
     Request,
+    TickCost,
     Trace,
     Worker,
     check_options,
     disaggregated_prefill,
+    from_ticks,
+    piece_sums,
+    to_ticks,
     validate_load,
     worker_mode,
 )
@@ -61,31 +65,36 @@ class RealClock:
 
 
 class FakeClock:
-    """A clock that moves only when told: idling jumps to the target time."""
+    """A clock that moves only when told, counting the simulator's exact ticks and read in
+    seconds: a replay then meets every boundary (and every tie) the simulator meets, where
+    float sums would drift a few units in the last place. Idling jumps to the target time."""
 
     def __init__(self) -> None:
-        self.t = 0.0
+        self.ticks = 0
 
     def now(self) -> float:
-        return self.t
+        return from_ticks(self.ticks)
 
     def wait_until(self, t: float) -> None:
-        self.t = max(self.t, t)
+        self.ticks = max(self.ticks, to_ticks(t, up=True))
 
 
 class CostBackend:
-    """Executes an iteration by advancing a fake clock by the cost model's duration for it."""
+    """Executes an iteration by advancing a fake clock by the cost model's duration for it, in
+    ticks, priced as the simulator prices it."""
 
     def __init__(self, cost: CostModel, clock: FakeClock) -> None:
-        self.cost, self.clock = cost, clock
+        self.cost, self.clock, self.tick = cost, clock, TickCost(cost)
 
     def run(self, plan: Plan) -> float | None:
-        duration = self.cost.iteration(plan.pieces(), plan.decode_rows, plan.kv_tokens)
-        self.clock.t += duration
+        tokens, pairs, _ = piece_sums(plan.pieces())
+        rows, kv = plan.decode_rows, plan.kv_tokens
+        ticks = self.tick.price(tokens, pairs, plan.context_tokens, rows, kv)
+        self.clock.ticks += ticks
         # The simulator keys runs of equal decode steps on the formula's duration when it is
         # constant (no per-KV-token term) and on end - start otherwise; so does the engine.
         if plan.kind == "decode" and self.cost.decode_per_kv_token == 0:
-            return duration
+            return from_ticks(ticks)
         return None
 
 
@@ -97,6 +106,27 @@ class Arrivals(Protocol):
     def wait(self, clock: Clock) -> bool:
         """Idle until the next arrival; False when none is left."""
         ...
+
+
+class TickArrivals:
+    """Arrivals at exact ticks on a :class:`FakeClock`, compared with its ticks as the
+    simulator compares them: ``(ticks, request)`` in time order."""
+
+    def __init__(self, schedule: Sequence[tuple[int, Request]], clock: FakeClock) -> None:
+        self.schedule, self.clock, self.i = list(schedule), clock, 0
+
+    def ready(self, now: float) -> list[Request]:
+        out = []
+        while self.i < len(self.schedule) and self.schedule[self.i][0] <= self.clock.ticks:
+            out.append(self.schedule[self.i][1])
+            self.i += 1
+        return out
+
+    def wait(self, clock: Clock) -> bool:
+        if self.i >= len(self.schedule):
+            return False
+        self.clock.ticks = max(self.clock.ticks, self.schedule[self.i][0])
+        return True
 
 
 class ScheduledArrivals:
@@ -171,15 +201,17 @@ def run_single(
     backend: Backend,
     clock: Clock,
     chunk: int | None = None,
+    arrivals: Arrivals | None = None,
 ) -> Trace:
-    """``shared``, ``coscheduled`` or ``chunked`` on one worker (``requests`` already sorted)."""
+    """``shared``, ``coscheduled`` or ``chunked`` on one worker (``requests`` already sorted,
+    arriving at their own times unless ``arrivals`` says otherwise)."""
     worker = Worker("worker", *worker_mode(policy, chunk))
     events = EventLog()
     drive(
         worker,
         backend,
         clock,
-        ScheduledArrivals([(r.arrival, r) for r in requests]),
+        arrivals or ScheduledArrivals([(r.arrival, r) for r in requests]),
         events,
         worker.admit,
     )
@@ -238,7 +270,8 @@ def replay(
     clock = FakeClock()
     backend = CostBackend(cost, clock)
     if policy != "disaggregated":
-        return run_single(policy, requests, backend, clock, chunk)
+        arrivals = TickArrivals([(to_ticks(r.arrival, up=True), r) for r in requests], clock)
+        return run_single(policy, requests, backend, clock, chunk, arrivals)
     # The stages only feed forward (prefill pool -> link -> decode), so on a fake clock they
     # can run one after the other; the prefill pool and link are the simulator's own.
     schedule, times, early = disaggregated_prefill(requests, cost)
@@ -249,7 +282,7 @@ def replay(
         decoder,
         CostBackend(cost, decode_clock),
         decode_clock,
-        ScheduledArrivals(schedule),
+        TickArrivals(schedule, decode_clock),
         events,
         decoder.join,
     )

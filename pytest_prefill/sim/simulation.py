@@ -97,17 +97,17 @@ def disaggregated(
 
 def disaggregated_prefill(
     load: Iterable[Request], cost: CostModel, *, prefill_workers: int = 1
-) -> tuple[list[tuple[float, Request]], dict[str, tuple[float, float, float]], tuple[Event, ...]]:
+) -> tuple[list[tuple[int, Request]], dict[str, tuple[float, float, float]], tuple[Event, ...]]:
     """The prefill pool and the link of a disaggregated run, as ``simulate`` runs them: the
-    requests in order of KV arrival with its time, each request's (prefill start, prefill end,
-    KV ready), and the prefill and transfer events. For an engine that decodes for real."""
+    requests in order of KV arrival with its time in exact ticks (so a replay meets the
+    boundaries the simulator meets), each request's (prefill start, prefill end, KV ready) in
+    seconds, and the prefill and transfer events. For an engine that decodes for real."""
     check_int("prefill_workers", prefill_workers)
     requests = validate_load(load)
     side = PrefillPool(requests, TickCost(cost), prefill_workers, cost.kv_capacity_tokens).run()
-    f = from_ticks
     entries: list[LogEntry] = [e for log in side.logs for e in log]
     return (
-        [(f(t), r) for t, r in side.ready],
+        list(side.ready),
         {rid: _seconds(times) for rid, times in side.times.items()},
         tuple([e.event() for e in entries]),
     )
