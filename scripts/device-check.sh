@@ -4,7 +4,7 @@
 # (the colocated policies on one device; disaggregation reported as not run) -- with the
 # qwen3-0.6b preset (random weights: nothing is downloaded), from the source tree, no install:
 #
-#   PYTHONPATH=. python3 -m pytest -p pytest_prefill.plugin -m gpu benchmarks ...
+#   PYTHONPATH=. python3 -m pytest -p pytest_prefill.plugin -m gpu pytest_prefill/suite ...
 #
 #   scripts/device-check.sh [OUT_DIR]      # default: $OUT (the device tool's folder)
 #
@@ -71,10 +71,13 @@ fi
 # shellcheck disable=SC2206  # EXTRA is split on purpose
 if [[ -n ${EXTRA:-} ]]; then flags+=($EXTRA); fi
 
-echo "== $py -m pytest ${flags[*]} benchmarks   (limit ${limit} s)"
+# the hardware suite ships in the package (older checkouts kept it in benchmarks/)
+suite=pytest_prefill/suite
+[[ -d $suite ]] || suite=benchmarks
+echo "== $py -m pytest ${flags[*]} $suite   (limit ${limit} s)"
 start=$SECONDS
 set +e
-timeout --signal=INT --kill-after=30 "$limit" "$py" -m pytest "${flags[@]}" benchmarks \
+timeout --signal=INT --kill-after=30 "$limit" "$py" -m pytest "${flags[@]}" "$suite" \
     >"$work/pytest-gpu.txt" 2>&1
 status=$?
 set -e

@@ -145,3 +145,83 @@ def test_summary_compare_and_archive_say_the_same_words_and_warnings(tmp_path, c
     assert main(["compare", str(path), str(path)]) == 0
     out = capsys.readouterr().out
     assert out.count(advice.line) == 2 and all(out.count(w) == 2 for w in advice.warnings)
+
+
+# --- trust: no recommendation from a fit the calibration calls untrustworthy ---------------------
+
+
+def test_a_refused_per_token_cost_gives_no_c_star_even_with_a_pair_term():
+    """Issue 21: with the per-token cost refused it printed `C* = (1.72 - 1.43) ms / 0.0 us =
+    126 tokens` (the pair term's C*) and then `Prefer DISAGGREGATION`."""
+    from pytest_prefill.plan.advice import chunk_star_text
+
+    cost = CostModel(
+        prefill_pass_overhead=1.43e-3,
+        prefill_per_token=0.0,
+        prefill_per_pair=1e-10,
+        decode_step_base=1.72e-3,
+    )
+    assert math.isfinite(cost.chunk_star()) and cost.chunk_star() > 0  # the pair term's C*
+    advice = recommend(cost, {"prefill_per_token"})
+    assert advice.policy == "undetermined" and "Prefer" not in advice.line
+    text = chunk_star_text(cost, {"prefill_per_token"})
+    assert "not determined" in text and f"= {cost.chunk_star():.0f} tokens" not in text
+    assert "Prefer" not in text
+
+
+@pytest.mark.parametrize(
+    ("trust", "words"),
+    [
+        (dict(held_out=0.49), "held-out error 49% > 25%"),
+        (dict(held_out=0.05, busy=True), "the machine was BUSY"),
+        (dict(held_out=math.nan), "held-out error not finite"),
+    ],
+)
+def test_an_untrustworthy_fit_gives_no_recommendation(trust, words):
+    from pytest_prefill.plan.advice import MAX_TRUSTED_HELD_OUT, Trust
+
+    cost = PRESETS["lab-laptop"].cost
+    doubted = recommend(cost, trust=Trust(**trust))
+    assert doubted.policy == "undetermined" and words in doubted.line
+    assert "Prefer" not in doubted.line
+    trusted = recommend(cost, trust=Trust(held_out=MAX_TRUSTED_HELD_OUT, busy=False))
+    assert trusted.line == recommend(cost).line  # a trusted fit: the one rule's words
+
+
+def test_the_summary_states_c_star_with_its_trust_figures():
+    """Issue 21: `C* = -83620 tokens ...; pass overhead is 185% of one decode step` with the
+    BUSY warning and the 49% held-out error only in progress lines above."""
+    from pytest_prefill.plan.advice import Trust
+    from pytest_prefill.report.verdicts import verdict_block
+
+    cost = PRESETS["lab-laptop"].cost
+    busy = Trust(held_out=0.49, busy=True, unstable=3)
+    line, advice = verdict_block(cost, "measured", [], (), trust=busy)[1:3]
+    assert line.startswith("C* = ") and "held-out error 49.0%" in line
+    assert "BUSY machine" in line and "3 unstable measurement(s)" in line
+    assert advice.startswith("-> no recommendation: this fit is not trustworthy")
+    quiet = verdict_block(cost, "measured", [], (), trust=Trust(0.049, False))[1]
+    assert "held-out error 4.9%, quiet machine" in quiet
+    assert verdict_block(cost, "preset", [])[1].endswith("[not measured here]")
+    refused = verdict_block(cost, "measured", [], ("prefill_per_token",), trust=busy)[1]
+    assert refused.startswith("C* not determined")
+
+
+def test_a_calibration_documents_trust_and_every_reader_applies_it():
+    """The calibration's trust figures travel with it: the JSON, then --cost FILE, the archive
+    and compare read them back (trust_in) and refuse to recommend alike."""
+    from pytest_prefill.plan.advice import Trust
+    from pytest_prefill.plan.cost_document import trust_in
+
+    cost = PRESETS["lab-laptop"].cost
+    document = {
+        "kind": "pytest-prefill/calibration",
+        "cost_model": cost.to_dict(),
+        "held_out_median_error": 0.49,
+        "provenance": {"quiet": {"quiet": False, "warning": "BUSY MACHINE"}},
+        "measurements": [{"measurement": {"warning": "unstable"}}, {"measurement": {}}],
+    }
+    assert trust_in(document) == Trust(0.49, True, 1)
+    assert trust_in({"calibration": document}) == Trust(0.49, True, 1)  # inside a run
+    assert trust_in(cost.to_dict()) is None  # a bare cost model: nothing to trust or doubt
+    assert Trust.from_dict(Trust(0.49, True, 1).to_dict()) == Trust(0.49, True, 1)

@@ -1,5 +1,5 @@
 """The fidelity arithmetic (errors, spreads, combination rules), the scenarios, the tables, and
-argument checking. Real runs are in benchmarks/test_fidelity.py."""
+argument checking. Real runs are in pytest_prefill/suite/test_fidelity.py."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine", "serve"),
     ("archive",),
     ("report",),
-    ("plugin", "commands", "cli", "__main__"),
+    # the hardware suite (tests shipped with the package: pytest --pyargs pytest_prefill.suite)
+    ("plugin", "commands", "cli", "__main__", "suite"),
 )
 STDLIB_ONLY = ("sim", "plan", "_io", "units", "machine", "scheduler")
 MAX_MODULE_LINES = 600

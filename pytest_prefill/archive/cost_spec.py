@@ -13,8 +13,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from pytest_prefill.archive import runs as archive
-from pytest_prefill.plan.advice import STAR_CONTEXTS, star_contexts
-from pytest_prefill.plan.cost_document import load_cost
+from pytest_prefill.plan.advice import STAR_CONTEXTS, Trust, star_contexts
+from pytest_prefill.plan.cost_document import load_cost, trust_in
 from pytest_prefill.sim import PRESETS, CostModel
 
 COST_WORDS = ("archive", "measure")
@@ -40,6 +40,7 @@ class CostSpec:
     label: str
     refused: tuple[str, ...] = ()
     contexts: tuple[int, ...] = STAR_CONTEXTS
+    trust: Trust | None = None  # the calibration's trust figures (None: not measured)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -53,10 +54,11 @@ class CostSpec:
         source: str,
         refused: Collection[str] = (),
         contexts: tuple[int, ...] = STAR_CONTEXTS,
+        trust: Trust | None = None,
     ) -> CostSpec:
         """This ``measure`` spec once the calibration is known."""
         return dataclasses.replace(
-            self, cost=cost, source=source, refused=tuple(refused), contexts=contexts
+            self, cost=cost, source=source, refused=tuple(refused), contexts=contexts, trust=trust
         )
 
 
@@ -90,17 +92,15 @@ def contexts_in(document: Any) -> tuple[int, ...]:
     return star_contexts(limit if valid else None)
 
 
-def _basis_in_file(path: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(refusals, contexts) of a cost file's calibration."""
+def _basis_in_file(path: str) -> tuple[tuple[str, ...], tuple[int, ...], Trust | None]:
+    """(refusals, contexts, trust) of a cost file's calibration."""
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)
     except (OSError, ValueError, RecursionError):
-        return (
-            (),
-            STAR_CONTEXTS,
-        )  # load_cost has read it already; a second read failing is not an answer
-    return refusals_in(document), contexts_in(document)
+        # load_cost has read it already; a second read failing is not an answer
+        return (), STAR_CONTEXTS, None
+    return refusals_in(document), contexts_in(document), trust_in(document)
 
 
 def resolve_cost(
@@ -148,6 +148,7 @@ def resolve_cost(
             f"archive {run.path.name}",
             refusals_in(run.data),
             contexts_in(run.data),
+            trust_in(run.data),
         )
     if spec in PRESETS:
         cost, source = load_cost(spec)
@@ -161,5 +162,5 @@ def resolve_cost(
         if os.path.lexists(path):  # a file that is there and bad: the words are no help
             raise
         raise ValueError(f"{err} (or one of the words {', '.join(COST_WORDS)})") from None
-    refused, contexts = _basis_in_file(path)
-    return CostSpec(spec, "file", cost, source, f"file {path}", refused, contexts)
+    refused, contexts, trust = _basis_in_file(path)
+    return CostSpec(spec, "file", cost, source, f"file {path}", refused, contexts, trust)

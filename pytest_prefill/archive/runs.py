@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_prefill._io import abandoned, json_safe, lock, read_json, write_json_atomic
 from pytest_prefill.machine import KEY_PATTERN
-from pytest_prefill.plan.advice import STAR_CONTEXTS, recommend
+from pytest_prefill.plan.advice import STAR_CONTEXTS, Trust, recommend
 from pytest_prefill.plan.cost_document import (
     RUN_KIND,
     SCHEMA_VERSIONS,
@@ -257,9 +257,10 @@ def cost_block(
     label: str | None = None,
     refused: Collection[str] = (),
     contexts: Sequence[int] = STAR_CONTEXTS,
+    trust: Trust | None = None,
 ) -> dict[str, Any]:
     """A run's ``cost``: the cost model its tables used, where it came from, its C* and the
-    recommendation (the one rule's words)."""
+    recommendation (the one rule's words), and the calibration's trust figures."""
     return {
         "source": source,
         "label": label or source,
@@ -267,7 +268,8 @@ def cost_block(
         "chunk_star": cost.chunk_star(),
         "refused": sorted(refused),
         "chunk_star_by_context": {str(c): json_safe(cost.chunk_star(context=c)) for c in contexts},
-        "recommendation": recommend(cost, refused, contexts).to_dict(),
+        "recommendation": recommend(cost, refused, contexts, trust).to_dict(),
+        "trust": None if trust is None else trust.to_dict(),
     }
 
 

@@ -75,7 +75,9 @@ def save_calibration(args: argparse.Namespace, calibration: Any, origin: str) ->
     refused = calibration.refused()
     document = archive.run_document(
         **context,
-        cost=archive.cost_block(calibration.cost, origin, None, refused),
+        cost=archive.cost_block(
+            calibration.cost, origin, None, refused, calibration.contexts, calibration.trust()
+        ),
         calibration=calibration.to_dict(),
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["calibrate"]),
     )

@@ -16,6 +16,7 @@ from pytest_prefill.measure.models import DTYPES, MODEL_PRESETS, validate_device
 from pytest_prefill.sim import PRESETS
 
 DEFAULT_MODEL = "qwen3-0.6b"
+SMALL_PRESETS = ("tiny", "small")  # minutes at most on a CPU (README: fidelity of small ~5 min)
 
 
 def device_type(text: str) -> str:
@@ -25,14 +26,14 @@ def device_type(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model --device --dtype``."""
+def add_model_arguments(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--model --device --dtype``; ``default`` words the model's default in the help."""
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
         metavar="SPEC",
         help=f"a preset ({', '.join(MODEL_PRESETS)}; random weights), a local model directory, "
-        f"or a Hugging Face id already in the offline cache (default {DEFAULT_MODEL})",
+        f"or a Hugging Face id already in the offline cache (default {default or DEFAULT_MODEL})",
     )
     parser.add_argument(
         "--device",
@@ -115,10 +116,10 @@ def _say_up_front(args: argparse.Namespace, loaded: Any) -> None:
         return
     if args.device is None:
         progress("no CUDA device found: measuring on the CPU (--device cpu says so explicitly)")
-    if args.model != "tiny":
+    if args.model not in SMALL_PRESETS:
         progress(
             f"{args.model} on a CPU is slow: a full calibration can take most of an hour "
-            "(--model tiny takes seconds; --dry-run cuts the repeats)"
+            "(--model small takes minutes, tiny seconds; --dry-run cuts the repeats)"
         )
 
 
@@ -183,5 +184,9 @@ def resolve_cost_args(args: argparse.Namespace) -> CostSpec:
         return spec
     calibration = measure(args)
     return spec.measured(
-        calibration.cost, measured_origin(calibration), calibration.refused(), calibration.contexts
+        calibration.cost,
+        measured_origin(calibration),
+        calibration.refused(),
+        calibration.contexts,
+        calibration.trust(),
     )

@@ -33,7 +33,7 @@ def runs_type(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    add_model_arguments(parser, default=f"{DEFAULT_CPU_MODEL} on the CPU, qwen3-0.6b on CUDA")
     parser.set_defaults(model=None)
     add_timing_arguments(parser)
     parser.add_argument(

@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"Cost model: {origin}")
     print("\n".join(lines))
     print(f"C* = {star_text(star)} tokens")
-    print(str(recommend(cost, spec.refused, spec.contexts)))  # the line and any warnings
+    if spec.trust is not None:
+        print(f"  (the calibration's trust figures: {spec.trust.text()})")
+    print(str(recommend(cost, spec.refused, spec.contexts, spec.trust)))  # line and warnings
     print()
     print(sweep_table(rows))
     print()

@@ -340,11 +340,25 @@ def measure_prefill(
         m = runner.time_prefill(tokens, repeats=repeats, warmup=warmup)
         budget.record(tokens, m.median)
         _say(progress, f"prefill {tokens:>6} tokens: {_summary(m)}")
-        if not points and len(prompt_lens) > 1:
-            rest = sum(min(budget.predict(t) * budget.calls, budget.seconds) for t in prompt_lens)
-            _say(progress, f"the prefill sweep will take about {rest:,.0f} s more")
         points.append(Point("prefill", tokens, m))
+        if len(points) == 2:
+            _say(progress, _time_left(points, [t for t in prompt_lens if t > tokens], budget))
     return points
+
+
+def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) -> str:
+    """How long the lengths still to time will take, from a line through the two shortest
+    timed (the budget's own guard is deliberately pessimistic: it said 107 s for a sweep that
+    took 37)."""
+    if not lengths:
+        return ""
+    (n0, p0), (n1, p1) = ((p.x, p.measurement.median) for p in points[:2])
+    slope = max(0.0, (p1 - p0) / (n1 - n0))
+    rest = sum(min(max(p0 + slope * (n - n0), 0.0) * budget.calls, budget.seconds) for n in lengths)
+    return (
+        f"the prefill sweep will take about {rest:,.0f} s more (a line through the two "
+        "shortest prompts; attention's quadratic work can add to it)"
+    )
 
 
 def measure_chunks(

@@ -5,6 +5,7 @@ held-out predictions), written and read back (schema 2; schema 1 still reads).""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,13 @@ from pytest_prefill.measure.calibration_fit import (
     Refusal,
 )
 from pytest_prefill.measure.fitting import TermFit
-from pytest_prefill.plan.advice import Recommendation, chunk_star_text, recommend, star_contexts
+from pytest_prefill.plan.advice import (
+    Recommendation,
+    Trust,
+    chunk_star_text,
+    recommend,
+    star_contexts,
+)
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND, SCHEMA_VERSIONS
 from pytest_prefill.sim import CostModel
 
@@ -67,11 +74,22 @@ class Calibration:
         """The contexts C* is reported at (within the model's context)."""
         return star_contexts(self.provenance.get("max_context"))
 
+    def trust(self) -> Trust:
+        """The trust figures of this fit: held-out error, a busy machine, unstable points."""
+        held = self.held_out_median
+        quiet = self.provenance.get("quiet")
+        said = quiet.get("quiet") if isinstance(quiet, Mapping) else None
+        return Trust(
+            held if math.isfinite(held) else None,
+            (not said) if isinstance(said, bool) else None,
+            sum(1 for p in self.measurements if p.measurement.warning),
+        )
+
     def recommendation(self) -> Recommendation:
-        return recommend(self.cost, self.refused(), self.contexts)
+        return recommend(self.cost, self.refused(), self.contexts, self.trust())
 
     def chunk_star_text(self) -> str:
-        return chunk_star_text(self.cost, self.refused(), self.contexts)
+        return chunk_star_text(self.cost, self.refused(), self.contexts, self.trust())
 
     def _fit(self) -> FitResult:
         return FitResult(self.cost, self.fits, self.refusals, self.floor, self.predictions)
@@ -100,6 +118,7 @@ class Calibration:
             "recommendation": advice.policy,
             "recommended_chunk": advice.chunk,
             "held_out_median_error": json_number(self.held_out_median),
+            "trust": self.trust().to_dict(),
             "in_sample_median_error": json_number(self.in_sample_median),
             "floor": self.floor.to_dict(),
             "provenance": dict(self.provenance),

@@ -28,6 +28,63 @@ FALLBACK_CHUNK = MIN_USEFUL_CHUNK
 TYPICAL_PROMPT = 2048
 # Where reports give C* (within the model's context).
 STAR_CONTEXTS = (0, 2048, 8192, 32768)
+# A calibration whose fit predicts its own held-out prompt lengths worse than this (median
+# |relative error|) is not trusted to recommend anything: three calibrations of one model on a
+# busy box gave C* of 126, 38 and -83,620, the last with a 49% held-out error.
+MAX_TRUSTED_HELD_OUT = 0.25
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trust:
+    """How far a measured cost model may be trusted, as its calibration measured it:
+    ``held_out`` the median |relative error| of the fit's held-out predictions (None: not
+    computed), ``busy`` whether the quiet-machine probe found the machine busy (None: not
+    probed), ``unstable`` how many measurements were flagged unstable."""
+
+    held_out: float | None = None
+    busy: bool | None = None
+    unstable: int = 0
+
+    def doubts(self) -> tuple[str, ...]:
+        """Why the fit should not be acted on (empty when it may)."""
+        out = []
+        if self.held_out is not None and not self.held_out <= MAX_TRUSTED_HELD_OUT:
+            out.append(
+                f"held-out error {self.held_out:.0%} > {MAX_TRUSTED_HELD_OUT:.0%}"
+                if math.isfinite(self.held_out)
+                else "held-out error not finite"
+            )
+        if self.busy:
+            out.append("the machine was BUSY while it was timed")
+        return tuple(out)
+
+    def text(self) -> str:
+        """The trust figures in a few words: 'held-out error 4.9%, quiet, 2 unstable'."""
+        parts = []
+        if self.held_out is not None and math.isfinite(self.held_out):
+            parts.append(f"held-out error {self.held_out:.1%}")
+        else:
+            parts.append("held-out error not computed")
+        if self.busy is not None:
+            parts.append("BUSY machine" if self.busy else "quiet machine")
+        if self.unstable:
+            parts.append(f"{self.unstable} unstable measurement(s)")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"held_out": self.held_out, "busy": self.busy, "unstable": self.unstable}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Trust | None:
+        """Inverse of :meth:`to_dict` (None for anything else)."""
+        if not isinstance(data, dict):
+            return None
+        held, busy, unstable = data.get("held_out"), data.get("busy"), data.get("unstable")
+        return cls(
+            float(held) if isinstance(held, (int, float)) and not isinstance(held, bool) else None,
+            busy if isinstance(busy, bool) else None,
+            unstable if isinstance(unstable, int) and not isinstance(unstable, bool) else 0,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,13 +151,17 @@ def _warnings(cost: CostModel, contexts: Sequence[int]) -> tuple[str, ...]:
 
 
 def recommend(
-    cost: CostModel, refused: Collection[str] = (), contexts: Sequence[int] = STAR_CONTEXTS
+    cost: CostModel,
+    refused: Collection[str] = (),
+    contexts: Sequence[int] = STAR_CONTEXTS,
+    trust: Trust | None = None,
 ) -> Recommendation:
     """The recommendation for ``cost`` (thresholds: ``DISAGGREGATE_OVERHEAD_FRACTION``,
     ``MIN_USEFUL_CHUNK``, ``TYPICAL_PROMPT``). ``refused`` names the constants a calibration
-    refused: without a per-token (or per-pair) prefill cost C* means nothing, and the policy is
-    ``undetermined``. ``contexts``: where C* is reported; a plain warning when the chunk that
-    rides free at the longest of them falls below usefulness."""
+    refused: without a per-token prefill cost C* means nothing, and the policy is
+    ``undetermined``; so it is when ``trust`` (the calibration's) has doubts. ``contexts``:
+    where C* is reported; a plain warning when the chunk that rides free at the longest of them
+    falls below usefulness."""
     star = cost.chunk_star()
     typical = typical_star(cost)
     fraction = (
@@ -113,12 +174,9 @@ def recommend(
         warnings = _warnings(cost, contexts) if policy != "undetermined" and contexts else ()
         return Recommendation(policy, chunk, star, fraction, line, warnings)
 
-    if "prefill_per_token" in refused and cost.prefill_per_pair == 0:
-        return advice(
-            "undetermined",
-            "-> no recommendation: prefill_per_token was refused, so this C* rests on noise. "
-            "Measure again (more --repeats, a quieter machine).",
-        )
+    why_not = _no_recommendation(refused, trust)
+    if why_not:
+        return advice("undetermined", why_not)
     if star <= 0:
         return advice(
             "disaggregated",
@@ -153,23 +211,55 @@ def recommend(
     )
 
 
+def _no_recommendation(refused: Collection[str], trust: Trust | None) -> str:
+    """The line that says why there is no recommendation ('' when there may be one)."""
+    if "prefill_per_token" in refused:
+        return (
+            "-> no recommendation: prefill_per_token was refused, so no C* follows from this "
+            "fit. Measure again (more --repeats, a quieter machine)."
+        )
+    doubts = trust.doubts() if trust is not None else ()
+    if doubts:
+        return (
+            f"-> no recommendation: this fit is not trustworthy ({'; '.join(doubts)}). "
+            "Measure again on a quiet machine, with more --repeats."
+        )
+    return ""
+
+
 def star_text(star: float) -> str:
     """C* in whole tokens, ``inf`` / ``-inf`` when infinite."""
     return f"{star:.0f}" if math.isfinite(star) else ("inf" if star > 0 else "-inf")
 
 
 def chunk_star_text(
-    cost: CostModel, refused: Collection[str] = (), contexts: Sequence[int] = STAR_CONTEXTS
+    cost: CostModel,
+    refused: Collection[str] = (),
+    contexts: Sequence[int] = STAR_CONTEXTS,
+    trust: Trust | None = None,
 ) -> str:
     """The C* derivation block with ``cost``'s numbers (the lab's formula at context 0), C* at
-    each of ``contexts`` when the model has terms that make it fall, and the recommendation."""
-    advice = recommend(cost, refused, contexts)
+    each of ``contexts`` when the model has terms that make it fall, and the recommendation;
+    with the per-token cost refused, no C* at all (a division by a refused 0 has no result)."""
+    advice = recommend(cost, refused, contexts, trust)
+    if "prefill_per_token" in refused:
+        return "\n".join(
+            [
+                "C* = (decode_step - pass_overhead) / prefill_per_token: not determined,",
+                "     prefill_per_token was refused (recorded as 0)",
+                "",
+                f"pass overhead is {advice.overhead_fraction:.0%} of one decode step",
+                advice.line,
+            ]
+        )
     lines = [
         "C* = (decode_step - pass_overhead) / prefill_per_token",
         f"   = ({ms(cost.decode_step_base)} - {ms(cost.prefill_pass_overhead)}) ms / "
         f"{us(cost.prefill_per_token)} us",
         f"   = {star_text(cost.chunk_star())} tokens",
     ]
+    if trust is not None:
+        lines.append(f"   ({trust.text()})")
     if (cost.prefill_per_pair > 0 or cost.decode_per_kv_token > 0) and contexts:
         by_context = ", ".join(
             f"{c:,}: {star_text(s)}" for c, s in stars_by_context(cost, contexts).items()

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_prefill._io import read_json
+from pytest_prefill.plan.advice import Trust
 from pytest_prefill.sim import PRESETS, CostModel, get_preset
 
 RUN_KIND = "pytest-prefill/run"
@@ -99,4 +100,34 @@ def load_cost(spec: str) -> tuple[CostModel, str]:
         return cost_from_json(read_json(spec, "cost file"), spec), f"file {spec}"
     raise ValueError(
         f"unknown cost {spec!r}: give a preset ({', '.join(PRESETS)}) or a path to a JSON file"
+    )
+
+
+def trust_in(document: Any) -> Trust | None:
+    """How far the calibration inside a parsed calibration or run document may be trusted: its
+    held-out error, whether the machine was busy, how many measurements were unstable (None for
+    a bare cost model, a preset, or anything that is not a calibration)."""
+    if not isinstance(document, Mapping):
+        return None
+    calibration = document.get("calibration", document)
+    if not isinstance(calibration, Mapping) or "cost_model" not in calibration:
+        return None
+    if "provenance" not in calibration and "measurements" not in calibration:
+        return None  # a bare cost model
+    held = calibration.get("held_out_median_error")
+    provenance = calibration.get("provenance")
+    quiet = provenance.get("quiet") if isinstance(provenance, Mapping) else None
+    busy = quiet.get("quiet") if isinstance(quiet, Mapping) else None
+    measurements = calibration.get("measurements")
+    unstable = sum(
+        1
+        for m in (measurements if isinstance(measurements, list) else [])
+        if isinstance(m, Mapping)
+        and isinstance(m.get("measurement"), Mapping)
+        and m["measurement"].get("warning")
+    )
+    return Trust(
+        float(held) if isinstance(held, (int, float)) and not isinstance(held, bool) else None,
+        (not busy) if isinstance(busy, bool) else None,
+        unstable,
     )

@@ -1,8 +1,8 @@
 """The pytest plugin: ``gpu`` and ``sim`` markers, ``--prefill-*`` options (each with an ini
-twin), fixtures (``prefill_model``, ``prefill_calibration``, ``cost_model``, ``scheduler``,
+twin), fixtures (``prefill_model``, ``prefill_calibration``, ``prefill_falsifier``, ``cost_model``, ``scheduler``,
 ``capacity``, ``prefill_report``), a header line, a short verdict block in the terminal summary (the full
-tables with ``-v``), and the per-machine results archive -- written only when a prefill fixture
-recorded something or ``--prefill-save`` asks, never in a project that merely installed this.
+tables with ``-v``), and the per-machine results archive -- written only when ``--prefill-save``
+asks (as pytest-benchmark writes only with ``--benchmark-autosave``).
 
 Imports nothing heavy at import time: torch is imported only when a gpu test or a fixture that
 needs the device runs. Under pytest-xdist the workers attach what they record to their test
@@ -328,6 +328,72 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
         write_json_atomic(shared, json_safe(document, "calibration"))
     state.record({"kind": "calibration", "data": document})
     return calibration
+
+
+@pytest.fixture
+def prefill_falsifier(
+    prefill_model: Any,
+    prefill_calibration: Any,
+    prefill_settings: Settings,
+    prefill_report: PrefillReport,
+) -> Callable[..., Any]:
+    """The falsifier on the device under test: ``prefill_falsifier(prompt_len=2048)`` states
+    its claim before measuring, times a decode step alone, behind a whole prefill and behind
+    one chunk (default: the chunk the session calibration's C* gives), records the stall table
+    and the HOLDS/FAILS verdict in the summary, and returns the result (``.verdict``,
+    ``.verdict_line``, ``.claim``)."""
+
+    def falsify(prompt_len: int | None = None, chunk: int | None = None) -> Any:
+        return _falsify(
+            prefill_model,
+            prefill_calibration.cost,
+            prefill_settings,
+            prefill_report,
+            prompt_len,
+            chunk,
+        )
+
+    return falsify
+
+
+def _falsify(
+    model: Any,
+    cost: CostModel,
+    s: Settings,
+    report: PrefillReport,
+    prompt_len: int | None,
+    chunk: int | None,
+) -> Any:
+    from pytest_prefill.engine.falsifier import CLAIM, DEFAULT_PROMPT_LEN
+    from pytest_prefill.report.falsifier import run_falsifier, stall_table_of
+
+    emitted: list[str] = []
+
+    def emit(text: str) -> None:
+        emitted.append(text)
+        report.say(text)
+
+    result = run_falsifier(
+        model,
+        prompt_len=prompt_len or DEFAULT_PROMPT_LEN,
+        chunk=chunk,
+        cost=cost,
+        repeats=s.repeats,
+        warmup=s.warmup,
+        dry_run=s.dry_run,
+        emit=emit,
+        progress=report.say,
+    )
+    assert CLAIM in emitted[0], "the claim must be stated before any measurement"
+    data = result.to_dict()
+    report.table(
+        f"Falsifier: a live stream's decode gap when a {result.prompt_len:,}-token prompt "
+        f"arrives; chunk {result.chunk:,} ({result.chunk_source})",
+        stall_table_of(result),
+        {k: v for k, v in data.items() if k != "provenance"},
+    )
+    report.verdict("falsifier", result.verdict, result.claim, result.verdict_line)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from pytest_prefill.machine import (
     machine_key,
     nvidia_accelerators,
 )
+from pytest_prefill.measure.models import MODEL_PRESETS  # names only: imports no torch
 from pytest_prefill.sim import PRESETS
 
 DEFAULT_MODEL = "qwen3-0.6b"
@@ -51,7 +52,7 @@ class _Option:
 OPTIONS = (
     _Option(
         "model",
-        f"model under test: a preset ({DEFAULT_MODEL}, {CPU_MODEL}), a local "
+        f"model under test: a preset ({', '.join(MODEL_PRESETS)}), a local "
         f"directory or a cached Hugging Face id; never downloads (default: {DEFAULT_MODEL}, "
         f"or {CPU_MODEL} with --prefill-device cpu)",
         metavar="SPEC",
@@ -96,11 +97,17 @@ OPTIONS = (
     ),
     _Option(
         "save",
-        "archive this run even when no prefill fixture recorded anything (a run that "
-        "calibrated, or reported tables or verdicts, is archived without it)",
+        "archive this run under --prefill-results/<machine>/ (its calibration, tables, "
+        "verdicts and pytest-benchmark statistics); without it nothing is written, as "
+        "pytest-benchmark writes only with --benchmark-autosave",
         flag=True,
     ),
-    _Option("no-archive", "do not write this run into the results archive", flag=True),
+    _Option(
+        "no-archive",
+        "never write this run into the results archive (the default without --prefill-save; "
+        "kept for scripts that say so)",
+        flag=True,
+    ),
     _Option(
         "machine",
         "machine key: the archive folder and what 'archive' looks up (default: the GPU "
@@ -143,6 +150,7 @@ class Settings:
     notes: list[str]  # archive files skipped while resolving, shown in header and summary
     threads: int | None = None  # torch CPU threads; None: torch's own
     cost_contexts: list[int] = dataclasses.field(default_factory=list)  # where C* is reported
+    cost_trust: dict[str, Any] | None = None  # the calibration's trust figures (Trust.to_dict)
 
     @property
     def effective_device(self) -> str:
@@ -317,6 +325,7 @@ def resolve(config: pytest.Config) -> Settings:
         cost_explicit=explicit,
         cost_refused=list(cost.refused),
         cost_contexts=list(cost.contexts),
+        cost_trust=None if cost.trust is None else cost.trust.to_dict(),
         results=results,
         archive=not no_archive,
         save=save,

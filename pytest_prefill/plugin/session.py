@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from pytest_prefill.archive.cost_spec import contexts_in, refusals_in
-from pytest_prefill.plan.advice import STAR_CONTEXTS
+from pytest_prefill.plan.advice import STAR_CONTEXTS, Trust
+from pytest_prefill.plan.cost_document import trust_in
 from pytest_prefill.plugin.device import DeviceLock, why_no_device
 from pytest_prefill.plugin.options import Settings
 from pytest_prefill.sim import CostModel
@@ -209,6 +210,7 @@ class SessionCost:
     source: str
     refused: tuple[str, ...]
     contexts: tuple[int, ...] = STAR_CONTEXTS  # where C* is reported (the model's context)
+    trust: Trust | None = None  # the calibration's trust figures (None: a preset)
 
 
 def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | None]:
@@ -220,7 +222,9 @@ def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | Non
     if s.cost_model is not None and (s.cost_explicit or calibration is None):
         cost = CostModel.from_dict(s.cost_model)
         contexts = tuple(s.cost_contexts) or STAR_CONTEXTS
-        return SessionCost(cost, s.cost_source, tuple(s.cost_refused), contexts), calibration
+        trust = Trust.from_dict(s.cost_trust)
+        used = SessionCost(cost, s.cost_source, tuple(s.cost_refused), contexts, trust)
+        return used, calibration
     if calibration is not None:
         info = calibration.get("provenance") or {}
         source = (
@@ -228,6 +232,8 @@ def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | Non
             f"{info.get('device_name', info.get('device', '?'))}, {info.get('dtype', '?')}"
         )
         cost = CostModel.from_dict(calibration["cost_model"])
-        used = SessionCost(cost, source, refusals_in(calibration), contexts_in(calibration))
+        used = SessionCost(
+            cost, source, refusals_in(calibration), contexts_in(calibration), trust_in(calibration)
+        )
         return used, calibration
     return SessionCost(None, "measure: no test calibrated this session", ()), None

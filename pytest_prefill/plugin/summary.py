@@ -1,5 +1,5 @@
-"""The controller's end of a session: the run document written to the archive (only when a
-prefill fixture recorded something or ``--prefill-save`` asked) and the terminal summary (a
+"""The controller's end of a session: the run document written to the archive (only when
+``--prefill-save`` asked) and the terminal summary (a
 short verdict block; the full tables with ``-v``)."""
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def run_document(session: pytest.Session, state: SessionState, exitstatus: int) 
     settings.update(dry_run=s.dry_run, threads=s.threads, cost=s.cost_spec, save=s.save)
     cost = None
     if used.cost is not None:
-        cost = archive.cost_block(used.cost, used.source, None, used.refused, used.contexts)
+        cost = archive.cost_block(
+            used.cost, used.source, None, used.refused, used.contexts, used.trust
+        )
     return archive.run_document(
         created=state.started,
         machine=machine,
@@ -61,16 +63,23 @@ def run_document(session: pytest.Session, state: SessionState, exitstatus: int) 
 
 
 def archive_session(session: pytest.Session, exitstatus: int) -> None:
-    """Write the run, when something of ours ran or the user asked (controller only)."""
+    """Write the run when the user asked (``--prefill-save``; controller only); otherwise say,
+    when something of ours ran, how it would have been kept."""
     state = session.config.stash.get(STATE, None)
     if state is None or state.is_worker:
         return
     s = state.settings
     produced = any(e.get("kind") in RECORDED for _, _, e in state.entries)
-    if not (produced or s.save):
-        return  # nothing of ours ran: a project that merely installed the plugin
-    if not s.archive:
-        state.archive_note = "not archived (--prefill-no-archive)"
+    if not s.save:
+        # Only an explicit --prefill-save writes (pytest-benchmark's --benchmark-autosave):
+        # recording a table is not a request to keep it.
+        if produced:
+            state.archive_note = (
+                "not archived (--prefill-no-archive)"
+                if not s.archive
+                else f"not archived: --prefill-save keeps this run under {s.results}/"
+                f"{s.machine_key}/ (where --prefill-cost archive and prefill-bench runs find it)"
+            )
         return
     document = run_document(session, state, exitstatus)
     used, _ = session_cost(state)
@@ -142,7 +151,10 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         return []
     out: list[tuple[str, Markup]] = [(f"machine {s.machine_key}", {})]
     if produced:
-        for line in verdict_block(used.cost, used.source, verdicts, used.refused, used.contexts):
+        block = verdict_block(
+            used.cost, used.source, verdicts, used.refused, used.contexts, used.trust
+        )
+        for line in block:
             out.append(
                 (
                     line,
@@ -162,7 +174,8 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         )
     out += [(f"note: {note}", YELLOW) for note in s.notes]
     if tables and config.option.verbose <= 0:
-        out.append((f"{len(tables)} table(s): -v shows them here; the archive holds them", {}))
+        kept = "the archive holds them" if s.save else "--prefill-save archives them"
+        out.append((f"{len(tables)} table(s): -v shows them here; {kept}", {}))
     elif tables or verdicts:
         out += [(line, {}) for line in ["", *summary_lines(tables, verdicts)]]
     return out + [

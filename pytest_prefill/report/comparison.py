@@ -26,7 +26,7 @@ from pytest_prefill.archive.cost_spec import contexts_in, refusals_in
 from pytest_prefill.archive.runs import RUN_ID, Warn, find_run, latest_run, run_from_document
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.plan.advice import chunk_star_text
-from pytest_prefill.plan.cost_document import CALIBRATION_KIND, cost_from_json
+from pytest_prefill.plan.cost_document import CALIBRATION_KIND, cost_from_json, trust_in
 from pytest_prefill.sim import CostModel
 
 
@@ -340,7 +340,9 @@ def verdict_lines(side: Side) -> list[str]:
     """C* and the recommendation for one side, in the words calibrate prints (its own
     calibration's refusals included: a refused per-token cost means no recommendation)."""
     basis = side.calibration
-    return chunk_star_text(side.cost, refusals_in(basis), contexts_in(basis)).splitlines()
+    return chunk_star_text(
+        side.cost, refusals_in(basis), contexts_in(basis), trust_in(basis)
+    ).splitlines()
 
 
 def comparison_report(a: Side, b: Side) -> str:

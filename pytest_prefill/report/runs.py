@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from pytest_prefill.archive.runs import RunFile, run_id
 from pytest_prefill.plan.advice import recommend, star_text
-from pytest_prefill.plan.cost_document import cost_from_json
+from pytest_prefill.plan.cost_document import cost_from_json, trust_in
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
                 for r in run.calibration.get("refusals") or []
                 if isinstance(r, Mapping)
             }
-            advice = recommend(cost, {str(c) for c in refused})
+            advice = recommend(cost, {str(c) for c in refused}, trust=trust_in(run.calibration))
             star, recommendation = advice.chunk_star, advice.policy
     verdicts = tuple(
         (str(v.get("name")), str(v.get("verdict")))

@@ -12,6 +12,7 @@ from pytest_prefill._io import json_safe
 from pytest_prefill.plan.advice import (
     STAR_CONTEXTS,
     TYPICAL_PROMPT,
+    Trust,
     recommend,
     star_text,
     typical_star,
@@ -104,22 +105,28 @@ def verdict_block(
     verdicts: Sequence[Verdict],
     refused: Collection[str] = (),
     contexts: Sequence[int] = STAR_CONTEXTS,
+    trust: Trust | None = None,
 ) -> list[str]:
     """The short block a run's summary opens with: the cost model its tables used, C* and
-    the recommendation (the one rule's words), and one line per verdict (its detail's first
+    the recommendation (the one rule's words) with the calibration's trust figures beside the
+    numbers (``trust`` None: not measured here), and one line per verdict (its detail's first
     line: the falsifier's gaps, the fidelity's median error)."""
     lines = [f"cost model: {cost_line}"]
     if cost is not None:
-        advice = recommend(cost, refused, contexts)
-        typical = typical_star(cost)
-        at = (
-            ""
-            if typical == advice.chunk_star
-            else f" ({star_text(typical)} at {TYPICAL_PROMPT:,} of context)"
-        )
+        advice = recommend(cost, refused, contexts, trust)
+        figures = f" [{trust.text()}]" if trust is not None else " [not measured here]"
+        if "prefill_per_token" in refused:
+            star = "C* not determined (prefill_per_token was refused)"
+        else:
+            typical = typical_star(cost)
+            at = (
+                ""
+                if typical == advice.chunk_star
+                else f" ({star_text(typical)} at {TYPICAL_PROMPT:,} of context)"
+            )
+            star = f"C* = {star_text(advice.chunk_star)} tokens{at}"
         lines += [
-            f"C* = {star_text(advice.chunk_star)} tokens{at}; pass overhead is "
-            f"{advice.overhead_fraction:.0%} of one decode step",
+            f"{star}; pass overhead is {advice.overhead_fraction:.0%} of one decode step{figures}",
             advice.line,
             *advice.warnings,
         ]

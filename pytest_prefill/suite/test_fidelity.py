@@ -28,6 +28,24 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
         dry_run=s.dry_run,
         progress=prefill_report.say,
     )
+    _record_tables(result, prefill_report)
+    error = result.median_abs_error
+    line = (
+        f"median |relative error| {error:.1%} over the {sum(c.judged for c in result.cells)} "
+        f"judged cells of {len(result.cells)} (threshold {fid.THRESHOLD:.0%})"
+    )
+    if result.not_run:
+        line += "; " + "; ".join(f"{p} {r}" for p, r in result.not_run.items())
+    if result.quiet is not None and result.quiet.warning:
+        line += f"; {result.quiet.warning}"
+    elif result.quiet is not None:
+        line += "; the machine was quiet by the probe"
+    prefill_report.verdict("fidelity", "HOLDS" if result.passed else "FAILS", CLAIM, line)
+    if not result.passed:
+        pytest.fail(f"{line}\n{tables.weakest_text(result)}", pytrace=False)
+
+
+def _record_tables(result, prefill_report) -> None:
     data = result.to_dict()
     prefill_report.table(
         f"Fidelity: simulated vs measured (median [min, max] of {result.runs} runs), "
@@ -68,15 +86,3 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
         tables.link_table(result),
         {"link": data["link"], "transfers": data["transfers"]},
     )
-    error = result.median_abs_error
-    line = (
-        f"median |relative error| {error:.1%} over the {sum(c.judged for c in result.cells)} "
-        f"judged cells of {len(result.cells)} (threshold {fid.THRESHOLD:.0%})"
-    )
-    if result.not_run:
-        line += "; " + "; ".join(f"{p} {r}" for p, r in result.not_run.items())
-    if result.quiet is not None and result.quiet.warning:
-        line += f"; {result.quiet.warning}"
-    prefill_report.verdict("fidelity", "HOLDS" if result.passed else "FAILS", CLAIM, line)
-    if not result.passed:
-        pytest.fail(f"{line}\n{tables.weakest_text(result)}", pytrace=False)
