@@ -796,3 +796,21 @@ def _parent(pid: str) -> int:
             return int(stat.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def test_non_monotone_is_flagged_only_beyond_the_sampling_error():
+    """Issue 21: '(!) not monotone' fired on noise ('rises from 100.0% at 3.4 req/s to 100.0%
+    at 6.8 req/s'; '11.6% -> 11.9%'), often on the recommended row."""
+    from pytest_prefill.plan.capacity import rises_beyond_noise
+
+    def pair(a, b, n=1000):
+        return Probe(1.0, 1.0, fake_metrics(a, n)), Probe(2.0, 2.0, fake_metrics(b, n))
+
+    assert not rises_beyond_noise(*pair(0.999, 1.0))  # one request more: luck
+    assert not rises_beyond_noise(*pair(0.116, 0.119))  # within 2 standard errors
+    assert rises_beyond_noise(*pair(0.10, 0.30))
+    assert rises_beyond_noise(*pair(0.10, 0.30, n=40))
+    assert not rises_beyond_noise(*pair(0.50, 0.60, n=40))  # 4 of 40 requests: noise
+    low, high = pair(0.89, 0.905)
+    result = DeploymentResult(Deployment("shared", 1), 0.9, (low, high), high, low)
+    assert result.monotone and not result.crossing  # a pass just above a miss: noise

@@ -354,3 +354,107 @@ def test_a_timeline_svg_draws_a_bounded_number_of_bars_by_default(tmp_path, caps
     printed = capsys.readouterr().out
     assert f"{DEFAULT_MAX_BARS:,}" in printed and "not shown" in printed
     assert out.read_text().count("<rect") < 3 * (DEFAULT_MAX_BARS + 100)
+
+
+# --- issue 21: reading the capacity answer, output a new user meets --------------------------------
+
+
+def test_capacity_gate_fails_when_goodput_per_device_fell(tmp_path, capsys):
+    """7: a history and regression gate for simulated results, like pytest-benchmark's
+    --benchmark-compare-fail: a baseline search, then a search that serves less per device."""
+    base = tmp_path / "base.json"
+    argv = ["capacity", "--slo", "ttft:1s,tpot:100ms", "--num-prompts", "60", "--workers", "1"]
+    argv += ["--deployment", "shared", "--deployment", "chunked:256"]
+    assert main([*argv, "--json", str(base)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--baseline", str(base), "--fail-above", "5"]) == 0
+    assert "PASS: no deployment's goodput per device fell" in capsys.readouterr().out
+    doubled = json.loads(base.read_text())
+    for r in doubled["results"]:
+        r["goodput_per_device"] *= 2
+    base.write_text(json.dumps(doubled))
+    assert main([*argv, "--baseline", str(base), "--fail-above", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: goodput per device fell more than" in out and "shared ×1" in out
+    assert "gates against a --baseline" in usage_error([*argv, "--fail-above", "5"], capsys)
+
+
+def test_a_jsonl_workload_says_its_time_unit_and_warns_when_it_looks_like_seconds(tmp_path, capsys):
+    """5: timestamps in seconds were read as milliseconds without a word (5 requests over
+    0.0 s, 2000 req/s); and the title carried the trace's absolute path."""
+    path = tmp_path / "seconds.jsonl"
+    path.write_text(
+        "".join(f'{{"timestamp": {t}, "input_length": 64, "output_length": 4}}\n' for t in range(5))
+    )
+    assert (
+        main(
+            [
+                "capacity",
+                "--workload",
+                str(path),
+                "--slo",
+                "ttft:1s",
+                "--deployment",
+                "shared",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    table = next(i for i, line in enumerate(lines) if line.startswith("deployment "))
+    head = "\n".join(lines[:table])
+    assert "Workload: seconds.jsonl (timestamps read as milliseconds)" in head
+    assert "WARNING: seconds.jsonl's timestamps were read as milliseconds" in head
+    assert str(tmp_path) not in "\n".join(lines)
+
+
+def test_prompts_capped_at_the_model_length_are_said_above_the_table(tmp_path, capsys):
+    """5: the --max-model-len notice printed below the table."""
+    path = tmp_path / "long.jsonl"
+    path.write_text(
+        "".join(
+            f'{{"timestamp": {t * 100}, "input_length": {64 + 9000 * (t % 2)}, "output_length": 4}}\n'
+            for t in range(6)
+        )
+    )
+    argv = ["capacity", "--workload", str(path), "--slo", "ttft:1s", "--deployment", "shared"]
+    assert main([*argv, "--workers", "1", "--max-model-len", "4096"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    capped = next(i for i, line in enumerate(lines) if "were capped at it" in line)
+    assert capped < next(i for i, line in enumerate(lines) if line.startswith("deployment "))
+
+
+def test_a_missing_azure_trace_names_the_dataset(monkeypatch, tmp_path, capsys):
+    """6: the error named the missing path, not the dataset or where it comes from."""
+    import pytest_prefill.plan.workloads as workloads
+
+    monkeypatch.setattr(workloads, "azure_trace_path", lambda name: None)
+    line = usage_error(["simulate", "--workload", "azure-conv"], capsys)
+    assert "Azure LLM inference trace 2023" in line and "AzurePublicDataset" in line
+
+
+def test_runs_on_an_empty_archive_says_how_to_make_one(tmp_path, capsys):
+    """6: 'no machines archived under results' with no hint."""
+    line = usage_error(["runs", "--results", str(tmp_path)], capsys)
+    assert "calibrate --save" in line and "--prefill-save" in line
+
+
+def test_compare_says_when_the_two_sides_measured_different_models(tmp_path, capsys):
+    """6: tiny on one CPU against small on another reported +1924.3% and FAIL without saying
+    the models differ."""
+    cost = get_preset("lab-laptop").cost
+    for name, model in (("a.json", "tiny"), ("b.json", "small")):
+        (tmp_path / name).write_text(
+            json.dumps(
+                {
+                    "kind": "pytest-prefill/calibration",
+                    "cost_model": cost.to_dict(),
+                    "provenance": {"model": model, "dtype": "float32"},
+                }
+            )
+        )
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "NOTE: the two sides measured different setups (model tiny vs small)" in out

@@ -210,7 +210,8 @@ def test_resolve_a_trace_file_with_a_window_a_limit_and_a_request_rate(tmp_path)
     workload = resolve_workload(str(path), window=(2.0, 12.0), num_prompts=10, request_rate=8.0)
     assert [r.prompt_len for r in workload.requests] == list(range(104, 114))
     assert workload.rate == pytest.approx(8.0)  # (n - 1) / span
-    assert str(path) in workload.description and "window 2:12" in workload.description
+    assert path.name in workload.description and "window 2:12" in workload.description
+    assert str(path.parent) not in workload.description  # no absolute path in a title
 
 
 def test_resolve_rate_scale_divides_arrivals(tmp_path):

@@ -195,6 +195,7 @@ def workload_lines(workload: Workload) -> list[str]:
     capped = capped_line(workload)
     if capped:
         lines.append(capped)
+    lines += workload.notes
     if workload.attribution:
         lines.append(f"  data: {workload.attribution}")
     return lines

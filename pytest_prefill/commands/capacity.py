@@ -9,8 +9,8 @@ import os
 import time
 from collections.abc import Sequence
 
-from pytest_prefill._io import write_atomic, write_json_atomic
-from pytest_prefill.commands._args import bounded_int, output_path
+from pytest_prefill._io import read_json, write_atomic, write_json_atomic
+from pytest_prefill.commands._args import bounded_int, non_negative_float, output_path
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -41,7 +41,12 @@ from pytest_prefill.plan.executors import (
     local_executor,
 )
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.report.capacity import capacity_document, capacity_svg, capacity_text
+from pytest_prefill.report.capacity import (
+    capacity_document,
+    capacity_gate,
+    capacity_svg,
+    capacity_text,
+)
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
 MAX_DEVICES = 1024  # every device count's default deployments are a bounded set (deployments.py)
@@ -88,6 +93,9 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
     if args.cluster and args.workers:
         raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
+    if args.fail_above is not None and not args.baseline:
+        raise ValueError("--fail-above gates against a --baseline; give one")
+    args.baseline_document = read_json(args.baseline, "--baseline") if args.baseline else None
     args.deployments = None
     if args.deployment:
         args.deployments = [Deployment.parse(text, args.devices) for text in args.deployment]
@@ -156,9 +164,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
     )
-    add_model_arguments(parser)  # used by --cost measure
-    add_timing_arguments(parser)
-    add_threads_argument(parser)
+    add_gate_arguments(parser)
+    for add in (add_model_arguments, add_timing_arguments, add_threads_argument):
+        add(parser)  # used by --cost measure
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--baseline --fail-above``: the history and regression gate."""
+    gate = parser.add_argument_group("history and regression gate (like pytest-benchmark's)")
+    gate.add_argument(
+        "--baseline",
+        metavar="PATH.json",
+        help="compare each deployment's goodput per device with a search --json wrote before",
+    )
+    gate.add_argument(
+        "--fail-above",
+        type=non_negative_float,
+        metavar="PCT",
+        help="with --baseline: exit 1 when a deployment's goodput per device fell by more than "
+        "PCT percent (and more than the two searches' tolerances)",
+    )
 
 
 def _executor(args: argparse.Namespace) -> contextlib.AbstractContextManager:
@@ -192,8 +217,11 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     seconds = time.perf_counter() - began
-    capped = capped_line(workload)
-    print(capacity_text(result, spec.source) + (f"\n{capped}" if capped else ""))
+    lines = capacity_text(result, spec.source).split("\n")
+    # what the workload lost or assumed goes above the table, under the Workload line
+    extra = [line for line in (capped_line(workload), *workload.notes) if line]
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
+    print("\n".join([*lines[:at], *extra, *lines[at:]]))
     print(f"{result.simulations} simulations in {seconds:.1f} s on {where}.")
     if args.plot:
         write_atomic(args.plot, capacity_svg(result))
@@ -201,4 +229,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json_atomic(args.json, capacity_document(result, spec.source))
         print(f"wrote {args.json}")
-    return 0
+    if args.baseline_document is None:
+        return 0
+    passed, lines = capacity_gate(args.baseline_document, result, args.fail_above)
+    print(f"\nAgainst the baseline {args.baseline}:")
+    print("\n".join(lines))
+    return 0 if passed else 1

@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
     keys = [args.machine] if args.machine else machines(args.results)
     if not keys:
-        raise ValueError(f"no machines archived under {args.results}")
+        raise ValueError(
+            f"no machines archived under {args.results}: a run is archived by "
+            "`prefill-bench calibrate --save`, `fidelity --save`, `bench --save`, or a pytest "
+            "session with --prefill-save"
+        )
     for n, key in enumerate(keys):
         found = runs(args.results, key, warn=warn)
         if args.machine and not found:

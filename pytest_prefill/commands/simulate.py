@@ -143,10 +143,13 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(sweep_table(rows))
     print()
-    print("TTFT cost = TTFT p99 / shared's; stall gain = shared's max stall / this max stall.")
+    print("TTFT p99 here is nearest-rank (a request's own TTFT); TTFT cost = TTFT p99 / shared's;")
+    print("stall gain = shared's max stall / this max stall.")
     print("vLLM's max_num_batched_tokens ~ chunk + decode rows.")
     print()
-    print("Serving metrics (vLLM's definitions; times in ms):")
+    print("Serving metrics (vLLM's definitions; times in ms). Their percentiles interpolate, as")
+    print("vLLM's do; the table above takes the simulator's nearest-rank TTFT p99, so the two")
+    print("p99s of one run can differ slightly.")
     print(serving_table([(row.label, m) for row, m in zip(rows, metrics)]))
     if args.json:
         write_json_atomic(

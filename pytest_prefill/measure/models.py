@@ -226,11 +226,13 @@ def _from_pretrained(spec: str, device: Any, dtype: Any) -> tuple[Any, Any, str]
             spec, local_files_only=True, **{_dtype_kwarg(): dtype}
         )
     except (OSError, ValueError) as err:
+        # transformers' own text talks of connecting to the Hub, which a run never does
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        detail = "" if "huggingface.co" in first or "connect" in first else f" ({first})"
         raise ValueError(
             f"model {spec!r} not found: looked in {where} (downloads are off). Give a "
             f"preset ({', '.join(MODEL_PRESETS)}), a local model directory, or an id already "
-            f"in the cache. ({first})"
+            f"in the cache.{detail}"
         ) from None
     return model.to(device), model.config, f"loaded from {where}"
 

@@ -111,10 +111,12 @@ class DeploymentResult:
         return "+".join(name for name, f in fractions if f == lowest)
 
     def rises(self) -> tuple[tuple[Probe, Probe], ...]:
-        """Neighbouring probes (by rate) where attainment rises with the rate: where the
-        bisection's assumption, attainment falls as rate grows, does not hold."""
+        """Neighbouring probes (by rate) where attainment rises with the rate by more than its
+        sampling error (:func:`rises_beyond_noise`): where the bisection's assumption,
+        attainment falls as rate grows, does not hold. (A rise from 11.6% to 11.9% of a few
+        hundred requests is one request's luck, not a shape.)"""
         ordered = sorted(self.probes, key=lambda p: p.scale)
-        return tuple((a, b) for a, b in zip(ordered, ordered[1:]) if b.attainment > a.attainment)
+        return tuple((a, b) for a, b in zip(ordered, ordered[1:]) if rises_beyond_noise(a, b))
 
     @property
     def monotone(self) -> bool:
@@ -124,9 +126,13 @@ class DeploymentResult:
     def crossing(self) -> bool:
         """A probe meets the target at a higher rate than one that misses it: the answer is the
         highest rate below the first miss, not necessarily the highest rate that passes."""
-        passes = [p.scale for p in self.probes if p.attainment >= self.target]
-        misses = [p.scale for p in self.probes if p.attainment < self.target]
-        return bool(passes and misses and max(passes) > min(misses))
+        passes = [p for p in self.probes if p.attainment >= self.target]
+        misses = [p for p in self.probes if p.attainment < self.target]
+        return any(
+            hit.scale > miss.scale and rises_beyond_noise(miss, hit)
+            for hit in passes
+            for miss in misses
+        )
 
     def to_dict(self) -> dict[str, Any]:
         best = self.best
@@ -144,6 +150,16 @@ class DeploymentResult:
             "miss": self.miss.to_dict() if self.miss else None,
             "probes": [p.to_dict() for p in self.probes],
         }
+
+
+def rises_beyond_noise(low: Probe, high: Probe) -> bool:
+    """Whether attainment at ``high`` exceeds that at ``low`` by more than twice the standard
+    error of the difference of two attainments (binomial: p(1-p)/n each, n the requests run;
+    at least one request's worth)."""
+    a, b = low.attainment, high.attainment
+    n_a, n_b = max(low.metrics.completed, 1), max(high.metrics.completed, 1)
+    error = math.sqrt(a * (1 - a) / n_a + b * (1 - b) / n_b)
+    return b - a > max(2 * error, 1 / min(n_a, n_b))
 
 
 def _stopped_helping(misses: Sequence[Probe]) -> bool:

@@ -252,6 +252,7 @@ class Workload:
     capped: int = 0
     max_model_len: int | None = None
     attribution: str | None = None
+    notes: tuple[str, ...] = ()  # what a reader must know about how it was read
 
     @property
     def span(self) -> float:
@@ -383,8 +384,12 @@ def _read_trace(
         path = azure_trace_path(spec.removeprefix("azure-"))
         if path is None:
             raise ValueError(
-                f"workload {spec!r}: the Azure trace is not in ../shared/data/"
-                f"azure-llm-inference-2023 (set {AZURE_DIR_ENV} to its folder)"
+                f"workload {spec!r} needs the Azure LLM inference trace 2023 "
+                f"(AzureLLMInferenceTrace_{spec.removeprefix('azure-')}.csv of Microsoft's "
+                f"AzurePublicDataset, CC-BY 4.0), saved as "
+                f"{spec.removeprefix('azure-')}.csv; it is not in ../shared/data/"
+                f"azure-llm-inference-2023 beside the checkout or the current folder (set "
+                f"{AZURE_DIR_ENV} to its folder)"
             )
         load = load_azure(path, start=start, duration=duration, limit=limit)
         return load, f"{spec} ({os.path.basename(path)})", AZURE_ATTRIBUTION
@@ -392,10 +397,12 @@ def _read_trace(
         raise ValueError(
             f"workload {spec!r} is not one of {', '.join(NAMED_WORKLOADS)} and no such file exists"
         )
+    name = os.path.basename(spec)  # a title names the file, not where it sits on this disk
     if spec.endswith(".jsonl"):
-        return load_jsonl(spec, start=start, duration=duration, limit=limit), spec, None
+        load = load_jsonl(spec, start=start, duration=duration, limit=limit)
+        return load, f"{name} (timestamps read as milliseconds)", None
     if spec.endswith(".csv"):
-        return load_azure(spec, start=start, duration=duration, limit=limit), spec, None
+        return load_azure(spec, start=start, duration=duration, limit=limit), name, None
     raise ValueError(f"workload file {spec!r} must end in .csv (Azure columns) or .jsonl")
 
 
@@ -490,11 +497,33 @@ def resolve_workload(
     load, capped = _capped(load, max_model_len)
     if window is not None:
         source += f", window {window[0]:g}:{'' if window[1] is None else f'{window[1]:g}'} s"
-    workload = Workload(spec, tuple(load), source, capped, max_model_len, attribution)
+    notes = _unit_notes(spec, load)
+    workload = Workload(spec, tuple(load), source, capped, max_model_len, attribution, notes)
     summary = f"{len(load):,} requests over {workload.span:,.1f} s"
     if not math.isnan(workload.rate):
         summary += f" ({workload.rate:.2f} req/s)"
     return dataclasses.replace(workload, description=f"{source}: {summary}")
+
+
+# A JSONL trace's timestamps are milliseconds (Mooncake's and vLLM's traces); one written in
+# seconds reads as a burst a thousand times too fast. At or below this mean gap it probably is.
+SECONDS_LIKE_GAP = 1e-3
+
+
+def _unit_notes(spec: str, load: Sequence[Request]) -> tuple[str, ...]:
+    """A warning when a JSONL trace's arrivals, read as milliseconds, are closer than
+    :data:`SECONDS_LIKE_GAP` on average: its timestamps are probably seconds."""
+    if not spec.endswith(".jsonl") or len(load) < 2:
+        return ()
+    span = max(r.arrival for r in load) - min(r.arrival for r in load)
+    gap = span / (len(load) - 1)
+    if gap > SECONDS_LIKE_GAP:
+        return ()
+    return (
+        f"  WARNING: {spec.rsplit('/', 1)[-1]}'s timestamps were read as milliseconds (the "
+        f"JSONL convention): {len(load):,} requests over {span * 1e3:,.3g} ms, a mean gap of "
+        f"{gap * 1e3:.3g} ms. If they are seconds, rescale with --rate-scale 0.001.",
+    )
 
 
 def _rescaled(

@@ -120,6 +120,75 @@ def capacity_document(result: CapacityResult, cost_source: str) -> dict[str, Any
     }
 
 
+# --- the regression gate: this search against a baseline --------------------------------------
+
+
+def capacity_gate(
+    baseline: Any, result: CapacityResult, fail_above: float | None
+) -> tuple[bool, list[str]]:
+    """This search's goodput per device against ``baseline`` (a document ``--json`` wrote),
+    deployment by deployment (matched by label): (passed, lines). A deployment fails when its
+    goodput per device fell by more than ``fail_above`` percent *and* by more than the two
+    searches' tolerances allow (each rate is known to within its tolerance); ``fail_above``
+    None only reports. What the two searches did not share (workload, SLO, devices, cost model)
+    is said, and a deployment either lacks is listed, not judged.
+
+    Raises:
+        ValueError: when ``baseline`` is not a capacity document.
+    """
+    if not isinstance(baseline, dict) or baseline.get("kind") != SCHEMA:
+        raise ValueError(f"the baseline must be a capacity search written by --json ({SCHEMA})")
+    before = {
+        r["deployment"]["label"]: r
+        for r in baseline.get("results") or []
+        if isinstance(r, dict) and isinstance(r.get("deployment"), dict)
+    }
+    now = result.to_dict()
+    lines = [
+        f"{key} differs from the baseline: {baseline.get(key)!r} -> {now[key]!r}"
+        for key in ("workload", "slo", "devices", "target", "cost_model")
+        if baseline.get(key) != now[key]
+    ]
+    slack = 100 * (result.tolerance + float(baseline.get("tolerance") or 0))
+    rows, failed = [], []
+    for r in result.results:
+        label = r.deployment.label
+        old = before.get(label)
+        if old is None or not old.get("goodput_per_device"):
+            rows.append((label, "-", f"{r.goodput_per_device:.3g}", "-", "not judged"))
+            continue
+        change = 100 * (r.goodput_per_device / float(old["goodput_per_device"]) - 1)
+        bad = fail_above is not None and -change > max(fail_above, slack)
+        failed += [label] if bad else []
+        verdict = "FAIL" if bad else "ok"
+        rows.append(
+            (
+                label,
+                f"{float(old['goodput_per_device']):.3g}",
+                f"{r.goodput_per_device:.3g}",
+                f"{change:+.1f}%",
+                verdict,
+            )
+        )
+    table = tabulate(
+        rows,
+        headers=("deployment", "baseline goodput/dev", "now", "change", "gate"),
+        tablefmt="simple",
+        disable_numparse=True,
+    )
+    if fail_above is None:
+        head = "compared with the baseline (no gate: --fail-above PCT makes it one)"
+    elif failed:
+        head = f"FAIL: goodput per device fell more than {max(fail_above, slack):g}%: " + ", ".join(
+            failed
+        )
+    else:
+        head = (
+            f"PASS: no deployment's goodput per device fell more than {max(fail_above, slack):g}%"
+        )
+    return not failed, [*lines, table, head]
+
+
 # --- the plot: attainment against arrival rate ---------------------------------------------
 
 WIDTH, HEIGHT = 960, 560

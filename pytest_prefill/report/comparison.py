@@ -345,11 +345,35 @@ def verdict_lines(side: Side) -> list[str]:
     ).splitlines()
 
 
+def measured_setup(side: Side) -> dict[str, str]:
+    """What a side's calibration measured (model, dtype, runner), as it recorded it."""
+    info = (side.calibration or {}).get("provenance")
+    if not isinstance(info, Mapping):
+        return {}
+    return {k: str(info[k]) for k in ("model", "dtype", "runner") if info.get(k) is not None}
+
+
+def setup_note(a: Side, b: Side) -> str:
+    """A loud line when the two sides measured different models (or dtypes): their constants
+    then differ by construction, and a gate's FAIL says nothing about the hardware."""
+    left, right = measured_setup(a), measured_setup(b)
+    differ = [k for k in left if k in right and left[k] != right[k]]
+    if not differ:
+        return ""
+    pairs = ", ".join(f"{k} {left[k]} vs {right[k]}" for k in differ)
+    return (
+        f"NOTE: the two sides measured different setups ({pairs}): their constants differ "
+        "by construction, not only by hardware."
+    )
+
+
 def comparison_report(a: Side, b: Side) -> str:
     """The whole printed comparison."""
+    note = setup_note(a, b)
     lines = [
         f"{a.label}: {a.origin}",
         f"{b.label}: {b.origin}",
+        *([note] if note else []),
         "",
         compare_table(a, b),
         "",
