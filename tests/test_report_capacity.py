@@ -14,6 +14,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.sizing import devices_needed
 from pytest_prefill.plan.workloads import poisson
 from pytest_prefill.report.capacity import (
     HEADERS,
@@ -22,6 +23,8 @@ from pytest_prefill.report.capacity import (
     capacity_svg,
     capacity_table,
     capacity_text,
+    devices_needed_line,
+    headroom_line,
 )
 from pytest_prefill.sim import PRESETS
 
@@ -82,6 +85,43 @@ def test_the_document_is_strict_json_with_every_probe(result):
     assert "p90_ttft_ms" in first and "request_goodput" in first
 
 
+def test_headroom_is_the_best_rate_over_the_workloads_own(result):
+    best = result.ranked()[0]
+    assert result.headroom == best.max_rate / result.base_rate
+    line = headroom_line(result)
+    assert f"{result.base_rate:,.3g} req/s" in line and best.deployment.label in line
+    assert f"{result.headroom:,.3g}× this traffic" in line
+    assert headroom_line(result) in capacity_text(result, "x")
+
+
+def test_headroom_below_one_says_how_far_short_the_devices_fall():
+    load = poisson(400.0, 60, prompt_len=3000, output_len=4)  # 12 s of prefill a second
+    result = capacity(
+        load, COST, SLO.parse("ttft:1s"), 1, deployments=[Deployment("shared", 1)],
+        executor=InlineExecutor(),
+    )  # fmt: skip
+    assert 0 < result.headroom < 1
+    assert f"{1 / result.headroom:,.3g}× what the best" in headroom_line(result)
+
+
+def test_the_devices_line_names_the_count_and_the_count_below(result):
+    shared = lambda n: [Deployment("shared", n)]  # noqa: E731
+    load = poisson(150.0, 150, prompt_len=1024, output_len=16, seed=3)
+    needed = devices_needed(load, COST, SLO.parse("ttft:1s"), shared, executor=InlineExecutor())
+    assert needed.devices is not None and needed.devices > 1
+    line = devices_needed_line(needed)
+    assert line.startswith(f"Devices this traffic needs: {needed.devices} (shared ×")
+    assert f"on {needed.devices - 1} device" in line
+    document = capacity_document(result, "x", needed)
+    assert json.loads(json.dumps(document, allow_nan=False))["devices_needed"]["devices"] == (
+        needed.devices
+    )
+    beyond = devices_needed(
+        load, COST, SLO.parse("ttft:1us"), shared, max_devices=3, executor=InlineExecutor()
+    )
+    assert "more than 3 (the search's bound, --max-devices)" in devices_needed_line(beyond)
+
+
 def run_cli(args, capsys):
     code = main(["capacity", "--cost", "datacenter-illustrative", *args])
     return code, capsys.readouterr()
@@ -101,8 +141,24 @@ def test_the_command_prints_the_table_the_recommendation_and_writes_plot_and_jso
     assert code == 0
     assert "deployment" in captured.out and "-> " in captured.out
     assert "shared ×1: " in captured.err  # progress, one line per deployment, on stderr
+    assert "Headroom: " in captured.out and "Devices this traffic needs: " in captured.out
+    assert "devices needed: 1: " in captured.err
     ET.parse(plot)
-    assert json.loads(out.read_text())["slo"] == {"ttft": 0.2, "tpot": 0.05}
+    document = json.loads(out.read_text())
+    assert document["slo"] == {"ttft": 0.2, "tpot": 0.05}
+    assert document["devices_needed"]["checks"][0]["devices"] == 1
+
+
+def test_the_command_skips_the_devices_search_when_told(capsys):
+    code, captured = run_cli(
+        [
+            "--workload", "poisson", "--request-rate", "20", "--num-prompts", "30",
+            "--slo", "ttft:1s", "--deployment", "shared", "--workers", "1",
+            "--no-devices-needed",
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0 and "Devices this traffic needs" not in captured.out
 
 
 def test_the_command_says_how_many_prompts_it_capped(tmp_path, capsys):
@@ -136,6 +192,8 @@ def test_the_command_says_how_many_prompts_it_capped(tmp_path, capsys):
           "--num-prompts", "3", "--window", "1e6:"], "has no request"),
         (["--slo", "ttft:1s", "--plot", "out.png"], "must name an .svg"),
         (["--slo", "ttft:1s", "--cluster", "tcp://127.0.0.1:1", "--workers", "2"], "--workers"),
+        (["--slo", "ttft:1s", "--devices", "8", "--max-devices", "4"], "at least --devices"),
+        (["--slo", "ttft:1s", "--max-devices", "2000"], "at most 1,024 devices"),
         ([], "--slo"),
     ],
 )  # fmt: skip

@@ -386,3 +386,39 @@ def test_a_byte_order_mark_is_accepted_in_jsonl_as_in_csv(tmp_path):
     csv_path = tmp_path / "bom.csv"
     csv_path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "2023-01-01 00:00:00.0,5,5\n").encode())
     assert len(load_azure(csv_path)) == 1
+
+
+# --- the synthetic Mooncake-shaped trace (tests/data/mooncake-shaped.jsonl) ---------------
+
+
+def test_the_shipped_mooncake_shaped_trace_is_its_generators_output():
+    from pathlib import Path
+
+    import mooncake_shaped
+
+    shipped = Path(__file__).parent / "data" / "mooncake-shaped.jsonl"
+    assert shipped.read_text() == mooncake_shaped.text()
+
+
+def test_the_mooncake_shaped_trace_has_the_burst_and_the_shared_prefixes():
+    import mooncake_shaped as m
+
+    rows = m.rows()
+    burst = [r for r in rows if r["timestamp"] == 0]
+    assert len(burst) == m.BURST_PROMPTS and len(burst) >= len(rows) / 10
+    assert all(r["input_length"] == m.BURST_PROMPT_LEN for r in burst)
+    assert len({r["timestamp"] for r in rows}) < len(rows) / 4  # bunched arrivals
+    for r in rows:  # one hash id per 512-token block, the system prompt's first
+        assert len(r["hash_ids"]) == -(-r["input_length"] // m.BLOCK_TOKENS)
+        assert r["hash_ids"][: m.SYSTEM_BLOCKS] == list(range(m.SYSTEM_BLOCKS))
+    # a later turn starts with its conversation's earlier prompt's full blocks
+    by_first_block = {}
+    for r in rows:
+        by_first_block.setdefault(r["hash_ids"][m.SYSTEM_BLOCKS], []).append(r)
+    turns = [t for t in by_first_block.values() if len(t) > 1]
+    assert len(turns) == m.BURST_PROMPTS + m.SHORT_CONVERSATIONS
+    for conversation in turns:
+        for a, b in zip(conversation, conversation[1:]):
+            full = a["input_length"] // m.BLOCK_TOKENS
+            assert b["hash_ids"][:full] == a["hash_ids"][:full]
+            assert b["input_length"] > a["input_length"] + a["output_length"]

@@ -4,6 +4,7 @@ the most requests per device — the search, its table, one line to act on, a pl
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import time
@@ -31,9 +32,10 @@ from pytest_prefill.plan.capacity import (
     DEFAULT_TARGET,
     DEFAULT_TOLERANCE,
     MIN_TOLERANCE,
+    CapacityResult,
     capacity,
 )
-from pytest_prefill.plan.deployments import Deployment, default_deployments
+from pytest_prefill.plan.deployments import Deployment, default_deployments, deployments_like
 from pytest_prefill.plan.executors import (
     CONNECT_TIMEOUT,
     check_cluster_address,
@@ -41,12 +43,15 @@ from pytest_prefill.plan.executors import (
     local_executor,
 )
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
+from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.report.capacity import (
     capacity_document,
     capacity_gate,
     capacity_svg,
     capacity_text,
 )
+from pytest_prefill.sim import CostModel
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
 MAX_DEVICES = 1024  # every device count's default deployments are a bounded set (deployments.py)
@@ -95,6 +100,13 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
     if args.fail_above is not None and not args.baseline:
         raise ValueError("--fail-above gates against a --baseline; give one")
+    if args.max_devices is None:
+        args.max_devices = max(DEFAULT_MAX_DEVICES, args.devices)
+    elif args.max_devices < args.devices:
+        raise ValueError(
+            f"--max-devices ({args.max_devices}) bounds the search for the devices the traffic "
+            f"needs, from --devices ({args.devices}) up: it must be at least --devices"
+        )
     args.baseline_document = read_json(args.baseline, "--baseline") if args.baseline else None
     args.deployments = None
     if args.deployment:
@@ -110,6 +122,34 @@ def _token_chunks(deployments: Sequence[Deployment] | None) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
     add_workload_arguments(parser, default="poisson")
+    add_search_arguments(parser)
+    where = parser.add_argument_group("where the simulations run")
+    where.add_argument(
+        "--workers",
+        type=bounded_int(MAX_WORKERS, "processes"),
+        help="local processes (default: one per core)",
+    )
+    where.add_argument(
+        "--cluster",
+        type=cluster_type,
+        metavar="tcp://HOST:PORT",
+        help="a Dask scheduler to run on (pip install 'pytest-prefill[cluster]'; the workers "
+        "need pytest-prefill installed)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--plot", type=output_path, metavar="PATH.svg", help="draw attainment against rate here"
+    )
+    out.add_argument(
+        "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
+    )
+    add_gate_arguments(parser)
+    for add in (add_model_arguments, add_timing_arguments, add_threads_argument):
+        add(parser)  # used by --cost measure
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--slo --devices --target --tolerance --deployment`` and the devices-needed search."""
     search = parser.add_argument_group("search")
     search.add_argument(
         "--slo",
@@ -144,29 +184,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "chunked:100ms (a per-iteration budget), disaggregated:1:3 (default: shared, chunked "
         "around C* and at the TPOT bound, every disaggregated split)",
     )
-    where = parser.add_argument_group("where the simulations run")
-    where.add_argument(
-        "--workers",
-        type=bounded_int(MAX_WORKERS, "processes"),
-        help="local processes (default: one per core)",
+    search.add_argument(
+        "--devices-needed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also find the fewest devices that meet the SLO at the workload's own rate "
+        "(default: on)",
     )
-    where.add_argument(
-        "--cluster",
-        type=cluster_type,
-        metavar="tcp://HOST:PORT",
-        help="a Dask scheduler to run on (pip install 'pytest-prefill[cluster]'; the workers "
-        "need pytest-prefill installed)",
+    search.add_argument(
+        "--max-devices",
+        type=bounded_int(MAX_DEVICES, "devices"),
+        metavar="N",
+        help=f"the most devices that search tries (default {DEFAULT_MAX_DEVICES}, or --devices "
+        "when more)",
     )
-    out = parser.add_argument_group("output")
-    out.add_argument(
-        "--plot", type=output_path, metavar="PATH.svg", help="draw attainment against rate here"
-    )
-    out.add_argument(
-        "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
-    )
-    add_gate_arguments(parser)
-    for add in (add_model_arguments, add_timing_arguments, add_threads_argument):
-        add(parser)  # used by --cost measure
 
 
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +221,33 @@ def _executor(args: argparse.Namespace) -> contextlib.AbstractContextManager:
     if args.cluster:
         return dask_executor(args.cluster, timeout=CONNECT_TIMEOUT)
     return local_executor(args.workers)
+
+
+def _devices_needed(
+    args: argparse.Namespace,
+    workload: Workload,
+    cost: CostModel,
+    result: CapacityResult,
+    executor: concurrent.futures.Executor,
+) -> DevicesNeeded | None:
+    """The fewest devices meeting the SLO at the workload's own rate (None: not asked for),
+    trying the kinds of deployment the search compared."""
+    if not args.devices_needed:
+        return None
+    given = args.deployments or ()
+    progress(f"looking for the devices this traffic needs (up to {args.max_devices}) ...")
+    return devices_needed(
+        workload,
+        cost,
+        args.slo,
+        lambda n: deployments_like(given, n, cost, args.slo),
+        target=args.target,
+        start=args.devices,
+        max_devices=args.max_devices,
+        known=result,
+        executor=executor,
+        progress=progress,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,18 +274,20 @@ def run(args: argparse.Namespace) -> int:
             executor=executor,
             progress=progress,
         )
+        needed = _devices_needed(args, workload, spec.cost, result, executor)
     seconds = time.perf_counter() - began
-    lines = capacity_text(result, spec.source).split("\n")
+    lines = capacity_text(result, spec.source, needed).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = [line for line in (capped_line(workload), *workload.notes) if line]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
-    print(f"{result.simulations} simulations in {seconds:.1f} s on {where}.")
+    simulations = result.simulations + (needed.simulations if needed is not None else 0)
+    print(f"{simulations} simulations in {seconds:.1f} s on {where}.")
     if args.plot:
         write_atomic(args.plot, capacity_svg(result))
         print(f"wrote {args.plot}")
     if args.json:
-        write_json_atomic(args.json, capacity_document(result, spec.source))
+        write_json_atomic(args.json, capacity_document(result, spec.source, needed))
         print(f"wrote {args.json}")
     if args.baseline_document is None:
         return 0

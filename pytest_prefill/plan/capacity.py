@@ -257,6 +257,12 @@ class CapacityResult:
     def simulations(self) -> int:
         return sum(len(r.probes) for r in self.results)
 
+    @property
+    def headroom(self) -> float:
+        """How many times the workload's own arrival rate the best deployment serves within
+        the SLO (0 when none meets it; a lower bound when the best never missed)."""
+        return self.ranked()[0].max_rate / self.base_rate
+
     def ranked(self) -> list[DeploymentResult]:
         """Deployments by the highest rate they serve within the SLO, best first (ties keep
         the given order). Every deployment has the same devices, so this is DistServe's
@@ -352,9 +358,15 @@ class CapacityResult:
         return json_safe(data, "capacity")
 
 
-def _workload_of(
+def workload_requests(
     workload: Workload | Sequence[Request],
 ) -> tuple[tuple[Request, ...], str, str | None]:
+    """The requests, the description and the attribution of ``workload``.
+
+    Raises:
+        ValueError: for no request, something that is not a Request, or arrivals all at once
+            (no arrival rate to scale).
+    """
     if isinstance(workload, Workload):
         load, name, attribution = workload.requests, workload.description, workload.attribution
     else:
@@ -442,7 +454,7 @@ def capacity(
             outside (0, 1], an empty workload or one with no rate, no/repeated deployments or one
             for another device count.
     """
-    load, name, attribution = _workload_of(workload)
+    load, name, attribution = workload_requests(workload)
     _check_search(cost, slo, devices, target, tolerance, deployments)
     chosen = (
         tuple(deployments) if deployments is not None else default_deployments(cost, devices, slo)
@@ -507,7 +519,7 @@ def _drive(
             )
             for future in done:
                 search = pending.pop(future)
-                search.observe(_result(future))
+                search.observe(probe_result(future))
                 advance(search)
             if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
                 said = time.perf_counter()
@@ -522,7 +534,7 @@ def _drive(
             future.cancel()
 
 
-def _result(future: concurrent.futures.Future[Probe]) -> Probe:
+def probe_result(future: concurrent.futures.Future[Probe]) -> Probe:
     """The probe, or :class:`ExecutorLost` when the pool that ran it broke (a worker died)."""
     try:
         return future.result()

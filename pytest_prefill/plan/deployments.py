@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK
@@ -176,6 +177,28 @@ def default_deployments(
         Deployment("disaggregated", devices, prefill_workers=p) for p in default_splits(devices)
     ]
     return tuple(out)
+
+
+def deployments_like(
+    deployments: Sequence[Deployment], devices: int, cost: CostModel, slo: SLO | None = None
+) -> tuple[Deployment, ...]:
+    """The kinds of ``deployments`` on ``devices`` devices (for the devices a traffic needs):
+    each colocated one as ``devices`` replicas, and, when any is disaggregated, every P:D split
+    of :func:`default_splits` (none on one device). ``cost`` and ``slo`` are
+    :func:`default_deployments`' for no deployments at all."""
+    check_int("devices", devices)
+    if not deployments:
+        return default_deployments(cost, devices, slo)
+    out: dict[str, Deployment] = {}
+    for d in deployments:
+        if d.policy != "disaggregated":
+            moved = dataclasses.replace(d, devices=devices)
+            out.setdefault(moved.label, moved)
+    if devices > 1 and any(d.policy == "disaggregated" for d in deployments):
+        for p in default_splits(devices):
+            split = Deployment("disaggregated", devices, prefill_workers=p)
+            out.setdefault(split.label, split)
+    return tuple(out.values())
 
 
 def default_splits(devices: int) -> tuple[int, ...]:

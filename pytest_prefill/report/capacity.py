@@ -13,7 +13,9 @@ from xml.sax.saxutils import escape, quoteattr
 from tabulate import tabulate
 
 from pytest_prefill import __version__
+from pytest_prefill._io import json_number
 from pytest_prefill.plan.capacity import PERCENTILE, CapacityResult, DeploymentResult
+from pytest_prefill.plan.sizing import DevicesNeeded
 from pytest_prefill.units import ms
 
 HEADERS = (
@@ -78,9 +80,66 @@ def capacity_table(result: CapacityResult) -> str:
     )
 
 
-def capacity_text(result: CapacityResult, cost_source: str) -> str:
+def _devices(count: int) -> str:
+    return f"{count:,} device{'s' * (count != 1)}"
+
+
+def headroom_line(result: CapacityResult) -> str:
+    """The workload's own arrival rate against the most the best deployment serves within
+    the SLO: how many times the traffic the devices could take, or by how much they fall
+    short."""
+    best = result.ranked()[0]
+    own = f"{result.base_rate:,.3g} req/s"
+    on = _devices(result.devices)
+    if best.best is None:
+        return f"Headroom: none: no deployment meets the SLO on {on}; the workload's own rate is {own}."
+    served = f"{best.max_rate:,.3g} req/s"
+    if result.headroom >= 1:
+        at_least = "at least " if best.status == "never missed" else ""
+        return (
+            f"Headroom: the workload's own rate is {own}; {best.deployment.label} serves "
+            f"{at_least}{served} within the SLO: {at_least}{result.headroom:,.3g}× this traffic "
+            f"on {on}."
+        )
+    return (
+        f"Headroom: none: the workload's own rate ({own}) is {1 / result.headroom:,.3g}× what "
+        f"the best deployment, {best.deployment.label}, serves within the SLO on {on} "
+        f"({served}); see the devices it needs."
+    )
+
+
+def devices_needed_line(needed: DevicesNeeded) -> str:
+    """The smallest device count that meets the SLO at the workload's own rate, with the count
+    below it that misses, or the largest count tried."""
+    rate = f"{needed.rate:,.3g} req/s"
+    checked = f"{len(needed.checks)} count(s) checked, {needed.simulations} simulation(s)"
+    if needed.devices is None:
+        last = max(needed.checks, key=lambda c: c.devices)
+        best = f"the best, {last.best.label}, " if last.best is not None else ""
+        return (
+            f"Devices this traffic needs: more than {needed.max_devices:,} (the search's bound, "
+            f"--max-devices): on {_devices(last.devices)} {best}meets the SLO for "
+            f"{last.attainment:.1%} of requests at the workload's own {rate}, under "
+            f"{needed.target:.0%} ({checked})."
+        )
+    deployment = needed.deployment
+    at = next(c for c in needed.checks if c.devices == needed.devices and c.meets)
+    line = (
+        f"Devices this traffic needs: {needed.devices:,} "
+        f"({deployment.label if deployment else '-'} meets the SLO for {at.attainment:.1%} of "
+        f"requests at the workload's own {rate}"
+    )
+    below = [c for c in needed.checks if c.devices == needed.devices - 1]
+    if below:
+        line += f"; on {_devices(below[0].devices)} the best reaches {below[0].attainment:.1%}"
+    return f"{line}; {checked})."
+
+
+def capacity_text(
+    result: CapacityResult, cost_source: str, needed: DevicesNeeded | None = None
+) -> str:
     """What ``prefill-bench capacity`` prints: the inputs, the table, the recommendation, the
-    notes and how the table is read."""
+    headroom and the devices the traffic needs, the notes and how the table is read."""
     lines = [
         f"Cost model: {cost_source}",
         f"Workload: {result.workload}",
@@ -95,7 +154,10 @@ def capacity_text(result: CapacityResult, cost_source: str) -> str:
         capacity_table(result),
         "",
         f"-> {result.recommendation()}",
+        headroom_line(result),
     ]
+    if needed is not None:
+        lines.append(devices_needed_line(needed))
     lines += [f"note: {note}" for note in result.notes()]
     lines += [
         "",
@@ -108,7 +170,9 @@ def capacity_text(result: CapacityResult, cost_source: str) -> str:
     return "\n".join(lines)
 
 
-def capacity_document(result: CapacityResult, cost_source: str) -> dict[str, Any]:
+def capacity_document(
+    result: CapacityResult, cost_source: str, needed: DevicesNeeded | None = None
+) -> dict[str, Any]:
     """The whole search as the JSON ``--json`` writes (schema-versioned, with provenance)."""
     return {
         "kind": SCHEMA,
@@ -117,6 +181,8 @@ def capacity_document(result: CapacityResult, cost_source: str) -> dict[str, Any
         "version": __version__,
         "cost_source": cost_source,
         **result.to_dict(),
+        "headroom": json_number(result.headroom),
+        "devices_needed": needed.to_dict() if needed is not None else None,
     }
 
 

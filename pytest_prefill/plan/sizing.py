@@ -1,0 +1,234 @@
+"""How many devices a workload needs: the smallest device count at which some deployment
+meets the SLO (attainment >= the target) at the workload's own arrival rate. A search over
+device counts (doubling until one meets, then bisecting), one simulation per deployment per
+count, on the same executors as the capacity search. Standard library only; nothing prints."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytest_prefill.plan.capacity import (
+    DEFAULT_TARGET,
+    CapacityResult,
+    Probe,
+    Progress,
+    probe,
+    probe_result,
+    workload_requests,
+)
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.executors import local_executor
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.workloads import Workload, arrival_rate
+from pytest_prefill.sim import CostModel, Request, check_int
+
+DEFAULT_MAX_DEVICES = 64  # the search's bound unless told otherwise
+DeploymentsAt = Callable[[int], Sequence[Deployment]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceCount:
+    """What one device count gave at the workload's own rate: the deployment with the highest
+    attainment among those simulated (``best``, None when no deployment fits that count) and
+    whether it meets the target. The check stops at the first deployment that meets it, so a
+    count that meets names a deployment that meets, not necessarily the best one."""
+
+    devices: int
+    best: Deployment | None
+    attainment: float
+    meets: bool
+    simulations: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "devices": self.devices,
+            "best": self.best.label if self.best is not None else None,
+            "attainment": self.attainment,
+            "meets": self.meets,
+            "simulations": self.simulations,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DevicesNeeded:
+    """The answer: ``devices``, the smallest count that meets the SLO at the workload's own
+    rate (None: none up to ``max_devices``), and every count checked, in the order checked.
+    Counts between two checked ones are not simulated: the search assumes a count that meets
+    keeps meeting with more devices (more replicas or more splits to choose from)."""
+
+    devices: int | None
+    max_devices: int
+    rate: float
+    target: float
+    slo: SLO
+    checks: tuple[DeviceCount, ...]
+
+    @property
+    def simulations(self) -> int:
+        return sum(c.simulations for c in self.checks)
+
+    @property
+    def deployment(self) -> Deployment | None:
+        """A deployment that meets the SLO at :attr:`devices` (None when none was found)."""
+        found = [c for c in self.checks if c.devices == self.devices and c.meets]
+        return found[0].best if found else None
+
+    def to_dict(self) -> dict[str, Any]:
+        deployment = self.deployment
+        return {
+            "devices": self.devices,
+            "deployment": deployment.to_dict() if deployment is not None else None,
+            "max_devices": self.max_devices,
+            "rate": self.rate,
+            "target": self.target,
+            "slo": self.slo.to_dict(),
+            "simulations": self.simulations,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+def _check_count(
+    pool: concurrent.futures.Executor,
+    problem: tuple[tuple[Request, ...], CostModel, SLO, float],
+    devices: int,
+    deployments: Sequence[Deployment],
+    target: float,
+) -> DeviceCount:
+    """Every deployment of ``devices`` at the workload's own rate (scale 1), at once; done at
+    the first that meets ``target`` (the rest are cancelled)."""
+    load, cost, slo, base_rate = problem
+    began = time.perf_counter()
+    pending = {pool.submit(probe, load, cost, slo, d, 1.0, base_rate): d for d in deployments}
+    best: tuple[float, Deployment] | None = None
+    simulations = 0
+    try:
+        while pending:
+            done, _ = concurrent.futures.wait(
+                pending, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            for future in done:
+                deployment = pending.pop(future)
+                result: Probe = probe_result(future)
+                simulations += 1
+                if best is None or result.attainment > best[0]:
+                    best = (result.attainment, deployment)
+            if best is not None and best[0] >= target:
+                break
+    finally:
+        for future in pending:
+            future.cancel()
+    attainment, chosen = best if best is not None else (0.0, None)
+    seconds = time.perf_counter() - began
+    return DeviceCount(devices, chosen, attainment, attainment >= target, simulations, seconds)
+
+
+def _known_count(result: CapacityResult) -> DeviceCount | None:
+    """The capacity search's own probes at the workload's rate (scale 1), as a checked count."""
+    at_rate = [(r.deployment, p) for r in result.results for p in r.probes if p.scale == 1.0]
+    if len(at_rate) != len(result.results):
+        return None  # some deployment's search did not start at the workload's rate
+    deployment, best = max(at_rate, key=lambda pair: pair[1].attainment)
+    meets = best.attainment >= result.target
+    return DeviceCount(result.devices, deployment, best.attainment, meets, 0, 0.0)
+
+
+def devices_needed(
+    workload: Workload | Sequence[Request],
+    cost: CostModel,
+    slo: SLO,
+    deployments_at: DeploymentsAt,
+    *,
+    target: float = DEFAULT_TARGET,
+    start: int = 1,
+    max_devices: int = DEFAULT_MAX_DEVICES,
+    known: CapacityResult | None = None,
+    executor: concurrent.futures.Executor | None = None,
+    progress: Progress | None = None,
+) -> DevicesNeeded:
+    """The smallest device count, up to ``max_devices``, at which one of
+    ``deployments_at(count)`` meets ``slo`` for ``target`` of the requests at the workload's own
+    arrival rate: from ``start``, double until a count meets, then bisect between the highest
+    count that misses and the lowest that meets.
+
+    Args:
+        workload: the requests, at the rate to serve.
+        cost: the device's cost model.
+        slo: the bounds a request must meet.
+        deployments_at: the deployments to try on a given number of devices
+            (e.g. :func:`~pytest_prefill.plan.deployments.default_deployments` bound to a cost
+            model, an SLO and an engine).
+        target: the attainment to keep, in (0, 1].
+        start: the first count checked (a capacity search's devices).
+        max_devices: the largest count checked.
+        known: a capacity search on ``start`` devices whose probes at the workload's own rate
+            answer that count without simulating it again.
+        executor: where simulations run (default: a process pool, one process per core).
+        progress: called with one line per count checked.
+
+    Raises:
+        ValueError: naming the argument, for counts < 1, ``start`` above ``max_devices``, a
+            target outside (0, 1], or a workload without an arrival rate.
+    """
+    load, _, _ = workload_requests(workload)
+    check_int("start", start)
+    check_int("max_devices", max_devices)
+    if start > max_devices:
+        raise ValueError(f"start ({start}) must not be above max_devices ({max_devices})")
+    if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target <= 1):
+        raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
+    base_rate = arrival_rate(load)
+    checked: dict[int, DeviceCount] = {}
+    order: list[DeviceCount] = []
+    reuse = _known_count(known) if known is not None and known.devices == start else None
+    with contextlib.ExitStack() as stack:
+        pool = executor if executor is not None else stack.enter_context(local_executor())
+
+        def meets(devices: int) -> bool:
+            if devices not in checked:
+                if reuse is not None and devices == reuse.devices:
+                    count = reuse
+                else:
+                    problem = (load, cost, slo, base_rate)
+                    count = _check_count(pool, problem, devices, deployments_at(devices), target)
+                checked[devices] = count
+                order.append(count)
+                if progress is not None:
+                    progress(_progress_line(count, target))
+            return checked[devices].meets
+
+        found = smallest_count(meets, start, max_devices)
+    return DevicesNeeded(found, max_devices, base_rate, float(target), slo, tuple(order))
+
+
+def smallest_count(meets: Callable[[int], bool], start: int, limit: int) -> int | None:
+    """The smallest count in [1, limit] that meets, assuming meeting is monotone in the count:
+    double from ``start`` to a count that meets (or ``limit``), then bisect."""
+    low, high = 0, start  # low: a count known to miss (0: none); high: the count to try
+    while not meets(high):
+        if high >= limit:
+            return None
+        low, high = high, min(2 * high, limit)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _progress_line(count: DeviceCount, target: float) -> str:
+    verdict = "meets" if count.meets else "misses"
+    if count.best is None:
+        return f"devices needed: {count.devices}: no deployment fits {count.devices} device(s)"
+    work = f"{count.simulations} simulations, {count.seconds:.1f} s" if count.simulations else ""
+    return (
+        f"devices needed: {count.devices}: {count.best.label} {count.attainment:.1%} at the "
+        f"workload's rate ({verdict} {target:.0%}){f'; {work}' if work else ''}"
+    )
