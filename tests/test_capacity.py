@@ -3,6 +3,7 @@ simulations, executors (inline, process pool, a Dask LocalCluster), and every ba
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import socket
@@ -431,6 +432,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+NEEDS_DISTRIBUTED = pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None,
+    reason="needs Dask's distributed (the cluster extra; .ci/run installs it for these tests)",
+)
+
+
+@NEEDS_DISTRIBUTED
 def test_a_cluster_that_does_not_answer_is_a_clear_error_within_seconds():
     began = time.perf_counter()
     with pytest.raises(ValueError, match="no Dask scheduler answered at tcp://127.0.0.1"):
@@ -609,7 +617,8 @@ def peer():
         p.close()
 
 
-def test_a_peer_that_accepts_and_never_answers_is_an_error_within_the_timeout(peer):
+@NEEDS_DISTRIBUTED
+def test_a_dask_peer_that_accepts_and_never_answers_is_an_error_within_the_timeout(peer):
     """2: something that accepts TCP and never speaks hung the command past 180 s."""
     silent = peer()
     began = time.perf_counter()
@@ -619,7 +628,8 @@ def test_a_peer_that_accepts_and_never_answers_is_an_error_within_the_timeout(pe
     assert time.perf_counter() - began < 10
 
 
-def test_a_peer_that_answers_with_junk_is_an_error_at_once(peer):
+@NEEDS_DISTRIBUTED
+def test_a_dask_peer_that_answers_with_junk_is_an_error_at_once(peer):
     """4: junk was read as a frame length (a MemoryError after 20 s: 'Unable to allocate 3.07
     EiB') plus a traceback from Client.__del__."""
     junk = peer(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")

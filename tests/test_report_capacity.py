@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -205,6 +206,10 @@ def test_bad_command_input_is_a_usage_error(capsys, args, message):
     assert message in err, err
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("distributed") is None,
+    reason="needs Dask's distributed (the cluster extra; .ci/run installs it for these tests)",
+)
 def test_an_unanswering_cluster_is_a_usage_error_within_seconds(capsys):
     import socket
     import time
