@@ -1,9 +1,20 @@
-"""A deliberately naive reference simulator: DESIGN.md's "Simulation semantics" read literally,
-one iteration at a time, every worker looked at every instant, in exact integer ticks.
+"""A deliberately naive reference simulator: DESIGN.md's "Simulation semantics" and "Engine
+semantics (v3)" read literally, one iteration at a time, every worker looked at every instant,
+in exact integer ticks.
 
 It shares nothing with ``simulate()`` but the tick conversion of the cost model's constants
-(:class:`TickCost`, so that both work on the same numbers); the tests require the two to agree
-exactly on every policy. Slow on purpose: clarity over speed.
+(:class:`TickCost`, so that both work on the same numbers) and the profile's knob values; the
+tests require the two to agree exactly on every policy. Slow on purpose: clarity over speed.
+
+The engine knobs, as written here:
+- first_token "prefill": the iteration that completes a prompt emits its first token at its
+  end; "decode": the first token ends the first decode step after the prefill.
+- max_batched_tokens B: an iteration's decode rows (one token each) plus its prompt tokens stay
+  within B. shared: a pass of whole prompts within B; coscheduled: the rows, then whole prompts
+  within what is left; chunked: the rows, then FCFS prompt tokens up to min(chunk, B - rows).
+  A whole prompt longer than B runs alone (one piece, no rows), when nothing else can go.
+- max_seqs S: at most min(S, B) requests admitted on a worker (in its pass, waiting or
+  running; on a prefill worker, until its KV has left).
 """
 
 from __future__ import annotations
@@ -12,17 +23,18 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from pytest_prefill.sim import LINK, CostModel, Request, TickCost, to_ticks
+from pytest_prefill.sim import LAB, LINK, CostModel, Request, TickCost, to_ticks
 
 
 @dataclass
 class W:  # one compute worker
     name: str
-    pending: deque = field(default_factory=deque)  # arrived, not admitted (KV)
+    pending: deque = field(default_factory=deque)  # arrived, not admitted (KV, slots)
     waiting: list = field(default_factory=list)  # [request, tokens done], admitted
     joining: list = field(default_factory=list)
     running: list = field(default_factory=list)
     reserved: int = 0
+    admitted: int = 0  # requests holding a slot here
     routed: int = 0  # requests handed here and not finished
     until: int | None = None  # end of the running iteration
     current: tuple | None = None  # (pieces [(r, done, n)], rows [r], kv, start)
@@ -34,12 +46,16 @@ def need(r: Request) -> int:
 
 
 class Reference:
-    def __init__(self, cost: CostModel, chunk=None, budget=None):
+    def __init__(self, cost: CostModel, chunk=None, budget=None, engine=LAB):
         self.k = TickCost(cost)  # constants only
         self.pen = cost.fusion_penalty.as_integer_ratio()
         self.cap = cost.kv_capacity_tokens
         self.chunk = chunk
         self.budget = None if budget is None else to_ticks(budget)
+        self.prefill_first = engine.first_token == "prefill"
+        self.B = engine.max_batched_tokens if engine.max_batched_tokens is not None else math.inf
+        seqs = engine.max_seqs if engine.max_seqs is not None else math.inf
+        self.S = min(seqs, self.B)
         self.events: list[tuple] = []  # (resource, start, end, kind, pieces (id, T, C), ids, K)
         self.tokens: dict[str, list[int]] = {}
         self.prefill: dict[str, list] = {}  # id -> [start, end, ready, prefill worker name]
@@ -65,31 +81,54 @@ class Reference:
         return max(decode, compute) + min(decode, compute) * num // den
 
     # -- one worker's next iteration --------------------------------------------------------
+    def fits(self, w: W, r: Request) -> bool:
+        return w.reserved + need(r) <= self.cap and w.admitted < self.S
+
     def compose(self, w: W, mode: str):
         w.running += w.joining
         w.joining = []
-        while w.pending and w.reserved + need(w.pending[0]) <= self.cap:
+        while w.pending and self.fits(w, w.pending[0]):
             w.reserved += need(w.pending[0])
+            w.admitted += 1
             w.waiting.append([w.pending.popleft(), 0])
         rows = list(w.running) if mode != "shared" or not w.waiting else []
         kv = sum(r.prompt_len + self.emitted[r.id] for r in rows)
         if mode == "decode" or not w.waiting:
             return ([], rows, kv) if rows else None
+        if mode in ("shared", "coscheduled"):
+            return self.whole_prompts(w, rows, kv)
         total = sum(r.prompt_len - done for r, done in w.waiting)
-        if mode == "shared" or (self.chunk is None and self.budget is None):
-            take = total
-        elif self.budget is None:
-            take = min(self.chunk, total)
-        else:  # the largest FCFS count within the budget, at least one token
+        most = min(total, self.B - len(rows))
+        if self.chunk is not None:
+            most = min(most, self.chunk)
+        if self.budget is None:
+            take = most
+        else:  # the largest FCFS count within the time budget, at least one token
             take = max(
                 [
                     t
-                    for t in range(1, total + 1)
+                    for t in range(1, most + 1)
                     if self.cost(self.pieces(w, t), rows, kv) <= self.budget
                 ]
                 or [1]
             )
         return self.pieces(w, take), rows, kv
+
+    def whole_prompts(self, w: W, rows, kv):
+        """Whole prompts FCFS while rows plus prompts stay within B; a prompt longer than B
+        runs alone; one that fits B but not beside the rows waits for them to leave."""
+        pieces, used = [], len(rows)
+        for r, _ in w.waiting:
+            if used + r.prompt_len > self.B:
+                break
+            pieces.append((r, 0, r.prompt_len))
+            used += r.prompt_len
+        if pieces:
+            return pieces, rows, kv
+        head = w.waiting[0][0]
+        if rows and head.prompt_len <= self.B:
+            return [], rows, kv
+        return [(head, 0, head.prompt_len)], [], 0
 
     def pieces(self, w: W, take: int):
         out = []
@@ -110,6 +149,17 @@ class Reference:
         w.until = t + self.cost(pieces, rows, kv)
         for r, _, _ in pieces:
             self.prefill.setdefault(r.id, [t, None, None, w.name])
+
+    def emit(self, r: Request, t: int) -> bool:
+        """``r`` emits a token at ``t``; True if that was its last."""
+        self.tokens[r.id].append(t)
+        self.emitted[r.id] += 1
+        return self.emitted[r.id] == r.output_len
+
+    def leave(self, w: W, r: Request):
+        w.reserved -= need(r)
+        w.admitted -= 1
+        w.routed -= 1
 
     def end(self, w: W, t: int):
         pieces, rows, kv, start = w.current
@@ -132,14 +182,14 @@ class Reference:
             if done + n == r.prompt_len:
                 w.waiting = [e for e in w.waiting if e[0] is not r]
                 self.prefill[r.id][1:3] = [t, t]
-                w.joining.append(r)
+                if self.prefill_first and self.emit(r, t):
+                    self.leave(w, r)
+                else:
+                    w.joining.append(r)
         for r in rows:
-            self.tokens[r.id].append(t)
-            self.emitted[r.id] += 1
-            if self.emitted[r.id] == r.output_len:
+            if self.emit(r, t):
                 w.running.remove(r)
-                w.reserved -= need(r)
-                w.routed -= 1
+                self.leave(w, r)
         w.current, w.until = None, None
 
     def least(self, workers, ok=lambda w: True):
@@ -208,7 +258,13 @@ class Reference:
                     )
                     for r in w.batch:
                         self.prefill[r.id][1] = t
-                    done += w.batch
+                        if self.prefill_first and self.emit(r, t):  # done: its one token
+                            self.prefill[r.id][2] = t
+                            self.decoder[r.id] = w.name
+                            w.reserved -= need(r)
+                            w.admitted -= 1
+                        else:
+                            done.append(r)
                     w.batch, w.until = [], None
             link.extend(sorted(done, key=lambda r: order[r.id]))
             for w in dec:
@@ -220,6 +276,7 @@ class Reference:
                     (LINK, on_link[2], t, "transfer", ((r.id, r.prompt_len, 0),), (), 0)
                 )
                 owner[r.id].reserved -= need(r)
+                owner[r.id].admitted -= 1
                 self.prefill[r.id][2] = t
                 joins.append(r)
                 on_link = None
@@ -231,17 +288,19 @@ class Reference:
                 d = self.k.latency + self.k.per_transfer * r.prompt_len
                 if d == 0:  # a free link: ready where it was made
                     owner[r.id].reserved -= need(r)
+                    owner[r.id].admitted -= 1
                     self.prefill[r.id][2] = t
                     joins.append(r)
                 else:
                     on_link = (t + d, r, t)
             while joins:
-                w = self.least(dec, lambda w: w.reserved + need(joins[0]) <= self.cap)
+                w = self.least(dec, lambda w: self.fits(w, joins[0]))
                 if w is None:
                     break
                 r = joins.popleft()
                 w.joining.append(r)
                 w.reserved += need(r)
+                w.admitted += 1
                 w.routed += 1
                 self.decoder[r.id] = w.name
             progress = True
@@ -249,9 +308,14 @@ class Reference:
                 progress = False
                 for w in pre:
                     if w.until is None and queue:
-                        while queue and w.reserved + need(queue[0]) <= self.cap:
+                        tokens = 0
+                        while queue and self.fits(w, queue[0]):
+                            if w.batch and tokens + queue[0].prompt_len > self.B:
+                                break  # at least one prompt, whatever its length
                             r = queue.popleft()
                             w.reserved += need(r)
+                            w.admitted += 1
+                            tokens += r.prompt_len
                             w.batch.append(r)
                             owner[r.id] = w
                             self.prefill[r.id] = [t, None, None, w.name]
@@ -275,15 +339,19 @@ def reference(
     replicas=1,
     prefill_workers=1,
     decode_workers=1,
+    engine=LAB,
 ) -> Reference:
     """Run the reference; read ``.events``, ``.tokens``, ``.prefill`` and ``.decoder``."""
     ref = Reference(
-        cost, chunk if policy == "chunked" else None, chunk_budget if policy == "chunked" else None
+        cost,
+        chunk if policy == "chunked" else None,
+        chunk_budget if policy == "chunked" else None,
+        engine,
     )
     if not math.isinf(ref.cap):
         ref.cap = int(ref.cap)
     if policy == "disaggregated":
         ref.disaggregated(load, prefill_workers, decode_workers)
     else:
-        ref.colocated(load, "shared" if policy == "shared" else "chunked", replicas)
+        ref.colocated(load, policy, replicas)
     return ref

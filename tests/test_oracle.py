@@ -9,6 +9,7 @@ import pytest
 
 from pytest_prefill.sim import (
     CostModel,
+    EngineProfile,
     Event,
     Request,
     RequestRecord,
@@ -62,11 +63,11 @@ def with_record(trace: Trace, rid: str, **changes) -> Trace:
     )
     fields.update(changes)
     requests = {**trace.requests, rid: RequestRecord(**fields)}
-    return Trace(trace.policy, trace.events, requests, trace.chunk)
+    return Trace(trace.policy, trace.events, requests, trace.chunk, engine=trace.engine)
 
 
 def with_events(trace: Trace, events) -> Trace:
-    return Trace(trace.policy, tuple(events), trace.requests, trace.chunk)
+    return Trace(trace.policy, tuple(events), trace.requests, trace.chunk, engine=trace.engine)
 
 
 def problems(trace: Trace, cost: CostModel | None = COST) -> str:
@@ -212,3 +213,71 @@ def test_the_wrong_set_of_requests_is_named():
 def test_iteration_cost_refuses_an_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
         iteration_cost(Event("w", 0.0, 1.0, "nap"), COST)
+
+
+# --- the engine knobs' invariants (DESIGN.md, "Engine semantics (v3)") -----------------------
+
+VLLM_LIKE = EngineProfile("like-vllm", first_token="prefill", max_batched_tokens=256, max_seqs=3)
+
+
+def labelled(trace: Trace, engine: EngineProfile) -> Trace:
+    """The same trace claiming to come from ``engine``."""
+    return Trace(trace.policy, trace.events, dict(trace.requests), trace.chunk, engine=engine)
+
+
+@pytest.mark.parametrize("policy", ["shared", "coscheduled", "chunked", "disaggregated"])
+def test_real_traces_under_an_engine_profile_pass(policy):
+    trace = simulate(policy, LOAD, COST, chunk=128, engine=VLLM_LIKE)
+    assert trace.engine is VLLM_LIKE
+    assert problems(trace) == ""
+
+
+def test_an_iteration_over_the_token_budget_is_named():
+    trace = real("coscheduled")  # a's and b's whole prompts (800 tokens) in one pass
+    found = problems(labelled(trace, dataclasses.replace(VLLM_LIKE, first_token="decode")))
+    assert "tokens, over the budget of 256" in found
+    within = simulate("chunked", LOAD, COST, chunk=128, engine=VLLM_LIKE)
+    tighter = dataclasses.replace(VLLM_LIKE, max_batched_tokens=100, max_seqs=None)
+    assert "over the budget of 100" in problems(labelled(within, tighter))
+
+
+def test_a_lone_whole_prompt_longer_than_the_budget_is_allowed_and_nothing_else():
+    engine = EngineProfile("tiny", max_batched_tokens=50)  # every prompt here is longer
+    trace = simulate("shared", LOAD, COST, engine=engine)
+    assert all(len(e.prefill) <= 1 for e in trace.events if e.kind == "prefill")
+    assert problems(trace) == ""
+    events = list(trace.events)
+    i = next(i for i, e in enumerate(events) if e.kind == "prefill")
+    rid, tokens = events[i].prefill[0]
+    events[i] = dataclasses.replace(events[i], prefill=((rid, tokens - 1),))  # no longer whole
+    assert "over the budget of 50" in problems(with_events(trace, events), None)
+
+
+def test_more_requests_in_progress_than_the_sequence_cap_are_named():
+    trace = real("coscheduled")  # a, b, c and d decode together
+    capped = EngineProfile("capped", max_seqs=2)
+    assert "requests in progress" in problems(labelled(trace, capped))
+    assert "over 2" in problems(labelled(trace, capped))
+    assert problems(simulate("coscheduled", LOAD, COST, engine=capped)) == ""
+
+
+def test_a_trace_of_the_prefill_rule_checked_as_the_decode_rule_is_named():
+    trace = simulate("shared", LOAD, COST, engine=VLLM_LIKE)
+    found = problems(labelled(trace, dataclasses.replace(VLLM_LIKE, first_token="decode")))
+    assert "first token is not after its KV cache was ready" in found
+    assert "token times are not the ends of the steps that list it" in found
+
+
+def test_a_trace_of_the_decode_rule_checked_as_the_prefill_rule_is_named():
+    trace = real("shared")
+    found = problems(labelled(trace, EngineProfile("prefill-rule", first_token="prefill")))
+    assert "first token is not at the end of the pass completing it" in found
+
+
+def test_a_first_token_moved_off_its_prefill_pass_is_named():
+    trace = simulate("disaggregated", LOAD, COST, engine=VLLM_LIKE)
+    trace = labelled(trace, VLLM_LIKE)
+    times = list(trace.requests["b"].token_times)
+    times[0] = (times[0] + times[1]) / 2  # still before the second token
+    found = problems(with_record(trace, "b", token_times=tuple(times)))
+    assert "first token is not at the end of the pass completing it" in found

@@ -60,7 +60,7 @@ def test_replicas_do_not_apply_to_disaggregation():
 
 def test_each_policy_maps_to_one_worker_mode():
     assert worker_mode("shared", 64) == WorkerMode("shared", math.inf)
-    assert worker_mode("coscheduled", 64) == WorkerMode("chunked", math.inf)
+    assert worker_mode("coscheduled", 64) == WorkerMode("coscheduled", math.inf)
     assert worker_mode("chunked", 64) == WorkerMode("chunked", 64.0)
     assert worker_mode("chunked") == WorkerMode("chunked", math.inf)  # a time budget instead
     assert worker_mode("disaggregated") == WorkerMode("decode", math.inf)

@@ -14,7 +14,10 @@ from strategies import FLAT, LAB, cost_models, examples, run, scenario
 from pytest_prefill.sim import (
     LINK,
     CostModel,
+    EngineProfile,
     Request,
+    check_invariants,
+    simulate,
 )
 
 pytestmark = pytest.mark.sim
@@ -105,3 +108,42 @@ def test_disaggregation_never_spends_fewer_gpu_seconds_than_the_shared_worker(co
     load = scenario(cost, prompt_len)
     shared = run("shared", load, cost).summary().gpu_seconds
     assert run("disaggregated", load, cost).summary().gpu_seconds >= shared * (1 - 1e-12)
+
+
+# --- under an engine profile ------------------------------------------------------------------
+
+
+def test_under_the_prefill_rule_a_one_token_request_never_crosses_the_link():
+    cost = CostModel(
+        prefill_pass_overhead=1e-3,
+        prefill_per_token=1e-6,
+        decode_step_base=1e-2,
+        kv_bytes_per_token=1e6,
+        link_bandwidth=1e9,
+    )
+    load = [Request("one", 0.0, 100, 1), Request("two", 0.0, 100, 2)]
+    rule = EngineProfile("prefill-rule", first_token="prefill")
+    trace = simulate("disaggregated", load, cost, engine=rule)
+    transfers = [e.request_ids for e in trace.events if e.kind == "transfer"]
+    assert transfers == [("two",)]
+    one, two = trace.requests["one"], trace.requests["two"]
+    assert one.token_times == (one.prefill_end,) and one.kv_ready == one.prefill_end
+    assert one.decode_resource == one.prefill_resource == "prefill0"
+    assert two.token_times[0] == two.prefill_end < two.kv_ready < two.token_times[1]
+    assert check_invariants(trace, load, cost) == []
+
+
+def test_a_prefill_worker_holds_at_most_its_sequence_cap_until_the_kv_leaves():
+    load = [Request(f"r{i}", 0.0, 100, 2) for i in range(5)]
+    capped = EngineProfile("capped", max_seqs=2)
+    trace = simulate("disaggregated", load, FLAT, engine=capped)
+    passes = [e.request_ids for e in trace.events if e.kind == "prefill"]
+    assert passes == [("r0", "r1"), ("r2", "r3"), ("r4",)]
+    assert check_invariants(trace, load, FLAT) == []
+
+
+def test_a_prefill_pass_takes_whole_prompts_within_the_budget_at_least_one():
+    load = [Request("a", 0.0, 60, 2), Request("b", 0.0, 50, 2), Request("c", 0.0, 300, 2)]
+    trace = simulate("disaggregated", load, FLAT, engine=EngineProfile("b", max_batched_tokens=100))
+    passes = [e.request_ids for e in trace.events if e.kind == "prefill"]
+    assert passes == [("a",), ("b",), ("c",)]  # 60 + 50 > 100; c alone though over it

@@ -1,7 +1,8 @@
 """``simulate()`` against the naive reference simulator (tests/reference_sim.py): every policy,
-pools, replicas, KV capacity, chunk budgets, long outputs and every cost term non-zero. Both work
-in exact integer ticks on the same constants, so they must agree exactly: the same iterations
-with the same pieces, rows and KV reads at the same times, the same token times."""
+pools, replicas, KV capacity, chunk budgets, long outputs, every cost term non-zero, and the
+engine knobs (first-token rule, token budget, sequence cap), every one set. Both work in exact
+integer ticks on the same constants, so they must agree exactly: the same iterations with the
+same pieces, rows and KV reads at the same times, the same token times."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference_sim import reference
 
-from pytest_prefill.sim import CostModel, Request, check_invariants, from_ticks, simulate
+from pytest_prefill.sim import (
+    LAB,
+    CostModel,
+    EngineProfile,
+    Request,
+    check_invariants,
+    from_ticks,
+    simulate,
+)
 
 pytestmark = pytest.mark.sim
 
@@ -56,19 +65,38 @@ def v2_loads(draw: st.DrawFn) -> list[Request]:
 
 
 @st.composite
-def setups(draw: st.DrawFn, *, zero_terms: bool = True):
+def engines(draw: st.DrawFn, *, every_knob: bool = False) -> EngineProfile:
+    """Engine profiles with every knob drawn (``every_knob``: the prefill rule, a token budget
+    and a sequence cap all set), budgets from one token to more than any prompt."""
+    if not every_knob and draw(st.booleans()):
+        return LAB
+    rules = ["prefill"] if every_knob else ["prefill", "decode"]
+    budgets = [1, 3, 16, 64, 250, 701] + ([] if every_knob else [None])
+    seqs = [1, 2, 3, 7] + ([] if every_knob else [None])
+    return EngineProfile(
+        "drawn",
+        first_token=draw(st.sampled_from(rules)),
+        max_batched_tokens=draw(st.sampled_from(budgets)),
+        max_seqs=draw(st.sampled_from(seqs)),
+    )
+
+
+@st.composite
+def setups(draw: st.DrawFn, *, zero_terms: bool = True, every_knob: bool = False):
     load = draw(v2_loads())
     cost = draw(v2_costs(zero_terms=zero_terms))
+    engine = draw(engines(every_knob=every_knob))
     if draw(st.booleans()):  # a KV capacity every request fits, often tight
         largest = max(r.prompt_len + r.output_len for r in load)
         extra = draw(st.sampled_from([0, 1, 100, 1000]))
         cost = CostModel.from_dict({**cost.to_dict(), "kv_capacity_tokens": largest + extra})
     policy = draw(st.sampled_from(["shared", "coscheduled", "chunked", "disaggregated"]))
-    options: dict = {}
+    options: dict = {"engine": engine}
     if policy == "chunked":
-        if draw(st.booleans()):
+        choice = draw(st.sampled_from(["chunk", "chunk_budget", "engine budget"]))
+        if choice == "chunk" or (choice == "engine budget" and engine.max_batched_tokens is None):
             options["chunk"] = draw(st.integers(1, 700))
-        else:
+        elif choice == "chunk_budget":
             options["chunk_budget"] = draw(st.sampled_from([1e-3, 8e-3, 2e-2, 6e-2]))
     if policy == "disaggregated":
         options["prefill_workers"] = draw(st.integers(1, 3))
@@ -117,8 +145,18 @@ def test_simulate_is_the_reference_with_every_cost_term_non_zero(setup):
     assert_agrees(*setup)
 
 
+@SETTINGS
+@given(setup=setups(zero_terms=False, every_knob=True))
+def test_simulate_is_the_reference_with_every_knob_set_and_every_cost_term_non_zero(setup):
+    assert_agrees(*setup)
+
+
+TIGHT = EngineProfile("tight", first_token="prefill", max_batched_tokens=100, max_seqs=3)
+
+
+@pytest.mark.parametrize("engine", [LAB, TIGHT], ids=["lab", "tight"])
 @pytest.mark.parametrize("policy", ["shared", "coscheduled", "chunked", "disaggregated"])
-def test_long_outputs_on_several_workers_take_every_fast_path(policy):
+def test_long_outputs_on_several_workers_take_every_fast_path(policy, engine):
     """Long decode runs cut by arrivals on a worker mid-run, finishing together, KV waits."""
     load = [
         Request(f"r{i}", 0.013 * i * (i % 3), 37 * i + 5, 150 + 40 * (i % 4)) for i in range(12)
@@ -136,7 +174,8 @@ def test_long_outputs_on_several_workers_take_every_fast_path(policy):
         fusion_penalty=0.3,
         kv_capacity_tokens=1500,
     )
-    options = {"chunk": 64} if policy == "chunked" else {}
+    options: dict = {"chunk": 64} if policy == "chunked" else {}
+    options["engine"] = engine
     if policy == "disaggregated":
         options.update(prefill_workers=2, decode_workers=3)
     else:

@@ -15,6 +15,7 @@ from strategies import FLAT, V2, cost_models, examples, run, scenario
 
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.sim import (
+    EngineProfile,
     Request,
     Worker,
     check_invariants,
@@ -209,3 +210,121 @@ def test_a_chunk_budget_shrinks_chunks_as_the_context_grows():
     assert len(chunks) > 3
     assert chunks[1:-1] == sorted(chunks[1:-1], reverse=True)  # each later chunk no larger
     assert chunks[1] > chunks[-2]
+
+
+# --- the engine knobs (DESIGN.md, "Engine semantics (v3)") -----------------------------------
+
+
+def test_under_a_token_budget_the_rows_go_first_and_prompt_tokens_fill_the_rest():
+    worker = Worker("w", "chunked", max_batched_tokens=50)
+    live, long = Request("live", 0.0, 10, 5), Request("long", 0.0, 200, 2)
+    worker.admit(live)
+    plan = worker.compose(0.0)
+    worker.finish_at(1.0)
+    worker.admit(long)
+    plan = worker.compose(1.0)  # one row (live): 49 prompt tokens of long ride with it
+    assert plan is not None and plan.decode_ids == ("live",)
+    assert plan.prefill == ((long, 0, 49),)
+    worker.finish_at(2.0)
+    plan = worker.compose(2.0)
+    assert plan is not None and plan.prefill == ((long, 49, 49),)
+    assert plan.prefill_tokens + plan.decode_rows == 50
+
+
+def test_a_chunk_smaller_than_the_budget_still_bounds_the_prompt_tokens():
+    worker = Worker("w", "chunked", chunk=16, max_batched_tokens=50)
+    worker.admit(Request("a", 0.0, 100, 1))
+    plan = worker.compose(0.0)
+    assert plan is not None and plan.prefill_tokens == 16
+
+
+def test_coscheduled_under_a_budget_takes_whole_prompts_and_a_longer_one_runs_alone():
+    worker = Worker("w", "coscheduled", max_batched_tokens=100)
+    a, b, c = Request("a", 0.0, 60, 3), Request("b", 0.0, 50, 3), Request("c", 0.0, 500, 2)
+    for r in (a, b, c):
+        worker.admit(r)
+    plan = worker.compose(0.0)  # a fits, b does not beside it: whole prompts only
+    assert plan is not None and plan.prefill == ((a, 0, 60),)
+    worker.finish_at(1.0)
+    plan = worker.compose(1.0)  # a's row and b's 50 tokens: 51 <= 100
+    assert plan is not None and plan.decode_ids == ("a",) and plan.prefill == ((b, 0, 50),)
+    worker.finish_at(2.0)
+    plan = worker.compose(2.0)  # c (500) can never fit 100: it runs alone, the rows wait
+    assert plan is not None and plan.kind == "prefill" and plan.prefill == ((c, 0, 500),)
+
+
+def test_coscheduled_under_a_budget_decodes_while_the_head_waits_for_room():
+    worker = Worker("w", "coscheduled", max_batched_tokens=100)
+    a, b = Request("a", 0.0, 90, 2), Request("b", 0.0, 100, 1)
+    worker.admit(a)
+    worker.compose(0.0)
+    worker.finish_at(1.0)
+    worker.admit(b)
+    plan = worker.compose(1.0)  # 1 row + 100 > 100 but 100 <= 100: b waits for a to leave
+    assert plan is not None and plan.kind == "decode" and plan.decode_ids == ("a",)
+
+
+def test_shared_under_a_budget_takes_whole_prompts_within_it_at_least_one():
+    worker = Worker("w", "shared", max_batched_tokens=100)
+    a, b, c = Request("a", 0.0, 40, 1), Request("b", 0.0, 50, 1), Request("c", 0.0, 30, 1)
+    for r in (a, b, c):
+        worker.admit(r)
+    plan = worker.compose(0.0)
+    assert plan is not None and plan.prefill == ((a, 0, 40), (b, 0, 50))
+    alone = Worker("w", "shared", max_batched_tokens=10)
+    alone.admit(a)
+    alone.admit(c)
+    plan = alone.compose(0.0)
+    assert plan is not None and plan.prefill == ((a, 0, 40),)
+
+
+@pytest.mark.parametrize(
+    ("max_seqs", "budget", "admitted"), [(2, None, 2), (5, 3, 3), (None, 2, 2)]
+)
+def test_a_worker_admits_at_most_its_sequence_cap(max_seqs, budget, admitted):
+    worker = Worker("w", "chunked", chunk=1000, max_seqs=max_seqs, max_batched_tokens=budget)
+    load = [Request(f"r{i}", 0.0, 1, 3) for i in range(6)]
+    for r in load:
+        worker.admit(r)
+    plan = worker.compose(0.0)
+    assert plan is not None and [r for r, _, _ in plan.prefill] == load[:admitted]
+    assert worker.admitted == admitted and len(worker.pending) == 6 - admitted
+
+
+def test_under_the_prefill_rule_the_pass_completing_a_prompt_emits_its_first_token():
+    worker = Worker("w", "shared", first_token="prefill")
+    a, one = Request("a", 0.0, 10, 3), Request("one", 0.0, 5, 1)
+    worker.admit(a)
+    worker.admit(one)
+    worker.compose(0.0)
+    worker.finish_at(1.0)  # both prompts: first tokens at 1.0; "one" is done
+    assert worker.tokens.first_token == {"a": 1.0, "one": 1.0}
+    assert worker.record(one, 0.0, 1.0, 1.0).token_times == (1.0,)
+    plan = worker.compose(1.0)  # a's first row reads its prompt and the token it has
+    assert plan is not None and plan.decode_ids == ("a",) and plan.kv_tokens == 11
+    worker.finish_at(2.0)
+    worker.compose(2.0)
+    worker.finish_at(3.0)
+    assert worker.compose(3.0) is None  # a has its 3 tokens: one from the pass, two rows
+    assert worker.record(a, 0.0, 1.0, 1.0).token_times == (1.0, 2.0, 3.0)
+    assert worker.unfinished == 0 and worker.admitted == 0 and worker.kv.reserved == 0
+
+
+def test_a_bad_engine_knob_on_a_worker_is_named():
+    with pytest.raises(ValueError, match="first_token"):
+        Worker("w", "shared", first_token="eventually")
+    with pytest.raises(ValueError, match="max_seqs"):
+        Worker("w", "shared", max_seqs=0)
+    with pytest.raises(ValueError, match="max_batched_tokens"):
+        Worker("w", "shared", max_batched_tokens=2.5)  # type: ignore[arg-type]
+
+
+def test_the_prefill_rule_makes_ttft_one_prefill_pass_for_a_lone_request():
+    load = [Request("only", 0.25, 300, 3)]
+    rule = EngineProfile("prefill-rule", first_token="prefill")
+    rec = simulate("shared", load, FLAT, engine=rule).requests["only"]
+    assert rec.ttft == pytest.approx(FLAT.prefill_pass(300))
+    # the second token: one decode step reading the prompt and the first token
+    assert rec.token_times[1] - rec.token_times[0] == pytest.approx(FLAT.decode_step(1, 301))
+    lab = simulate("shared", load, FLAT).requests["only"]
+    assert lab.ttft == pytest.approx(FLAT.prefill_pass(300) + FLAT.decode_step(1, 300))

@@ -17,7 +17,9 @@ from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.sim import (
     LINK,
     POLICIES,
+    PROFILES,
     CostModel,
+    EngineProfile,
     Request,
     Trace,
     check_invariants,
@@ -187,3 +189,34 @@ def test_the_commands_give_one_line_for_a_cost_that_overflows(command, tmp_path,
         main([*command, "--cost", str(path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and "float range" in err[0]
+
+
+@pytest.mark.parametrize("engine", sorted(PROFILES))
+@examples(40)
+@given(load=loads(), cost=cost_models(), policy=policies, workers=st.integers(1, 3))
+def test_every_invariant_holds_under_every_engine_profile(engine, load, cost, policy, workers):
+    options = {"chunk": 64} if policy == "chunked" and engine in ("lab", "distserve") else {}
+    if policy == "disaggregated":
+        options.update(prefill_workers=workers, decode_workers=workers)
+    else:
+        options["replicas"] = workers
+    trace = simulate(policy, load, cost, engine=engine, **options)
+    assert trace.engine is PROFILES[engine]
+    assert check_invariants(trace, load, cost) == []
+
+
+@examples(60)
+@given(
+    load=loads(),
+    cost=cost_models(),
+    policy=policies,
+    budget=st.integers(1, 700),
+    seqs=st.integers(1, 6),
+    rule=st.sampled_from(["prefill", "decode"]),
+)
+def test_every_invariant_holds_with_every_knob_drawn(load, cost, policy, budget, seqs, rule):
+    engine = EngineProfile("drawn", first_token=rule, max_batched_tokens=budget, max_seqs=seqs)
+    trace = simulate(policy, load, cost, engine=engine, prefill_workers=2, decode_workers=2)
+    assert check_invariants(trace, load, cost) == []
+    for rec in trace.requests.values():  # output_len tokens under either rule
+        assert len(rec.token_times) == rec.output_len

@@ -7,7 +7,9 @@ is pinned by a test, and ``tests/reference_sim.py`` is the same rules written ou
 
 Reading order:
 
-1. ``requests`` — what a run is given; ``cost`` and ``presets`` — what one iteration costs.
+1. ``requests`` — what a run is given; ``cost`` and ``presets`` — what one iteration costs;
+   ``profiles`` — the engine knobs (first-token rule, token budget, sequence cap) and the
+   engines' defaults, with their sources.
 2. ``rules`` — what the next iteration on a worker holds (:meth:`Worker.compose`, in one
    place), with ``kv`` (when a request may be admitted) and ``tokens`` (who emits which
    token when).
@@ -37,24 +39,46 @@ from .policies import POLICIES, WorkerMode, check_options, worker_mode
 from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
 from .presets import PRESETS, Preset, get_preset
+from .profiles import (
+    FIRST_TOKEN_RULES,
+    KNOBS,
+    KV_RULES,
+    LAB,
+    PROFILES,
+    EngineProfile,
+    get_profile,
+    resolve_engine,
+)
 from .requests import Request, validate_load
 from .results import SimResults
 from .router import LeastLoaded
 from .rules import MODES, Plan, Price, Worker
-from .simulation import colocated, disaggregated, disaggregated_prefill, simulate
+from .simulation import (
+    colocated,
+    disaggregated,
+    disaggregated_prefill,
+    simulate,
+    simulated_engine,
+)
 from .ticks import TICKS_PER_SECOND, TickCost, from_ticks, to_ticks
 from .tokens import TokenBook
 from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection
 
 __all__ = [
+    "FIRST_TOKEN_RULES",
     "KINDS",
+    "KNOBS",
+    "KV_RULES",
+    "LAB",
     "LINK",
     "MODES",
     "POLICIES",
     "PRESETS",
+    "PROFILES",
     "TICKS_PER_SECOND",
     "CompactRun",
     "CostModel",
+    "EngineProfile",
     "Event",
     "EventLog",
     "GapMultiset",
@@ -94,6 +118,7 @@ __all__ = [
     "events_by_resource",
     "from_ticks",
     "get_preset",
+    "get_profile",
     "iteration_cost",
     "kv_capacity",
     "kv_need",
@@ -102,7 +127,9 @@ __all__ = [
     "no_collection",
     "percentile",
     "piece_sums",
+    "resolve_engine",
     "simulate",
+    "simulated_engine",
     "steps_before",
     "to_ticks",
     "token_gaps",

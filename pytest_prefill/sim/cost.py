@@ -175,7 +175,7 @@ class CostModel:
     def chunk_star(self, context: int = 0, rows: int = 0, kv_tokens: int = 0) -> float:
         """C*: the largest chunk T whose compute part fits within the decode step, in tokens.
 
-        With no arguments it is the lab's formula exactly, ``(decode_step_base -
+        With no arguments and no pair term it is the lab's formula exactly, ``(decode_step_base -
         prefill_pass_overhead) / prefill_per_token``. ``context`` is the prompt's tokens already
         cached (the pair and KV-read terms make C* fall as a prompt proceeds); ``rows`` decode
         rows reading ``kv_tokens`` cached tokens set the decode step and ride the pass (0 rows:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from .cost import attention_pairs
+from .profiles import LAB, EngineProfile
 from .rules import Worker
 from .ticks import TickCost
 
@@ -48,9 +49,20 @@ class TimedWorker(Worker):
         chunk: float = math.inf,
         capacity: float = math.inf,
         budget: int | None = None,
+        engine: EngineProfile = LAB,
     ) -> None:
         price = tick.price if budget is not None else None
-        super().__init__(name, mode, chunk, capacity=capacity, budget=budget, price=price)
+        super().__init__(
+            name,
+            mode,
+            chunk,
+            capacity=capacity,
+            budget=budget,
+            price=price,
+            first_token=engine.first_token,
+            max_batched_tokens=engine.max_batched_tokens,
+            max_seqs=engine.max_seqs,
+        )
         self.index, self.tick = index, tick
         self.busy = 0  # ticks
         self.busy_until: int | None = None

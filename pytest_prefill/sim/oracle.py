@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .cost import CostModel
 from .events import KINDS, LINK, Event
+from .profiles import EngineProfile
 from .requests import Request
 from .trace import RequestRecord, Trace
 
@@ -39,25 +40,35 @@ def close(a: float, b: float) -> bool:
 
 
 def check_invariants(
-    trace: Trace, load: Iterable[Request], cost: CostModel | None = None
+    trace: Trace,
+    load: Iterable[Request],
+    cost: CostModel | None = None,
+    engine: EngineProfile | None = None,
 ) -> list[str]:
     """Every DESIGN.md invariant that ``trace`` breaks for ``load``, as sentences (empty: none).
 
     Checked: events are of known kinds and take time; no resource runs two things at once;
     the trace has the load's requests, each prefilled exactly ``prompt_len`` tokens and given
     exactly ``output_len`` tokens at strictly increasing times, nothing before its arrival,
-    prefill start < end <= KV ready < first token; every token time is the end of a step of
-    an event that lists the request among its decode rows, on the worker it was decoded by;
-    each step's KV read and each piece's context count what the request had by then; the
-    summary's GPU-seconds equal the events' busy time. With ``cost``: each event lasts what
+    prefill start < end <= KV ready; the first-token rule of ``engine`` (default: the trace's
+    own profile): ``decode`` — every token ends a step of an event that lists the request
+    among its decode rows, after its KV was ready; ``prefill`` — the first token ends the
+    iteration that completed its prompt, every later one a step that lists it; each step's KV
+    read (each row's prompt and tokens emitted) and each piece's context count what the
+    request had by then; the summary's GPU-seconds equal the events' busy time; no iteration
+    over the engine's token budget (a lone whole prompt longer than it excepted) and never
+    more than its sequence cap in progress on a worker. With ``cost``: each event lasts what
     the cost model says, and no worker holds more KV than ``cost.kv_capacity_tokens``.
     """
+    profile = trace.engine if engine is None else engine
     requests = {r.id: r for r in load}
     problems = _event_shapes(trace.events)
     if set(trace.requests) != set(requests):
         problems.append("the trace's requests are not the load's requests")
     records = {rid: rec for rid, rec in trace.requests.items() if rid in requests}
-    problems += _prefill_and_tokens(trace.events, records, requests)
+    prefill_first = profile.first_token == "prefill"
+    found, decode_from = _prefill_and_tokens(trace.events, records, requests, prefill_first)
+    problems += found
     compute = [e for e in trace.events if e.resource != LINK]
     busy = math.fsum(e.duration for e in compute)
     # each event's duration is a difference of two float times: off by up to an ulp of them
@@ -67,9 +78,16 @@ def check_invariants(
             f"events' busy time {busy!r} differs from the summary's gpu_seconds "
             f"{trace.summary().gpu_seconds!r}"
         )
+    spans = _spans(records.values(), decode_from)
+    if profile.max_batched_tokens is not None:
+        problems += _token_budget(compute, requests, profile.max_batched_tokens)
+    if profile.seq_cap is not None:
+        problems += _most_held(spans, lambda rec: 1, profile.seq_cap, "requests in progress")
     if cost is not None:
         problems += _durations(trace.events, cost)
-        problems += _kv_capacity(records.values(), cost.kv_capacity_tokens)
+        if not math.isinf(cost.kv_capacity_tokens):
+            need = lambda rec: rec.prompt_len + rec.output_len  # noqa: E731
+            problems += _most_held(spans, need, cost.kv_capacity_tokens, "KV tokens")
     return problems
 
 
@@ -100,11 +118,17 @@ def _steps(event: Event) -> Iterator[tuple[float, float, int]]:
 
 
 def _prefill_and_tokens(
-    events: Iterable[Event], records: dict[str, RequestRecord], requests: dict[str, Request]
-) -> list[str]:
+    events: Iterable[Event],
+    records: dict[str, RequestRecord],
+    requests: dict[str, Request],
+    prefill_first: bool,
+) -> tuple[list[str], dict[str, float]]:
+    """Prefill progress, contexts, KV reads and token ends, walked in time order; also when
+    each request's first decode step on a worker started (its admission there at the latest)."""
     problems: list[str] = []
     prefilled: dict[str, int] = {}
     emitted: dict[str, list[float]] = {rid: [] for rid in records}
+    decode_from: dict[str, float] = {}
     for e in sorted(events, key=lambda e: e.start):
         for k, (rid, tokens) in enumerate(e.prefill):
             if rid in requests and e.start < requests[rid].arrival:
@@ -117,6 +141,9 @@ def _prefill_and_tokens(
                     f"{rid}'s piece at {e.start} has context {e.contexts[k]}, not {done}"
                 )
             prefilled[rid] = done + tokens
+            r = requests.get(rid)
+            if prefill_first and rid in emitted and r is not None and done + tokens == r.prompt_len:
+                emitted[rid].append(e.end)  # the pass that completes a prompt emits a token
         for start, end, kv in _steps(e):
             expected = 0
             for rid in e.decode_ids:
@@ -127,6 +154,7 @@ def _prefill_and_tokens(
                     problems.append(
                         f"{rid} has a token on {e.resource}, decoded by {rec.decode_resource}"
                     )
+                decode_from.setdefault(rid, start)
                 expected += rec.prompt_len + len(emitted[rid])
                 emitted[rid].append(end)
             if e.decode_ids and all(rid in records for rid in e.decode_ids) and kv != expected:
@@ -136,11 +164,13 @@ def _prefill_and_tokens(
     for rid, r in requests.items():
         rec = records.get(rid)
         if rec is not None:
-            problems += _request(r, rec, prefilled.get(rid, 0), emitted[rid])
-    return problems
+            problems += _request(r, rec, prefilled.get(rid, 0), emitted[rid], prefill_first)
+    return problems, decode_from
 
 
-def _request(r: Request, rec: RequestRecord, prefilled: int, ends: list[float]) -> list[str]:
+def _request(
+    r: Request, rec: RequestRecord, prefilled: int, ends: list[float], prefill_first: bool
+) -> list[str]:
     problems = []
     times = rec.token_times
     if len(times) != r.output_len:
@@ -151,7 +181,12 @@ def _request(r: Request, rec: RequestRecord, prefilled: int, ends: list[float]) 
         problems.append(f"{r.id}'s token times do not strictly increase")
     if not r.arrival <= rec.prefill_start < rec.prefill_end <= rec.kv_ready:
         problems.append(f"{r.id}: arrival <= prefill start < prefill end <= KV ready fails")
-    if times and not times[0] > rec.kv_ready:
+    if prefill_first:
+        if times and not close(times[0], rec.prefill_end):
+            problems.append(f"{r.id}'s first token is not at the end of the pass completing it")
+        if len(times) > 1 and not times[1] > rec.kv_ready:
+            problems.append(f"{r.id}'s second token is not after its KV cache was ready")
+    elif times and not times[0] > rec.kv_ready:
         problems.append(f"{r.id}'s first token is not after its KV cache was ready")
     if times and not (close(rec.first_token, times[0]) and close(rec.finish, times[-1])):
         problems.append(f"{r.id}'s first_token/finish are not its first and last token times")
@@ -182,29 +217,56 @@ def _durations(events: Iterable[Event], cost: CostModel) -> list[str]:
     return problems
 
 
-def _kv_capacity(records: Iterable[RequestRecord], capacity: float) -> list[str]:
-    """Each request holds its prompt_len + output_len tokens of KV on its worker at least from
-    its prefill start (or, on a decode worker of its own, from its first token) to its finish
-    (on a prefill worker of its own: to its KV's arrival); no worker may ever hold more."""
-    if math.isinf(capacity):
-        return []
-    changes: dict[str, list[tuple[float, int, int]]] = {}
+Span = tuple[str, float, float, RequestRecord]  # (worker, from, to, the request)
+
+
+def _spans(records: Iterable[RequestRecord], decode_from: dict[str, float]) -> list[Span]:
+    """Where each request is held, and at least when: on its worker from its prefill start to
+    its finish; under disaggregation on its prefill worker until its KV is ready (to its finish
+    if it never left), and on its decode worker from its first decode step there."""
+    spans: list[Span] = []
     for rec in records:
-        need = rec.prompt_len + rec.output_len
-        spans = [(rec.prefill_resource, rec.prefill_start, rec.finish)]
-        if rec.prefill_resource != rec.decode_resource:
-            spans = [
-                (rec.prefill_resource, rec.prefill_start, rec.kv_ready),
-                (rec.decode_resource, rec.first_token, rec.finish),
-            ]
-        for resource, begin, end in spans:
-            changes.setdefault(resource, []).extend([(begin, 1, need), (end, 0, -need)])
+        if rec.prefill_resource == rec.decode_resource:
+            spans.append((rec.prefill_resource, rec.prefill_start, rec.finish, rec))
+            continue
+        spans.append((rec.prefill_resource, rec.prefill_start, rec.kv_ready, rec))
+        begin = decode_from.get(rec.id, rec.finish)
+        spans.append((rec.decode_resource, begin, rec.finish, rec))
+    return spans
+
+
+def _most_held(
+    spans: list[Span], weight: Callable[[RequestRecord], int], limit: float, what: str
+) -> list[str]:
+    """No worker ever holds more than ``limit`` of ``what`` (each span weighing ``weight``)."""
+    changes: dict[str, list[tuple[float, int, int]]] = {}
+    for resource, begin, end, rec in spans:
+        amount = weight(rec)
+        changes.setdefault(resource, []).extend([(begin, 1, amount), (end, 0, -amount)])
     problems = []
     for resource, marks in changes.items():
         held = 0
         for t, _, delta in sorted(marks):  # releases (0) before admissions (1) at one instant
             held += delta
-            if held > capacity:
-                problems.append(f"{resource} holds {held} KV tokens at {t}, over {capacity:.0f}")
+            if held > limit:
+                problems.append(f"{resource} holds {held} {what} at {t}, over {limit:.0f}")
                 break
+    return problems
+
+
+def _token_budget(events: Iterable[Event], requests: dict[str, Request], limit: int) -> list[str]:
+    """Every iteration holds at most ``limit`` tokens (a decode row one, a prompt token one),
+    but for a lone whole prompt longer than the budget, which runs alone."""
+    problems = []
+    for e in events:
+        tokens = e.prefill_tokens + e.decode_rows
+        if tokens <= limit:
+            continue
+        (rid, n), *others = e.prefill or (("", 0),)
+        whole = rid in requests and n == requests[rid].prompt_len
+        if not (whole and not others and not e.decode_rows):
+            problems.append(
+                f"{e.resource} {e.kind} at {e.start} holds {tokens} tokens, over the budget "
+                f"of {limit}"
+            )
     return problems

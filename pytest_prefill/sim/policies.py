@@ -20,13 +20,13 @@ class WorkerMode(NamedTuple):
 
 def worker_mode(policy: str, chunk: int | None = None) -> WorkerMode:
     """The worker mode of ``policy`` (the one mapping): ``shared`` runs prefill passes ahead of
-    decode steps; ``coscheduled`` and ``chunked`` fuse prompt tokens with the decode rows
-    (``chunk`` tokens an iteration for ``chunked``, else every waiting token); the decode
+    decode steps; ``coscheduled`` fuses whole prompts with the decode rows, ``chunked`` up to
+    ``chunk`` prompt tokens (None: as many as the iteration's budget allows); the decode
     workers of ``disaggregated`` only decode."""
     if policy == "disaggregated":
         return WorkerMode("decode", math.inf)
-    if policy == "shared":
-        return WorkerMode("shared", math.inf)
+    if policy in ("shared", "coscheduled"):
+        return WorkerMode(policy, math.inf)
     tokens = float(chunk) if policy == "chunked" and chunk is not None else math.inf
     return WorkerMode("chunked", tokens)
 
@@ -38,19 +38,23 @@ def check_options(
     replicas: Any = 1,
     prefill_workers: Any = 1,
     decode_workers: Any = 1,
+    max_batched_tokens: int | None = None,
 ) -> None:
     """ValueError naming the field for an unknown policy, a missing or bad chunk or budget,
     both at once, replicas for a disaggregated run, or a count < 1 (shared by every entry
-    point that runs a policy)."""
+    point that runs a policy). ``chunked`` needs a chunk, a chunk budget or an engine token
+    budget (``max_batched_tokens``: then each iteration takes what the budget leaves)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {policy!r}")
     if chunk is not None and chunk_budget is not None:
         raise ValueError("chunk and chunk_budget exclude each other: give one of them")
     if policy == "chunked" and chunk is None and chunk_budget is None:
-        raise ValueError(
-            "chunk must be a positive integer (prompt tokens per iteration) for 'chunked', "
-            "or chunk_budget a positive number of seconds per iteration"
-        )
+        if max_batched_tokens is None:
+            raise ValueError(
+                "chunk must be a positive integer (prompt tokens per iteration) for "
+                "'chunked', or chunk_budget a positive number of seconds per iteration (or "
+                "run under an engine profile with max_batched_tokens)"
+            )
     if chunk is not None:
         check_int("chunk", chunk)
     if chunk_budget is not None:

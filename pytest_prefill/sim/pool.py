@@ -23,7 +23,10 @@ class Pool:
         self._ready: list[TimedWorker] = []
 
     def _run_one(
-        self, arrivals: Sequence[tuple[int, Request]], place: Callable[[Request, int], None]
+        self,
+        arrivals: Sequence[tuple[int, Request]],
+        place: Callable[[Request, int], None],
+        retry: Callable[[int], None] | None,
     ) -> None:
         """:meth:`run` for a pool of one worker: no heap, no router to keep."""
         ready = self._ready
@@ -34,6 +37,8 @@ class Pool:
             if end is not None and (i >= n or end <= arrivals[i][0]):
                 t = end
                 w.end(t)  # type: ignore[union-attr]
+                if retry is not None:
+                    retry(t)
             elif i < n:
                 t = arrivals[i][0]
             else:
@@ -65,8 +70,11 @@ class Pool:
         place: Callable[[Request, int], None],
         retry: Callable[[int], None] | None = None,
     ) -> None:
-        if self.router.size == 1 and retry is None:
-            self._run_one(arrivals, place)
+        """Drive the workers until every arrival is placed and no worker has work: at each
+        instant end the iterations that end, ``retry`` (requests waiting for room), ``place``
+        what arrives, then start the idle workers that have work."""
+        if self.router.size == 1:
+            self._run_one(arrivals, place, retry)
             return
         heap, ready, workers, router = self._heap, self._ready, self.workers, self.router
         i, n = 0, len(arrivals)

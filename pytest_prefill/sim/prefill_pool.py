@@ -5,12 +5,14 @@ pool the requests in order of KV arrival."""
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import NamedTuple
 
 from .cost import attention_pairs
 from .events import LINK, LogEntry
 from .kv import KVReserve
+from .profiles import LAB, EngineProfile
 from .requests import Request
 from .ticks import TickCost, to_ticks
 
@@ -29,8 +31,9 @@ class PrefillTimes(NamedTuple):
 class PrefillSide(NamedTuple):
     """What the prefill pool and the link did: the requests in order of KV arrival with its
     time, each request's times and prefill worker, the resources used (prefill workers, then
-    the link) with their iterations and transfers (``logs``, aligned with ``resources``), and
-    the ticks the prefill workers computed in all."""
+    the link) with their iterations and transfers (``logs``, aligned with ``resources``), the
+    ticks the prefill workers computed in all, and (under the ``prefill`` first-token rule)
+    the requests of one output token, done when their pass ended (never on the link)."""
 
     ready: list[tuple[int, Request]]
     times: dict[str, PrefillTimes]
@@ -38,6 +41,7 @@ class PrefillSide(NamedTuple):
     resources: list[str]
     logs: list[list[LogEntry]]
     busy: int
+    finished: dict[str, int]
 
 
 class PrefillPool:
@@ -46,13 +50,33 @@ class PrefillPool:
     waits, and so does everyone behind it); free workers keep taking until none has room for
     the head. Each finished prompt's KV crosses the link, one transfer at a time, FCFS by
     prefill end (ties: FCFS order); its reservation on the prefill worker is released when it
-    has crossed. Workers are touched lowest index first, only when needed."""
+    has crossed. Workers are touched lowest index first, only when needed.
 
-    def __init__(self, requests: list[Request], tick: TickCost, size: int, capacity: float) -> None:
+    Under an engine profile (DESIGN.md, "Engine semantics (v3)"): a pass takes whole prompts
+    while they fit ``max_batched_tokens`` (at least one), a worker holds at most its
+    ``seq_cap`` requests (in its pass or waiting for the link), and under the ``prefill``
+    first-token rule the pass emits each prompt's first token at its end: a request of one
+    output token is then done and its KV never crosses."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        tick: TickCost,
+        size: int,
+        capacity: float,
+        engine: EngineProfile = LAB,
+    ) -> None:
         self.requests, self.tick, self.size, self.capacity = requests, tick, size, capacity
+        limit = engine.max_batched_tokens
+        self.token_budget: float = math.inf if limit is None else limit
+        cap = engine.seq_cap
+        self.seq_cap: float = math.inf if cap is None else cap
+        self.prefill_first = engine.first_token == "prefill"
         self.fcfs = {r.id: k for k, r in enumerate(requests)}
         self.pending: deque[Request] = deque()
         self.kv: list[KVReserve] = []  # per prefill worker touched so far
+        self.held: list[int] = []  # requests held per prefill worker (in a pass or the link)
+        self.finished: dict[str, int] = {}
         self.logs: list[list[LogEntry]] = []  # per prefill worker touched so far
         self.free: list[int] = []  # idle touched workers (a heap of indices)
         self.passes: list[tuple[int, int, list[Request]]] = []  # (end, worker, prompts): a heap
@@ -97,6 +121,7 @@ class PrefillPool:
             [f"prefill{w}" for w in range(used)] + [LINK],
             [*self.logs, self.link_log],
             self.busy,
+            self.finished,
         )
 
     def _end_passes(self, now: int) -> None:
@@ -107,11 +132,24 @@ class PrefillPool:
             _, w, batch = heapq.heappop(passes)
             ended.extend(batch)
             heapq.heappush(self.free, w)
+        if self.prefill_first:  # each got its first token now; one token is all some need
+            for r in ended:
+                if r.output_len == 1:
+                    self.finished[r.id] = now
+                    self._release(r)
+            ended = [r for r in ended if r.output_len > 1]
         ended.sort(key=lambda r: self.fcfs[r.id])
         self.link.extend(ended)
 
+    def _release(self, r: Request) -> None:
+        w = self.where[r.id]
+        self.kv[w].release(r)
+        self.held[w] -= 1
+
     def _kv_arrived(self, r: Request, now: int) -> None:
-        self.kv[self.where[r.id]].release(r)
+        w = self.where[r.id]
+        self.kv[w].release(r)
+        self.held[w] -= 1
         start, end, _ = self.times[r.id]
         self.times[r.id] = _new_tuple(PrefillTimes, (start, end, now))
         self.ready.append((now, r))
@@ -148,23 +186,31 @@ class PrefillPool:
                 heapq.heappush(free, w)
             while pending and len(self.kv) < self.size:
                 self.kv.append(KVReserve(self.capacity))
+                self.held.append(0)
                 self.logs.append([])
                 progress = self._take(len(self.kv) - 1, now) or progress
 
     def _take(self, w: int, now: int) -> bool:
-        """Worker ``w`` starts a pass over every waiting prompt that fits its KV room (FCFS);
+        """Worker ``w`` starts a pass over every waiting prompt that fits its KV room, its
+        sequence slots and the token budget (FCFS; at least one prompt whatever its length);
         False if the head does not fit."""
-        kv, pending = self.kv[w], self.pending
+        kv, pending, cap, room = self.kv[w], self.pending, self.seq_cap, self.token_budget
+        held = self.held[w]
         batch: list[Request] = []
         tokens = pairs = 0
-        while pending and kv.fits(pending[0]):
-            r = pending.popleft()
+        while pending and held < cap and kv.fits(pending[0]):
+            r = pending[0]
+            if batch and tokens + r.prompt_len > room:
+                break
+            pending.popleft()
             kv.reserve(r)
+            held += 1
             batch.append(r)
             tokens += r.prompt_len
             pairs += attention_pairs(r.prompt_len, 0)
         if not batch:
             return False
+        self.held[w] = held
         end = now + self.tick.price(tokens, pairs, 0, 0, 0)
         self.busy += end - now
         times, where = self.times, self.where

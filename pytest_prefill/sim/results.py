@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from .events import LINK, Event, LogEntry
 from .fastpath import TimedWorker
@@ -76,9 +77,13 @@ class SimResults:
             return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
         arrival = {r.id: to_ticks(r.arrival, up=True) for r in requests}
         owner = self.owner
-        ttfts = sorted(owner[r.id].tokens.first_token[r.id] - arrival[r.id] for r in requests)
+        if self.prefill is None or not self.prefill.finished:  # every request has an owner
+            ttfts = sorted(owner[r.id].tokens.first_token[r.id] - arrival[r.id] for r in requests)
+            last = max(owner[r.id].tokens.finish[r.id] for r in requests)
+        else:
+            ttfts = sorted(self.first_token(r) - arrival[r.id] for r in requests)
+            last = max(self.finish(r) for r in requests)
         gaps = self.gaps()
-        last = max(owner[r.id].tokens.finish[r.id] for r in requests)
         return Summary(
             requests=len(requests),
             output_tokens=sum(r.output_len for r in requests),
@@ -91,6 +96,22 @@ class SimResults:
             gpu_seconds=from_ticks(self.busy),
             makespan=from_ticks(last - min(arrival.values())),
         )
+
+    def first_token(self, r: Request) -> int:
+        """When ``r``'s first token came (ticks)."""
+        w = self.owner.get(r.id)
+        if w is None:  # done on the prefill side: its one token came from its pass
+            assert self.prefill is not None
+            return self.prefill.times[r.id].end
+        return w.tokens.first_token[r.id]
+
+    def finish(self, r: Request) -> int:
+        """When ``r``'s last token came (ticks)."""
+        w = self.owner.get(r.id)
+        if w is None:
+            assert self.prefill is not None
+            return self.prefill.finished[r.id]
+        return w.tokens.finish[r.id]
 
     def entries(self) -> Iterator[LogEntry]:
         """The log by resource (in order), then by start."""
@@ -109,14 +130,18 @@ class SimResults:
         out = {}
         side = self.prefill
         for r in self.requests:
-            w = self.owner[r.id]
+            w = self.owner.get(r.id)
             if side is None:
+                assert w is not None
                 start, end = w.prefill_start[r.id], w.prefill_end[r.id]
                 ready, where = end, w.name
             else:
                 start, end, ready = side.times[r.id]
                 where = side.names[r.id]
-            book = w.tokens
+            if w is None:  # one token, from its prefill pass: it never left its prefill worker
+                times: Any = (f(end),)
+            else:
+                times = lambda w=w, r=r: tuple([f(t) for t in w.token_times(r)])  # noqa: E731
             out[r.id] = RequestRecord(
                 r.id,
                 r.arrival,
@@ -125,10 +150,10 @@ class SimResults:
                 f(start),
                 f(end),
                 f(ready),
-                w.name,
-                lambda w=w, r=r: tuple([f(t) for t in w.token_times(r)]),  # type: ignore[misc]
+                where if w is None else w.name,
+                times,
                 where,
-                first_token=f(book.first_token[r.id]),
-                finish=f(book.finish[r.id]),
+                first_token=f(self.first_token(r)),
+                finish=f(self.finish(r)),
             )
         return out

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .checks import check_whole_or_inf
+from .checks import check_cap, check_whole_or_inf
 from .cost import Piece, attention_pairs
 from .events import LogEntry
 from .kv import KVReserve
@@ -17,7 +17,7 @@ from .requests import Request
 from .tokens import TokenBook
 from .trace import RequestRecord
 
-MODES = ("shared", "chunked", "decode")
+MODES = ("shared", "coscheduled", "chunked", "decode")
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__ (one per iteration)
 
 
@@ -76,21 +76,31 @@ class Worker:
     once); the engine runs them for real. Times are whatever the caller counts in.
 
     Modes: ``shared`` (a prefill pass of every admitted prompt first, else a decode step),
-    ``chunked`` (decode rows fused with up to ``chunk`` prompt tokens, FCFS; inf: co-scheduled;
-    or, with ``budget`` and ``price``, the largest FCFS token count whose iteration ``price``
-    keeps within ``budget``, at least one token), ``decode`` (decode only: prefilled requests
-    come in through :meth:`join`). A prompt completed here joins this worker's decode rows at
-    the next boundary.
+    ``coscheduled`` (decode rows fused with every admitted prompt, whole), ``chunked`` (decode
+    rows fused with up to ``chunk`` prompt tokens, FCFS, prompts split; inf: every waiting
+    token; or, with ``budget`` and ``price``, the largest FCFS token count whose iteration
+    ``price`` keeps within ``budget``, at least one token), ``decode`` (decode only: prefilled
+    requests come in through :meth:`join`). A prompt completed here joins this worker's decode
+    rows at the next boundary.
 
-    A request moves through the queues ``pending`` (arrived, waiting for KV room; see
-    :mod:`.kv`) -> ``waiting`` (admitted: ``[request, prompt tokens done]``, FCFS) ->
-    ``joining`` (prefilled, joins the rows at the next boundary) -> ``running`` (the decode
-    rows). Its tokens are kept by ``tokens`` (:class:`TokenBook`); every iteration is in
+    The engine knobs (DESIGN.md, "Engine semantics (v3)"): ``first_token`` ``"decode"`` (the
+    lab's: a request's first token ends its first decode step) or ``"prefill"`` (the iteration
+    completing its prompt emits it; ``output_len - 1`` decode rows follow); with
+    ``max_batched_tokens`` every iteration holds at most that many tokens, decode rows first
+    (one each), prompt tokens filling the rest (``shared`` and ``coscheduled`` take whole
+    prompts while they fit, and a prompt longer than the budget runs alone); ``max_seqs``
+    admits at most that many requests at once (and no more than the token budget).
+
+    A request moves through the queues ``pending`` (arrived, waiting for KV room and a
+    sequence slot; see :mod:`.kv`) -> ``waiting`` (admitted: ``[request, prompt tokens done]``,
+    FCFS) -> ``joining`` (prefilled, joins the rows at the next boundary) -> ``running`` (the
+    decode rows). Its tokens are kept by ``tokens`` (:class:`TokenBook`); every iteration is in
     ``log``.
 
     Raises:
-        ValueError: for an unknown mode, a chunk that is not a whole number >= 1 or inf, or a
-            budget without a price or outside ``chunked``.
+        ValueError: for an unknown mode or first-token rule, a chunk that is not a whole number
+            >= 1 or inf, a cap that is not None or an int >= 1, or a budget without a price or
+            outside ``chunked``.
     """
 
     __slots__ = (
@@ -99,7 +109,11 @@ class Worker:
         "chunk",
         "budget",
         "price",
+        "prefill_first",
+        "max_batched_tokens",
+        "max_seqs",
         "kv",
+        "admitted",
         "unfinished",
         "pending",
         "waiting",
@@ -123,23 +137,34 @@ class Worker:
         capacity: float = math.inf,
         budget: Any = None,
         price: Price | None = None,
+        first_token: str = "decode",
+        max_batched_tokens: int | None = None,
+        max_seqs: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         tokens = check_whole_or_inf("chunk", chunk)
         if budget is not None and (mode != "chunked" or price is None):
             raise ValueError("a chunk budget needs mode 'chunked' and a price function")
+        if first_token not in ("prefill", "decode"):
+            raise ValueError(f"first_token must be one of prefill, decode; got {first_token!r}")
         self.name, self.mode = name, mode
-        self.chunk = math.inf if mode == "shared" else tokens  # prompt tokens per pass
+        self.chunk = tokens if mode == "chunked" else math.inf  # prompt tokens per pass
         self.budget, self.price = budget, price
+        self.prefill_first = first_token == "prefill"
+        self.max_batched_tokens = check_cap("max_batched_tokens", max_batched_tokens)
+        seqs = check_cap("max_seqs", max_seqs)
+        caps = [c for c in (seqs, max_batched_tokens) if c is not None]
+        self.max_seqs: float = min(caps) if caps else math.inf  # every row is a token too
         self.kv = KVReserve(capacity)
+        self.admitted = 0  # requests admitted here (past pending) and not finished
         self.unfinished = 0  # requests handed to this worker and not finished
         self.pending: deque[Request] = deque()  # arrived, waiting for KV room
         self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
         self.joining: list[Request] = []  # prefilled, join the decode rows at the next boundary
         self.running: list[Request] = []
         self.row_ids: tuple[str, ...] = ()  # their ids, rebuilt on change: events key on identity
-        self.tokens = TokenBook()
+        self.tokens = TokenBook(self.prefill_first)
         self.prefill_start: dict[str, Any] = {}
         self.prefill_end: dict[str, Any] = {}
         self.log: list[LogEntry] = []  # every iteration, in order
@@ -154,23 +179,30 @@ class Worker:
         self.unfinished += 1
 
     def has_room(self, request: Request) -> bool:
-        return self.kv.fits(request)
+        """Whether ``request`` could be admitted now: a sequence slot and KV room for it."""
+        return self.admitted < self.max_seqs and self.kv.fits(request)
 
-    def join(self, request: Request) -> None:
-        """A request prefilled elsewhere joins the decode rows at the next boundary."""
+    def join(self, request: Request, first_token: Any = None) -> None:
+        """A request prefilled elsewhere joins the decode rows at the next boundary (under the
+        ``prefill`` rule, with the time of the first token its prefill emitted)."""
         self.kv.reserve(request)
+        self.admitted += 1
         self.joining.append(request)
         self.unfinished += 1
+        if self.prefill_first:
+            self.tokens.first_token[request.id] = first_token
 
     @property
     def load(self) -> int:
         return len(self.running) + len(self.joining)
 
     def _admit_pending(self) -> None:
-        pending, kv = self.pending, self.kv
-        while pending and kv.fits(pending[0]):  # strict FCFS: a head that does not fit waits,
-            request = pending.popleft()  # and so does everyone behind it
+        pending, kv, cap = self.pending, self.kv, self.max_seqs
+        # strict FCFS: a head without room waits, and so does everyone behind it
+        while pending and self.admitted < cap and kv.fits(pending[0]):
+            request = pending.popleft()
             kv.reserve(request)
+            self.admitted += 1
             self.waiting.append([request, 0])
 
     def _admit_joining(self) -> None:
@@ -190,15 +222,28 @@ class Worker:
         self.started = now
         if not self.waiting:  # decode rows only (always so in decode mode)
             plan = self.decode_plan() if self.row_ids else None
-        else:
+        elif self.max_batched_tokens is None or self.mode == "chunked":
             plan = self._compose_prefill(now)
+        else:
+            plan = self._compose_whole(now)
         self.current = plan
         return plan
 
+    def decode_plan(self) -> Plan:
+        """A decode step of every running request (the plan of a boundary with no prompt
+        waiting)."""
+        return _new_tuple(Plan, ((), self.row_ids, self.tokens.kv_tokens, 0, ()))
+
     def _compose_prefill(self, now: Any) -> Plan:
+        """Prompt tokens FCFS: every waiting prompt (``shared``: alone, ahead of the rows;
+        ``coscheduled``: with the rows), or up to ``chunk`` tokens (under a token budget B, up
+        to ``min(chunk, B - rows)``: the rows go first), or what ``budget`` buys within that.
+        (One loop that also does :meth:`_plan`'s bookkeeping: the lab's path, kept lean.)"""
         ids = () if self.mode == "shared" else self.row_ids  # shared: the pass holds up the rows
         take = self._budget_take(len(ids)) if self.budget is not None else None
         chunk = self.chunk  # tokens; >= 1, so at least one prompt piece
+        if self.max_batched_tokens is not None:  # >= 1 left: admitted <= B, one is waiting
+            chunk = min(chunk, self.max_batched_tokens - len(ids))
         prefill: list[tuple[Request, int, int]] = []
         completed: list[Request] = []
         context = 0
@@ -206,13 +251,12 @@ class Worker:
         for entry in self.waiting:
             request, done = entry
             left = request.prompt_len - done
+            n = left if left <= chunk else int(chunk)
             if take is not None:
-                n = take(len(prefill), request, done)
+                n = take(len(prefill), request, done, n)
                 if n <= 0:
                     break
-            else:
-                n = left if left <= chunk else int(chunk)
-                chunk -= n
+            chunk -= n
             prefill.append((request, done, n))
             context += done
             if request.id not in starts:
@@ -228,14 +272,43 @@ class Worker:
         kv = self.tokens.kv_tokens if ids else 0
         return _new_tuple(Plan, (tuple(prefill), ids, kv, context, tuple(completed)))
 
-    def decode_plan(self) -> Plan:
-        """A decode step of every running request (the plan of a boundary with no prompt
-        waiting)."""
-        return _new_tuple(Plan, ((), self.row_ids, self.tokens.kv_tokens, 0, ()))
+    def _compose_whole(self, now: Any) -> Plan:
+        """``shared`` and ``coscheduled`` under a token budget B: whole prompts FCFS while they
+        fit beside the rows (``shared``: a pass with no rows). When none does, a prompt longer
+        than B runs alone; a shorter one waits for rows to leave while the rows decode."""
+        limit = self.max_batched_tokens
+        assert limit is not None
+        ids = () if self.mode == "shared" else self.row_ids
+        room = limit - len(ids)
+        prefill: list[tuple[Request, int, int]] = []
+        for request, _ in self.waiting:  # whole prompts (they are never split here)
+            if request.prompt_len > room:
+                break
+            prefill.append((request, 0, request.prompt_len))
+            room -= request.prompt_len
+        if not prefill:
+            head = self.waiting[0][0]
+            if ids and head.prompt_len <= limit:
+                return self.decode_plan()  # it fits once rows have left: the rows go on
+            ids, prefill = (), [(head, 0, head.prompt_len)]  # longer than B: it runs alone
+        return self._plan(now, ids, prefill)
 
-    def _budget_take(self, rows: int) -> Callable[[int, Request, int], int]:
+    def _plan(self, now: Any, ids: tuple[str, ...], prefill: list[Any]) -> Plan:
+        """The plan of whole-prompt ``prefill`` pieces (an FCFS prefix of ``waiting``) with
+        the rows ``ids``: record prefill starts, and pop the prompts."""
+        starts, waiting = self.prefill_start, self.waiting
+        for request, _, _ in prefill:
+            if request.id not in starts:
+                starts[request.id] = now
+            waiting.popleft()
+        kv = self.tokens.kv_tokens if ids else 0
+        completed = tuple([r for r, _, _ in prefill])
+        return _new_tuple(Plan, (tuple(prefill), ids, kv, 0, completed))
+
+    def _budget_take(self, rows: int) -> Callable[[int, Request, int, int], int]:
         """The chunk_budget rule: the largest FCFS token count whose iteration costs <= the
-        budget (at least one token). Returns how much of the next piece to take."""
+        budget (at least one token). Returns how much of the next piece to take, at most
+        ``most`` tokens of it."""
         price, budget, kv = self.price, self.budget, self.tokens.kv_tokens
         assert price is not None
         sums = [0, 0, 0]  # tokens, pairs, context of the pieces taken so far
@@ -245,12 +318,11 @@ class Worker:
             pairs += attention_pairs(take, done)
             return price(tokens + take, pairs, context + done, rows, kv) <= budget
 
-        def take_of(pieces_so_far: int, request: Request, done: int) -> int:
-            left = request.prompt_len - done
-            if fits(left, done):
-                take = left
+        def take_of(pieces_so_far: int, request: Request, done: int, most: int) -> int:
+            if fits(most, done):
+                take = most
             else:  # bisect: fits(lo) or lo == 0, not fits(hi)
-                lo, hi = 0, left
+                lo, hi = 0, most
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
                     if fits(mid, done):
@@ -289,19 +361,41 @@ class Worker:
             prefill_end = self.prefill_end
             for r in completed:
                 prefill_end[r.id] = end
-            self.joining.extend(completed)
+            if self.prefill_first:
+                self._emit_first_tokens(completed, end)
+            else:
+                self.joining.extend(completed)
         if ids:
             done = self.tokens.emit(entry, first)
             if done is not None:
                 self._leave(done)
         return completed
 
+    def _emit_first_tokens(self, completed: tuple[Request, ...], end: Any) -> None:
+        """The ``prefill`` rule: the iteration that completed these prompts emitted their first
+        tokens at ``end``; a request of one token is done, the others join the rows."""
+        book = self.tokens
+        done = []
+        for r in completed:
+            book.first_token[r.id] = end
+            if r.output_len == 1:
+                book.finish[r.id] = end
+                done.append(r)
+            else:
+                self.joining.append(r)
+        for r in done:
+            self.kv.release(r)
+        self.admitted -= len(done)
+        self.unfinished -= len(done)
+
     def _leave(self, done: list[Request]) -> None:
         """``done`` emitted their last tokens: they leave the rows and free their KV."""
         gone = set()
+        kv = self.kv
         for r in done:
             gone.add(r.id)
-            self.kv.release(r)
+            kv.release(r)
+        self.admitted -= len(done)
         self.unfinished -= len(done)
         self.running = [r for r in self.running if r.id not in gone]
         self.row_ids = tuple([r.id for r in self.running])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 from .checks import check_int
 from .cost import CostModel
@@ -16,6 +17,7 @@ from .kv import kv_capacity
 from .policies import check_options, worker_mode
 from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillTimes
+from .profiles import LAB, EngineProfile, resolve_engine
 from .requests import Request, validate_load
 from .results import SimResults
 from .ticks import TickCost, from_ticks, to_ticks
@@ -30,6 +32,7 @@ def colocated(
     chunk_budget: float | None,
     replicas: int,
     capacity: float,
+    engine: EngineProfile = LAB,
 ) -> SimResults:
     """``shared``, ``coscheduled`` or ``chunked`` on ``replicas`` workers; each request goes at
     arrival to the one with the fewest unfinished requests routed to it (ties: lowest index)."""
@@ -38,7 +41,7 @@ def colocated(
 
     def make(i: int) -> TimedWorker:
         name = "worker" if replicas == 1 else f"worker{i}"
-        return TimedWorker(i, name, mode, tick, tokens, capacity, budget)
+        return TimedWorker(i, name, mode, tick, tokens, capacity, budget, engine)
 
     pool = Pool(replicas, make)
     owner: dict[str, TimedWorker] = {}
@@ -59,19 +62,22 @@ def disaggregated(
     prefill_workers: int,
     decode_workers: int,
     capacity: float,
+    engine: EngineProfile = LAB,
 ) -> SimResults:
     """Prefill pool and link first (they only feed forward), then the decode pool: a request
     whose KV has arrived joins the decode worker with the fewest running plus joining requests
-    among those with KV room (ties: lowest index), or waits, FCFS, until one has room."""
-    side = PrefillPool(requests, tick, prefill_workers, capacity).run()
+    among those with room (KV and a sequence slot; ties: lowest index), or waits, FCFS, until
+    one has room."""
+    side = PrefillPool(requests, tick, prefill_workers, capacity, engine).run()
     mode = worker_mode("disaggregated").mode
     pool = Pool(
         decode_workers,
-        lambda i: TimedWorker(i, f"decode{i}", mode, tick, capacity=capacity),
+        lambda i: TimedWorker(i, f"decode{i}", mode, tick, capacity=capacity, engine=engine),
     )
     owner: dict[str, TimedWorker] = {}
     waiting: deque[Request] = deque()
-    bounded = not math.isinf(capacity)
+    bounded = not math.isinf(capacity) or engine.seq_cap is not None
+    times = side.times if engine.first_token == "prefill" else None  # where first tokens are
 
     def assign(r: Request, now: int) -> bool:
         fits = (lambda i: pool.workers[i].has_room(r)) if bounded else None
@@ -79,7 +85,7 @@ def disaggregated(
         if i is None:
             return False
         w = owner[r.id] = pool.get(i)
-        w.join(r)
+        w.join(r, None if times is None else times[r.id].end)
         pool.give(w, now)
         return True
 
@@ -96,15 +102,17 @@ def disaggregated(
 
 
 def disaggregated_prefill(
-    load: Iterable[Request], cost: CostModel, *, prefill_workers: int = 1
+    load: Iterable[Request], cost: CostModel, *, prefill_workers: int = 1, engine: Any = "lab"
 ) -> tuple[list[tuple[int, Request]], dict[str, tuple[float, float, float]], tuple[Event, ...]]:
     """The prefill pool and the link of a disaggregated run, as ``simulate`` runs them: the
     requests in order of KV arrival with its time in exact ticks (so a replay meets the
     boundaries the simulator meets), each request's (prefill start, prefill end, KV ready) in
     seconds, and the prefill and transfer events. For an engine that decodes for real."""
     check_int("prefill_workers", prefill_workers)
+    profile = simulated_engine(engine)
     requests = validate_load(load)
-    side = PrefillPool(requests, TickCost(cost), prefill_workers, cost.kv_capacity_tokens).run()
+    tick, capacity = TickCost(cost), cost.kv_capacity_tokens
+    side = PrefillPool(requests, tick, prefill_workers, capacity, profile).run()
     entries: list[LogEntry] = [e for log in side.logs for e in log]
     return (
         list(side.ready),
@@ -127,6 +135,7 @@ def simulate(
     replicas: int = 1,
     prefill_workers: int = 1,
     decode_workers: int = 1,
+    engine: str | EngineProfile = "lab",
 ) -> Trace:
     """Replay ``load`` under ``policy`` on devices described by ``cost``.
 
@@ -140,14 +149,26 @@ def simulate(
         replicas: independent workers of a colocated policy; a request goes at arrival to the
             one with the fewest unfinished requests routed to it (ties: lowest index).
         prefill_workers, decode_workers: pool sizes for ``disaggregated``.
+        engine: the engine profile whose rules to run (a name from ``PROFILES`` or an
+            :class:`EngineProfile`; default ``"lab"``, the lab's loop): its first-token rule,
+            token budget (under which ``chunked`` needs no ``chunk``) and sequence cap.
 
     Raises:
-        ValueError: naming the field, for an unknown policy, a missing or non-positive chunk
-            or budget (or both), counts < 1, a non-Request or duplicate id in the load, a bad
-            cost model, a request that can never fit the KV capacity, or a run whose times
-            leave the float range.
+        ValueError: naming the field, for an unknown policy or engine, a missing or
+            non-positive chunk or budget (or both), counts < 1, a non-Request or duplicate id
+            in the load, a bad cost model, a request that can never fit the KV capacity, a
+            knob not simulated yet, or a run whose times leave the float range.
     """
-    check_options(policy, chunk, chunk_budget, replicas, prefill_workers, decode_workers)
+    profile = simulated_engine(engine)
+    check_options(
+        policy,
+        chunk,
+        chunk_budget,
+        replicas,
+        prefill_workers,
+        decode_workers,
+        max_batched_tokens=profile.max_batched_tokens,
+    )
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
     with no_collection():
@@ -155,7 +176,32 @@ def simulate(
         capacity = kv_capacity(requests, cost)
         tick = TickCost(cost)
         if policy == "disaggregated":
-            results = disaggregated(requests, tick, prefill_workers, decode_workers, capacity)
+            results = disaggregated(
+                requests, tick, prefill_workers, decode_workers, capacity, profile
+            )
         else:
-            results = colocated(requests, tick, policy, chunk, chunk_budget, replicas, capacity)
-    return Trace.of_run(policy, chunk, results)
+            results = colocated(
+                requests, tick, policy, chunk, chunk_budget, replicas, capacity, profile
+            )
+    return Trace.of_run(policy, chunk, results, profile)
+
+
+def simulated_engine(engine: Any) -> EngineProfile:
+    """``engine`` as a profile the simulator runs (a name or an :class:`EngineProfile`).
+
+    Raises:
+        ValueError: for an unknown profile (listing the allowed ones), or a knob not
+            simulated yet (paged KV, the prefix cache), naming it.
+    """
+    profile = resolve_engine(engine)
+    if profile.kv != "reserve":
+        raise ValueError(
+            f"kv={profile.kv!r} is not simulated yet; allowed: kv='reserve' (engine "
+            f"{profile.name!r})"
+        )
+    if profile.prefix_caching:
+        raise ValueError(
+            f"prefix_caching=True is not simulated yet; allowed: prefix_caching=False (engine "
+            f"{profile.name!r})"
+        )
+    return profile

@@ -22,10 +22,17 @@ class TokenBook:
 
     Decode-bearing iterations are counted by ``steps`` (a run of ``n`` unchanging decode steps
     counts ``n``); a request entering the rows at step index ``i`` emits its tokens at steps
-    ``i .. i + output_len - 1``. ``kv_tokens`` is what the rows' next decode step reads.
+    ``i .. i + output_len - 1``. ``kv_tokens`` is what the rows' next decode step reads: each
+    row's prompt and the tokens it emitted.
+
+    ``prefill_first`` (the ``prefill`` first-token rule): a request's first token came from
+    the iteration that completed its prompt (its time is in ``first_token`` before it enters);
+    it then emits the other ``output_len - 1`` at decode steps, the first of them a gap after
+    that token.
     """
 
     __slots__ = (
+        "prefill_first",
         "steps",
         "kv_tokens",
         "first_index",
@@ -41,7 +48,8 @@ class TokenBook:
         "last_end",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, prefill_first: bool = False) -> None:
+        self.prefill_first = prefill_first
         self.steps = 0  # decode-bearing iterations so far (a token-time index)
         self.kv_tokens = 0  # what the next decode step reads
         self.first_index: dict[str, int] = {}  # request -> index of its first token here
@@ -67,14 +75,15 @@ class TokenBook:
         index = self.steps
         self.newcomers.setdefault(index, []).extend(requests)
         finishing, heap = self.finishing, self.finish_heap
+        emitted = 1 if self.prefill_first else 0  # tokens each has before its first row
         for r in requests:
             self.first_index[r.id] = index
-            last = index + r.output_len - 1
+            last = index + r.output_len - 1 - emitted
             if last not in finishing:
                 finishing[last] = []
                 heapq.heappush(heap, last)
             finishing[last].append(r)
-            self.kv_tokens += r.prompt_len
+            self.kv_tokens += r.prompt_len + emitted
 
     def emit(self, entry: LogEntry, first: Any) -> list[Request] | None:
         """The decode-bearing iteration ``entry`` ended: each of its rows emitted a token at
@@ -90,8 +99,13 @@ class TokenBook:
         if continuing and self.last_end is not None:
             gap = first_end - self.last_end
             gaps[gap] = gaps.get(gap, 0) + continuing
-        for r in newcomers:
-            self.first_token[r.id] = first_end
+        if self.prefill_first:  # a newcomer's row follows the token its prefill emitted
+            for r in newcomers:
+                gap = first_end - self.first_token[r.id]
+                gaps[gap] = gaps.get(gap, 0) + 1
+        else:
+            for r in newcomers:
+                self.first_token[r.id] = first_end
         if steps > 1:
             if growth:
                 self.gap_runs.append(_new_tuple(GapRun, (first + growth, growth, steps - 1, rows)))
@@ -114,11 +128,14 @@ class TokenBook:
         return done
 
     def token_times(self, request: Request) -> list[Any]:
-        """Every token time of ``request``, decoded here."""
+        """Every token time of ``request``, decoded here (under ``prefill_first``, its first
+        token's time first)."""
+        times: list[Any] = [self.first_token[request.id]] if self.prefill_first else []
+        want = request.output_len
+        if len(times) == want:
+            return times
         first = self.first_index[request.id]
         i = bisect.bisect_right(self.entry_index, first) - 1
-        times: list[Any] = []
-        want = request.output_len
         while len(times) < want:
             entry, index = self.entries[i], self.entry_index[i]
             steps, end = entry.steps, entry.end

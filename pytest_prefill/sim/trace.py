@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from .events import LINK, Event
 from .gaps import GapMultiset, percentile, token_gaps, weighted_percentile
+from .profiles import LAB, EngineProfile
 
 
 class CompactRun(Protocol):
@@ -199,7 +200,8 @@ class Trace:
     one record per request (``requests``, by arrival then id). Real engine runs build one from
     their events and records; the simulator's keeps its results compact and builds events,
     records and token times on first access (``summary()`` and ``token_gap_counts()`` never
-    need them). ``gaps`` optionally carries the token-gap multiset as (gap, count) pairs.
+    need them). ``gaps`` optionally carries the token-gap multiset as (gap, count) pairs;
+    ``engine`` is the profile whose rules produced the run (default: the lab's).
     """
 
     def __init__(
@@ -209,9 +211,11 @@ class Trace:
         requests: Mapping[str, RequestRecord],
         chunk: int | None = None,
         gaps: Iterable[tuple[float, int]] | None = None,
+        engine: EngineProfile | None = None,
     ) -> None:
         self.policy = policy
         self.chunk = chunk
+        self.engine = LAB if engine is None else engine
         self._events: tuple[Event, ...] | None = tuple(events)
         self._requests: Mapping[str, RequestRecord] | None = requests
         self._gaps = None if gaps is None else tuple(gaps)
@@ -219,9 +223,11 @@ class Trace:
         self._summary: Summary | None = None
 
     @classmethod
-    def of_run(cls, policy: str, chunk: int | None, run: CompactRun) -> Trace:
+    def of_run(
+        cls, policy: str, chunk: int | None, run: CompactRun, engine: EngineProfile | None = None
+    ) -> Trace:
         """The trace of a simulation, read from its compact results on demand."""
-        trace = cls(policy, (), {}, chunk)
+        trace = cls(policy, (), {}, chunk, engine=engine)
         trace._events = trace._requests = None
         trace._run = run
         return trace
@@ -325,9 +331,10 @@ class Trace:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Trace):
             return NotImplemented
-        return (self.policy, self.chunk, self.events, dict(self.requests)) == (
+        return (self.policy, self.chunk, self.engine, self.events, dict(self.requests)) == (
             other.policy,
             other.chunk,
+            other.engine,
             other.events,
             dict(other.requests),
         )
@@ -335,7 +342,8 @@ class Trace:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}, {self.summary()})"
+        engine = "" if self.engine == LAB else f", engine={self.engine.name!r}"
+        return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}{engine}, {self.summary()})"
 
 
 @contextlib.contextmanager
