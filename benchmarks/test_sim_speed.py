@@ -139,3 +139,47 @@ def test_simulator_speed_on_the_azure_conv_trace(
     benchmark.extra_info.update(policy=policy, cost=cost_name, rows=data, linear_growth=growth)
     prefill_report.table(f"simulator speed: {policy}, {cost_name} costs, Azure conv", text, data)
     assert data[-1]["requests"] == len(conv_trace)
+
+
+ENGINES = ("lab", "vllm")
+SPEED_TARGET = 0.90  # the vllm profile's speed as a fraction of lab's, whole trace
+
+
+def test_the_vllm_profile_against_lab_on_the_azure_conv_trace(conv_trace, prefill_report):
+    """The engine knobs' cost: each policy on the whole trace under ``lab`` and ``vllm``
+    (prefill first token, 2048-token budget, 256 sequences), the two interleaved round by
+    round so that both see the same machine. Speed = lab's wall / vllm's (1.00: as fast)."""
+    cost = COSTS["flat"]
+    rows, data = [], []
+    for policy in POLICIES:
+        walls: dict[str, list[float]] = {engine: [] for engine in ENGINES}
+        for k in range(ROUNDS):
+            for engine in ENGINES if k % 2 == 0 else ENGINES[::-1]:
+                begin = time.perf_counter()
+                simulate(policy, conv_trace, cost, chunk=CHUNK, engine=engine).summary()
+                walls[engine].append(time.perf_counter() - begin)
+        lab, vllm = (statistics.median(walls[e]) for e in ENGINES)
+        speed = lab / vllm
+        rows.append(
+            (
+                policy,
+                f"{lab:.3f} [{min(walls['lab']):.3f}, {max(walls['lab']):.3f}]",
+                f"{vllm:.3f} [{min(walls['vllm']):.3f}, {max(walls['vllm']):.3f}]",
+                f"{speed:.2f}",
+                "met" if speed >= SPEED_TARGET else "NOT met",
+            )
+        )
+        data.append({"policy": policy, "lab_wall_s": lab, "vllm_wall_s": vllm, "speed": speed})
+    text = tabulate(
+        rows,
+        headers=("policy", "lab wall s [min, max]", "vllm wall s [min, max]", "speed", "target"),
+        disable_numparse=True,
+        colalign=("left", "right", "right", "right", "left"),
+    )
+    text += (
+        f"\nspeed = lab's median wall / vllm's, target >= {SPEED_TARGET:.2f}; {len(conv_trace):,} "
+        f"requests, preset '{PRESET}' (flat), chunk {CHUNK}, {ROUNDS} interleaved rounds. A "
+        "figure only when nothing else ran on the machine."
+    )
+    prefill_report.table("simulator speed: vllm profile vs lab, Azure conv", text, data)
+    assert len(data) == len(POLICIES)

@@ -112,6 +112,24 @@ def test_disaggregation_never_spends_fewer_gpu_seconds_than_the_shared_worker(co
 
 # --- under an engine profile ------------------------------------------------------------------
 
+BURST = [Request(f"p{i}", 0.0, 18_000, 64) for i in range(16)]  # bunched: one instant, 288k
+
+
+def test_a_bunched_burst_needs_a_token_budget_for_more_prefill_workers_to_help():
+    # the lab's prefill worker takes every waiting prompt in one pass: more workers change
+    # nothing; under vLLM's budget (2048) each pass takes one 18k prompt, and workers share them
+    def worst_ttft(engine, workers):
+        trace = simulate("disaggregated", BURST, FLAT, engine=engine, prefill_workers=workers)
+        return max(rec.ttft for rec in trace.requests.values())
+
+    lab = [worst_ttft("lab", p) for p in (1, 4, 7)]
+    assert lab[0] == lab[1] == lab[2]
+    vllm = [worst_ttft("vllm", p) for p in (1, 4, 7)]
+    assert vllm[0] > vllm[1] > vllm[2]
+    one_pass = FLAT.prefill_pass(18_000)  # the vllm TTFT is whole passes of one prompt each
+    assert vllm[0] == pytest.approx(16 * one_pass)
+    assert vllm[2] == pytest.approx(math.ceil(16 / 7) * one_pass)
+
 
 def test_under_the_prefill_rule_a_one_token_request_never_crosses_the_link():
     cost = CostModel(

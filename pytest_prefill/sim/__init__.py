@@ -40,6 +40,7 @@ from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
 from .presets import PRESETS, Preset, get_preset
 from .profiles import (
+    ENGINE_FLAGS,
     FIRST_TOKEN_RULES,
     KNOBS,
     KV_RULES,
@@ -65,6 +66,7 @@ from .tokens import TokenBook
 from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection
 
 __all__ = [
+    "ENGINE_FLAGS",
     "FIRST_TOKEN_RULES",
     "KINDS",
     "KNOBS",

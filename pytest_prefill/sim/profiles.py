@@ -112,6 +112,41 @@ class EngineProfile:
         note = f" (changed: {', '.join(changed)})" if changed else ""
         return f"engine {self.name}{note}: first token {rule}; {budget}; {seqs}"
 
+    def engine_flags(self) -> dict[str, int]:
+        """The knobs in the engine's own command-line terms, for the engines that have flags
+        for them: vLLM ``--max-num-batched-tokens`` / ``--max-num-seqs``, SGLang
+        ``--chunked-prefill-size`` / ``--max-running-requests``, llama.cpp ``-b`` / ``-np``,
+        ``transformers serve`` ``--cb-max-batch-tokens`` (its request cap is no flag).
+        Knobs left unbounded are left out (a sequence cap is typed no higher than the token
+        budget, as vLLM requires); a profile of another name gives none."""
+        tokens_flag, seqs_flag = ENGINE_FLAGS.get(self.name, (None, None))
+        flags: dict[str, int] = {}
+        if tokens_flag is not None and self.max_batched_tokens is not None:
+            flags[tokens_flag] = self.max_batched_tokens
+        if seqs_flag is not None and self.max_seqs is not None:
+            flags[seqs_flag] = min(self.max_seqs, self.seq_cap or self.max_seqs)
+        return flags
+
+    def flags_text(self) -> str:
+        """:meth:`engine_flags` as they are typed: ``--max-num-batched-tokens 2048 ...``."""
+        return " ".join(f"{flag} {value}" for flag, value in self.engine_flags().items())
+
+
+ENGINE_FLAGS: dict[str, tuple[str | None, str | None]] = {
+    "vllm": ("--max-num-batched-tokens", "--max-num-seqs"),
+    "sglang": ("--chunked-prefill-size", "--max-running-requests"),
+    "llama.cpp": ("-b", "-np"),
+    "transformers": ("--cb-max-batch-tokens", None),
+}
+
+_VLLM = "vLLM (vllm-project/vllm, commit 99d7eb5, the v0.11 line)"
+_SGLANG = "SGLang (sgl-project/sglang main, python/sglang/srt/server_args.py, late 2025)"
+_LLAMA = (
+    "llama.cpp as vendored in llama-cpp-python 0.3.36 (tools/server/README.md, "
+    "common/common.h, tools/server/server.cpp)"
+)
+_HF = "transformers 5.24.0 (generation/continuous_batching)"
+_DIST = "DistServe's simulator (LLMServe/DistServe, commit 82831f1, simdistserve/)"
 
 PROFILES: dict[str, EngineProfile] = {
     p.name: p
@@ -123,6 +158,156 @@ PROFILES: dict[str, EngineProfile] = {
                 ("first_token", "DESIGN.md, Simulation semantics: the lab's convention"),
                 ("max_batched_tokens", "the lab's loop has no token budget"),
                 ("max_seqs", "the lab's loop has no sequence cap"),
+            ),
+        ),
+        EngineProfile(
+            "vllm",
+            first_token="prefill",
+            max_batched_tokens=2048,
+            max_seqs=256,
+            description="vllm serve (the OpenAI API server) on an A100 or a GPU under 70 GiB",
+            citations=(
+                (
+                    "first_token",
+                    f"{_VLLM}: the V1 scheduler (vllm/v1/core/sched/scheduler.py) keeps the "
+                    "token sampled in the step that computes a prompt's last tokens (earlier "
+                    "chunks' samples are dropped); vLLM's TTFT (vllm/benchmarks/serve.py) is "
+                    "to that token",
+                ),
+                (
+                    "max_batched_tokens",
+                    f"{_VLLM}: vllm/engine/arg_utils.py, EngineArgs: the OPENAI_API_SERVER "
+                    "default is 2048 on a GPU under 70 GiB or an A100 (8192 on H100/H200/"
+                    "MI300x-class GPUs of 70 GiB or more; the LLM class 8192 / 16384; a CPU "
+                    "2048 x world size); this profile takes vllm serve under 70 GiB or A100. "
+                    "Decode rows go first, prompt tokens fill the rest, chunked (V1 scheduler)",
+                ),
+                (
+                    "max_seqs",
+                    f"{_VLLM}: vllm/engine/arg_utils.py: default_max_num_seqs 256 (1024 on "
+                    "70 GiB or more, not A100), capped at max_num_batched_tokens; "
+                    "vllm/config/scheduler.py refuses max_num_batched_tokens < max_num_seqs",
+                ),
+                (
+                    "kv",
+                    f"{_VLLM}: KV in blocks of 16 tokens on CUDA (CacheConfig.block_size) and "
+                    "prefix caching on by default for generative models (arg_utils "
+                    "enable_prefix_caching); not simulated yet: reservation here",
+                ),
+            ),
+        ),
+        EngineProfile(
+            "sglang",
+            first_token="prefill",
+            max_batched_tokens=8192,
+            description=(
+                "sglang.launch_server on an 80 GB GPU (H100, A100-80G); prefill batches run "
+                "ahead of decode batches unless --enable-mixed-chunk"
+            ),
+            citations=(
+                (
+                    "first_token",
+                    f"{_SGLANG}: the prefill batch that completes a prompt samples its first "
+                    "token (a chunked prompt's earlier chunks sample none)",
+                ),
+                (
+                    "max_batched_tokens",
+                    f"{_SGLANG}: ServerArgs._handle_gpu_memory_settings: chunked_prefill_size "
+                    "2048 under 35 GiB, 4096 under 60 GiB, 8192 under 90 GiB and under 160 "
+                    "GiB, 16384 above (4096 when the GPU memory is unknown); this profile "
+                    "takes an 80 GB GPU",
+                ),
+                (
+                    "max_seqs",
+                    f"{_SGLANG}: max_running_requests None: the scheduler derives it from the "
+                    "KV pool (max_total_num_tokens // 2, the request pool's size): KV memory, "
+                    "which the cost model's kv_capacity_tokens bounds",
+                ),
+                (
+                    "kv",
+                    f"{_SGLANG}: page_size 1 and the radix (prefix) cache on by default; not "
+                    "simulated yet: reservation here",
+                ),
+            ),
+        ),
+        EngineProfile(
+            "llama.cpp",
+            first_token="prefill",
+            max_batched_tokens=2048,
+            max_seqs=4,
+            description="llama-server with its defaults (-b 2048, -np auto: 4 slots)",
+            citations=(
+                (
+                    "first_token",
+                    f"{_LLAMA}: a slot samples its first token from the batch that evaluates "
+                    "its prompt's last token",
+                ),
+                (
+                    "max_batched_tokens",
+                    f"{_LLAMA}: -b, --batch-size: logical maximum batch size, default 2048 "
+                    "(common_params.n_batch); update_slots adds each generating slot's token "
+                    "first, then batches pending prompts without exceeding n_batch",
+                ),
+                (
+                    "max_seqs",
+                    f"{_LLAMA}: -np, --parallel: default -1 = auto, which server.cpp turns "
+                    "into 4 slots with a unified KV cache",
+                ),
+            ),
+        ),
+        EngineProfile(
+            "transformers",
+            first_token="prefill",
+            max_batched_tokens=8192,
+            max_seqs=1024,
+            description="transformers serve --continuous-batching (ContinuousBatchingConfig)",
+            citations=(
+                (
+                    "first_token",
+                    f"{_HF}: the batch that completes a prompt samples its first token",
+                ),
+                (
+                    "max_batched_tokens",
+                    f"{_HF}: ContinuousBatchingConfig.max_batch_tokens None -> "
+                    "PagedAttentionMemoryHandler._default_max_batch_tokens = 8192 (cache.py); "
+                    "the FIFO scheduler (scheduler.py) schedules decodes first, then splits "
+                    "prompts to fill the budget; flag --cb-max-batch-tokens",
+                ),
+                (
+                    "max_seqs",
+                    f"{_HF}: max_requests_per_batch None -> 1024 (initialization.py "
+                    "FALLBACK_DEFAULTS; generate_batch lowers it to the number of requests); "
+                    "no CLI flag",
+                ),
+                (
+                    "kv",
+                    f"{_HF}: paged cache (page_size 256) with block sharing (prefix caching) "
+                    "allowed; not simulated yet: reservation here",
+                ),
+            ),
+        ),
+        EngineProfile(
+            "distserve",
+            first_token="prefill",
+            description="DistServe's simulator: no token budget, no batch-size cap",
+            citations=(
+                (
+                    "first_token",
+                    f"{_DIST}: base/organize_data.py: TTFT ends at the request's first "
+                    "wait_decode, the end of its prefill; TPOT = decoding latency / output_len",
+                ),
+                (
+                    "max_batched_tokens",
+                    f"{_DIST}: benchmarks/simulate_dist.py: prefill_max_tokens = the KV pool's "
+                    "max_num_tokens (estimators/profile_data/max_num_tokens.csv: 66,144 for "
+                    "OPT-13B TP1): KV memory, which kv_capacity_tokens bounds; decode batches "
+                    "are capped at 50,000 KV tokens (base/worker.py _enter_decodes, marked a "
+                    "hack): not modelled",
+                ),
+                (
+                    "max_seqs",
+                    f"{_DIST}: prefill_max_batch_size = decode_max_batch_size = 10**7 ('inf')",
+                ),
             ),
         ),
     )
