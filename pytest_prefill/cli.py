@@ -28,6 +28,9 @@ COMMANDS = {
     "runs": "pytest_prefill.commands.runs",
     "fidelity": "pytest_prefill.commands.fidelity",
     "bench": "pytest_prefill.commands.bench",
+    "calibrate-server": "pytest_prefill.commands.calibrate_server",
+    "fidelity-server": "pytest_prefill.commands.fidelity_server",
+    "make-model": "pytest_prefill.commands.make_model",
 }
 
 

@@ -1,0 +1,33 @@
+"""``prefill-bench make-model``: write a random-weight model folder a server can serve (Hugging
+Face format with a tokenizer in which every word is one token; optionally GGUF for llama.cpp).
+Nothing is downloaded."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "write a random-weight servable model folder (HF format, optionally GGUF) for a preset"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pytest_prefill.measure.models import MODEL_PRESETS
+
+    parser.add_argument("preset", choices=tuple(MODEL_PRESETS), help="the architecture")
+    parser.add_argument("folder", help="where to write it (a new folder)")
+    parser.add_argument("--gguf", action="store_true", help="also write model.gguf for llama.cpp")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.serve.model_folder import make_model
+
+    made = make_model(args.preset, args.folder, gguf=args.gguf, overwrite=args.overwrite)
+    print(
+        f"wrote {made.path}: {args.preset}, {made.parameters / 1e6:.1f}M parameters, float32, "
+        f"{made.words:,} one-token words" + (f"; GGUF {made.gguf}" if made.gguf else "")
+    )
+    print(
+        f"serve it: transformers serve {made.path} --continuous-batching --device cpu "
+        "--host 127.0.0.1 --port 8000 --cb-max-batch-tokens 256 --cb-num-blocks 64"
+    )
+    return 0
