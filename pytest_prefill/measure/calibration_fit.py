@@ -238,7 +238,8 @@ def _of(points: Sequence[Point], kinds: Sequence[str]) -> list[Point]:
     return sorted((p for p in points if p.kind in kinds), key=lambda p: (p.kind, p.x, p.context))
 
 
-def _refusals(fit: TermFit, prefix: str = "") -> list[Refusal]:
+def refusals_of(fit: TermFit, prefix: str = "") -> list[Refusal]:
+    """A :class:`Refusal` for each term ``fit`` refused, with its numbers."""
     return [
         Refusal(
             name,
@@ -371,13 +372,15 @@ def fit_fusion(points: Sequence[Point], cost: CostModel) -> TermFit:
     )
 
 
-def _decode_constants(points: Sequence[Point]) -> tuple[TermFit, dict[str, float], list[Refusal]]:
+def decode_constants(points: Sequence[Point]) -> tuple[TermFit, dict[str, float], list[Refusal]]:
+    """The decode fit over ``points``' decode steps, its constants (a refused base replaced by
+    the fastest measured step) and its refusals."""
     decode = _of(points, DECODE_KINDS)
     if not decode:
         raise ValueError("calibration needs at least one decode step (decode_kv point)")
     fit = fit_decode(decode)
     values = dict(fit.values)
-    refusals = _refusals(fit)
+    refusals = refusals_of(fit)
     if values["decode_step_base"] <= 0:
         fastest = min(p.measurement.median for p in decode)
         refusals = [r for r in refusals if r.constant != "decode_step_base"]
@@ -398,7 +401,7 @@ def _prefill_constants(
 ) -> tuple[TermFit, Floor, dict[str, float], list[Refusal]]:
     fit, floor = fit_prefill(points, per_kv)
     values = dict(fit.values)
-    refusals = _refusals(fit)
+    refusals = refusals_of(fit)
     if values["prefill_pass_overhead"] + values["prefill_per_token"] <= 0:
         # a pass must take time: keep the typical pass as its overhead and say so
         typical = statistics.median(p.measurement.median for p in _of(points, PREFILL_KINDS))
@@ -415,9 +418,11 @@ def _prefill_constants(
     return fit, floor, values, refusals
 
 
-def _fusion_constant(
+def fusion_constant(
     points: Sequence[Point], cost: CostModel
 ) -> tuple[TermFit | None, float, list[Refusal]]:
+    """The fusion penalty ``points``' fused passes support against ``cost``'s parts (at most 1,
+    the model's ceiling), its fit (None without fused passes) and refusals."""
     if not any(p.kind == "fused" for p in points):
         return (
             None,
@@ -433,7 +438,7 @@ def _fusion_constant(
         )
     fit = fit_fusion(points, cost)
     penalty = fit.values["fusion_penalty"]
-    refusals = _refusals(fit)
+    refusals = refusals_of(fit)
     if penalty > 1:
         refusals.append(
             Refusal(
@@ -460,7 +465,7 @@ def fit_model(
     Raises:
         ValueError: without two prefill lengths and at least one decode point.
     """
-    decode_fit, decode, refusals = _decode_constants(points)
+    decode_fit, decode, refusals = decode_constants(points)
     prefill_fit, floor, prefill, more = _prefill_constants(points, decode["decode_per_kv_token"])
     cost = CostModel(
         **prefill,
@@ -468,7 +473,7 @@ def fit_model(
         kv_bytes_per_token=kv_bytes_per_token,
         kv_capacity_tokens=kv_capacity_tokens,
     )
-    fusion_fit, penalty, fusion_refusals = _fusion_constant(points, cost)
+    fusion_fit, penalty, fusion_refusals = fusion_constant(points, cost)
     fits = {"prefill": prefill_fit, "decode": decode_fit}
     if fusion_fit is not None:
         fits["fused"] = fusion_fit

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import datetime
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,7 +53,10 @@ def _positive(field: str, value: Any, *, integer: bool = False) -> None:
 class Target:
     """Where requests go and how they are written: the server (``identity``), the endpoint
     (``api.ENDPOINTS``), the prompts' words, whether prompts go as token ids (where the
-    endpoint takes them), timeouts and extra headers (an API key)."""
+    endpoint takes them), timeouts and extra headers (an API key). ``salt`` enters every
+    prompt's words (with the request's id and length): a fresh one per target, so no prompt
+    shares a prefix with another request's, or with this request's in an earlier run, that a
+    server's prefix cache could serve instead of computing it."""
 
     url: Url
     identity: ServerIdentity
@@ -61,6 +65,7 @@ class Target:
     token_ids: bool = False
     timeouts: Timeouts = DEFAULT_TIMEOUTS
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    salt: str = dataclasses.field(default_factory=lambda: os.urandom(8).hex())
 
     def __post_init__(self) -> None:
         check_choice("endpoint", self.endpoint, tuple(ENDPOINTS))
@@ -69,10 +74,11 @@ class Target:
             raise ValueError(f"token_ids: a {engine} server takes text prompts on {self.endpoint}")
 
     def body(self, request_id: str, prompt_len: int, output_len: int) -> dict[str, Any]:
+        key = f"{self.salt}/{request_id}/{prompt_len}"
         prompt: str | list[int] = (
-            self.prompts.token_ids(request_id, prompt_len)
+            self.prompts.token_ids(key, prompt_len)
             if self.token_ids
-            else self.prompts.text(request_id, prompt_len)
+            else self.prompts.text(key, prompt_len)
         )
         return request_body(
             self.identity.engine, self.endpoint, self.identity.model, prompt, output_len
@@ -326,6 +332,7 @@ async def run_load(
         "endpoint": target.endpoint,
         "token_ids": target.token_ids,
         "prompts": target.prompts.source,
+        "prompt_salt": target.salt,
         "schedule": schedule.to_dict(),
         "bounds": dataclasses.asdict(bounds),
         "timeouts": dataclasses.asdict(target.timeouts),

@@ -31,11 +31,13 @@ MODEL = "reference"
 
 @dataclasses.dataclass(frozen=True)
 class Behaviour:
-    """The schedule (seconds) and faults: after ``stall_after`` tokens a stream goes silent for
-    ``stall_seconds``; ``not_openai`` answers every path with 404."""
+    """The schedule (seconds) and faults: the first token ``ttft`` plus ``per_token`` per
+    prompt token after the request, then one every ``gap``; after ``stall_after`` tokens a
+    stream goes silent for ``stall_seconds``; ``not_openai`` answers every path with 404."""
 
     ttft: float = 0.02
     gap: float = 0.01
+    per_token: float = 0.0
     stall_after: int | None = None
     stall_seconds: float = 0.0
     not_openai: bool = False
@@ -83,7 +85,7 @@ async def _stream(writer: asyncio.StreamWriter, body: Any, behaviour: Behaviour)
     )
     start = time.perf_counter()
     for i in range(tokens):
-        due = start + behaviour.ttft + i * behaviour.gap
+        due = start + behaviour.ttft + behaviour.per_token * prompt_tokens + i * behaviour.gap
         if behaviour.stall_after is not None and i >= behaviour.stall_after:
             due += behaviour.stall_seconds
         delay = due - time.perf_counter()
@@ -204,12 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ttft", type=float, default=0.02)
     parser.add_argument("--gap", type=float, default=0.01)
+    parser.add_argument("--per-token", type=float, default=0.0)
     parser.add_argument("--stall-after", type=int, default=None)
     parser.add_argument("--stall-seconds", type=float, default=0.0)
     parser.add_argument("--not-openai", action="store_true")
     args = parser.parse_args(argv)
     behaviour = Behaviour(
-        args.ttft, args.gap, args.stall_after, args.stall_seconds, args.not_openai
+        ttft=args.ttft,
+        gap=args.gap,
+        per_token=args.per_token,
+        stall_after=args.stall_after,
+        stall_seconds=args.stall_seconds,
+        not_openai=args.not_openai,
     )
 
     def ready(port: int) -> None:

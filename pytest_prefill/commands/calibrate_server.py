@@ -1,0 +1,89 @@
+"""``prefill-bench calibrate-server``: the difference method against a running server — prompts
+alone, traffic, a long prompt amid live streams — fitted to a cost model (refusing what the
+noise cannot support, holding each prompt length out) with the request's overhead kept apart;
+the JSON works wherever ``--cost`` does."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._archive_args import add_archive_arguments, save_calibration
+from pytest_prefill.commands._args import output_path, positive_int
+from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
+from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
+from pytest_prefill.serve.experiments import prompt_alone
+
+HELP = "fit a cost model to a running server (black box, over HTTP)"
+WARMUP = 3
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("calibration")
+    group.add_argument(
+        "--budget",
+        type=positive_int,
+        required=True,
+        metavar="TOKENS",
+        help="the server's tokens per iteration, decode rows included (vLLM "
+        "--max-num-batched-tokens, transformers serve --cb-max-batch-tokens, llama.cpp -b)",
+    )
+    group.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        metavar="N",
+        help="rounds of every experiment (3)",
+    )
+    group.add_argument(
+        "--max-prompt",
+        type=positive_int,
+        default=2048,
+        metavar="TOKENS",
+        help="the longest prompt sent (default 2048; within the server's context)",
+    )
+
+
+def sweep_from_args(args: argparse.Namespace) -> ServerSweep:
+    """The default sweep at ``--budget`` and ``--repeats``, cut to ``--max-prompt``."""
+    return ServerSweep(args.budget, repeats=args.repeats).within(args.max_prompt)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_server_arguments(parser)
+    add_sweep_arguments(parser)
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="write the calibration JSON"
+    )
+    parser.add_argument("--save", action="store_true", help="archive it as a run under --results")
+    add_archive_arguments(parser)
+
+
+def progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+async def _calibrate(args: argparse.Namespace) -> ServerCalibration:
+    target = await target_from_args(args)
+    sweep = sweep_from_args(args)
+    for i in range(WARMUP):  # a server's first requests are slow
+        await prompt_alone(target, 64, f"warmup{i}")
+    return await calibrate_server(
+        target, sweep, progress, command=" ".join(getattr(args, "argv", []))
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.report.serve_calibration import server_calibration_report
+
+    result = asyncio.run(_calibrate(args))
+    print(server_calibration_report(result))
+    if args.json:
+        write_json_atomic(args.json, result.to_dict())
+        print(f"\nwrote {args.json} (use it as --cost {args.json})")
+    if args.save:
+        origin = f"calibrated from {result.calibration.provenance['device_name']}"
+        print(f"\narchived: {save_calibration(args, result.calibration, origin)}")
+    return 0

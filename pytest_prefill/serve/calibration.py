@@ -1,0 +1,364 @@
+"""Calibration from a running server, black box: the lab's difference method through the API
+(``experiments``), fitted by the project's own fits and refusal rules (``measure.fitting``,
+``measure.calibration_fit``), with the request's own overhead — HTTP, tokenisation, the way into
+the engine and back — measured and kept apart from the cost model. The result is a
+``measure.calibrate.Calibration`` (a cost model with provenance, usable wherever ``--cost`` is)
+plus what only a server has: its overhead and the chunking it showed.
+
+The prefill terms are fitted to the prompts' TTFTs alone: a ``P``-token prompt takes
+``ceil(P / budget)`` passes, so its TTFT is ``request_overhead + passes * prefill_pass_overhead +
+prefill_per_token * P + prefill_per_pair * pairs + decode_per_kv_token * context read``; prompts
+longer than the budget are what tell the request's overhead from a pass's (the difference
+method: the same overhead, more passes). Each prompt length is also held out, refitted without
+and predicted: the held-out error is the number to trust. Decode terms come from streams
+decoding together, the fusion penalty from the live streams' iterations beside a long prompt's
+chunks. Standard library only, but the fits need numpy."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.measure.calibrate import Calibration
+from pytest_prefill.measure.calibration_fit import (
+    NO_FLOOR,
+    Point,
+    Prediction,
+    Refusal,
+    decode_constants,
+    predict,
+    refusals_of,
+)
+from pytest_prefill.measure.timing import Measurement
+from pytest_prefill.scheduler import CostModel
+from pytest_prefill.serve.calibration_fit import (
+    OVERHEAD,
+    PREFILL_TERMS,
+    Chunking,
+    PassData,
+    RequestOverhead,
+    chunking_of,
+    decode_points,
+    fit_passes,
+    fused_points,
+    held_out,
+    ttft_alone,
+)
+from pytest_prefill.serve.experiments import (
+    DecodeSample,
+    StallSample,
+    chunks_of,
+    prompt_alone,
+    prompt_amid_streams,
+    traffic,
+)
+from pytest_prefill.serve.http import request_json
+from pytest_prefill.serve.loadgen import Target
+
+Progress = Callable[[str], object]
+
+
+def _lengths(field: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
+    ok = isinstance(values, (tuple, list)) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values
+    )
+    if not ok:
+        raise ValueError(f"{field} must be integers >= {minimum}, got {values!r}")
+    return tuple(sorted(set(values)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSweep:
+    """What the calibration measures. ``budget`` is the server's tokens per iteration (vLLM's
+    ``--max-num-batched-tokens``, ``transformers serve --cb-max-batch-tokens``, llama.cpp's
+    ``-b``): it sets how a prompt is chunked, so it must be the server's. Prompts alone at
+    ``prompt_lens``; traffic: requests with the prompts ``traffic_prompts`` (in that order,
+    ``decode_tokens`` tokens each) sent ``stream_spacing`` seconds apart, whose decode-only
+    iterations are the decode points (rows joining and leaving, contexts growing) and whose
+    prompts, each landing amid the streams already decoding, give fused iterations and the way
+    in; a prompt of each of ``stall_prompts`` amid ``live_rows`` streams (the chunking check);
+    ``repeats`` rounds of all of it (each round visits every point, so drift hits all)."""
+
+    budget: int
+    prompt_lens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048)
+    traffic_prompts: tuple[int, ...] = (128, 384, 256, 512, 96, 320)
+    stall_prompts: tuple[int, ...] = (1024,)
+    live_rows: int = 2
+    decode_tokens: int = 64
+    stream_spacing: float = 0.4
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        for field in ("budget", "live_rows", "decode_tokens", "repeats"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+        for field in ("prompt_lens", "stall_prompts"):
+            object.__setattr__(self, field, _lengths(field, getattr(self, field)))
+        traffic = self.traffic_prompts
+        if not isinstance(traffic, (tuple, list)) or len(traffic) < 2:
+            raise ValueError(f"traffic_prompts must be 2 or more lengths, got {traffic!r}")
+        object.__setattr__(
+            self, "traffic_prompts", tuple(_lengths("traffic_prompts", [v])[0] for v in traffic)
+        )
+        if len(self.prompt_lens) < 3:
+            raise ValueError(f"prompt_lens needs 3 or more lengths, got {self.prompt_lens!r}")
+        if self.decode_tokens < 8:
+            raise ValueError(f"decode_tokens must be >= 8, got {self.decode_tokens!r}")
+        ok = not isinstance(self.stream_spacing, bool) and isinstance(
+            self.stream_spacing, (int, float)
+        )
+        if not (ok and 0 < self.stream_spacing < 60):
+            raise ValueError(
+                f"stream_spacing must be seconds in (0, 60), got {self.stream_spacing!r}"
+            )
+        if self.budget <= self.live_rows:
+            raise ValueError(f"budget {self.budget} leaves no room beside {self.live_rows} rows")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def within(self, max_prompt: int) -> ServerSweep:
+        """This sweep without prompts longer than ``max_prompt`` tokens (the longest kept if
+        none is that short)."""
+
+        def cut(values: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(v for v in values if v <= max_prompt) or (max_prompt,)
+
+        return dataclasses.replace(
+            self,
+            prompt_lens=cut(self.prompt_lens),
+            traffic_prompts=cut(self.traffic_prompts),
+            stall_prompts=cut(self.stall_prompts),
+        )
+
+
+@dataclasses.dataclass
+class Samples:
+    """What the rounds measured so far: TTFTs alone by prompt length, decode samples, prompts
+    amid live streams, and the network's round trips."""
+
+    ttft: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    decode: list[DecodeSample] = dataclasses.field(default_factory=list)
+    stalls: list[StallSample] = dataclasses.field(default_factory=list)
+    round_trips: list[float] = dataclasses.field(default_factory=list)
+
+
+async def _round_trip(target: Target) -> float:
+    import time
+
+    start = time.perf_counter()
+    await request_json(
+        target.url, "GET", "/v1/models", timeouts=target.timeouts, headers=target.headers
+    )
+    return time.perf_counter() - start
+
+
+async def calibration_round(
+    target: Target,
+    sweep: ServerSweep,
+    samples: Samples,
+    index: int,
+    progress: Progress | None = None,
+) -> None:
+    """One round of every experiment, added to ``samples``."""
+    key = f"cal{index}"
+    samples.round_trips.append(await _round_trip(target))
+    for p in sweep.prompt_lens:
+        samples.ttft.setdefault(p, []).append(await prompt_alone(target, p, f"{key}-alone{p}"))
+    decode, stalls = await traffic(
+        target,
+        sweep.traffic_prompts,
+        sweep.decode_tokens,
+        sweep.stream_spacing,
+        sweep.budget,
+        f"{key}-t",
+    )
+    samples.decode += decode
+    samples.stalls += stalls
+    step = statistics.median([s.seconds for s in samples.decode] or [0.01])
+    for p in sweep.stall_prompts:
+        chunks = len(chunks_of(p, sweep.budget, sweep.live_rows))
+        live_tokens = int(0.4 / step) + chunks + 24
+        stall = await prompt_amid_streams(
+            target, p, sweep.live_rows, sweep.budget, live_tokens, f"{key}-s{p}"
+        )
+        samples.stalls.append(stall)
+    if progress is not None:
+        progress(f"calibration round {index + 1}/{sweep.repeats} done")
+
+
+async def measure_server(
+    target: Target, sweep: ServerSweep, progress: Progress | None = None
+) -> Samples:
+    """Every round of ``sweep`` against ``target``."""
+    samples = Samples()
+    for index in range(sweep.repeats):
+        await calibration_round(target, sweep, samples, index, progress)
+    return samples
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerCalibration:
+    """A server's calibration: the ``Calibration`` (cost model, provenance, points, fits,
+    refusals, each prompt's fitted and held-out TTFT), the request's overhead kept apart, and
+    the chunking its long prompts showed."""
+
+    calibration: Calibration
+    overhead: RequestOverhead
+    chunking: tuple[Chunking, ...]
+    sweep: ServerSweep
+
+    @property
+    def cost(self) -> CostModel:
+        return self.calibration.cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.calibration.to_dict(),
+            "server": {
+                "overhead": self.overhead.to_dict(),
+                "chunking": [c.to_dict() for c in self.chunking],
+                "sweep": self.sweep.to_dict(),
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ServerCalibration:
+        """Raises: ValueError for anything that is not a server calibration."""
+        server = data.get("server") if isinstance(data, Mapping) else None
+        if not isinstance(server, Mapping):
+            raise ValueError("not a server calibration: it has no 'server' block")
+        try:
+            fields: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v for k, v in server["sweep"].items()
+            }
+            sweep = ServerSweep(**fields)
+            chunking = tuple(
+                Chunking(c["prompt_len"], c["rows"], c["expected"], c["seen"])
+                for c in server["chunking"]
+            )
+            overhead = RequestOverhead.from_dict(server["overhead"])
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"corrupt server calibration: {err!s}") from None
+        return cls(Calibration.from_dict(data), overhead, chunking, sweep)
+
+
+def _decode_step(decode: Mapping[str, float], rows: int, kv_tokens: int) -> float:
+    return (
+        decode["decode_step_base"]
+        + decode["decode_per_seq"] * (rows - 1)
+        + decode["decode_per_kv_token"] * kv_tokens
+    )
+
+
+def _to_engine(stalls: Sequence[StallSample]) -> float:
+    """The median way in over the readable stalls: the midpoint of the iteration the prompt
+    entered the engine in (from the send, never before it)."""
+    ways = [
+        (max(s.way_in_low, 0.0) + s.way_in) / 2 for s in stalls if s.fused and s.seen == s.expected
+    ]
+    return statistics.median(ways) if ways else math.nan
+
+
+def _pass_constants(fit: Any) -> tuple[dict[str, float], float, list[Refusal]]:
+    """The prefill constants and the fusion penalty of the joint fit (capped at 1), and the
+    refusals to report (the overhead is not a cost-model constant)."""
+    values = {name: fit.values.get(name, 0.0) for name in PREFILL_TERMS}
+    refusals = [r for r in refusals_of(fit) if r.constant != OVERHEAD]
+    penalty = fit.values.get("fusion_penalty", 0.0)
+    if "fusion_penalty" not in fit.values:
+        refusals.append(Refusal("fusion_penalty", "not measured: no fused iteration was read", {}))
+    if penalty > 1:
+        refusals.append(
+            Refusal(
+                "fusion_penalty",
+                f"fitted {penalty:.3g} > 1; recorded as 1, the model's ceiling",
+                {"estimate": penalty, "used": 1.0},
+            )
+        )
+        penalty = 1.0
+    if values["prefill_pass_overhead"] + values["prefill_per_token"] <= 0:
+        raise ValueError(
+            "every prefill term was refused: the prompts' TTFTs do not grow with length"
+        )
+    return values, penalty, refusals
+
+
+def fit_server(
+    samples: Samples, sweep: ServerSweep, provenance: Mapping[str, Any]
+) -> ServerCalibration:
+    """The cost model and overhead ``samples`` support.
+
+    Raises:
+        ValueError: without TTFTs at 3 or more prompt lengths or any decode sample.
+    """
+    lengths = sorted(samples.ttft)
+    if len(lengths) < 3:
+        raise ValueError("a server calibration needs TTFTs alone at 3 or more prompt lengths")
+    alone = [Measurement.from_samples(samples.ttft[p]) for p in lengths]
+    decoded = decode_points(samples.decode)
+    decode_fit, decode, refusals = decode_constants(decoded)
+    per_kv = decode["decode_per_kv_token"]
+    fused = fused_points(samples.stalls, sweep.budget)
+    steps = tuple(_decode_step(decode, p.rows, p.kv_tokens) for p in fused)
+    data = PassData(tuple(lengths), tuple(alone), tuple(fused), steps, sweep.budget)
+    pass_fit = fit_passes(data, per_kv)
+    prefill, penalty, more = _pass_constants(pass_fit)
+    cost = CostModel(**prefill, **decode, fusion_penalty=penalty)
+    to_engine = _to_engine(samples.stalls)
+    total = pass_fit.values.get(OVERHEAD, 0.0)
+    how = "fitted: the part of a TTFT alone that no pass explains"
+    held = held_out(data, per_kv)
+    prompts = [Point("prefill", p, m) for p, m in zip(lengths, alone)]
+    predictions = [
+        Prediction(p, ttft_alone(cost, total, p.x, sweep.budget), held.get(p.x)) for p in prompts
+    ] + [Prediction(p, predict(cost, NO_FLOOR, p), None) for p in decoded + fused]
+    calibration = Calibration(
+        cost,
+        dict(provenance),
+        tuple(prompts + decoded + fused),
+        {"passes": pass_fit, "decode": decode_fit},
+        tuple(refusals + more),
+        NO_FLOOR,
+        tuple(predictions),
+    )
+    round_trip = statistics.median(samples.round_trips) if samples.round_trips else math.nan
+    overhead = RequestOverhead(total, to_engine, round_trip, how)
+    return ServerCalibration(calibration, overhead, tuple(chunking_of(samples.stalls)), sweep)
+
+
+def server_provenance(target: Target, sweep: ServerSweep, **extra: Any) -> dict[str, Any]:
+    """Where a server calibration comes from: the server's identity, the sweep, the date."""
+    from pytest_prefill import __version__
+
+    identity = target.identity
+    return {
+        "source": "server",
+        "device": "server",
+        "device_name": f"{identity.engine} at {identity.url}",
+        "model": identity.model,
+        "model_source": f"served by {identity.engine} ({identity.how})",
+        "server": identity.to_dict(),
+        "endpoint": target.endpoint,
+        "budget": sweep.budget,
+        "repeats": sweep.repeats,
+        "warmup": 0,
+        "dry_run": False,
+        "prefill_points": "TTFT alone over HTTP: the request's overhead plus ceil(P / budget) passes",
+        "pytest_prefill": __version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+async def calibrate_server(
+    target: Target, sweep: ServerSweep, progress: Progress | None = None, **provenance: Any
+) -> ServerCalibration:
+    """Measure ``sweep`` against ``target`` and fit it."""
+    samples = await measure_server(target, sweep, progress)
+    return fit_server(samples, sweep, server_provenance(target, sweep, **provenance))

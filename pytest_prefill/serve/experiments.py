@@ -1,0 +1,198 @@
+"""The calibration's experiments against a running server, and what each one's token times say
+about the iterations behind them. Standard library only.
+
+- **Prompt alone**: one request, one output token: its TTFT is the request's overhead plus the
+  passes its prompt takes (``ceil(P / budget)``, each chunk over the ones before).
+- **Streams decoding**: k requests at once; while all k decode, every gap between two tokens of
+  one of them is one iteration of k decode rows (their mean, over the window where all k are
+  decoding, is immune to tokens that arrive together).
+- **A prompt amid live streams**: r streams decoding, a long prompt arrives. The iteration that
+  emits its first token also emits a token of each live stream, so the live stream's gaps just
+  before that token are the iterations that held the prompt's chunks beside r decode rows: how
+  many there were (the server's chunking, against the stated budget), how long each took (the
+  fused cost), and when the first of them started (the request's way in, from the client's send
+  to the engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from pytest_prefill.scheduler import Request
+from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
+from pytest_prefill.serve.records import RequestRecord
+
+STREAM_PROMPT = 32  # prompt tokens of a decoding stream
+LIVE_LEAD = 0.4  # seconds the live streams decode before the long prompt is sent
+# Tokens the live streams must keep arriving after the long prompt: enough to cover its chunks
+# at this many decode steps' worth each (a generous bound; the surplus costs little).
+LIVE_TAIL_TOKENS = 24
+SKIP_TOKENS = 2  # tokens at a stream's start not used for the decode step (admission noise)
+SAME_TIME = 1e-4  # seconds: two token times this close came from one read
+SLOW = 1.5  # an iteration this many times the median gap holds more than decode rows
+
+
+def chunks_of(prompt_len: int, budget: int, rows: int = 0) -> list[tuple[int, int]]:
+    """The (new tokens, context) of each pass a ``prompt_len`` prompt takes beside ``rows``
+    decode rows under a per-iteration ``budget`` (decode rows placed first)."""
+    room = budget - rows
+    if room < 1:
+        raise ValueError(f"budget {budget} leaves no room for a prompt beside {rows} rows")
+    return [(min(room, prompt_len - c), c) for c in range(0, prompt_len, room)]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSample:
+    """The mean iteration of ``rows`` decode rows at about ``context`` cached tokens each."""
+
+    rows: int
+    context: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StallSample:
+    """What one long prompt amid ``rows`` live streams showed: the live stream's gaps that held
+    its chunks (``fused``: seconds each, in order; empty when they could not be read), the
+    number of slow iterations seen before its first token (``seen``) against ``expected``
+    (from the budget), and the seconds from its send to the first of those iterations
+    (``way_in``: an upper bound; ``way_in_low``: the lower one, the iteration before)."""
+
+    prompt_len: int
+    rows: int
+    row_context: int
+    expected: int
+    seen: int
+    fused: tuple[float, ...]
+    way_in: float
+    way_in_low: float
+    note: str = ""
+
+
+async def prompt_alone(target: Target, prompt_len: int, key: str) -> float:
+    """The TTFT of one ``prompt_len`` prompt with nothing else running (seconds).
+
+    Raises:
+        ValueError: naming the request, when it failed or its length was not confirmed.
+    """
+    run = await run_load(
+        target,
+        [Request(key, 0.0, prompt_len, 1)],
+        schedule=Schedule("burst"),
+        bounds=Bounds(warmup=0),
+    )
+    return _checked(run.records[0]).ttft
+
+
+def _checked(record: RequestRecord) -> RequestRecord:
+    if not record.ok:
+        raise ValueError(f"calibration request {record.id} failed: {record.error}")
+    if record.output_tokens is not None and record.output_tokens != record.output_len:
+        raise ValueError(
+            f"calibration request {record.id}: {record.output_tokens} tokens came for "
+            f"{record.output_len} asked (the server does not pin output lengths)"
+        )
+    return record
+
+
+async def traffic(
+    target: Target, prompts: Sequence[int], tokens: int, spacing: float, budget: int, key: str
+) -> tuple[list[DecodeSample], list[StallSample]]:
+    """Requests of ``prompts`` tokens (``tokens`` each) sent ``spacing`` seconds apart, as
+    traffic arrives: rows join and leave, contexts differ, each prompt lands amid the streams
+    already decoding. Every decode-only iteration, and each later prompt's chunks read off the
+    earliest stream decoding across them."""
+    load = [Request(f"{key}-{i}", i * spacing, p, tokens) for i, p in enumerate(prompts)]
+    run = await run_load(target, load, bounds=Bounds(warmup=0))
+    records = [_checked(r) for r in run.records]
+    stalls = []
+    for r in records[1:]:
+        live = [
+            o
+            for o in records
+            if o.chunk_times[0] < r.arrival and o.chunk_times[-1] > r.chunk_times[0]
+        ]
+        if live:
+            expected = len(chunks_of(r.prompt_len, budget, len(live)))
+            stalls.append(read_stall(r, live[0], expected, r.prompt_len, len(live)))
+    return decode_iterations(records), stalls
+
+
+def decode_iterations(records: Sequence[RequestRecord]) -> list[DecodeSample]:
+    """The iterations of decode rows only that ``records``' token times show: a gap between two
+    tokens of a stream while no prompt was in flight (none sent and still without its first
+    token), its rows the streams decoding across it, each iteration counted once (by its end)."""
+    spans = [(r.arrival, r.chunk_times[0], r.chunk_times[-1], r) for r in records]
+    seen: list[float] = []
+    out = []
+    for r in records:
+        times = r.token_times
+        for a, b in zip(times[SKIP_TOKENS:], times[SKIP_TOKENS + 1 :]):
+            if b - a < SAME_TIME or any(abs(b - end) < SAME_TIME * 10 for end in seen):
+                continue
+            if any(sent < b and first > a + SAME_TIME for sent, first, _, _ in spans):
+                continue  # a prompt may have been in this iteration
+            rows = [
+                (o, first)
+                for _, first, last, o in spans
+                if first < a + SAME_TIME and last >= b - SAME_TIME
+            ]
+            kv = sum(
+                o.prompt_len + sum(1 for t in o.token_times if t <= a + SAME_TIME) for o, _ in rows
+            )
+            seen.append(b)
+            out.append(DecodeSample(len(rows), kv // max(len(rows), 1), b - a))
+    return out
+
+
+async def prompt_amid_streams(
+    target: Target, prompt_len: int, rows: int, budget: int, live_tokens: int, key: str
+) -> StallSample:
+    """``rows`` live streams, and a ``prompt_len`` prompt sent ``LIVE_LEAD`` s after them."""
+    load = [Request(f"{key}-live{i}", 0.0, STREAM_PROMPT, live_tokens) for i in range(rows)]
+    load.append(Request(f"{key}-long", LIVE_LEAD, prompt_len, 2))
+    run = await run_load(target, load, bounds=Bounds(warmup=0))
+    records = [_checked(r) for r in run.records]
+    long = next(r for r in records if r.id.endswith("-long"))
+    live = [r for r in records if r is not long]
+    expected = len(chunks_of(prompt_len, budget, rows))
+    return read_stall(long, live[0], expected, prompt_len, rows)
+
+
+def read_stall(
+    long: RequestRecord, live: RequestRecord, expected: int, prompt_len: int, rows: int
+) -> StallSample:
+    """The iterations that held ``long``'s chunks, read off ``live``'s token times: they run
+    from the first slow iteration that began after ``long`` was sent to the one that emitted
+    ``long``'s first token (the live token nearest to it in time)."""
+    times = list(live.chunk_times)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    base = _median_gap(times)
+    first, sent = long.chunk_times[0], long.arrival
+    end = min(range(len(times)), key=lambda i: abs(times[i] - first))
+    after = next((i for i, t in enumerate(times) if t > sent), len(times))
+    start = next((j for j in range(after, end) if gaps[j] > SLOW * base), None)
+
+    def unread(note: str, seen: int = 0) -> StallSample:
+        return StallSample(prompt_len, rows, 0, expected, seen, (), math.nan, math.nan, note)
+
+    if abs(times[end] - first) > base / 2:
+        return unread("no token of the live stream came out with the prompt's first token")
+    if start is None or start < 1:
+        return unread("no slow iteration of the live stream after the prompt was sent")
+    seen = end - start
+    if any(g < SAME_TIME for g in gaps[start - 1 : end]):
+        return unread(
+            "tokens of the live stream arrived together: its gaps do not time iterations", seen
+        )
+    fused = tuple(gaps[start:end])
+    row_context = live.prompt_len + start
+    way_in, low = times[start] - sent, times[start - 1] - sent
+    return StallSample(prompt_len, rows, row_context, expected, seen, fused, way_in, low)
+
+
+def _median_gap(times: Sequence[float]) -> float:
+    gaps = sorted(b - a for a, b in zip(times, times[1:]) if b - a > SAME_TIME)
+    return gaps[len(gaps) // 2] if gaps else math.inf

@@ -1,0 +1,153 @@
+"""Calibration from a server, without a server: what the experiments read off token times, and
+the fit recovering a known cost model and overhead from samples made with it."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from pytest_prefill.scheduler import CostModel
+from pytest_prefill.serve.calibration import Samples, ServerCalibration, ServerSweep, fit_server
+from pytest_prefill.serve.calibration_fit import ttft_alone
+from pytest_prefill.serve.experiments import (
+    DecodeSample,
+    StallSample,
+    chunks_of,
+    decode_iterations,
+    read_stall,
+)
+from pytest_prefill.serve.records import RequestRecord
+
+pytest.importorskip("numpy")
+
+TRUE = CostModel(
+    prefill_pass_overhead=0.02,
+    prefill_per_token=2.5e-4,
+    prefill_per_pair=2e-7,
+    decode_step_base=0.015,
+    decode_per_seq=0.004,
+    decode_per_kv_token=3e-6,
+    fusion_penalty=0.5,
+)
+OVERHEAD = 0.008
+
+
+def _record(rid: str, sent: float, times: list[float], prompt_len: int = 32) -> RequestRecord:
+    n = len(times)
+    return RequestRecord(rid, sent, sent, prompt_len, n, tuple(times), (1,) * n, prompt_len, n)
+
+
+@pytest.mark.parametrize("prompt_len,budget,rows", [(2048, 256, 2), (100, 256, 0), (257, 256, 0)])
+def test_chunks_cover_the_prompt_within_the_budget(prompt_len, budget, rows):
+    pieces = chunks_of(prompt_len, budget, rows)
+    assert sum(t for t, _ in pieces) == prompt_len
+    assert all(1 <= t <= budget - rows for t, _ in pieces)
+    assert [c for _, c in pieces] == [sum(t for t, _ in pieces[:i]) for i in range(len(pieces))]
+    with pytest.raises(ValueError, match="no room"):
+        chunks_of(10, 2, 2)
+
+
+def test_a_stall_is_read_off_the_live_stream():
+    step, slow = 0.02, [0.1, 0.12, 0.05]
+    times = [i * step for i in range(30)]
+    end = times[-1]
+    times += [end + sum(slow[: i + 1]) for i in range(3)] + [
+        end + sum(slow) + step * k for k in (1, 2)
+    ]
+    sent = end - 0.007  # during the last decode step before the chunks
+    long = _record("long", sent, [end + sum(slow), end + sum(slow) + step])
+    stall = read_stall(long, _record("live", 0.0, times), expected=3, prompt_len=512, rows=2)
+    assert stall.seen == 3 and stall.fused == pytest.approx(tuple(slow))
+    assert stall.way_in == pytest.approx(end - sent) and stall.way_in_low == pytest.approx(-0.013)
+    unrelated = _record("long", sent, [end + 5.0])
+    assert read_stall(unrelated, _record("live", 0.0, times), 3, 512, 2).fused == ()
+
+
+def test_decode_iterations_count_rows_and_skip_prompts_in_flight():
+    a = _record("a", 0.0, [0.05 + 0.01 * i for i in range(20)], prompt_len=100)
+    # b is sent at 0.095 and has its first token at 0.115: gaps ending after 0.095 and
+    # starting before 0.115 may hold its prompt and are skipped
+    b = _record("b", 0.095, [0.115 + 0.01 * i for i in range(5)], prompt_len=50)
+    samples = decode_iterations([a, b])
+    assert {s.rows for s in samples} == {1, 2}
+    two = [s for s in samples if s.rows == 2]
+    assert all(s.seconds == pytest.approx(0.01) for s in samples)
+    assert len(two) == len({round(s.seconds, 6) for s in two}) or len(two) >= 1
+
+
+def _samples(budget: int, seed: int = 0) -> Samples:
+    """Samples a server running ``TRUE`` would give, with 0.5% multiplicative jitter."""
+    rng = random.Random(seed)
+
+    def jitter(x: float) -> float:
+        return x * (1 + rng.uniform(-0.005, 0.005))
+
+    samples = Samples(round_trips=[0.001, 0.001])
+    for p in (16, 64, 128, 256, 512, 1024, 2048):
+        samples.ttft[p] = [jitter(ttft_alone(TRUE, OVERHEAD, p, budget)) for _ in range(3)]
+    for rows in (1, 2, 3, 4):
+        for context in (100, 400, 900):
+            for _ in range(3):
+                step = TRUE.decode_step(rows, rows * context)
+                samples.decode.append(DecodeSample(rows, context, jitter(step)))
+    for p in (64, 512, 2048):
+        pieces = chunks_of(p, budget, 2)
+        for _ in range(3):
+            fused = tuple(
+                jitter(TRUE.iteration([(t, c)], 2, 2 * (40 + j))) for j, (t, c) in enumerate(pieces)
+            )
+            samples.stalls.append(
+                StallSample(p, 2, 40, len(pieces), len(pieces), fused, 0.006, 0.0)
+            )
+    return samples
+
+
+def test_the_fit_recovers_the_cost_model_and_the_overhead():
+    sweep = ServerSweep(256)
+    result = fit_server(_samples(256), sweep, {"source": "synthetic"})
+    cost = result.cost
+    for name in (
+        "prefill_pass_overhead",
+        "prefill_per_token",
+        "prefill_per_pair",
+        "decode_step_base",
+        "decode_per_seq",
+        "decode_per_kv_token",
+    ):
+        assert getattr(cost, name) == pytest.approx(getattr(TRUE, name), rel=0.1), name
+    assert cost.fusion_penalty == pytest.approx(TRUE.fusion_penalty, abs=0.15)
+    assert result.overhead.total == pytest.approx(OVERHEAD, rel=0.2)
+    assert result.overhead.to_engine == pytest.approx(0.003)  # the midpoint of (0, 6 ms]
+    assert result.overhead.arrival_delay == pytest.approx(0.003)
+    held = result.calibration.held_out_median
+    assert held < 0.02 and not math.isnan(held)
+    assert all(c.agrees for c in result.chunking)
+
+
+def test_a_server_calibration_round_trips_through_json_and_reads_as_a_cost():
+    from pytest_prefill.plan.cost_document import cost_from_json
+
+    result = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"})
+    document = result.to_dict()
+    again = ServerCalibration.from_dict(document)
+    assert again.cost == result.cost and again.overhead == result.overhead
+    assert cost_from_json(document, "test") == result.cost
+    with pytest.raises(ValueError, match="server"):
+        ServerCalibration.from_dict({"kind": "pytest-prefill/calibration"})
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("budget", 0),
+        ("repeats", 0),
+        ("prompt_lens", (16, 32)),
+        ("stream_spacing", -1.0),
+        ("decode_tokens", 2),
+    ],
+)
+def test_a_bad_sweep_names_its_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        ServerSweep(**{"budget": 256, field: value})
