@@ -1,0 +1,109 @@
+"""``prefill-bench fidelity-server``: calibrate from a running server and predict held-out
+workloads on it (calibration and workloads alternating in time), then compare TTFT, TPOT, ITL
+and E2EL with the run-to-run spread as the noise floor; exit 1 when the check FAILS."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+
+from pytest_prefill._io import write_json_atomic
+from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
+from pytest_prefill.commands._args import output_path, positive_int
+from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
+from pytest_prefill.commands.calibrate_server import (
+    WARMUP,
+    add_sweep_arguments,
+    progress,
+    sweep_from_args,
+)
+from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.fidelity import (
+    DEFAULT_COUNT,
+    DEFAULT_RUNS,
+    ServerFidelity,
+    run_server_fidelity,
+)
+from pytest_prefill.serve.simulated import FIRST_TOKEN_RULES, Scheduling
+
+HELP = "check the simulator against a running server on held-out workloads (HOLDS or FAILS)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_server_arguments(parser)
+    add_sweep_arguments(parser)
+    group = parser.add_argument_group("fidelity")
+    group.add_argument(
+        "--first-token",
+        choices=FIRST_TOKEN_RULES,
+        default="prefill",
+        help="when the server emits a request's first token: at the end of the prompt's last "
+        "pass (prefill: vLLM, SGLang, llama.cpp, transformers; the default) or one decode step "
+        "later (decode: the lab's convention)",
+    )
+    group.add_argument(
+        "--kv-tokens",
+        type=positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="the server's KV cache in tokens (transformers: --cb-num-blocks x 256; llama.cpp "
+        "-c); default unbounded",
+    )
+    group.add_argument(
+        "--runs",
+        type=positive_int,
+        default=DEFAULT_RUNS,
+        metavar="N",
+        help=f"runs per workload ({DEFAULT_RUNS})",
+    )
+    group.add_argument(
+        "--count",
+        type=positive_int,
+        default=DEFAULT_COUNT,
+        metavar="N",
+        help=f"requests per workload ({DEFAULT_COUNT})",
+    )
+    parser.add_argument("--json", type=output_path, metavar="PATH", help="write the fidelity JSON")
+    parser.add_argument("--save", action="store_true", help="archive the tables and the verdict")
+    add_archive_arguments(parser)
+
+
+async def _fidelity(args: argparse.Namespace) -> ServerFidelity:
+    target = await target_from_args(args)
+    sweep = sweep_from_args(args)
+    kv = math.inf if args.kv_tokens is None else float(args.kv_tokens)
+    scheduling = Scheduling(args.first_token, args.budget, kv)
+    for i in range(WARMUP):
+        await prompt_alone(target, 64, f"warmup{i}")
+    return await run_server_fidelity(
+        target,
+        sweep,
+        scheduling,
+        runs=args.runs,
+        count=args.count,
+        progress=progress,
+        command=" ".join(getattr(args, "argv", [])),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.report.serve_fidelity import fidelity_report
+
+    if args.runs < 2:
+        raise ValueError(f"--runs must be at least 2 (the spread needs two), got {args.runs}")
+    result = asyncio.run(_fidelity(args))
+    text = fidelity_report(result)
+    print(text)
+    document = result.to_dict()
+    if args.json:
+        write_json_atomic(args.json, document)
+        print(f"\nwrote {args.json}")
+    if args.save:
+        provenance = {"device": "server", "threads": None}
+        verdict = [("server fidelity", result.verdict, text.splitlines()[-1])]
+        path = save_tables(
+            args, provenance, [("fidelity against " + str(args.url), text, document)], verdict
+        )
+        print(f"\narchived: {path}")
+    return 0 if result.verdict == "HOLDS" else 1
