@@ -10,9 +10,7 @@ import os
 from pytest_prefill.commands._workload_args import positive_float
 from pytest_prefill.serve.api import ENDPOINTS, ENGINES
 from pytest_prefill.serve.http import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STALL_TIMEOUT, Timeouts, Url
-from pytest_prefill.serve.identity import identify
-from pytest_prefill.serve.loadgen import Target
-from pytest_prefill.serve.prompts import Prompts, prompts_from_folder, prompts_from_server
+from pytest_prefill.serve.loadgen import Target, open_target
 
 
 def url_type(text: str) -> Url:
@@ -101,7 +99,7 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 
 
 async def target_from_args(args: argparse.Namespace) -> Target:
-    """The server the flags name, identified, with prompts of exact lengths.
+    """The server the flags name (``loadgen.open_target``).
 
     Raises:
         ValueError: naming the flag, for a tokenizer folder without words or an API key
@@ -109,18 +107,16 @@ async def target_from_args(args: argparse.Namespace) -> Target:
         ServerError: when the server cannot be reached or is not OpenAI-compatible.
     """
     headers = _headers(args)
-    timeouts = Timeouts(args.connect_timeout, args.stall_timeout)
-    identity = await identify(
-        args.url, engine=args.engine, flags=args.server_flags, timeouts=timeouts, headers=headers
-    )
-    endpoint = args.endpoint or ("llama" if identity.engine == "llama.cpp" else "completions")
-    prompts: Prompts
-    if args.tokenizer:
-        try:
-            prompts = prompts_from_folder(args.tokenizer)
-        except ValueError as err:
-            raise ValueError(f"--tokenizer: {err}") from None
-    else:
-        prompts = await prompts_from_server(args.url, identity.engine, timeouts, headers)
-    token_ids = args.token_ids or endpoint == "llama"
-    return Target(args.url, identity, prompts, endpoint, token_ids, timeouts, headers)
+    try:
+        return await open_target(
+            args.url,
+            engine=args.engine,
+            endpoint=args.endpoint,
+            tokenizer=args.tokenizer,
+            token_ids=args.token_ids,
+            flags=args.server_flags,
+            timeouts=Timeouts(args.connect_timeout, args.stall_timeout),
+            headers=headers,
+        )
+    except ValueError as err:
+        raise ValueError(f"--tokenizer: {err}" if args.tokenizer else str(err)) from None

@@ -1,8 +1,9 @@
-"""The pytest plugin: ``gpu`` and ``sim`` markers, ``--prefill-*`` options (each with an ini
-twin), fixtures (``prefill_model``, ``prefill_calibration``, ``prefill_falsifier``, ``cost_model``, ``scheduler``,
-``capacity``, ``prefill_report``), a header line, a short verdict block in the terminal summary (the full
-tables with ``-v``), and the per-machine results archive -- written only when ``--prefill-save``
-asks (as pytest-benchmark writes only with ``--benchmark-autosave``).
+"""The pytest plugin: ``gpu``, ``sim`` and ``server`` markers, ``--prefill-*`` options (each with
+an ini twin), fixtures (``prefill_model``, ``prefill_calibration``, ``prefill_falsifier``,
+``cost_model``, ``scheduler``, ``capacity``, ``prefill_report``, ``prefill_server``), a header
+line, a short verdict block in the terminal summary (the full tables with ``-v``), and the
+per-machine results archive -- written only when ``--prefill-save`` asks (as pytest-benchmark
+writes only with ``--benchmark-autosave``).
 
 Imports nothing heavy at import time: torch is imported only when a gpu test or a fixture that
 needs the device runs. Under pytest-xdist the workers attach what they record to their test
@@ -149,6 +150,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "gpu: real timings on the device under test (skipped "
         "when there is none; --prefill-device cpu runs them on the CPU)",
     )
+    config.addinivalue_line(
+        "markers",
+        "server: measures a running server (--prefill-server URL); under xdist every other "
+        "test waits while one runs",
+    )
     if config.option.help or config.option.version:
         return
     workerinput = getattr(config, "workerinput", None)
@@ -217,6 +223,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # cost model, the calibration when a selected test calibrates and the device is there.
     needs = any("prefill_calibration" in getattr(i, "fixturenames", ()) for i in session.items)
     state.calibrates = needs and device_unavailable(state) is None
+    state.measures_server = any(i.get_closest_marker("server") for i in session.items)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -240,10 +247,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     state = item.config.stash.get(STATE, None)
     gpu = item.get_closest_marker("gpu") is not None
-    if state is None or not (gpu or state.settings.device == "cpu"):
+    server = item.get_closest_marker("server") is not None
+    timing = state is not None and (state.settings.device == "cpu" or state.measures_server)
+    if state is None or not (gpu or server or timing):
         yield
         return
-    with device_lock(state, exclusive=gpu):
+    with device_lock(state, exclusive=gpu or server):
         yield
 
 
@@ -421,6 +430,26 @@ def capacity(
     """The capacity search bound to ``cost_model``, reporting each search:
     ``capacity(load, "ttft:1s,tpot:100ms", 4)`` returns a ``CapacityResult``."""
     return CapacitySearch(cost_model, prefill_report, state_of(request.config).settings.cost_label)
+
+
+@pytest.fixture(scope="session")
+def prefill_server(pytestconfig: pytest.Config) -> Any:
+    """The server ``--prefill-server URL`` names, identified, with prompts of exact lengths: a
+    ``serve.loadgen.Target`` for ``serve.loadgen.run_load``, ``serve.calibration`` and
+    ``serve.fidelity``. Skips without the option; fails with one line when it is unreachable or
+    not an OpenAI-compatible server."""
+    import asyncio
+
+    from pytest_prefill.serve.http import ServerError, Url
+    from pytest_prefill.serve.loadgen import open_target
+
+    url = state_of(pytestconfig).settings.server
+    if url is None:
+        pytest.skip("no server to measure: give --prefill-server URL (ini prefill_server)")
+    try:
+        return asyncio.run(open_target(Url.parse(url)))
+    except (ServerError, ValueError) as err:
+        pytest.fail(f"--prefill-server {url}: {err}", pytrace=False)
 
 
 @pytest.fixture

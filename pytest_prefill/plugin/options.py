@@ -115,6 +115,13 @@ OPTIONS = (
         metavar="KEY",
     ),
     _Option(
+        "server",
+        "a running OpenAI-compatible server to measure, by its base URL (e.g. "
+        "http://127.0.0.1:8000): what the prefill_server fixture and server-marked tests use "
+        "(default: none; they skip)",
+        metavar="URL",
+    ),
+    _Option(
         "threads",
         "torch CPU threads for the measurements (default 1 with --prefill-device cpu, where "
         "intra-op threads stall whenever another process holds a core; torch's own on CUDA); "
@@ -149,6 +156,7 @@ class Settings:
     session_dir: str
     notes: list[str]  # archive files skipped while resolving, shown in header and summary
     threads: int | None = None  # torch CPU threads; None: torch's own
+    server: str | None = None  # --prefill-server: the base URL of a server to measure
     cost_contexts: list[int] = dataclasses.field(default_factory=list)  # where C* is reported
     cost_trust: dict[str, Any] | None = None  # the calibration's trust figures (Trust.to_dict)
 
@@ -298,6 +306,7 @@ def resolve(config: pytest.Config) -> Settings:
     if threads is None and device == "cpu":
         threads = 1
     dry_run = bool(_value(config, opts["dry-run"])[0])
+    server = _server(config, opts["server"])
     no_archive = bool(_value(config, opts["no-archive"])[0])
     save = bool(_value(config, opts["save"])[0])
     if save and no_archive:
@@ -334,7 +343,21 @@ def resolve(config: pytest.Config) -> Settings:
         session_dir=tempfile.mkdtemp(prefix="pytest-prefill-"),
         notes=notes,
         threads=threads,
+        server=server,
     )
+
+
+def _server(config: pytest.Config, opt: _Option) -> str | None:
+    """The server's URL, checked (a bad one is a UsageError naming the option)."""
+    from pytest_prefill.serve.http import Url
+
+    value, name, _ = _value(config, opt)
+    if value is None:
+        return None
+    try:
+        return str(Url.parse(str(value)))
+    except ValueError as err:
+        raise pytest.UsageError(f"{name}: {err}") from None
 
 
 def _torch_accelerators() -> list[Accelerator]:

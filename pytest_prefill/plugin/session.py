@@ -41,6 +41,7 @@ class SessionState:
     device_reason: tuple[str | None] | None = None  # cached answer of device_unavailable
     lock: DeviceLock | None = None
     calibrates: bool = False  # a collected test needs the calibration (see session_cost)
+    measures_server: bool = False  # a collected test is marked server (every test then locks)
     # the controller's harvest
     order: dict[str, int] = dataclasses.field(default_factory=dict)
     entries: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)

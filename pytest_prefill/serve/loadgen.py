@@ -345,3 +345,39 @@ async def run_load(
 def bench(target: Target, load: Sequence[Request], **kwargs: Any) -> BenchRun:
     """:func:`run_load` from synchronous code (its own event loop)."""
     return asyncio.run(run_load(target, load, **kwargs))
+
+
+async def open_target(
+    url: Url,
+    *,
+    engine: str | None = None,
+    endpoint: str | None = None,
+    tokenizer: str | None = None,
+    token_ids: bool = False,
+    flags: str | None = None,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    headers: Mapping[str, str] | None = None,
+) -> Target:
+    """The server at ``url``, identified, with prompts of exact lengths: from ``tokenizer`` (a
+    model folder), else from the served model's own folder when its id is one (as
+    ``transformers serve MODEL_DIR`` names it), else from the server's ``/tokenize``.
+    llama.cpp gets its native endpoint and token ids unless told otherwise.
+
+    Raises:
+        ValueError: naming what is wrong, for a tokenizer folder without words or a server
+            with no way to find one-token words.
+        ServerError: when the server cannot be reached or is not OpenAI-compatible.
+    """
+    from pytest_prefill.serve.identity import identify
+    from pytest_prefill.serve.prompts import prompts_from_folder, prompts_from_server
+
+    headers = dict(headers or {})
+    identity = await identify(url, engine=engine, flags=flags, timeouts=timeouts, headers=headers)
+    chosen = endpoint or ("llama" if identity.engine == "llama.cpp" else "completions")
+    folder = tokenizer or (identity.model if os.path.isdir(identity.model) else None)
+    if folder is not None:
+        prompts = prompts_from_folder(folder)
+    else:
+        prompts = await prompts_from_server(url, identity.engine, timeouts, headers)
+    ids = token_ids or chosen == "llama"
+    return Target(url, identity, prompts, chosen, ids, timeouts, headers)

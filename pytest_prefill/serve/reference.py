@@ -33,7 +33,8 @@ MODEL = "reference"
 class Behaviour:
     """The schedule (seconds) and faults: the first token ``ttft`` plus ``per_token`` per
     prompt token after the request, then one every ``gap``; after ``stall_after`` tokens a
-    stream goes silent for ``stall_seconds``; ``not_openai`` answers every path with 404."""
+    stream goes silent for ``stall_seconds``; ``not_openai`` answers every path with 404;
+    ``model`` is the id ``/v1/models`` lists (a folder, as ``transformers serve DIR`` lists)."""
 
     ttft: float = 0.02
     gap: float = 0.01
@@ -41,6 +42,7 @@ class Behaviour:
     stall_after: int | None = None
     stall_seconds: float = 0.0
     not_openai: bool = False
+    model: str = MODEL
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
@@ -108,7 +110,7 @@ async def _handle(
         if behaviour.not_openai:
             writer.write(_json_response(404, {"detail": "Not Found"}))
         elif path == "/v1/models":
-            writer.write(_json_response(200, {"object": "list", "data": [{"id": MODEL}]}))
+            writer.write(_json_response(200, {"object": "list", "data": [{"id": behaviour.model}]}))
         elif path == "/health":
             writer.write(_json_response(200, {"status": "ok"}))
         elif method == "POST" and path == "/v1/completions" and isinstance(body, dict):
@@ -210,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stall-after", type=int, default=None)
     parser.add_argument("--stall-seconds", type=float, default=0.0)
     parser.add_argument("--not-openai", action="store_true")
+    parser.add_argument("--model", default=MODEL)
     args = parser.parse_args(argv)
     behaviour = Behaviour(
         ttft=args.ttft,
@@ -218,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stall_after=args.stall_after,
         stall_seconds=args.stall_seconds,
         not_openai=args.not_openai,
+        model=args.model,
     )
 
     def ready(port: int) -> None:

@@ -1,0 +1,84 @@
+"""Against a real engine: `transformers serve --continuous-batching`, started by the session's
+``transformers_server`` fixture (tests/conftest.py) with a model it made. Exact lengths and
+token counts from the load generator; a calibration whose chunking matches the server's budget
+and whose JSON works as ``--cost``; and fidelity: HOLDS under the server's scheduling, FAILS
+under the lab's first-token rule and under a 16x budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from pytest_prefill.scheduler import Request
+from pytest_prefill.serve.calibration import ServerSweep, calibrate_server
+from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.fidelity import run_server_fidelity
+from pytest_prefill.serve.loadgen import Bounds, Schedule, open_target, run_load
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def target(transformers_server):
+    served = transformers_server
+    target = asyncio.run(
+        open_target(served.server.url, engine="transformers", tokenizer=served.folder)
+    )
+
+    async def warm():
+        for i in range(3):  # a server's first requests are slow
+            await prompt_alone(target, 64, f"warm{i}")
+
+    asyncio.run(warm())
+    return target
+
+
+def test_every_request_gets_exactly_its_lengths(target):
+    load = [Request(f"r{i}", 0.05 * i, 40 + 60 * i, 8 + i) for i in range(6)]
+    run = asyncio.run(run_load(target, load, schedule=Schedule("trace"), bounds=Bounds(warmup=1)))
+    assert not run.failed
+    for record in run.records:
+        assert record.exact, record
+        assert (
+            record.prompt_tokens == record.prompt_len
+            and len(record.token_times) == record.output_len
+        )
+        assert record.ttft > 0 and record.e2el >= record.ttft
+    metrics = run.metrics()
+    assert metrics.total_output_tokens == sum(r.output_len for r in load)
+    assert metrics.itl.count == sum(r.output_len - 1 for r in load)
+
+
+def test_the_calibration_reads_the_budget_and_works_as_a_cost(
+    target, transformers_server, tmp_path, capsys
+):
+    from pytest_prefill.cli import main
+
+    sweep = ServerSweep(transformers_server.budget, prompt_lens=(16, 64, 256, 512, 1024), repeats=2)
+    result = asyncio.run(calibrate_server(target, sweep))
+    assert result.chunking and all(c.agrees for c in result.chunking), result.chunking
+    assert result.cost.prefill_per_token > 0 and result.cost.decode_step_base > 0
+    assert result.calibration.held_out_median == result.calibration.held_out_median  # computed
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(result.to_dict()))
+    assert main(["simulate", "--cost", str(path)]) == 0
+    assert "file " + str(path) in capsys.readouterr().out
+
+
+def test_fidelity_holds_and_the_wrong_scheduling_fails(target, transformers_server, prefill_report):
+    from pytest_prefill.report.serve_fidelity import fidelity_report
+    from pytest_prefill.serve.simulated import Scheduling
+
+    served = transformers_server
+    scheduling = Scheduling("prefill", served.budget, float(served.kv_tokens))
+    sweep = ServerSweep(served.budget)
+    result = asyncio.run(run_server_fidelity(target, sweep, scheduling, runs=2))
+    text = fidelity_report(result)
+    print(text)
+    prefill_report.table("fidelity against transformers serve", text, data=result.to_dict())
+    prefill_report.verdict("server fidelity", result.verdict, text.splitlines()[-1])
+    assert result.verdict == "HOLDS", text
+    for label, wrong in result.wrong.items():
+        assert wrong.verdict == "FAILS", f"{label}: {wrong}"
