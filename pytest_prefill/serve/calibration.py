@@ -36,6 +36,7 @@ from pytest_prefill.measure.calibration_fit import (
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.scheduler import CostModel
 from pytest_prefill.serve.calibration_fit import (
+    MIN_FUSED_SHARE,
     OVERHEAD,
     PREFILL_TERMS,
     Chunking,
@@ -289,10 +290,42 @@ def _pass_constants(fit: Any) -> tuple[dict[str, float], float, list[Refusal]]:
     return values, penalty, refusals
 
 
+# The prefill terms are fitted to the fused iterations alone when there are chunks of at least
+# this many sizes (under traffic nearly every prompt runs beside decode rows); the prompts alone
+# are then all held out.
+MIN_FUSED_SIZES = 3
+
+
+def _passes(data: PassData, per_kv: float, to_engine: float) -> tuple[Any, float, str, bool]:
+    """(the pass fit, the request's overhead, how it was found, whether the prefill terms were
+    fitted to the fused iterations alone)."""
+    fused_only = dataclasses.replace(data, lengths=(), alone=())
+    if len({p.x for p in data.fused if p.x >= MIN_FUSED_SHARE * data.budget}) >= MIN_FUSED_SIZES:
+        fit = fit_passes(fused_only, per_kv)
+        prefill, penalty, _ = _pass_constants(fit)
+        probe = CostModel(**prefill, decode_step_base=1.0, fusion_penalty=penalty)
+        residuals = [
+            m.median - ttft_alone(probe, 0.0, x, data.budget)
+            for x, m in zip(data.lengths, data.alone)
+        ]
+        # the difference method: what a prompt alone takes beyond its passes; never less than
+        # the way in the live streams showed
+        total = max(statistics.median(residuals), 0.0 if math.isnan(to_engine) else to_engine)
+        how = "the TTFT alone the passes do not explain (at least the way in)"
+        return fit, total, how, True
+    fit = fit_passes(data, per_kv)
+    how = "fitted: the part of a TTFT alone that no pass explains"
+    return fit, fit.values.get(OVERHEAD, 0.0), how, False
+
+
 def fit_server(
     samples: Samples, sweep: ServerSweep, provenance: Mapping[str, Any]
 ) -> ServerCalibration:
-    """The cost model and overhead ``samples`` support.
+    """The cost model and overhead ``samples`` support. With fused iterations of
+    ``MIN_FUSED_SIZES`` chunk sizes or more, the prefill terms and the fusion penalty come from
+    them (what a server under traffic runs) and every prompt alone is held out, predicted by a
+    model that never saw it; otherwise they are fitted to both, and each prompt length is held
+    out in turn.
 
     Raises:
         ValueError: without TTFTs at 3 or more prompt lengths or any decode sample.
@@ -307,20 +340,19 @@ def fit_server(
     fused = fused_points(samples.stalls, sweep.budget)
     steps = tuple(_decode_step(decode, p.rows, p.kv_tokens) for p in fused)
     data = PassData(tuple(lengths), tuple(alone), tuple(fused), steps, sweep.budget)
-    pass_fit = fit_passes(data, per_kv)
+    to_engine = _to_engine(samples.stalls)
+    pass_fit, total, how, fused_only = _passes(data, per_kv, to_engine)
     prefill, penalty, more = _pass_constants(pass_fit)
     cost = CostModel(**prefill, **decode, fusion_penalty=penalty)
-    to_engine = _to_engine(samples.stalls)
-    total = pass_fit.values.get(OVERHEAD, 0.0)
-    how = "fitted: the part of a TTFT alone that no pass explains"
-    held = held_out(data, per_kv)
     prompts = [Point("prefill", p, m) for p, m in zip(lengths, alone)]
-    predictions = [
-        Prediction(p, ttft_alone(cost, total, p.x, sweep.budget), held.get(p.x)) for p in prompts
-    ] + [Prediction(p, predict(cost, NO_FLOOR, p), None) for p in decoded + fused]
+    fitted = {p.x: ttft_alone(cost, total, p.x, sweep.budget) for p in prompts}
+    # fitted to the fused iterations, the model never saw a prompt alone: each is held out
+    held = fitted if fused_only else held_out(data, per_kv)
+    predictions = [Prediction(p, fitted[p.x], held.get(p.x)) for p in prompts]
+    predictions += [Prediction(p, predict(cost, NO_FLOOR, p), None) for p in decoded + fused]
     calibration = Calibration(
         cost,
-        dict(provenance),
+        {**provenance, "prefill_fitted_on": "fused iterations" if fused_only else "all passes"},
         tuple(prompts + decoded + fused),
         {"passes": pass_fit, "decode": decode_fit},
         tuple(refusals + more),

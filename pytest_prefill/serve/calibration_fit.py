@@ -188,8 +188,8 @@ class RequestOverhead:
 
     @property
     def arrival_delay(self) -> float:
-        """What a simulation adds to each arrival: the way in (all of it when unread)."""
-        return self.total if math.isnan(self.to_engine) else min(self.to_engine, self.total)
+        """What a simulation adds to each arrival: the way in (the whole overhead when unread)."""
+        return self.total if math.isnan(self.to_engine) else self.to_engine
 
     def to_dict(self) -> dict[str, Any]:
         return {

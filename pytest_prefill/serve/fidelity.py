@@ -310,7 +310,10 @@ class ServerFidelity:
                 {"name": w.name, "description": w.description, "attribution": w.attribution}
                 for w in self.workloads
             ],
-            "runs": {name: [r.to_dict() for r in runs] for name, runs in self.runs.items()},
+            "runs": {
+                name: [{**r.to_dict(), "records": [x.to_dict() for x in r.records]} for r in runs]
+                for name, runs in self.runs.items()
+            },
             "calibration": self.calibration.to_dict(),
         }
 
