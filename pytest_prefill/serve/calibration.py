@@ -36,7 +36,6 @@ from pytest_prefill.measure.calibration_fit import (
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.scheduler import CostModel
 from pytest_prefill.serve.calibration_fit import (
-    MIN_FUSED_SHARE,
     OVERHEAD,
     PREFILL_TERMS,
     Chunking,
@@ -140,12 +139,14 @@ class ServerSweep:
 
 @dataclasses.dataclass
 class Samples:
-    """What the rounds measured so far: TTFTs alone by prompt length, decode samples, prompts
-    amid live streams, and the network's round trips."""
+    """What the rounds measured so far: TTFTs alone by prompt length, decode samples, long
+    prompts amid live streams (the chunking check), the traffic's prompts amid the streams
+    already decoding, and the network's round trips."""
 
     ttft: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     decode: list[DecodeSample] = dataclasses.field(default_factory=list)
     stalls: list[StallSample] = dataclasses.field(default_factory=list)
+    traffic_stalls: list[StallSample] = dataclasses.field(default_factory=list)
     round_trips: list[float] = dataclasses.field(default_factory=list)
 
 
@@ -179,8 +180,8 @@ async def calibration_round(
         sweep.budget,
         f"{key}-t",
     )
-    samples.decode += decode
-    samples.stalls += stalls
+    samples.decode += [dataclasses.replace(s, round=index) for s in decode]
+    samples.traffic_stalls += stalls
     step = statistics.median([s.seconds for s in samples.decode] or [0.01])
     for p in sweep.stall_prompts:
         chunks = len(chunks_of(p, sweep.budget, sweep.live_rows))
@@ -290,42 +291,12 @@ def _pass_constants(fit: Any) -> tuple[dict[str, float], float, list[Refusal]]:
     return values, penalty, refusals
 
 
-# The prefill terms are fitted to the fused iterations alone when there are chunks of at least
-# this many sizes (under traffic nearly every prompt runs beside decode rows); the prompts alone
-# are then all held out.
-MIN_FUSED_SIZES = 3
-
-
-def _passes(data: PassData, per_kv: float, to_engine: float) -> tuple[Any, float, str, bool]:
-    """(the pass fit, the request's overhead, how it was found, whether the prefill terms were
-    fitted to the fused iterations alone)."""
-    fused_only = dataclasses.replace(data, lengths=(), alone=())
-    if len({p.x for p in data.fused if p.x >= MIN_FUSED_SHARE * data.budget}) >= MIN_FUSED_SIZES:
-        fit = fit_passes(fused_only, per_kv)
-        prefill, penalty, _ = _pass_constants(fit)
-        probe = CostModel(**prefill, decode_step_base=1.0, fusion_penalty=penalty)
-        residuals = [
-            m.median - ttft_alone(probe, 0.0, x, data.budget)
-            for x, m in zip(data.lengths, data.alone)
-        ]
-        # the difference method: what a prompt alone takes beyond its passes; never less than
-        # the way in the live streams showed
-        total = max(statistics.median(residuals), 0.0 if math.isnan(to_engine) else to_engine)
-        how = "the TTFT alone the passes do not explain (at least the way in)"
-        return fit, total, how, True
-    fit = fit_passes(data, per_kv)
-    how = "fitted: the part of a TTFT alone that no pass explains"
-    return fit, fit.values.get(OVERHEAD, 0.0), how, False
-
-
 def fit_server(
     samples: Samples, sweep: ServerSweep, provenance: Mapping[str, Any]
 ) -> ServerCalibration:
-    """The cost model and overhead ``samples`` support. With fused iterations of
-    ``MIN_FUSED_SIZES`` chunk sizes or more, the prefill terms and the fusion penalty come from
-    them (what a server under traffic runs) and every prompt alone is held out, predicted by a
-    model that never saw it; otherwise they are fitted to both, and each prompt length is held
-    out in turn.
+    """The cost model and overhead ``samples`` support: one fit of the prefill terms, the fusion
+    penalty and the request's overhead to every pass the server ran (prompts alone and fused
+    iterations beside live streams), each prompt length held out in turn.
 
     Raises:
         ValueError: without TTFTs at 3 or more prompt lengths or any decode sample.
@@ -337,22 +308,30 @@ def fit_server(
     decoded = decode_points(samples.decode)
     decode_fit, decode, refusals = decode_constants(decoded)
     per_kv = decode["decode_per_kv_token"]
-    fused = fused_points(samples.stalls, sweep.budget)
+    every_stall = samples.stalls + samples.traffic_stalls
+    fused = fused_points(every_stall, sweep.budget)
     steps = tuple(_decode_step(decode, p.rows, p.kv_tokens) for p in fused)
     data = PassData(tuple(lengths), tuple(alone), tuple(fused), steps, sweep.budget)
-    to_engine = _to_engine(samples.stalls)
-    pass_fit, total, how, fused_only = _passes(data, per_kv, to_engine)
+    to_engine = _to_engine(every_stall)
+    pass_fit = fit_passes(data, per_kv)
+    # the part of a TTFT alone no pass explains; never less than the way in read beside streams
+    fitted_overhead = pass_fit.values.get(OVERHEAD, 0.0)
+    total = max(fitted_overhead, 0.0 if math.isnan(to_engine) else to_engine)
+    how = (
+        "fitted: the part of a TTFT alone that no pass explains"
+        if total == fitted_overhead
+        else "the way in read beside live streams (the fit could not see more)"
+    )
     prefill, penalty, more = _pass_constants(pass_fit)
     cost = CostModel(**prefill, **decode, fusion_penalty=penalty)
     prompts = [Point("prefill", p, m) for p, m in zip(lengths, alone)]
     fitted = {p.x: ttft_alone(cost, total, p.x, sweep.budget) for p in prompts}
-    # fitted to the fused iterations, the model never saw a prompt alone: each is held out
-    held = fitted if fused_only else held_out(data, per_kv)
+    held = held_out(data, per_kv)
     predictions = [Prediction(p, fitted[p.x], held.get(p.x)) for p in prompts]
     predictions += [Prediction(p, predict(cost, NO_FLOOR, p), None) for p in decoded + fused]
     calibration = Calibration(
         cost,
-        {**provenance, "prefill_fitted_on": "fused iterations" if fused_only else "all passes"},
+        dict(provenance),
         tuple(prompts + decoded + fused),
         {"passes": pass_fit, "decode": decode_fit},
         tuple(refusals + more),

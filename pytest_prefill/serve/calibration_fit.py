@@ -130,14 +130,19 @@ CONTEXT_BUCKET = 128  # decode iterations are grouped by rows and mean context, 
 
 
 def decode_points(samples: Sequence[DecodeSample]) -> list[Point]:
-    """Decode iterations grouped by rows and mean context (``CONTEXT_BUCKET``), each group a
-    measurement of its iterations."""
+    """Decode iterations grouped by rows and mean context (``CONTEXT_BUCKET``): each group a
+    measurement whose samples are its median in each round (the spread a refusal is judged
+    against is then the rounds', as for repeated timings, not the spread of single
+    iterations)."""
     groups: dict[tuple[int, int], list[DecodeSample]] = {}
     for s in samples:
         groups.setdefault((s.rows, s.context // CONTEXT_BUCKET), []).append(s)
     points = []
     for (rows, _), group in sorted(groups.items()):
-        m = Measurement.from_samples([s.seconds for s in group])
+        rounds: dict[int, list[float]] = {}
+        for s in group:
+            rounds.setdefault(s.round, []).append(s.seconds)
+        m = Measurement.from_samples([statistics.median(v) for _, v in sorted(rounds.items())])
         context = round(statistics.mean(s.context for s in group))
         if rows == 1:
             points.append(Point("decode_kv", max(context, 1), m, rows=1))

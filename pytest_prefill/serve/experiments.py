@@ -45,11 +45,13 @@ def chunks_of(prompt_len: int, budget: int, rows: int = 0) -> list[tuple[int, in
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSample:
-    """The mean iteration of ``rows`` decode rows at about ``context`` cached tokens each."""
+    """One iteration of ``rows`` decode rows at about ``context`` cached tokens each, in
+    calibration round ``round``."""
 
     rows: int
     context: int
     seconds: float
+    round: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
