@@ -14,7 +14,7 @@ PLUGIN = ("-p", "pytest_prefill.plugin")
 USES_THE_FIXTURE = """
     import asyncio
     import pytest
-    from pytest_prefill.scheduler import Request
+    from pytest_prefill.sim import Request
     from pytest_prefill.serve.loadgen import run_load
 
     @pytest.mark.server

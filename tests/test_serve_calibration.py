@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from pytest_prefill.scheduler import CostModel
 from pytest_prefill.serve.calibration import Samples, ServerCalibration, ServerSweep, fit_server
 from pytest_prefill.serve.calibration_fit import ttft_alone
 from pytest_prefill.serve.experiments import (
@@ -19,6 +18,7 @@ from pytest_prefill.serve.experiments import (
     read_stall,
 )
 from pytest_prefill.serve.records import RequestRecord
+from pytest_prefill.sim import CostModel
 
 pytest.importorskip("numpy")
 

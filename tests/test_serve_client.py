@@ -234,3 +234,42 @@ def test_the_bench_command_reports_vllm_metrics_and_writes_records(tmp_path, cap
     assert "Successful requests:" in out and "Median TTFT (ms):" in out and "P99 ITL (ms):" in out
     lines = records.read_text().splitlines()
     assert len(lines) == 5 and json.loads(lines[0])["warmup"] is True
+
+
+@pytest.mark.parametrize(
+    "argv,field",
+    [
+        (["bench", "--url", "ftp://x"], "--url"),
+        (["bench", "--url", "http://127.0.0.1:1", "--arrivals", "poisson:fast"], "--arrivals"),
+        (["bench", "--url", "http://127.0.0.1:1", "--percentiles", "50,150"], "--percentiles"),
+        (["bench", "--url", "http://127.0.0.1:1", "--stall-timeout", "0"], "--stall-timeout"),
+        (["calibrate-server", "--url", "http://127.0.0.1:1", "--budget", "0"], "--budget"),
+        (
+            ["fidelity-server", "--url", "http://127.0.0.1:1", "--budget", "256", "--runs", "0"],
+            "--runs",
+        ),
+        (["make-model", "huge", "out"], "preset"),
+    ],
+)
+def test_bad_input_to_the_server_commands_is_one_line_naming_the_field(argv, field, capsys):
+    from pytest_prefill.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert field in err
+
+
+def test_an_unreachable_url_is_one_line_and_exit_1(capsys, tmp_path):
+    from pytest_prefill.cli import main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = ["calibrate-server", "--url", f"http://127.0.0.1:{port}", "--budget", "256"]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--json", str(tmp_path / "c.json")])
+    assert exited.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "cannot connect" in line and not (tmp_path / "c.json").exists()

@@ -10,7 +10,6 @@ import math
 
 import pytest
 
-from pytest_prefill.scheduler import CostModel, Request, simulate
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.fidelity import (
@@ -22,6 +21,7 @@ from pytest_prefill.serve.fidelity import (
 )
 from pytest_prefill.serve.records import BenchRun, RequestRecord
 from pytest_prefill.serve.simulated import Scheduling, simulate_records
+from pytest_prefill.sim import CostModel, Request, simulate
 
 COST = CostModel(
     prefill_pass_overhead=0.02, prefill_per_token=3e-4, decode_step_base=0.02, decode_per_seq=0.005

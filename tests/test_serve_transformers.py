@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from pytest_prefill.scheduler import Request
 from pytest_prefill.serve.calibration import ServerSweep, calibrate_server
 from pytest_prefill.serve.experiments import prompt_alone
 from pytest_prefill.serve.fidelity import run_server_fidelity
 from pytest_prefill.serve.loadgen import Bounds, Schedule, open_target, run_load
+from pytest_prefill.sim import Request
 
 pytestmark = pytest.mark.server
 

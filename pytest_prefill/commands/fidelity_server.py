@@ -87,11 +87,15 @@ async def _fidelity(args: argparse.Namespace) -> ServerFidelity:
     )
 
 
+def check(args: argparse.Namespace) -> None:
+    """What the command line can refuse before anything is sent."""
+    if args.runs < 2:
+        raise ValueError(f"--runs must be at least 2 (the spread needs two), got {args.runs}")
+
+
 def run(args: argparse.Namespace) -> int:
     from pytest_prefill.report.serve_fidelity import fidelity_report
 
-    if args.runs < 2:
-        raise ValueError(f"--runs must be at least 2 (the spread needs two), got {args.runs}")
     result = asyncio.run(_fidelity(args))
     text = fidelity_report(result)
     print(text)

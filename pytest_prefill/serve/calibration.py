@@ -34,7 +34,6 @@ from pytest_prefill.measure.calibration_fit import (
     refusals_of,
 )
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.scheduler import CostModel
 from pytest_prefill.serve.calibration_fit import (
     OVERHEAD,
     PREFILL_TERMS,
@@ -58,6 +57,7 @@ from pytest_prefill.serve.experiments import (
 )
 from pytest_prefill.serve.http import request_json
 from pytest_prefill.serve.loadgen import Target
+from pytest_prefill.sim import CostModel
 
 Progress = Callable[[str], object]
 

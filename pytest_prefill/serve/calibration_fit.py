@@ -16,8 +16,8 @@ from pytest_prefill.measure.calibration_fit import (
 )
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.scheduler import CostModel
 from pytest_prefill.serve.experiments import DecodeSample, StallSample, chunks_of
+from pytest_prefill.sim import CostModel
 
 OVERHEAD = "request_overhead"
 PREFILL_TERMS = ("prefill_pass_overhead", "prefill_per_token", "prefill_per_pair")

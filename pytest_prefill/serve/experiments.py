@@ -20,9 +20,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from pytest_prefill.scheduler import Request
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.serve.records import RequestRecord
+from pytest_prefill.sim import Request
 
 STREAM_PROMPT = 32  # prompt tokens of a decoding stream
 LIVE_LEAD = 0.4  # seconds the live streams decode before the long prompt is sent

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.plan.workloads import AZURE_ATTRIBUTION, azure_trace_path, load_azure
-from pytest_prefill.scheduler import Request
 from pytest_prefill.serve.calibration import (
     Samples,
     ServerCalibration,
@@ -30,6 +29,7 @@ from pytest_prefill.serve.calibration_fit import ttft_alone
 from pytest_prefill.serve.loadgen import Bounds, Target, run_load
 from pytest_prefill.serve.records import BenchRun
 from pytest_prefill.serve.simulated import Scheduling, simulated_metrics
+from pytest_prefill.sim import Request
 
 Progress = Callable[[str], object]
 METRICS = ("ttft", "tpot", "itl", "e2el")

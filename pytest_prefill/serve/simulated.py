@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, serving_metrics_of
-from pytest_prefill.scheduler import CostModel, Request, simulate
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.records import RequestRecord
+from pytest_prefill.sim import CostModel, Request, simulate
 
 FIRST_TOKEN_RULES = ("prefill", "decode")
 
