@@ -5,4 +5,7 @@ Reading order: ``http`` (the streaming client), ``api`` (what each engine is sen
 chunks are counted), ``prompts`` (exact token lengths), ``identity`` (which server a URL is),
 ``loadgen`` (replaying a workload against a URL), ``records`` (what a run measured, and its
 serving metrics), ``reference`` (a server with known token times: the client's own error),
-``process`` (starting and stopping a local server)."""
+``process`` (starting and stopping a local server), ``model_folder`` (a servable model, made
+offline); then ``experiments`` (what the calibration sends, and what token times say about
+the iterations behind them), ``calibration_fit`` and ``calibration`` (the difference method
+over HTTP), ``simulated`` (a measured run replayed in the simulator) and ``fidelity``."""

@@ -48,6 +48,7 @@ from pytest_prefill.serve.calibration_fit import (
     ttft_alone,
 )
 from pytest_prefill.serve.experiments import (
+    LIVE_LEAD,
     DecodeSample,
     StallSample,
     chunks_of,
@@ -60,6 +61,8 @@ from pytest_prefill.serve.loadgen import Target
 from pytest_prefill.sim import CostModel
 
 Progress = Callable[[str], object]
+# Tokens the live streams keep decoding after the long prompt's chunks (a generous margin).
+LIVE_TAIL = 24
 
 
 def _lengths(field: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
@@ -185,7 +188,7 @@ async def calibration_round(
     step = statistics.median([s.seconds for s in samples.decode] or [0.01])
     for p in sweep.stall_prompts:
         chunks = len(chunks_of(p, sweep.budget, sweep.live_rows))
-        live_tokens = int(0.4 / step) + chunks + 24
+        live_tokens = int(LIVE_LEAD / step) + chunks + LIVE_TAIL
         stall = await prompt_amid_streams(
             target, p, sweep.live_rows, sweep.budget, live_tokens, f"{key}-s{p}"
         )

@@ -26,9 +26,6 @@ from pytest_prefill.sim import Request
 
 STREAM_PROMPT = 32  # prompt tokens of a decoding stream
 LIVE_LEAD = 0.4  # seconds the live streams decode before the long prompt is sent
-# Tokens the live streams must keep arriving after the long prompt: enough to cover its chunks
-# at this many decode steps' worth each (a generous bound; the surplus costs little).
-LIVE_TAIL_TOKENS = 24
 SKIP_TOKENS = 2  # tokens at a stream's start not used for the decode step (admission noise)
 SAME_TIME = 1e-4  # seconds: two token times this close came from one read
 SLOW = 1.5  # an iteration this many times the median gap holds more than decode rows
