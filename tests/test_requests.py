@@ -61,3 +61,16 @@ def test_the_order_of_the_load_list_does_not_matter(load, cost, policy, chunk, s
     shuffled = list(load)
     random.Random(seed).shuffle(shuffled)
     assert run(policy, shuffled, cost, chunk) == run(policy, load, cost, chunk)
+
+
+def test_prefix_blocks_are_kept_as_a_tuple_of_hash_ids():
+    r = Request("r", 0.0, 1024, 4, [0, 1, "sys-2"])  # type: ignore[arg-type]
+    assert r.prefix_blocks == (0, 1, "sys-2")
+    assert Request("s", 0.0, 10, 1).prefix_blocks == ()
+    assert hash(r) == hash(Request("r", 0.0, 1024, 4, (0, 1, "sys-2")))
+
+
+@pytest.mark.parametrize("blocks", ["ab", 3, None, (1, True), (1, ""), (1, 2.5), ([1],)])
+def test_bad_prefix_blocks_are_a_value_error_naming_the_field(blocks):
+    with pytest.raises(ValueError, match="prefix_blocks"):
+        Request("r", 0.0, 10, 1, blocks)

@@ -11,12 +11,20 @@ from .checks import check_int, check_number
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
-    """A request: its prompt is prefilled, then it takes part in ``output_len`` decode steps."""
+    """A request: its prompt is prefilled, then it takes part in ``output_len`` decode steps.
+
+    ``prefix_blocks``: the hash ids of its prompt's consecutive blocks of the engine's
+    ``prefix_block_tokens`` tokens, first to last (Mooncake's ``hash_ids``); two requests
+    whose leading ids agree share those blocks' tokens, which a prefix cache may hold (DESIGN.md,
+    "Engine semantics (v3)", prefix caching). Ids are ints or non-empty strings; a list is
+    kept as a tuple. Empty: nothing to share.
+    """
 
     id: str
     arrival: float
     prompt_len: int
     output_len: int
+    prefix_blocks: tuple[int | str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -24,6 +32,27 @@ class Request:
         object.__setattr__(self, "arrival", check_number("Request.arrival", self.arrival))
         check_int("Request.prompt_len", self.prompt_len)
         check_int("Request.output_len", self.output_len)
+        object.__setattr__(self, "prefix_blocks", check_prefix_blocks(self.prefix_blocks))
+
+
+def check_prefix_blocks(blocks: object) -> tuple[int | str, ...]:
+    """``blocks`` as a tuple of hash ids (ints, not bools, or non-empty strings).
+
+    Raises:
+        ValueError: naming ``Request.prefix_blocks``, for anything else.
+    """
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, (tuple, list)):
+        raise ValueError(
+            "Request.prefix_blocks must be a tuple (or list) of block hash ids, got "
+            f"{type(blocks).__name__}"
+        )
+    for i, b in enumerate(blocks):
+        if isinstance(b, bool) or not (isinstance(b, int) or (isinstance(b, str) and b)):
+            raise ValueError(
+                f"Request.prefix_blocks[{i}] must be an int or a non-empty string (a block "
+                f"hash id), got {b!r}"
+            )
+    return tuple(blocks)
 
 
 def validate_load(load: Iterable[Request]) -> list[Request]:

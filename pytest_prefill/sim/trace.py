@@ -41,7 +41,9 @@ class RequestRecord:
 
     ``token_times`` may be given as a zero-argument function returning them (the simulator
     keeps them implicit, computed on first access), with ``first_token`` and ``finish``
-    stated; given as a tuple, those two are read off it. Immutable.
+    stated; given as a tuple, those two are read off it. ``cached_tokens``: prompt tokens
+    its prefix cache hits supplied (never computed); ``preemptions``: how many times it was
+    preempted by recompute (paged KV). Immutable.
     """
 
     __slots__ = (
@@ -56,6 +58,8 @@ class RequestRecord:
         "prefill_resource",
         "first_token",
         "finish",
+        "cached_tokens",
+        "preemptions",
         "_times",
     )
     id: str
@@ -69,6 +73,8 @@ class RequestRecord:
     prefill_resource: str
     first_token: float
     finish: float
+    cached_tokens: int
+    preemptions: int
     _times: tuple[float, ...] | Callable[[], tuple[float, ...]]
 
     def __init__(
@@ -86,6 +92,8 @@ class RequestRecord:
         *,
         first_token: float | None = None,
         finish: float | None = None,
+        cached_tokens: int = 0,
+        preemptions: int = 0,
     ) -> None:
         values = dict(
             id=id,
@@ -97,6 +105,8 @@ class RequestRecord:
             kv_ready=kv_ready,
             decode_resource=decode_resource,
             prefill_resource=decode_resource if prefill_resource is None else prefill_resource,
+            cached_tokens=cached_tokens,
+            preemptions=preemptions,
             _times=token_times,
         )
         if callable(token_times):
@@ -141,6 +151,8 @@ class RequestRecord:
             self.decode_resource,
             self.prefill_resource,
             self.token_times,
+            self.cached_tokens,
+            self.preemptions,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -156,14 +168,18 @@ class RequestRecord:
             f"{self.prompt_len}, output_len={self.output_len}, prefill_start="
             f"{self.prefill_start!r}, prefill_end={self.prefill_end!r}, kv_ready="
             f"{self.kv_ready!r}, decode_resource={self.decode_resource!r}, first_token="
-            f"{self.first_token!r}, finish={self.finish!r})"
+            f"{self.first_token!r}, finish={self.finish!r}, cached_tokens="
+            f"{self.cached_tokens}, preemptions={self.preemptions})"
         )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Summary:
     """Headline figures of a trace (seconds). Percentiles are nearest-rank; NaN when there is
-    nothing to rank (no requests, or no request with two tokens for TBT)."""
+    nothing to rank (no requests, or no request with two tokens for TBT). ``prefill_tokens``
+    is the prompt tokens of the load; ``cached_tokens`` those of them the prefix cache
+    supplied (:attr:`hit_rate` = cached / prompt tokens); ``preemptions`` the preemptions by
+    recompute (paged KV), all requests together."""
 
     requests: int
     output_tokens: int
@@ -175,13 +191,25 @@ class Summary:
     max_stall: float
     gpu_seconds: float
     makespan: float
+    cached_tokens: int = 0
+    preemptions: int = 0
 
     @property
     def empty(self) -> bool:
         return self.requests == 0
 
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens the prefix cache supplied / prompt tokens (0.0 for an empty trace)."""
+        return self.cached_tokens / self.prefill_tokens if self.prefill_tokens else 0.0
+
     def as_dict(self) -> dict[str, float | int]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The fields by name, and ``hit_rate``."""
+        out: dict[str, float | int] = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        }
+        out["hit_rate"] = self.hit_rate
+        return out
 
     def __str__(self) -> str:
         if self.empty:
@@ -192,6 +220,8 @@ class Summary:
             f"TBT p50 {self.tbt_p50 * 1e3:.1f} ms, p99 {self.tbt_p99 * 1e3:.1f} ms; "
             f"max stall {self.max_stall * 1e3:.1f} ms; {self.gpu_seconds:.3f} GPU-s; "
             f"makespan {self.makespan:.3f} s"
+            + (f"; prefix hit rate {self.hit_rate:.1%}" if self.cached_tokens else "")
+            + (f"; {self.preemptions} preemptions" if self.preemptions else "")
         )
 
 
@@ -306,7 +336,30 @@ class Trace:
             max_stall=max((g for g, w in gaps if w > 0), default=math.nan),
             gpu_seconds=self.busy_time(),
             makespan=max(r.finish for r in records) - min(r.arrival for r in records),
+            cached_tokens=sum(r.cached_tokens for r in records),
+            preemptions=sum(r.preemptions for r in records),
         )
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens the prefix cache supplied / prompt tokens, over the whole load."""
+        return self.summary().hit_rate
+
+    @property
+    def preemptions(self) -> int:
+        """Preemptions by recompute (paged KV) in the run, all requests together."""
+        return self.summary().preemptions
+
+    def cached_tokens(self, request_id: str) -> int:
+        """The prompt tokens of request ``request_id`` the prefix cache supplied.
+
+        Raises:
+            ValueError: naming the id, for a request not in the trace.
+        """
+        record = self.requests.get(request_id)
+        if record is None:
+            raise ValueError(f"request_id {request_id!r} is not a request of this trace")
+        return record.cached_tokens
 
     def steps(self) -> Iterator[Event]:
         """Every iteration as an event of its own (coalesced decode runs expanded, each step
