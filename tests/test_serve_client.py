@@ -248,6 +248,16 @@ def test_the_bench_command_reports_vllm_metrics_and_writes_records(tmp_path, cap
             ["fidelity-server", "--url", "http://127.0.0.1:1", "--budget", "256", "--runs", "0"],
             "--runs",
         ),
+        (
+            ["fidelity-server", "--url", "http://127.0.0.1:1", "--budget", "256"]
+            + ["--engine", "openai"],
+            "--engine",
+        ),
+        (
+            ["calibrate-server", "--url", "http://127.0.0.1:1", "--budget", "256"]
+            + ["--max-seqs", "0"],
+            "--max-seqs",
+        ),
         (["make-model", "huge", "out"], "preset"),
     ],
 )

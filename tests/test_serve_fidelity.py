@@ -1,6 +1,7 @@
-"""Fidelity against a server, without a server: runs made by the simulator itself are predicted
-exactly under the same scheduling, and a wrong first-token rule or budget shows in the TTFTs by
-the amounts the cost model says."""
+"""Fidelity against a server, without a server: the replay plays the server's engine profile
+(the first token from the prompt's last pass, the budget, the sequence cap) by the amounts the
+cost model says; runs made by the simulator itself are predicted exactly under the same
+scheduling, and a wrong first-token rule or budget shows in the TTFTs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import pytest
 
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration_fit import RequestOverhead, ttft_alone
 from pytest_prefill.serve.fidelity import (
     Judgement,
     cells_of,
@@ -20,8 +21,8 @@ from pytest_prefill.serve.fidelity import (
     wrong_schedulings,
 )
 from pytest_prefill.serve.records import BenchRun, RequestRecord
-from pytest_prefill.serve.simulated import Scheduling, simulate_records
-from pytest_prefill.sim import CostModel, Request, simulate
+from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
+from pytest_prefill.sim import CostModel, EngineProfile, Request
 
 COST = CostModel(
     prefill_pass_overhead=0.02, prefill_per_token=3e-4, decode_step_base=0.02, decode_per_seq=0.005
@@ -58,14 +59,44 @@ def _measured(load: list[Request], scheduling: Scheduling, stretch: float = 1.0)
 LOAD = [Request(f"r{i}", 0.3 * i, 100 + 150 * (i % 4), 12) for i in range(10)]
 
 
+def _scheduling(budget: int = 256, max_seqs: int | None = None, **knobs) -> Scheduling:
+    return Scheduling(server_profile("transformers", budget, max_seqs)).replace(**knobs)
+
+
 def test_the_prefill_rule_emits_the_first_token_at_the_prompts_last_pass():
-    (sim,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, Scheduling("prefill", 256))
+    (sim,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, _scheduling())
     assert sim.token_times[0] == pytest.approx(COST.prefill_pass(100))
     assert len(sim.token_times) == 12
-    lab = simulate("chunked", [LOAD[0]], COST, chunk=254).requests["r0"]
-    (late,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, Scheduling("decode", 256))
-    assert late.token_times == pytest.approx(lab.token_times)
+    (late,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, _scheduling(first_token="decode"))
+    assert len(late.token_times) == 12
     assert late.token_times[0] - sim.token_times[0] == pytest.approx(COST.decode_step(1, 101))
+
+
+def test_a_prompt_alone_takes_the_passes_the_budget_gives_as_the_calibration_counts_them():
+    for budget in (64, 256, 1000):
+        (sim,) = simulate_records(
+            _skeleton([Request("long", 0.0, 600, 2)]), COST, NONE, _scheduling(budget)
+        )
+        passes = math.ceil(600 / budget)
+        expected = passes * COST.prefill_pass_overhead + 600 * COST.prefill_per_token
+        assert sim.token_times[0] == pytest.approx(expected)
+        assert sim.token_times[0] == pytest.approx(ttft_alone(COST, 0.0, 600, budget))
+
+
+def test_the_overhead_delays_arrivals_and_tokens_by_its_two_parts():
+    way = RequestOverhead(0.03, 0.01, 0.0, "test")
+    (plain,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, _scheduling())
+    (late,) = simulate_records(_skeleton(LOAD[:1]), COST, way, _scheduling())
+    shift = way.arrival_delay + way.from_engine
+    assert late.token_times == pytest.approx([t + shift for t in plain.token_times])
+
+
+def test_the_sequence_cap_holds_a_request_until_one_leaves():
+    load = [Request("a", 0.0, 64, 6), Request("b", 0.0, 64, 6)]
+    a, b = simulate_records(_skeleton(load), COST, NONE, _scheduling(max_seqs=1))
+    assert b.token_times[0] > a.token_times[-1]
+    a2, b2 = simulate_records(_skeleton(load), COST, NONE, _scheduling())
+    assert b2.token_times[0] < a2.token_times[-1]
 
 
 def _calibration() -> ServerCalibration:
@@ -76,11 +107,11 @@ def _calibration() -> ServerCalibration:
 
 
 def test_runs_the_simulator_made_are_predicted_exactly_and_the_wrong_rules_fail():
-    right = Scheduling("prefill", 256)
+    right = _scheduling()
     runs = {"w": [_measured(LOAD, right), _measured(LOAD, right, 1.001)]}
     result = judge(_calibration(), right, [], runs)
     assert result.verdict == "HOLDS" and result.error < 0.002 and result.noise < 0.001
-    late = Judgement.of(cells_of(runs, _calibration(), Scheduling("decode", 256)))
+    late = Judgement.of(cells_of(runs, _calibration(), right.replace(first_token="decode")))
     assert late.ttft_error > 0.1 and late.verdict == "FAILS"
     assert set(result.wrong) == set(wrong_schedulings(right)) and all(
         j.ttft_error >= result.judgement.ttft_error for j in result.wrong.values()
@@ -94,10 +125,28 @@ def test_the_judgement_needs_both_figures_within_their_thresholds():
     assert Judgement(math.nan, 0.05).verdict == "FAILS"
 
 
-def test_a_single_run_is_refused():
+def test_the_wrong_schedulings_are_the_servers_profile_with_one_knob_replaced():
+    right = _scheduling(256, 8)
+    wrong = wrong_schedulings(right)
+    rule, budget = wrong.values()
+    assert rule.profile == dataclasses.replace(right.profile, first_token="decode")
+    assert budget.profile == dataclasses.replace(right.profile, max_batched_tokens=256 * 16)
+    assert right.profile.name == "transformers" and right.profile.changed() == (
+        "max_batched_tokens",
+        "max_seqs",
+    )
+
+
+def test_a_single_run_and_a_scheduling_the_server_cannot_have_are_refused():
     with pytest.raises(ValueError, match="runs"):
-        asyncio.run(run_server_fidelity(None, ServerSweep(256), Scheduling(), runs=1))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="first_token"):
-        Scheduling("sometimes")
+        asyncio.run(run_server_fidelity(None, ServerSweep(256), _scheduling(), runs=1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="engine 'openai'.*allowed: transformers"):
+        server_profile("openai", 256)
     with pytest.raises(ValueError, match="budget"):
-        Scheduling("prefill", 1)
+        server_profile("llama.cpp", 1)
+    with pytest.raises(ValueError, match="max_seqs"):
+        server_profile("llama.cpp", 256, 0)
+    with pytest.raises(ValueError, match="max_batched_tokens"):
+        Scheduling(EngineProfile("lab"))
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        Scheduling(server_profile("vllm", 256), 0)

@@ -75,10 +75,11 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     budget (no chunking) the TTFTs are further off than under the server's own."""
     from pytest_prefill.report.serve_fidelity import fidelity_report
     from pytest_prefill.serve.fidelity import METRICS, STATS
-    from pytest_prefill.serve.simulated import Scheduling
+    from pytest_prefill.serve.simulated import Scheduling, server_profile
 
     served = transformers_server
-    scheduling = Scheduling("prefill", served.budget, float(served.kv_tokens))
+    profile = server_profile("transformers", served.budget)
+    scheduling = Scheduling(profile, float(served.kv_tokens))
     sweep = ServerSweep(served.budget)
     result = asyncio.run(run_server_fidelity(target, sweep, scheduling, runs=2))
     text = fidelity_report(result)

@@ -15,6 +15,9 @@ from pytest_prefill.commands._args import output_path, positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
 from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.loadgen import Target
+from pytest_prefill.serve.simulated import PROFILED_ENGINES, Scheduling, server_profile
+from pytest_prefill.sim import EngineProfile
 
 HELP = "fit a cost model to a running server (black box, over HTTP)"
 WARMUP = 3
@@ -44,11 +47,37 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="the longest prompt sent (default 2048; within the server's context)",
     )
+    group.add_argument(
+        "--max-seqs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the server's sequence cap (llama.cpp -np, vLLM --max-num-seqs; default its engine "
+        "profile's): with --budget, the engine profile (--engine) the server is simulated with",
+    )
 
 
 def sweep_from_args(args: argparse.Namespace) -> ServerSweep:
     """The default sweep at ``--budget`` and ``--repeats``, cut to ``--max-prompt``."""
     return ServerSweep(args.budget, repeats=args.repeats).within(args.max_prompt)
+
+
+def check_engine(args: argparse.Namespace, required: bool = False) -> None:
+    """A named engine without a profile is refused when the simulation needs one."""
+    if required and args.engine is not None and args.engine not in PROFILED_ENGINES:
+        raise ValueError(
+            f"--engine {args.engine}: no engine profile to simulate it with; allowed: "
+            f"{', '.join(PROFILED_ENGINES)}"
+        )
+
+
+def profile_from_args(args: argparse.Namespace, target: Target) -> EngineProfile | None:
+    """The server's engine profile (``--engine``, else what the server showed) with its
+    ``--budget`` and ``--max-seqs``; None for an engine without one."""
+    engine = target.identity.engine
+    if engine not in PROFILED_ENGINES:
+        return None
+    return server_profile(engine, args.budget, args.max_seqs)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +99,10 @@ async def _calibrate(args: argparse.Namespace) -> ServerCalibration:
     sweep = sweep_from_args(args)
     for i in range(WARMUP):  # a server's first requests are slow
         await prompt_alone(target, 64, f"warmup{i}")
+    profile = profile_from_args(args, target)
+    extra = {} if profile is None else {"engine_profile": Scheduling(profile).to_dict()}
     return await calibrate_server(
-        target, sweep, progress, command=" ".join(getattr(args, "argv", []))
+        target, sweep, progress, command=" ".join(getattr(args, "argv", [])), **extra
     )
 
 

@@ -15,6 +15,8 @@ from pytest_prefill.commands._serve_args import add_server_arguments, target_fro
 from pytest_prefill.commands.calibrate_server import (
     WARMUP,
     add_sweep_arguments,
+    check_engine,
+    profile_from_args,
     progress,
     sweep_from_args,
 )
@@ -25,7 +27,7 @@ from pytest_prefill.serve.fidelity import (
     ServerFidelity,
     run_server_fidelity,
 )
-from pytest_prefill.serve.simulated import FIRST_TOKEN_RULES, Scheduling
+from pytest_prefill.serve.simulated import PROFILED_ENGINES, Scheduling
 
 HELP = "check the simulator against a running server on held-out workloads (HOLDS or FAILS)"
 
@@ -34,14 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
     add_sweep_arguments(parser)
     group = parser.add_argument_group("fidelity")
-    group.add_argument(
-        "--first-token",
-        choices=FIRST_TOKEN_RULES,
-        default="prefill",
-        help="when the server emits a request's first token: at the end of the prompt's last "
-        "pass (prefill: vLLM, SGLang, llama.cpp, transformers; the default) or one decode step "
-        "later (decode: the lab's convention)",
-    )
     group.add_argument(
         "--kv-tokens",
         type=positive_int,
@@ -73,7 +67,13 @@ async def _fidelity(args: argparse.Namespace) -> ServerFidelity:
     target = await target_from_args(args)
     sweep = sweep_from_args(args)
     kv = math.inf if args.kv_tokens is None else float(args.kv_tokens)
-    scheduling = Scheduling(args.first_token, args.budget, kv)
+    profile = profile_from_args(args, target)
+    if profile is None:
+        raise ValueError(
+            f"--engine: the server shows no engine with a profile ({target.identity.engine}); "
+            f"say which it is: --engine {{{','.join(PROFILED_ENGINES)}}}"
+        )
+    scheduling = Scheduling(profile, kv)
     for i in range(WARMUP):
         await prompt_alone(target, 64, f"warmup{i}")
     return await run_server_fidelity(
@@ -89,6 +89,7 @@ async def _fidelity(args: argparse.Namespace) -> ServerFidelity:
 
 def check(args: argparse.Namespace) -> None:
     """What the command line can refuse before anything is sent."""
+    check_engine(args, required=True)
     if args.runs < 2:
         raise ValueError(f"--runs must be at least 2 (the spread needs two), got {args.runs}")
 

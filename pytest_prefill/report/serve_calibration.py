@@ -36,6 +36,19 @@ def chunking_lines(result: ServerCalibration) -> list[str]:
     return lines
 
 
+def profile_lines(result: ServerCalibration) -> list[str]:
+    """The engine profile the server is simulated with, when the calibration recorded one."""
+    profile = result.calibration.provenance.get("engine_profile")
+    if not isinstance(profile, dict):
+        return []
+    changed = ", ".join(profile.get("changed") or ()) or "none"
+    return [
+        f"Simulate this server with engine profile {profile.get('engine')!r} (first token at "
+        f"{profile.get('first_token')}, budget {profile.get('max_batched_tokens')}, sequence cap "
+        f"{profile.get('max_seqs')}; changed from the profile: {changed})."
+    ]
+
+
 def server_calibration_report(result: ServerCalibration) -> str:
     return "\n".join(
         [
@@ -45,5 +58,6 @@ def server_calibration_report(result: ServerCalibration) -> str:
             "ceil(P / budget) passes.",
             *overhead_lines(result),
             *chunking_lines(result),
+            *profile_lines(result),
         ]
     )

@@ -4,8 +4,8 @@ calibration's rounds and the workloads' runs alternate in time (A, B, A, B), so 
 drift hits both; TTFT, TPOT, ITL and E2EL (median and p90) are compared; the run-to-run spread of
 the measured figures is the noise floor printed beside the error; the run HOLDS when the median
 error over the judged cells is within the threshold. The same measurements are also judged
-under a wrong first-token rule and a wrong budget: the threshold is only worth something if
-those FAIL. Standard library only (the calibration's fit needs numpy)."""
+under the server's engine profile with a wrong first-token rule or a wrong budget: the threshold
+is only worth something if those FAIL. Standard library only (the calibration's fit needs numpy)."""
 
 from __future__ import annotations
 
@@ -303,7 +303,7 @@ class ServerFidelity:
             "verdict": self.verdict,
             "judgement": self.judgement.to_dict(),
             "noise_floor": self.noise,
-            "scheduling": dataclasses.asdict(self.scheduling),
+            "scheduling": self.scheduling.to_dict(),
             "wrong_scheduling": {label: j.to_dict() for label, j in self.wrong.items()},
             "cells": [c.to_dict() for c in self.cells],
             "workloads": [
@@ -319,13 +319,13 @@ class ServerFidelity:
 
 
 def wrong_schedulings(scheduling: Scheduling) -> dict[str, Scheduling]:
-    """The mistakes the verdict must catch: the lab's first-token rule, a 16x budget."""
-    other = "decode" if scheduling.first_token == "prefill" else "prefill"
+    """The mistakes the verdict must catch, as the server's profile with one knob replaced:
+    the other first-token rule (the lab's, for a server), a 16x budget."""
+    other = "decode" if scheduling.profile.first_token == "prefill" else "prefill"
+    budget = scheduling.budget * 16
     return {
-        f"first token at {other}": dataclasses.replace(scheduling, first_token=other),
-        f"budget {scheduling.budget * 16:,}": dataclasses.replace(
-            scheduling, budget=scheduling.budget * 16
-        ),
+        f"first token at {other}": scheduling.replace(first_token=other),
+        f"budget {budget:,}": scheduling.replace(max_batched_tokens=budget),
     }
 
 

@@ -1,43 +1,93 @@
 """A measured run replayed in the simulator: the same requests, sent when the client sent them
-(plus the calibration's way into the engine), under the server's scheduling — its first-token
-rule and token budget — and each simulated token delayed by the way back out. The result has
-the shape of a measured run's records, so both go through one ``serving_metrics_of``.
-Standard library only."""
+(plus the calibration's way into the engine), under the server's scheduling — its engine
+profile (``sim.profiles``: the first-token rule, and the token budget and sequence cap the
+server was started with) and its KV cache — and each simulated token delayed by the way back
+out. The result has the shape of a measured run's records, so both go through one
+``serving_metrics_of``. Standard library only."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
+from typing import Any
 
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, serving_metrics_of
+from pytest_prefill.serve.api import ENGINES
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.records import RequestRecord
-from pytest_prefill.sim import CostModel, Request, simulate
+from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, simulate
 
-FIRST_TOKEN_RULES = ("prefill", "decode")
+# The engines a server can be that have a profile (a plain "openai" server has none).
+PROFILED_ENGINES = tuple(e for e in ENGINES if e in PROFILES)
+
+
+def server_profile(engine: str, budget: int, max_seqs: int | None = None) -> EngineProfile:
+    """``engine``'s profile as the server runs it: its ``budget`` (tokens an iteration, decode
+    rows included: vLLM ``--max-num-batched-tokens``, llama.cpp ``-b``, ``transformers serve
+    --cb-max-batch-tokens``) and, when given, its sequence cap (vLLM ``--max-num-seqs``,
+    llama.cpp ``-np``; else the profile's default).
+
+    Raises:
+        ValueError: naming the field, for an engine without a profile (listing those with
+            one), a budget below 2 or a cap below 1.
+    """
+    if engine not in PROFILED_ENGINES:
+        raise ValueError(
+            f"engine {engine!r} has no engine profile to simulate it with; allowed: "
+            f"{', '.join(PROFILED_ENGINES)}"
+        )
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
+        raise ValueError(f"budget must be an integer >= 2, got {budget!r}")
+    base = PROFILES[engine]
+    seqs = base.max_seqs if max_seqs is None else max_seqs
+    return dataclasses.replace(base, max_batched_tokens=budget, max_seqs=seqs)
 
 
 @dataclasses.dataclass(frozen=True)
 class Scheduling:
-    """The server's scheduling as the simulator plays it: ``first_token`` (``prefill``: the
-    iteration that completes the prompt emits the first token, as vLLM, SGLang, llama.cpp and
-    transformers do; ``decode``: the lab's convention, one decode step later) and ``budget``
-    (tokens an iteration holds, decode rows included)."""
+    """The server's scheduling as the simulator plays it: its engine ``profile`` (with a
+    token budget: :func:`server_profile`) and its KV cache in tokens (``kv_capacity_tokens``:
+    ``transformers serve`` ``--cb-num-blocks`` x 256, llama.cpp ``-c``; inf: unbounded)."""
 
-    first_token: str = "prefill"
-    budget: int = 256
-    kv_capacity_tokens: float = float("inf")
+    profile: EngineProfile
+    kv_capacity_tokens: float = math.inf
 
     def __post_init__(self) -> None:
-        if self.first_token not in FIRST_TOKEN_RULES:
+        if not isinstance(self.profile, EngineProfile):
+            raise ValueError(f"profile must be an EngineProfile, got {type(self.profile).__name__}")
+        if self.profile.max_batched_tokens is None:
             raise ValueError(
-                f"first_token must be one of {', '.join(FIRST_TOKEN_RULES)}, got {self.first_token!r}"
+                f"profile {self.profile.name!r} has no token budget (max_batched_tokens); a "
+                "server's scheduling needs the one it runs with"
             )
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 2:
-            raise ValueError(f"budget must be an integer >= 2, got {self.budget!r}")
+        kv = self.kv_capacity_tokens
+        if isinstance(kv, bool) or not isinstance(kv, (int, float)) or not kv > 0:
+            raise ValueError(f"kv_capacity_tokens must be > 0 (inf: unbounded), got {kv!r}")
+
+    @property
+    def budget(self) -> int:
+        return int(self.profile.max_batched_tokens or 0)
+
+    def replace(self, **knobs: Any) -> Scheduling:
+        """This scheduling with the profile's ``knobs`` replaced (its name kept)."""
+        return dataclasses.replace(self, profile=dataclasses.replace(self.profile, **knobs))
 
     def label(self) -> str:
-        return f"first token at {self.first_token}, budget {self.budget:,}"
+        kv = self.kv_capacity_tokens
+        cache = "unbounded KV" if math.isinf(kv) else f"KV {kv:,.0f} tokens"
+        return f"{self.profile.label()}; {cache}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the engine, every knob, those changed from its profile, the KV tokens
+        (None: unbounded)."""
+        p, kv = self.profile, self.kv_capacity_tokens
+        return {
+            "engine": p.name,
+            **{k: getattr(p, k) for k in KNOBS},
+            "changed": list(p.changed()),
+            "kv_capacity_tokens": None if math.isinf(kv) else kv,
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,32 +106,22 @@ def simulate_records(
     overhead: RequestOverhead,
     scheduling: Scheduling,
 ) -> list[SimulatedRequest]:
-    """The simulator's version of ``records`` (the completed requests of a measured run).
-
-    Until the simulator's engine profiles exist this plays the server with the lab's chunked
-    policy: ``chunk = budget - 2`` prompt tokens beside the decode rows, and for the
-    ``prefill`` rule one output token fewer, the first being the end of the prompt's last pass
-    (the lab's first decode step after the prompt is then the server's second token).
-    """
+    """The simulator's version of ``records`` (the completed requests of a measured run):
+    ``chunked`` under the server's profile (decode rows first, prompt tokens FCFS in what the
+    budget leaves, at most the sequence cap admitted; the first token where the profile's rule
+    puts it), each request as long as the server made it."""
     delay, back = overhead.arrival_delay, overhead.from_engine
-    prefill_rule = scheduling.first_token == "prefill"
     load = [
         Request(
-            r.id,
-            r.arrival + delay,
-            r.prompt_tokens or r.prompt_len,
-            max(len(r.token_times) - (1 if prefill_rule else 0), 1),
+            r.id, r.arrival + delay, r.prompt_tokens or r.prompt_len, max(len(r.token_times), 1)
         )
         for r in records
     ]
     model = dataclasses.replace(cost, kv_capacity_tokens=scheduling.kv_capacity_tokens)
-    trace = simulate("chunked", load, model, chunk=max(scheduling.budget - 2, 1))
+    trace = simulate("chunked", load, model, engine=scheduling.profile)
     out = []
     for r in records:
-        record = trace.requests[r.id]
-        times = list(record.token_times)
-        if prefill_rule:
-            times = [record.prefill_end, *times][: len(r.token_times)]
+        times = trace.requests[r.id].token_times[: len(r.token_times)]
         out.append(
             SimulatedRequest(
                 r.id, r.arrival, r.prompt_tokens or r.prompt_len, tuple(t + back for t in times)
