@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 
 import pytest
@@ -116,6 +117,17 @@ def test_runs_the_simulator_made_are_predicted_exactly_and_the_wrong_rules_fail(
     assert set(result.wrong) == set(wrong_schedulings(right)) and all(
         j.ttft_error >= result.judgement.ttft_error for j in result.wrong.values()
     )
+
+
+def test_a_run_with_no_judged_cell_fails_and_its_document_is_strict_json():
+    right = _scheduling()
+    runs = {"w": [_measured(LOAD, right), _measured(LOAD, right, 1.5)]}  # 50% apart: all noisy
+    result = judge(_calibration(), right, [], runs)
+    assert not any(c.judged for c in result.cells) and result.verdict == "FAILS"
+    document = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert document["judgement"]["error"] is None and document["verdict"] == "FAILS"
+    assert document["scheduling"]["engine"] == "transformers"
+    assert document["scheduling"]["kv_capacity_tokens"] == "inf"
 
 
 def test_the_judgement_needs_both_figures_within_their_thresholds():

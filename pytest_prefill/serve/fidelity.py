@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_prefill._io import json_safe
 from pytest_prefill.plan.workloads import AZURE_ATTRIBUTION, azure_trace_path, load_azure
 from pytest_prefill.serve.calibration import (
     Samples,
@@ -297,6 +298,11 @@ class ServerFidelity:
         return self.judgement.verdict
 
     def to_dict(self) -> dict[str, Any]:
+        """Strict JSON (``_io.json_safe``: NaN, e.g. the error when no cell was judged, is
+        null)."""
+        return json_safe(self._document())
+
+    def _document(self) -> dict[str, Any]:
         return {
             "kind": "pytest-prefill/server-fidelity",
             "schema_version": 1,

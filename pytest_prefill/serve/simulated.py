@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_prefill._io import json_number
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, serving_metrics_of
 from pytest_prefill.serve.api import ENGINES
 from pytest_prefill.serve.calibration_fit import RequestOverhead
@@ -80,13 +81,13 @@ class Scheduling:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the engine, every knob, those changed from its profile, the KV tokens
-        (None: unbounded)."""
+        ("inf": unbounded)."""
         p, kv = self.profile, self.kv_capacity_tokens
         return {
             "engine": p.name,
             **{k: getattr(p, k) for k in KNOBS},
             "changed": list(p.changed()),
-            "kv_capacity_tokens": None if math.isinf(kv) else kv,
+            "kv_capacity_tokens": json_number(float(kv)),
         }
 
 
