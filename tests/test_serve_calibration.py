@@ -152,3 +152,19 @@ def test_a_server_calibration_round_trips_through_json_and_reads_as_a_cost():
 def test_a_bad_sweep_names_its_field(field, value):
     with pytest.raises(ValueError, match=field):
         ServerSweep(**{"budget": 256, field: value})
+
+
+def test_the_engine_profile_recorded_is_printed_with_what_the_server_changed():
+    from pytest_prefill.report.serve_calibration import server_calibration_report
+    from pytest_prefill.serve.simulated import Scheduling, server_profile
+
+    profile = server_profile("llama.cpp", 256, 8)
+    provenance = {"source": "synthetic", "engine_profile": Scheduling(profile).to_dict()}
+    result = fit_server(_samples(256), ServerSweep(256), provenance)
+    again = ServerCalibration.from_dict(result.to_dict())
+    assert again.calibration.provenance["engine_profile"]["max_seqs"] == 8
+    last = server_calibration_report(again).splitlines()[-1]
+    assert "engine profile 'llama.cpp'" in last and "budget 256" in last
+    assert "sequence cap 8" in last and "max_batched_tokens, max_seqs" in last
+    plain = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"})
+    assert "engine profile" not in server_calibration_report(plain)
