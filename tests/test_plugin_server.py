@@ -4,13 +4,19 @@ reference server."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
 
 import pytest
 
-PLUGIN = ("-p", "pytest_prefill.plugin")
+# Installed (as CI installs it), the plugin loads from its entry point; naming it again with -p
+# registers it twice ("Plugin already registered under a different name").
+ENTRY_POINT = any(
+    ep.value == "pytest_prefill.plugin" for ep in importlib.metadata.entry_points(group="pytest11")
+)
+PLUGIN = () if ENTRY_POINT else ("-p", "pytest_prefill.plugin")
 USES_THE_FIXTURE = """
     import asyncio
     import pytest
