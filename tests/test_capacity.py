@@ -20,16 +20,11 @@ from strategies import cost_models
 import pytest_prefill
 import pytest_prefill.plan.capacity as capacity_module
 import pytest_prefill.plan.deployments as deployments_module
-from pytest_prefill.plan.capacity import (
-    MAX_SCALE,
-    CapacityResult,
-    DeploymentResult,
-    Probe,
-    capacity,
-)
+from pytest_prefill.plan.capacity import CapacityResult, capacity
 from pytest_prefill.plan.deployments import Deployment, default_deployments, search_chunks
 from pytest_prefill.plan.executors import InlineExecutor, dask_executor, local_executor
 from pytest_prefill.plan.metrics import SLO, Distribution, ServingMetrics, serving_metrics
+from pytest_prefill.plan.rate_search import MAX_SCALE, DeploymentResult, Probe
 from pytest_prefill.plan.workloads import poisson, scale_rate
 from pytest_prefill.sim import PRESETS, Request, simulate
 
@@ -159,7 +154,7 @@ def fake_metrics(attainment: float, n: int = 1000, latency: float = math.nan) ->
 
 
 def fake_probe(curve, latency=lambda s: math.nan):
-    def run(load, cost, slo, deployment, scale, base_rate):
+    def run(load, cost, slo, deployment, scale, base_rate, engine=None):
         return Probe(scale, scale * base_rate, fake_metrics(curve(scale), latency=latency(scale)))
 
     return run
@@ -283,7 +278,7 @@ def test_never_met_and_never_missed_are_said():
 def test_the_recommendation_compares_with_shared_and_names_close_runners_up():
     answers = {"shared": 1.0, "coscheduled": 2.05, "chunked": 2.0}
 
-    def run(load, cost, slo, deployment, scale, base_rate):
+    def run(load, cost, slo, deployment, scale, base_rate, engine=None):
         return Probe(
             scale,
             scale * base_rate,
@@ -811,7 +806,7 @@ def _parent(pid: str) -> int:
 def test_non_monotone_is_flagged_only_beyond_the_sampling_error():
     """Issue 21: '(!) not monotone' fired on noise ('rises from 100.0% at 3.4 req/s to 100.0%
     at 6.8 req/s'; '11.6% -> 11.9%'), often on the recommended row."""
-    from pytest_prefill.plan.capacity import rises_beyond_noise
+    from pytest_prefill.plan.rate_search import rises_beyond_noise
 
     def pair(a, b, n=1000):
         return Probe(1.0, 1.0, fake_metrics(a, n)), Probe(2.0, 2.0, fake_metrics(b, n))

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from pytest_prefill._io import read_json, write_atomic, write_json_atomic
 from pytest_prefill.commands._args import bounded_int, non_negative_float, output_path
+from pytest_prefill.commands._engine_args import add_engine_argument, check_engine, engine_note
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -36,6 +37,7 @@ from pytest_prefill.plan.capacity import (
     capacity,
 )
 from pytest_prefill.plan.deployments import Deployment, default_deployments, deployments_like
+from pytest_prefill.plan.engine_commands import splits
 from pytest_prefill.plan.executors import (
     CONNECT_TIMEOUT,
     check_cluster_address,
@@ -54,6 +56,7 @@ from pytest_prefill.report.capacity import (
 from pytest_prefill.sim import CostModel
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
+DEFAULT_ENGINE = "vllm"  # capacity answers in a real engine's flags; the library's default is lab
 MAX_DEVICES = 1024  # every device count's default deployments are a bounded set (deployments.py)
 MAX_WORKERS = 256  # local processes
 
@@ -92,8 +95,10 @@ def cluster_type(text: str) -> str:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Before any work: the workload's flags, the deployments (and the chunked iterations a run
-    would take where the flags alone decide them), a plot's suffix, workers beside a cluster."""
+    """Before any work: the engine profile, the workload's flags, the deployments (and the
+    chunked iterations a run would take where the flags alone decide them), a plot's suffix,
+    workers beside a cluster."""
+    profile = check_engine(args)
     if args.plot and not args.plot.endswith(".svg"):
         raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
     if args.cluster and args.workers:
@@ -110,7 +115,15 @@ def check(args: argparse.Namespace) -> None:
     args.baseline_document = read_json(args.baseline, "--baseline") if args.baseline else None
     args.deployments = None
     if args.deployment:
-        args.deployments = [Deployment.parse(text, args.devices) for text in args.deployment]
+        args.deployments = [
+            Deployment.parse(text, args.devices, profile) for text in args.deployment
+        ]
+        split = next((d for d in args.deployments if d.policy == "disaggregated"), None)
+        if split is not None and not splits(profile):
+            raise ValueError(
+                f"--deployment {split.label}: engine {profile.name!r} runs no prefill:decode "
+                "split (--engine vllm, sglang, distserve or lab do)"
+            )
     check_workload_args(args, _token_chunks(args.deployments))
 
 
@@ -122,6 +135,7 @@ def _token_chunks(deployments: Sequence[Deployment] | None) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
     add_workload_arguments(parser, default="poisson")
+    add_engine_argument(parser, DEFAULT_ENGINE)
     add_search_arguments(parser)
     where = parser.add_argument_group("where the simulations run")
     where.add_argument(
@@ -181,8 +195,11 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="SPEC",
         help="compare only these (repeatable): shared, coscheduled, chunked:512, "
-        "chunked:100ms (a per-iteration budget), disaggregated:1:3 (default: shared, chunked "
-        "around C* and at the TPOT bound, every disaggregated split)",
+        "chunked:100ms (a per-iteration budget), disaggregated:1:3, each optionally with the "
+        "engine's settings ,tokens=N (token budget) ,seqs=N (sequence cap): chunked,tokens=2048 "
+        "(default: the engine's own settings: for vllm token budgets around C* and every "
+        "disaggregated split; for lab shared, chunked around C* and at the TPOT bound, every "
+        "split)",
     )
     search.add_argument(
         "--devices-needed",
@@ -240,13 +257,14 @@ def _devices_needed(
         workload,
         cost,
         args.slo,
-        lambda n: deployments_like(given, n, cost, args.slo),
+        lambda n: deployments_like(given, n, cost, args.slo, args.profile),
         target=args.target,
         start=args.devices,
         max_devices=args.max_devices,
         known=result,
         executor=executor,
         progress=progress,
+        engine=args.profile,
     )
 
 
@@ -257,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
     assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
     deployments = args.deployments
-    chunks = _token_chunks(deployments or default_deployments(spec.cost, args.devices, args.slo))
+    chunks = _token_chunks(
+        deployments or default_deployments(spec.cost, args.devices, args.slo, args.profile)
+    )
     check_chunked_run((r.prompt_len for r in workload.requests), chunks)
     where = args.cluster or f"{args.workers or os.cpu_count() or 1} local process(es)"
     progress(f"searching {workload.description} on {where} ...")
@@ -273,10 +293,11 @@ def run(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             executor=executor,
             progress=progress,
+            engine=args.profile,
         )
         needed = _devices_needed(args, workload, spec.cost, result, executor)
     seconds = time.perf_counter() - began
-    lines = capacity_text(result, spec.source, needed).split("\n")
+    lines = capacity_text(result, spec.source, needed, engine_note(args)).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = [line for line in (capped_line(workload), *workload.notes) if line]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)

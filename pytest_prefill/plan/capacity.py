@@ -1,7 +1,7 @@
 """Capacity planning: for a workload, an SLO and N devices, the highest arrival rate at which
-each deployment (shared, chunked, disaggregated at every prefill:decode split) keeps SLO
-attainment >= a target, found by bracketing and bisection over simulations, and goodput per
-device there. Every simulation is independent, so a search runs on any
+each deployment (shared, chunked, disaggregated at every prefill:decode split, in an engine
+profile's own settings) keeps SLO attainment >= a target, found by bracketing and bisection over
+simulations (:mod:`pytest_prefill.plan.rate_search`), and goodput per device there. Every simulation is independent, so a search runs on any
 ``concurrent.futures.Executor``: a local process pool by default, or a Dask cluster
 (:mod:`pytest_prefill.plan.executors`). Standard library only; nothing here prints.
 """
@@ -11,17 +11,33 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments
-from pytest_prefill.plan.executors import ExecutorLost, local_executor
-from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
-from pytest_prefill.plan.workloads import Workload, arrival_rate, scale_rate
-from pytest_prefill.sim import CostModel, Request, check_int, simulate
+from pytest_prefill.plan.engine_commands import splits
+from pytest_prefill.plan.executors import local_executor
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.rate_search import (
+    MAX_SCALE,
+    MIN_SCALE,
+    DeploymentResult,
+    Probe,
+    RateSearch,
+    probe,
+    probe_result,
+)
+from pytest_prefill.plan.workloads import Workload, arrival_rate
+from pytest_prefill.sim import (
+    LAB,
+    CostModel,
+    EngineProfile,
+    Request,
+    check_int,
+    simulated_engine,
+)
 
 DEFAULT_TARGET = 0.9  # DistServe's attainment target
 DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest miss are this close
@@ -29,212 +45,7 @@ DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest mi
 # about 1e-16, 1 + tolerance is 1.0: the bracket could never close).
 MIN_TOLERANCE = 1e-4
 PROGRESS_EVERY = 10.0  # seconds between progress lines while no deployment finishes
-PERCENTILE = 90.0  # the latency percentile a search reports at its answer
-MAX_SCALE = 4096.0  # the search gives up above this multiple of the workload's own rate
-MIN_SCALE = 1 / 4096
 Progress = Callable[[str], None]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Probe:
-    """One simulation of a search: a deployment with the workload's arrival rate × ``scale``
-    (``rate`` requests/s offered), and its serving metrics under the SLO."""
-
-    scale: float
-    rate: float
-    metrics: ServingMetrics
-
-    @property
-    def attainment(self) -> float:
-        return self.metrics.attainment
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "rate": self.rate, "metrics": self.metrics.as_dict()}
-
-
-def probe(
-    load: Sequence[Request],
-    cost: CostModel,
-    slo: SLO,
-    deployment: Deployment,
-    scale: float,
-    base_rate: float,
-) -> Probe:
-    """Simulate ``deployment`` on ``load`` at ``scale`` times its arrival rate (``base_rate``
-    requests/s at scale 1) and measure it against ``slo``. Module-level, so executors can ship it."""
-    trace = simulate(
-        deployment.policy, scale_rate(load, scale), cost, **deployment.simulate_options()
-    )
-    metrics = serving_metrics(trace, slo=slo, percentiles=(50.0, PERCENTILE, 99.0))
-    return Probe(scale, base_rate * scale, metrics)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeploymentResult:
-    """What the search found for one deployment: every probe in the order it ran; ``best``,
-    the highest-rate probe meeting the target; ``miss``, the lowest-rate probe missing it above
-    ``best`` (within the search's tolerance of it). ``status`` is ``found``, ``never met`` (not
-    even at the lowest rate tried) or ``never missed`` (not even at the highest)."""
-
-    deployment: Deployment
-    target: float
-    probes: tuple[Probe, ...]
-    best: Probe | None
-    miss: Probe | None
-
-    @property
-    def status(self) -> str:
-        if self.best is None:
-            return "never met"
-        return "found" if self.miss is not None else "never missed"
-
-    @property
-    def max_rate(self) -> float:
-        """Requests/s offered at ``best`` (0 when the SLO was never met)."""
-        return self.best.rate if self.best is not None else 0.0
-
-    @property
-    def goodput_per_device(self) -> float:
-        """DistServe's per-device goodput: the highest rate served within the SLO attainment
-        target, divided by the deployment's devices (0 when never met). vLLM's goodput at that
-        rate (``best.metrics.goodput``) is lower: its duration includes draining the queue."""
-        return self.max_rate / self.deployment.devices
-
-    @property
-    def binding(self) -> str:
-        """The SLO bound(s) that fail first: at ``miss``, those met by the fewest requests
-        (``+``-joined on a tie); ``-`` when nothing was missed."""
-        if self.miss is None:
-            return "-"
-        fractions = self.miss.metrics.bound_attainment()
-        lowest = min(f for _, f in fractions)
-        return "+".join(name for name, f in fractions if f == lowest)
-
-    def rises(self) -> tuple[tuple[Probe, Probe], ...]:
-        """Neighbouring probes (by rate) where attainment rises with the rate by more than its
-        sampling error (:func:`rises_beyond_noise`): where the bisection's assumption,
-        attainment falls as rate grows, does not hold. (A rise from 11.6% to 11.9% of a few
-        hundred requests is one request's luck, not a shape.)"""
-        ordered = sorted(self.probes, key=lambda p: p.scale)
-        return tuple((a, b) for a, b in zip(ordered, ordered[1:]) if rises_beyond_noise(a, b))
-
-    @property
-    def monotone(self) -> bool:
-        return not self.rises()
-
-    @property
-    def crossing(self) -> bool:
-        """A probe meets the target at a higher rate than one that misses it: the answer is the
-        highest rate below the first miss, not necessarily the highest rate that passes."""
-        passes = [p for p in self.probes if p.attainment >= self.target]
-        misses = [p for p in self.probes if p.attainment < self.target]
-        return any(
-            hit.scale > miss.scale and rises_beyond_noise(miss, hit)
-            for hit in passes
-            for miss in misses
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        best = self.best
-        return {
-            "deployment": self.deployment.to_dict(),
-            "status": self.status,
-            "max_rate": self.max_rate,
-            "scale": best.scale if best else None,
-            "goodput_per_device": self.goodput_per_device,
-            "attainment": best.attainment if best else None,
-            "binding": self.binding,
-            "monotone": self.monotone,
-            "crossing": self.crossing,
-            "best": best.to_dict() if best else None,
-            "miss": self.miss.to_dict() if self.miss else None,
-            "probes": [p.to_dict() for p in self.probes],
-        }
-
-
-def rises_beyond_noise(low: Probe, high: Probe) -> bool:
-    """Whether attainment at ``high`` exceeds that at ``low`` by more than twice the standard
-    error of the difference of two attainments (binomial: p(1-p)/n each, n the requests run;
-    at least one request's worth)."""
-    a, b = low.attainment, high.attainment
-    n_a, n_b = max(low.metrics.completed, 1), max(high.metrics.completed, 1)
-    error = math.sqrt(a * (1 - a) / n_a + b * (1 - b) / n_b)
-    return b - a > max(2 * error, 1 / min(n_a, n_b))
-
-
-def _stopped_helping(misses: Sequence[Probe]) -> bool:
-    """Whether two more halvings of the rate (probes in falling order) changed nothing: no
-    attainment gained and no bounded latency's mean down by 1% or more. Requests then barely
-    interact, so no lower rate meets the SLO. (Under overload attainment can sit at 0 while
-    halving, but the latencies fall.)"""
-    if len(misses) < 3:
-        return False
-    first, last = misses[-3], misses[-1]
-    if not last.attainment <= misses[-2].attainment <= first.attainment:
-        return False
-    slo = last.metrics.slo
-    names = [name for name, _ in slo.bounds] if slo is not None else []
-    means = [(getattr(first.metrics, n).mean, getattr(last.metrics, n).mean) for n in names]
-    return bool(means) and all(after >= 0.99 * before for before, after in means)
-
-
-class _Search:
-    """One deployment's search, one probe at a time: from ``start``, grow the rate (×4 while
-    every request meets the SLO, else ×2) until a miss, or halve it until a pass (giving up when
-    two halvings raise attainment not at all); then bisect
-    (geometric midpoints) until the highest pass and the lowest miss are within ``tolerance``;
-    then, with ``verify``, probe twice the miss once, to catch attainment that rises again."""
-
-    def __init__(
-        self, deployment: Deployment, target: float, tolerance: float, start: float, verify: bool
-    ) -> None:
-        self.deployment, self.target, self.tolerance, self.start = (
-            deployment,
-            target,
-            tolerance,
-            start,
-        )
-        self.probes: list[Probe] = []
-        self.low: Probe | None = None  # the highest pass
-        self.high: Probe | None = None  # the lowest miss
-        self.verify = verify
-        self._verifying = False
-
-    def next_scale(self) -> float | None:
-        low, high = self.low, self.high
-        if not self.probes:
-            return self.start
-        if high is None:
-            assert low is not None
-            scale = low.scale * (4.0 if low.attainment == 1.0 else 2.0)
-            return scale if scale <= MAX_SCALE else None
-        if low is None:
-            if _stopped_helping(self.probes):
-                return None  # the SLO is out of reach, however light the load
-            scale = high.scale / 2
-            return scale if scale >= MIN_SCALE else None
-        middle = math.sqrt(low.scale * high.scale)
-        if high.scale > low.scale * (1 + self.tolerance) and low.scale < middle < high.scale:
-            return middle
-        if self.verify and not self._verifying:
-            self._verifying = True
-            return high.scale * 2
-        return None
-
-    def observe(self, result: Probe) -> None:
-        self.probes.append(result)
-        if self._verifying:
-            return  # a check above the bracket: recorded, never moves it
-        if result.attainment >= self.target:
-            if self.low is None or result.scale > self.low.scale:
-                self.low = result
-        elif self.high is None or result.scale < self.high.scale:
-            self.high = result
-
-    def result(self) -> DeploymentResult:
-        return DeploymentResult(
-            self.deployment, self.target, tuple(self.probes), self.low, self.high
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +63,7 @@ class CapacityResult:
     target: float
     tolerance: float
     results: tuple[DeploymentResult, ...]
+    engine: EngineProfile = LAB
 
     @property
     def simulations(self) -> int:
@@ -269,10 +81,38 @@ class CapacityResult:
         per-device goodput order."""
         return sorted(self.results, key=lambda r: -r.max_rate)
 
+    @property
+    def baseline(self) -> DeploymentResult | None:
+        """What the best is measured against: the shared worker, or for an engine that has
+        none the colocated deployment at the engine profile's own settings (None: neither was
+        searched)."""
+        shared = [r for r in self.results if r.deployment.policy == "shared"]
+        if shared:
+            return shared[0]
+        own = self.engine.max_batched_tokens
+        return next(
+            (
+                r
+                for r in self.results
+                if r.deployment.policy == "chunked"
+                and r.deployment.chunk is None
+                and r.deployment.chunk_budget is None
+                and r.deployment.max_batched_tokens == own
+                and r.deployment.max_seqs is None
+            ),
+            None,
+        )
+
+    def command(self) -> str | None:
+        """The line to type for the best deployment, in the engine's own flags (None when no
+        deployment meets the SLO)."""
+        best = self.ranked()[0]
+        return best.deployment.command(self.engine) if best.best is not None else None
+
     def recommendation(self) -> str:
         """One line a user can act on: the deployment serving the highest request rate per
-        device within the SLO, against shared, and which others are within the search's
-        tolerance of it."""
+        device within the SLO, against :attr:`baseline`, and which others are within the
+        search's tolerance of it."""
         ranked = self.ranked()
         best = ranked[0]
         if best.best is None:
@@ -287,15 +127,18 @@ class CapacityResult:
         per_device = f"{best.goodput_per_device:.3g}"
         line = f"{best.deployment.label} serves the most: {at_least}{per_device} req/s per device"
         line += f" ({basis})"
-        shared = next((r for r in self.results if r.deployment.policy == "shared"), None)
+        shared = self.baseline
         if shared is not None and shared is not best:
+            name = shared.deployment.label
+            if shared.deployment.policy != "shared":
+                name += f" ({self.engine.name}'s defaults)"
             if shared.max_rate == 0:
-                line += f"; {shared.deployment.label} never meets the SLO"
+                line += f"; {name} never meets the SLO"
             elif shared.max_rate < best.max_rate * (1 - margin):
                 line = (
                     f"{best.deployment.label} serves {at_least}"
                     f"{best.max_rate / shared.max_rate:.2g}× the requests per device of "
-                    f"{shared.deployment.label} ({per_device} vs "
+                    f"{name} ({per_device} vs "
                     f"{shared.goodput_per_device:.3g} req/s per device, {basis})"
                 )
         close = [
@@ -350,12 +193,29 @@ class CapacityResult:
             "devices": self.devices,
             "target": self.target,
             "tolerance": self.tolerance,
+            "engine": engine_document(self.engine),
             "simulations": self.simulations,
             "recommendation": self.recommendation(),
+            "command": self.command(),
             "notes": self.notes(),
             "results": [r.to_dict() for r in self.results],
         }
         return json_safe(data, "capacity")
+
+
+def engine_document(engine: EngineProfile) -> dict[str, Any]:
+    """An engine profile as a search's document records it: its name, the line a report
+    prints, its knobs and the flags they are typed as."""
+    return {
+        "name": engine.name,
+        "label": engine.label(),
+        "first_token": engine.first_token,
+        "max_batched_tokens": engine.max_batched_tokens,
+        "max_seqs": engine.max_seqs,
+        "kv": engine.kv,
+        "prefix_caching": engine.prefix_caching,
+        "flags": engine.engine_flags(),
+    }
 
 
 def workload_requests(
@@ -388,6 +248,7 @@ def _check_search(
     target: Any,
     tolerance: Any,
     deployments: Sequence[Deployment] | None,
+    engine: EngineProfile = LAB,
 ) -> None:
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
@@ -413,6 +274,10 @@ def _check_search(
             raise ValueError(
                 f"deployment {d.label} uses {d.devices} devices; this search compares {devices}"
             )
+        if d.policy == "disaggregated" and not splits(engine):
+            raise ValueError(
+                f"deployment {d.label}: engine {engine.name!r} runs no prefill:decode split"
+            )
     labels = [d.label for d in deployments]
     if len(set(labels)) != len(labels):
         raise ValueError(f"deployments are repeated: {labels}")
@@ -431,6 +296,7 @@ def capacity(
     progress: Progress | None = None,
     start: float = 1.0,
     verify: bool = True,
+    engine: str | EngineProfile = "lab",
 ) -> CapacityResult:
     """For each deployment of ``devices`` devices, the highest arrival rate (the workload's
     arrival times scaled) at which at least ``target`` of the requests meet ``slo``.
@@ -448,26 +314,34 @@ def capacity(
         progress: called with one line per finished deployment.
         start: the first rate tried, as a multiple of the workload's own.
         verify: after bisecting, probe twice the lowest miss once to catch non-monotonicity.
+        engine: the engine profile every simulation runs under (a name from
+            :data:`~pytest_prefill.sim.PROFILES` or an :class:`~pytest_prefill.sim.EngineProfile`;
+            default ``"lab"``, the lab's loop); the default deployments are its own settings.
 
     Raises:
         ValueError: naming the argument: a bad cost or SLO, devices < 1, a target or tolerance
             outside (0, 1], an empty workload or one with no rate, no/repeated deployments or one
-            for another device count.
+            for another device count, an unknown engine or a split it does not run.
     """
     load, name, attribution = workload_requests(workload)
-    _check_search(cost, slo, devices, target, tolerance, deployments)
+    profile = simulated_engine(engine)
+    _check_search(cost, slo, devices, target, tolerance, deployments, profile)
     chosen = (
-        tuple(deployments) if deployments is not None else default_deployments(cost, devices, slo)
+        tuple(deployments)
+        if deployments is not None
+        else default_deployments(cost, devices, slo, profile)
     )
     if not (isinstance(start, (int, float)) and MIN_SCALE <= start <= MAX_SCALE):
         raise ValueError(
             f"start must be a rate multiple in [{MIN_SCALE:g}, {MAX_SCALE:g}], got {start!r}"
         )
     base_rate = arrival_rate(load)
-    searches = [_Search(d, float(target), float(tolerance), float(start), verify) for d in chosen]
+    searches = [
+        RateSearch(d, float(target), float(tolerance), float(start), verify) for d in chosen
+    ]
     with contextlib.ExitStack() as stack:
         pool = executor if executor is not None else stack.enter_context(local_executor())
-        _drive(pool, searches, (load, cost, slo), base_rate, progress)
+        _drive(pool, searches, (load, cost, slo, profile), base_rate, progress)
     results = tuple(s.result() for s in searches)
     return CapacityResult(
         name,
@@ -480,27 +354,27 @@ def capacity(
         float(target),
         float(tolerance),
         results,
+        profile,
     )
 
 
 def _drive(
     pool: concurrent.futures.Executor,
-    searches: Sequence[_Search],
-    problem: tuple[tuple[Request, ...], CostModel, SLO],
+    searches: Sequence[RateSearch],
+    problem: tuple[tuple[Request, ...], CostModel, SLO, EngineProfile],
     base_rate: float,
     progress: Progress | None,
 ) -> None:
     """Keep one probe of every unfinished search in flight until each search is done."""
-    load, cost, slo = problem
-    pending: dict[concurrent.futures.Future[Probe], _Search] = {}
+    load, cost, slo, engine = problem
+    pending: dict[concurrent.futures.Future[Probe], RateSearch] = {}
     began = {id(s): time.perf_counter() for s in searches}
 
-    def advance(search: _Search) -> None:
+    def advance(search: RateSearch) -> None:
         scale = search.next_scale()
         if scale is not None:
-            pending[pool.submit(probe, load, cost, slo, search.deployment, scale, base_rate)] = (
-                search
-            )
+            job = (load, cost, slo, search.deployment, scale, base_rate, engine)
+            pending[pool.submit(probe, *job)] = search
         elif progress is not None:
             r = search.result()
             seconds = time.perf_counter() - began[id(search)]
@@ -532,13 +406,3 @@ def _drive(
     finally:
         for future in pending:
             future.cancel()
-
-
-def probe_result(future: concurrent.futures.Future[Probe]) -> Probe:
-    """The probe, or :class:`ExecutorLost` when the pool that ran it broke (a worker died)."""
-    try:
-        return future.result()
-    except concurrent.futures.BrokenExecutor as err:
-        raise ExecutorLost(
-            f"the process pool running the search broke: a worker died ({err or type(err).__name__})"
-        ) from None

@@ -1,6 +1,7 @@
 """Deployments a capacity search compares on N devices: shared, co-scheduled or chunked
-replicas (one per device), or a prefill pool and a decode pool; and the default set. Standard
-library only."""
+replicas (one per device), or a prefill pool and a decode pool, each with the engine's own
+settings (its token budget and sequence cap); and the default set under an engine profile.
+Standard library only."""
 
 from __future__ import annotations
 
@@ -9,12 +10,22 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK
+from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, typical_star
+from pytest_prefill.plan.engine_commands import engine_command, launch_line, splits
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.sim import POLICIES, CostModel, check_int, check_number
+from pytest_prefill.sim import (
+    LAB,
+    POLICIES,
+    CostModel,
+    EngineProfile,
+    check_cap,
+    check_int,
+    check_number,
+)
 from pytest_prefill.units import duration_label
 
 FALLBACK_CHUNKS = (64, 256, 1024)  # chunks tried when C* gives no usable size
+FALLBACK_BUDGETS = (512, 2048, 8192)  # token budgets tried when C* gives no usable size
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,12 +33,16 @@ class Deployment:
     """How ``devices`` devices serve: ``shared``/``coscheduled``/``chunked`` run one replica per
     device (the router sends each request to the replica with the fewest unfinished ones);
     ``disaggregated`` runs ``prefill_workers`` prefill and the rest decode workers.
-    ``chunked`` takes a ``chunk`` (tokens) or a ``chunk_budget`` (seconds per iteration).
+    ``chunked`` takes a ``chunk`` (tokens) or a ``chunk_budget`` (seconds per iteration), or
+    neither when it sets the engine's token budget. ``max_batched_tokens`` and ``max_seqs`` are
+    the engine's settings for this deployment (vLLM's ``--max-num-batched-tokens`` and
+    ``--max-num-seqs``; None: the engine profile's own), every worker's.
 
     Raises:
         ValueError: naming the field, for an unknown policy, devices < 1, a chunk or budget on
-            a policy that takes none (or neither/both on ``chunked``), or a split that does not
-            leave at least one worker of each kind.
+            a policy that takes none (both, or none of them and no token budget, on
+            ``chunked``), a setting that is not an integer >= 1, or a split that does not leave
+            at least one worker of each kind.
     """
 
     policy: str
@@ -35,6 +50,8 @@ class Deployment:
     chunk: int | None = None
     chunk_budget: float | None = None
     prefill_workers: int | None = None
+    max_batched_tokens: int | None = None
+    max_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -42,10 +59,17 @@ class Deployment:
                 f"deployment policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
             )
         check_int("devices", self.devices)
+        check_cap("max_batched_tokens", self.max_batched_tokens)
+        check_cap("max_seqs", self.max_seqs)
         chunked = self.policy == "chunked"
-        if chunked and (self.chunk is None) == (self.chunk_budget is None):
+        if chunked and self.chunk is not None and self.chunk_budget is not None:
             raise ValueError(
                 "a chunked deployment needs a chunk (tokens) or a chunk_budget (s), not both"
+            )
+        if chunked and self.max_batched_tokens is None and self.chunk is self.chunk_budget is None:
+            raise ValueError(
+                "a chunked deployment needs a chunk (tokens), a chunk_budget (s) or "
+                "max_batched_tokens (the engine's token budget)"
             )
         if not chunked and (self.chunk is not None or self.chunk_budget is not None):
             raise ValueError(
@@ -78,21 +102,46 @@ class Deployment:
 
     @property
     def label(self) -> str:
-        """``shared ×4``, ``chunked 512 ×4``, ``chunked ≤100ms ×4``, ``disaggregated 1P:3D``."""
+        """``shared ×4``, ``chunked 512 ×4``, ``chunked ≤100ms ×4``, ``disaggregated 1P:3D``;
+        with engine settings ``chunked ≤2048 tok ×4``, ``disaggregated 1P:3D ≤8192 tok``, and
+        ``, ≤128 seqs`` after either."""
+        tokens = self.max_batched_tokens
+        settings = f"≤{tokens} tok" if tokens is not None else ""
+        seqs = f", ≤{self.max_seqs} seqs" if self.max_seqs is not None else ""
         if self.policy == "disaggregated":
-            return f"disaggregated {self.prefill_workers}P:{self.decode_workers}D"
+            split = f"disaggregated {self.prefill_workers}P:{self.decode_workers}D"
+            return f"{split} {settings}{seqs}" if settings else split + seqs
         if self.chunk is not None:
-            return f"chunked {self.chunk} ×{self.devices}"
-        if self.chunk_budget is not None:
-            return f"chunked ≤{duration_label(self.chunk_budget)} ×{self.devices}"
-        return f"{self.policy} ×{self.devices}"
+            head = f"chunked {self.chunk}" + (f" {settings}" if settings else "")
+        elif self.chunk_budget is not None:
+            head = f"chunked ≤{duration_label(self.chunk_budget)}"
+        else:
+            head = f"{self.policy} {settings}" if settings else self.policy
+        return f"{head} ×{self.devices}{seqs}"
 
-    def simulate_options(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`~pytest_prefill.scheduler.simulate` (defaults left
-        out)."""
+    def engine(self, profile: EngineProfile = LAB) -> EngineProfile:
+        """``profile`` with this deployment's settings in place of its own."""
+        if self.max_batched_tokens is None and self.max_seqs is None:
+            return profile
+        return dataclasses.replace(
+            profile,
+            max_batched_tokens=self.max_batched_tokens or profile.max_batched_tokens,
+            max_seqs=self.max_seqs or profile.max_seqs,
+        )
+
+    def command(self, profile: EngineProfile = LAB) -> str:
+        """The line to type for this deployment under ``profile`` (its engine, its flags)."""
+        return launch_line(self.engine(profile), self.prefill_workers, self.devices)
+
+    def simulate_options(self, profile: EngineProfile | None = None) -> dict[str, Any]:
+        """The keyword arguments of :func:`~pytest_prefill.sim.simulate` (defaults left out;
+        ``engine`` only when a ``profile`` is given: it, with this deployment's settings)."""
+        knobs = self.max_batched_tokens is not None or self.max_seqs is not None
+        engine = {} if profile is None and not knobs else {"engine": self.engine(profile or LAB)}
         if self.policy == "disaggregated":
-            return {"prefill_workers": self.prefill_workers, "decode_workers": self.decode_workers}
-        options: dict[str, Any] = {}
+            workers = {"prefill_workers": self.prefill_workers}
+            return {**workers, "decode_workers": self.decode_workers, **engine}
+        options: dict[str, Any] = dict(engine)
         if self.chunk is not None:
             options["chunk"] = self.chunk
         if self.chunk_budget is not None:
@@ -108,15 +157,37 @@ class Deployment:
         }
 
     @classmethod
-    def parse(cls, text: str, devices: int) -> Deployment:
+    def parse(cls, text: str, devices: int, engine: EngineProfile | None = None) -> Deployment:
         """``shared``, ``coscheduled``, ``chunked:512`` (tokens), ``chunked:100ms`` (a budget),
-        ``disaggregated:1:3`` (prefill:decode workers, summing to ``devices``).
+        ``disaggregated:1:3`` (prefill:decode workers, summing to ``devices``), each optionally
+        followed by the engine's settings ``,tokens=N`` (its token budget) and ``,seqs=N`` (its
+        sequence cap): ``chunked,tokens=2048``. Under an ``engine`` with a token budget a bare
+        ``chunked`` takes that budget.
 
         Raises:
             ValueError: naming what is allowed, for anything else.
         """
-        allowed = "shared, coscheduled, chunked:TOKENS, chunked:DURATION, disaggregated:P:D"
-        policy, _, rest = str(text).strip().partition(":")
+        spec, *extra = str(text).strip().split(",")
+        settings = cls._parse_settings(text, extra)
+        policy, _, rest = spec.strip().partition(":")
+        if policy == "chunked" and not rest and engine is not None:
+            settings.setdefault("max_batched_tokens", engine.max_batched_tokens)
+        base = cls._parse_base(text, policy, rest, devices, settings.get("max_batched_tokens"))
+        tokens, seqs = settings.get("max_batched_tokens"), settings.get("max_seqs")
+        return dataclasses.replace(
+            base,
+            max_batched_tokens=tokens if tokens is not None else base.max_batched_tokens,
+            max_seqs=seqs if seqs is not None else base.max_seqs,
+        )
+
+    @classmethod
+    def _parse_base(
+        cls, text: str, policy: str, rest: str, devices: int, tokens: int | None
+    ) -> Deployment:
+        allowed = (
+            "shared, coscheduled, chunked:TOKENS, chunked:DURATION, disaggregated:P:D "
+            "(then ,tokens=N ,seqs=N)"
+        )
         if policy == "disaggregated" and rest:
             return cls._parse_split(text, rest, devices)
         if policy == "chunked" and rest:
@@ -131,10 +202,27 @@ class Deployment:
             return cls("chunked", devices, chunk_budget=budget)
         if policy in ("shared", "coscheduled") and not rest:
             return cls(policy, devices)
+        if policy == "chunked" and tokens is not None:  # the token budget is its size
+            return cls("chunked", devices, max_batched_tokens=tokens)
         if policy in ("chunked", "disaggregated") and not rest:
             example = "chunked:512 or chunked:100ms" if policy == "chunked" else "disaggregated:1:3"
             raise ValueError(f"deployment {text!r} needs its size, e.g. {example}")
         raise ValueError(f"unknown deployment {text!r}; allowed: {allowed}")
+
+    @staticmethod
+    def _parse_settings(text: str, extra: Sequence[str]) -> dict[str, int | None]:
+        """``tokens=N`` and ``seqs=N`` as the deployment's engine knobs."""
+        knobs = {"tokens": "max_batched_tokens", "seqs": "max_seqs"}
+        out: dict[str, int | None] = {}
+        for item in extra:
+            key, sep, value = item.strip().partition("=")
+            if not sep or key.strip() not in knobs or not (value.isascii() and value.isdigit()):
+                raise ValueError(
+                    f"deployment {text!r}: after a comma, tokens=N (the engine's token budget) "
+                    f"or seqs=N (its sequence cap), got {item.strip()!r}"
+                )
+            out[knobs[key.strip()]] = int(value)
+        return out
 
     @classmethod
     def _parse_split(cls, text: str, rest: str, devices: int) -> Deployment:
@@ -163,40 +251,80 @@ def search_chunks(cost: CostModel) -> tuple[int, ...]:
     return tuple(sorted({max(1, round(star * f)) for f in (0.5, 1.0, 2.0)}))
 
 
+def search_budgets(cost: CostModel, profile: EngineProfile) -> tuple[int, ...]:
+    """Token budgets (vLLM's ``max_num_batched_tokens``) around the one chunk rule's C* (at
+    the end of a typical prompt, :func:`~pytest_prefill.plan.advice.typical_star`): the powers
+    of two nearest half, C* and double it, and the profile's own budget (a budget holds the
+    decode rows too; the chunk is what they leave). ``FALLBACK_BUDGETS`` when C* is no size."""
+    star = typical_star(cost)
+    if MIN_USEFUL_CHUNK <= star < math.inf:
+        budgets = {2 ** round(math.log2(star * f)) for f in (0.5, 1.0, 2.0)}
+    else:
+        budgets = set(FALLBACK_BUDGETS)
+    if profile.max_batched_tokens is not None:
+        budgets.add(profile.max_batched_tokens)
+    return tuple(sorted(budgets))
+
+
 def default_deployments(
-    cost: CostModel, devices: int, slo: SLO | None = None
+    cost: CostModel, devices: int, slo: SLO | None = None, engine: EngineProfile = LAB
 ) -> tuple[Deployment, ...]:
-    """Shared ×N; chunked ×N at :func:`search_chunks` and, with a TPOT bound, with that bound as
-    its ``chunk_budget``; disaggregated at the P:D splits of :func:`default_splits`."""
+    """What an ``engine`` can be told to run on ``devices`` devices, in its own settings:
+
+    - with a token budget (vLLM, SGLang, llama.cpp, transformers): chunked ×N at each of
+      :func:`search_budgets`;
+    - the lab: shared ×N; chunked ×N at :func:`search_chunks` and, with a TPOT bound, with that
+      bound as its ``chunk_budget`` (the only profile with a time budget);
+    - DistServe: shared ×N (its colocated baseline, no chunking);
+
+    and, for an engine that runs prefill:decode splits, the splits of :func:`default_splits`
+    (at the profile's own token budget)."""
     check_int("devices", devices)
-    out = [Deployment("shared", devices)]
-    out += [Deployment("chunked", devices, chunk=c) for c in search_chunks(cost)]
-    if slo is not None and slo.tpot is not None:
-        out.append(Deployment("chunked", devices, chunk_budget=slo.tpot))
-    out += [
-        Deployment("disaggregated", devices, prefill_workers=p) for p in default_splits(devices)
-    ]
+    kinds = engine_command(engine).kinds
+    out = []
+    if "shared" in kinds:
+        out.append(Deployment("shared", devices))
+    if "chunks" in kinds:
+        out += [Deployment("chunked", devices, chunk=c) for c in search_chunks(cost)]
+        if slo is not None and slo.tpot is not None:
+            out.append(Deployment("chunked", devices, chunk_budget=slo.tpot))
+    if "budgets" in kinds:
+        out += [
+            Deployment("chunked", devices, max_batched_tokens=b)
+            for b in search_budgets(cost, engine)
+        ]
+    if splits(engine):
+        tokens = engine.max_batched_tokens
+        out += [
+            Deployment("disaggregated", devices, prefill_workers=p, max_batched_tokens=tokens)
+            for p in default_splits(devices)
+        ]
     return tuple(out)
 
 
 def deployments_like(
-    deployments: Sequence[Deployment], devices: int, cost: CostModel, slo: SLO | None = None
+    deployments: Sequence[Deployment],
+    devices: int,
+    cost: CostModel,
+    slo: SLO | None = None,
+    engine: EngineProfile = LAB,
 ) -> tuple[Deployment, ...]:
     """The kinds of ``deployments`` on ``devices`` devices (for the devices a traffic needs):
     each colocated one as ``devices`` replicas, and, when any is disaggregated, every P:D split
-    of :func:`default_splits` (none on one device). ``cost`` and ``slo`` are
-    :func:`default_deployments`' for no deployments at all."""
+    of :func:`default_splits` (none on one device) with the first split's settings. ``cost``,
+    ``slo`` and ``engine`` are :func:`default_deployments`' for no deployments at all."""
     check_int("devices", devices)
     if not deployments:
-        return default_deployments(cost, devices, slo)
+        return default_deployments(cost, devices, slo, engine)
     out: dict[str, Deployment] = {}
     for d in deployments:
         if d.policy != "disaggregated":
             moved = dataclasses.replace(d, devices=devices)
             out.setdefault(moved.label, moved)
-    if devices > 1 and any(d.policy == "disaggregated" for d in deployments):
+    given = [d for d in deployments if d.policy == "disaggregated"]
+    if devices > 1 and given:
         for p in default_splits(devices):
-            split = Deployment("disaggregated", devices, prefill_workers=p)
+            split = dataclasses.replace(given[0], devices=devices, prefill_workers=p)
             out.setdefault(split.label, split)
     return tuple(out.values())
 

@@ -15,17 +15,15 @@ from typing import Any
 from pytest_prefill.plan.capacity import (
     DEFAULT_TARGET,
     CapacityResult,
-    Probe,
     Progress,
-    probe,
-    probe_result,
     workload_requests,
 )
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import local_executor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.rate_search import Probe, probe, probe_result
 from pytest_prefill.plan.workloads import Workload, arrival_rate
-from pytest_prefill.sim import CostModel, Request, check_int
+from pytest_prefill.sim import CostModel, EngineProfile, Request, check_int, simulated_engine
 
 DEFAULT_MAX_DEVICES = 64  # the search's bound unless told otherwise
 DeploymentsAt = Callable[[int], Sequence[Deployment]]
@@ -68,6 +66,7 @@ class DevicesNeeded:
     target: float
     slo: SLO
     checks: tuple[DeviceCount, ...]
+    engine: str = "lab"
 
     @property
     def simulations(self) -> int:
@@ -88,6 +87,7 @@ class DevicesNeeded:
             "rate": self.rate,
             "target": self.target,
             "slo": self.slo.to_dict(),
+            "engine": self.engine,
             "simulations": self.simulations,
             "checks": [c.to_dict() for c in self.checks],
         }
@@ -95,16 +95,18 @@ class DevicesNeeded:
 
 def _check_count(
     pool: concurrent.futures.Executor,
-    problem: tuple[tuple[Request, ...], CostModel, SLO, float],
+    problem: tuple[tuple[Request, ...], CostModel, SLO, float, EngineProfile],
     devices: int,
     deployments: Sequence[Deployment],
     target: float,
 ) -> DeviceCount:
     """Every deployment of ``devices`` at the workload's own rate (scale 1), at once; done at
     the first that meets ``target`` (the rest are cancelled)."""
-    load, cost, slo, base_rate = problem
+    load, cost, slo, base_rate, engine = problem
     began = time.perf_counter()
-    pending = {pool.submit(probe, load, cost, slo, d, 1.0, base_rate): d for d in deployments}
+    pending = {
+        pool.submit(probe, load, cost, slo, d, 1.0, base_rate, engine): d for d in deployments
+    }
     best: tuple[float, Deployment] | None = None
     simulations = 0
     try:
@@ -150,6 +152,7 @@ def devices_needed(
     known: CapacityResult | None = None,
     executor: concurrent.futures.Executor | None = None,
     progress: Progress | None = None,
+    engine: str | EngineProfile = "lab",
 ) -> DevicesNeeded:
     """The smallest device count, up to ``max_devices``, at which one of
     ``deployments_at(count)`` meets ``slo`` for ``target`` of the requests at the workload's own
@@ -170,12 +173,14 @@ def devices_needed(
             answer that count without simulating it again.
         executor: where simulations run (default: a process pool, one process per core).
         progress: called with one line per count checked.
+        engine: the engine profile the simulations run under (default ``"lab"``).
 
     Raises:
         ValueError: naming the argument, for counts < 1, ``start`` above ``max_devices``, a
             target outside (0, 1], or a workload without an arrival rate.
     """
     load, _, _ = workload_requests(workload)
+    profile = simulated_engine(engine)
     check_int("start", start)
     check_int("max_devices", max_devices)
     if start > max_devices:
@@ -185,7 +190,8 @@ def devices_needed(
     base_rate = arrival_rate(load)
     checked: dict[int, DeviceCount] = {}
     order: list[DeviceCount] = []
-    reuse = _known_count(known) if known is not None and known.devices == start else None
+    same = known is not None and known.devices == start and known.engine == profile
+    reuse = _known_count(known) if known is not None and same else None
     with contextlib.ExitStack() as stack:
         pool = executor if executor is not None else stack.enter_context(local_executor())
 
@@ -194,7 +200,7 @@ def devices_needed(
                 if reuse is not None and devices == reuse.devices:
                     count = reuse
                 else:
-                    problem = (load, cost, slo, base_rate)
+                    problem = (load, cost, slo, base_rate, profile)
                     count = _check_count(pool, problem, devices, deployments_at(devices), target)
                 checked[devices] = count
                 order.append(count)
@@ -203,7 +209,9 @@ def devices_needed(
             return checked[devices].meets
 
         found = smallest_count(meets, start, max_devices)
-    return DevicesNeeded(found, max_devices, base_rate, float(target), slo, tuple(order))
+    return DevicesNeeded(
+        found, max_devices, base_rate, float(target), slo, tuple(order), profile.name
+    )
 
 
 def smallest_count(meets: Callable[[int], bool], start: int, limit: int) -> int | None:

@@ -14,7 +14,9 @@ from tabulate import tabulate
 
 from pytest_prefill import __version__
 from pytest_prefill._io import json_number
-from pytest_prefill.plan.capacity import PERCENTILE, CapacityResult, DeploymentResult
+from pytest_prefill.plan.capacity import CapacityResult
+from pytest_prefill.plan.engine_commands import engine_command
+from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult
 from pytest_prefill.plan.sizing import DevicesNeeded
 from pytest_prefill.units import ms
 
@@ -135,11 +137,35 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
     return f"{line}; {checked})."
 
 
+def engine_line(result: CapacityResult, note: str = "") -> str:
+    """The engine profile the search ran under and its first-token rule (``note`` after it,
+    e.g. that it is a command's default), and whether the deployments set their own knobs."""
+    line = f"Engine: {result.engine.label().removeprefix('engine ')}"
+    own = [d.deployment for d in result.results if d.deployment.max_batched_tokens is not None]
+    if own and any(d.max_batched_tokens != result.engine.max_batched_tokens for d in own):
+        line += "; each deployment below sets its own token budget (≤N tok)"
+    return line + (f" {note}" if note else "")
+
+
+def command_line(result: CapacityResult) -> str | None:
+    """``Type: vllm serve MODEL --max-num-batched-tokens 1024 ...``: the best deployment in
+    the engine's own command and flags (None for the lab's loop, or when nothing meets the
+    SLO)."""
+    command = result.command()
+    if command is None or result.engine.name == "lab":
+        return None
+    return f"   {'Run' if engine_command(result.engine).start is None else 'Type'}: {command}"
+
+
 def capacity_text(
-    result: CapacityResult, cost_source: str, needed: DevicesNeeded | None = None
+    result: CapacityResult,
+    cost_source: str,
+    needed: DevicesNeeded | None = None,
+    engine_note: str = "",
 ) -> str:
-    """What ``prefill-bench capacity`` prints: the inputs, the table, the recommendation, the
-    headroom and the devices the traffic needs, the notes and how the table is read."""
+    """What ``prefill-bench capacity`` prints: the inputs (the engine profile among them), the
+    table, the recommendation with the command to type, the headroom and the devices the
+    traffic needs, the notes and how the table is read."""
     lines = [
         f"Cost model: {cost_source}",
         f"Workload: {result.workload}",
@@ -147,6 +173,7 @@ def capacity_text(
     if result.attribution:
         lines.append(f"  data: {result.attribution}")
     lines += [
+        engine_line(result, engine_note),
         f"SLO: {result.slo} for >= {result.target:.0%} of requests, on {result.devices} "
         f"device{'s' * (result.devices != 1)}; rates found to within {result.tolerance:.0%}. "
         "Simulated from the cost model, not measured.",
@@ -154,6 +181,7 @@ def capacity_text(
         capacity_table(result),
         "",
         f"-> {result.recommendation()}",
+        *filter(None, [command_line(result)]),
         headroom_line(result),
     ]
     if needed is not None:

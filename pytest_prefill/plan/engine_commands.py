@@ -1,0 +1,126 @@
+"""What a capacity answer tells a user to type: how each engine is started, which flags make an
+instance one side of a prefill:decode split (for the engines that have one), and the one line
+for a deployment under an engine profile. The profile's own flags come from
+:meth:`~pytest_prefill.sim.EngineProfile.engine_flags`. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pytest_prefill.sim import EngineProfile
+
+MODEL = "MODEL"  # the user's model: what the line leaves for them to fill in
+_NIXL = '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\''
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineCommand:
+    """How one instance of an engine is started (``start``, None: no command line, e.g. a
+    simulator), the flags that make an instance a prefill or a decode instance of a split
+    (``split``, None: the engine runs no split), what routes requests across colocated
+    instances (``router``) and across a split's (``split_router``, None: ``router``), where
+    this was read (``source``) and the kinds of colocated deployment it can be told to run
+    (``kinds``): ``budgets`` (token budgets), ``shared``, ``chunks`` (chunk sizes and a time
+    budget: the lab's own knobs)."""
+
+    start: str | None
+    split: tuple[str, str] | None
+    router: str
+    source: str
+    kinds: tuple[str, ...] = ("budgets",)
+    split_router: str | None = None
+
+    def router_of(self, split: bool) -> str:
+        """What routes requests across the instances of a split (``split``) or colocated ones."""
+        return (self.split_router or self.router) if split else self.router
+
+
+ENGINE_COMMANDS: dict[str, EngineCommand] = {
+    "lab": EngineCommand(
+        None,
+        ("", ""),
+        "the simulator's least-loaded router",
+        "the lab's loop is a model, not an engine to start",
+        ("shared", "chunks"),
+    ),
+    "vllm": EngineCommand(
+        f"vllm serve {MODEL}",
+        (_NIXL, _NIXL),
+        "a least-loaded router",
+        "vLLM docs, features/disagg_prefill.md and features/nixl_connector_usage.md "
+        "(disaggregated prefill is experimental; both sides take the same NixlConnector "
+        "config, the proxy decides the roles)",
+        split_router="a proxy that sends each request to a prefill instance, then a decode "
+        "one (vLLM's toy_proxy_server.py, or llm-d / Dynamo)",
+    ),
+    "sglang": EngineCommand(
+        f"python -m sglang.launch_server --model-path {MODEL} --enable-mixed-chunk",
+        ("--disaggregation-mode prefill", "--disaggregation-mode decode"),
+        "sglang_router",
+        "SGLang docs, advanced_features/pd_disaggregation and server_arguments "
+        "(--enable-mixed-chunk: prefill chunks ride with decode rows, as simulated; SGLang "
+        "runs them apart without it)",
+        split_router="sglang_router --pd-disaggregation",
+    ),
+    "llama.cpp": EngineCommand(
+        f"llama-server -m {MODEL}.gguf",
+        None,
+        "a least-loaded load balancer in front of the servers",
+        "llama.cpp tools/server/README.md (no prefill/decode split)",
+    ),
+    "transformers": EngineCommand(
+        f"transformers serve {MODEL} --continuous-batching",
+        None,
+        "a least-loaded load balancer in front of the servers",
+        "transformers cli/serve.py (--continuous-batching, --cb-max-batch-tokens; no split)",
+    ),
+    "distserve": EngineCommand(
+        None,
+        ("", ""),
+        "DistServe's own placement of prefill and decode instances",
+        "DistServe (LLMServe/DistServe): its launcher takes a placement, not flags; its "
+        "colocated baseline runs prefill first, unchunked",
+        ("shared",),
+    ),
+}
+
+
+def engine_command(profile: EngineProfile) -> EngineCommand:
+    """How ``profile``'s engine is started; a profile of another name has no command line
+    and may split (a model of an engine the harness does not know)."""
+    known = ENGINE_COMMANDS.get(profile.name)
+    if known is not None:
+        return known
+    kinds = ("budgets",) if profile.max_batched_tokens is not None else ("shared", "chunks")
+    return EngineCommand(None, ("", ""), "a least-loaded router", "a profile of your own", kinds)
+
+
+def splits(profile: EngineProfile) -> bool:
+    """Whether ``profile``'s engine runs prefill and decode on separate instances."""
+    return engine_command(profile).split is not None
+
+
+def launch_line(profile: EngineProfile, prefill: int | None, devices: int) -> str:
+    """The command to type for ``devices`` instances of ``profile`` (its flags as they stand:
+    replace the profile's knobs first), or a split of ``prefill`` prefill instances and the
+    rest decode; a sentence instead of a command for an engine without one."""
+    command = engine_command(profile)
+    flags = profile.flags_text()
+    if command.start is None:
+        settings = f" ({profile.label()})"
+        if prefill is None:
+            return f"{devices} × {profile.name}{settings}, behind {command.router_of(False)}"
+        return (
+            f"{prefill} prefill + {devices - prefill} decode instances of {profile.name}"
+            f"{settings}, placed by {command.router_of(True)}"
+        )
+    line = " ".join(part for part in (command.start, flags) if part)
+    if prefill is None:
+        return f"{line}  (× {devices}, one per device, behind {command.router_of(False)})"
+    if command.split is None:
+        raise ValueError(f"engine {profile.name!r} runs no prefill:decode split")
+    prefill_flag, decode_flag = command.split
+    return (
+        f"{line} {prefill_flag}  (× {prefill}, prefill)  +  {line} {decode_flag}  "
+        f"(× {devices - prefill}, decode), behind {command.router_of(True)}"
+    )

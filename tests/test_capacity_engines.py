@@ -1,0 +1,167 @@
+"""The capacity search under an engine profile: the simulations run the profile's rules with
+each deployment's settings, the answer is the flags to type, and on the synthetic
+Mooncake-shaped conversation trace (tests/data/mooncake-shaped.jsonl, SYNTHETIC: see
+tests/mooncake_shaped.py) under vLLM's rules disaggregated splits find a rate and more prefill
+devices help a bunched burst."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_prefill.plan.capacity import capacity
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.executors import InlineExecutor
+from pytest_prefill.plan.metrics import SLO, serving_metrics
+from pytest_prefill.plan.sizing import devices_needed
+from pytest_prefill.plan.workloads import poisson, resolve_workload
+from pytest_prefill.sim import PRESETS, get_profile, simulate
+
+pytestmark = pytest.mark.sim
+
+COST = PRESETS["datacenter-illustrative"].cost
+VLLM = get_profile("vllm")
+MOONCAKE = Path(__file__).parent / "data" / "mooncake-shaped.jsonl"
+SLO_2S = SLO.parse("ttft:2s,tpot:100ms")  # issue 17's SLO on the conversation trace
+
+
+def small_load():
+    return poisson(20.0, 40, prompt_len=lambda r: r.randint(64, 3000), output_len=8, seed=1)
+
+
+def test_every_probe_runs_the_profile_with_the_deployments_settings():
+    load = small_load()
+    deployment = Deployment("chunked", 1, max_batched_tokens=512)
+    result = capacity(
+        load,
+        COST,
+        SLO_2S,
+        1,
+        deployments=[deployment],
+        executor=InlineExecutor(),
+        engine="vllm",
+        tolerance=0.2,
+    )
+    (found,) = result.results
+    assert result.engine is VLLM and found.probes
+    first = found.probes[0]
+    trace = simulate(
+        "chunked", load, COST, engine=deployment.engine(VLLM)
+    )  # scale 1: the workload's own arrivals
+    assert first.scale == 1.0
+    assert first.metrics.attainment == serving_metrics(trace, slo=SLO_2S).attainment
+    assert result.to_dict()["engine"]["name"] == "vllm"
+
+
+def test_the_answer_is_the_best_deployments_flags():
+    result = capacity(
+        small_load(), COST, SLO_2S, 2, executor=InlineExecutor(), engine="vllm", tolerance=0.3
+    )
+    best = result.ranked()[0]
+    command = result.command()
+    assert command is not None and command.startswith("vllm serve MODEL")
+    tokens = best.deployment.max_batched_tokens or VLLM.max_batched_tokens
+    assert f"--max-num-batched-tokens {tokens}" in command
+    assert result.to_dict()["command"] == command
+
+
+def test_a_split_under_an_engine_without_one_is_refused():
+    with pytest.raises(ValueError, match="runs no prefill:decode split"):
+        capacity(
+            small_load(),
+            COST,
+            SLO_2S,
+            2,
+            deployments=[Deployment("disaggregated", 2, prefill_workers=1)],
+            executor=InlineExecutor(),
+            engine="llama.cpp",
+        )
+
+
+def test_devices_needed_reuses_a_search_only_under_the_same_engine():
+    load = small_load()
+    kinds = [Deployment("chunked", 1, max_batched_tokens=2048)]
+    searched = capacity(
+        load, COST, SLO_2S, 1, deployments=kinds, executor=InlineExecutor(), engine="vllm"
+    )
+    same = devices_needed(
+        load,
+        COST,
+        SLO_2S,
+        lambda n: kinds,
+        max_devices=1,
+        known=searched,
+        executor=InlineExecutor(),
+        engine="vllm",
+    )
+    other = devices_needed(
+        load,
+        COST,
+        SLO_2S,
+        lambda n: kinds,
+        max_devices=1,
+        known=searched,
+        executor=InlineExecutor(),
+        engine="lab",
+    )
+    assert same.simulations == 0 < other.simulations
+    assert (same.engine, other.engine) == ("vllm", "lab")
+
+
+# --- the synthetic Mooncake-shaped trace (issue 17's done-when) ------------------------------
+
+
+def mooncake():
+    return resolve_workload(str(MOONCAKE))
+
+
+def burst_ttfts(prefill_workers: int, devices: int = 8) -> list[float]:
+    """TTFT of every request of the trace's busiest instant, under vLLM's rules, split
+    ``prefill_workers``:rest."""
+    load = list(mooncake().requests)
+    first = min(r.arrival for r in load)
+    burst = {r.id for r in load if r.arrival == first}
+    trace = simulate(
+        "disaggregated",
+        load,
+        COST,
+        prefill_workers=prefill_workers,
+        decode_workers=devices - prefill_workers,
+        engine=VLLM,
+    )
+    return [trace.requests[rid].ttft for rid in sorted(burst)]
+
+
+def test_the_trace_opens_with_a_burst_of_long_prompts():
+    load = mooncake().requests
+    first = min(r.arrival for r in load)
+    burst = [r for r in load if r.arrival == first]
+    assert len(burst) >= 16 and all(r.prompt_len > VLLM.max_batched_tokens for r in burst)
+
+
+def test_more_prefill_devices_serve_a_bunched_burst_sooner():
+    """Each prefill pass holds at most the budget (a longer prompt alone), so the burst's
+    prompts queue on the prefill workers; more of them drain it sooner."""
+    worst = [max(burst_ttfts(p)) for p in (1, 2, 4, 7)]
+    assert all(a > b for a, b in zip(worst, worst[1:])), worst
+    means = [sum(burst_ttfts(p)) for p in (1, 2, 4, 7)]
+    assert all(a > b for a, b in zip(means, means[1:])), means
+
+
+def test_on_8_devices_under_vllm_disaggregated_splits_find_a_rate_and_prefill_helps():
+    splits = [Deployment("disaggregated", 8, prefill_workers=p) for p in (1, 4, 7)]
+    result = capacity(
+        mooncake(),
+        COST,
+        SLO_2S,
+        8,
+        deployments=splits,
+        executor=InlineExecutor(),
+        engine="vllm",
+        tolerance=0.2,
+        verify=False,
+    )
+    assert all(r.status == "found" and r.max_rate > 0 for r in result.results)
+    rates = [r.max_rate for r in result.results]  # in the order given: 1P, 4P, 7P
+    assert rates == sorted(rates) and rates[0] < rates[-1]

@@ -1,0 +1,53 @@
+"""``--engine NAME`` on the commands that simulate: checked when the command line is parsed (a
+usage error naming the option and the allowed profiles), the profile and its first-token rule
+in every header, and capacity's default (vllm) said."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_prefill.cli import main
+from pytest_prefill.sim import PROFILES, get_profile
+
+pytestmark = pytest.mark.sim
+
+CAPACITY = ["capacity", "--slo", "ttft:2s,tpot:100ms", "--num-prompts", "30", "--workers", "1"]
+
+
+def usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "Traceback" not in printed.err
+    return printed.err.strip().splitlines()[-1]
+
+
+def test_an_unknown_engine_is_a_usage_error_listing_the_profiles(capsys):
+    line = usage_error([*CAPACITY, "--engine", "tgi"], capsys)
+    assert "--engine" in line and "'tgi'" in line
+    assert all(name in line for name in PROFILES)
+
+
+def test_a_split_for_an_engine_without_one_is_refused_before_any_work(capsys):
+    argv = [*CAPACITY, "--devices", "2", "--engine", "llama.cpp"]
+    line = usage_error([*argv, "--deployment", "disaggregated:1:1"], capsys)
+    assert "llama.cpp" in line and "runs no prefill:decode split" in line
+
+
+def test_capacity_defaults_to_vllm_says_so_and_prints_the_flags(capsys):
+    assert main([*CAPACITY, "--devices", "2", "--no-devices-needed"]) == 0
+    out = capsys.readouterr().out
+    vllm = get_profile("vllm")
+    engine = next(line for line in out.splitlines() if line.startswith("Engine: "))
+    assert vllm.label().removeprefix("engine ") in engine and "default" in engine
+    typed = next(line for line in out.splitlines() if "Type: " in line)
+    assert "vllm serve MODEL --max-num-batched-tokens" in typed and "--max-num-seqs" in typed
+    assert "shared ×2" not in out  # vLLM has no unchunked mode: its deployments are budgets
+
+
+def test_capacity_under_the_lab_keeps_the_labs_deployments(capsys):
+    assert main([*CAPACITY, "--engine", "lab", "--no-devices-needed"]) == 0
+    out = capsys.readouterr().out
+    assert get_profile("lab").label().removeprefix("engine ") in out
+    assert "shared ×1" in out and "Type: " not in out and "default" not in out.split("SLO:")[0]
