@@ -155,11 +155,15 @@ def test_a_profile_object_or_its_name_run_the_same():
     assert by_name == by_value and by_name.engine.name == "vllm"
 
 
-@pytest.mark.parametrize(("field", "value"), [("kv", "paged"), ("prefix_caching", True)])
-def test_knobs_not_simulated_yet_are_refused_naming_them(field, value):
-    engine = dataclasses.replace(get_profile("vllm"), **{field: value})
-    with pytest.raises(ValueError, match=f"{field}.*not simulated yet"):
-        simulate("shared", scenario(V2), V2, engine=engine)
+def test_what_paged_kv_does_not_simulate_yet_is_refused_naming_it():
+    paged = dataclasses.replace(get_profile("vllm"), kv="paged")
+    with pytest.raises(ValueError, match="kv='paged' is not simulated for policy 'disagg"):
+        simulate("disaggregated", scenario(V2), V2, engine=paged)
+    with pytest.raises(ValueError, match="chunk_budget is not simulated under kv='paged'"):
+        simulate("chunked", scenario(V2), V2, chunk_budget=0.05, engine=paged)
+    reserve = dataclasses.replace(paged, kv="reserve", prefix_caching=True)
+    with pytest.raises(ValueError, match="prefix_caching=True needs kv='paged'"):
+        simulate("shared", scenario(V2), V2, engine=reserve)
 
 
 def test_chunked_under_a_token_budget_needs_no_chunk():

@@ -12,7 +12,9 @@ Reading order:
    engines' defaults, with their sources.
 2. ``rules`` — what the next iteration on a worker holds (:meth:`Worker.compose`, in one
    place), with ``kv`` (when a request may be admitted) and ``tokens`` (who emits which
-   token when).
+   token when). Under paged KV: ``paged`` (the block pool and its prefix cache) and
+   ``paged_worker`` (vLLM's rules: blocks as tokens are written, preemption by recompute,
+   prefix cache hits; its own rules and token book, timed as the fast path times).
 3. ``policies`` — the policies, their options and the worker mode of each; ``router`` — which
    worker gets a request; ``prefill_pool`` — disaggregation's prefill workers and KV link.
 4. ``simulation`` — :func:`simulate`: each policy as pools of workers.
@@ -21,7 +23,8 @@ Reading order:
    drives workers through time).
 6. What a run returns: ``events``, ``trace`` (records, summary), ``gaps`` (nearest-rank
    percentiles, the token-gap multiset), ``results`` (a simulation's compact results).
-7. ``oracle`` — every invariant a trace must keep, checked from the trace alone.
+7. ``oracle`` — every invariant a trace must keep, checked from the trace alone;
+   ``oracle_paged`` — its checks of paged KV (prefill attempts, cache hits, blocks in use).
 8. ``checks`` — the input checks every entry point shares; ``demo`` — the lab's table.
 """
 
@@ -35,6 +38,8 @@ from .fastpath import TimedWorker, steps_before
 from .gaps import GapMultiset, GapRun, nearest_rank, percentile, token_gaps, weighted_percentile
 from .kv import KVReserve, kv_capacity, kv_need
 from .oracle import check_invariants, close, iteration_cost
+from .paged import BlockPool, block_capacity, blocks_for
+from .paged_worker import PagedWorker
 from .policies import POLICIES, WorkerMode, check_options, worker_mode
 from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
@@ -85,6 +90,8 @@ __all__ = [
     "EventLog",
     "GapMultiset",
     "GapRun",
+    "BlockPool",
+    "PagedWorker",
     "KVReserve",
     "LeastLoaded",
     "LogEntry",
@@ -107,6 +114,8 @@ __all__ = [
     "Worker",
     "WorkerMode",
     "attention_pairs",
+    "block_capacity",
+    "blocks_for",
     "check_cap",
     "check_int",
     "check_invariants",

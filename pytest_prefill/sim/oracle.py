@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from .cost import CostModel
 from .events import KINDS, LINK, Event
+from .oracle_paged import Attempts, blocks_in_use
 from .profiles import EngineProfile
 from .requests import Request
 from .trace import RequestRecord, Trace
@@ -67,7 +68,10 @@ def check_invariants(
         problems.append("the trace's requests are not the load's requests")
     records = {rid: rec for rid, rec in trace.requests.items() if rid in requests}
     prefill_first = profile.first_token == "prefill"
-    found, decode_from = _prefill_and_tokens(trace.events, records, requests, prefill_first)
+    attempts = Attempts(records, requests, profile) if profile.kv == "paged" else None
+    found, decode_from = _prefill_and_tokens(
+        trace.events, records, requests, prefill_first, attempts
+    )
     problems += found
     compute = [e for e in trace.events if e.resource != LINK]
     busy = math.fsum(e.duration for e in compute)
@@ -80,14 +84,18 @@ def check_invariants(
         )
     spans = _spans(records.values(), decode_from)
     if profile.max_batched_tokens is not None:
-        problems += _token_budget(compute, requests, profile.max_batched_tokens)
+        lone = profile.kv == "paged" and trace.policy != "chunked"  # a whole attempt, alone
+        problems += _token_budget(compute, requests, profile.max_batched_tokens, lone)
     if profile.seq_cap is not None:
         problems += _most_held(spans, lambda rec: 1, profile.seq_cap, "requests in progress")
     if cost is not None:
         problems += _durations(trace.events, cost)
-        if not math.isinf(cost.kv_capacity_tokens):
+        capacity = cost.kv_capacity_tokens
+        if attempts is not None:
+            problems += blocks_in_use(trace.events, records, requests, profile, capacity)
+        elif not math.isinf(capacity):
             need = lambda rec: rec.prompt_len + rec.output_len  # noqa: E731
-            problems += _most_held(spans, need, cost.kv_capacity_tokens, "KV tokens")
+            problems += _most_held(spans, need, capacity, "KV tokens")
     return problems
 
 
@@ -122,9 +130,12 @@ def _prefill_and_tokens(
     records: dict[str, RequestRecord],
     requests: dict[str, Request],
     prefill_first: bool,
+    attempts: Attempts | None = None,
 ) -> tuple[list[str], dict[str, float]]:
     """Prefill progress, contexts, KV reads and token ends, walked in time order; also when
-    each request's first decode step on a worker started (its admission there at the latest)."""
+    each request's first decode step on a worker started (its admission there at the latest).
+    Under paged KV, ``attempts`` follows each request's prefill attempts (preemptions, cache
+    hits)."""
     problems: list[str] = []
     prefilled: dict[str, int] = {}
     emitted: dict[str, list[float]] = {rid: [] for rid in records}
@@ -134,6 +145,12 @@ def _prefill_and_tokens(
             if rid in requests and e.start < requests[rid].arrival:
                 problems.append(f"{rid} is worked on at {e.start}, before it arrives")
             if e.kind == "transfer":
+                continue
+            if attempts is not None and rid in requests:
+                attempts.before(rid, e.start, len(emitted.get(rid, ())))
+                context = e.contexts[k] if k < len(e.contexts) else None
+                if attempts.piece(e, rid, tokens, context) and prefill_first and rid in emitted:
+                    emitted[rid].append(e.end)
                 continue
             done = prefilled.get(rid, 0)
             if e.contexts and k < len(e.contexts) and e.contexts[k] != done:
@@ -155,6 +172,8 @@ def _prefill_and_tokens(
                         f"{rid} has a token on {e.resource}, decoded by {rec.decode_resource}"
                     )
                 decode_from.setdefault(rid, start)
+                if attempts is not None:
+                    attempts.row(rid, start, len(emitted[rid]))
                 expected += rec.prompt_len + len(emitted[rid])
                 emitted[rid].append(end)
             if e.decode_ids and all(rid in records for rid in e.decode_ids) and kv != expected:
@@ -164,7 +183,10 @@ def _prefill_and_tokens(
     for rid, r in requests.items():
         rec = records.get(rid)
         if rec is not None:
-            problems += _request(r, rec, prefilled.get(rid, 0), emitted[rid], prefill_first)
+            done = r.prompt_len if attempts is not None else prefilled.get(rid, 0)
+            problems += _request(r, rec, done, emitted[rid], prefill_first)
+    if attempts is not None:
+        problems += attempts.finish()
     return problems, decode_from
 
 
@@ -254,16 +276,20 @@ def _most_held(
     return problems
 
 
-def _token_budget(events: Iterable[Event], requests: dict[str, Request], limit: int) -> list[str]:
+def _token_budget(
+    events: Iterable[Event], requests: dict[str, Request], limit: int, lone: bool = False
+) -> list[str]:
     """Every iteration holds at most ``limit`` tokens (a decode row one, a prompt token one),
-    but for a lone whole prompt longer than the budget, which runs alone."""
+    but for a lone whole prompt longer than the budget, which runs alone (``lone``: any lone
+    piece, as paged KV's whole-prompt policies schedule what is left of a prompt after its
+    cache hits, or a prompt and its emitted tokens after a preemption)."""
     problems = []
     for e in events:
         tokens = e.prefill_tokens + e.decode_rows
         if tokens <= limit:
             continue
         (rid, n), *others = e.prefill or (("", 0),)
-        whole = rid in requests and n == requests[rid].prompt_len
+        whole = rid in requests and (lone or n == requests[rid].prompt_len)
         if not (whole and not others and not e.decode_rows):
             problems.append(
                 f"{e.resource} {e.kind} at {e.start} holds {tokens} tokens, over the budget "

@@ -12,6 +12,7 @@ from typing import Any
 from .events import LINK, Event, LogEntry
 from .fastpath import TimedWorker
 from .gaps import GapMultiset, GapRun, nearest_rank
+from .paged_worker import PagedWorker
 from .prefill_pool import PrefillSide
 from .requests import Request
 from .ticks import from_ticks, to_ticks
@@ -95,7 +96,13 @@ class SimResults:
             max_stall=gaps.max(),
             gpu_seconds=from_ticks(self.busy),
             makespan=from_ticks(last - min(arrival.values())),
+            cached_tokens=sum(sum(w.cached.values()) for w in self.paged()),
+            preemptions=sum(len(v) for w in self.paged() for v in w.preempted_at.values()),
         )
+
+    def paged(self) -> list[PagedWorker]:
+        """The workers that ran paged KV."""
+        return [w for w in self.workers if isinstance(w, PagedWorker)]
 
     def first_token(self, r: Request) -> int:
         """When ``r``'s first token came (ticks)."""
@@ -155,5 +162,14 @@ class SimResults:
                 where,
                 first_token=f(self.first_token(r)),
                 finish=f(self.finish(r)),
+                **_paging(w, r.id),
             )
         return out
+
+
+def _paging(worker: TimedWorker | None, rid: str) -> dict[str, Any]:
+    """A record's prefix-cache hits and preemption times, from a paged worker."""
+    if not isinstance(worker, PagedWorker):
+        return {}
+    times = tuple([from_ticks(t) for t in worker.preempted_at.get(rid, ())])
+    return {"cached_tokens": worker.cached.get(rid, 0), "preempted_at": times}

@@ -14,6 +14,8 @@ from .cost import CostModel
 from .events import Event, LogEntry
 from .fastpath import TimedWorker
 from .kv import kv_capacity
+from .paged import check_paged
+from .paged_worker import PagedWorker
 from .policies import check_options, worker_mode
 from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillTimes
@@ -41,6 +43,8 @@ def colocated(
 
     def make(i: int) -> TimedWorker:
         name = "worker" if replicas == 1 else f"worker{i}"
+        if engine.kv == "paged":
+            return PagedWorker(i, name, mode, tick, tokens, capacity, engine)
         return TimedWorker(i, name, mode, tick, tokens, capacity, budget, engine)
 
     pool = Pool(replicas, make)
@@ -171,9 +175,13 @@ def simulate(
     )
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
+    _check_paged_options(profile, policy, chunk_budget)
     with no_collection():
         requests = validate_load(load)
-        capacity = kv_capacity(requests, cost)
+        if profile.kv == "paged":
+            capacity = check_paged(requests, profile, cost.kv_capacity_tokens)
+        else:
+            capacity = kv_capacity(requests, cost)
         tick = TickCost(cost)
         if policy == "disaggregated":
             results = disaggregated(
@@ -190,18 +198,29 @@ def simulated_engine(engine: Any) -> EngineProfile:
     """``engine`` as a profile the simulator runs (a name or an :class:`EngineProfile`).
 
     Raises:
-        ValueError: for an unknown profile (listing the allowed ones), or a knob not
-            simulated yet (paged KV, the prefix cache), naming it.
+        ValueError: for an unknown profile (listing the allowed ones), or prefix caching
+            without paged KV, naming the knobs.
     """
     profile = resolve_engine(engine)
-    if profile.kv != "reserve":
+    if profile.prefix_caching and profile.kv != "paged":
         raise ValueError(
-            f"kv={profile.kv!r} is not simulated yet; allowed: kv='reserve' (engine "
-            f"{profile.name!r})"
-        )
-    if profile.prefix_caching:
-        raise ValueError(
-            f"prefix_caching=True is not simulated yet; allowed: prefix_caching=False (engine "
-            f"{profile.name!r})"
+            f"prefix_caching=True needs kv='paged' (the cache holds KV blocks); engine "
+            f"{profile.name!r} has kv={profile.kv!r}"
         )
     return profile
+
+
+def _check_paged_options(profile: EngineProfile, policy: str, chunk_budget: Any) -> None:
+    """What paged KV does not simulate yet, named (ValueError)."""
+    if profile.kv != "paged":
+        return
+    if policy == "disaggregated":
+        raise ValueError(
+            f"kv='paged' is not simulated for policy 'disaggregated' yet (engine "
+            f"{profile.name!r}); allowed there: kv='reserve'"
+        )
+    if chunk_budget is not None:
+        raise ValueError(
+            f"chunk_budget is not simulated under kv='paged' yet (engine {profile.name!r}); "
+            "give chunk or a token budget (max_batched_tokens)"
+        )

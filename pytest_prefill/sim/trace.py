@@ -42,8 +42,9 @@ class RequestRecord:
     ``token_times`` may be given as a zero-argument function returning them (the simulator
     keeps them implicit, computed on first access), with ``first_token`` and ``finish``
     stated; given as a tuple, those two are read off it. ``cached_tokens``: prompt tokens
-    its prefix cache hits supplied (never computed); ``preemptions``: how many times it was
-    preempted by recompute (paged KV). Immutable.
+    the prefix cache supplied at its first admission (never computed; a request preempted may
+    hit again when it is prefilled again, not counted here); ``preemptions``: how many times it was
+    preempted by recompute (paged KV), at ``preempted_at`` (when known). Immutable.
     """
 
     __slots__ = (
@@ -60,6 +61,7 @@ class RequestRecord:
         "finish",
         "cached_tokens",
         "preemptions",
+        "preempted_at",
         "_times",
     )
     id: str
@@ -75,6 +77,7 @@ class RequestRecord:
     finish: float
     cached_tokens: int
     preemptions: int
+    preempted_at: tuple[float, ...]
     _times: tuple[float, ...] | Callable[[], tuple[float, ...]]
 
     def __init__(
@@ -93,7 +96,8 @@ class RequestRecord:
         first_token: float | None = None,
         finish: float | None = None,
         cached_tokens: int = 0,
-        preemptions: int = 0,
+        preemptions: int | None = None,
+        preempted_at: tuple[float, ...] = (),
     ) -> None:
         values = dict(
             id=id,
@@ -106,7 +110,8 @@ class RequestRecord:
             decode_resource=decode_resource,
             prefill_resource=decode_resource if prefill_resource is None else prefill_resource,
             cached_tokens=cached_tokens,
-            preemptions=preemptions,
+            preemptions=len(preempted_at) if preemptions is None else preemptions,
+            preempted_at=tuple(preempted_at),
             _times=token_times,
         )
         if callable(token_times):
@@ -153,6 +158,7 @@ class RequestRecord:
             self.token_times,
             self.cached_tokens,
             self.preemptions,
+            self.preempted_at,
         )
 
     def __eq__(self, other: object) -> bool:

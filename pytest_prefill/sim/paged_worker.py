@@ -1,0 +1,437 @@
+"""A colocated worker under paged KV (DESIGN.md, "Engine semantics (v3)", KV memory and prefix
+caching), as vLLM V1's scheduler runs it (vllm/v1/core/sched/scheduler.py, commit 99d7eb5):
+blocks allocated as tokens are scheduled, the running requests first, then new ones while
+their blocks fit; a running request that cannot get its next block preempts the most recently
+admitted one by recompute. The rules are :meth:`PagedWorker.compose` and
+:meth:`PagedWorker.complete`; :meth:`PagedWorker.start` only times what they decide (a decode
+run stops where the blocks it needs would run out). ``tests/reference_sim.py`` writes the same
+rules out literally.
+
+At each boundary, in this order:
+
+1. The rows (the requests decoding; not in ``shared`` while a prompt is scheduled): FCFS, each
+   gets the block its step's KV needs (its prompt and the tokens it emitted); when none is
+   left, even after evicting cached blocks no request shares (least recently used first), the
+   most recently admitted request is preempted: its blocks are freed, it goes to the head of
+   the queue, and later it prefills its prompt and emitted tokens again.
+2. Prompt pieces of admitted requests, FCFS (``chunked``: up to ``chunk`` tokens and what the
+   token budget leaves; ``shared``/``coscheduled``: whole prompts while they fit), each with its
+   blocks, preempting the same way.
+3. Unless a request was preempted at this boundary (vLLM schedules no new request then), new
+   requests FCFS while a sequence slot, the token budget and their blocks fit: the prefix
+   cache supplies the longest run of their leading blocks it holds (never the whole prompt:
+   one token at least is computed, as vLLM's ``get_computed_blocks``), and their first piece
+   starts with that context. A head that does not fit waits, and so does everyone behind it.
+
+When a prompt completes, its full blocks enter the cache (shared by it until it finishes or is
+preempted). Token times are kept explicitly, per request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from typing import Any
+
+from .events import LogEntry
+from .fastpath import TimedWorker
+from .paged import BlockPool, blocks_for
+from .profiles import EngineProfile
+from .requests import Request
+from .rules import Plan
+from .ticks import TickCost
+
+_new_tuple = tuple.__new__
+
+
+class PagedBook:
+    """The tokens of a paged worker's requests, kept explicitly (ticks): what
+    :class:`~.results.SimResults` reads of a :class:`~.tokens.TokenBook`."""
+
+    __slots__ = ("times", "first_token", "finish", "gap_runs")
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[int]] = {}
+        self.first_token: dict[str, int] = {}
+        self.finish: dict[str, int] = {}
+        self.gap_runs: list[Any] = []
+
+    def add(self, rid: str, t: int) -> None:
+        times = self.times.setdefault(rid, [])
+        if not times:
+            self.first_token[rid] = t
+        times.append(t)
+
+    @property
+    def gaps(self) -> dict[int, int]:
+        """Token gap -> how many tokens followed such a gap."""
+        out: dict[int, int] = {}
+        for times in self.times.values():
+            for a, b in zip(times, times[1:]):
+                out[b - a] = out.get(b - a, 0) + 1
+        return out
+
+    def token_times(self, request: Request) -> list[int]:
+        return self.times.get(request.id, [])
+
+
+class PagedWorker(TimedWorker):
+    """A colocated worker under ``kv="paged"`` with ``blocks`` KV blocks of the profile's
+    ``kv_block_tokens`` (inf: no limit) and, under ``prefix_caching``, a prefix cache of
+    ``prefix_block_tokens``-token blocks (see the module's docstring for the rules)."""
+
+    __slots__ = (
+        "pool",
+        "block_tokens",
+        "entry_tokens",
+        "caching",
+        "book",
+        "emitted",
+        "owned",
+        "shared",
+        "order",
+        "counter",
+        "entries",
+        "cached",
+        "preempted_at",
+        "preempted_now",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        mode: str,
+        tick: TickCost,
+        chunk: float,
+        blocks: float,
+        engine: EngineProfile,
+    ) -> None:
+        super().__init__(index, name, mode, tick, chunk, engine=engine)
+        self.block_tokens = engine.kv_block_tokens
+        self.entry_tokens = engine.prefix_block_tokens
+        self.caching = engine.prefix_caching
+        self.pool = BlockPool(blocks, self.entry_tokens // self.block_tokens)
+        self.book = PagedBook()
+        self.tokens = self.book  # type: ignore[assignment]  # read as a TokenBook
+        self.emitted: dict[str, int] = {}  # tokens emitted so far
+        self.owned: dict[str, int] = {}  # admitted -> its own blocks
+        self.shared: dict[str, list[Hashable]] = {}  # admitted -> cached blocks it shares
+        self.order: dict[str, int] = {}  # admitted -> admission number (the latest: largest)
+        self.counter = 0
+        self.entries: dict[str, list[Any]] = {}  # waiting: id -> [request, done, target]
+        self.cached: dict[str, int] = {}  # prompt tokens the cache supplied, in all
+        self.preempted_at: dict[str, list[int]] = {}
+        self.preempted_now = False
+
+    # -- blocks ----------------------------------------------------------------------------
+    def _need(self, r: Request, tokens: int) -> int:
+        """Blocks ``r`` must add to hold ``tokens`` tokens of KV."""
+        own = tokens - len(self.shared[r.id]) * self.entry_tokens
+        return max(0, blocks_for(own, self.block_tokens) - self.owned[r.id])
+
+    def _grab(self, r: Request, tokens: int) -> bool:
+        need = self._need(r, tokens)
+        if self.pool.take(need):
+            self.owned[r.id] += need
+            return True
+        return False
+
+    def _release(self, r: Request) -> None:
+        self.pool.owned -= self.owned.pop(r.id)
+        self.pool.unshare(self.shared.pop(r.id))
+        del self.order[r.id]
+        self.admitted -= 1
+
+    def _preempt(self, now: int) -> Request:
+        """Preempt the most recently admitted request by recompute."""
+        rid = max(self.order, key=self.order.__getitem__)
+        entry = self.entries.pop(rid, None)
+        if entry is not None:
+            r = entry[0]
+            self.waiting.remove(entry)
+        else:
+            r = next(x for x in self.running if x.id == rid)
+            self.running.remove(r)
+        self._release(r)
+        self.pending.appendleft(r)
+        self.preempted_at.setdefault(rid, []).append(now)
+        self.preempted_now = True
+        return r
+
+    # -- what the next iteration holds -------------------------------------------------------
+    def compose(self, now: Any) -> Plan | None:
+        if self.joining:
+            self.running.extend(self.joining)
+            self.joining = []
+        self.started = now
+        self.preempted_now = False
+        rows: list[Request] = [] if self.mode == "shared" else self._rows(now)
+        pieces = self._pieces(now, rows)
+        if self.mode == "shared" and not pieces:
+            rows = self._rows(now)
+        self.row_ids = tuple([r.id for r in self.running])
+        if not pieces and not rows:
+            assert not self.waiting and not self.pending, "paged KV: work left, none planned"
+            self.current = None
+            return None
+        completed = []
+        for r, done, n in pieces:
+            entry = self.entries[r.id]
+            entry[1] = done + n
+            if done + n == entry[2]:
+                completed.append(r)
+                del self.entries[r.id]
+                self.waiting.remove(entry)
+        ids = tuple([r.id for r in rows])
+        kv = sum([r.prompt_len + self.emitted[r.id] for r in rows])
+        context = sum([done for _, done, _ in pieces])
+        plan = _new_tuple(Plan, (tuple(pieces), ids, kv, context, tuple(completed)))
+        self.current = plan
+        return plan
+
+    def _rows(self, now: int) -> list[Request]:
+        """Step 1: every row gets its step's block, FCFS, preempting the latest admitted."""
+        rows = list(self.running)
+        i = 0
+        while i < len(rows):
+            r = rows[i]
+            if self._grab(r, r.prompt_len + self.emitted[r.id]):
+                i += 1
+                continue
+            victim = self._preempt(now)
+            if victim in rows:
+                if rows.index(victim) < i:
+                    i -= 1
+                rows.remove(victim)
+        return rows
+
+    def _pieces(self, now: int, rows: list[Request]) -> list[tuple[Request, int, int]]:
+        """Steps 2 and 3: prompt pieces of admitted requests (only ``chunked`` has any left
+        at a boundary: a whole prompt is scheduled when it is admitted), then new ones."""
+        whole = self.mode != "chunked"
+        limit = math.inf if self.max_batched_tokens is None else self.max_batched_tokens
+        room = limit - len(rows)
+        if not whole:
+            room = min(room, self.chunk)
+        pieces: list[tuple[Request, int, int]] = []
+        for entry in list(self.waiting):
+            r, done, target = entry
+            if room <= 0:
+                break
+            if r.id not in self.entries:  # preempted for an earlier piece
+                continue
+            n = int(min(target - done, room))
+            if self._piece_blocks(now, r, done + n, rows, pieces):
+                pieces.append((r, done, n))
+                room -= n
+        if not self.preempted_now:
+            self._admit(now, pieces, rows, room, whole, limit)
+        return pieces
+
+    def _piece_blocks(
+        self, now: int, r: Request, tokens: int, rows: list[Request], pieces: list[Any]
+    ) -> bool:
+        """Blocks for an admitted request's piece, preempting the latest admitted until they
+        fit; False if ``r`` itself was preempted."""
+        while not self._grab(r, tokens):
+            victim = self._preempt(now)
+            if victim in rows:
+                rows.remove(victim)
+            pieces[:] = [p for p in pieces if p[0] is not victim]
+            if victim is r:
+                return False
+        return True
+
+    def _admit(
+        self,
+        now: int,
+        pieces: list[Any],
+        rows: list[Request],
+        room: float,
+        whole: bool,
+        limit: float,
+    ) -> None:
+        """Step 3: new requests FCFS while a slot, the budget and their blocks fit. A whole
+        prompt longer than the budget left waits, unless nothing else is scheduled and it
+        would never fit beside the rows: then it runs alone (the rows wait; their blocks stay
+        allocated)."""
+        pending, pool, size = self.pending, self.pool, self.block_tokens
+        while pending and room > 0 and self.admitted < self.max_seqs:
+            r = pending[0]
+            target = r.prompt_len + self.emitted.get(r.id, 0)
+            hits = self._hits(r, target)
+            done = hits * self.entry_tokens
+            n = target - done if whole else int(min(target - done, room))
+            alone = n > room
+            if alone and (pieces or (rows and n <= limit)):
+                break
+            blocks = r.prefix_blocks[:hits]
+            keep = sum(1 for b in blocks if pool.refs[b] == 0)
+            if pool.room(keep) < blocks_for(n, size):
+                break
+            pending.popleft()
+            pool.share(blocks)
+            pool.take(blocks_for(n, size))
+            self._admitted(r, done, target, list(blocks), blocks_for(n, size), now)
+            pieces.append((r, done, n))
+            room -= n
+            if alone:
+                rows.clear()
+                break
+
+    def _admitted(
+        self, r: Request, done: int, target: int, blocks: list[Hashable], own: int, now: int
+    ) -> None:
+        entry = [r, done, target]
+        self.entries[r.id] = entry
+        self.waiting.append(entry)
+        self.owned[r.id], self.shared[r.id] = own, blocks
+        self.counter += 1
+        self.order[r.id] = self.counter
+        self.admitted += 1
+        self.emitted.setdefault(r.id, 0)
+        if r.id not in self.prefill_start:  # its first admission: the prompt tokens cached
+            self.prefill_start[r.id] = now
+            self.cached[r.id] = done
+
+    def _hits(self, r: Request, target: int) -> int:
+        """Leading blocks of ``r`` the cache holds (full prompt blocks, never all ``target``
+        tokens)."""
+        if not self.caching or not r.prefix_blocks:
+            return 0
+        size = self.entry_tokens
+        most = min(len(r.prefix_blocks), r.prompt_len // size, (target - 1) // size)
+        return self.pool.hits(r.prefix_blocks, most)
+
+    # -- the end of an iteration ------------------------------------------------------------
+    def complete(self, end: Any, steps: int, first: Any, growth: Any) -> tuple[Request, ...]:
+        """End the composed iteration (``steps`` decode steps, the first lasting ``first``,
+        each next one ``growth`` longer): the prompts it completed enter the cache (and, under
+        the ``prefill`` rule, emit a token), every row emits a token per step."""
+        plan = self.current
+        assert plan is not None, "finish an iteration only after composing it"
+        self.current = None
+        kind = plan.kind
+        self.log.append(
+            _new_tuple(
+                LogEntry,
+                (
+                    self.name,
+                    self.started,
+                    end,
+                    kind,
+                    plan.prefill,
+                    plan.decode_ids,
+                    plan.kv_tokens,
+                    steps,
+                    growth,
+                ),
+            )
+        )
+        for r in plan.completed:
+            self.prefill_end.setdefault(r.id, end)
+            if self.caching:
+                self._cache_prompt(r)
+            if self.prefill_first and self._emit(r, end):
+                continue
+            self.joining.append(r)
+        if plan.decode_ids:
+            self._emit_rows(plan, end, steps, first, growth)
+        return plan.completed
+
+    def _cache_prompt(self, r: Request) -> None:
+        """``r``'s prompt completed: its full blocks enter the cache (shared by it)."""
+        shared, pool = self.shared[r.id], self.pool
+        full = min(len(r.prefix_blocks), r.prompt_len // self.entry_tokens)
+        for block in r.prefix_blocks[len(shared) : full]:
+            if pool.insert(block):
+                shared.append(block)
+                self.owned[r.id] -= pool.entry_blocks
+
+    def _emit(self, r: Request, t: int) -> bool:
+        """``r`` emits a token at ``t``; True (and it leaves) if that was its last."""
+        self.book.add(r.id, t)
+        self.emitted[r.id] += 1
+        if self.emitted[r.id] < r.output_len:
+            return False
+        self.book.finish[r.id] = t
+        self._release(r)
+        self.unfinished -= 1
+        return True
+
+    def _emit_rows(self, plan: Plan, end: int, steps: int, first: int, growth: int) -> None:
+        """Each row emits a token at the end of each step (a run ends at the next finish at
+        the latest); a run's later steps take the blocks they fill (planned to fit)."""
+        start, book = self.started, self.book
+        ends = [start + (j + 1) * first + growth * (j * (j + 1) // 2) for j in range(steps - 1)]
+        ends.append(end)
+        ids = set(plan.decode_ids)
+        gone = set()
+        for r in [x for x in self.running if x.id in ids]:
+            if steps > 1:
+                taken = self._grab(r, r.prompt_len + self.emitted[r.id] + steps - 1)
+                assert taken, "a decode run outgrew its blocks"
+            for t in ends:
+                book.add(r.id, t)
+            self.emitted[r.id] += steps
+            if self.emitted[r.id] == r.output_len:
+                book.finish[r.id] = end
+                self._release(r)
+                self.unfinished -= 1
+                gone.add(r.id)
+        if gone:
+            self.running = [x for x in self.running if x.id not in gone]
+        self.row_ids = tuple([x.id for x in self.running])
+
+    # -- timing (the fast path's part) ------------------------------------------------------
+    def start(self, now: int) -> int | None:
+        """Compose the next iteration and say when it ends; a decode-only one is a run up to
+        the next finish, cut where its rows' next blocks would not fit (one step only when a
+        request was preempted at this boundary: new ones may be admitted at the next)."""
+        plan = self.compose(now)
+        if plan is None:
+            return None
+        if plan.prefill:
+            tokens = pairs = 0
+            for _, done, n in plan.prefill:
+                tokens += n
+                pairs += done * n + n * (n + 1) // 2
+            rows = len(plan.decode_ids)
+            end = now + self.tick.price(tokens, pairs, plan.context_tokens, rows, plan.kv_tokens)
+            self._decode = None
+            self.busy_until = end
+            return end
+        rows = len(plan.decode_ids)
+        first = self.tick.decode(rows, plan.kv_tokens)
+        growth = self.tick.per_kv * rows
+        steps = 1 if self.preempted_now else self._run_steps()
+        end = now + steps * first + growth * (steps * (steps - 1) // 2)
+        self._decode = (first, growth, steps)
+        self.busy_until = end
+        return end
+
+    def _run_steps(self) -> int:
+        """Decode steps up to the next finish, as many as the rows' blocks allow."""
+        rows = self.running
+        most = min(r.output_len - self.emitted[r.id] for r in rows)
+        if math.isinf(self.pool.capacity) or most == 1:
+            return most
+        room = self.pool.room()
+
+        def extra(steps: int) -> int:
+            return sum(self._need(r, r.prompt_len + self.emitted[r.id] + steps - 1) for r in rows)
+
+        if extra(most) <= room:
+            return most
+        lo, hi = 1, most  # extra(lo) <= room < extra(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if extra(mid) <= room:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def token_times(self, request: Request) -> list[Any]:
+        return self.book.token_times(request)
