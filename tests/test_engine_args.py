@@ -4,6 +4,8 @@ in every header, and capacity's default (vllm) said."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pytest_prefill.cli import main
@@ -51,3 +53,38 @@ def test_capacity_under_the_lab_keeps_the_labs_deployments(capsys):
     out = capsys.readouterr().out
     assert get_profile("lab").label().removeprefix("engine ") in out
     assert "shared ×1" in out and "Type: " not in out and "default" not in out.split("SLO:")[0]
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["timeline", "--text"], CAPACITY])
+def test_every_simulating_command_checks_its_engine_at_parse_time(command, capsys):
+    line = usage_error([*command, "--engine", "nonesuch"], capsys)
+    assert "--engine" in line and "allowed: " + ", ".join(PROFILES) in line
+
+
+def test_simulate_names_the_profile_above_the_policy_table_and_under_the_metrics(tmp_path, capsys):
+    out_json = tmp_path / "sweep.json"
+    argv = ["simulate", "--engine", "vllm", "--workload", "poisson", "--num-prompts", "20"]
+    assert main([*argv, "--slo", "ttft:1s", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    label = get_profile("vllm").label().removeprefix("engine ")
+    assert f"Engine: {label}" in out
+    assert out.index(f"Engine: {label}") < out.index("policy ")
+    assert "Simulated under engine vllm (first token from the prefill)." in out
+    document = json.loads(out_json.read_text())
+    assert document["engine"]["name"] == "vllm" and document["engine"]["first_token"] == "prefill"
+    rows = document["rows"]
+    assert all(r["serving_metrics"]["engine"] == "vllm" for r in rows)
+    assert all(r["serving_metrics"]["first_token"] == "prefill" for r in rows)
+
+
+def test_simulate_defaults_to_the_lab_and_says_so(capsys):
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out
+    assert f"Engine: {get_profile('lab').label().removeprefix('engine ')}" in out
+    assert "Simulated under engine lab (first token after a decode step)." in out
+
+
+def test_the_timeline_title_names_the_profile(capsys):
+    assert main(["timeline", "--text", "--engine", "llama.cpp", "--width", "200"]) == 0
+    out = capsys.readouterr().out
+    assert f"Engine: {get_profile('llama.cpp').label().removeprefix('engine ')}" in out

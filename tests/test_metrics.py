@@ -246,3 +246,31 @@ def test_serving_metrics_refuses_an_slo_string():
     trace = simulate("shared", lab_scenario(), PRESETS["lab-laptop"].cost)
     with pytest.raises(ValueError, match="slo must be an SLO"):
         serving_metrics(trace, slo="ttft:1s")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("engine", ["lab", "vllm", "distserve"])
+def test_simulated_metrics_name_the_profile_and_its_first_token_rule(engine):
+    from pytest_prefill.sim import get_profile
+
+    load = lab_scenario(streams=2, prompt_len=1024)
+    trace = simulate("shared", load, PRESETS["datacenter-illustrative"].cost, engine=engine)
+    metrics = serving_metrics(trace)
+    profile = get_profile(engine)
+    assert (metrics.engine, metrics.first_token) == (profile.name, profile.first_token)
+    cached = sum(r.cached_tokens for r in trace.requests.values())
+    assert metrics.cached_tokens == cached and metrics.preemptions == trace.preemptions
+    assert metrics.hit_rate == cached / sum(r.prompt_len for r in load)
+    data = metrics.as_dict()
+    assert data["engine"] == profile.name and data["first_token"] == profile.first_token
+    assert data["hit_rate"] == metrics.hit_rate and data["preemptions"] == trace.preemptions
+
+
+def test_measured_metrics_name_no_profile():
+    from pytest_prefill.plan.metrics import serving_metrics_of
+
+    class Row:
+        arrival, prompt_len, token_times = 0.0, 10, (0.5, 0.6)
+
+    metrics = serving_metrics_of([Row()])
+    assert metrics.engine is None and math.isnan(metrics.hit_rate)
+    assert "engine" not in metrics.as_dict()

@@ -15,6 +15,7 @@ from pytest_prefill.commands._args import (
     output_path,
     positive_int,
 )
+from pytest_prefill.commands._engine_args import add_engine_argument, check_engine
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -30,13 +31,14 @@ from pytest_prefill.commands._workload_args import (
     workload_lines,
 )
 from pytest_prefill.plan.advice import recommend, star_text
+from pytest_prefill.plan.capacity import engine_document
 from pytest_prefill.plan.deployments import search_chunks
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
-from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks
+from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks, engine_header
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.metrics import serving_table
 from pytest_prefill.report.sweep import sweep_rows_json, sweep_table
-from pytest_prefill.sim import CostModel, Request, simulate
+from pytest_prefill.sim import CostModel, EngineProfile, Request, simulate
 
 HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"
 
@@ -44,6 +46,7 @@ HELP = "simulate a workload (default: the lab scenario) under every policy; swee
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
     add_lab_scenario_arguments(parser)
+    add_engine_argument(parser, "lab")
     parser.add_argument(
         "--chunk",
         type=positive_int,
@@ -67,8 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Before any work: the lab scenario's flags only with the lab workload, the workload's own
-    flags, and the chunked iterations a run would take where the flags alone decide them."""
+    """Before any work: the engine profile, the lab scenario's flags only with the lab
+    workload, the workload's own flags, and the chunked iterations a run would take where the
+    flags alone decide them."""
+    check_engine(args)
     given = lab_scenario_given(args)
     if args.workload != "lab" and given:
         raise ValueError(
@@ -116,26 +121,35 @@ def _load(
 
 
 def _metrics(
-    rows: list[SweepRow], load: list[Request], cost: CostModel, slo: SLO | None
+    rows: list[SweepRow],
+    load: list[Request],
+    cost: CostModel,
+    slo: SLO | None,
+    engine: EngineProfile,
 ) -> list[ServingMetrics]:
     """vLLM's serving metrics of each row's run (simulated again: the sweep keeps summaries)."""
     return [
-        serving_metrics(simulate(row.policy, load, cost, chunk=row.chunk), slo=slo) for row in rows
+        serving_metrics(simulate(row.policy, load, cost, chunk=row.chunk, engine=engine), slo=slo)
+        for row in rows
     ]
 
 
 def run(args: argparse.Namespace) -> int:
+    if not hasattr(args, "profile"):
+        check(args)
+    engine: EngineProfile = args.profile
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     cost, origin = spec.cost, spec.source
     load, lines, chunks, scenario = _load(args, cost)
     if args.workload == "lab":
         check_chunked_iterations(args.prompt_len, chunks)
-    rows = chunk_sweep(cost, load, chunks)
-    metrics = _metrics(rows, load, cost, args.slo)
+    rows = chunk_sweep(cost, load, chunks, engine=engine)
+    metrics = _metrics(rows, load, cost, args.slo, engine)
     star = cost.chunk_star()
     print(f"Cost model: {origin}")
     print("\n".join(lines))
+    print(engine_header(engine))
     print(f"C* = {star_text(star)} tokens")
     if spec.trust is not None:
         print(f"  (the calibration's trust figures: {spec.trust.text()})")
@@ -162,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
                 "cost_source": origin,
                 "cost_model": cost.to_dict(),
                 "scenario": scenario,
+                "engine": engine_document(engine),
                 "slo": args.slo.to_dict() if args.slo else None,
                 "rows": [
                     {**row, "serving_metrics": m.as_dict()}

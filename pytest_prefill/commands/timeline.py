@@ -19,6 +19,7 @@ from pytest_prefill.commands._args import (
     output_path,
     positive_int,
 )
+from pytest_prefill.commands._engine_args import add_engine_argument, check_engine
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -99,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_cost_argument(parser)
     add_lab_scenario_arguments(parser)
+    add_engine_argument(parser, "lab")
     parser.add_argument(
         "--chunk",
         type=positive_int,
@@ -141,8 +143,10 @@ def default_chunk(cost: CostModel, prompt_len: int) -> int:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Before any work: an output asked for, and sizes the flags alone decide (the chunked
-    iterations; a Chrome trace's token instants, one per output token under each policy)."""
+    """Before any work: the engine profile, an output asked for, and sizes the flags alone
+    decide (the chunked iterations; a Chrome trace's token instants, one per output token under
+    each policy)."""
+    check_engine(args)
     lab_scenario_given(args)
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")
@@ -170,6 +174,8 @@ def _check_trace_items(items: int, out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not hasattr(args, "profile"):
+        check(args)
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     check_chunked_iterations(
@@ -185,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         arrival=args.arrival,
         chunk=args.chunk,
         refused=spec.refused,
+        engine=args.profile,
     )
     traces, chunk, title = list(drawn.traces), drawn.chunk, drawn.title
     window = args.window or ((0.0, args.until) if args.until else focus_window(traces, "long"))

@@ -212,7 +212,11 @@ class ServingMetrics:
     """vLLM's serving metrics of one run, plus goodput and attainment when an SLO was given.
 
     ``met`` counts, per bound of ``slo``, the requests meeting that bound alone; ``good`` those
-    meeting every bound (0 without an SLO)."""
+    meeting every bound (0 without an SLO). A simulated run also says which engine profile
+    produced it (``engine``) and its first-token rule (``first_token``: ``prefill`` or
+    ``decode``, DESIGN.md's "Engine semantics"), and what the prefix cache supplied
+    (``cached_tokens``, prompt tokens not computed, and ``preemptions``); None for a measured
+    run."""
 
     completed: int
     duration: float
@@ -225,6 +229,24 @@ class ServingMetrics:
     slo: SLO | None = None
     good: int = 0
     met: tuple[tuple[str, int], ...] = ()
+    engine: str | None = None
+    first_token: str | None = None
+    cached_tokens: int | None = None
+    preemptions: int | None = None
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens the prefix cache supplied / prompt tokens (NaN when not simulated)."""
+        if self.cached_tokens is None or self.total_input_tokens == 0:
+            return math.nan
+        return self.cached_tokens / self.total_input_tokens
+
+    @property
+    def mean_cached_tokens(self) -> float:
+        """Prompt tokens the prefix cache supplied per request (NaN when not simulated)."""
+        if self.cached_tokens is None or self.completed == 0:
+            return math.nan
+        return self.cached_tokens / self.completed
 
     def _per_second(self, amount: float) -> float:
         return amount / self.duration if self.duration > 0 else math.nan
@@ -265,7 +287,9 @@ class ServingMetrics:
     def as_dict(self) -> dict[str, Any]:
         """The figures under the names vLLM's serving benchmark writes in its result JSON
         (latencies in ms: ``mean_ttft_ms``, ``p99_itl_ms``, …; ``request_goodput``), plus
-        ``attainment`` and the ``slo`` in seconds. NaN becomes None (JSON null)."""
+        ``attainment`` and the ``slo`` in seconds; for a simulated run the ``engine`` profile,
+        its ``first_token`` rule, the prefix cache's ``cached_tokens``, ``mean_cached_tokens``
+        (per request) and ``hit_rate``, and ``preemptions``. NaN becomes None (JSON null)."""
         out: dict[str, Any] = {
             "completed": self.completed,
             "duration": self.duration,
@@ -278,6 +302,13 @@ class ServingMetrics:
             "attainment": self.attainment if self.slo is not None else None,
             "slo": self.slo.to_dict() if self.slo is not None else None,
         }
+        if self.engine is not None:
+            out["engine"], out["first_token"] = self.engine, self.first_token
+            out["cached_tokens"], out["mean_cached_tokens"] = (
+                self.cached_tokens,
+                self.mean_cached_tokens,
+            )
+            out["hit_rate"], out["preemptions"] = self.hit_rate, self.preemptions
         for name in METRICS:
             dist: Distribution = getattr(self, name)
             out[f"mean_{name}_ms"] = dist.mean * 1e3
@@ -329,13 +360,20 @@ def serving_metrics(
     records = list(trace.requests.values())
     ttfts, tpots, e2els = _request_values(trace)
     duration = max(r.finish for r in records) - min(r.arrival for r in records) if records else 0.0
-    return _assemble(
+    metrics = _assemble(
         (ttfts, tpots, e2els),
         Distribution.of_gaps(trace.token_gaps(), percentiles),
         duration=duration,
         tokens=(sum(r.prompt_len for r in records), sum(r.output_len for r in records)),
         slo=slo,
         percentiles=percentiles,
+    )
+    return dataclasses.replace(
+        metrics,
+        engine=trace.engine.name,
+        first_token=trace.engine.first_token,
+        cached_tokens=sum(r.cached_tokens for r in records),
+        preemptions=trace.preemptions,
     )
 
 

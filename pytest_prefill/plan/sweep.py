@@ -12,8 +12,10 @@ from collections.abc import Collection, Iterable, Sequence
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.sim import (
+    LAB,
     POLICIES,
     CostModel,
+    EngineProfile,
     Request,
     Summary,
     Trace,
@@ -35,6 +37,12 @@ class SweepRow:
     @property
     def label(self) -> str:
         return f"chunked {self.chunk}" if self.policy == "chunked" else self.policy
+
+
+def engine_header(profile: EngineProfile) -> str:
+    """The line a simulated report's header gives its engine profile: ``Engine: vllm: first
+    token from the prefill; 2048 tokens an iteration; at most 256 requests``."""
+    return f"Engine: {profile.label().removeprefix('engine ')}"
 
 
 def default_chunks(cost: CostModel, prompt_len: int) -> list[int]:
@@ -63,8 +71,10 @@ def chunk_sweep(
     *,
     prefill_workers: int = 1,
     decode_workers: int = 1,
+    engine: str | EngineProfile = LAB,
 ) -> list[SweepRow]:
-    """Shared, coscheduled, chunked at each of ``chunks``, and disaggregated, on ``load``."""
+    """Shared, coscheduled, chunked at each of ``chunks``, and disaggregated, on ``load``,
+    under the ``engine`` profile's rules (default the lab's loop)."""
     chunks = sorted({check_int("chunk", c) for c in chunks})
     if not chunks:
         raise ValueError("chunks must name at least one chunk size")
@@ -83,6 +93,7 @@ def chunk_sweep(
                 chunk=chunk,
                 prefill_workers=prefill_workers,
                 decode_workers=decode_workers,
+                engine=engine,
             ).summary(),
         )
         for policy, chunk in runs
@@ -117,9 +128,12 @@ def lab_timeline(
     arrival: float = 0.1,
     chunk: int | None = None,
     refused: Collection[str] = (),
+    engine: str | EngineProfile = LAB,
 ) -> LabTimeline:
     """``streams`` live streams decoding and a ``prompt_len`` prompt (id "long") arriving at
-    ``arrival`` seconds, under the three designs; ``chunk`` None means the one chunk rule."""
+    ``arrival`` seconds, under the three designs and the ``engine`` profile's rules (default
+    the lab's loop; the title names it); ``chunk`` None means the one chunk
+    rule."""
     load = lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival)
     if chunk is None:
         chosen = choose_chunk(cost, prompt_len, refused)
@@ -127,14 +141,15 @@ def lab_timeline(
     else:
         how = "given"
     traces = (
-        simulate("shared", load, cost),
-        simulate("chunked", load, cost, chunk=chunk),
-        simulate("disaggregated", load, cost),
+        simulate("shared", load, cost, engine=engine),
+        simulate("chunked", load, cost, chunk=chunk, engine=engine),
+        simulate("disaggregated", load, cost, engine=engine),
     )
     title = (
         f"{streams} live stream{'s' * (streams != 1)} decoding; a "
         f'{prompt_len:,}-token prompt ("long") arrives at {arrival * 1e3:,.0f} ms. '
         f"Chunk {chunk:,} ({how}). Simulated from a cost model, not measured.\n"
-        f"Cost model: {origin}"
+        f"Cost model: {origin}\n"
+        f"{engine_header(traces[0].engine)}"
     )
     return LabTimeline(traces, chunk, how, title)
