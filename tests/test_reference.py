@@ -6,6 +6,7 @@ same pieces, rows and KV reads at the same times, the same token times."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -181,3 +182,83 @@ def test_long_outputs_on_several_workers_take_every_fast_path(policy, engine):
     else:
         options.update(replicas=2)
     assert_agrees(policy, load, cost, options)
+
+
+@st.composite
+def paged_setups(draw: st.DrawFn):
+    """Paged KV, often tight (a few requests wide, preemptions), with shared prefixes: each
+    request's hash ids continue one of a few chains, so leading blocks repeat."""
+    block = draw(st.sampled_from([1, 4, 16]))
+    entry = block * draw(st.sampled_from([1, 2, 8]))
+    engine = dataclasses.replace(
+        draw(engines()),
+        name="drawn-paged",
+        kv="paged",
+        kv_block_tokens=block,
+        prefix_caching=draw(st.booleans()),
+        prefix_block_tokens=entry,
+    )
+    chains = [[f"c{k}-{i}" for i in range(60)] for k in range(3)]
+    load = []
+    for r in draw(v2_loads()):
+        chain = chains[draw(st.integers(0, 2))]
+        cut = draw(st.integers(0, 59))
+        ids = chain[:cut] + [f"{r.id}-{i}" for i in range(60 - cut)]
+        load.append(dataclasses.replace(r, prefix_blocks=tuple(ids[: -(-r.prompt_len // entry)])))
+    cost = draw(v2_costs())
+    if draw(st.integers(0, 3)):  # a KV capacity every request fits, often tight
+        largest = max(-(-(r.prompt_len + r.output_len - 1) // block) for r in load)
+        blocks = largest + draw(st.sampled_from([0, 1, 5, 40, 400]))
+        cost = CostModel.from_dict({**cost.to_dict(), "kv_capacity_tokens": blocks * block})
+    policy = draw(st.sampled_from(["shared", "coscheduled", "chunked"]))
+    options: dict = {"engine": engine, "replicas": draw(st.integers(1, 3))}
+    if policy == "chunked" and (engine.max_batched_tokens is None or draw(st.booleans())):
+        options["chunk"] = draw(st.integers(1, 700))
+    return policy, load, cost, options
+
+
+def assert_paged_agrees(policy, load, cost, options):
+    assert_agrees(policy, load, cost, options)
+    trace = simulate(policy, load, cost, **options)
+    ref = reference(policy, load, cost, **options)
+    for r in load:
+        rec = trace.requests[r.id]
+        assert rec.cached_tokens == ref.cached.get(r.id, 0)
+        assert rec.preempted_at == tuple(from_ticks(t) for t in ref.preempted.get(r.id, ()))
+
+
+@SETTINGS
+@given(setup=paged_setups())
+def test_simulate_is_the_reference_under_paged_kv_with_shared_prefixes(setup):
+    assert_paged_agrees(*setup)
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("policy", ["shared", "coscheduled", "chunked"])
+def test_paged_kv_a_few_requests_wide_preempts_as_the_reference_does(policy, caching):
+    load = [
+        Request(f"r{i}", 0.013 * i * (i % 3), 37 * i + 5, 150 + 40 * (i % 4), (0, 1, i))
+        for i in range(12)
+    ]
+    cost = CostModel(
+        prefill_pass_overhead=2e-3,
+        prefill_per_token=1.5e-5,
+        decode_step_base=1e-2,
+        decode_per_seq=1e-4,
+        decode_per_kv_token=2e-8,
+        prefill_per_pair=1e-9,
+        fusion_penalty=0.3,
+        kv_capacity_tokens=1600,
+    )
+    engine = EngineProfile(
+        "tight-paged",
+        first_token="prefill",
+        max_batched_tokens=256,
+        kv="paged",
+        kv_block_tokens=16,
+        prefix_caching=caching,
+        prefix_block_tokens=16,
+    )
+    options = {"engine": engine, "replicas": 2, **({"chunk": 64} if policy == "chunked" else {})}
+    assert simulate(policy, load, cost, **options).preemptions > 0
+    assert_paged_agrees(policy, load, cost, options)

@@ -412,12 +412,17 @@ class PagedWorker(TimedWorker):
         return end
 
     def _run_steps(self) -> int:
-        """Decode steps up to the next finish, as many as the rows' blocks allow."""
+        """Decode steps up to the next finish, as many as the rows' blocks allow (at each
+        step the rules would admit no one new: their room only shrinks)."""
         rows = self.running
         most = min(r.output_len - self.emitted[r.id] for r in rows)
         if math.isinf(self.pool.capacity) or most == 1:
             return most
-        room = self.pool.room()
+        pool = self.pool
+        # A request waiting to be admitted may find room once a cached block it would hit
+        # is evicted (its piece then starts earlier and may need fewer blocks than the hit's
+        # room allowed): evict nothing inside a run while one waits.
+        room = pool.capacity - pool.used if self.pending and self.caching else pool.room()
 
         def extra(steps: int) -> int:
             return sum(self._need(r, r.prompt_len + self.emitted[r.id] + steps - 1) for r in rows)
