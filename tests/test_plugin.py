@@ -465,6 +465,8 @@ def test_xdist_gives_the_same_summary_and_one_complete_archive(pytester):
         (["--prefill-threads", "0"], "", "--prefill-threads must be an integer >= 1"),
         ([], "prefill_threads = all", "ini option prefill_threads must be an integer >= 1"),
         (["--prefill-machine", "My Box"], "", "--prefill-machine must be lower-case letters"),
+        (["--prefill-engine", "tgi"], "", "--prefill-engine: unknown engine profile 'tgi'"),
+        ([], "prefill_engine = vlm", "ini option prefill_engine: unknown engine profile 'vlm'"),
         (
             ["--prefill-save", "--prefill-no-archive"],
             "",
@@ -664,6 +666,31 @@ def test_a_table_is_not_a_request_to_archive(pytester):
     written = [p for p in pytester.path.rglob("*") if p.suffix in (".json", ".svg")]
     assert not (pytester.path / "results").exists() and written == []
     result.stdout.fnmatch_lines(["not archived: --prefill-save keeps this run under *"])
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_the_engine_option_feeds_the_scheduler_and_capacity_fixtures(pytester, how):
+    pytester.makefile(".ini", pytest="[pytest]\nprefill_engine = vllm\n" if how == "ini" else "")
+    pytester.makepyfile(
+        test_engine="""
+        import pytest
+        from pytest_prefill.plan.workloads import poisson
+
+        @pytest.mark.sim
+        def test_fixtures(scheduler, capacity):
+            load = poisson(5.0, 20, prompt_len=512, output_len=16)
+            assert scheduler("shared", load).engine.name == "vllm"
+            assert scheduler("shared", load, engine="lab").engine.name == "lab"
+            result = capacity(load, "ttft:2s,tpot:200ms", 2)
+            assert result.engine.name == "vllm"
+    """
+    )
+    args = ["--prefill-engine", "vllm"] if how == "option" else []
+    result = run(pytester, *args, "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["prefill: the scheduler and capacity fixtures simulate as engine vllm*"]
+    )
 
 
 def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_search(pytester):

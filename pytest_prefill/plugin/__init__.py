@@ -39,23 +39,25 @@ from pytest_prefill.plugin.session import (
     state_of,
 )
 from pytest_prefill.plugin.summary import archive_session, write_summary
-from pytest_prefill.sim import CostModel, Trace, simulate
+from pytest_prefill.sim import CostModel, Trace, get_profile, simulate
 
 __all__ = ["OPTIONS", "CapacitySearch", "PrefillReport", "Scheduler", "Settings"]
 
 
 class Scheduler:
-    """:func:`~pytest_prefill.scheduler.simulate` bound to a cost model:
-    ``scheduler("chunked", load, chunk=256)``."""
+    """:func:`~pytest_prefill.scheduler.simulate` bound to a cost model and an engine profile
+    (``--prefill-engine``; a call's own ``engine=`` wins): ``scheduler("chunked", load,
+    chunk=256)``."""
 
-    def __init__(self, cost: CostModel) -> None:
-        self.cost = cost
+    def __init__(self, cost: CostModel, engine: str = "lab") -> None:
+        self.cost, self.engine = cost, engine
 
     def __call__(self, policy: str, load: Sequence[Any], **options: Any) -> Trace:
+        options.setdefault("engine", self.engine)
         return simulate(policy, load, self.cost, **options)
 
     def __repr__(self) -> str:
-        return f"Scheduler({self.cost!r})"
+        return f"Scheduler({self.cost!r}, engine={self.engine!r})"
 
 
 class PrefillReport:
@@ -97,10 +99,13 @@ class CapacitySearch:
     """:func:`~pytest_prefill.plan.capacity.capacity` bound to the session's cost model, each search
     added to the run's report (its table in the summary, the whole search in the archive):
     ``capacity(load, "ttft:1s,tpot:100ms", 4)``. Simulations run in the test's process unless
-    ``workers=N`` (a process pool) or ``executor=`` says otherwise."""
+    ``workers=N`` (a process pool) or ``executor=`` says otherwise; under the engine profile
+    of ``--prefill-engine`` unless ``engine=`` says otherwise."""
 
-    def __init__(self, cost: CostModel, report: PrefillReport, cost_label: str) -> None:
-        self.cost, self.report, self.cost_label = cost, report, cost_label
+    def __init__(
+        self, cost: CostModel, report: PrefillReport, cost_label: str, engine: str = "lab"
+    ) -> None:
+        self.cost, self.report, self.cost_label, self.engine = cost, report, cost_label, engine
 
     def __call__(
         self,
@@ -122,6 +127,7 @@ class CapacitySearch:
             if "executor" not in options:
                 options["executor"] = stack.enter_context(local_executor(workers))
             options.setdefault("progress", self.report.say)
+            options.setdefault("engine", self.engine)
             result = capacity(workload, self.cost, slo, devices, **options)
         self.report.table(
             title or f"Capacity: {slo} on {devices} device(s); {result.workload}",
@@ -203,7 +209,9 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     threads = f" | torch threads {s.threads}" if s.threads else ""
     lines = [
         f"prefill: device {device} | model {model} | dtype {dtype}{threads} | machine "
-        f"{s.machine_key} | cost {s.cost_label}"
+        f"{s.machine_key} | cost {s.cost_label}",
+        f"prefill: the scheduler and capacity fixtures simulate as "
+        f"{get_profile(s.engine).label()} (--prefill-engine)",
     ]
     if s.device == "cpu" and s.model != CPU_MODEL:
         lines.append(
@@ -418,9 +426,10 @@ def cost_model(request: pytest.FixtureRequest) -> CostModel:
 
 
 @pytest.fixture(scope="session")
-def scheduler(cost_model: CostModel) -> Scheduler:
-    """The simulator bound to ``cost_model``: ``scheduler("chunked", load, chunk=256)``."""
-    return Scheduler(cost_model)
+def scheduler(cost_model: CostModel, request: pytest.FixtureRequest) -> Scheduler:
+    """The simulator bound to ``cost_model`` and ``--prefill-engine``:
+    ``scheduler("chunked", load, chunk=256)``."""
+    return Scheduler(cost_model, state_of(request.config).settings.engine)
 
 
 @pytest.fixture
@@ -429,7 +438,8 @@ def capacity(
 ) -> CapacitySearch:
     """The capacity search bound to ``cost_model``, reporting each search:
     ``capacity(load, "ttft:1s,tpot:100ms", 4)`` returns a ``CapacityResult``."""
-    return CapacitySearch(cost_model, prefill_report, state_of(request.config).settings.cost_label)
+    settings = state_of(request.config).settings
+    return CapacitySearch(cost_model, prefill_report, settings.cost_label, settings.engine)
 
 
 @pytest.fixture(scope="session")

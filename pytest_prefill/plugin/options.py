@@ -23,11 +23,12 @@ from pytest_prefill.machine import (
     nvidia_accelerators,
 )
 from pytest_prefill.measure.models import MODEL_PRESETS  # names only: imports no torch
-from pytest_prefill.sim import PRESETS
+from pytest_prefill.sim import PRESETS, PROFILES, simulated_engine
 
 DEFAULT_MODEL = "qwen3-0.6b"
 CPU_MODEL = "tiny"  # the default with --prefill-device cpu: Qwen3-0.6B on a CPU takes hours
 DEFAULT_COST = "lab-laptop"
+DEFAULT_ENGINE = "lab"  # the library's default: the lab's loop
 DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 3
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
@@ -87,6 +88,13 @@ OPTIONS = (
         "machine) or 'measure' (calibrate now, once per session) "
         f"(default {DEFAULT_COST})",
         metavar="SPEC",
+    ),
+    _Option(
+        "engine",
+        f"engine profile the scheduler and capacity fixtures simulate by default: "
+        f"{', '.join(PROFILES)} (default {DEFAULT_ENGINE}, the lab's loop; a test's own "
+        "engine= wins)",
+        metavar="NAME",
     ),
     _Option(
         "results",
@@ -159,6 +167,7 @@ class Settings:
     server: str | None = None  # --prefill-server: the base URL of a server to measure
     cost_contexts: list[int] = dataclasses.field(default_factory=list)  # where C* is reported
     cost_trust: dict[str, Any] | None = None  # the calibration's trust figures (Trust.to_dict)
+    engine: str = DEFAULT_ENGINE  # --prefill-engine: the fixtures' engine profile
 
     @property
     def effective_device(self) -> str:
@@ -307,6 +316,7 @@ def resolve(config: pytest.Config) -> Settings:
         threads = 1
     dry_run = bool(_value(config, opts["dry-run"])[0])
     server = _server(config, opts["server"])
+    engine = _engine(config, opts["engine"])
     no_archive = bool(_value(config, opts["no-archive"])[0])
     save = bool(_value(config, opts["save"])[0])
     if save and no_archive:
@@ -344,7 +354,20 @@ def resolve(config: pytest.Config) -> Settings:
         notes=notes,
         threads=threads,
         server=server,
+        engine=engine,
     )
+
+
+def _engine(config: pytest.Config, opt: _Option) -> str:
+    """The fixtures' engine profile, checked (unknown, or not simulated yet: a UsageError
+    naming the option and the allowed profiles)."""
+    value, name, _ = _value(config, opt)
+    if value is None:
+        return DEFAULT_ENGINE
+    try:
+        return simulated_engine(str(value).strip()).name
+    except ValueError as err:
+        raise pytest.UsageError(f"{name}: {err}") from None
 
 
 def _server(config: pytest.Config, opt: _Option) -> str | None:
