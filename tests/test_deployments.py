@@ -124,3 +124,19 @@ def test_deployments_like_keeps_a_splits_settings_on_another_count():
         "disaggregated 2P:1D ≤1024 tok",
     ]
     assert deployments_like([], 2, COST, SLO_1S, VLLM) == default_deployments(COST, 2, SLO_1S, VLLM)
+
+
+def test_kinds_the_simulator_refuses_under_a_profile_are_left_out_with_the_reason():
+    from pytest_prefill.plan.deployments import refused_kinds
+    from pytest_prefill.plan.engine_commands import refusal
+
+    paged = dataclasses.replace(VLLM, kv="paged", prefix_caching=True)
+    everything = default_deployments(COST, 4, SLO_1S, VLLM)
+    reason = refusal("disaggregated", paged)
+    kept = default_deployments(COST, 4, SLO_1S, paged)
+    if reason is None:  # the simulator runs splits with paged KV: nothing is left out
+        assert kept == everything
+    else:
+        assert refused_kinds(everything, paged) == {"disaggregated": reason}
+        assert kept == tuple(d for d in everything if d.policy != "disaggregated")
+    assert refused_kinds(everything, VLLM) == {}

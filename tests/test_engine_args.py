@@ -5,6 +5,7 @@ in every header, and capacity's default (vllm) said."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,59 @@ def test_the_timeline_title_names_the_profile(capsys):
     assert main(["timeline", "--text", "--engine", "llama.cpp", "--width", "200"]) == 0
     out = capsys.readouterr().out
     assert f"Engine: {get_profile('llama.cpp').label().removeprefix('engine ')}" in out
+
+
+# --- --prefix-caching on|off (issue 18) -------------------------------------------------------
+
+MOONCAKE = str(Path(__file__).parent / "data" / "mooncake-shaped.jsonl")
+
+
+def test_prefix_caching_on_runs_a_traces_hash_ids_and_shows_the_hit_rate(tmp_path, capsys):
+    out_json = tmp_path / "sweep.json"
+    argv = ["simulate", "--engine", "vllm", "--prefix-caching", "on", "--workload", MOONCAKE]
+    assert main([*argv, "--chunk", "512", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "kept as prefix blocks of 512 tokens" in out
+    assert "changed: kv, prefix_caching, prefix_block_tokens" in out
+    header = next(line for line in out.splitlines() if line.startswith("policy "))
+    assert "hit rate" in header and "preempted" in header
+    rows = json.loads(out_json.read_text())["rows"]
+    assert rows and all(r["serving_metrics"]["hit_rate"] > 0 for r in rows)
+    for r in rows:
+        metrics = r["serving_metrics"]
+        assert metrics["hit_rate"] == metrics["cached_tokens"] / metrics["total_input_tokens"]
+    assert "no disaggregated row" in out or any(r["policy"] == "disaggregated" for r in rows)
+
+
+def test_prefix_caching_off_computes_every_prompt_token(tmp_path, capsys):
+    out_json = tmp_path / "sweep.json"
+    argv = ["simulate", "--engine", "vllm", "--prefix-caching", "off", "--workload", MOONCAKE]
+    assert main([*argv, "--chunk", "512", "--json", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    assert all(r["serving_metrics"]["cached_tokens"] == 0 for r in rows)
+    assert "hit rate" not in capsys.readouterr().out.split("Serving metrics")[0]
+
+
+def test_capacity_with_prefix_caching_puts_the_hit_rate_in_its_table(capsys):
+    argv = ["capacity", "--engine", "vllm", "--prefix-caching", "on", "--workload", MOONCAKE]
+    argv += ["--slo", "ttft:2s,tpot:100ms", "--deployment", "chunked", "--workers", "1"]
+    assert main([*argv, "--no-devices-needed", "--tolerance", "0.3"]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("deployment "))
+    assert header.split()[-2:] == ["rate", "preempted"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["timeline", "--text", "--engine", "vllm", "--prefix-caching", "on"], "disaggregated"),
+        (
+            [*CAPACITY, "--devices", "2", "--prefix-caching", "on"]
+            + ["--deployment", "disaggregated:1:1"],
+            "--deployment disaggregated 1P:1D",
+        ),
+        (["simulate", "--prefix-caching", "maybe"], "invalid choice: 'maybe'"),
+    ],
+)
+def test_what_the_simulator_does_not_run_with_a_cache_is_refused_at_parse_time(argv, words, capsys):
+    assert words in usage_error(argv, capsys)

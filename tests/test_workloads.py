@@ -422,3 +422,33 @@ def test_the_mooncake_shaped_trace_has_the_burst_and_the_shared_prefixes():
             full = a["input_length"] // m.BLOCK_TOKENS
             assert b["hash_ids"][:full] == a["hash_ids"][:full]
             assert b["input_length"] > a["input_length"] + a["output_length"]
+
+
+def test_a_jsonl_traces_hash_ids_are_kept_as_prefix_blocks_and_said(tmp_path):
+    path = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [7, 8]},
+        {"timestamp": 10, "input_length": 600, "output_length": 4},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    workload = resolve_workload(str(path))
+    first, second = workload.requests
+    assert first.prefix_blocks == (7, 8) and second.prefix_blocks == ()
+    assert workload.prefix_block_tokens == 512
+    assert any(
+        "1 of 2 requests carry hash_ids" in note and "512 tokens" in note for note in workload.notes
+    )
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps(rows[1]) + "\n" + json.dumps({**rows[1], "timestamp": 20}) + "\n")
+    assert resolve_workload(str(bare)).prefix_block_tokens is None
+
+
+@pytest.mark.parametrize("hash_ids", ['"abc"', "[1, null]", "[[1]]", '[""]'])
+def test_bad_hash_ids_name_the_file_and_line(tmp_path, hash_ids):
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 4, "output_length": 1}\n'
+        f'{{"timestamp": 1, "input_length": 4, "output_length": 1, "hash_ids": {hash_ids}}}\n'
+    )
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: hash_ids: Request\.prefix_blocks"):
+        resolve_workload(str(path))

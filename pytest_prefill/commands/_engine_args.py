@@ -1,10 +1,13 @@
-"""``--engine NAME`` on every command that simulates: the engine profile whose rules the
-simulator runs (DESIGN.md, "Engine semantics (v3)"), checked when the command line is parsed."""
+"""``--engine NAME`` and ``--prefix-caching on|off`` on every command that simulates: the
+engine profile whose rules the simulator runs (DESIGN.md, "Engine semantics (v3)"), its prefix
+cache overridden, checked when the command line is parsed."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.sim import PROFILES, EngineProfile, simulated_engine
 
 
@@ -16,6 +19,12 @@ def add_engine_argument(parser: argparse.ArgumentParser, default: str) -> None:
         metavar="NAME",
         help=f"the engine profile the simulator schedules as: {', '.join(PROFILES)} (default "
         f"{default}; 'lab' is the lab's loop, first token after a decode step)",
+    )
+    parser.add_argument(
+        "--prefix-caching",
+        choices=("on", "off"),
+        help="override the profile's prefix cache: on (paged KV, blocks reused from a trace's "
+        "hash_ids) or off (default: the profile's own)",
     )
     parser.set_defaults(engine_default=default)
 
@@ -31,10 +40,42 @@ def check_engine(args: argparse.Namespace) -> EngineProfile:
     args.engine_given = args.engine is not None
     name = args.engine if args.engine is not None else args.engine_default
     try:
-        args.profile = simulated_engine(name)
+        profile = simulated_engine(name)
     except ValueError as err:
         raise ValueError(f"--engine: {err}") from None
-    return args.profile
+    caching = getattr(args, "prefix_caching", None)
+    if caching is not None:
+        try:
+            profile = simulated_engine(with_prefix_caching(profile, caching == "on"))
+        except ValueError as err:
+            raise ValueError(f"--prefix-caching {caching}: {err}") from None
+    args.profile = profile
+    return profile
+
+
+def with_prefix_caching(
+    profile: EngineProfile, on: bool, block_tokens: int | None = None
+) -> EngineProfile:
+    """``profile`` with its prefix cache on (and KV paged: the cache holds KV blocks; the
+    prefix blocks ``block_tokens`` long when given) or off."""
+    if not on:
+        return dataclasses.replace(profile, prefix_caching=False)
+    block = block_tokens or profile.prefix_block_tokens
+    return dataclasses.replace(profile, kv="paged", prefix_caching=True, prefix_block_tokens=block)
+
+
+def engine_for(args: argparse.Namespace, workload: Workload) -> EngineProfile:
+    """The checked profile with the prefix blocks of ``workload`` (Mooncake's 512 tokens) when
+    ``--prefix-caching on`` (set as ``args.profile``)."""
+    profile: EngineProfile = args.profile
+    block = workload.prefix_block_tokens
+    if profile.prefix_caching and block is not None and block != profile.prefix_block_tokens:
+        try:
+            profile = simulated_engine(with_prefix_caching(profile, True, block))
+        except ValueError as err:
+            raise ValueError(f"--prefix-caching on with {workload.name}: {err}") from None
+    args.profile = profile
+    return profile
 
 
 def engine_note(args: argparse.Namespace) -> str:

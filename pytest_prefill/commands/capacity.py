@@ -12,7 +12,12 @@ from collections.abc import Sequence
 
 from pytest_prefill._io import read_json, write_atomic, write_json_atomic
 from pytest_prefill.commands._args import bounded_int, non_negative_float, output_path
-from pytest_prefill.commands._engine_args import add_engine_argument, check_engine, engine_note
+from pytest_prefill.commands._engine_args import (
+    add_engine_argument,
+    check_engine,
+    engine_for,
+    engine_note,
+)
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -36,7 +41,12 @@ from pytest_prefill.plan.capacity import (
     CapacityResult,
     capacity,
 )
-from pytest_prefill.plan.deployments import Deployment, default_deployments, deployments_like
+from pytest_prefill.plan.deployments import (
+    Deployment,
+    default_deployments,
+    deployments_like,
+    refused_kinds,
+)
 from pytest_prefill.plan.engine_commands import splits
 from pytest_prefill.plan.executors import (
     CONNECT_TIMEOUT,
@@ -124,6 +134,9 @@ def check(args: argparse.Namespace) -> None:
                 f"--deployment {split.label}: engine {profile.name!r} runs no prefill:decode "
                 "split (--engine vllm, sglang, distserve or lab do)"
             )
+        for deployment in args.deployments:
+            for reason in refused_kinds([deployment], profile).values():
+                raise ValueError(f"--deployment {deployment.label}: {reason}")
     check_workload_args(args, _token_chunks(args.deployments))
 
 
@@ -268,12 +281,23 @@ def _devices_needed(
     )
 
 
+def _left_out(args: argparse.Namespace) -> str | None:
+    """A note when the engine runs splits but the simulator does not under its settings (so
+    the default set has none)."""
+    if args.deployments or args.devices < 2 or not splits(args.profile):
+        return None
+    split = Deployment("disaggregated", 2, prefill_workers=1)
+    reason = refused_kinds([split], args.profile).get("disaggregated")
+    return f"  note: no disaggregated split compared: {reason}" if reason else None
+
+
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "deployments"):
         check(args)
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
+    engine_for(args, workload)
     deployments = args.deployments
     chunks = _token_chunks(
         deployments or default_deployments(spec.cost, args.devices, args.slo, args.profile)
@@ -299,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - began
     lines = capacity_text(result, spec.source, needed, engine_note(args)).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = [line for line in (capped_line(workload), *workload.notes) if line]
+    extra = [line for line in (capped_line(workload), *workload.notes, _left_out(args)) if line]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)

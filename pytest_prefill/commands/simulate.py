@@ -15,7 +15,7 @@ from pytest_prefill.commands._args import (
     output_path,
     positive_int,
 )
-from pytest_prefill.commands._engine_args import add_engine_argument, check_engine
+from pytest_prefill.commands._engine_args import add_engine_argument, check_engine, engine_for
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -33,6 +33,7 @@ from pytest_prefill.commands._workload_args import (
 from pytest_prefill.plan.advice import recommend, star_text
 from pytest_prefill.plan.capacity import engine_document
 from pytest_prefill.plan.deployments import search_chunks
+from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks, engine_header
 from pytest_prefill.plan.workloads import lab_scenario
@@ -97,6 +98,7 @@ def _load(
 ) -> tuple[list[Request], list[str], list[int], dict]:
     """The requests, the lines that describe them, the chunks to sweep and the JSON scenario."""
     workload = workload_from_args(args)  # refuses workload flags the lab does not take
+    engine_for(args, workload)  # a trace's prefix blocks, when its cache is on
     if args.workload == "lab":
         load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
         lines = [
@@ -137,11 +139,11 @@ def _metrics(
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "profile"):
         check(args)
-    engine: EngineProfile = args.profile
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
     cost, origin = spec.cost, spec.source
     load, lines, chunks, scenario = _load(args, cost)
+    engine: EngineProfile = args.profile
     if args.workload == "lab":
         check_chunked_iterations(args.prompt_len, chunks)
     rows = chunk_sweep(cost, load, chunks, engine=engine)
@@ -156,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     print(str(recommend(cost, spec.refused, spec.contexts, spec.trust)))  # line and warnings
     print()
     print(sweep_table(rows))
+    if not any(row.policy == "disaggregated" for row in rows):
+        print(f"(no disaggregated row: {refusal('disaggregated', engine)})")
     print()
     print("TTFT p99 here is nearest-rank (a request's own TTFT); TTFT cost = TTFT p99 / shared's;")
     print("stall gain = shared's max stall / this max stall.")

@@ -28,6 +28,7 @@ from pytest_prefill.commands._measure_args import (
     resolve_cost_args,
 )
 from pytest_prefill.plan.advice import choose_chunk
+from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.timeline import (
@@ -146,7 +147,11 @@ def check(args: argparse.Namespace) -> None:
     """Before any work: the engine profile, an output asked for, and sizes the flags alone
     decide (the chunked iterations; a Chrome trace's token instants, one per output token under
     each policy)."""
-    check_engine(args)
+    profile = check_engine(args)
+    for policy in ("shared", "chunked", "disaggregated"):
+        reason = refusal(policy, profile, chunk=1)
+        if reason is not None:
+            raise ValueError(f"the timeline draws {policy} under {profile.name}: {reason}")
     lab_scenario_given(args)
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")

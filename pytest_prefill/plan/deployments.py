@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, typical_star
-from pytest_prefill.plan.engine_commands import engine_command, launch_line, splits
+from pytest_prefill.plan.engine_commands import engine_command, launch_line, refusal, splits
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.sim import (
     LAB,
@@ -278,7 +278,8 @@ def default_deployments(
     - DistServe: shared ×N (its colocated baseline, no chunking);
 
     and, for an engine that runs prefill:decode splits, the splits of :func:`default_splits`
-    (at the profile's own token budget)."""
+    (at the profile's own token budget). A kind the simulator refuses under ``engine`` (e.g.
+    a split with paged KV, not simulated yet) is left out (:func:`refused_kinds` says why)."""
     check_int("devices", devices)
     kinds = engine_command(engine).kinds
     out = []
@@ -299,7 +300,27 @@ def default_deployments(
             Deployment("disaggregated", devices, prefill_workers=p, max_batched_tokens=tokens)
             for p in default_splits(devices)
         ]
-    return tuple(out)
+    refused = refused_kinds(out, engine)
+    return tuple(d for d in out if _kind(d) not in refused)
+
+
+def _kind(deployment: Deployment) -> str:
+    return "chunked ≤time" if deployment.chunk_budget is not None else deployment.policy
+
+
+def refused_kinds(deployments: Sequence[Deployment], engine: EngineProfile) -> dict[str, str]:
+    """The kinds among ``deployments`` (policies; a time budget apart) the simulator refuses
+    under ``engine``, each with its reason."""
+    out: dict[str, str] = {}
+    for d in deployments:
+        kind = _kind(d)
+        if kind not in out:
+            options = d.simulate_options(engine)
+            options.pop("replicas", None)
+            reason = refusal(d.policy, options.pop("engine"), **options)
+            if reason is not None:
+                out[kind] = reason
+    return {k: v for k, v in out.items() if v}
 
 
 def deployments_like(

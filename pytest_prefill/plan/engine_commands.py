@@ -6,8 +6,9 @@ for a deployment under an engine profile. The profile's own flags come from
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from pytest_prefill.sim import EngineProfile
+from pytest_prefill.sim import PRESETS, EngineProfile, Request, simulate
 
 MODEL = "MODEL"  # the user's model: what the line leaves for them to fill in
 _NIXL = '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\''
@@ -124,3 +125,15 @@ def launch_line(profile: EngineProfile, prefill: int | None, devices: int) -> st
         f"{line} {prefill_flag}  (× {prefill}, prefill)  +  {line} {decode_flag}  "
         f"(× {devices - prefill}, decode), behind {command.router_of(True)}"
     )
+
+
+def refusal(policy: str, profile: EngineProfile, **options: Any) -> str | None:
+    """Why the simulator refuses ``policy`` (with ``options``) under ``profile`` — e.g. a knob
+    it does not run for that policy yet — or None when it runs it: one one-token request
+    simulated, so the answer is the simulator's own and follows it as it learns."""
+    probe = [Request("probe", 0.0, 1, 1)]
+    try:
+        simulate(policy, probe, PRESETS["lab-laptop"].cost, engine=profile, **options)
+    except ValueError as err:
+        return str(err)
+    return None

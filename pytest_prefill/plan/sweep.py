@@ -10,6 +10,7 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 
 from pytest_prefill.plan.advice import choose_chunk
+from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.sim import (
     LAB,
@@ -20,6 +21,7 @@ from pytest_prefill.sim import (
     Summary,
     Trace,
     check_int,
+    resolve_engine,
     simulate,
 )
 
@@ -74,7 +76,9 @@ def chunk_sweep(
     engine: str | EngineProfile = LAB,
 ) -> list[SweepRow]:
     """Shared, coscheduled, chunked at each of ``chunks``, and disaggregated, on ``load``,
-    under the ``engine`` profile's rules (default the lab's loop)."""
+    under the ``engine`` profile's rules (default the lab's loop); a policy the simulator
+    refuses under ``engine`` (:func:`~pytest_prefill.plan.engine_commands.refusal`) is left
+    out."""
     chunks = sorted({check_int("chunk", c) for c in chunks})
     if not chunks:
         raise ValueError("chunks must name at least one chunk size")
@@ -82,6 +86,7 @@ def chunk_sweep(
     runs += [("chunked", c) for c in chunks]
     runs.append(("disaggregated", None))
     assert {p for p, _ in runs} == set(POLICIES)
+    runs = [(p, c) for p, c in runs if refusal(p, resolve_engine(engine), chunk=c) is None]
     summaries = [
         (
             policy,

@@ -231,6 +231,8 @@ def azure_trace_path(name: str) -> str | None:
 # --- workloads by name, for the command line: lab, poisson, the Azure traces, CSV and JSONL ---
 
 JSONL_KEYS = ("timestamp", "input_length", "output_length")  # Mooncake-style public traces
+# Mooncake's hash_ids: one id per 512-token block of the prompt, kept as Request.prefix_blocks
+JSONL_BLOCK_TOKENS = 512
 NAMED_WORKLOADS = ("lab", "poisson", "azure-conv", "azure-code")
 POISSON_DEFAULTS = {"request_rate": 1.0, "num_prompts": 1000}
 POISSON_PROMPT_LEN, POISSON_OUTPUT_LEN = 1024, 128  # the named workload's lengths
@@ -253,6 +255,7 @@ class Workload:
     max_model_len: int | None = None
     attribution: str | None = None
     notes: tuple[str, ...] = ()  # what a reader must know about how it was read
+    prefix_block_tokens: int | None = None  # tokens per prefix block, when requests carry them
 
     @property
     def span(self) -> float:
@@ -282,7 +285,9 @@ def load_jsonl(
     limit: int | None = None,
 ) -> list[Request]:
     """Requests from a JSON-lines trace, one object a line in the form public traces use:
-    ``{"timestamp": ms, "input_length": tokens, "output_length": tokens}`` (other keys ignored).
+    ``{"timestamp": ms, "input_length": tokens, "output_length": tokens}``, and ``hash_ids``
+    where the trace has them (Mooncake's: one id per ``JSONL_BLOCK_TOKENS`` = 512-token block of
+    the prompt), kept as each request's ``prefix_blocks``; other keys ignored.
 
     Rows are taken in time order (ties by line); arrivals are seconds since the earliest
     timestamp. ``start``/``duration`` keep rows in [start, start + duration) seconds and shift
@@ -290,7 +295,8 @@ def load_jsonl(
 
     Raises:
         ValueError: naming the file and line, for a line that is not a JSON object with the
-            three keys, a timestamp that is not a finite number, or a length < 1; or naming the
+            three keys, a timestamp that is not a finite number, a length < 1, or ``hash_ids``
+            that are not a list of integers or strings; or naming the
             argument for a bad window or limit.
         FileNotFoundError: when the file does not exist.
     """
@@ -299,25 +305,27 @@ def load_jsonl(
         check_number("duration", duration, positive=True)
     if limit is not None:
         check_int("limit", limit)
-    rows: list[tuple[float, int, int, int]] = []
+    rows: list[tuple[float, int, int, tuple[int | str, ...], int]] = []
     with open(path, "rb") as handle:
         for line, text in enumerate(_utf8_lines(handle, path), start=1):
             if text.strip():
                 rows.append((*_jsonl_row(path, line, text), line))
-    rows.sort(key=lambda row: (row[0], row[3]))
+    rows.sort(key=lambda row: (row[0], row[4]))
     origin = rows[0][0] if rows else 0.0
     load: list[Request] = []
-    for stamp, prompt, output, line in rows:
+    for stamp, prompt, output, blocks, line in rows:
         offset = (stamp - origin) / 1e3
         if offset < start or (duration is not None and offset >= start + duration):
             continue
-        load.append(Request(f"j{line}", offset - start, prompt, output))
+        load.append(Request(f"j{line}", offset - start, prompt, output, prefix_blocks=blocks))
         if limit is not None and len(load) >= limit:
             break
     return load
 
 
-def _jsonl_row(path: str | os.PathLike[str], line: int, text: str) -> tuple[float, int, int]:
+def _jsonl_row(
+    path: str | os.PathLike[str], line: int, text: str
+) -> tuple[float, int, int, tuple[int | str, ...]]:
     where = f"{os.fspath(path)}:{line}"
     try:
         row = json.loads(text)
@@ -341,7 +349,11 @@ def _jsonl_row(path: str | os.PathLike[str], line: int, text: str) -> tuple[floa
     for key, value in (("input_length", prompt), ("output_length", output)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-    return float(stamp), prompt, output
+    try:
+        blocks = Request("hash_ids", 0.0, 1, 1, prefix_blocks=row.get("hash_ids", ())).prefix_blocks
+    except ValueError as err:
+        raise ValueError(f"{where}: hash_ids: {str(err)[:200]}") from None
+    return float(stamp), prompt, output, blocks
 
 
 def _finite(value: float) -> bool:
@@ -498,7 +510,15 @@ def resolve_workload(
     if window is not None:
         source += f", window {window[0]:g}:{'' if window[1] is None else f'{window[1]:g}'} s"
     notes = _unit_notes(spec, load)
+    carrying = sum(1 for r in load if r.prefix_blocks)
+    block = JSONL_BLOCK_TOKENS if carrying else None
+    if carrying:
+        notes += (
+            f"  {carrying:,} of {len(load):,} requests carry hash_ids, kept as prefix blocks of "
+            f"{block} tokens (Mooncake's block); --prefix-caching on lets a cache reuse them",
+        )
     workload = Workload(spec, tuple(load), source, capped, max_model_len, attribution, notes)
+    workload = dataclasses.replace(workload, prefix_block_tokens=block)
     summary = f"{len(load):,} requests over {workload.span:,.1f} s"
     if not math.isnan(workload.rate):
         summary += f" ({workload.rate:.2f} req/s)"

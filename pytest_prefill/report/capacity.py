@@ -71,15 +71,27 @@ def _row(r: DeploymentResult) -> tuple[str, ...]:
 
 def capacity_table(result: CapacityResult) -> str:
     """One row per deployment, best first: the highest rate within the SLO, per device
-    (DistServe's goodput), the attainment and latencies there, and the bound that binds."""
-    body = [_row(r) for r in result.ranked()]
+    (DistServe's goodput), the attainment and latencies there, and the bound that binds; with
+    a prefix cache or paged KV, the hit rate and the preemptions at that rate too."""
+    ranked = result.ranked()
+    cache = result.engine.prefix_caching or result.engine.kv == "paged"
+    headers = (*HEADERS, "hit rate", "preempted") if cache else HEADERS
+    body = [_row(r) + (_cache_cells(r) if cache else ()) for r in ranked]
     return tabulate(
         body,
-        headers=HEADERS,
+        headers=headers,
         tablefmt="simple",
         disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(HEADERS) - 1),
+        colalign=("left",) + ("right",) * (len(headers) - 1),
     )
+
+
+def _cache_cells(r: DeploymentResult) -> tuple[str, str]:
+    """The prefix cache's hit rate and the preemptions at the deployment's answer."""
+    metrics = r.best.metrics if r.best is not None else None
+    if metrics is None or metrics.cached_tokens is None:
+        return ("-", "-")
+    return (f"{metrics.hit_rate:.1%}", f"{metrics.preemptions or 0:,}")
 
 
 def _devices(count: int) -> str:

@@ -30,8 +30,9 @@ SWEEP_HEADERS = (
 
 
 def sweep_table(rows: Sequence[SweepRow]) -> str:
-    """The chunk sweep: one row per policy/chunk, shared first (the baseline of the ratios)."""
-    body = [
+    """The chunk sweep: one row per policy/chunk, shared first (the baseline of the ratios);
+    the prefix cache's hit rate and the preemptions when any run had them."""
+    body: list[tuple[object, ...]] = [
         (
             r.policy,
             r.chunk if r.chunk is not None else "-",
@@ -43,12 +44,19 @@ def sweep_table(rows: Sequence[SweepRow]) -> str:
         )
         for r in rows
     ]
+    headers: tuple[str, ...] = SWEEP_HEADERS
+    if any(r.summary.cached_tokens or r.summary.preemptions for r in rows):
+        headers += ("hit rate", "preempted")
+        body = [
+            (*row, f"{r.summary.hit_rate:.1%}", f"{r.summary.preemptions:,}")
+            for row, r in zip(body, rows)
+        ]
     return tabulate(
         body,
-        headers=SWEEP_HEADERS,
+        headers=headers,
         tablefmt="simple",
         disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(SWEEP_HEADERS) - 1),
+        colalign=("left",) + ("right",) * (len(headers) - 1),
     )
 
 
