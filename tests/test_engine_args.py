@@ -145,3 +145,20 @@ def test_capacity_with_prefix_caching_puts_the_hit_rate_in_its_table(capsys):
 )
 def test_what_the_simulator_does_not_run_with_a_cache_is_refused_at_parse_time(argv, words, capsys):
     assert words in usage_error(argv, capsys)
+
+
+def test_the_gate_says_when_the_baseline_ran_another_engine(tmp_path, capsys):
+    base = tmp_path / "base.json"
+    argv = [*CAPACITY, "--deployment", "shared", "--no-devices-needed"]
+    assert main([*argv, "--engine", "lab", "--json", str(base)]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--engine", "lab", "--baseline", str(base)]) == 0
+    assert "engine differs" not in capsys.readouterr().out
+    assert main([*argv, "--engine", "vllm", "--baseline", str(base)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "engine differs" in x)
+    assert get_profile("lab").label() in line and get_profile("vllm").label() in line
+    old = json.loads(base.read_text())
+    del old["engine"]  # a search written before the engine profiles ran the lab's loop
+    base.write_text(json.dumps(old))
+    assert main([*argv, "--engine", "lab", "--baseline", str(base)]) == 0
+    assert "engine differs" not in capsys.readouterr().out

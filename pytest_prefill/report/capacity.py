@@ -236,8 +236,8 @@ def capacity_gate(
     deployment by deployment (matched by label): (passed, lines). A deployment fails when its
     goodput per device fell by more than ``fail_above`` percent *and* by more than the two
     searches' tolerances allow (each rate is known to within its tolerance); ``fail_above``
-    None only reports. What the two searches did not share (workload, SLO, devices, cost model)
-    is said, and a deployment either lacks is listed, not judged.
+    None only reports. What the two searches did not share (workload, SLO, devices, cost model,
+    engine profile) is said, and a deployment either lacks is listed, not judged.
 
     Raises:
         ValueError: when ``baseline`` is not a capacity document.
@@ -255,6 +255,13 @@ def capacity_gate(
         for key in ("workload", "slo", "devices", "target", "cost_model")
         if baseline.get(key) != now[key]
     ]
+    # a document from before the engine profiles ran the lab's loop
+    engine = baseline.get("engine") if isinstance(baseline.get("engine"), dict) else None
+    if (engine or {"name": "lab"}).get("name") != now["engine"]["name"] or (
+        engine is not None and engine != now["engine"]
+    ):
+        was = engine.get("label") if engine is not None else "lab (a search before the profiles)"
+        lines.append(f"engine differs from the baseline: {was} -> {now['engine']['label']}")
     slack = 100 * (result.tolerance + float(baseline.get("tolerance") or 0))
     rows, failed = [], []
     for r in result.results:
