@@ -71,10 +71,9 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
 ):
     """The verdict is reported, not asserted: on a shared 2-core box this engine's TTFTs come out
     10-25% low from run to run (README, "Fidelity against a server"), the size of the one decode
-    step a wrong first-token rule adds. What the check must catch here is asserted: under a 16x
-    budget (no chunking) the TTFTs are further off than under the server's own."""
+    step a wrong first-token rule adds, and the sign of that bias changes from run to run."""
     from pytest_prefill.report.serve_fidelity import fidelity_report
-    from pytest_prefill.serve.fidelity import METRICS, STATS
+    from pytest_prefill.serve.fidelity import METRICS, STATS, cells_of, wrong_schedulings
     from pytest_prefill.serve.simulated import Scheduling, server_profile
 
     served = transformers_server
@@ -88,5 +87,18 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     prefill_report.verdict("server fidelity", result.verdict, text.splitlines()[-1])
     assert len(result.cells) == len(result.workloads) * len(METRICS) * len(STATS)
     assert all(c.error == c.error for c in result.cells) and result.noise == result.noise
-    wrong_budget = next(j for label, j in result.wrong.items() if label.startswith("budget"))
-    assert wrong_budget.ttft_error > result.judgement.ttft_error, text
+    # Which scheduling scores closer is this box's luck (a quiet run once had the 16x budget's
+    # TTFTs 5.9% off against the server's own 20.8%: the calibration's bias had the other sign),
+    # so that is reported, not asserted; tests/test_serve_fidelity.py shows on runs the simulator
+    # made that the wrong schedulings FAIL. Asserted here: the wrong budget reaches the replay of
+    # these measured runs: the TTFTs it predicts for them change.
+    wide = next(
+        s for label, s in wrong_schedulings(scheduling).items() if label.startswith("budget")
+    )
+    own = {(c.workload, c.stat): c.simulated_value for c in result.cells if c.metric == "ttft"}
+    fewer = {
+        (c.workload, c.stat): c.simulated_value
+        for c in cells_of(result.runs, result.calibration, wide)
+        if c.metric == "ttft"
+    }
+    assert fewer.keys() == own.keys() and fewer != own, text
