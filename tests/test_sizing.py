@@ -132,3 +132,19 @@ def test_deployments_like_keeps_the_kinds_on_another_count():
 def test_bad_input_is_a_named_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         devices_needed(LOAD, COST, SLO_1S, shared_only, executor=InlineExecutor(), **kwargs)
+
+
+def test_a_count_that_meets_names_the_first_deployment_in_order_that_meets_on_any_executor():
+    from pytest_prefill.plan.executors import local_executor
+
+    kinds = lambda n: default_deployments(COST, n, SLO_1S)  # noqa: E731
+    inline = devices_needed(LOAD, COST, SLO_1S, kinds, executor=InlineExecutor())
+    assert inline.devices is not None
+    order = list(kinds(inline.devices))
+    first = next(d for d in order if attains(d) >= 0.9)
+    assert inline.deployment == first
+    with local_executor(2) as pool:
+        pooled = devices_needed(LOAD, COST, SLO_1S, kinds, executor=pool)
+    assert [(c.devices, c.best, c.meets) for c in pooled.checks] == [
+        (c.devices, c.best, c.meets) for c in inline.checks
+    ]

@@ -21,7 +21,7 @@ from pytest_prefill.plan.capacity import (
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import local_executor
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.plan.rate_search import Probe, probe, probe_result
+from pytest_prefill.plan.rate_search import probe, probe_result
 from pytest_prefill.plan.workloads import Workload, arrival_rate
 from pytest_prefill.sim import CostModel, EngineProfile, Request, check_int, simulated_engine
 
@@ -33,8 +33,9 @@ DeploymentsAt = Callable[[int], Sequence[Deployment]]
 class DeviceCount:
     """What one device count gave at the workload's own rate: the deployment with the highest
     attainment among those simulated (``best``, None when no deployment fits that count) and
-    whether it meets the target. The check stops at the first deployment that meets it, so a
-    count that meets names a deployment that meets, not necessarily the best one."""
+    whether it meets the target. The check stops at the first deployment (in the order given)
+    that meets it, so a count that meets names a deployment that meets, not necessarily the
+    best one."""
 
     devices: int
     best: Deployment | None
@@ -100,42 +101,61 @@ def _check_count(
     deployments: Sequence[Deployment],
     target: float,
 ) -> DeviceCount:
-    """Every deployment of ``devices`` at the workload's own rate (scale 1), at once; done at
-    the first that meets ``target`` (the rest are cancelled)."""
+    """Every deployment of ``devices`` at the workload's own rate (scale 1), at once; done once
+    one meets ``target`` and every deployment before it (in the given order) has answered: the
+    first in order that meets is named (the ones after it are cancelled), so the answer does
+    not depend on which simulation finished first; else the highest attainment (ties: the
+    first)."""
     load, cost, slo, base_rate, engine = problem
     began = time.perf_counter()
     pending = {
-        pool.submit(probe, load, cost, slo, d, 1.0, base_rate, engine): d for d in deployments
+        pool.submit(probe, load, cost, slo, d, 1.0, base_rate, engine): i
+        for i, d in enumerate(deployments)
     }
-    best: tuple[float, Deployment] | None = None
-    simulations = 0
+    attainments: dict[int, float] = {}
     try:
-        while pending:
+        while pending and _first_meeting(attainments, target) is None:
             done, _ = concurrent.futures.wait(
                 pending, return_when=concurrent.futures.FIRST_COMPLETED
             )
             for future in done:
-                deployment = pending.pop(future)
-                result: Probe = probe_result(future)
-                simulations += 1
-                if best is None or result.attainment > best[0]:
-                    best = (result.attainment, deployment)
-            if best is not None and best[0] >= target:
-                break
+                attainments[pending.pop(future)] = probe_result(future).attainment
     finally:
         for future in pending:
             future.cancel()
-    attainment, chosen = best if best is not None else (0.0, None)
     seconds = time.perf_counter() - began
-    return DeviceCount(devices, chosen, attainment, attainment >= target, simulations, seconds)
+    if not attainments:
+        return DeviceCount(devices, None, 0.0, False, 0, seconds)
+    chosen = _first_meeting(attainments, target)
+    if chosen is None:
+        chosen = max(sorted(attainments), key=lambda i: attainments[i])
+    attainment = attainments[chosen]
+    return DeviceCount(
+        devices, deployments[chosen], attainment, attainment >= target, len(attainments), seconds
+    )
+
+
+def _first_meeting(attainments: dict[int, float], target: float) -> int | None:
+    """The lowest index that meets ``target`` with every index below it answered."""
+    for i in range(len(attainments) + 1):
+        if i not in attainments:
+            return None
+        if attainments[i] >= target:
+            return i
+    return None
 
 
 def _known_count(result: CapacityResult) -> DeviceCount | None:
-    """The capacity search's own probes at the workload's rate (scale 1), as a checked count."""
+    """The capacity search's own probes at the workload's rate (scale 1), as a checked count
+    (named as :func:`_check_count` names one: the first in order that meets)."""
     at_rate = [(r.deployment, p) for r in result.results for p in r.probes if p.scale == 1.0]
     if len(at_rate) != len(result.results):
         return None  # some deployment's search did not start at the workload's rate
-    deployment, best = max(at_rate, key=lambda pair: pair[1].attainment)
+    attainments = {i: p.attainment for i, (_, p) in enumerate(at_rate)}
+    chosen = _first_meeting(attainments, result.target)
+    if chosen is None:  # none meets: the highest attainment (ties: the first)
+        chosen = max(sorted(attainments), key=lambda i: attainments[i])
+    deployment, best = at_rate[chosen]
     meets = best.attainment >= result.target
     return DeviceCount(result.devices, deployment, best.attainment, meets, 0, 0.0)
 
