@@ -165,3 +165,52 @@ def test_on_8_devices_under_vllm_disaggregated_splits_find_a_rate_and_prefill_he
     assert all(r.status == "found" and r.max_rate > 0 for r in result.results)
     rates = [r.max_rate for r in result.results]  # in the order given: 1P, 4P, 7P
     assert rates == sorted(rates) and rates[0] < rates[-1]
+
+
+def test_a_cache_on_takes_the_traces_block_size_and_finds_hits():
+    import dataclasses
+
+    cached = dataclasses.replace(VLLM, kv="paged", prefix_caching=True)
+    workload = mooncake()
+    assert workload.prefix_block_tokens == 512
+    deployment = Deployment("chunked", 1, max_batched_tokens=2048)
+    result = capacity(
+        workload,
+        COST,
+        SLO_2S,
+        1,
+        deployments=[deployment],
+        executor=InlineExecutor(),
+        engine=cached,
+        tolerance=0.3,
+    )
+    assert result.engine.prefix_block_tokens == 512
+    first = result.results[0].probes[0]  # at the trace's own rate
+    trace = simulate(
+        "chunked", list(workload.requests), COST, engine=deployment.engine(result.engine)
+    )
+    cached_tokens = sum(r.cached_tokens for r in trace.requests.values())
+    assert first.metrics.cached_tokens == cached_tokens > 0
+    assert first.metrics.hit_rate == cached_tokens / sum(r.prompt_len for r in workload.requests)
+
+
+def test_a_deployment_the_simulator_refuses_under_the_profile_is_named_before_any_work():
+    import dataclasses
+
+    from pytest_prefill.plan.engine_commands import refusal
+
+    cached = dataclasses.replace(VLLM, kv="paged", prefix_caching=True)
+    split = Deployment("disaggregated", 2, prefill_workers=1)
+    reason = refusal("disaggregated", cached, COST, prefill_workers=1, decode_workers=1)
+    if reason is None:
+        pytest.skip("the simulator runs this split under paged KV")
+    with pytest.raises(ValueError, match="deployment disaggregated 1P:1D"):
+        capacity(
+            small_load(),
+            COST,
+            SLO_2S,
+            2,
+            deployments=[split],
+            executor=InlineExecutor(),
+            engine=cached,
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from pytest_prefill.plan.capacity import engine_for_workload
 from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.sim import PROFILES, EngineProfile, simulated_engine
 
@@ -66,16 +67,13 @@ def with_prefix_caching(
 
 def engine_for(args: argparse.Namespace, workload: Workload) -> EngineProfile:
     """The checked profile with the prefix blocks of ``workload`` (Mooncake's 512 tokens) when
-    ``--prefix-caching on`` (set as ``args.profile``)."""
-    profile: EngineProfile = args.profile
-    block = workload.prefix_block_tokens
-    if profile.prefix_caching and block is not None and block != profile.prefix_block_tokens:
-        try:
-            profile = simulated_engine(with_prefix_caching(profile, True, block))
-        except ValueError as err:
-            raise ValueError(f"--prefix-caching on with {workload.name}: {err}") from None
-    args.profile = profile
-    return profile
+    its prefix cache is on (``--prefix-caching on`` or the profile's own; set as
+    ``args.profile``)."""
+    try:
+        args.profile = engine_for_workload(args.profile, workload)
+    except ValueError as err:
+        raise ValueError(f"the prefix cache with {workload.name}: {err}") from None
+    return args.profile
 
 
 def engine_note(args: argparse.Namespace) -> str:

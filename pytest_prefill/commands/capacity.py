@@ -281,13 +281,13 @@ def _devices_needed(
     )
 
 
-def _left_out(args: argparse.Namespace) -> str | None:
-    """A note when the engine runs splits but the simulator does not under its settings (so
-    the default set has none)."""
+def _left_out(args: argparse.Namespace, cost: CostModel) -> str | None:
+    """A note when the engine runs splits but the simulator does not under its settings on
+    ``cost`` (so the default set has none)."""
     if args.deployments or args.devices < 2 or not splits(args.profile):
         return None
     split = Deployment("disaggregated", 2, prefill_workers=1)
-    reason = refused_kinds([split], args.profile).get("disaggregated")
+    reason = refused_kinds([split], args.profile, cost).get("disaggregated")
     return f"  note: no disaggregated split compared: {reason}" if reason else None
 
 
@@ -323,7 +323,11 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - began
     lines = capacity_text(result, spec.source, needed, engine_note(args)).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = [line for line in (capped_line(workload), *workload.notes, _left_out(args)) if line]
+    extra = [
+        line
+        for line in (capped_line(workload), *workload.notes, _left_out(args, spec.cost))
+        if line
+    ]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)

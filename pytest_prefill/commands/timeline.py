@@ -40,7 +40,7 @@ from pytest_prefill.report.timeline import (
 )
 from pytest_prefill.report.timeline_svg import render_svg
 from pytest_prefill.report.trace_events import MAX_TRACE_ITEMS, chrome_trace, trace_items
-from pytest_prefill.sim import CostModel
+from pytest_prefill.sim import CostModel, EngineProfile
 
 HELP = "draw the lab scenario's timeline under shared, chunked and disaggregated serving"
 
@@ -147,11 +147,7 @@ def check(args: argparse.Namespace) -> None:
     """Before any work: the engine profile, an output asked for, and sizes the flags alone
     decide (the chunked iterations; a Chrome trace's token instants, one per output token under
     each policy)."""
-    profile = check_engine(args)
-    for policy in ("shared", "chunked", "disaggregated"):
-        reason = refusal(policy, profile, chunk=1)
-        if reason is not None:
-            raise ValueError(f"the timeline draws {policy} under {profile.name}: {reason}")
+    _check_drawable(check_engine(args))
     lab_scenario_given(args)
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")
@@ -163,6 +159,15 @@ def check(args: argparse.Namespace) -> None:
         _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
     if args.max_bars is None:
         args.max_bars = DEFAULT_MAX_BARS
+
+
+def _check_drawable(profile: EngineProfile, cost: CostModel | None = None) -> None:
+    """The three policies the timeline draws, each one the simulator runs under ``profile`` on
+    ``cost`` (before it is known: on a preset with unbounded KV)."""
+    for policy in ("shared", "chunked", "disaggregated"):
+        reason = refusal(policy, profile, cost, chunk=1)
+        if reason is not None:
+            raise ValueError(f"the timeline draws {policy} under {profile.name}: {reason}")
 
 
 def _as_json(args: argparse.Namespace) -> bool:
@@ -183,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         check(args)
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
+    _check_drawable(args.profile, spec.cost)
     check_chunked_iterations(
         args.prompt_len,
         [args.chunk or default_chunk(spec.cost, args.prompt_len)],

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
-from pytest_prefill.plan.deployments import Deployment, default_deployments
+from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
 from pytest_prefill.plan.engine_commands import splits
 from pytest_prefill.plan.executors import local_executor
 from pytest_prefill.plan.metrics import SLO
@@ -218,6 +218,21 @@ def engine_document(engine: EngineProfile) -> dict[str, Any]:
     }
 
 
+def engine_for_workload(
+    profile: EngineProfile, workload: Workload | Sequence[Request]
+) -> EngineProfile:
+    """``profile`` with a prefix cache on, its blocks the size a trace's hash ids name
+    (:attr:`Workload.prefix_block_tokens`: Mooncake's 512); else ``profile`` as it is.
+
+    Raises:
+        ValueError: when the simulator refuses that block size under the profile.
+    """
+    block = workload.prefix_block_tokens if isinstance(workload, Workload) else None
+    if not profile.prefix_caching or block is None or block == profile.prefix_block_tokens:
+        return profile
+    return simulated_engine(dataclasses.replace(profile, prefix_block_tokens=block))
+
+
 def workload_requests(
     workload: Workload | Sequence[Request],
 ) -> tuple[tuple[Request, ...], str, str | None]:
@@ -278,6 +293,8 @@ def _check_search(
             raise ValueError(
                 f"deployment {d.label}: engine {engine.name!r} runs no prefill:decode split"
             )
+        for reason in refused_kinds([d], engine, cost).values():
+            raise ValueError(f"deployment {d.label}: {reason}")
     labels = [d.label for d in deployments]
     if len(set(labels)) != len(labels):
         raise ValueError(f"deployments are repeated: {labels}")
@@ -324,7 +341,7 @@ def capacity(
             for another device count, an unknown engine or a split it does not run.
     """
     load, name, attribution = workload_requests(workload)
-    profile = simulated_engine(engine)
+    profile = engine_for_workload(simulated_engine(engine), workload)
     _check_search(cost, slo, devices, target, tolerance, deployments, profile)
     chosen = (
         tuple(deployments)

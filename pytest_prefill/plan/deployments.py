@@ -300,7 +300,7 @@ def default_deployments(
             Deployment("disaggregated", devices, prefill_workers=p, max_batched_tokens=tokens)
             for p in default_splits(devices)
         ]
-    refused = refused_kinds(out, engine)
+    refused = refused_kinds(out, engine, cost)
     return tuple(d for d in out if _kind(d) not in refused)
 
 
@@ -308,16 +308,19 @@ def _kind(deployment: Deployment) -> str:
     return "chunked ≤time" if deployment.chunk_budget is not None else deployment.policy
 
 
-def refused_kinds(deployments: Sequence[Deployment], engine: EngineProfile) -> dict[str, str]:
+def refused_kinds(
+    deployments: Sequence[Deployment], engine: EngineProfile, cost: CostModel | None = None
+) -> dict[str, str]:
     """The kinds among ``deployments`` (policies; a time budget apart) the simulator refuses
-    under ``engine``, each with its reason."""
+    under ``engine`` on ``cost`` (default: a preset with unbounded KV), each with its
+    reason."""
     out: dict[str, str] = {}
     for d in deployments:
         kind = _kind(d)
         if kind not in out:
             options = d.simulate_options(engine)
             options.pop("replicas", None)
-            reason = refusal(d.policy, options.pop("engine"), **options)
+            reason = refusal(d.policy, options.pop("engine"), cost, **options)
             if reason is not None:
                 out[kind] = reason
     return {k: v for k, v in out.items() if v}

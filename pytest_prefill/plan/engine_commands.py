@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_prefill.sim import PRESETS, EngineProfile, Request, simulate
+from pytest_prefill.sim import PRESETS, CostModel, EngineProfile, Request, simulate
 
 MODEL = "MODEL"  # the user's model: what the line leaves for them to fill in
 _NIXL = '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\''
@@ -127,13 +127,17 @@ def launch_line(profile: EngineProfile, prefill: int | None, devices: int) -> st
     )
 
 
-def refusal(policy: str, profile: EngineProfile, **options: Any) -> str | None:
-    """Why the simulator refuses ``policy`` (with ``options``) under ``profile`` — e.g. a knob
-    it does not run for that policy yet — or None when it runs it: one one-token request
-    simulated, so the answer is the simulator's own and follows it as it learns."""
+def refusal(
+    policy: str, profile: EngineProfile, cost: CostModel | None = None, **options: Any
+) -> str | None:
+    """Why the simulator refuses ``policy`` (with ``options``) under ``profile`` on ``cost``
+    (default a preset with unbounded KV) — e.g. a knob it does not run for that policy yet —
+    or None when it runs it: one one-token request simulated, so the answer is the
+    simulator's own and follows it as it learns."""
     probe = [Request("probe", 0.0, 1, 1)]
+    device = cost if cost is not None else PRESETS["lab-laptop"].cost
     try:
-        simulate(policy, probe, PRESETS["lab-laptop"].cost, engine=profile, **options)
+        simulate(policy, probe, device, engine=profile, **options)
     except ValueError as err:
         return str(err)
     return None

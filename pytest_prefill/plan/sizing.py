@@ -16,6 +16,7 @@ from pytest_prefill.plan.capacity import (
     DEFAULT_TARGET,
     CapacityResult,
     Progress,
+    engine_for_workload,
     workload_requests,
 )
 from pytest_prefill.plan.deployments import Deployment
@@ -200,7 +201,7 @@ def devices_needed(
             target outside (0, 1], or a workload without an arrival rate.
     """
     load, _, _ = workload_requests(workload)
-    profile = simulated_engine(engine)
+    profile = engine_for_workload(simulated_engine(engine), workload)
     check_int("start", start)
     check_int("max_devices", max_devices)
     if start > max_devices:

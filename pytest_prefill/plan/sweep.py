@@ -86,7 +86,7 @@ def chunk_sweep(
     runs += [("chunked", c) for c in chunks]
     runs.append(("disaggregated", None))
     assert {p for p, _ in runs} == set(POLICIES)
-    runs = [(p, c) for p, c in runs if refusal(p, resolve_engine(engine), chunk=c) is None]
+    runs = [(p, c) for p, c in runs if refusal(p, resolve_engine(engine), cost, chunk=c) is None]
     summaries = [
         (
             policy,
