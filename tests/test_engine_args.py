@@ -131,20 +131,37 @@ def test_capacity_with_prefix_caching_puts_the_hit_rate_in_its_table(capsys):
     assert header.split()[-2:] == ["rate", "preempted"]
 
 
-@pytest.mark.parametrize(
-    ("argv", "words"),
-    [
-        (["timeline", "--text", "--engine", "vllm", "--prefix-caching", "on"], "disaggregated"),
-        (
-            [*CAPACITY, "--devices", "2", "--prefix-caching", "on"]
-            + ["--deployment", "disaggregated:1:1"],
-            "--deployment disaggregated 1P:1D",
-        ),
-        (["simulate", "--prefix-caching", "maybe"], "invalid choice: 'maybe'"),
-    ],
-)
-def test_what_the_simulator_does_not_run_with_a_cache_is_refused_at_parse_time(argv, words, capsys):
-    assert words in usage_error(argv, capsys)
+CACHED_SPLIT = [
+    (["timeline", "--text", "--engine", "vllm", "--prefix-caching", "on"], "disaggregated"),
+    (
+        [*CAPACITY, "--devices", "2", "--prefix-caching", "on", "--no-devices-needed"]
+        + ["--deployment", "disaggregated:1:1", "--tolerance", "0.5"],
+        "--deployment disaggregated 1P:1D",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), CACHED_SPLIT)
+def test_a_split_with_the_cache_on_runs_or_is_refused_at_parse_time_as_the_simulator_says(
+    argv, words, capsys
+):
+    import dataclasses
+
+    from pytest_prefill.plan.engine_commands import refusal
+
+    cached = dataclasses.replace(get_profile("vllm"), kv="paged", prefix_caching=True)
+    reason = refusal("disaggregated", cached)
+    if reason is None:
+        assert main(argv) == 0
+    else:
+        line = usage_error(argv, capsys)
+        assert words in line and reason[:40] in line
+
+
+def test_a_bad_prefix_caching_value_is_a_usage_error(capsys):
+    assert "invalid choice: 'maybe'" in usage_error(
+        ["simulate", "--prefix-caching", "maybe"], capsys
+    )
 
 
 def test_the_gate_says_when_the_baseline_ran_another_engine(tmp_path, capsys):
