@@ -42,8 +42,8 @@ def test_the_profiles_are_the_six_named_in_design():
 def test_each_default_is_the_engines_own(name):
     profile = get_profile(name)
     assert (profile.first_token, profile.max_batched_tokens, profile.max_seqs) == DEFAULTS[name]
-    # the KV knobs stay at the lab's until paged KV and the prefix cache are simulated
-    assert (profile.kv, profile.prefix_caching) == ("reserve", False)
+    kv = ("paged", 16, True) if name == "vllm" else ("reserve", 16, False)
+    assert (profile.kv, profile.kv_block_tokens, profile.prefix_caching) == kv
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULTS))
@@ -156,9 +156,18 @@ def test_a_profile_object_or_its_name_run_the_same():
 
 
 def test_what_paged_kv_does_not_simulate_yet_is_refused_naming_it():
-    paged = dataclasses.replace(get_profile("vllm"), kv="paged")
-    with pytest.raises(ValueError, match="kv='paged' is not simulated for policy 'disagg"):
-        simulate("disaggregated", scenario(V2), V2, engine=paged)
+    paged = get_profile("vllm")
+    shared = [dataclasses.replace(r, prefix_blocks=(0,)) for r in scenario(V2)]
+    with pytest.raises(ValueError, match="kv='paged' is simulated for policy 'disagg"):
+        simulate("disaggregated", shared, V2, engine=paged)
+    tight = dataclasses.replace(V2, kv_capacity_tokens=10_000)
+    with pytest.raises(ValueError, match="kv='paged' is simulated for policy 'disagg"):
+        simulate("disaggregated", scenario(V2), tight, engine=paged)
+    free = simulate("disaggregated", scenario(V2), V2, engine=paged)  # the reservation rule
+    reserve = dataclasses.replace(paged, kv="reserve", prefix_caching=False)
+    assert list(free.steps()) == list(
+        simulate("disaggregated", scenario(V2), V2, engine=reserve).steps()
+    )
     with pytest.raises(ValueError, match="chunk_budget is not simulated under kv='paged'"):
         simulate("chunked", scenario(V2), V2, chunk_budget=0.05, engine=paged)
     reserve = dataclasses.replace(paged, kv="reserve", prefix_caching=True)
@@ -173,6 +182,9 @@ def test_chunked_under_a_token_budget_needs_no_chunk():
         simulate("chunked", scenario(V2), V2)
 
 
-def test_a_profile_keeps_the_engines_unsimulated_kv_defaults_in_its_sources():
-    assert "16 tokens" in get_profile("vllm").sources["kv"]
+def test_a_profile_keeps_the_engines_kv_defaults_in_its_sources():
+    vllm = get_profile("vllm").sources
+    assert "-> 16 on CUDA" in vllm["kv_block_tokens"] and "RECOMPUTE" in vllm["kv"]
+    assert "enable_prefix_caching" in vllm["prefix_caching"]
+    assert "not simulated yet" in get_profile("sglang").sources["kv"]
     assert math.isinf(V2.kv_capacity_tokens)  # the cost model, not the profile, bounds KV

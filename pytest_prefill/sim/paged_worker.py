@@ -35,6 +35,7 @@ from typing import Any
 
 from .events import LogEntry
 from .fastpath import TimedWorker
+from .gaps import GapRun
 from .paged import BlockPool, blocks_for
 from .profiles import EngineProfile
 from .requests import Request
@@ -45,31 +46,50 @@ _new_tuple = tuple.__new__
 
 
 class PagedBook:
-    """The tokens of a paged worker's requests, kept explicitly (ticks): what
-    :class:`~.results.SimResults` reads of a :class:`~.tokens.TokenBook`."""
+    """The tokens of a paged worker's requests, kept explicitly (ticks), and their gaps as a
+    :class:`~.tokens.TokenBook` keeps them (points, and runs of growing step gaps): what
+    :class:`~.results.SimResults` reads of a book."""
 
-    __slots__ = ("times", "first_token", "finish", "gap_runs")
+    __slots__ = ("times", "first_token", "finish", "gaps", "gap_runs")
 
     def __init__(self) -> None:
         self.times: dict[str, list[int]] = {}
         self.first_token: dict[str, int] = {}
         self.finish: dict[str, int] = {}
-        self.gap_runs: list[Any] = []
+        self.gaps: dict[int, int] = {}  # token gap -> how many tokens followed such a gap
+        self.gap_runs: list[GapRun] = []
 
     def add(self, rid: str, t: int) -> None:
-        times = self.times.setdefault(rid, [])
-        if not times:
+        """One token of ``rid`` at ``t``."""
+        times = self.times.get(rid)
+        if times is None:
+            self.times[rid] = [t]
             self.first_token[rid] = t
+            return
+        gap = t - times[-1]
+        self.gaps[gap] = self.gaps.get(gap, 0) + 1
         times.append(t)
 
-    @property
-    def gaps(self) -> dict[int, int]:
-        """Token gap -> how many tokens followed such a gap."""
-        out: dict[int, int] = {}
-        for times in self.times.values():
-            for a, b in zip(times, times[1:]):
-                out[b - a] = out.get(b - a, 0) + 1
-        return out
+    def run(self, rows: list[Request], ends: list[int], first: int, growth: int) -> None:
+        """Each of ``rows`` emitted a token at each of ``ends`` (a run of steps, the first
+        lasting ``first``, each next one ``growth`` longer)."""
+        times_of, gaps, head = self.times, self.gaps, ends[0]
+        for r in rows:
+            times = times_of.get(r.id)
+            if times is None:
+                times_of[r.id] = times = []
+                self.first_token[r.id] = head
+            else:
+                gap = head - times[-1]
+                gaps[gap] = gaps.get(gap, 0) + 1
+            times.extend(ends)
+        steps = len(ends)
+        if steps > 1:
+            if growth:
+                run = (first + growth, growth, steps - 1, len(rows))
+                self.gap_runs.append(_new_tuple(GapRun, run))
+            else:
+                gaps[first] = gaps.get(first, 0) + (steps - 1) * len(rows)
 
     def token_times(self, request: Request) -> list[int]:
         return self.times.get(request.id, [])
@@ -95,6 +115,8 @@ class PagedWorker(TimedWorker):
         "cached",
         "preempted_at",
         "preempted_now",
+        "rows_now",
+        "holds",
     )
 
     def __init__(
@@ -116,6 +138,7 @@ class PagedWorker(TimedWorker):
         self.tokens = self.book  # type: ignore[assignment]  # read as a TokenBook
         self.emitted: dict[str, int] = {}  # tokens emitted so far
         self.owned: dict[str, int] = {}  # admitted -> its own blocks
+        self.holds: dict[str, int] = {}  # admitted -> tokens its blocks (own, shared) hold
         self.shared: dict[str, list[Hashable]] = {}  # admitted -> cached blocks it shares
         self.order: dict[str, int] = {}  # admitted -> admission number (the latest: largest)
         self.counter = 0
@@ -123,21 +146,28 @@ class PagedWorker(TimedWorker):
         self.cached: dict[str, int] = {}  # prompt tokens the cache supplied, in all
         self.preempted_at: dict[str, list[int]] = {}
         self.preempted_now = False
+        self.rows_now: list[Request] = []  # the rows of the iteration composed
 
     # -- blocks ----------------------------------------------------------------------------
     def _need(self, r: Request, tokens: int) -> int:
-        """Blocks ``r`` must add to hold ``tokens`` tokens of KV."""
-        own = tokens - len(self.shared[r.id]) * self.entry_tokens
-        return max(0, blocks_for(own, self.block_tokens) - self.owned[r.id])
+        """Blocks ``r`` must add to hold ``tokens`` tokens of KV (its own blocks and the cached
+        ones it shares hold ``holds[r.id]``; a cached block is a whole number of blocks)."""
+        more = tokens - self.holds[r.id]
+        return -(-more // self.block_tokens) if more > 0 else 0
 
     def _grab(self, r: Request, tokens: int) -> bool:
-        need = self._need(r, tokens)
+        more = tokens - self.holds[r.id]
+        if more <= 0:
+            return True
+        need = -(-more // self.block_tokens)
         if self.pool.take(need):
             self.owned[r.id] += need
+            self.holds[r.id] += need * self.block_tokens
             return True
         return False
 
     def _release(self, r: Request) -> None:
+        del self.holds[r.id]
         self.pool.owned -= self.owned.pop(r.id)
         self.pool.unshare(self.shared.pop(r.id))
         del self.order[r.id]
@@ -183,6 +213,7 @@ class PagedWorker(TimedWorker):
                 completed.append(r)
                 del self.entries[r.id]
                 self.waiting.remove(entry)
+        self.rows_now = rows
         ids = tuple([r.id for r in rows])
         kv = sum([r.prompt_len + self.emitted[r.id] for r in rows])
         context = sum([done for _, done, _ in pieces])
@@ -287,6 +318,7 @@ class PagedWorker(TimedWorker):
         self.entries[r.id] = entry
         self.waiting.append(entry)
         self.owned[r.id], self.shared[r.id] = own, blocks
+        self.holds[r.id] = own * self.block_tokens + len(blocks) * self.entry_tokens
         self.counter += 1
         self.order[r.id] = self.counter
         self.admitted += 1
@@ -363,25 +395,25 @@ class PagedWorker(TimedWorker):
     def _emit_rows(self, plan: Plan, end: int, steps: int, first: int, growth: int) -> None:
         """Each row emits a token at the end of each step (a run ends at the next finish at
         the latest); a run's later steps take the blocks they fill (planned to fit)."""
-        start, book = self.started, self.book
+        start = self.started
         ends = [start + (j + 1) * first + growth * (j * (j + 1) // 2) for j in range(steps - 1)]
         ends.append(end)
-        ids = set(plan.decode_ids)
-        gone = set()
-        for r in [x for x in self.running if x.id in ids]:
+        rows = self.rows_now
+        self.book.run(rows, ends, first, growth)
+        emitted, gone = self.emitted, []
+        for r in rows:
             if steps > 1:
-                taken = self._grab(r, r.prompt_len + self.emitted[r.id] + steps - 1)
+                taken = self._grab(r, r.prompt_len + emitted[r.id] + steps - 1)
                 assert taken, "a decode run outgrew its blocks"
-            for t in ends:
-                book.add(r.id, t)
-            self.emitted[r.id] += steps
-            if self.emitted[r.id] == r.output_len:
-                book.finish[r.id] = end
+            emitted[r.id] += steps
+            if emitted[r.id] == r.output_len:
+                self.book.finish[r.id] = end
                 self._release(r)
-                self.unfinished -= 1
-                gone.add(r.id)
+                gone.append(r)
         if gone:
-            self.running = [x for x in self.running if x.id not in gone]
+            self.unfinished -= len(gone)
+            ids = {r.id for r in gone}
+            self.running = [x for x in self.running if x.id not in ids]
         self.row_ids = tuple([x.id for x in self.running])
 
     # -- timing (the fast path's part) ------------------------------------------------------

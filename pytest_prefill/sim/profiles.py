@@ -35,9 +35,12 @@ class EngineProfile:
     one; None: no budget). ``max_seqs``: at most this many requests admitted on a worker at
     once (None: no cap). With a token budget at most ``max_batched_tokens`` requests are
     admitted too (:attr:`seq_cap`), since each running request takes a decode row, as vLLM
-    caps its default ``max_num_seqs``. ``kv``, ``kv_block_tokens``, ``prefix_caching``,
-    ``prefix_block_tokens``: KV memory and the prefix cache (only ``"reserve"`` and no prefix
-    caching are simulated so far). ``citations``: (knob, where its default comes from) pairs.
+    caps its default ``max_num_seqs``. ``kv``: ``"reserve"`` (a request reserves prompt and
+    output at admission, strict FCFS) or ``"paged"`` (vLLM's blocks of ``kv_block_tokens``
+    allocated as tokens are written, preemption by recompute); ``prefix_caching`` (paged KV
+    only): a worker's cache of ``prefix_block_tokens``-token prompt blocks, shared by
+    ``Request.prefix_blocks`` hash ids. ``citations``: (knob, where its default comes from)
+    pairs.
 
     Raises:
         ValueError: naming the field, for a value outside its allowed ones.
@@ -165,6 +168,10 @@ PROFILES: dict[str, EngineProfile] = {
             first_token="prefill",
             max_batched_tokens=2048,
             max_seqs=256,
+            kv="paged",
+            kv_block_tokens=16,
+            prefix_caching=True,
+            prefix_block_tokens=16,
             description="vllm serve (the OpenAI API server) on an A100 or a GPU under 70 GiB",
             citations=(
                 (
@@ -190,9 +197,29 @@ PROFILES: dict[str, EngineProfile] = {
                 ),
                 (
                     "kv",
-                    f"{_VLLM}: KV in blocks of 16 tokens on CUDA (CacheConfig.block_size) and "
-                    "prefix caching on by default for generative models (arg_utils "
-                    "enable_prefix_caching); not simulated yet: reservation here",
+                    f"{_VLLM}: paged KV (vllm/v1/core/kv_cache_manager.py, block_pool.py): "
+                    "blocks allocated as the scheduler (vllm/v1/core/sched/scheduler.py) "
+                    "schedules tokens, running requests first; one that cannot get its "
+                    "block preempts the last of the running queue by recompute "
+                    "(PreemptionMode.RECOMPUTE, the V1 only mode), prepended to the waiting "
+                    "queue; no waiting request is scheduled in a step that preempted",
+                ),
+                (
+                    "kv_block_tokens",
+                    f"{_VLLM}: vllm/config/cache.py CacheConfig.block_size: None -> 16 on "
+                    "CUDA (vllm/platforms/cuda.py check_and_update_config)",
+                ),
+                (
+                    "prefix_caching",
+                    f"{_VLLM}: vllm/engine/arg_utils.py: enable_prefix_caching defaults on in "
+                    "V1 for generative models; a hit never covers the whole prompt "
+                    "(kv_cache_manager.get_computed_blocks: at most num_tokens - 1); freed "
+                    "blocks join the free queue tail first (LRU eviction)",
+                ),
+                (
+                    "prefix_block_tokens",
+                    f"{_VLLM}: the prefix cache hashes whole KV blocks (block_size, 16); a "
+                    "trace with coarser hash ids (Mooncake's 512) sets its own",
                 ),
             ),
         ),

@@ -175,9 +175,9 @@ def simulate(
     )
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
-    _check_paged_options(profile, policy, chunk_budget)
     with no_collection():
         requests = validate_load(load)
+        _check_paged_options(profile, policy, chunk_budget, cost.kv_capacity_tokens, requests)
         if profile.kv == "paged":
             capacity = check_paged(requests, profile, cost.kv_capacity_tokens)
         else:
@@ -210,14 +210,23 @@ def simulated_engine(engine: Any) -> EngineProfile:
     return profile
 
 
-def _check_paged_options(profile: EngineProfile, policy: str, chunk_budget: Any) -> None:
+def _check_paged_options(
+    profile: EngineProfile,
+    policy: str,
+    chunk_budget: Any,
+    capacity: float,
+    requests: list[Request],
+) -> None:
     """What paged KV does not simulate yet, named (ValueError)."""
     if profile.kv != "paged":
         return
-    if policy == "disaggregated":
+    shared = profile.prefix_caching and any(r.prefix_blocks for r in requests)
+    if policy == "disaggregated" and not (math.isinf(capacity) and not shared):
         raise ValueError(
-            f"kv='paged' is not simulated for policy 'disaggregated' yet (engine "
-            f"{profile.name!r}); allowed there: kv='reserve'"
+            f"kv='paged' is simulated for policy 'disaggregated' only with unbounded KV "
+            f"(kv_capacity_tokens inf) and nothing to share (prefix_caching off or no "
+            f"Request.prefix_blocks), where it is the reservation rule exactly (engine "
+            f"{profile.name!r}); set kv='reserve' or prefix_caching=False"
         )
     if chunk_budget is not None:
         raise ValueError(
