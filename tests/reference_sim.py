@@ -72,6 +72,22 @@ class Reference:
         self.prefill: dict[str, list] = {}  # id -> [start, end, ready, prefill worker name]
         self.decoder: dict[str, str] = {}
         self.emitted: dict[str, int] = {}
+        self.caching, self.E = engine.prefix_caching, engine.prefix_block_tokens
+        self.cached: dict[str, int] = {}
+        self.preempted: dict[str, list[int]] = {}
+        self.by_prefix = False  # router="prefix"
+
+    def prefill_hits(self, w: W, r: Request) -> int:
+        """Disaggregation's prefix cache (unbounded): the leading full blocks the prefill
+        worker prefilled before, never the whole prompt."""
+        if not self.caching:
+            return 0
+        hits = 0
+        while hits < min(len(r.prefix_blocks), (r.prompt_len - 1) // self.E):
+            if r.prefix_blocks[hits] not in w.cache:
+                break
+            hits += 1
+        return hits * self.E
 
     # -- the cost model, written out once more ------------------------------------------------
     def compute(self, pieces, rows):
@@ -203,6 +219,19 @@ class Reference:
                 self.leave(w, r)
         w.current, w.until = None, None
 
+    def route(self, workers, r):
+        if not self.by_prefix:
+            return self.least(workers)
+
+        def cached_run(w):  # leading blocks held, as admission would count them
+            most = min(len(r.prefix_blocks), r.prompt_len // self.E, (r.prompt_len - 1) // self.E)
+            n = 0
+            while n < most and r.prefix_blocks[n] in w.cache:
+                n += 1
+            return n
+
+        return max(workers, key=lambda w: (cached_run(w), -w.routed, -workers.index(w)))
+
     def least(self, workers, ok=lambda w: True):
         fit = [w for w in workers if ok(w)]
         return min(fit, key=lambda w: (w.routed, workers.index(w))) if fit else None
@@ -225,7 +254,7 @@ class Reference:
                     self.end(w, t)
             for r in arrivals:
                 if to_ticks(r.arrival, up=True) == t:
-                    w = self.least(workers)
+                    w = self.route(workers, r)
                     w.pending.append(r)
                     w.routed += 1
                     self.decoder[r.id] = w.name
@@ -262,12 +291,14 @@ class Reference:
                             w.current[3],
                             t,
                             "prefill",
-                            tuple((r.id, r.prompt_len, 0) for r in w.batch),
+                            tuple((r.id, n, c) for r, c, n in w.current[0]),
                             (),
                             0,
                         )
                     )
                     for r in w.batch:
+                        for k in r.prefix_blocks[: r.prompt_len // self.E]:
+                            w.cache[k] = True  # the prefix cache of this prefill worker
                         self.prefill[r.id][1] = t
                         if self.prefill_first and self.emit(r, t):  # done: its one token
                             self.prefill[r.id][2] = t
@@ -319,20 +350,23 @@ class Reference:
                 progress = False
                 for w in pre:
                     if w.until is None and queue:
-                        tokens = 0
+                        tokens, pieces = 0, []
                         while queue and self.fits(w, queue[0]):
-                            if w.batch and tokens + queue[0].prompt_len > self.B:
+                            hits = self.prefill_hits(w, queue[0])
+                            if w.batch and tokens + queue[0].prompt_len - hits > self.B:
                                 break  # at least one prompt, whatever its length
                             r = queue.popleft()
                             w.reserved += need(r)
                             w.admitted += 1
-                            tokens += r.prompt_len
+                            tokens += r.prompt_len - hits
                             w.batch.append(r)
+                            pieces.append((r, hits, r.prompt_len - hits))
                             owner[r.id] = w
                             self.prefill[r.id] = [t, None, None, w.name]
+                            if self.caching:
+                                self.cached[r.id] = hits
                         if w.batch:
                             progress = True
-                            pieces = [(r, 0, r.prompt_len) for r in w.batch]
                             w.current = (pieces, [], 0, t)
                             w.until = t + self.compute(pieces, 0)
             for w in dec:
@@ -345,10 +379,7 @@ class Paged(Reference):
 
     def __init__(self, cost, chunk=None, engine=LAB):
         super().__init__(cost, chunk, None, engine)
-        self.b, self.E = engine.kv_block_tokens, engine.prefix_block_tokens
-        self.caching = engine.prefix_caching
-        self.cached: dict[str, int] = {}
-        self.preempted: dict[str, list[int]] = {}
+        self.b = engine.kv_block_tokens
         self.clock = 0  # admissions and frees counted, for "latest" and "least recent"
 
     def blocks(self, tokens):
@@ -551,10 +582,12 @@ def reference(
     prefill_workers=1,
     decode_workers=1,
     engine=LAB,
+    router="least-loaded",
 ) -> Reference:
     """Run the reference; read ``.events``, ``.tokens``, ``.prefill`` and ``.decoder``."""
-    if engine.kv == "paged":
+    if engine.kv == "paged" and policy != "disaggregated":
         ref = Paged(cost, chunk if policy == "chunked" else None, engine)
+        ref.by_prefix = router == "prefix"
         if not math.isinf(ref.cap):
             ref.cap = int(ref.cap) // engine.kv_block_tokens
         ref.colocated(load, policy, replicas)

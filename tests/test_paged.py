@@ -81,6 +81,21 @@ def test_hits_are_the_shared_leading_blocks_and_ttft_falls_by_their_priced_cost(
     assert on.summary().ttft_p50 < off.summary().ttft_p50
 
 
+def test_under_disaggregation_the_prefill_worker_caches_and_ttft_falls_by_the_priced_cost():
+    load = conversation(3)
+    on = simulate("disaggregated", load, V2, engine=PAGED)
+    off = simulate(
+        "disaggregated", load, V2, engine=dataclasses.replace(PAGED, prefix_caching=False)
+    )
+    hits = [0] + [shared_leading(a, b) for a, b in zip(load, load[1:])]
+    assert [on.cached_tokens(r.id) for r in load] == hits and on.summary().cached_tokens
+    assert check_invariants(on, load, V2) == []
+    for r, h in zip(load, hits):  # the first token comes from the prefill pass
+        skipped = V2.prefill_pass(r.prompt_len) - V2.prefill_pass(r.prompt_len - h, context=h)
+        diff = off.requests[r.id].ttft - on.requests[r.id].ttft
+        assert diff == pytest.approx(skipped, rel=1e-6, abs=1e-12)
+
+
 def test_a_prompt_is_never_wholly_cached():
     a = Request("a", 0.0, 2 * BLOCK, 2, (1, 2))
     b = Request("b", 10.0, 2 * BLOCK, 2, (1, 2))  # the same prompt: one block is recomputed
@@ -232,3 +247,23 @@ def test_blocks_over_the_pool_are_named():
 
 def test_capacity_in_blocks_is_whole_blocks():
     assert math.isinf(BlockPool(math.inf).room())
+
+
+def test_the_prefix_router_sends_a_turn_to_the_replica_holding_its_prefix():
+    a0, a1 = conversation(2)  # a1 continues a0; a0 and c go to worker0, b to worker1
+    b = Request("b", a0.arrival + 0.001, 300, 50, (7000, 7001, 7002))
+    c = Request("c", a0.arrival + 0.002, 300, 1000, (8000, 8001, 8002))
+    load = [a0, b, c, dataclasses.replace(a1, arrival=a0.arrival + 5.0)]  # c still runs then
+    least = simulate("chunked", load, V2, chunk=512, engine=PAGED, replicas=2)
+    prefix = simulate("chunked", load, V2, chunk=512, engine=PAGED, replicas=2, router="prefix")
+    for trace in (least, prefix):
+        assert check_invariants(trace, load, V2) == []
+        assert trace.requests["t0"].decode_resource == trace.requests["c"].decode_resource
+    held = prefix.requests["t0"].decode_resource
+    assert prefix.requests["t1"].decode_resource == held  # busier, but it holds the prefix
+    assert least.requests["t1"].decode_resource != held  # the idle one
+    assert prefix.cached_tokens("t1") == shared_leading(a0, a1) > 0 == least.cached_tokens("t1")
+    with pytest.raises(ValueError, match="router must be one of"):
+        simulate("chunked", load, V2, chunk=512, engine=PAGED, router="random")
+    with pytest.raises(ValueError, match="router='prefix' needs"):
+        simulate("chunked", load, V2, chunk=512, router="prefix")

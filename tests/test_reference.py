@@ -210,8 +210,14 @@ def paged_setups(draw: st.DrawFn):
         largest = max(-(-(r.prompt_len + r.output_len - 1) // block) for r in load)
         blocks = largest + draw(st.sampled_from([0, 1, 5, 40, 400]))
         cost = CostModel.from_dict({**cost.to_dict(), "kv_capacity_tokens": blocks * block})
-    policy = draw(st.sampled_from(["shared", "coscheduled", "chunked"]))
+    policy = draw(st.sampled_from(["shared", "coscheduled", "chunked", "disaggregated"]))
+    if policy == "disaggregated":  # paged there: unbounded KV, the cache on prefill workers
+        cost = CostModel.from_dict({**cost.to_dict(), "kv_capacity_tokens": math.inf})
+        workers = {"prefill_workers": draw(st.integers(1, 3)), "decode_workers": 2}
+        return policy, load, cost, {"engine": engine, **workers}
     options: dict = {"engine": engine, "replicas": draw(st.integers(1, 3))}
+    if engine.prefix_caching and draw(st.booleans()):
+        options["router"] = "prefix"
     if policy == "chunked" and (engine.max_batched_tokens is None or draw(st.booleans())):
         options["chunk"] = draw(st.integers(1, 700))
     return policy, load, cost, options

@@ -16,7 +16,7 @@ Reading order:
    ``paged_worker`` (vLLM's rules: blocks as tokens are written, preemption by recompute,
    prefix cache hits; its own rules and token book, timed as the fast path times).
 3. ``policies`` — the policies, their options and the worker mode of each; ``router`` — which
-   worker gets a request; ``prefill_pool`` — disaggregation's prefill workers and KV link.
+   worker gets a request (least loaded, or the one holding its longest cached prefix); ``prefill_pool`` — disaggregation's prefill workers and KV link.
 4. ``simulation`` — :func:`simulate`: each policy as pools of workers.
 5. The speed-ups, kept apart from the rules: ``ticks`` (exact integer time), ``fastpath``
    (a worker timed by the cost model; decode runs in closed form), ``pool`` (the loop that
@@ -57,7 +57,7 @@ from .profiles import (
 )
 from .requests import Request, validate_load
 from .results import SimResults
-from .router import LeastLoaded
+from .router import ROUTERS, LeastLoaded, PrefixRouter
 from .rules import MODES, Plan, Price, Worker
 from .simulation import (
     colocated,
@@ -82,6 +82,7 @@ __all__ = [
     "POLICIES",
     "PRESETS",
     "PROFILES",
+    "ROUTERS",
     "TICKS_PER_SECOND",
     "CompactRun",
     "CostModel",
@@ -101,6 +102,7 @@ __all__ = [
     "PrefillPool",
     "PrefillSide",
     "PrefillTimes",
+    "PrefixRouter",
     "Preset",
     "Price",
     "Request",

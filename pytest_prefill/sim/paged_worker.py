@@ -117,6 +117,7 @@ class PagedWorker(TimedWorker):
         "preempted_now",
         "rows_now",
         "holds",
+        "routed_by_prefix",
     )
 
     def __init__(
@@ -128,8 +129,10 @@ class PagedWorker(TimedWorker):
         chunk: float,
         blocks: float,
         engine: EngineProfile,
+        routed_by_prefix: bool = False,
     ) -> None:
         super().__init__(index, name, mode, tick, chunk, engine=engine)
+        self.routed_by_prefix = routed_by_prefix  # the router reads the cache mid-run
         self.block_tokens = engine.kv_block_tokens
         self.entry_tokens = engine.prefix_block_tokens
         self.caching = engine.prefix_caching
@@ -327,6 +330,11 @@ class PagedWorker(TimedWorker):
             self.prefill_start[r.id] = now
             self.cached[r.id] = done
 
+    def cached_run(self, r: Request) -> int:
+        """The leading blocks of ``r`` this worker's cache holds, as admission would count
+        them (what a prefix router compares)."""
+        return self._hits(r, r.prompt_len)
+
     def _hits(self, r: Request, target: int) -> int:
         """Leading blocks of ``r`` the cache holds (full prompt blocks, never all ``target``
         tokens)."""
@@ -454,7 +462,9 @@ class PagedWorker(TimedWorker):
         # A request waiting to be admitted may find room once a cached block it would hit
         # is evicted (its piece then starts earlier and may need fewer blocks than the hit's
         # room allowed): evict nothing inside a run while one waits.
-        room = pool.capacity - pool.used if self.pending and self.caching else pool.room()
+        # So is a prefix router, which reads the cache at every arrival.
+        still = (self.pending and self.caching) or self.routed_by_prefix
+        room = pool.capacity - pool.used if still else pool.room()
 
         def extra(steps: int) -> int:
             return sum(self._need(r, r.prompt_len + self.emitted[r.id] + steps - 1) for r in rows)

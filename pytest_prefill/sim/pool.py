@@ -8,17 +8,21 @@ from collections.abc import Callable, Sequence
 
 from .fastpath import TimedWorker
 from .requests import Request
-from .router import LeastLoaded
+from .router import LeastLoaded, PrefixRouter
 
 
 class Pool:
     """Workers driven through time together: at each instant, end the iterations that end then,
     hand out what arrives, then start every idle worker that has work."""
 
-    def __init__(self, size: int, make: Callable[[int], TimedWorker]) -> None:
+    def __init__(
+        self, size: int, make: Callable[[int], TimedWorker], *, prefix: bool = False
+    ) -> None:
         self.make = make
         self.workers: list[TimedWorker] = []
-        self.router = LeastLoaded(size)
+        self.router: LeastLoaded | PrefixRouter = (
+            PrefixRouter(size) if prefix else LeastLoaded(size)
+        )
         self._heap: list[tuple[int, int]] = []  # (end, worker index); stale when it moved
         self._ready: list[TimedWorker] = []
 

@@ -42,6 +42,7 @@ class PrefillSide(NamedTuple):
     logs: list[list[LogEntry]]
     busy: int
     finished: dict[str, int]
+    cached: dict[str, int] = {}  # noqa: RUF012  # prompt tokens the prefix cache supplied
 
 
 class PrefillPool:
@@ -56,7 +57,11 @@ class PrefillPool:
     while they fit ``max_batched_tokens`` (at least one), a worker holds at most its
     ``seq_cap`` requests (in its pass or waiting for the link), and under the ``prefill``
     first-token rule the pass emits each prompt's first token at its end: a request of one
-    output token is then done and its KV never crosses."""
+    output token is then done and its KV never crosses. Under ``prefix_caching`` (paged KV,
+    unbounded memory: nothing is ever evicted) each prefill worker keeps the full blocks of the
+    prompts it prefilled; a prompt's piece starts after the longest run of its leading blocks
+    the worker holds (never its whole prompt), and only its other tokens count against the
+    token budget."""
 
     def __init__(
         self,
@@ -72,6 +77,10 @@ class PrefillPool:
         cap = engine.seq_cap
         self.seq_cap: float = math.inf if cap is None else cap
         self.prefill_first = engine.first_token == "prefill"
+        self.caching = engine.prefix_caching
+        self.entry_tokens = engine.prefix_block_tokens
+        self.caches: list[set[object]] = []  # per prefill worker touched: blocks it holds
+        self.cached: dict[str, int] = {}
         self.fcfs = {r.id: k for k, r in enumerate(requests)}
         self.pending: deque[Request] = deque()
         self.kv: list[KVReserve] = []  # per prefill worker touched so far
@@ -122,6 +131,7 @@ class PrefillPool:
             [*self.logs, self.link_log],
             self.busy,
             self.finished,
+            self.cached,
         )
 
     def _end_passes(self, now: int) -> None:
@@ -186,6 +196,7 @@ class PrefillPool:
                 heapq.heappush(free, w)
             while pending and len(self.kv) < self.size:
                 self.kv.append(KVReserve(self.capacity))
+                self.caches.append(set())
                 self.held.append(0)
                 self.logs.append([])
                 progress = self._take(len(self.kv) - 1, now) or progress
@@ -197,29 +208,46 @@ class PrefillPool:
         kv, pending, cap, room = self.kv[w], self.pending, self.seq_cap, self.token_budget
         held = self.held[w]
         batch: list[Request] = []
-        tokens = pairs = 0
+        pieces: list[tuple[Request, int, int]] = []
+        tokens = pairs = context = 0
         while pending and held < cap and kv.fits(pending[0]):
             r = pending[0]
-            if batch and tokens + r.prompt_len > room:
+            hits = self._hits(w, r) if self.caching else 0
+            n = r.prompt_len - hits
+            if batch and tokens + n > room:
                 break
             pending.popleft()
             kv.reserve(r)
             held += 1
             batch.append(r)
-            tokens += r.prompt_len
-            pairs += attention_pairs(r.prompt_len, 0)
+            pieces.append((r, hits, n))
+            tokens += n
+            pairs += attention_pairs(n, hits)
+            context += hits
         if not batch:
             return False
         self.held[w] = held
-        end = now + self.tick.price(tokens, pairs, 0, 0, 0)
+        end = now + self.tick.price(tokens, pairs, context, 0, 0)
         self.busy += end - now
         times, where = self.times, self.where
         span = _new_tuple(PrefillTimes, (now, end, end))
-        for r in batch:
+        for r, hits, _ in pieces:
             times[r.id] = span
             where[r.id] = w
-        pieces = tuple([(r, 0, r.prompt_len) for r in batch])
-        entry = (f"prefill{w}", now, end, "prefill", pieces, (), 0, 1, 0)
+            if self.caching:  # w runs nothing else before this pass ends: enter them now
+                self.cached[r.id] = hits
+                self.caches[w].update(r.prefix_blocks[: r.prompt_len // self.entry_tokens])
+        entry = (f"prefill{w}", now, end, "prefill", tuple(pieces), (), 0, 1, 0)
         self.logs[w].append(_new_tuple(LogEntry, entry))
         heapq.heappush(self.passes, (end, w, batch))
         return True
+
+    def _hits(self, w: int, r: Request) -> int:
+        """Prompt tokens of ``r`` worker ``w``'s cache supplies: the longest run of its leading
+        full blocks there, never its whole prompt."""
+        size, blocks, cache = self.entry_tokens, r.prefix_blocks, self.caches[w]
+        most = min(len(blocks), (r.prompt_len - 1) // size)
+        n = 0
+        while n < most and blocks[n] in cache:
+            n += 1
+        return n * size

@@ -96,7 +96,8 @@ class SimResults:
             max_stall=gaps.max(),
             gpu_seconds=from_ticks(self.busy),
             makespan=from_ticks(last - min(arrival.values())),
-            cached_tokens=sum(sum(w.cached.values()) for w in self.paged()),
+            cached_tokens=sum(sum(w.cached.values()) for w in self.paged())
+            + (sum(self.prefill.cached.values()) if self.prefill else 0),
             preemptions=sum(len(v) for w in self.paged() for v in w.preempted_at.values()),
         )
 
@@ -163,6 +164,7 @@ class SimResults:
                 first_token=f(self.first_token(r)),
                 finish=f(self.finish(r)),
                 **_paging(w, r.id),
+                **_prefill_hits(side, r.id),
             )
         return out
 
@@ -173,3 +175,10 @@ def _paging(worker: TimedWorker | None, rid: str) -> dict[str, Any]:
         return {}
     times = tuple([from_ticks(t) for t in worker.preempted_at.get(rid, ())])
     return {"cached_tokens": worker.cached.get(rid, 0), "preempted_at": times}
+
+
+def _prefill_hits(side: PrefillSide | None, rid: str) -> dict[str, Any]:
+    """A record's prefix-cache hits on a prefill worker (disaggregation)."""
+    if side is None or rid not in side.cached:
+        return {}
+    return {"cached_tokens": side.cached[rid]}

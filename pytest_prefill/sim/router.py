@@ -6,6 +6,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+ROUTERS = ("least-loaded", "prefix")
+
 
 class LeastLoaded:
     """Picks, among ``size`` workers, the one with the least count (ties: the lowest index)
@@ -42,3 +44,28 @@ class LeastLoaded:
         if self.values[i] != value:
             self.values[i] = value
             heapq.heappush(self.heap, (value, i))
+
+
+class PrefixRouter:
+    """DESIGN.md's ``router="prefix"``: a request goes to the replica whose prefix cache holds
+    the longest run of its leading blocks (as admission would count them), ties to the fewest
+    unfinished requests, then the lowest index; replicas not touched yet hold nothing."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values: list[int] = []  # unfinished requests per touched replica
+
+    def pick_by(self, hits: Callable[[int], int]) -> int:
+        """The replica to take a request, ``hits(i)`` its cached run on touched replica i."""
+        best, key = 0, None
+        for i in range(min(len(self.values) + 1, self.size)):
+            touched = i < len(self.values)
+            k = (hits(i) if touched else 0, -(self.values[i] if touched else 0), -i)
+            if key is None or k > key:
+                best, key = i, k
+        while len(self.values) <= best:
+            self.values.append(0)
+        return best
+
+    def set(self, i: int, value: int) -> None:
+        self.values[i] = value

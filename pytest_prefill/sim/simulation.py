@@ -22,6 +22,7 @@ from .prefill_pool import PrefillPool, PrefillTimes
 from .profiles import LAB, EngineProfile, resolve_engine
 from .requests import Request, validate_load
 from .results import SimResults
+from .router import ROUTERS, PrefixRouter
 from .ticks import TickCost, from_ticks, to_ticks
 from .trace import Trace, no_collection
 
@@ -35,23 +36,31 @@ def colocated(
     replicas: int,
     capacity: float,
     engine: EngineProfile = LAB,
+    router: str = "least-loaded",
 ) -> SimResults:
     """``shared``, ``coscheduled`` or ``chunked`` on ``replicas`` workers; each request goes at
-    arrival to the one with the fewest unfinished requests routed to it (ties: lowest index)."""
+    arrival to the one with the fewest unfinished requests routed to it (ties: lowest index),
+    or (``router="prefix"``, paged KV) the one whose cache holds its longest prefix."""
     mode, tokens = worker_mode(policy, chunk)
     budget = to_ticks(chunk_budget) if policy == "chunked" and chunk_budget is not None else None
 
     def make(i: int) -> TimedWorker:
         name = "worker" if replicas == 1 else f"worker{i}"
         if engine.kv == "paged":
-            return PagedWorker(i, name, mode, tick, tokens, capacity, engine)
+            return PagedWorker(i, name, mode, tick, tokens, capacity, engine, router == "prefix")
         return TimedWorker(i, name, mode, tick, tokens, capacity, budget, engine)
 
-    pool = Pool(replicas, make)
+    pool = Pool(replicas, make, prefix=router == "prefix")
     owner: dict[str, TimedWorker] = {}
 
+    def pick(r: Request) -> int:
+        chooser = pool.router
+        if isinstance(chooser, PrefixRouter):
+            return chooser.pick_by(lambda i: pool.workers[i].cached_run(r))  # type: ignore[attr-defined]
+        return chooser.pick()  # type: ignore[return-value]  # never None: no fits
+
     def place(r: Request, now: int) -> None:
-        w = pool.get(pool.router.pick())  # type: ignore[arg-type]  # never None: no fits
+        w = pool.get(pick(r))
         owner[r.id] = w
         w.admit(r)
         pool.give(w, now)
@@ -85,7 +94,7 @@ def disaggregated(
 
     def assign(r: Request, now: int) -> bool:
         fits = (lambda i: pool.workers[i].has_room(r)) if bounded else None
-        i = pool.router.pick(fits)
+        i = pool.router.pick(fits)  # type: ignore[union-attr]  # a decode pool: least loaded
         if i is None:
             return False
         w = owner[r.id] = pool.get(i)
@@ -140,6 +149,7 @@ def simulate(
     prefill_workers: int = 1,
     decode_workers: int = 1,
     engine: str | EngineProfile = "lab",
+    router: str = "least-loaded",
 ) -> Trace:
     """Replay ``load`` under ``policy`` on devices described by ``cost``.
 
@@ -155,7 +165,12 @@ def simulate(
         prefill_workers, decode_workers: pool sizes for ``disaggregated``.
         engine: the engine profile whose rules to run (a name from ``PROFILES`` or an
             :class:`EngineProfile`; default ``"lab"``, the lab's loop): its first-token rule,
-            token budget (under which ``chunked`` needs no ``chunk``) and sequence cap.
+            token budget (under which ``chunked`` needs no ``chunk``), sequence cap, KV
+            rule and prefix cache.
+        router: how replicas share requests: ``"least-loaded"`` (the fewest unfinished),
+            or ``"prefix"`` (paged KV with prefix caching: the replica whose cache holds the
+            longest run of the request's leading blocks; ties by fewest unfinished, then
+            lowest index).
 
     Raises:
         ValueError: naming the field, for an unknown policy or engine, a missing or
@@ -177,7 +192,8 @@ def simulate(
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
     with no_collection():
         requests = validate_load(load)
-        _check_paged_options(profile, policy, chunk_budget, cost.kv_capacity_tokens, requests)
+        _check_paged_options(profile, policy, chunk_budget, cost.kv_capacity_tokens)
+        _check_router(router, profile)
         if profile.kv == "paged":
             capacity = check_paged(requests, profile, cost.kv_capacity_tokens)
         else:
@@ -189,7 +205,7 @@ def simulate(
             )
         else:
             results = colocated(
-                requests, tick, policy, chunk, chunk_budget, replicas, capacity, profile
+                requests, tick, policy, chunk, chunk_budget, replicas, capacity, profile, router
             )
     return Trace.of_run(policy, chunk, results, profile)
 
@@ -210,23 +226,31 @@ def simulated_engine(engine: Any) -> EngineProfile:
     return profile
 
 
+def _check_router(router: Any, profile: EngineProfile) -> None:
+    """ValueError naming ``router`` for an unknown one, or ``"prefix"`` without a cache."""
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
+    if router == "prefix" and not (profile.kv == "paged" and profile.prefix_caching):
+        raise ValueError(
+            f"router='prefix' needs kv='paged' and prefix_caching=True (engine {profile.name!r})"
+        )
+
+
 def _check_paged_options(
     profile: EngineProfile,
     policy: str,
     chunk_budget: Any,
     capacity: float,
-    requests: list[Request],
 ) -> None:
     """What paged KV does not simulate yet, named (ValueError)."""
     if profile.kv != "paged":
         return
-    shared = profile.prefix_caching and any(r.prefix_blocks for r in requests)
-    if policy == "disaggregated" and not (math.isinf(capacity) and not shared):
+    if policy == "disaggregated" and not math.isinf(capacity):
         raise ValueError(
             f"kv='paged' is simulated for policy 'disaggregated' only with unbounded KV "
-            f"(kv_capacity_tokens inf) and nothing to share (prefix_caching off or no "
-            f"Request.prefix_blocks), where it is the reservation rule exactly (engine "
-            f"{profile.name!r}); set kv='reserve' or prefix_caching=False"
+            f"(kv_capacity_tokens inf): the reservation rule, and the prefix cache on the "
+            f"prefill workers never evicting (engine {profile.name!r}); set kv='reserve' "
+            "for a bounded KV capacity"
         )
     if chunk_budget is not None:
         raise ValueError(
