@@ -150,7 +150,12 @@ def test_more_prefill_devices_serve_a_bunched_burst_sooner():
 
 
 def test_on_8_devices_under_vllm_disaggregated_splits_find_a_rate_and_prefill_helps():
+    import dataclasses
+
     splits = [Deployment("disaggregated", 8, prefill_workers=p) for p in (1, 4, 7)]
+    # without the prefix cache (vllm's default since issue 18): with it, 7 prefill workers
+    # meet this SLO even when the whole trace arrives at once, and the search never misses
+    uncached = dataclasses.replace(VLLM, prefix_caching=False)
     result = capacity(
         mooncake(),
         COST,
@@ -158,7 +163,7 @@ def test_on_8_devices_under_vllm_disaggregated_splits_find_a_rate_and_prefill_he
         8,
         deployments=splits,
         executor=InlineExecutor(),
-        engine="vllm",
+        engine=uncached,
         tolerance=0.2,
         verify=False,
     )
