@@ -25,6 +25,8 @@ pytestmark = pytest.mark.sim
 COST = PRESETS["datacenter-illustrative"].cost
 SLO_1S = SLO.parse("ttft:1s,tpot:100ms")
 VLLM = get_profile("vllm")
+# vLLM's scheduling knobs with KV reserved and no prefix cache: every kind of deployment runs
+VLLM_PLAIN = dataclasses.replace(VLLM, kv="reserve", prefix_caching=False)
 
 
 def test_budgets_are_the_powers_of_two_around_c_star_and_the_profiles_own():
@@ -34,7 +36,7 @@ def test_budgets_are_the_powers_of_two_around_c_star_and_the_profiles_own():
 
 
 def test_vllm_is_given_its_budgets_and_splits_and_no_time_budget():
-    deployments = default_deployments(COST, 4, SLO_1S, VLLM)
+    deployments = default_deployments(COST, 4, SLO_1S, VLLM_PLAIN)
     colocated = [d for d in deployments if d.policy != "disaggregated"]
     assert {d.policy for d in colocated} == {"chunked"}
     assert [d.max_batched_tokens for d in colocated] == list(search_budgets(COST, VLLM))
@@ -131,7 +133,7 @@ def test_kinds_the_simulator_refuses_under_a_profile_are_left_out_with_the_reaso
     from pytest_prefill.plan.engine_commands import refusal
 
     paged = dataclasses.replace(VLLM, kv="paged", prefix_caching=True)
-    everything = default_deployments(COST, 4, SLO_1S, VLLM)
+    everything = default_deployments(COST, 4, SLO_1S, VLLM_PLAIN)
     reason = refusal("disaggregated", paged)
     kept = default_deployments(COST, 4, SLO_1S, paged)
     if reason is None:  # the simulator runs splits with paged KV: nothing is left out
@@ -139,4 +141,4 @@ def test_kinds_the_simulator_refuses_under_a_profile_are_left_out_with_the_reaso
     else:
         assert refused_kinds(everything, paged) == {"disaggregated": reason}
         assert kept == tuple(d for d in everything if d.policy != "disaggregated")
-    assert refused_kinds(everything, VLLM) == {}
+    assert refused_kinds(everything, VLLM_PLAIN) == {}

@@ -102,7 +102,10 @@ def test_prefix_caching_on_runs_a_traces_hash_ids_and_shows_the_hit_rate(tmp_pat
     assert main([*argv, "--chunk", "512", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "kept as prefix blocks of 512 tokens" in out
-    assert "changed: prefix_block_tokens" in out  # vllm: paged KV and the cache already
+    from pytest_prefill.commands._engine_args import with_prefix_caching
+
+    expected = with_prefix_caching(get_profile("vllm"), True, 512)
+    assert f"Engine: {expected.label().removeprefix('engine ')}" in out
     header = next(line for line in out.splitlines() if line.startswith("policy "))
     assert "hit rate" in header and "preempted" in header
     rows = json.loads(out_json.read_text())["rows"]

@@ -132,9 +132,14 @@ def refusal(
 ) -> str | None:
     """Why the simulator refuses ``policy`` (with ``options``) under ``profile`` on ``cost``
     (default a preset with unbounded KV) — e.g. a knob it does not run for that policy yet —
-    or None when it runs it: one one-token request simulated, so the answer is the
-    simulator's own and follows it as it learns."""
-    probe = [Request("probe", 0.0, 1, 1)]
+    or None when it runs it: one small request simulated, so the answer is the simulator's
+    own and follows it as it learns. With the profile's prefix cache on, the request carries a
+    prefix block (a load with something to share: the stricter case)."""
+    if profile.prefix_caching:
+        size = profile.prefix_block_tokens
+        probe = [Request("probe", 0.0, size, 1, prefix_blocks=("probe",))]
+    else:
+        probe = [Request("probe", 0.0, 1, 1)]
     device = cost if cost is not None else PRESETS["lab-laptop"].cost
     try:
         simulate(policy, probe, device, engine=profile, **options)
