@@ -133,9 +133,14 @@ def test_a_request_that_can_never_run_is_named():
 @examples(40)
 @given(load=loads(), policy=st.sampled_from(["shared", "coscheduled", "chunked"]))
 def test_with_memory_to_spare_and_nothing_to_share_paged_is_the_reservation_rule(load, policy):
+    """The paged worker itself (hash ids all distinct: it runs, finds nothing to share)
+    against the reservation rule's worker, which simulate() runs in its place when no request
+    carries hash ids."""
     paged = dataclasses.replace(PAGED, max_batched_tokens=256, max_seqs=5)
     reserve = dataclasses.replace(paged, kv="reserve", prefix_caching=False)
-    a = simulate(policy, load, V2, chunk=64, engine=paged)
+    distinct = [dataclasses.replace(r, prefix_blocks=(f"only-{r.id}",)) for r in load]
+    a = simulate(policy, distinct, V2, chunk=64, engine=paged)
+    assert a.hit_rate == 0.0
     b = simulate(policy, load, V2, chunk=64, engine=reserve)
     assert list(a.steps()) == list(b.steps())
     assert {k: r.token_times for k, r in a.requests.items()} == {

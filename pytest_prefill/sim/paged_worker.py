@@ -118,6 +118,8 @@ class PagedWorker(TimedWorker):
         "rows_now",
         "holds",
         "routed_by_prefix",
+        "unbounded",
+        "kv_running",
     )
 
     def __init__(
@@ -137,6 +139,8 @@ class PagedWorker(TimedWorker):
         self.entry_tokens = engine.prefix_block_tokens
         self.caching = engine.prefix_caching
         self.pool = BlockPool(blocks, self.entry_tokens // self.block_tokens)
+        self.unbounded = math.isinf(blocks)
+        self.kv_running = 0  # the KV the running rows' next step reads
         self.book = PagedBook()
         self.tokens = self.book  # type: ignore[assignment]  # read as a TokenBook
         self.emitted: dict[str, int] = {}  # tokens emitted so far
@@ -186,6 +190,7 @@ class PagedWorker(TimedWorker):
         else:
             r = next(x for x in self.running if x.id == rid)
             self.running.remove(r)
+            self.kv_running -= r.prompt_len + self.emitted[rid]
         self._release(r)
         self.pending.appendleft(r)
         self.preempted_at.setdefault(rid, []).append(now)
@@ -195,15 +200,19 @@ class PagedWorker(TimedWorker):
     # -- what the next iteration holds -------------------------------------------------------
     def compose(self, now: Any) -> Plan | None:
         if self.joining:
+            for r in self.joining:
+                self.kv_running += r.prompt_len + self.emitted[r.id]
             self.running.extend(self.joining)
             self.joining = []
+            self.row_ids = tuple([r.id for r in self.running])
         self.started = now
         self.preempted_now = False
         rows: list[Request] = [] if self.mode == "shared" else self._rows(now)
         pieces = self._pieces(now, rows)
         if self.mode == "shared" and not pieces:
             rows = self._rows(now)
-        self.row_ids = tuple([r.id for r in self.running])
+        if self.preempted_now:
+            self.row_ids = tuple([r.id for r in self.running])
         if not pieces and not rows:
             assert not self.waiting and not self.pending, "paged KV: work left, none planned"
             self.current = None
@@ -217,8 +226,11 @@ class PagedWorker(TimedWorker):
                 del self.entries[r.id]
                 self.waiting.remove(entry)
         self.rows_now = rows
-        ids = tuple([r.id for r in rows])
-        kv = sum([r.prompt_len + self.emitted[r.id] for r in rows])
+        if len(rows) == len(self.running):  # every row steps (the rows are the running)
+            ids, kv = self.row_ids, self.kv_running
+        else:
+            ids = tuple([r.id for r in rows])
+            kv = sum([r.prompt_len + self.emitted[r.id] for r in rows])
         context = sum([done for _, done, _ in pieces])
         plan = _new_tuple(Plan, (tuple(pieces), ids, kv, context, tuple(completed)))
         self.current = plan
@@ -227,6 +239,8 @@ class PagedWorker(TimedWorker):
     def _rows(self, now: int) -> list[Request]:
         """Step 1: every row gets its step's block, FCFS, preempting the latest admitted."""
         rows = list(self.running)
+        if self.unbounded:  # every block is had: nothing to allocate, no one to preempt
+            return rows
         i = 0
         while i < len(rows):
             r = rows[i]
@@ -409,8 +423,9 @@ class PagedWorker(TimedWorker):
         rows = self.rows_now
         self.book.run(rows, ends, first, growth)
         emitted, gone = self.emitted, []
+        self.kv_running += len(rows) * steps
         for r in rows:
-            if steps > 1:
+            if steps > 1 and not self.unbounded:
                 taken = self._grab(r, r.prompt_len + emitted[r.id] + steps - 1)
                 assert taken, "a decode run outgrew its blocks"
             emitted[r.id] += steps
@@ -422,7 +437,8 @@ class PagedWorker(TimedWorker):
             self.unfinished -= len(gone)
             ids = {r.id for r in gone}
             self.running = [x for x in self.running if x.id not in ids]
-        self.row_ids = tuple([x.id for x in self.running])
+            self.row_ids = tuple([x.id for x in self.running])
+            self.kv_running -= sum([r.prompt_len + r.output_len for r in gone])
 
     # -- timing (the fast path's part) ------------------------------------------------------
     def start(self, now: int) -> int | None:

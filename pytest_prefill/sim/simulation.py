@@ -44,9 +44,14 @@ def colocated(
     mode, tokens = worker_mode(policy, chunk)
     budget = to_ticks(chunk_budget) if policy == "chunked" and chunk_budget is not None else None
 
+    # Paged KV with unbounded memory and nothing to share is the reservation rule exactly
+    # (a test holds the two to it): the reserve worker's token book is faster.
+    shares = engine.prefix_caching and any(r.prefix_blocks for r in requests)
+    paged = engine.kv == "paged" and (shares or not math.isinf(capacity) or router == "prefix")
+
     def make(i: int) -> TimedWorker:
         name = "worker" if replicas == 1 else f"worker{i}"
-        if engine.kv == "paged":
+        if paged:
             return PagedWorker(i, name, mode, tick, tokens, capacity, engine, router == "prefix")
         return TimedWorker(i, name, mode, tick, tokens, capacity, budget, engine)
 
