@@ -182,3 +182,17 @@ def test_the_gate_says_when_the_baseline_ran_another_engine(tmp_path, capsys):
     base.write_text(json.dumps(old))
     assert main([*argv, "--engine", "lab", "--baseline", str(base)]) == 0
     assert "engine differs" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_the_header_says_how_the_profile_holds_kv_and_its_prefix_cache(name):
+    from pytest_prefill.plan.sweep import engine_header
+
+    profile = get_profile(name)
+    header = engine_header(profile)
+    assert header.startswith(f"Engine: {profile.label().removeprefix('engine ')}; KV ")
+    paged = f"KV paged ({profile.kv_block_tokens}-token blocks)"
+    assert (paged in header) == (profile.kv == "paged")
+    assert ("KV reserved at admission" in header) == (profile.kv == "reserve")
+    cache = f"prefix cache on ({profile.prefix_block_tokens}-token blocks)"
+    assert (cache in header) == profile.prefix_caching

@@ -43,8 +43,17 @@ class SweepRow:
 
 def engine_header(profile: EngineProfile) -> str:
     """The line a simulated report's header gives its engine profile: ``Engine: vllm: first
-    token from the prefill; 2048 tokens an iteration; at most 256 requests``."""
-    return f"Engine: {profile.label().removeprefix('engine ')}"
+    token from the prefill; 2048 tokens an iteration; at most 256 requests; KV paged (16-token
+    blocks), prefix cache on (512-token blocks)``."""
+    if profile.kv == "paged":
+        kv = f"KV paged ({profile.kv_block_tokens}-token blocks)"
+    else:
+        kv = "KV reserved at admission"
+    if profile.prefix_caching:
+        kv += f", prefix cache on ({profile.prefix_block_tokens}-token blocks)"
+    elif profile.kv == "paged":
+        kv += ", prefix cache off"
+    return f"Engine: {profile.label().removeprefix('engine ')}; {kv}"
 
 
 def default_chunks(cost: CostModel, prompt_len: int) -> list[int]:

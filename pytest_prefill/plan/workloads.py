@@ -515,7 +515,7 @@ def resolve_workload(
     if carrying:
         notes += (
             f"  {carrying:,} of {len(load):,} requests carry hash_ids, kept as prefix blocks of "
-            f"{block} tokens (Mooncake's block); --prefix-caching on lets a cache reuse them",
+            f"{block} tokens (Mooncake's block), for a prefix cache to reuse (--prefix-caching on|off)",
         )
     workload = Workload(spec, tuple(load), source, capped, max_model_len, attribution, notes)
     workload = dataclasses.replace(workload, prefix_block_tokens=block)

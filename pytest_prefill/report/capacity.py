@@ -18,6 +18,7 @@ from pytest_prefill.plan.capacity import CapacityResult
 from pytest_prefill.plan.engine_commands import engine_command
 from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult
 from pytest_prefill.plan.sizing import DevicesNeeded
+from pytest_prefill.plan.sweep import engine_header
 from pytest_prefill.units import ms
 
 HEADERS = (
@@ -152,7 +153,7 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
 def engine_line(result: CapacityResult, note: str = "") -> str:
     """The engine profile the search ran under and its first-token rule (``note`` after it,
     e.g. that it is a command's default), and whether the deployments set their own knobs."""
-    line = f"Engine: {result.engine.label().removeprefix('engine ')}"
+    line = engine_header(result.engine)
     own = [d.deployment for d in result.results if d.deployment.max_batched_tokens is not None]
     if own and any(d.max_batched_tokens != result.engine.max_batched_tokens for d in own):
         line += "; each deployment below sets its own token budget (≤N tok)"
