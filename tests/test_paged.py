@@ -272,3 +272,35 @@ def test_the_prefix_router_sends_a_turn_to_the_replica_holding_its_prefix():
         simulate("chunked", load, V2, chunk=512, engine=PAGED, router="random")
     with pytest.raises(ValueError, match="router='prefix' needs"):
         simulate("chunked", load, V2, chunk=512, router="prefix")
+
+
+@pytest.mark.parametrize("policy", ["chunked", "shared"])
+def test_the_mooncake_shaped_trace_under_vllm_with_tight_kv_keeps_every_invariant(policy):
+    """The shipped SYNTHETIC trace (tests/data), its 512-token hash ids as prefix blocks,
+    under the vllm profile with 200,000 tokens of KV: hits, evictions and preemptions all
+    happen, and the oracle finds nothing."""
+    import json
+    from pathlib import Path
+
+    from pytest_prefill.sim import PRESETS, get_profile
+
+    text = (Path(__file__).parent / "data" / "mooncake-shaped.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    load = [
+        Request(
+            f"m{i}",
+            row["timestamp"] / 1e3,
+            row["input_length"],
+            row["output_length"],
+            tuple(row["hash_ids"]),
+        )
+        for i, row in enumerate(rows)
+    ]
+    cost = dataclasses.replace(
+        PRESETS["datacenter-illustrative"].cost, kv_capacity_tokens=200_000.0
+    )
+    engine = dataclasses.replace(get_profile("vllm"), prefix_block_tokens=512)
+    trace = simulate(policy, load, cost, engine=engine)
+    assert trace.hit_rate > 0
+    assert check_invariants(trace, load, cost) == []
+    assert all(len(trace.requests[r.id].token_times) == r.output_len for r in load)
