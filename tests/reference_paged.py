@@ -162,19 +162,7 @@ class Paged(Reference):
         w.until = t + self.cost(pieces, rows, kv)
 
     def end(self, w, t):
-        pieces, rows, kv, start = w.current
-        kind = "decode" if not pieces else ("fused" if rows else "prefill")
-        self.events.append(
-            (
-                w.name,
-                start,
-                t,
-                kind,
-                tuple((r.id, n, c) for r, c, n in pieces),
-                tuple(r.id for r in rows),
-                kv,
-            )
-        )
+        pieces, rows = self.log_iteration(w, t)
         for r, done, n in pieces:
             entry = next(e for e in w.waiting if e[0] is r)
             entry[1] = done + n

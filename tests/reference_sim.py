@@ -188,7 +188,8 @@ class Reference:
         w.admitted -= 1
         w.routed -= 1
 
-    def end(self, w: W, t: int):
+    def log_iteration(self, w: W, t: int):
+        """The iteration ``w`` ran, ending at ``t``, as an event; returns its pieces and rows."""
         pieces, rows, kv, start = w.current
         kind = "decode" if not pieces else ("fused" if rows else "prefill")
         self.events.append(
@@ -202,6 +203,10 @@ class Reference:
                 kv,
             )
         )
+        return pieces, rows
+
+    def end(self, w: W, t: int):
+        pieces, rows = self.log_iteration(w, t)
         for r, done, n in pieces:
             for entry in w.waiting:
                 if entry[0] is r:

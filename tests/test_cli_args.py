@@ -9,6 +9,7 @@ import os
 import stat
 
 import pytest
+from cli_errors import usage_error
 
 from pytest_prefill.cli import main
 from pytest_prefill.commands import _measure_args
@@ -18,16 +19,6 @@ from pytest_prefill.report.timeline_svg import render_svg
 from pytest_prefill.sim import get_preset, simulate
 
 pytestmark = pytest.mark.sim
-
-
-def usage_error(argv, capsys) -> str:
-    """The one error line a bad command line gives (exit 2, nothing on stdout)."""
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    printed = capsys.readouterr()
-    assert printed.out == "" and "Traceback" not in printed.err
-    return printed.err.strip().splitlines()[-1]
 
 
 # --- sizes: the command line bounds them (the library takes any) --------------------------------

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_errors import usage_error
 
 from pytest_prefill.cli import main
 from pytest_prefill.sim import PROFILES, get_profile
@@ -15,15 +16,6 @@ from pytest_prefill.sim import PROFILES, get_profile
 pytestmark = pytest.mark.sim
 
 CAPACITY = ["capacity", "--slo", "ttft:2s,tpot:100ms", "--num-prompts", "30", "--workers", "1"]
-
-
-def usage_error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    printed = capsys.readouterr()
-    assert printed.out == "" and "Traceback" not in printed.err
-    return printed.err.strip().splitlines()[-1]
 
 
 def test_an_unknown_engine_is_a_usage_error_listing_the_profiles(capsys):

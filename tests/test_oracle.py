@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from corrupt import with_record
 
 from pytest_prefill.sim import (
     CostModel,
     EngineProfile,
     Event,
     Request,
-    RequestRecord,
     Trace,
     check_invariants,
     iteration_cost,
@@ -45,25 +45,6 @@ LOAD = [
 def real(policy: str = "chunked", **kw) -> Trace:
     trace = simulate(policy, LOAD, COST, chunk=128, **kw)
     return Trace(trace.policy, trace.events, dict(trace.requests), trace.chunk)
-
-
-def with_record(trace: Trace, rid: str, **changes) -> Trace:
-    rec = trace.requests[rid]
-    fields = dict(
-        id=rec.id,
-        arrival=rec.arrival,
-        prompt_len=rec.prompt_len,
-        output_len=rec.output_len,
-        prefill_start=rec.prefill_start,
-        prefill_end=rec.prefill_end,
-        kv_ready=rec.kv_ready,
-        decode_resource=rec.decode_resource,
-        token_times=rec.token_times,
-        prefill_resource=rec.prefill_resource,
-    )
-    fields.update(changes)
-    requests = {**trace.requests, rid: RequestRecord(**fields)}
-    return Trace(trace.policy, trace.events, requests, trace.chunk, engine=trace.engine)
 
 
 def with_events(trace: Trace, events) -> Trace:

@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 import pytest
+from corrupt import with_record
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import V2, examples, loads
@@ -18,7 +19,6 @@ from pytest_prefill.sim import (
     BlockPool,
     EngineProfile,
     Request,
-    RequestRecord,
     Trace,
     check_invariants,
     simulate,
@@ -171,30 +171,6 @@ def test_the_block_pool_evicts_the_least_recently_used_block_no_request_shares()
 # -- the oracle catches each new invariant broken ------------------------------------------
 
 
-def _rebuilt(trace: Trace, rid: str, **changes) -> Trace:
-    records = dict(trace.requests)
-    rec = records[rid]
-    fields = {
-        name: getattr(rec, name)
-        for name in (
-            "id",
-            "arrival",
-            "prompt_len",
-            "output_len",
-            "prefill_start",
-            "prefill_end",
-            "kv_ready",
-            "decode_resource",
-            "token_times",
-            "prefill_resource",
-        )
-    }
-    extra = {"cached_tokens": rec.cached_tokens, "preempted_at": rec.preempted_at}
-    extra.update(changes)
-    records[rid] = RequestRecord(**fields, **extra)
-    return Trace(trace.policy, trace.events, records, trace.chunk, engine=trace.engine)
-
-
 def _preempting():
     load = [Request(f"r{i}", 0.001 * i, 200, 120) for i in range(8)]
     cost = dataclasses.replace(V2, kv_capacity_tokens=tight(3))
@@ -205,7 +181,7 @@ def _preempting():
 def test_cached_tokens_the_record_claims_but_the_trace_computed_are_named():
     load = conversation(2)
     trace = simulate("shared", load, V2, engine=PAGED)
-    bad = _rebuilt(trace, "t1", cached_tokens=0)
+    bad = with_record(trace, "t1", cached_tokens=0)
     assert any("cached" in p for p in check_invariants(bad, load, V2))
 
 
@@ -218,7 +194,7 @@ def test_a_hit_no_cache_could_have_supplied_is_named():
     (rid, n), c = e.prefill[0], e.contexts[0]
     events[k] = dataclasses.replace(e, prefill=((rid, n - BLOCK),), contexts=(c + BLOCK,))
     bad = Trace(trace.policy, events, trace.requests, engine=trace.engine)
-    bad = _rebuilt(bad, "t0", cached_tokens=BLOCK)
+    bad = with_record(bad, "t0", cached_tokens=BLOCK)
     assert any("no cache" in p for p in check_invariants(bad, load))
 
 
@@ -239,7 +215,7 @@ def test_a_re_prefill_short_of_prompt_and_emitted_tokens_is_named():
 def test_a_preemption_the_trace_does_not_show_is_named():
     load, cost, trace = _preempting()
     victim = next(r for r in trace.requests.values() if r.preemptions)
-    bad = _rebuilt(trace, victim.id, preempted_at=())
+    bad = with_record(trace, victim.id, preempted_at=())
     assert check_invariants(bad, load) != []
 
 
