@@ -10,67 +10,13 @@ import re
 from typing import Any
 
 from pytest_prefill.machine import check_device
+from pytest_prefill.plan.model_spec import QWEN3_06B, SMALL, TINY
 
-# Qwen3-0.6B as published (config.json of Qwen/Qwen3-0.6B); random weights, since timing does
-# not depend on weight values.
-_QWEN3_06B = {
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
-
-# A 2-layer Qwen3 for CI: a few milliseconds per decode step on a small CPU. The context is
-# as long as Qwen3-0.6B's so the decode sweep covers the same cache lengths.
-_TINY = {
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "intermediate_size": 192,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
-
-# A 4-layer Qwen3 for CPU fidelity runs: wide enough to be compute-bound (a decode step costs
-# about five times an empty pass of the same depth on one core; the tiny preset is
-# interpreter-bound) and small enough that a whole fidelity run takes minutes. Qwen3's ratios:
-# 2 attention heads per KV head, intermediate = 3 x hidden, tied embeddings.
-_SMALL = {
-    "vocab_size": 8192,
-    "hidden_size": 384,
-    "intermediate_size": 1152,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 6,
-    "num_key_value_heads": 3,
-    "head_dim": 64,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
-}
-
+# The Qwen3 architecture presets (plan/model_spec holds their shapes), built with random weights.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": _QWEN3_06B,
-    "small": _SMALL,
-    "tiny": _TINY,
+    "qwen3-0.6b": QWEN3_06B,
+    "small": SMALL,
+    "tiny": TINY,
 }
 MODEL_PRESET_SOURCES = {
     "qwen3-0.6b": "architecture preset: the exact Qwen3-0.6B shapes (hidden 1024, 28 layers, 16 "

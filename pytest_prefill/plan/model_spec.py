@@ -1,0 +1,328 @@
+"""The model a deployment serves, as its memory sees it: a Hugging Face ``config.json`` (a
+folder or the file) or a named architecture preset → layers, hidden size, attention and KV
+heads, head dim, dtype and the parameter count, and from them the KV bytes one token adds,
+the weights' bytes and the default ``max_model_len`` (DESIGN.md, "Deployments: model, memory,
+parallelism"). Standard library only; nothing is loaded or downloaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+CONFIG_FILE = "config.json"
+
+# Qwen3-0.6B as published (config.json of Qwen/Qwen3-0.6B); measure/models builds it with
+# random weights, since timing does not depend on weight values.
+QWEN3_06B = {
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+# A 2-layer Qwen3 for CI: a few milliseconds per decode step on a small CPU. The context is
+# as long as Qwen3-0.6B's so the decode sweep covers the same cache lengths.
+TINY = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+# A 4-layer Qwen3 for CPU fidelity runs: wide enough to be compute-bound (a decode step costs
+# about five times an empty pass of the same depth on one core; the tiny preset is
+# interpreter-bound) and small enough that a whole fidelity run takes minutes. Qwen3's ratios:
+# 2 attention heads per KV head, intermediate = 3 x hidden, tied embeddings.
+SMALL = {
+    "vocab_size": 8192,
+    "hidden_size": 384,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
+# Meta-Llama-3-8B's config.json as published (meta-llama/Meta-Llama-3-8B): 8,030,261,248
+# parameters, bf16.
+LLAMA_3_8B = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "torch_dtype": "bfloat16",
+}
+
+ARCHITECTURES: dict[str, Mapping[str, Any]] = {
+    "qwen3-0.6b": {"model_type": "qwen3", "torch_dtype": "bfloat16", **QWEN3_06B},
+    "small": {"model_type": "qwen3", "torch_dtype": "bfloat16", **SMALL},
+    "tiny": {"model_type": "qwen3", "torch_dtype": "bfloat16", **TINY},
+    "llama-3-8b": LLAMA_3_8B,
+}
+
+DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+REQUIRED = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+# Model types whose transformers config class defaults tie_word_embeddings to False (a config
+# of another type must say); and those with a norm on each head's queries and keys.
+UNTIED_BY_DEFAULT = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM = ("qwen3",)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer's shapes and dtype; where they were read (``source``).
+
+    Raises:
+        ValueError: naming the field, for a size that is not an integer >= 1, KV heads that do
+            not divide the attention heads, or an unknown dtype.
+    """
+
+    name: str
+    source: str
+    layers: int
+    hidden_size: int
+    attention_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    dtype: str = "bfloat16"
+    tied_embeddings: bool = False
+    qk_norm: bool = False
+    attention_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "layers",
+            "hidden_size",
+            "attention_heads",
+            "kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"model {self.name}: {name} must be an integer >= 1, got {value!r}"
+                )
+        if self.attention_heads % self.kv_heads:
+            raise ValueError(
+                f"model {self.name}: num_key_value_heads ({self.kv_heads}) must divide "
+                f"num_attention_heads ({self.attention_heads})"
+            )
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(
+                f"model {self.name}: dtype must be one of {', '.join(DTYPE_BYTES)}, "
+                f"got {self.dtype!r}"
+            )
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers: ``2 · L · H_kv · d · b``."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def parameters(self) -> int:
+        """Counted from the shapes: embeddings (and an untied output head), per layer the
+        attention projections (with their biases and Qwen3's per-head q/k norms), the gated MLP
+        (gate, up, down) and two RMSNorms, and the final norm."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.attention_heads * d, self.kv_heads * d
+        attention = h * q + 2 * h * kv + q * h
+        if self.attention_bias:
+            attention += q + 2 * kv
+        if self.qk_norm:
+            attention += 2 * d
+        layer = attention + 3 * h * self.intermediate_size + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return embeddings + self.layers * layer + h
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.parameters * self.dtype_bytes
+
+    def summary(self) -> str:
+        """``llama-3-8b: 8.03B parameters bf16 (14.96 GiB), 32 layers, 8 KV heads × 128,
+        131,072 bytes of KV per token, context 8,192``."""
+        return (
+            f"{self.name}: {self.parameters / 1e9:.3g}B parameters {self.dtype} "
+            f"({self.weight_bytes / 2**30:.2f} GiB), {self.layers} layers, {self.kv_heads} KV "
+            f"heads × {self.head_dim}, {self.kv_bytes_per_token:,} bytes of KV per "
+            f"token, context {self.max_position_embeddings:,}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+            "parameters": self.parameters,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+        }
+
+
+def _field(config: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in config or config[key] is None:
+        raise ValueError(f"{where}: config.json has no {key!r}, which the model's size needs")
+    return config[key]
+
+
+def _size(config: Mapping[str, Any], key: str, where: str) -> int:
+    value = _field(config, key, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {key!r} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _dtype(config: Mapping[str, Any], where: str) -> str:
+    value = config.get("torch_dtype", config.get("dtype"))
+    if value is None:
+        raise ValueError(
+            f"{where}: config.json has no 'torch_dtype' (or 'dtype'): the weights' "
+            "and KV cache's bytes per value depend on it"
+        )
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPE_BYTES:
+        raise ValueError(
+            f"{where}: torch_dtype must be one of {', '.join(DTYPE_BYTES)}, got {value!r}"
+        )
+    return name
+
+
+def _tied(config: Mapping[str, Any], model_type: str, where: str) -> bool:
+    if "tie_word_embeddings" in config:
+        return bool(config["tie_word_embeddings"])
+    if model_type in UNTIED_BY_DEFAULT:
+        return False
+    raise ValueError(
+        f"{where}: config.json has no 'tie_word_embeddings' and model_type {model_type!r} has "
+        "no known default: the parameter count depends on it"
+    )
+
+
+def model_from_config(config: Mapping[str, Any], name: str, source: str) -> ModelSpec:
+    """The :class:`ModelSpec` a Hugging Face config describes. ``num_key_value_heads`` and
+    ``head_dim`` take transformers' own defaults (the attention heads; hidden ÷ heads).
+
+    Raises:
+        ValueError: naming the field, for one missing or malformed, or a mixture of experts.
+    """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{name}: a config must be a JSON object, got {type(config).__name__}")
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if isinstance(config.get(key), int) and config[key] > 1:
+            raise ValueError(
+                f"{name}: {key}={config[key]}: mixture-of-experts models are not supported "
+                "(their weights are not all read per token)"
+            )
+    sizes = {key: _size(config, key, name) for key in REQUIRED}
+    heads = sizes["num_attention_heads"]
+    kv_heads = (
+        _size(config, "num_key_value_heads", name) if "num_key_value_heads" in config else heads
+    )
+    head_dim = (
+        _size(config, "head_dim", name)
+        if config.get("head_dim") is not None
+        else sizes["hidden_size"] // heads
+    )
+    model_type = str(config.get("model_type", ""))
+    return ModelSpec(
+        name=name,
+        source=source,
+        layers=sizes["num_hidden_layers"],
+        hidden_size=sizes["hidden_size"],
+        attention_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=sizes["intermediate_size"],
+        vocab_size=sizes["vocab_size"],
+        max_position_embeddings=sizes["max_position_embeddings"],
+        dtype=_dtype(config, name),
+        tied_embeddings=_tied(config, model_type, name),
+        qk_norm=model_type in QK_NORM,
+        attention_bias=bool(config.get("attention_bias", False)),
+    )
+
+
+def load_model_spec(spec: str) -> ModelSpec:
+    """The model ``spec`` names: a preset of :data:`ARCHITECTURES`, a ``config.json`` file or a
+    folder holding one.
+
+    Raises:
+        ValueError: naming the spec, for neither, a file that is not JSON, or a field missing.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(
+            f"model must be a preset ({', '.join(ARCHITECTURES)}) or a config.json (or a folder "
+            f"holding one), got {spec!r}"
+        )
+    if spec in ARCHITECTURES:
+        return model_from_config(ARCHITECTURES[spec], spec, f"architecture preset {spec}")
+    path = os.path.join(spec, CONFIG_FILE) if os.path.isdir(spec) else spec
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"model {spec!r}: not a preset ({', '.join(ARCHITECTURES)}), a config.json or a "
+            "folder holding one"
+        )
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ValueError(f"model {spec!r}: {path} is not readable JSON ({err})") from None
+    name = os.path.basename(os.path.dirname(os.path.abspath(path))) or spec
+    return model_from_config(config, name, f"config.json at {os.path.abspath(path)}")
