@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from typing import Any
 
@@ -137,6 +138,12 @@ def result_document(run: BenchRun, metrics: Any, workload: Any) -> dict[str, Any
 
 async def _bench(args: argparse.Namespace, workload: Any) -> BenchRun:
     target = await target_from_args(args)
+    if workload.prefix_block_tokens is not None:  # hash ids: equal ids, equal leading tokens
+        target = dataclasses.replace(target, prefix_block_tokens=workload.prefix_block_tokens)
+        print(
+            f"prefix blocks: each hash id sent as the same {workload.prefix_block_tokens} "
+            "one-token words; the rest of each prompt salted"
+        )
     schedule = args.arrivals
     if args.max_concurrency:
         schedule = Schedule(

@@ -56,7 +56,10 @@ class Target:
     endpoint takes them), timeouts and extra headers (an API key). ``salt`` enters every
     prompt's words (with the request's id and length): a fresh one per target, so no prompt
     shares a prefix with another request's, or with this request's in an earlier run, that a
-    server's prefix cache could serve instead of computing it."""
+    server's prefix cache could serve instead of computing it. ``prefix_block_tokens``: a
+    request that names its prompt's blocks (``Request.prefix_blocks``, a trace's hash ids) is
+    sent with those blocks' fixed words in front (``Prompts.shared_text``), so a server's
+    prefix cache hits where the trace says it may; None sends every prompt salted whole."""
 
     url: Url
     identity: ServerIdentity
@@ -66,6 +69,7 @@ class Target:
     timeouts: Timeouts = DEFAULT_TIMEOUTS
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     salt: str = dataclasses.field(default_factory=lambda: os.urandom(8).hex())
+    prefix_block_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("endpoint", self.endpoint, tuple(ENDPOINTS))
@@ -73,13 +77,19 @@ class Target:
         if self.token_ids and self.endpoint != "llama" and engine not in TAKES_TOKEN_IDS:
             raise ValueError(f"token_ids: a {engine} server takes text prompts on {self.endpoint}")
 
-    def body(self, request_id: str, prompt_len: int, output_len: int) -> dict[str, Any]:
+    def body(
+        self, request_id: str, prompt_len: int, output_len: int, blocks: Sequence[int | str] = ()
+    ) -> dict[str, Any]:
         key = f"{self.salt}/{request_id}/{prompt_len}"
-        prompt: str | list[int] = (
-            self.prompts.token_ids(key, prompt_len)
-            if self.token_ids
-            else self.prompts.text(key, prompt_len)
-        )
+        prompt: str | list[int]
+        block = self.prefix_block_tokens
+        if blocks and block is not None:
+            words = self.prompts.shared_token_ids if self.token_ids else self.prompts.shared_text
+            prompt = words(key, prompt_len, blocks, block, self.salt)
+        elif self.token_ids:
+            prompt = self.prompts.token_ids(key, prompt_len)
+        else:
+            prompt = self.prompts.text(key, prompt_len)
         return request_body(
             self.identity.engine, self.endpoint, self.identity.model, prompt, output_len
         )
@@ -203,7 +213,7 @@ async def tally(endpoint: str, events: Sequence[Event], t0: float) -> Tally:
 
 async def send_one(target: Target, request: Request, scheduled: float, t0: float) -> RequestRecord:
     """Send ``request`` now and read its stream to the end; a failure is the record's error."""
-    body = target.body(request.id, request.prompt_len, request.output_len)
+    body = target.body(request.id, request.prompt_len, request.output_len, request.prefix_blocks)
     arrival = time.perf_counter() - t0
     counted = Tally()
     error = None
@@ -333,6 +343,7 @@ async def run_load(
         "token_ids": target.token_ids,
         "prompts": target.prompts.source,
         "prompt_salt": target.salt,
+        "prefix_block_tokens": target.prefix_block_tokens,
         "schedule": schedule.to_dict(),
         "bounds": dataclasses.asdict(bounds),
         "timeouts": dataclasses.asdict(target.timeouts),

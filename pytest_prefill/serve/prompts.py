@@ -3,7 +3,9 @@ tokenizer (a leading space included), as text or as token ids. The words come fr
 folder this package made (``prefill-words.json``) or from any tokenizer's ``tokenizer.json``
 (its byte-level or SentencePiece word tokens; read with ``tokenizers`` when installed, else as
 plain JSON). Every request's prompt is drawn afresh from its id, so no two share a prefix a
-server could cache. Standard library only."""
+server could cache — unless the request names its prompt's blocks (a trace's ``hash_ids``):
+then each block id is a fixed run of words of the block size, the same for every request that
+names it, and only the rest is drawn from the request's own key. Standard library only."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import os
 import random
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import read_json
@@ -55,6 +57,37 @@ class Prompts:
     def token_ids(self, key: str, length: int) -> list[int]:
         """The token ids of :meth:`text` for the same key and length."""
         return [self.ids[i] for i in self._picks(key, length)]
+
+    def _shared_picks(
+        self, key: str, length: int, blocks: Sequence[int | str], block_tokens: int, salt: str
+    ) -> list[int]:
+        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+            raise ValueError(f"block_tokens must be an integer >= 1, got {block_tokens!r}")
+        picks: list[int] = []
+        for block in blocks:
+            if len(picks) >= length:
+                break
+            picks += self._picks(f"{salt}/block/{type(block).__name__}/{block}", block_tokens)
+        picks = picks[:length]
+        if len(picks) < length:
+            picks += self._picks(key, length - len(picks))
+        return picks
+
+    def shared_text(
+        self, key: str, length: int, blocks: Sequence[int | str], block_tokens: int, salt: str = ""
+    ) -> str:
+        """A prompt of ``length`` tokens whose leading ``block_tokens``-token blocks are those
+        ``blocks`` name (the same words for the same id and ``salt``, whoever asks), the
+        tokens past the named blocks drawn from ``key``."""
+        return "".join(
+            self.words[i] for i in self._shared_picks(key, length, blocks, block_tokens, salt)
+        )
+
+    def shared_token_ids(
+        self, key: str, length: int, blocks: Sequence[int | str], block_tokens: int, salt: str = ""
+    ) -> list[int]:
+        """The token ids of :meth:`shared_text` for the same arguments."""
+        return [self.ids[i] for i in self._shared_picks(key, length, blocks, block_tokens, salt)]
 
 
 def prompts_from_folder(folder: str | os.PathLike[str]) -> Prompts:
