@@ -30,6 +30,7 @@ COMMANDS = {
     "bench": "pytest_prefill.commands.bench",
     "calibrate-server": "pytest_prefill.commands.calibrate_server",
     "fidelity-server": "pytest_prefill.commands.fidelity_server",
+    "verify": "pytest_prefill.commands.verify",
     "make-model": "pytest_prefill.commands.make_model",
 }
 

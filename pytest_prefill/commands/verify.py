@@ -1,0 +1,278 @@
+"""``prefill-bench verify``: check a capacity answer on a server. For each flag set (from a
+capacity answer's JSON or ``--flags``), the server runs it (``--launch`` restarts one under each;
+``--url`` is one running it), is calibrated (or ``--cost`` reused), its knee predicted and then
+measured by bounded probes; prints predicted against measured knees, their ratio, the
+attainment at the predicted rate, and whether the ranking agrees."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from typing import Any
+
+from pytest_prefill._io import read_json, write_json_atomic
+from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
+from pytest_prefill.commands._args import output_path, positive_int
+from pytest_prefill.commands._serve_args import add_timeout_arguments, url_type
+from pytest_prefill.commands._workload_args import (
+    add_workload_arguments,
+    check_workload_args,
+    workload_from_args,
+    workload_lines,
+)
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.serve.api import ENGINES
+from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.http import Timeouts
+from pytest_prefill.serve.knee import ProbeRule
+from pytest_prefill.serve.launchers import LAUNCHED, Launcher
+from pytest_prefill.serve.verify import FlagSet, Server, VerifyResult, verify
+from pytest_prefill.sim import Request
+
+HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
+DIVISORS = re.compile(r"^(\d+):(\d+)$")
+
+
+def flags_type(text: str) -> FlagSet:
+    try:
+        return FlagSet.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def divisors_type(text: str) -> tuple[int, int]:
+    match = DIVISORS.match(text.strip())
+    if match is None or 0 in (int(match.group(1)), int(match.group(2))):
+        raise argparse.ArgumentTypeError(f"must be PROMPT:OUTPUT divisors >= 1, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def fraction_type(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1), got {text!r}")
+    return value
+
+
+def _server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server (a running --url, or --launch under each flag set)")
+    where = group.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", type=url_type, help="a running server (it runs one flag set)")
+    where.add_argument(
+        "--launch", choices=LAUNCHED, help="start this engine under each flag set, stop it after"
+    )
+    group.add_argument(
+        "--model", metavar="PATH", help="--launch: the model folder (a .gguf for llama.cpp)"
+    )
+    group.add_argument(
+        "--program",
+        metavar="PATH",
+        help="--launch llama.cpp: the llama-server binary; vllm: the Python of vLLM's venv",
+    )
+    group.add_argument(
+        "--kv-tokens",
+        type=positive_int,
+        metavar="TOKENS",
+        help="the server's KV cache in tokens (llama.cpp -c; default: the launcher's, a running "
+        "server's unbounded)",
+    )
+    group.add_argument("--engine", choices=ENGINES, help="what the server is (default: it says)")
+    group.add_argument(
+        "--tokenizer", metavar="DIR", help="the served model's folder (default --model)"
+    )
+    add_timeout_arguments(group)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _server_arguments(parser)
+    what = parser.add_argument_group("what to check")
+    what.add_argument(
+        "--answer",
+        metavar="JSON",
+        help="a capacity answer (capacity --json): its colocated deployments' settings, SLO "
+        "and target",
+    )
+    what.add_argument(
+        "--flags",
+        type=flags_type,
+        action="append",
+        metavar="tokens=N[,seqs=N]",
+        help="a flag set (repeat for several): the token budget and sequence cap",
+    )
+    what.add_argument("--slo", metavar="BOUNDS", help="e.g. ttft:2s,tpot:200ms (else the answer's)")
+    what.add_argument("--target", type=fraction_type, help="attainment target (default 0.9)")
+    add_workload_arguments(parser, default="poisson")
+    parser.add_argument(
+        "--lengths-divided-by",
+        type=divisors_type,
+        metavar="P:O",
+        help="divide the workload's prompt and output lengths (e.g. 4:8 for a small model)",
+    )
+    probes = parser.add_argument_group("probes")
+    probes.add_argument(
+        "--margin",
+        type=fraction_type,
+        default=0.05,
+        help="attainment's standard error at the target per probe is at most this (0.05)",
+    )
+    probes.add_argument(
+        "--tolerance", type=fraction_type, default=0.10, help="bisection stops within (0.10)"
+    )
+    probes.add_argument("--max-probes", type=positive_int, default=6, help="per flag set (6)")
+    cal = parser.add_argument_group("calibration")
+    cal.add_argument("--cost", metavar="JSON", help="reuse this server calibration for all")
+    cal.add_argument(
+        "--calibrate-once",
+        action="store_true",
+        help="calibrate under the first flag set only and reuse it",
+    )
+    cal.add_argument("--repeats", type=positive_int, default=2, help="calibration rounds (2)")
+    cal.add_argument(
+        "--max-prompt",
+        type=positive_int,
+        default=2048,
+        metavar="TOKENS",
+        help="the calibration's longest prompt (2048)",
+    )
+    parser.add_argument("--json", type=output_path, metavar="PATH", help="write the result JSON")
+    parser.add_argument("--save", action="store_true", help="archive it as a run")
+    add_archive_arguments(parser)
+
+
+def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
+    """The colocated deployments' flag sets, the SLO and the target of a capacity answer.
+
+    Raises:
+        ValueError: naming the file, for anything that is not one, or one with no colocated
+            deployment at a token budget.
+    """
+    data = read_json(path, "capacity answer")
+    try:
+        slo = SLO(**data["slo"])
+        target = float(data["target"])
+        deployments = [r["deployment"] for r in data["results"]]
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a capacity answer (capacity --json): {err!s}") from None
+    flags = []
+    for d in deployments:
+        if d.get("policy") == "disaggregated" or not d.get("max_batched_tokens"):
+            continue
+        flag = FlagSet(int(d["max_batched_tokens"]), d.get("max_seqs"))
+        if flag not in flags:
+            flags.append(flag)
+    if not flags:
+        raise ValueError(f"{path}: no colocated deployment at a token budget to verify")
+    return flags, slo, target
+
+
+def check(args: argparse.Namespace) -> None:
+    """What the command line can refuse before anything starts."""
+    check_workload_args(args)
+    if args.answer is None and not args.flags:
+        raise ValueError("give --answer (a capacity answer's JSON) or --flags tokens=N[,seqs=N]")
+    if args.answer is None and args.slo is None:
+        raise ValueError("--slo is needed without --answer")
+    if args.slo is not None:
+        args.slo = SLO.parse(args.slo)
+    if args.launch is not None and args.model is None:
+        raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
+    if args.url is not None and (args.model or args.program):
+        raise ValueError("--model and --program go with --launch, not --url")
+
+
+def _load(args: argparse.Namespace) -> tuple[list[Request], str]:
+    workload = workload_from_args(args)
+    for line in workload_lines(workload):
+        print(line)
+    load = list(workload.requests)
+    description = workload.description
+    if args.lengths_divided_by:
+        p, o = args.lengths_divided_by
+        load = [
+            dataclasses.replace(
+                r, prompt_len=max(r.prompt_len // p, 1), output_len=max(r.output_len // o, 1)
+            )
+            for r in load
+        ]
+        description += f"; prompts / {p}, outputs / {o}"
+    return load, description
+
+
+def _server(args: argparse.Namespace) -> Server:
+    timeouts = Timeouts(args.connect_timeout, args.stall_timeout)
+    if args.url is not None:
+        return Server(
+            url=args.url,
+            engine=args.engine,
+            tokenizer=args.tokenizer,
+            kv_tokens=args.kv_tokens,
+            timeouts=timeouts,
+        )
+    kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
+    launcher = Launcher(args.launch, args.model, args.program, **kv)
+    folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
+    return Server(launcher=launcher, engine=args.engine, tokenizer=folder, timeouts=timeouts)
+
+
+def progress(line: str) -> None:
+    print(f"  {line}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.report.verify import verify_report
+
+    flags, slo, target = list(args.flags or []), args.slo, args.target
+    if args.answer is not None:
+        answered, answer_slo, answer_target = answer_of(args.answer)
+        flags = flags or answered
+        slo, target = slo or answer_slo, target or answer_target
+    rule = ProbeRule(
+        target=target or 0.9,
+        margin=args.margin,
+        tolerance=args.tolerance,
+        max_probes=args.max_probes,
+    )
+    load, description = _load(args)
+    calibration = None
+    if args.cost is not None:
+        calibration = ServerCalibration.from_dict(read_json(args.cost, "server calibration"))
+    sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
+    result = verify(
+        _server(args),
+        flags,
+        load,
+        slo,
+        rule=rule,
+        sweep=sweep,
+        calibration=calibration,
+        calibrate_once=args.calibrate_once,
+        workload=description,
+        progress=progress,
+    )
+    text = verify_report(result)
+    print(text)
+    _write(args, result, text)
+    return 0 if result.compared else 1
+
+
+def _write(args: argparse.Namespace, result: VerifyResult, text: str) -> None:
+    document: dict[str, Any] = result.to_dict()
+    if args.json:
+        write_json_atomic(args.json, document)
+        print(f"wrote {args.json}")
+    if args.save:
+        provenance = {"device": "server", "threads": None}
+        line = text.splitlines()[-1]
+        verdict = "HOLDS" if result.same_best in (True, None) else "FAILS"
+        path = save_tables(
+            args,
+            provenance,
+            [("verify on " + (result.engine or "a server"), text, document)],
+            [("verify ranking", verdict, line)],
+        )
+        print(f"archived: {path}")

@@ -1,0 +1,107 @@
+"""A verification on a server, for a person: per flag set the predicted and measured knee,
+their ratio and the attainment measured at the predicted rate; every probe; and whether the
+measured ranking of the flag sets agrees with the predicted one."""
+
+from __future__ import annotations
+
+import math
+
+from tabulate import tabulate
+
+from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:.3g}" if value is not None and math.isfinite(value) and value > 0 else "-"
+
+
+def _measured(r: FlagSetResult) -> str:
+    m = r.measured
+    if m is None:
+        return "-"
+    if m.status == "found":
+        return f"{_rate(m.rate)} (< {_rate(m.high.rate if m.high else None)})"
+    if m.status == "bracketed":
+        return f"{_rate(m.rate)}-{_rate(m.high.rate if m.high else None)} (probes ran out)"
+    if m.status == "never met":
+        return f"< {_rate(min(p.rate for p in m.probes))} (never met)"
+    if m.status == "never missed":
+        return f">= {_rate(m.rate)} (never missed)"
+    return f"{_rate(m.rate)} ({m.status})"
+
+
+def knee_table(result: VerifyResult) -> str:
+    """One row per flag set."""
+    rows = []
+    for r in result.results:
+        first = r.measured.at_first if r.measured is not None else None
+        at = f"{first.attainment:.0%} ± {first.standard_error:.0%}" if first is not None else "-"
+        predicted = "-" if r.predicted is None else _rate(r.predicted.rate)
+        if r.predicted is not None and r.predicted.status == "never missed":
+            predicted = ">= " + predicted
+        ratio = f"{r.ratio:.2f}" if math.isfinite(r.ratio) else "-"
+        rows.append([r.flags.label, predicted, _measured(r), ratio, at, r.ended and "ended" or ""])
+    headers = [
+        "flag set",
+        "predicted knee req/s",
+        "measured knee req/s",
+        "predicted/measured",
+        "attainment at predicted",
+        "",
+    ]
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def probe_table(result: VerifyResult) -> str:
+    """Every probe run on the server."""
+    rows = []
+    for r in result.results:
+        for i, p in enumerate(r.measured.probes if r.measured is not None else ()):
+            ttft = p.metrics.ttft.percentile(90.0) if p.metrics is not None else math.nan
+            tpot = p.metrics.tpot.percentile(90.0) if p.metrics is not None else math.nan
+            rows.append(
+                [
+                    r.flags.label,
+                    i + 1,
+                    _rate(p.rate),
+                    f"{p.good}/{p.sent}",
+                    f"{p.attainment:.0%} ± {p.standard_error:.0%}",
+                    f"{ttft * 1e3:.0f}" if math.isfinite(ttft) else "-",
+                    f"{tpot * 1e3:.1f}" if math.isfinite(tpot) else "-",
+                    p.failed or "",
+                ]
+            )
+    headers = ["flag set", "probe", "req/s", "good/sent", "attainment", "p90 TTFT ms"]
+    headers += ["p90 TPOT ms", "failed"]
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def ranking_line(result: VerifyResult) -> str:
+    compared = result.compared
+    if len(compared) < 2:
+        return "ranking: one flag set measured, nothing to rank"
+    labels = [r.flags.label for r in compared]
+    predicted = " > ".join(labels[i] for i in result.predicted_order)
+    measured = " > ".join(labels[i] for i in result.measured_order)
+    if result.same_order:
+        verdict = "the measured ranking agrees with the predicted one"
+    elif result.same_best:
+        verdict = "the same best flag set; the rest are ordered differently"
+    else:
+        verdict = "the measured best flag set is NOT the predicted one"
+    return f"ranking: predicted {predicted}; measured {measured}: {verdict}"
+
+
+def verify_report(result: VerifyResult) -> str:
+    lines = [
+        f"verify on {result.engine or 'a server'}: {result.workload}",
+        f"SLO {result.slo}, attainment target {result.rule.target:.0%}; {result.rule.sentence()}",
+        "",
+        knee_table(result),
+        "",
+        probe_table(result),
+        "",
+    ]
+    lines += [r.ended for r in result.results if r.ended is not None]
+    lines.append(ranking_line(result))
+    return "\n".join(lines)

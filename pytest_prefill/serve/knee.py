@@ -1,0 +1,356 @@
+"""The knee of a flag set: the highest arrival rate (the workload's arrival times scaled) at
+which SLO attainment stays at or above a target. Predicted by the capacity search
+(``plan.capacity``) over the simulator with the server's calibration; measured on the server by
+bounded probes: the predicted rate first, then steps out until the knee is bracketed, then
+geometric bisection (DESIGN.md, "Checking the answer on a server").
+
+How long a probe is: attainment measured over n requests has a binomial standard error
+``sqrt(a (1 - a) / n)``; at the target ``t`` this is at most the decision margin ``m`` when
+``n >= t (1 - t) / m**2`` (t = 0.9, m = 0.05: 36 requests). Every probe sends that many, the
+same first n requests of the workload, which is also what the prediction simulates. A request
+that fails counts as missing the SLO. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from pytest_prefill.plan.capacity import capacity
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.executors import InlineExecutor
+from pytest_prefill.plan.metrics import SLO, ServingMetrics
+from pytest_prefill.plan.rate_search import DeploymentResult
+from pytest_prefill.plan.workloads import arrival_rate
+from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
+from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.simulated import Scheduling
+from pytest_prefill.sim import CostModel, Request
+
+Progress = Callable[[str], object]
+# Probes a server restart cannot answer: asks the server whether it still runs (None: it does).
+Alive = Callable[[], Awaitable[str | None]]
+PREDICTION_TOLERANCE = 0.02  # the simulated search's bracket: finer than any probe can tell
+
+
+def _fraction(field: str, value: Any, low: float, high: float) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and low < value < high):
+        raise ValueError(f"{field} must be a number in ({low:g}, {high:g}), got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeRule:
+    """How the measured knee is searched: the attainment ``target``; the decision ``margin``
+    (each probe is long enough that attainment's standard error at the target is at most
+    this); stop when the highest pass and the lowest miss are within ``tolerance`` (relative);
+    at most ``max_probes`` probes; rates stepped by ``step`` until the knee is bracketed.
+
+    Raises:
+        ValueError: naming the field, for a target or margin outside (0, 1), a tolerance or
+            step that is not > 0 (step > 1), or fewer than 2 probes.
+    """
+
+    target: float = 0.9
+    margin: float = 0.05
+    tolerance: float = 0.10
+    max_probes: int = 6
+    step: float = 1.5
+    min_requests: int = 8
+
+    def __post_init__(self) -> None:
+        _fraction("target", self.target, 0.0, 1.0)
+        _fraction("margin", self.margin, 0.0, 1.0)
+        _fraction("tolerance", self.tolerance, 0.0, 10.0)
+        _fraction("step", self.step, 1.0, 100.0)
+        for field, least in (("max_probes", 2), ("min_requests", 1)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
+
+    @property
+    def requests(self) -> int:
+        """Requests per probe: the fewest whose standard error at the target is <= margin."""
+        need = self.target * (1 - self.target) / self.margin**2
+        return max(self.min_requests, math.ceil(need - 1e-9))
+
+    def standard_error(self, attainment: float, n: int) -> float:
+        return math.sqrt(max(attainment * (1 - attainment), 0.0) / max(n, 1))
+
+    def sentence(self) -> str:
+        n = self.requests
+        return (
+            f"each probe sends {n} requests: the binomial standard error of attainment at the "
+            f"target, sqrt({self.target:g} x {1 - self.target:.2g} / {n}) = "
+            f"{self.standard_error(self.target, n):.3f}, is at most the margin {self.margin:g}; "
+            f"bisection stops within {self.tolerance:.0%} or after {self.max_probes} probes"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "requests": self.requests, "rule": self.sentence()}
+
+
+def engine_slo(slo: SLO, overhead: RequestOverhead) -> SLO | None:
+    """``slo`` as the engine must meet it: the request's overhead outside the engine (the way
+    in and back, a constant) taken off TTFT and E2EL (TPOT is between tokens: unchanged). None
+    when the overhead alone breaks a bound."""
+    total = overhead.total if math.isfinite(overhead.total) else 0.0
+    bounds: dict[str, float] = {}
+    for name, seconds in slo.bounds:
+        left = seconds - total if name in ("ttft", "e2el") else seconds
+        if left <= 0:
+            return None
+        bounds[name] = left
+    return SLO(**bounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Predicted:
+    """The simulated knee: the capacity search's result for the one deployment (None with
+    ``reason`` when nothing could be searched), and the SLO the engine was held to."""
+
+    result: DeploymentResult | None
+    slo: SLO | None
+    reason: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.result.max_rate if self.result is not None else 0.0
+
+    @property
+    def status(self) -> str:
+        return self.result.status if self.result is not None else "never met"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "status": self.status,
+            "reason": self.reason,
+            "engine_slo": self.slo.to_dict() if self.slo is not None else None,
+            "search": self.result.to_dict() if self.result is not None else None,
+        }
+
+
+def predict_knee(
+    load: Sequence[Request],
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+    slo: SLO,
+    target: float,
+) -> Predicted:
+    """The capacity search for one colocated deployment at the server's budget and sequence
+    cap, under its engine profile and KV cache, with the request's overhead taken off the SLO
+    (:func:`engine_slo`)."""
+    held = engine_slo(slo, overhead)
+    if held is None:
+        return Predicted(None, None, f"the request's overhead {overhead.total:.3g} s breaks {slo}")
+    profile = scheduling.profile
+    deployment = Deployment(
+        "chunked", 1, max_batched_tokens=profile.max_batched_tokens, max_seqs=profile.max_seqs
+    )
+    model = dataclasses.replace(cost, kv_capacity_tokens=scheduling.kv_capacity_tokens)
+    result = capacity(
+        list(load),
+        model,
+        held,
+        1,
+        target=target,
+        deployments=[deployment],
+        tolerance=PREDICTION_TOLERANCE,
+        executor=InlineExecutor(),
+        engine=profile,
+    )
+    return Predicted(result.results[0], held)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredProbe:
+    """One probe on the server: the workload at ``scale`` x its rate (``rate`` req/s offered),
+    ``sent`` requests, ``good`` of them within the SLO, ``failed`` with no answer; the metrics
+    of the completed ones and the run itself (its records)."""
+
+    scale: float
+    rate: float
+    sent: int
+    good: int
+    failed: int
+    metrics: ServingMetrics | None
+    run: BenchRun
+
+    @property
+    def attainment(self) -> float:
+        return self.good / self.sent if self.sent else 0.0
+
+    @property
+    def standard_error(self) -> float:
+        a = self.attainment
+        return math.sqrt(a * (1 - a) / max(self.sent, 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scale": self.scale,
+            "rate": self.rate,
+            "sent": self.sent,
+            "good": self.good,
+            "failed": self.failed,
+            "attainment": self.attainment,
+            "standard_error": self.standard_error,
+            "metrics": self.metrics.as_dict() if self.metrics is not None else None,
+            "run": self.run.to_dict(),
+            "records": [r.to_dict() for r in self.run.records],
+        }
+
+
+def probe_of(run: BenchRun, slo: SLO, scale: float, rate: float) -> MeasuredProbe:
+    """A run's attainment: requests meeting every bound over requests sent."""
+    completed = run.completed
+    metrics = run.metrics(slo=slo) if completed else None
+    good = metrics.good if metrics is not None else 0
+    return MeasuredProbe(scale, rate, len(run.records), good, len(run.failed), metrics, run)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredKnee:
+    """What the probes found: each probe in the order run; ``low`` the highest rate that met
+    the target, ``high`` the lowest above it that missed; ``ended`` the one line saying why the
+    server stopped the search (None when it did not)."""
+
+    probes: tuple[MeasuredProbe, ...]
+    low: MeasuredProbe | None
+    high: MeasuredProbe | None
+    tolerance: float
+    ended: str | None = None
+
+    @property
+    def rate(self) -> float:
+        """The measured knee: the highest rate that met the target (0: none did)."""
+        return self.low.rate if self.low is not None else 0.0
+
+    @property
+    def status(self) -> str:
+        if self.ended is not None:
+            return "ended"
+        if self.low is None:
+            return "never met" if self.probes else "not measured"
+        if self.high is None:
+            return "never missed"
+        close = self.high.scale <= self.low.scale * (1 + self.tolerance) + 1e-12
+        return "found" if close else "bracketed"
+
+    @property
+    def at_first(self) -> MeasuredProbe | None:
+        """The first probe: the one at the predicted rate."""
+        return self.probes[0] if self.probes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "status": self.status,
+            "high": self.high.rate if self.high is not None else None,
+            "ended": self.ended,
+            "probes": [p.to_dict() for p in self.probes],
+        }
+
+
+class KneeSearch:
+    """The measured search, one probe at a time: ``start`` first; while every probe passes,
+    ``step`` x the highest; while every probe misses, the lowest / ``step``; then the geometric
+    midpoint of the bracket until it is within ``tolerance``; never more than ``max_probes``."""
+
+    def __init__(self, rule: ProbeRule, start: float) -> None:
+        if not (math.isfinite(start) and start > 0):
+            raise ValueError(f"start scale must be a positive number, got {start!r}")
+        self.rule, self.start = rule, start
+        self.probes: list[MeasuredProbe] = []
+        self.low: MeasuredProbe | None = None
+        self.high: MeasuredProbe | None = None
+
+    def next_scale(self) -> float | None:
+        if not self.probes:
+            return self.start
+        if len(self.probes) >= self.rule.max_probes:
+            return None
+        low, high = self.low, self.high
+        if high is None:
+            assert low is not None
+            return low.scale * self.rule.step
+        if low is None:
+            return high.scale / self.rule.step
+        if high.scale <= low.scale * (1 + self.rule.tolerance) + 1e-12:
+            return None
+        return math.sqrt(low.scale * high.scale)
+
+    def observe(self, probe: MeasuredProbe) -> None:
+        self.probes.append(probe)
+        if probe.attainment >= self.rule.target:
+            if self.low is None or probe.scale > self.low.scale:
+                self.low = probe
+        elif self.high is None or probe.scale < self.high.scale:
+            self.high = probe
+
+    def result(self, ended: str | None = None) -> MeasuredKnee:
+        return MeasuredKnee(tuple(self.probes), self.low, self.high, self.rule.tolerance, ended)
+
+
+def probe_load(load: Sequence[Request], rule: ProbeRule) -> list[Request]:
+    """The first ``rule.requests`` of ``load`` by arrival: what every probe sends.
+
+    Raises:
+        ValueError: when ``load`` has fewer, or its arrivals have no rate to scale.
+    """
+    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[: rule.requests]
+    if len(ordered) < rule.requests:
+        raise ValueError(
+            f"the workload has {len(ordered)} requests; each probe needs {rule.requests} "
+            f"(target {rule.target:g}, margin {rule.margin:g}): give a longer workload or a "
+            "wider margin"
+        )
+    if not math.isfinite(arrival_rate(ordered)):
+        raise ValueError("the workload's first requests arrive at once: no rate to scale")
+    return ordered
+
+
+async def measure_knee(
+    target: Target,
+    load: Sequence[Request],
+    slo: SLO,
+    rule: ProbeRule,
+    start: float,
+    *,
+    alive: Alive,
+    progress: Progress | None = None,
+    tag: str = "",
+) -> MeasuredKnee:
+    """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
+    :class:`KneeSearch` says. After a probe with failed requests ``alive`` is asked: a server
+    that is gone or not answering ends the search with one line, keeping the probes run."""
+    base = arrival_rate(load)
+    search = KneeSearch(rule, start)
+    while (scale := search.next_scale()) is not None:
+        index = len(search.probes)
+        renamed = [dataclasses.replace(r, id=f"{tag}p{index}-{r.id}") for r in load]
+        run = await run_load(
+            target,
+            renamed,
+            schedule=Schedule("trace", rate_scale=scale),
+            bounds=Bounds(warmup=0),
+        )
+        probe = probe_of(run, slo, scale, base * scale)
+        search.observe(probe)
+        if progress is not None:
+            progress(
+                f"probe {index + 1}: {probe.rate:.3g} req/s, attainment {probe.attainment:.0%} "
+                f"({probe.good}/{probe.sent}{f', {probe.failed} failed' if probe.failed else ''})"
+            )
+        if probe.failed:
+            why = await alive()
+            if why is not None:
+                first = next((r.error for r in run.failed if r.error), "")
+                line = f"{why} during the probe at {probe.rate:.3g} req/s"
+                line += f" ({probe.failed} of {probe.sent} requests failed: {first[:120]})"
+                return search.result(line)
+    return search.result()

@@ -1,0 +1,366 @@
+"""Checking a capacity answer on a server (DESIGN.md, "Checking the answer on a server"): for
+each flag set (the engine's token budget and sequence cap) the server runs it — restarted by a
+launcher (``serve.launchers``), or running and said to run it — is calibrated (or a calibration
+is reused), its knee predicted by the capacity search with that calibration, and then measured
+(``serve.knee``). Reported: the predicted and measured knee, their ratio, the attainment at the
+predicted rate, and whether the measured ranking of the flag sets agrees with the predicted one.
+
+A server that dies or stalls ends its flag set with one line; what was measured is kept, and
+every process this module started is stopped by its PID. Standard library only (the
+calibration's fit needs numpy)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytest_prefill._io import json_safe
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
+from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.knee import (
+    MeasuredKnee,
+    Predicted,
+    ProbeRule,
+    measure_knee,
+    predict_knee,
+    probe_load,
+)
+from pytest_prefill.serve.launchers import Launcher, exited
+from pytest_prefill.serve.loadgen import Target, open_target
+from pytest_prefill.serve.process import ServerProcess
+from pytest_prefill.serve.simulated import Scheduling, server_profile
+from pytest_prefill.sim import Request
+
+Progress = Callable[[str], object]
+WARMUP = 3  # a server's first requests are slow (570 ms for a 64-token prompt vs 9 ms warm)
+ALIVE_TIMEOUT = 5.0
+FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSet:
+    """What a server is started with: ``budget`` tokens an iteration, decode rows included
+    (vLLM ``--max-num-batched-tokens``, ``transformers serve --cb-max-batch-tokens``,
+    llama.cpp ``-b``) and the sequence cap ``max_seqs`` (vLLM ``--max-num-seqs``, llama.cpp
+    ``-np``; None: the engine's default).
+
+    Raises:
+        ValueError: naming the field, for a budget below 2 or a cap below 1.
+    """
+
+    budget: int
+    max_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 2:
+            raise ValueError(f"flag set budget must be an integer >= 2, got {self.budget!r}")
+        seqs = self.max_seqs
+        if seqs is not None and (isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1):
+            raise ValueError(f"flag set max_seqs must be an integer >= 1, got {seqs!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> FlagSet:
+        """``tokens=256`` or ``tokens=256,seqs=8`` (a capacity deployment's settings).
+
+        Raises:
+            ValueError: for anything else.
+        """
+        match = FLAGS.match(str(text).strip())
+        if match is None:
+            raise ValueError(f"a flag set is tokens=N or tokens=N,seqs=N, got {text!r}")
+        seqs = match.group(2)
+        return cls(int(match.group(1)), int(seqs) if seqs is not None else None)
+
+    @property
+    def label(self) -> str:
+        seqs = f", ≤{self.max_seqs} seqs" if self.max_seqs is not None else ""
+        return f"≤{self.budget} tok{seqs}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget": self.budget, "max_seqs": self.max_seqs, "label": self.label}
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """Where the flag sets run: ``launcher`` restarts a server under each; else ``url`` is a
+    running one, said to run the one flag set given. ``engine`` (else what the server shows),
+    ``tokenizer`` (the model folder: one-token words), ``kv_tokens`` (its KV cache in tokens;
+    a launcher knows its own), ``timeouts``."""
+
+    url: Url | None = None
+    launcher: Launcher | None = None
+    engine: str | None = None
+    tokenizer: str | None = None
+    kv_tokens: float | None = None
+    timeouts: Timeouts = Timeouts()
+
+    def __post_init__(self) -> None:
+        if (self.url is None) == (self.launcher is None):
+            raise ValueError("a server is a running url or a launcher, exactly one of them")
+
+    @property
+    def kv_capacity(self) -> float:
+        if self.kv_tokens is not None:
+            return float(self.kv_tokens)
+        return self.launcher.kv_capacity() if self.launcher is not None else math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSetResult:
+    """One flag set's check: the command it ran (launched), the calibration used, the
+    scheduling simulated, the predicted and measured knees, and ``ended``: the one line saying
+    why it stopped early (None when it did not)."""
+
+    flags: FlagSet
+    command: tuple[str, ...] = ()
+    calibration: ServerCalibration | None = None
+    scheduling: Scheduling | None = None
+    predicted: Predicted | None = None
+    measured: MeasuredKnee | None = None
+    ended: str | None = None
+    exit_status: int | None = None
+
+    @property
+    def ratio(self) -> float:
+        """Predicted over measured knee (NaN when either is missing or 0)."""
+        if self.predicted is None or self.measured is None:
+            return math.nan
+        p, m = self.predicted.rate, self.measured.rate
+        return p / m if p > 0 and m > 0 else math.nan
+
+    @property
+    def attainment_at_predicted(self) -> float:
+        first = self.measured.at_first if self.measured is not None else None
+        return first.attainment if first is not None else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flags": self.flags.to_dict(),
+            "command": list(self.command),
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "scheduling": self.scheduling.to_dict() if self.scheduling is not None else None,
+            "predicted": self.predicted.to_dict() if self.predicted is not None else None,
+            "measured": self.measured.to_dict() if self.measured is not None else None,
+            "ratio": self.ratio,
+            "attainment_at_predicted": self.attainment_at_predicted,
+            "ended": self.ended,
+            "exit_status": self.exit_status,
+        }
+
+
+def ranking(values: Sequence[float]) -> list[int]:
+    """Indices by value, highest first (ties keep the given order)."""
+    return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+    """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
+    in the order given."""
+
+    workload: str
+    slo: SLO
+    rule: ProbeRule
+    results: tuple[FlagSetResult, ...]
+    engine: str
+
+    @property
+    def compared(self) -> tuple[FlagSetResult, ...]:
+        """The flag sets with both knees (a flag set that ended early has no measured knee)."""
+        return tuple(r for r in self.results if r.predicted is not None and r.measured is not None)
+
+    @property
+    def predicted_order(self) -> list[int]:
+        return ranking([r.predicted.rate for r in self.compared if r.predicted is not None])
+
+    @property
+    def measured_order(self) -> list[int]:
+        return ranking([r.measured.rate for r in self.compared if r.measured is not None])
+
+    @property
+    def same_best(self) -> bool | None:
+        if len(self.compared) < 2:
+            return None
+        return self.predicted_order[0] == self.measured_order[0]
+
+    @property
+    def same_order(self) -> bool | None:
+        if len(self.compared) < 2:
+            return None
+        return self.predicted_order == self.measured_order
+
+    def to_dict(self) -> dict[str, Any]:
+        labels = [r.flags.label for r in self.compared]
+        return json_safe(
+            {
+                "kind": "pytest-prefill/verify",
+                "schema_version": 1,
+                "workload": self.workload,
+                "engine": self.engine,
+                "slo": self.slo.to_dict(),
+                "probe_rule": self.rule.to_dict(),
+                "predicted_ranking": [labels[i] for i in self.predicted_order],
+                "measured_ranking": [labels[i] for i in self.measured_order],
+                "same_best": self.same_best,
+                "same_order": self.same_order,
+                "flag_sets": [r.to_dict() for r in self.results],
+            },
+            "verify",
+        )
+
+
+async def _alive(url: Url, server: ServerProcess | None) -> str | None:
+    if server is not None and (why := exited(server)) is not None:
+        return why
+    try:
+        status, _ = await request_json(
+            url, "GET", "/v1/models", timeouts=Timeouts(ALIVE_TIMEOUT, ALIVE_TIMEOUT)
+        )
+    except ServerError as err:
+        return f"the server stopped answering ({str(err)[:80]})"
+    return None if status == 200 else f"the server answered GET /v1/models with HTTP {status}"
+
+
+@dataclasses.dataclass
+class _Plan:
+    load: list[Request]
+    slo: SLO
+    rule: ProbeRule
+    sweep: ServerSweep | None
+    calibration: ServerCalibration | None
+
+
+async def _check_flag_set(
+    server: Server,
+    url: Url,
+    process: ServerProcess | None,
+    flags: FlagSet,
+    plan: _Plan,
+    progress: Progress | None,
+) -> FlagSetResult:
+    """Calibrate (or reuse), predict, measure one flag set on a server running it."""
+    command = process.argv if process is not None else ()
+    label = flags.label
+    flagged = " ".join(command) or f"budget {flags.budget}" + (
+        f", seqs {flags.max_seqs}" if flags.max_seqs else ""
+    )
+    try:
+        target: Target = await open_target(
+            url,
+            engine=server.engine,
+            tokenizer=server.tokenizer,
+            flags=flagged,
+            timeouts=server.timeouts,
+        )
+        for i in range(WARMUP):
+            await prompt_alone(target, 64, f"{flags.budget}-warmup{i}")
+        calibration = plan.calibration
+        if calibration is None:
+            assert plan.sweep is not None
+            sweep = dataclasses.replace(plan.sweep, budget=flags.budget)
+            calibration = await calibrate_server(target, sweep, progress, verify=label)
+    except (ServerError, ValueError) as err:
+        why = await _alive(url, process) or "calibration failed"
+        return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
+    scheduling = Scheduling(
+        server_profile(target.identity.engine, flags.budget, flags.max_seqs), server.kv_capacity
+    )
+    predicted = predict_knee(
+        plan.load, calibration.cost, calibration.overhead, scheduling, plan.slo, plan.rule.target
+    )
+    if progress is not None:
+        progress(f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status})")
+    start = _start_scale(predicted, plan.load)
+    measured = await measure_knee(
+        target,
+        plan.load,
+        plan.slo,
+        plan.rule,
+        start,
+        alive=lambda: _alive(url, process),
+        progress=progress,
+        tag=f"b{flags.budget}s{flags.max_seqs or 0}-",
+    )
+    ended = f"{label}: {measured.ended}" if measured.ended is not None else None
+    return FlagSetResult(flags, command, calibration, scheduling, predicted, measured, ended)
+
+
+def _start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
+    """The first probe's scale: the predicted knee's, else the lowest rate the prediction
+    tried (it met the SLO nowhere)."""
+    from pytest_prefill.plan.workloads import arrival_rate
+
+    if predicted.rate > 0:
+        return predicted.rate / arrival_rate(load)
+    probes = predicted.result.probes if predicted.result is not None else ()
+    return min((p.scale for p in probes), default=1.0)
+
+
+def verify(
+    server: Server,
+    flag_sets: Sequence[FlagSet],
+    load: Sequence[Request],
+    slo: SLO,
+    *,
+    rule: ProbeRule | None = None,
+    sweep: ServerSweep | None = None,
+    calibration: ServerCalibration | None = None,
+    calibrate_once: bool = False,
+    workload: str = "",
+    progress: Progress | None = None,
+) -> VerifyResult:
+    """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
+    it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
+    one's calibration for all).
+
+    Raises:
+        ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
+            nor a calibration, or a workload too short for the probe rule.
+    """
+    if not flag_sets:
+        raise ValueError("verify needs at least one flag set")
+    if len(set(flag_sets)) != len(flag_sets):
+        raise ValueError(f"flag sets are repeated: {[f.label for f in flag_sets]}")
+    if server.launcher is None and len(flag_sets) > 1:
+        raise ValueError(
+            "a running server runs one flag set: give a launcher to restart it under several"
+        )
+    if sweep is None and calibration is None:
+        raise ValueError("give a calibration sweep or a calibration to reuse")
+    rule = rule or ProbeRule()
+    plan = _Plan(probe_load(load, rule), slo, rule, sweep, calibration)
+    results = []
+    for flags in flag_sets:
+        result = _one(server, flags, plan, progress)
+        results.append(result)
+        if progress is not None and result.ended is not None:
+            progress(result.ended)
+        if calibrate_once and plan.calibration is None and result.calibration is not None:
+            plan.calibration = result.calibration
+    engine = server.engine or (server.launcher.engine if server.launcher is not None else "")
+    return VerifyResult(workload, slo, rule, tuple(results), engine)
+
+
+def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None) -> FlagSetResult:
+    """One flag set, with its server started (and stopped, whatever happens) when launched."""
+    if server.launcher is None:
+        assert server.url is not None
+        return asyncio.run(_check_flag_set(server, server.url, None, flags, plan, progress))
+    if progress is not None:
+        progress(f"{flags.label}: starting {server.launcher.engine}")
+    try:
+        process = server.launcher.start(flags.budget, flags.max_seqs)
+    except ServerError as err:
+        line = f"{flags.label}: the server did not start: {str(err).splitlines()[0][:200]}"
+        return FlagSetResult(flags, ended=line)
+    try:
+        result = asyncio.run(_check_flag_set(server, process.url, process, flags, plan, progress))
+    finally:
+        status = process.stop()
+    return dataclasses.replace(result, exit_status=status)

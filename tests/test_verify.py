@@ -1,0 +1,341 @@
+"""Verify without an engine: flag sets, the probe rule (binomial standard error at the target),
+the measured search's bracket and bound, the SLO the engine is held to, the prediction, the
+probes against the reference server (requests sent, records kept), a server that dies mid-search
+(one line, the probes kept), a launcher that cannot start, and the report."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+
+import pytest
+from cli_errors import usage_error
+
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.http import Url
+from pytest_prefill.serve.identity import identify
+from pytest_prefill.serve.knee import (
+    KneeSearch,
+    MeasuredProbe,
+    ProbeRule,
+    engine_slo,
+    measure_knee,
+    predict_knee,
+    probe_load,
+)
+from pytest_prefill.serve.launchers import Launcher
+from pytest_prefill.serve.loadgen import Target
+from pytest_prefill.serve.prompts import Prompts
+from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.simulated import Scheduling, server_profile
+from pytest_prefill.serve.verify import FlagSet, FlagSetResult, Server, VerifyResult, verify
+from pytest_prefill.sim import PRESETS, Request
+
+LAB_LAPTOP = PRESETS["lab-laptop"].cost
+
+WORDS = Prompts(
+    tuple(f" w{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(80)), tuple(range(80)), "test"
+)
+
+
+def _poisson(n: int, rate: float = 2.0, prompt: int = 64, output: int = 8) -> list[Request]:
+    import random
+
+    rng, t, load = random.Random(3), 0.0, []
+    for i in range(n):
+        load.append(Request(f"r{i}", t, prompt + 16 * (i % 4), output))
+        t += rng.expovariate(rate)
+    return load
+
+
+def test_a_flag_set_reads_as_a_capacity_deployment_writes_it():
+    assert FlagSet.parse("tokens=256") == FlagSet(256)
+    assert FlagSet.parse("tokens=512,seqs=8") == FlagSet(512, 8)
+    for bad in ("256", "tokens=", "tokens=256,seqs=", "seqs=8", "tokens=1"):
+        with pytest.raises(ValueError, match="flag set|budget"):
+            FlagSet.parse(bad)
+
+
+@pytest.mark.parametrize("target,margin", [(0.9, 0.05), (0.9, 0.1), (0.5, 0.05), (0.99, 0.02)])
+def test_a_probe_is_long_enough_for_its_standard_error_to_be_within_the_margin(target, margin):
+    rule = ProbeRule(target=target, margin=margin, min_requests=1)
+    n = rule.requests
+    assert rule.standard_error(target, n) <= margin + 1e-12
+    assert n == 1 or rule.standard_error(target, n - 1) > margin
+    assert str(n) in rule.sentence()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("target", 1.0), ("margin", 0), ("tolerance", -1), ("step", 1.0), ("max_probes", 1)],
+)
+def test_a_probe_rule_refuses_what_cannot_decide(field, value):
+    with pytest.raises(ValueError, match=field):
+        ProbeRule(**{field: value})
+
+
+def _fake_probe(scale: float, knee: float, n: int = 20) -> MeasuredProbe:
+    good = n if scale <= knee else n // 2
+    run = BenchRun((), {}, {}, "now")
+    return MeasuredProbe(scale, 2.0 * scale, n, good, 0, None, run)
+
+
+@pytest.mark.parametrize("start,knee", [(1.0, 1.0), (1.0, 3.7), (5.0, 0.4), (1.0, 1.04)])
+def test_the_measured_search_brackets_the_knee_within_tolerance_or_its_probe_bound(start, knee):
+    rule = ProbeRule(tolerance=0.1, max_probes=8)
+    search = KneeSearch(rule, start)
+    while (scale := search.next_scale()) is not None:
+        search.observe(_fake_probe(scale, knee))
+    result = search.result()
+    assert result.probes[0].scale == start  # the first probe is at the predicted rate
+    assert len(result.probes) <= rule.max_probes
+    if result.status == "found":
+        assert result.low is not None and result.high is not None
+        assert result.low.scale <= knee < result.high.scale <= result.low.scale * 1.1 + 1e-9
+    else:
+        assert len(result.probes) == rule.max_probes
+
+
+def test_the_engine_is_held_to_the_slo_less_the_requests_own_overhead():
+    overhead = RequestOverhead(0.3, 0.1, 0.001, "test")
+    held = engine_slo(SLO(ttft=1.0, tpot=0.05, e2el=5.0), overhead)
+    assert held == SLO(ttft=0.7, tpot=0.05, e2el=4.7)
+    assert engine_slo(SLO(ttft=0.2), overhead) is None
+
+
+def test_the_overhead_only_lowers_the_predicted_knee():
+    load = _poisson(40)
+    scheduling = Scheduling(server_profile("vllm", 256, 8))
+    slo = SLO(ttft=0.5, tpot=0.06)
+    none = RequestOverhead(0.0, 0.0, 0.0, "test")
+    some = RequestOverhead(0.1, 0.05, 0.0, "test")
+    free = predict_knee(load, LAB_LAPTOP, none, scheduling, slo, 0.9)
+    paid = predict_knee(load, LAB_LAPTOP, some, scheduling, slo, 0.9)
+    assert free.rate > 0 and free.result is not None
+    assert paid.rate <= free.rate * (1 + 0.02)
+    unreachable = predict_knee(
+        load, LAB_LAPTOP, RequestOverhead(1, 0.5, 0, "t"), scheduling, slo, 0.9
+    )
+    assert unreachable.rate == 0 and "overhead" in (unreachable.reason or "")
+
+
+def test_probes_take_the_first_requests_the_rule_needs():
+    rule = ProbeRule(margin=0.1)
+    load = _poisson(50)
+    assert [r.id for r in probe_load(load, rule)] == [r.id for r in load[: rule.requests]]
+    with pytest.raises(ValueError, match="each probe needs"):
+        probe_load(load[:5], rule)
+
+
+async def _target(url: Url) -> Target:
+    return Target(url, await identify(url, engine="openai"), WORDS)
+
+
+def test_probes_against_the_reference_server_keep_every_request():
+    from pytest_prefill.serve.reference import Behaviour, running
+
+    rule = ProbeRule(margin=0.15, max_probes=3, min_requests=4)
+    load = probe_load(_poisson(20, rate=20.0), rule)
+
+    async def go():
+        async with running(Behaviour(ttft=0.01, gap=0.002)) as url:
+            target = await _target(url)
+
+            async def alive():
+                return None
+
+            return await measure_knee(target, load, SLO(ttft=1.0), rule, 1.0, alive=alive)
+
+    knee = asyncio.run(go())
+    assert knee.status == "never missed" and len(knee.probes) == rule.max_probes
+    for probe in knee.probes:
+        assert probe.sent == len(load) == probe.good and not probe.failed
+        assert len({r.id for r in probe.run.records}) == len(load)
+    rates = [p.rate for p in knee.probes]
+    assert rates == sorted(rates) and rates[1] == pytest.approx(rates[0] * rule.step)
+    json.dumps(knee.to_dict())
+
+
+def test_a_server_that_dies_mid_search_ends_it_in_one_line_keeping_the_probes():
+    from pytest_prefill.serve.process import free_port, reference_server, start_server
+
+    port = free_port()
+    argv, env = reference_server(port, 0.01, 0.002)
+    server = start_server(argv, port, env=env, timeout=30)
+    rule = ProbeRule(margin=0.15, max_probes=4, min_requests=4)
+    load = probe_load(_poisson(20, rate=20.0), rule)
+
+    def kill_after_first(line: str) -> None:
+        server.stop()
+
+    async def alive():
+        return None if server.process.poll() is None else "the server exited"
+
+    async def go():
+        target = await _target(server.url)
+        return await measure_knee(
+            target, load, SLO(ttft=1.0), rule, 1.0, alive=alive, progress=kill_after_first
+        )
+
+    try:
+        knee = asyncio.run(go())
+    finally:
+        server.stop()
+    assert knee.status == "ended" and "\n" not in (knee.ended or "")
+    assert "the server exited" in (knee.ended or "")
+    assert len(knee.probes) == 2 and knee.probes[0].attainment == 1.0
+    assert knee.probes[1].failed == knee.probes[1].sent
+
+
+def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"not a model")
+    launcher = Launcher("llama.cpp", str(model), "/bin/false", ready_timeout=10)
+    server = Server(launcher=launcher, engine="llama.cpp")
+    with pytest.raises(ValueError, match="sweep"):
+        verify(server, [FlagSet(256)], _poisson(40), SLO(ttft=1.0), rule=ProbeRule(margin=0.1))
+    from pytest_prefill.serve.calibration import ServerSweep
+
+    result = verify(
+        server,
+        [FlagSet(256), FlagSet(512)],
+        _poisson(40),
+        SLO(ttft=1.0),
+        rule=ProbeRule(margin=0.1),
+        sweep=ServerSweep(256),
+    )
+    assert not result.compared and len(result.results) == 2
+    for r in result.results:
+        assert r.ended is not None and "did not start" in r.ended and "\n" not in r.ended
+    assert result.same_best is None
+    json.dumps(result.to_dict())
+
+
+def test_a_running_server_runs_one_flag_set():
+    from pytest_prefill.serve.calibration import ServerSweep
+
+    server = Server(url=Url.parse("http://127.0.0.1:9"))
+    with pytest.raises(ValueError, match="launcher"):
+        verify(
+            server,
+            [FlagSet(256), FlagSet(512)],
+            _poisson(40),
+            SLO(ttft=1.0),
+            sweep=ServerSweep(256),
+        )
+    with pytest.raises(ValueError, match="repeated"):
+        verify(server, [FlagSet(256)] * 2, _poisson(40), SLO(ttft=1.0), sweep=ServerSweep(256))
+
+
+def _result(flags: FlagSet, predicted: float, measured_knee: float) -> FlagSetResult:
+    from pytest_prefill.serve.knee import MeasuredKnee, Predicted
+
+    search = KneeSearch(ProbeRule(max_probes=8), predicted / 2.0)
+    while (scale := search.next_scale()) is not None:
+        search.observe(_fake_probe(scale, measured_knee / 2.0))
+
+    class Found:
+        max_rate, status, probes = predicted, "found", ()
+
+        def to_dict(self):
+            return {}
+
+    prediction = Predicted(Found(), SLO(ttft=1.0))  # type: ignore[arg-type]
+    knee: MeasuredKnee = search.result()
+    return FlagSetResult(flags, predicted=prediction, measured=knee)
+
+
+def test_the_report_says_whether_the_measured_ranking_agrees():
+    from pytest_prefill.report.verify import verify_report
+
+    a, b, c = FlagSet(128), FlagSet(256, 4), FlagSet(512)
+    agree = VerifyResult(
+        "w",
+        SLO(ttft=1.0),
+        ProbeRule(),
+        (_result(a, 2, 2), _result(b, 4, 4.2), _result(c, 3, 2.9)),
+        "vllm",
+    )
+    assert agree.same_order and agree.same_best
+    text = verify_report(agree)
+    assert "agrees" in text and "≤256 tok, ≤4 seqs > ≤512 tok > ≤128 tok" in text
+    swapped = VerifyResult(
+        "w", SLO(ttft=1.0), ProbeRule(), (_result(a, 2, 5), _result(b, 4, 4)), "vllm"
+    )
+    assert swapped.same_best is False and "NOT" in verify_report(swapped)
+    ratio = agree.results[1].ratio
+    assert math.isfinite(ratio) and ratio == pytest.approx(4 / agree.results[1].measured.rate)
+
+
+def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
+    from pytest_prefill.commands.verify import answer_of
+    from pytest_prefill.plan.capacity import capacity
+    from pytest_prefill.plan.deployments import Deployment
+    from pytest_prefill.plan.executors import InlineExecutor
+
+    deployments = [
+        Deployment("chunked", 2, max_batched_tokens=256, max_seqs=8),
+        Deployment("chunked", 2, max_batched_tokens=1024),
+        Deployment("disaggregated", 2, prefill_workers=1, max_batched_tokens=512),
+    ]
+    answer = capacity(
+        _poisson(30),
+        LAB_LAPTOP,
+        SLO(ttft=2.0),
+        2,
+        deployments=deployments,
+        executor=InlineExecutor(),
+        engine="vllm",
+    )
+    path = tmp_path / "answer.json"
+    path.write_text(json.dumps(answer.to_dict()))
+    flags, slo, target = answer_of(str(path))
+    assert flags == [FlagSet(256, 8), FlagSet(1024)]
+    assert slo == SLO(ttft=2.0) and target == answer.target
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a capacity answer"):
+        answer_of(str(path))
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["verify", "--url", "http://127.0.0.1:9", "--slo", "ttft:1s"], "--answer"),
+        (["verify", "--url", "http://127.0.0.1:9", "--flags", "tokens=256"], "--slo"),
+        (["verify", "--launch", "vllm", "--flags", "tokens=256", "--slo", "ttft:1s"], "--model"),
+        (
+            ["verify", "--url", "http://127.0.0.1:9", "--flags", "tokens=x", "--slo", "ttft:1s"],
+            "tokens=N",
+        ),
+        (["verify", "--flags", "tokens=256", "--slo", "ttft:1s"], "--url"),
+    ],
+)
+def test_the_command_line_refuses_what_it_can_before_starting_anything(argv, needle, capsys):
+    assert needle in usage_error(argv, capsys)
+
+
+def test_equal_leading_hash_ids_give_equal_leading_tokens_and_the_rest_is_salted():
+    from pytest_prefill.serve.identity import ServerIdentity
+
+    identity = ServerIdentity("http://127.0.0.1:9", ("m",), "vllm", "given")
+    target = Target(Url.parse("http://127.0.0.1:9"), identity, WORDS, token_ids=True)
+    shared = dataclasses.replace(target, prefix_block_tokens=4)
+
+    def prompt(t: Target, request_id: str, blocks: tuple[int, ...], length: int = 14) -> list:
+        return t.body(request_id, length, 2, blocks)["prompt"]
+
+    a, b = prompt(shared, "a", (1, 2, 3, 9)), prompt(shared, "b", (1, 2, 7, 8))
+    assert len(a) == len(b) == 14
+    assert a[:8] == b[:8] and a[8:12] != b[8:12]  # blocks 1, 2 shared; 3 and 7 differ
+    assert a[12:] == prompt(shared, "d", (5, 6, 4, 9))[12:]  # the same id, the same words
+    short = prompt(shared, "c", (1,), 10)
+    assert short[:4] == a[:4] and short[4:] != a[4:10]  # past its blocks: its own salted words
+    assert prompt(target, "a", (1, 2, 3, 9)) != a  # no block size: salted whole
+    other_run = dataclasses.replace(shared, salt="another run")
+    assert prompt(other_run, "a", (1, 2, 3, 9))[:8] != a[:8]  # a new run starts cold
+    text = dataclasses.replace(shared, token_ids=False, identity=identity)
+    words = text.body("a", 14, 2, (1, 2, 3, 9))["prompt"]
+    assert words == "".join(WORDS.words[WORDS.ids.index(i)] for i in a)
