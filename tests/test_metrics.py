@@ -13,12 +13,17 @@ from strategies import chunks, cost_models, loads, policies
 from pytest_prefill.plan.metrics import (
     SLO,
     Distribution,
-    linear_percentile,
     serving_metrics,
-    weighted_linear_percentile,
 )
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.sim import PRESETS, Request, Trace, simulate
+from pytest_prefill.sim import (
+    PRESETS,
+    Request,
+    Trace,
+    linear_percentile,
+    simulate,
+    weighted_linear_percentile,
+)
 
 pytestmark = pytest.mark.sim
 

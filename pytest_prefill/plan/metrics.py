@@ -19,7 +19,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from pytest_prefill.sim import GapMultiset, Trace
+from pytest_prefill.sim import (
+    GapMultiset,
+    Trace,
+    check_percentile,
+    weighted_linear_percentile,
+)
 from pytest_prefill.units import duration_label
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -32,44 +37,6 @@ _DURATION = re.compile(
     r"^\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|µs)\s*$",
     re.ASCII | re.IGNORECASE,
 )
-
-
-def _check_percentile(p: Any) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 100:
-        raise ValueError(f"percentile must be a number in [0, 100], got {p!r}")
-    return float(p)
-
-
-def weighted_linear_percentile(pairs: Iterable[tuple[float, int]], p: float) -> float:
-    """The ``p``-th percentile of a multiset given as (value, multiplicity) pairs, by linear
-    interpolation between the two nearest ranks (numpy's default method); NaN for an empty set.
-
-    Raises:
-        ValueError: for ``p`` outside [0, 100].
-    """
-    p = _check_percentile(p)
-    ordered = sorted((value, count) for value, count in pairs if count > 0)
-    total = sum(count for _, count in ordered)
-    if total == 0:
-        return math.nan
-    position = (total - 1) * p / 100
-    below = math.floor(position)
-    fraction = position - below
-    low = high = math.nan
-    seen = 0
-    for value, count in ordered:
-        seen += count
-        if math.isnan(low) and seen > below:
-            low = value
-        if seen > below + 1 or seen == total:
-            high = value
-            break
-    return low if fraction == 0 else low + (high - low) * fraction
-
-
-def linear_percentile(values: Iterable[float], p: float) -> float:
-    """The ``p``-th percentile of ``values`` as numpy (and so vLLM) computes it; NaN for none."""
-    return weighted_linear_percentile(((v, 1) for v in values), p)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,7 +60,7 @@ class Distribution:
         """The statistics of a multiset of (value, multiplicity) pairs."""
         items = [(float(v), int(c)) for v, c in pairs if c > 0]
         count = sum(c for _, c in items)
-        asked = tuple(_check_percentile(p) for p in percentiles)
+        asked = tuple(check_percentile(p) for p in percentiles)
         if count == 0:
             nan = math.nan
             return cls(0, nan, nan, nan, tuple((p, nan) for p in asked))
@@ -111,7 +78,7 @@ class Distribution:
     def of_gaps(cls, gaps: GapMultiset, percentiles: Sequence[float]) -> Distribution:
         """The statistics of a trace's token-gap multiset, read off its runs (a simulation's
         gaps are never expanded one by one)."""
-        asked = tuple(_check_percentile(p) for p in percentiles)
+        asked = tuple(check_percentile(p) for p in percentiles)
         return cls(
             len(gaps),
             gaps.mean(),

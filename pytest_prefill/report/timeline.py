@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_prefill.sim import LINK, Event, Trace
+from pytest_prefill.sim import LINK, Event, Trace, run_first_step, run_step_start
 from pytest_prefill.units import ms
 
 Window = tuple[float, float]  # (start, end) in seconds
@@ -62,9 +62,8 @@ class Bar:
         """When iteration ``i`` (0..count) starts; ``edge(count)`` is the end."""
         if i >= self.count:
             return self.end
-        n = self.count
-        first = (self.duration - self.growth * (n * (n - 1) / 2)) / n
-        return self.start + i * first + self.growth * (i * (i - 1) / 2)
+        first = run_first_step(self.duration, self.growth, self.count)
+        return run_step_start(self.start, first, self.growth, i)
 
     def part(self, first: int, stop: int) -> Bar:
         """Iterations ``first`` to ``stop - 1`` as a bar of their own."""

@@ -17,7 +17,7 @@ from pytest_prefill.measure.calibration_fit import (
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.serve.experiments import DecodeSample, StallSample, chunks_of
-from pytest_prefill.sim import CostModel
+from pytest_prefill.sim import CostModel, attention_pairs
 
 OVERHEAD = "request_overhead"
 PREFILL_TERMS = ("prefill_pass_overhead", "prefill_per_token", "prefill_per_pair")
@@ -55,7 +55,7 @@ def alone_row(length: int, budget: int) -> tuple[dict[str, float], int]:
     row = {
         "prefill_pass_overhead": float(len(pieces)),
         "prefill_per_token": float(length),
-        "prefill_per_pair": float(sum(t * c + t * (t + 1) // 2 for t, c in pieces)),
+        "prefill_per_pair": float(sum(attention_pairs(t, c) for t, c in pieces)),
         "fusion_penalty": 0.0,
         OVERHEAD: 1.0,
     }
@@ -69,7 +69,7 @@ def fused_row(point: Point, decode: float) -> tuple[dict[str, float], int]:
     row = {
         "prefill_pass_overhead": 1.0,
         "prefill_per_token": float(t + point.rows),
-        "prefill_per_pair": float(t * c + t * (t + 1) // 2),
+        "prefill_per_pair": float(attention_pairs(t, c)),
         "fusion_penalty": decode,
         OVERHEAD: 0.0,
     }

@@ -25,6 +25,7 @@ from typing import Any
 from pytest_prefill.serve.api import request_body
 from pytest_prefill.serve.http import Timeouts, Url, stream_events
 from pytest_prefill.serve.loadgen import tally
+from pytest_prefill.sim import percentile
 
 MODEL = "reference"
 
@@ -180,7 +181,7 @@ async def measure_timestamp_error(url: Url, streams: int, tokens: int) -> Timest
     ordered = sorted(errors)
     if not ordered:
         raise ValueError("no token was stamped by the reference server")
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    p99 = percentile(ordered, 99)
     return TimestampError(
         streams, len(ordered), statistics.median(ordered), p99, ordered[-1], cpu / len(ordered)
     )

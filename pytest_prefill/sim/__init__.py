@@ -21,8 +21,9 @@ Reading order:
 5. The speed-ups, kept apart from the rules: ``ticks`` (exact integer time), ``fastpath``
    (a worker timed by the cost model; decode runs in closed form), ``pool`` (the loop that
    drives workers through time).
-6. What a run returns: ``events``, ``trace`` (records, summary), ``gaps`` (nearest-rank
-   percentiles, the token-gap multiset), ``results`` (a simulation's compact results).
+6. What a run returns: ``events``, ``percentiles`` (nearest-rank and linear, the one home),
+   ``gaps`` (the token-gap multiset), ``trace`` (records, summary), ``results`` (a
+   simulation's compact results).
 7. ``oracle`` — every invariant a trace must keep, checked from the trace alone;
    ``oracle_paged`` — its checks of paged KV (prefill attempts, cache hits, blocks in use).
 8. ``checks`` — the input checks every entry point shares; ``demo`` — the lab's table.
@@ -31,15 +32,23 @@ Reading order:
 from __future__ import annotations
 
 from .checks import check_cap, check_int, check_number, check_whole_or_inf
-from .cost import CostModel, Piece, attention_pairs, piece_sums
+from .cost import CostModel, Piece, attention_pairs, piece_sums, run_first_step, run_step_start
 from .demo import lab_table
 from .events import KINDS, LINK, Event, EventLog, LogEntry, events_by_resource
 from .fastpath import TimedWorker, steps_before
-from .gaps import GapMultiset, GapRun, nearest_rank, percentile, token_gaps, weighted_percentile
+from .gaps import GapMultiset, GapRun
 from .kv import KVReserve, kv_capacity, kv_need
 from .oracle import check_invariants, close, iteration_cost
 from .paged import BlockPool, block_capacity, blocks_for
 from .paged_worker import PagedWorker
+from .percentiles import (
+    check_percentile,
+    linear_percentile,
+    nearest_rank,
+    percentile,
+    weighted_linear_percentile,
+    weighted_percentile,
+)
 from .policies import POLICIES, WorkerMode, check_options, worker_mode
 from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
@@ -68,9 +77,17 @@ from .simulation import (
 )
 from .ticks import TICKS_PER_SECOND, TickCost, from_ticks, to_ticks
 from .tokens import TokenBook
-from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection
+from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection, record_gaps
+
+token_gaps = record_gaps  # the old name, kept for one release (it clashed with Trace.token_gaps())
 
 __all__ = [
+    "record_gaps",
+    "weighted_linear_percentile",
+    "linear_percentile",
+    "check_percentile",
+    "run_step_start",
+    "run_first_step",
     "ENGINE_FLAGS",
     "FIRST_TOKEN_RULES",
     "KINDS",

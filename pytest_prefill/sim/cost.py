@@ -1,5 +1,6 @@
 """The cost model: what one iteration costs on a device, in seconds (DESIGN.md, "Simulation
-semantics", cost model v2), and the attention pair term every pass counts."""
+semantics", cost model v2), the attention pair term every pass counts, and the geometry of a
+run of decode steps (each step reads more KV than the one before, so lasts longer)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,21 @@ def attention_pairs(tokens: int, context: int) -> int:
     itself, ``T*C + T*(T+1)/2`` pairs. The one home of the pair term; the cost model's
     ``prefill_per_pair`` is the price of one pair."""
     return tokens * context + tokens * (tokens + 1) // 2
+
+
+def run_step_start(start: Any, first: Any, growth: Any, j: int) -> Any:
+    """When step ``j`` (from 0; ``j = steps``: the run's end) of a run of decode steps starts,
+    step i lasting ``first + i * growth`` (each step's rows read one more cached token each):
+    ``start + j*first + growth*j*(j-1)/2``, exact in integer ticks. With
+    :func:`run_first_step`, the one home of a decode run's geometry."""
+    return start + j * first + growth * (j * (j - 1) // 2)
+
+
+def run_first_step(duration: Any, growth: Any, steps: int) -> Any:
+    """How long the first of a run's ``steps`` decode steps lasts, given the whole run's
+    ``duration`` (exact division in integer ticks)."""
+    span = duration - growth * (steps * (steps - 1) // 2)
+    return span // steps if isinstance(span, int) else span / steps
 
 
 def piece_sums(pieces: Iterable[Piece]) -> tuple[int, int, int]:

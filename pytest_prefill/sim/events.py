@@ -10,7 +10,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .cost import Piece
+from .cost import Piece, run_first_step, run_step_start
 from .ticks import from_ticks
 
 if TYPE_CHECKING:
@@ -76,9 +76,8 @@ class Event:
         """When step ``i`` (0..count) of the event starts; ``step_start(count)`` is its end."""
         if i >= self.count:
             return self.end
-        n = self.count
-        first = (self.duration - self.growth * (n * (n - 1) / 2)) / n
-        return self.start + i * first + self.growth * (i * (i - 1) / 2)
+        first = run_first_step(self.duration, self.growth, self.count)
+        return run_step_start(self.start, first, self.growth, i)
 
 
 class LogEntry(NamedTuple):
@@ -100,8 +99,7 @@ class LogEntry(NamedTuple):
 
     def first_step(self) -> int:
         """How long the first step lasts (exact: step j lasts ``first + j * growth``)."""
-        n = self.steps
-        return (self.end - self.start - self.growth * (n * (n - 1) // 2)) // n
+        return run_first_step(self.end - self.start, self.growth, self.steps)
 
     def event(self) -> Event:
         f = from_ticks

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .cost import attention_pairs
+from .cost import attention_pairs, run_step_start
 from .profiles import LAB, EngineProfile
 from .rules import Worker
 from .ticks import TickCost
@@ -94,7 +94,7 @@ class TimedWorker(Worker):
         first = tick.decode(rows, plan.kv_tokens)
         growth = tick.per_kv * rows
         steps = self.tokens.next_finish()  # a run up to the next finish
-        end = now + steps * first + growth * (steps * (steps - 1) // 2)
+        end = run_step_start(now, first, growth, steps)
         self._decode = (first, growth, steps)
         self.busy_until = end
         return end
@@ -110,7 +110,7 @@ class TimedWorker(Worker):
         if keep >= steps:
             return False
         self._decode = (first, growth, keep)
-        self.busy_until = start + keep * first + growth * (keep * (keep - 1) // 2)
+        self.busy_until = run_step_start(start, first, growth, keep)
         return True
 
     def end(self, now: int) -> None:

@@ -1,6 +1,5 @@
-"""Order statistics of a run: the nearest-rank percentile (DESIGN.md: the summary's
-percentiles) and the token gaps of a run as a multiset kept the way the simulator makes them
-(point masses and arithmetic runs), ranked without expanding them."""
+"""The token gaps of a run as a multiset kept the way the simulator makes them (point masses and
+arithmetic runs of decode steps), ranked without expanding them (:mod:`.percentiles`' rules)."""
 
 from __future__ import annotations
 
@@ -8,50 +7,11 @@ import bisect
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
+from .percentiles import linear_rank, nearest_rank
 from .ticks import TICKS_PER_SECOND, from_ticks, to_ticks
-
-if TYPE_CHECKING:
-    from .trace import RequestRecord
-
-
-def nearest_rank(p: float, count: int) -> int:
-    """The 1-based rank of the nearest-rank ``p``-th percentile among ``count`` values:
-    ``ceil(p / 100 * count)``, at least 1 (exact for integer ``p``). The one home of the rule.
-
-    Raises:
-        ValueError: for ``p`` outside (0, 100].
-    """
-    if not 0 < p <= 100:
-        raise ValueError(f"percentile p must be in (0, 100], got {p!r}")
-    return max(1, math.ceil(p * count / 100))
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile of ``values`` (NaN for none)."""
-    return weighted_percentile([(v, 1) for v in values], p)
-
-
-def weighted_percentile(pairs: Iterable[tuple[Any, int]], p: float) -> Any:
-    """Nearest-rank percentile of a multiset given as (value, multiplicity) pairs."""
-    ordered = sorted(pair for pair in pairs if pair[1] > 0)
-    total = sum(weight for _, weight in ordered)
-    rank = nearest_rank(p, total)
-    if total == 0:
-        return math.nan
-    seen = 0
-    for value, weight in ordered:
-        seen += weight
-        if seen >= rank:
-            return value
-    return ordered[-1][0]  # pragma: no cover - rank <= total
-
-
-def token_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
-    """Every gap between consecutive tokens of a request, as (gap, 1) pairs."""
-    return [(b - a, 1) for r in records for a, b in zip(r.token_times, r.token_times[1:])]
 
 
 class GapRun(NamedTuple):
@@ -200,17 +160,13 @@ class GapMultiset:
     def linear_percentile(self, p: float) -> float:
         """The percentile as numpy (and so vLLM) computes it: linear interpolation between the
         order statistics around rank (n - 1) * p / 100 (NaN for no gaps)."""
-        if not 0 <= p <= 100:
-            raise ValueError(f"percentile p must be in [0, 100], got {p!r}")
+        rank, fraction = linear_rank(p, max(self.count, 1))
         if not self.count:
             return math.nan
-        position = (self.count - 1) * p / 100
-        low = math.floor(position)
-        fraction = position - low
-        below = self.kth(low + 1)
+        below = self.kth(rank)
         if fraction == 0:
             return below
-        return below + (self.kth(low + 2) - below) * fraction
+        return below + (self.kth(rank + 1) - below) * fraction
 
     def items(self) -> list[tuple[float, int]]:
         """Every distinct gap with its count, by gap (expanded: as long as the run was)."""

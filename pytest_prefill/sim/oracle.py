@@ -7,7 +7,7 @@ import bisect
 import math
 from collections.abc import Callable, Iterable, Iterator
 
-from .cost import CostModel
+from .cost import CostModel, run_step_start
 from .events import KINDS, LINK, Event
 from .oracle_paged import Attempts, blocks_in_use
 from .profiles import EngineProfile
@@ -26,7 +26,7 @@ def iteration_cost(event: Event, cost: CostModel) -> float:
     if event.kind == "decode":
         rows, n = event.decode_rows, event.count
         first = cost.decode_step(rows, event.kv_tokens)
-        return n * first + cost.decode_per_kv_token * rows * (n * (n - 1) // 2)
+        return run_step_start(0.0, first, cost.decode_per_kv_token * rows, n)
     if event.kind == "transfer":
         return cost.kv_transfer(event.prefill_tokens)
     if event.kind in ("prefill", "fused"):

@@ -33,6 +33,7 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
+from .cost import attention_pairs, run_step_start
 from .events import LogEntry
 from .fastpath import TimedWorker
 from .gaps import GapRun
@@ -418,7 +419,7 @@ class PagedWorker(TimedWorker):
         """Each row emits a token at the end of each step (a run ends at the next finish at
         the latest); a run's later steps take the blocks they fill (planned to fit)."""
         start = self.started
-        ends = [start + (j + 1) * first + growth * (j * (j + 1) // 2) for j in range(steps - 1)]
+        ends = [run_step_start(start, first, growth, j) for j in range(1, steps)]
         ends.append(end)
         rows = self.rows_now
         self.book.run(rows, ends, first, growth)
@@ -452,7 +453,7 @@ class PagedWorker(TimedWorker):
             tokens = pairs = 0
             for _, done, n in plan.prefill:
                 tokens += n
-                pairs += done * n + n * (n + 1) // 2
+                pairs += attention_pairs(n, done)
             rows = len(plan.decode_ids)
             end = now + self.tick.price(tokens, pairs, plan.context_tokens, rows, plan.kv_tokens)
             self._decode = None
@@ -462,7 +463,7 @@ class PagedWorker(TimedWorker):
         first = self.tick.decode(rows, plan.kv_tokens)
         growth = self.tick.per_kv * rows
         steps = 1 if self.preempted_now else self._run_steps()
-        end = now + steps * first + growth * (steps * (steps - 1) // 2)
+        end = run_step_start(now, first, growth, steps)
         self._decode = (first, growth, steps)
         self.busy_until = end
         return end

@@ -23,6 +23,14 @@ KNOBS = (
 )
 
 
+def seq_cap(max_seqs: int | None, max_batched_tokens: int | None) -> int | None:
+    """The requests a worker admits at once: ``max_seqs``, and no more than the token budget
+    (each running request takes one decode row, as vLLM caps its default ``max_num_seqs``);
+    None: no cap. The one home of the rule."""
+    caps = [c for c in (max_seqs, max_batched_tokens) if c is not None]
+    return min(caps) if caps else None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineProfile:
     """How an engine schedules, as knobs (DESIGN.md, "Engine semantics (v3)").
@@ -91,8 +99,7 @@ class EngineProfile:
     def seq_cap(self) -> int | None:
         """The requests a worker admits at once: ``max_seqs``, and no more than the token
         budget (each running request takes one decode row); None: no cap."""
-        caps = [c for c in (self.max_seqs, self.max_batched_tokens) if c is not None]
-        return min(caps) if caps else None
+        return seq_cap(self.max_seqs, self.max_batched_tokens)
 
     def changed(self) -> tuple[str, ...]:
         """The knobs that differ from the named profile's defaults (empty for a profile of

@@ -13,6 +13,7 @@ from .checks import check_cap, check_whole_or_inf
 from .cost import Piece, attention_pairs
 from .events import LogEntry
 from .kv import KVReserve
+from .profiles import seq_cap
 from .requests import Request
 from .tokens import TokenBook
 from .trace import RequestRecord
@@ -153,9 +154,8 @@ class Worker:
         self.budget, self.price = budget, price
         self.prefill_first = first_token == "prefill"
         self.max_batched_tokens = check_cap("max_batched_tokens", max_batched_tokens)
-        seqs = check_cap("max_seqs", max_seqs)
-        caps = [c for c in (seqs, max_batched_tokens) if c is not None]
-        self.max_seqs: float = min(caps) if caps else math.inf  # every row is a token too
+        cap = seq_cap(check_cap("max_seqs", max_seqs), max_batched_tokens)
+        self.max_seqs: float = math.inf if cap is None else cap  # every row is a token too
         self.kv = KVReserve(capacity)
         self.admitted = 0  # requests admitted here (past pending) and not finished
         self.unfinished = 0  # requests handed to this worker and not finished

@@ -9,6 +9,7 @@ import bisect
 import heapq
 from typing import Any
 
+from .cost import run_step_start
 from .events import LogEntry
 from .gaps import GapRun
 from .requests import Request
@@ -145,9 +146,7 @@ class TokenBook:
                 start, step, growth = entry.start, entry.first_step(), entry.growth
                 for j in range(max(first - index, 0), steps):
                     times.append(
-                        end
-                        if j == steps - 1
-                        else start + (j + 1) * step + growth * (j * (j + 1) // 2)
+                        end if j == steps - 1 else run_step_start(start, step, growth, j + 1)
                     )
                     if len(times) == want:
                         break

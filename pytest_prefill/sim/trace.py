@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from .events import LINK, Event
-from .gaps import GapMultiset, percentile, token_gaps, weighted_percentile
+from .gaps import GapMultiset
+from .percentiles import percentile, weighted_percentile
 from .profiles import LAB, EngineProfile
 
 
@@ -314,7 +315,7 @@ class Trace:
         if self._gaps is not None:
             return self._gaps
         counts: dict[float, int] = {}
-        for gap, n in token_gaps(self.requests.values()):
+        for gap, n in record_gaps(self.requests.values()):
             counts[gap] = counts.get(gap, 0) + n
         return tuple(sorted(counts.items()))
 
@@ -403,6 +404,12 @@ class Trace:
     def __repr__(self) -> str:
         engine = "" if self.engine == LAB else f", engine={self.engine.name!r}"
         return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}{engine}, {self.summary()})"
+
+
+def record_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
+    """Every gap between consecutive tokens of a request, read off its records' token times, as
+    (gap, 1) pairs (:meth:`Trace.token_gaps` is the multiset of them)."""
+    return [(b - a, 1) for r in records for a, b in zip(r.token_times, r.token_times[1:])]
 
 
 @contextlib.contextmanager
