@@ -1,7 +1,8 @@
-"""``prefill-bench``: the command line. Thin glue: each subcommand lives in
-``pytest_prefill/commands/<name>.py`` with ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int``, and optionally ``check(args)``: what can be refused from the command line
-alone, called right after parsing, before any work (a ``ValueError`` there is a usage error).
+"""``prefill-bench``: the command line. Thin glue: each subcommand lives in a module of
+``pytest_prefill/commands/`` named for its feature (``COMMANDS`` maps the name typed to the
+module) with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``, and optionally
+``check(args)``: what can be refused from the command line alone, called right after parsing,
+before any work (a ``ValueError`` there is a usage error).
 None of them may import torch or numpy at import time."""
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ COMMANDS = {
     "simulate": "pytest_prefill.commands.simulate",
     "capacity": "pytest_prefill.commands.capacity",
     "calibrate": "pytest_prefill.commands.calibrate",
-    "demo": "pytest_prefill.commands.demo",
+    "demo": "pytest_prefill.commands.falsifier",
     "timeline": "pytest_prefill.commands.timeline",
     "compare": "pytest_prefill.commands.compare",
     "runs": "pytest_prefill.commands.runs",
     "fidelity": "pytest_prefill.commands.fidelity",
     "bench": "pytest_prefill.commands.bench",
-    "calibrate-server": "pytest_prefill.commands.calibrate_server",
-    "fidelity-server": "pytest_prefill.commands.fidelity_server",
+    "calibrate-server": "pytest_prefill.commands.server_calibration",
+    "fidelity-server": "pytest_prefill.commands.server_fidelity",
     "verify": "pytest_prefill.commands.verify",
     "make-model": "pytest_prefill.commands.make_model",
 }

@@ -152,13 +152,13 @@ def test_a_point_over_the_budget_is_skipped_and_recorded(monkeypatch):
 def test_kv_capacity_on_a_fake_cuda_device_follows_the_formula():
     gib = 2**30
     cuda = types.SimpleNamespace(type="cuda")
-    tokens, note = cal.kv_capacity(cuda, 114688, memory=lambda: (100 * gib, 140 * gib))
+    tokens, note = cal.device_kv_tokens(cuda, 114688, memory=lambda: (100 * gib, 140 * gib))
     expected = math.floor((100 * gib - cal.KV_HEADROOM_FRACTION * 140 * gib) / 114688)
     assert tokens == expected
     assert "headroom" in note and "GiB" in note
-    full, why = cal.kv_capacity(cuda, 114688, memory=lambda: (1 * gib, 140 * gib))
+    full, why = cal.device_kv_tokens(cuda, 114688, memory=lambda: (1 * gib, 140 * gib))
     assert math.isinf(full) and "no room" in why
-    cpu, why = cal.kv_capacity(types.SimpleNamespace(type="cpu"), 114688)
+    cpu, why = cal.device_kv_tokens(types.SimpleNamespace(type="cpu"), 114688)
     assert math.isinf(cpu) and "CPU" in why
 
 
@@ -314,7 +314,7 @@ def test_calibrating_tiny_gives_a_valid_cost_model_with_provenance(one_thread):
 
     loaded = load_model("tiny", device="cpu")
     lines: list[str] = []
-    from pytest_prefill.engine.packed import calibration_runner
+    from pytest_prefill.lab.packed import calibration_runner
 
     calibration = cal.calibrate(
         loaded,

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from pytest_prefill.cli import main  # noqa: E402
-from pytest_prefill.engine.falsifier import CLAIM  # noqa: E402
+from pytest_prefill.lab.falsifier import CLAIM  # noqa: E402
 from pytest_prefill.measure import calibrate as cal  # noqa: E402
 from pytest_prefill.measure.calibration_document import Calibration  # noqa: E402
 from pytest_prefill.plan.cost_document import load_cost  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from pytest_prefill.engine.falsifier import (  # noqa: E402
+from pytest_prefill.lab.falsifier import (  # noqa: E402
     CLAIM,
     FALLBACK_CHUNK,
     VERDICTS,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pytest_prefill.engine import fidelity as fid
+from pytest_prefill.lab import fidelity as fid
 from pytest_prefill.report import fidelity as tables
 from pytest_prefill.sim import PRESETS
 
@@ -55,7 +55,7 @@ def test_poisson_scenario_draws_capped_lengths_from_the_azure_trace(tmp_path, mo
 
 
 def _result(cells, quiet=None, not_run=None):
-    from pytest_prefill.engine.fidelity_calibration import Link
+    from pytest_prefill.lab.fidelity_calibration import Link
 
     link = Link(1e-5, 1e9, (), "synthetic")
     return fid.FidelityResult(
@@ -135,7 +135,7 @@ def test_a_busy_machine_gets_a_loud_warning_in_the_table_and_the_archive():
 
 
 def test_the_fidelity_sweep_covers_what_the_scenarios_run():
-    from pytest_prefill.engine.fidelity_calibration import fidelity_sweep
+    from pytest_prefill.lab.fidelity_calibration import fidelity_sweep
 
     sweep = fidelity_sweep((256, 1024, 2048), 256)
     assert max(sweep["prompt_lens"]) == 2048 and len(sweep["prompt_lens"]) >= 4
@@ -146,7 +146,7 @@ def test_the_fidelity_sweep_covers_what_the_scenarios_run():
 
 
 def test_the_link_fit_recovers_latency_and_bandwidth():
-    from pytest_prefill.engine.fidelity_calibration import fit_link
+    from pytest_prefill.lab.fidelity_calibration import fit_link
     from pytest_prefill.measure.timing import Measurement
 
     points = [
@@ -181,8 +181,8 @@ def test_importing_fidelity_does_not_import_torch():
     import sys
 
     code = (
-        "import sys, pytest_prefill.engine.fidelity, pytest_prefill.engine.loop, pytest_prefill.engine.execute, "
-        "pytest_prefill.engine.fidelity_calibration, pytest_prefill.engine.disaggregated, "
+        "import sys, pytest_prefill.lab.fidelity, pytest_prefill.lab.loop, pytest_prefill.lab.execute, "
+        "pytest_prefill.lab.fidelity_calibration, pytest_prefill.lab.disaggregated, "
         "pytest_prefill.commands.fidelity; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

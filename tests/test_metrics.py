@@ -124,7 +124,7 @@ def test_metrics_of_the_same_trace_built_from_its_events_and_records_are_the_sam
     # the token times instead: the figures agree to float rounding.
     trace = simulate("chunked", lab_scenario(), PRESETS["lab-laptop"].cost, chunk=121)
     bare = Trace(trace.policy, trace.events, trace.requests, trace.chunk)
-    assert _close(serving_metrics(bare).as_dict(), serving_metrics(trace).as_dict())
+    assert _close(serving_metrics(bare).to_dict(), serving_metrics(trace).to_dict())
 
 
 def _close(a: object, b: object) -> bool:
@@ -142,14 +142,14 @@ def test_an_empty_trace_has_nan_statistics_and_null_json():
     metrics = serving_metrics(trace, slo=SLO(ttft=1.0))
     assert metrics.completed == 0 and math.isnan(metrics.ttft.mean)
     assert math.isnan(metrics.attainment) and math.isnan(metrics.request_throughput)
-    data = metrics.as_dict()
+    data = metrics.to_dict()
     assert data["mean_ttft_ms"] is None and data["attainment"] is None
 
 
-def test_as_dict_uses_vllms_names_and_milliseconds():
+def test_to_dict_uses_vllms_names_and_milliseconds():
     trace = simulate("shared", lab_scenario(), PRESETS["lab-laptop"].cost)
     metrics = serving_metrics(trace, slo=SLO.parse("ttft:200ms"), percentiles=(99,))
-    data = metrics.as_dict()
+    data = metrics.to_dict()
     for key in ("mean_ttft_ms", "median_tpot_ms", "std_itl_ms", "p99_e2el_ms"):
         assert key in data
     assert data["p99_ttft_ms"] == pytest.approx(metrics.ttft.percentile(99) * 1e3)
@@ -265,7 +265,7 @@ def test_simulated_metrics_name_the_profile_and_its_first_token_rule(engine):
     cached = sum(r.cached_tokens for r in trace.requests.values())
     assert metrics.cached_tokens == cached and metrics.preemptions == trace.preemptions
     assert metrics.hit_rate == cached / sum(r.prompt_len for r in load)
-    data = metrics.as_dict()
+    data = metrics.to_dict()
     assert data["engine"] == profile.name and data["first_token"] == profile.first_token
     assert data["hit_rate"] == metrics.hit_rate and data["preemptions"] == trace.preemptions
 
@@ -278,4 +278,4 @@ def test_measured_metrics_name_no_profile():
 
     metrics = serving_metrics_of([Row()])
     assert metrics.engine is None and math.isnan(metrics.hit_rate)
-    assert "engine" not in metrics.as_dict()
+    assert "engine" not in metrics.to_dict()

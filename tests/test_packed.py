@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from pytest_prefill.engine.packed import KVCache, PackedModel, Segment  # noqa: E402
+from pytest_prefill.lab.packed import KVCache, PackedModel, Segment  # noqa: E402
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}  # float32; observed differences are ~1e-6
 
@@ -164,7 +164,7 @@ def test_bad_segments_are_refused(qwen3):
 
 
 def test_packed_runner_times_every_operation_the_calibrator_asks_for(qwen3):
-    from pytest_prefill.engine.packed import PackedRunner
+    from pytest_prefill.lab.packed import PackedRunner
 
     runner = PackedRunner(qwen3, seed=1)
     for m in (
@@ -181,7 +181,7 @@ def test_packed_runner_times_every_operation_the_calibrator_asks_for(qwen3):
 
 
 def test_synthetic_cache_holds_its_length_and_room(qwen3):
-    from pytest_prefill.engine.packed import PackedRunner
+    from pytest_prefill.lab.packed import PackedRunner
 
     cache = PackedRunner(qwen3).synthetic_cache(300, 7)
     assert cache.length == 300 and cache.capacity == 307

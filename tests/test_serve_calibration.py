@@ -17,7 +17,7 @@ from pytest_prefill.serve.experiments import (
     decode_iterations,
     read_stall,
 )
-from pytest_prefill.serve.records import RequestRecord
+from pytest_prefill.serve.records import ServerRecord
 from pytest_prefill.sim import CostModel
 
 pytest.importorskip("numpy")
@@ -34,9 +34,9 @@ TRUE = CostModel(
 OVERHEAD = 0.008
 
 
-def _record(rid: str, sent: float, times: list[float], prompt_len: int = 32) -> RequestRecord:
+def _record(rid: str, sent: float, times: list[float], prompt_len: int = 32) -> ServerRecord:
     n = len(times)
-    return RequestRecord(rid, sent, sent, prompt_len, n, tuple(times), (1,) * n, prompt_len, n)
+    return ServerRecord(rid, sent, sent, prompt_len, n, tuple(times), (1,) * n, prompt_len, n)
 
 
 @pytest.mark.parametrize("prompt_len,budget,rows", [(2048, 256, 2), (100, 256, 0), (257, 256, 0)])
@@ -155,7 +155,7 @@ def test_a_bad_sweep_names_its_field(field, value):
 
 
 def test_the_engine_profile_recorded_is_printed_with_what_the_server_changed():
-    from pytest_prefill.report.serve_calibration import server_calibration_report
+    from pytest_prefill.report.server_calibration import server_calibration_report
     from pytest_prefill.serve.simulated import Scheduling, server_profile
 
     profile = server_profile("llama.cpp", 256, 8)

@@ -21,7 +21,7 @@ from pytest_prefill.serve.fidelity import (
     run_server_fidelity,
     wrong_schedulings,
 )
-from pytest_prefill.serve.records import BenchRun, RequestRecord
+from pytest_prefill.serve.records import BenchRun, ServerRecord
 from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
 from pytest_prefill.sim import CostModel, EngineProfile, Request
 
@@ -31,9 +31,9 @@ COST = CostModel(
 NONE = RequestOverhead(0.0, math.nan, 0.0, "none")
 
 
-def _skeleton(load: list[Request]) -> list[RequestRecord]:
+def _skeleton(load: list[Request]) -> list[ServerRecord]:
     return [
-        RequestRecord(
+        ServerRecord(
             r.id,
             r.arrival,
             r.arrival,

@@ -9,12 +9,12 @@ import pytest
 
 from pytest_prefill.plan.metrics import SLO, serving_metrics_of
 from pytest_prefill.serve.prompts import Prompts, prompts_from_folder
-from pytest_prefill.serve.records import BenchRun, RequestRecord
+from pytest_prefill.serve.records import BenchRun, ServerRecord
 
 
-def _record(rid: str, arrival: float, times: list[float], counts: list[int], **kw) -> RequestRecord:
+def _record(rid: str, arrival: float, times: list[float], counts: list[int], **kw) -> ServerRecord:
     out = sum(counts)
-    return RequestRecord(rid, arrival, arrival, 10, out, tuple(times), tuple(counts), 10, out, **kw)
+    return ServerRecord(rid, arrival, arrival, 10, out, tuple(times), tuple(counts), 10, out, **kw)
 
 
 def test_metrics_follow_the_definitions():
@@ -39,8 +39,8 @@ def test_metrics_refuse_tokens_out_of_order():
 
 def test_failed_and_inexact_requests_are_told_apart():
     ok = _record("ok", 0.0, [0.1, 0.2], [1, 1])
-    failed = RequestRecord("f", 0.0, 0.0, 10, 2, error="stalled")
-    short = RequestRecord("s", 0.0, 0.0, 10, 3, (0.1, 0.2), (1, 1), 10, 2)
+    failed = ServerRecord("f", 0.0, 0.0, 10, 2, error="stalled")
+    short = ServerRecord("s", 0.0, 0.0, 10, 3, (0.1, 0.2), (1, 1), 10, 2)
     run = BenchRun((ok, failed, short), {"url": "x"}, {}, "now")
     assert run.completed == (ok, short) and run.failed == (failed,) and run.inexact() == (short,)
     assert run.metrics().completed == 2 and run.to_dict()["failed"] == 1
@@ -51,9 +51,9 @@ def test_records_survive_a_json_line():
     run = BenchRun((record,), {}, {}, "now", warmup=(record,))
     lines = run.records_jsonl().splitlines()
     assert json.loads(lines[0])["warmup"] is True
-    assert RequestRecord.from_dict(json.loads(lines[1])) == record
+    assert ServerRecord.from_dict(json.loads(lines[1])) == record
     with pytest.raises(ValueError, match="record"):
-        RequestRecord.from_dict({"id": "x"})
+        ServerRecord.from_dict({"id": "x"})
 
 
 def test_prompts_have_exact_lengths_and_differ_by_request():

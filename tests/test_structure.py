@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sim", "scheduler"),  # the simulator core (scheduler.py: the seed's name, a re-export)
     ("plan", "__init__"),  # traffic and planning; the facade re-exports sim and plan
     ("measure",),
-    ("engine", "serve"),
+    ("lab", "serve"),
     ("archive",),
     ("report",),
     # the hardware suite (tests shipped with the package: pytest --pyargs pytest_prefill.suite)
@@ -138,7 +138,7 @@ def test_every_module_sits_in_a_layer_folder():
 def test_layers_are_read_from_paths():
     assert layer("pytest_prefill.sim.cost") == 1
     assert layer("pytest_prefill.plan.capacity") == 2
-    assert layer("pytest_prefill.engine.loop") == layer("pytest_prefill.serve.client")
+    assert layer("pytest_prefill.lab.loop") == layer("pytest_prefill.serve.client")
     assert layer("pytest_prefill.report.timeline") > layer("pytest_prefill.archive.runs")
     assert layer("pytest_prefill.plugin") == layer("pytest_prefill.commands.simulate")
     assert layer("pytest_prefill.units") == 0

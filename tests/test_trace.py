@@ -25,7 +25,7 @@ def test_summary_from_precomputed_gaps_equals_summary_from_records(load, cost, p
     trace = run(policy, load, cost, chunk, decode_workers=2)
     generic = Trace(trace.policy, trace.events, trace.requests, trace.chunk, gaps=None)
     fast, slow = trace.summary(), generic.summary()
-    for name, value in fast.as_dict().items():
+    for name, value in fast.to_dict().items():
         other = getattr(slow, name)
         assert value == pytest.approx(other, rel=1e-9, nan_ok=True), name
 
@@ -63,7 +63,7 @@ def test_hit_rate_preemptions_and_cached_tokens_are_read_off_the_records():
     assert trace.hit_rate == 96 / 400
     assert trace.preemptions == 2
     s = trace.summary()
-    assert s.as_dict()["hit_rate"] == 96 / 400 and s.cached_tokens == 96
+    assert s.to_dict()["hit_rate"] == 96 / 400 and s.cached_tokens == 96
     assert "hit rate 24.0%" in str(s) and "2 preemptions" in str(s)
     with pytest.raises(ValueError, match="request_id"):
         trace.cached_tokens("zz")

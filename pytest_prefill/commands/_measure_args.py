@@ -125,7 +125,7 @@ def _say_up_front(args: argparse.Namespace, loaded: Any) -> None:
 
 def measure(args: argparse.Namespace) -> Any:
     """A fresh ``Calibration`` of the model the flags name."""
-    from pytest_prefill.engine.packed import calibration_runner
+    from pytest_prefill.lab.packed import calibration_runner
     from pytest_prefill.measure.calibrate import calibrate
 
     loaded = load(args)

@@ -130,7 +130,7 @@ def progress(line: str) -> None:
 
 def result_document(run: BenchRun, metrics: Any, workload: Any) -> dict[str, Any]:
     return {
-        **metrics.as_dict(),
+        **metrics.to_dict(),
         "workload": workload.description,
         **run.to_dict(),
     }

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.engine.packed import calibration_runner
+    from pytest_prefill.lab.packed import calibration_runner
     from pytest_prefill.measure.calibrate import calibrate
     from pytest_prefill.report.calibration import calibration_report
 

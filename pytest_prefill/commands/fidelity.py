@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.engine import fidelity as fid
+    from pytest_prefill.lab import fidelity as fid
     from pytest_prefill.report.fidelity import fidelity_report
 
     if args.model is None:
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 def save_fidelity(args: argparse.Namespace, result: Any) -> Any:
     """Archive a fidelity run: its printed tables, its verdict, and the whole result."""
-    from pytest_prefill.engine import fidelity as fid
+    from pytest_prefill.lab import fidelity as fid
     from pytest_prefill.report import fidelity as tables
 
     data = result.to_dict()

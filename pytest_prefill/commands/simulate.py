@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 "engine": engine_document(engine),
                 "slo": args.slo.to_dict() if args.slo else None,
                 "rows": [
-                    {**row, "serving_metrics": m.as_dict()}
+                    {**row, "serving_metrics": m.to_dict()}
                     for row, m in zip(sweep_rows_json(rows), metrics)
                 ],
             },

@@ -125,7 +125,7 @@ def effective_repeats(repeats: int | None, warmup: int | None, dry_run: bool) ->
     return repeats, warmup
 
 
-def kv_capacity(
+def device_kv_tokens(
     device: Any,
     kv_bytes_per_token: float,
     *,
@@ -509,7 +509,7 @@ def calibrate(
         runner: what times the passes (``time_prefill``, ``time_chunk``, ``time_decode``;
             ``time_fused`` for the fusion penalty); default ``runner.ModelRunner`` (the HF
             forward, which cannot fuse); ``packed.calibration_runner`` gives the packed pass.
-        memory: returns (free, total) device bytes, for :func:`kv_capacity` (tests fake it).
+        memory: returns (free, total) device bytes, for :func:`device_kv_tokens` (tests fake it).
         probe: probe how quiet the machine is first (:func:`timing.quiet_probe`).
         sweep: :func:`plan_sweep`'s arguments (prompt_lens, chunks, cache_lens, kv_rows,
             batch_sizes, batch_context, fused, budget); an empty one skips that sweep.
@@ -519,7 +519,9 @@ def calibrate(
     """
     repeats, warmup = effective_repeats(repeats, warmup, dry_run)
     plan = plan_sweep(loaded, **sweep)
-    capacity, capacity_note = kv_capacity(loaded.device, loaded.kv_bytes_per_token, memory=memory)
+    capacity, capacity_note = device_kv_tokens(
+        loaded.device, loaded.kv_bytes_per_token, memory=memory
+    )
     if runner is None:
         from pytest_prefill.measure.runner import ModelRunner
 

@@ -1,6 +1,6 @@
 """Serving metrics named and defined as vLLM's serving benchmark defines them (TTFT, TPOT, ITL,
 E2EL, throughput), and goodput and attainment under an SLO (DistServe's measure), computed from a
-:class:`~pytest_prefill.scheduler.Trace`. Standard library only.
+:class:`~pytest_prefill.sim.Trace`. Standard library only.
 
 Definitions (DESIGN.md, "Serving metrics"), per request: TTFT = first token - arrival; E2EL =
 last token - arrival; TPOT = (E2EL - TTFT) / (output_len - 1), requests with one output token
@@ -251,7 +251,7 @@ class ServingMetrics:
             return tuple((name, math.nan) for name, _ in self.met)
         return tuple((name, n / self.completed) for name, n in self.met)
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The figures under the names vLLM's serving benchmark writes in its result JSON
         (latencies in ms: ``mean_ttft_ms``, ``p99_itl_ms``, …; ``request_goodput``), plus
         ``attainment`` and the ``slo`` in seconds; for a simulated run the ``engine`` profile,

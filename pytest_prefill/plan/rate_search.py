@@ -36,7 +36,7 @@ class Probe:
         return self.metrics.attainment
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "rate": self.rate, "metrics": self.metrics.as_dict()}
+        return {"scale": self.scale, "rate": self.rate, "metrics": self.metrics.to_dict()}
 
 
 def probe(

@@ -45,7 +45,7 @@ __all__ = ["OPTIONS", "CapacitySearch", "PrefillReport", "Scheduler", "Settings"
 
 
 class Scheduler:
-    """:func:`~pytest_prefill.scheduler.simulate` bound to a cost model and an engine profile
+    """:func:`~pytest_prefill.sim.simulate` bound to a cost model and an engine profile
     (``--prefill-engine``; a call's own ``engine=`` wins): ``scheduler("chunked", load,
     chunk=256)``."""
 
@@ -330,7 +330,7 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
     with device_lock(state):
         if shared.is_file():
             return Calibration.from_dict(json.loads(shared.read_text(encoding="utf-8")))
-        from pytest_prefill.engine.packed import calibration_runner
+        from pytest_prefill.lab.packed import calibration_runner
 
         loaded = request.getfixturevalue("prefill_model")
         calibration = calibrate(
@@ -381,7 +381,7 @@ def _falsify(
     prompt_len: int | None,
     chunk: int | None,
 ) -> Any:
-    from pytest_prefill.engine.falsifier import CLAIM, DEFAULT_PROMPT_LEN
+    from pytest_prefill.lab.falsifier import CLAIM, DEFAULT_PROMPT_LEN
     from pytest_prefill.report.falsifier import run_falsifier, stall_table_of
 
     emitted: list[str] = []

@@ -9,7 +9,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.engine.falsifier import (
+from pytest_prefill.lab.falsifier import (
     CLAIM,
     DEFAULT_PROMPT_LEN,
     STREAM_CONTEXT,

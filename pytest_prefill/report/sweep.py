@@ -68,7 +68,7 @@ def sweep_rows_json(rows: Sequence[SweepRow]) -> list[dict[str, object]]:
             "chunk": r.chunk,
             "ttft_cost": json_number(r.ttft_cost),
             "stall_gain": json_number(r.stall_gain),
-            **{k: json_number(v) for k, v in r.summary.as_dict().items()},
+            **{k: json_number(v) for k, v in r.summary.to_dict().items()},
         }
         for r in rows
     ]

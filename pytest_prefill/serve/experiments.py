@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
-from pytest_prefill.serve.records import RequestRecord
+from pytest_prefill.serve.records import ServerRecord
 from pytest_prefill.sim import Request
 
 STREAM_PROMPT = 32  # prompt tokens of a decoding stream
@@ -85,7 +85,7 @@ async def prompt_alone(target: Target, prompt_len: int, key: str) -> float:
     return _checked(run.records[0]).ttft
 
 
-def _checked(record: RequestRecord) -> RequestRecord:
+def _checked(record: ServerRecord) -> ServerRecord:
     if not record.ok:
         raise ValueError(f"calibration request {record.id} failed: {record.error}")
     if record.output_tokens is not None and record.output_tokens != record.output_len:
@@ -119,7 +119,7 @@ async def traffic(
     return decode_iterations(records), stalls
 
 
-def decode_iterations(records: Sequence[RequestRecord]) -> list[DecodeSample]:
+def decode_iterations(records: Sequence[ServerRecord]) -> list[DecodeSample]:
     """The iterations of decode rows only that ``records``' token times show: a gap between two
     tokens of a stream while no prompt was in flight (none sent and still without its first
     token), its rows the streams decoding across it, each iteration counted once (by its end)."""
@@ -161,7 +161,7 @@ async def prompt_amid_streams(
 
 
 def read_stall(
-    long: RequestRecord, live: RequestRecord, expected: int, prompt_len: int, rows: int
+    long: ServerRecord, live: ServerRecord, expected: int, prompt_len: int, rows: int
 ) -> StallSample:
     """The iterations that held ``long``'s chunks, read off ``live``'s token times: they run
     from the first slow iteration that began after ``long`` was sent to the one that emitted

@@ -91,7 +91,7 @@ class Url:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Event:
+class StreamEvent:
     """One Server-Sent Event's data, and when the bytes that completed it arrived."""
 
     time: float
@@ -182,10 +182,10 @@ class Response:
         text = self.content().decode("utf-8", "replace").strip().replace("\n", " ")
         return text[:limit] + ("…" if len(text) > limit else "")
 
-    def events(self) -> list[Event]:
+    def events(self) -> list[StreamEvent]:
         """The Server-Sent Events' data lines, each stamped with the arrival of the piece that
         completed it (``[DONE]`` ends them and is not included)."""
-        out: list[Event] = []
+        out: list[StreamEvent] = []
         pending = b""
         for now, data in self.body:
             pending += data
@@ -195,7 +195,7 @@ class Response:
                     value = line[5:].strip().decode("utf-8", "replace")
                     if value == "[DONE]":
                         return out
-                    out.append(Event(now, value))
+                    out.append(StreamEvent(now, value))
         return out
 
 
@@ -335,7 +335,7 @@ async def stream_events(
     *,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     headers: Mapping[str, str] | None = None,
-) -> tuple[float, list[Event]]:
+) -> tuple[float, list[StreamEvent]]:
     """POST ``payload`` to ``path``; when the stream is over, ``(the time the request was
     written, its Server-Sent Events)``.
 

@@ -199,7 +199,7 @@ class MeasuredProbe:
             "failed": self.failed,
             "attainment": self.attainment,
             "standard_error": self.standard_error,
-            "metrics": self.metrics.as_dict() if self.metrics is not None else None,
+            "metrics": self.metrics.to_dict() if self.metrics is not None else None,
             "run": self.run.to_dict(),
             "records": [r.to_dict() for r in self.run.records],
         }

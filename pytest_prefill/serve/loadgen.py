@@ -25,15 +25,15 @@ from pytest_prefill.serve.api import (
 )
 from pytest_prefill.serve.http import (
     DEFAULT_TIMEOUTS,
-    Event,
     ServerError,
+    StreamEvent,
     Timeouts,
     Url,
     stream_events,
 )
 from pytest_prefill.serve.identity import ServerIdentity
 from pytest_prefill.serve.prompts import Prompts
-from pytest_prefill.serve.records import BenchRun, RequestRecord
+from pytest_prefill.serve.records import BenchRun, ServerRecord
 from pytest_prefill.sim import Request, validate_load
 
 ARRIVALS = ("trace", "poisson", "gamma", "burst")
@@ -184,7 +184,7 @@ class Tally:
     assumed: bool = False
 
 
-async def tally(endpoint: str, events: Sequence[Event], t0: float) -> Tally:
+async def tally(endpoint: str, events: Sequence[StreamEvent], t0: float) -> Tally:
     """Count the tokens of a stream's events (``api.parse_chunk``).
 
     Raises:
@@ -211,7 +211,7 @@ async def tally(endpoint: str, events: Sequence[Event], t0: float) -> Tally:
     return out
 
 
-async def send_one(target: Target, request: Request, scheduled: float, t0: float) -> RequestRecord:
+async def send_one(target: Target, request: Request, scheduled: float, t0: float) -> ServerRecord:
     """Send ``request`` now and read its stream to the end; a failure is the record's error."""
     body = target.body(request.id, request.prompt_len, request.output_len, request.prefix_blocks)
     arrival = time.perf_counter() - t0
@@ -230,7 +230,7 @@ async def send_one(target: Target, request: Request, scheduled: float, t0: float
         error = str(err)
     if error is None and not counted.times:
         error = "the stream ended without a token"
-    return RequestRecord(
+    return ServerRecord(
         request.id,
         scheduled,
         arrival,
@@ -252,7 +252,7 @@ class _Progress:
         self.done = self.failed = self.tokens = self.in_flight = 0
         self.start = time.perf_counter()
 
-    def finished(self, record: RequestRecord) -> None:
+    def finished(self, record: ServerRecord) -> None:
         self.done += 1
         self.failed += not record.ok
         self.tokens += record.tokens_received
@@ -278,13 +278,13 @@ async def _issue(
     schedule: Schedule,
     bounds: Bounds,
     state: _Progress,
-) -> tuple[list[RequestRecord], str | None]:
+) -> tuple[list[ServerRecord], str | None]:
     limit = asyncio.Semaphore(schedule.max_concurrency or len(load) or 1)
     t0 = state.start
-    tasks: list[asyncio.Task[RequestRecord]] = []
+    tasks: list[asyncio.Task[ServerRecord]] = []
     stopped = None
 
-    async def one(request: Request, scheduled: float) -> RequestRecord:
+    async def one(request: Request, scheduled: float) -> ServerRecord:
         try:
             state.in_flight += 1
             record = await send_one(target, request, scheduled, t0)

@@ -13,7 +13,7 @@ from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RequestRecord:
+class ServerRecord:
     """One request as the client saw it. Times are seconds since the run started.
 
     ``scheduled`` is when the schedule meant to send it, ``arrival`` when it went out (what
@@ -80,7 +80,7 @@ class RequestRecord:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> RequestRecord:
+    def from_dict(cls, data: Any) -> ServerRecord:
         if not isinstance(data, Mapping):
             raise ValueError(f"a request record must be an object, got {data!r:.60}")
         try:
@@ -109,22 +109,22 @@ class BenchRun:
     is the seconds from the first send to the last token; ``stopped`` says why the run ended
     early (a time bound), or is None."""
 
-    records: tuple[RequestRecord, ...]
+    records: tuple[ServerRecord, ...]
     server: Mapping[str, Any]
     settings: Mapping[str, Any]
     started: str
-    warmup: tuple[RequestRecord, ...] = ()
+    warmup: tuple[ServerRecord, ...] = ()
     stopped: str | None = None
 
     @property
-    def completed(self) -> tuple[RequestRecord, ...]:
+    def completed(self) -> tuple[ServerRecord, ...]:
         return tuple(r for r in self.records if r.ok)
 
     @property
-    def failed(self) -> tuple[RequestRecord, ...]:
+    def failed(self) -> tuple[ServerRecord, ...]:
         return tuple(r for r in self.records if not r.ok)
 
-    def inexact(self) -> tuple[RequestRecord, ...]:
+    def inexact(self) -> tuple[ServerRecord, ...]:
         """Completed requests whose usage does not confirm the asked lengths."""
         return tuple(r for r in self.completed if not r.exact)
 

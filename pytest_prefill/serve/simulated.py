@@ -16,7 +16,7 @@ from pytest_prefill._io import json_number
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, serving_metrics_of
 from pytest_prefill.serve.api import ENGINES
 from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.records import RequestRecord
+from pytest_prefill.serve.records import ServerRecord
 from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, simulate
 
 # The engines a server can be that have a profile (a plain "openai" server has none).
@@ -102,7 +102,7 @@ class SimulatedRequest:
 
 
 def simulate_records(
-    records: Sequence[RequestRecord],
+    records: Sequence[ServerRecord],
     cost: CostModel,
     overhead: RequestOverhead,
     scheduling: Scheduling,
@@ -132,7 +132,7 @@ def simulate_records(
 
 
 def simulated_metrics(
-    records: Sequence[RequestRecord],
+    records: Sequence[ServerRecord],
     cost: CostModel,
     overhead: RequestOverhead,
     scheduling: Scheduling,

@@ -210,7 +210,7 @@ class Summary:
         """Prompt tokens the prefix cache supplied / prompt tokens (0.0 for an empty trace)."""
         return self.cached_tokens / self.prefill_tokens if self.prefill_tokens else 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int]:
         """The fields by name, and ``hit_rate``."""
         out: dict[str, float | int] = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.engine import fidelity as fid
+from pytest_prefill.lab import fidelity as fid
 from pytest_prefill.report import fidelity as tables
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pytest_prefill.engine.loop import replay
+from pytest_prefill.lab.loop import replay
 from pytest_prefill.plan.workloads import lab_scenario, poisson
 from pytest_prefill.sim import (
     LINK,
@@ -110,7 +110,7 @@ def test_engine_on_a_fake_clock_is_the_simulator_on_named_scenarios(policy, pres
 
 def test_the_engine_schedules_with_the_simulators_own_worker():
     from pytest_prefill import sim
-    from pytest_prefill.engine import loop as engine
+    from pytest_prefill.lab import loop as engine
 
     assert engine.Worker is sim.Worker
     assert issubclass(sim.TimedWorker, sim.Worker)
@@ -179,7 +179,7 @@ def _hf_greedy(model, prompt, steps):
 
 @pytest.fixture(scope="module")
 def real_runs(tiny, small_load):
-    from pytest_prefill.engine.execute import execute
+    from pytest_prefill.lab.execute import execute
 
     return {
         policy: execute(policy, small_load, tiny, chunk=32, seed=7, threads=1)
@@ -207,7 +207,7 @@ def test_real_chunked_run_respects_the_chunk_budget(real_runs):
 
 
 def test_real_runs_emit_the_models_own_greedy_tokens(real_runs, tiny, small_load):
-    from pytest_prefill.engine.loop import make_prompts
+    from pytest_prefill.lab.loop import make_prompts
 
     prompts = make_prompts(sorted(small_load, key=lambda r: (r.arrival, r.id)), 300, seed=7)
     expected = {r.id: _hf_greedy(tiny, prompts[r.id], r.output_len) for r in small_load}
@@ -216,7 +216,7 @@ def test_real_runs_emit_the_models_own_greedy_tokens(real_runs, tiny, small_load
 
 
 def test_real_run_idles_until_arrivals(tiny):
-    from pytest_prefill.engine.execute import execute
+    from pytest_prefill.lab.execute import execute
 
     load = [Request("late", 0.05, 8, 2)]
     trace = execute("shared", load, tiny).trace
@@ -227,8 +227,8 @@ def test_real_run_idles_until_arrivals(tiny):
 def test_real_disaggregated_run_uses_two_processes(tiny, small_load, real_runs):
     import os
 
-    from pytest_prefill.engine.disaggregated import split_cores
-    from pytest_prefill.engine.execute import execute
+    from pytest_prefill.lab.disaggregated import split_cores
+    from pytest_prefill.lab.execute import execute
 
     if len(os.sched_getaffinity(0)) < 2:
         with pytest.raises(ValueError, match="2 CPU cores"):
@@ -248,7 +248,7 @@ def test_real_disaggregated_run_uses_two_processes(tiny, small_load, real_runs):
 
 
 def test_split_cores_is_disjoint_and_refuses_one_core():
-    from pytest_prefill.engine.disaggregated import split_cores
+    from pytest_prefill.lab.disaggregated import split_cores
 
     prefill, decode = split_cores([3, 0, 1, 2])
     assert prefill == [0, 1] and decode == [2, 3]

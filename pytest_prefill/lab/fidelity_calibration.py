@@ -89,7 +89,7 @@ def calibrate_engine(
 ) -> Any:
     """The calibrator with the engine's packed pass as its runner, in the current core and
     thread setting; ``extra`` goes into the provenance."""
-    from pytest_prefill.engine.packed import PackedRunner
+    from pytest_prefill.lab.packed import PackedRunner
 
     calibration = cal.calibrate(
         loaded,

@@ -366,7 +366,7 @@ def run_policies(
 ) -> _Runs:
     """Every scenario under every policy ``runs`` times for real (round robin, so that a slow
     spell of the machine spreads over policies rather than landing on one)."""
-    from pytest_prefill.engine.execute import execute
+    from pytest_prefill.lab.execute import execute
 
     gathered = _Runs()
     for run in range(runs):
@@ -446,8 +446,8 @@ def _disaggregated(
 ) -> tuple[_Runs, Any]:
     """Start the two worker processes, calibrate them (both at once) and the link (through the
     run's path), then run every policy; the colocated ones run here while the workers idle."""
-    from pytest_prefill.engine import fidelity_calibration as fc
-    from pytest_prefill.engine.disaggregated import DisaggregatedWorkers
+    from pytest_prefill.lab import fidelity_calibration as fc
+    from pytest_prefill.lab.disaggregated import DisaggregatedWorkers
 
     progress = settings["progress"]
     _say(progress, "starting the prefill and decode worker processes")
@@ -519,7 +519,7 @@ def run_fidelity(
         ValueError: for runs < 3, a non-positive chunk or prompt length, a model the packed
             pass does not support, or fewer than two cores on CPU.
     """
-    from pytest_prefill.engine import fidelity_calibration as fc
+    from pytest_prefill.lab import fidelity_calibration as fc
     from pytest_prefill.measure import calibrate as cal
     from pytest_prefill.measure.timing import settle
 

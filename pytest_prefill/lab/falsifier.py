@@ -305,7 +305,7 @@ def engine_gaps(
     progress: Progress | None = None,
 ) -> dict[str, Measurement] | None:
     """Baseline, shared and fused-chunk gaps on the packed pass; None if it cannot run it."""
-    from pytest_prefill.engine.packed import PackedRunner
+    from pytest_prefill.lab.packed import PackedRunner
 
     try:
         runner = PackedRunner(loaded.model, seed=seed)

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_prefill.engine.loop import (
+from pytest_prefill.lab.loop import (
     Clock,
     EngineRun,
     ModelBackend,
@@ -118,7 +118,7 @@ class _QueueArrivals:
             block = False
 
     def ready(self, now: float) -> list:
-        from pytest_prefill.engine.packed import KVCache
+        from pytest_prefill.lab.packed import KVCache
 
         self._drain(block=False)
         due = sorted(p for p in self.pending if p[0] <= now)
@@ -144,7 +144,7 @@ def _prefill_pass(packed: Any, batch: Sequence[Request], prompts: dict[str, Any]
     """One packed pass over every prompt of ``batch``: (cache, first token) per request."""
     import torch
 
-    from pytest_prefill.engine.packed import Segment
+    from pytest_prefill.lab.packed import Segment
 
     caches = [packed.new_cache(r.prompt_len) for r in batch]
     logits = packed.forward([Segment(c, prompts[r.id], "last") for c, r in zip(caches, batch)])  # noqa: B905
@@ -202,7 +202,7 @@ def _decode(
 def _measure(packed: Any, role: str, spec: dict[str, Any]) -> list[Any]:
     """The calibrator's sweeps for this worker's own work, timed in this process on its cores:
     prefill and chunk passes on the prefill worker, decode steps on the decode worker."""
-    from pytest_prefill.engine.packed import PackedRunner
+    from pytest_prefill.lab.packed import PackedRunner
     from pytest_prefill.measure import calibrate as cal
 
     runner = PackedRunner(packed, seed=spec["seed"])
@@ -220,7 +220,7 @@ def _measure(packed: Any, role: str, spec: dict[str, Any]) -> list[Any]:
 def _keep_busy(packed: Any, role: str, stop: Any, seed: int) -> None:
     """Work like this worker's own until ``stop`` is set, so that the other worker calibrates
     beside a busy neighbour, as it runs."""
-    from pytest_prefill.engine.packed import PackedRunner, Segment
+    from pytest_prefill.lab.packed import PackedRunner, Segment
 
     runner = PackedRunner(packed, seed=seed)
     prompt = runner.tokens(FILLER_PROMPT)
@@ -239,7 +239,7 @@ def _link_probe(packed: Any, spec: dict[str, Any]) -> list[tuple[int, Any]]:
     """Transfers through the run's own path: a real prefill pass, then its cache handed to a
     :class:`LinkThread` that copies it into a fresh shared-memory buffer from the parent (as in
     a run). Per prompt length: the seconds from the pass's end to the copy's end."""
-    from pytest_prefill.engine.packed import PackedRunner, Segment
+    from pytest_prefill.lab.packed import PackedRunner, Segment
     from pytest_prefill.measure.timing import Measurement
 
     runner = PackedRunner(packed, seed=spec["seed"])
@@ -268,7 +268,7 @@ def _serve(
 ) -> None:
     """A worker process: load once, then run jobs until told to stop (None)."""
     try:
-        from pytest_prefill.engine.packed import PackedModel
+        from pytest_prefill.lab.packed import PackedModel
 
         _pin(cores)
         packed = PackedModel(model)
@@ -309,7 +309,7 @@ class DisaggregatedWorkers:
     def __init__(self, model: Any, *, cores: Sequence[int] | None = None) -> None:
         import torch.multiprocessing as mp
 
-        from pytest_prefill.engine.packed import PackedModel
+        from pytest_prefill.lab.packed import PackedModel
 
         self.packed = PackedModel(model)
         if self.packed.device.type != "cpu":

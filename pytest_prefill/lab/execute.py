@@ -1,6 +1,6 @@
 """Real runs of a workload under a policy: one engine worker in this process (shared,
 coscheduled, chunked; CPU or CUDA), or the two disaggregated worker processes (CPU). The one
-entry point above :mod:`engine` and :mod:`disagg`. torch is imported lazily."""
+entry point above :mod:`loop` and :mod:`disaggregated`. torch is imported lazily."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pytest_prefill.engine.loop import (
+from pytest_prefill.lab.loop import (
     EngineRun,
     ModelBackend,
     RealClock,
-    check_engine,
+    check_lab_run,
     run_single,
     warm_up,
 )
@@ -39,7 +39,7 @@ def run_colocated(
     ``cores`` with ``threads`` torch threads, then restored)."""
     import torch
 
-    from pytest_prefill.engine.packed import PackedModel
+    from pytest_prefill.lab.packed import PackedModel
 
     packed = PackedModel(model)
     on_cpu = packed.device.type == "cpu"
@@ -86,13 +86,13 @@ def execute(
     Single-worker policies run in this process on ``cores`` (default: every core this process
     may use) with ``threads`` torch threads (default: one per core); ``disaggregated`` runs a
     prefill process and a decode process on disjoint halves of those cores (see
-    :mod:`pytest_prefill.engine.disaggregated`; pass started ``workers`` to reuse them), so every policy gets
+    :mod:`pytest_prefill.lab.disaggregated`; pass started ``workers`` to reuse them), so every policy gets
     the same total resources.
 
     Raises:
         ValueError: for a bad policy, chunk or load, or an unsupported model.
     """
-    check_engine(policy, chunk, 1, 1)
+    check_lab_run(policy, chunk, 1, 1)
     requests = validate_load(load)
     model = hf_model(model)
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
@@ -102,6 +102,6 @@ def execute(
         )
     if workers is not None:
         return workers.run(requests, seed=seed, chunk=chunk)
-    from pytest_prefill.engine.disaggregated import run_disaggregated
+    from pytest_prefill.lab.disaggregated import run_disaggregated
 
     return run_disaggregated(requests, model, seed=seed, cores=cores, chunk=chunk)

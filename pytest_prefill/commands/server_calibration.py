@@ -62,7 +62,7 @@ def sweep_from_args(args: argparse.Namespace) -> ServerSweep:
     return ServerSweep(args.budget, repeats=args.repeats).within(args.max_prompt)
 
 
-def check_engine(args: argparse.Namespace, required: bool = False) -> None:
+def check_profiled_engine(args: argparse.Namespace, required: bool = False) -> None:
     """A named engine without a profile is refused when the simulation needs one."""
     if required and args.engine is not None and args.engine not in PROFILED_ENGINES:
         raise ValueError(
@@ -107,7 +107,7 @@ async def _calibrate(args: argparse.Namespace) -> ServerCalibration:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.report.serve_calibration import server_calibration_report
+    from pytest_prefill.report.server_calibration import server_calibration_report
 
     result = asyncio.run(_calibrate(args))
     print(server_calibration_report(result))

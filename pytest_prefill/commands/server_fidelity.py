@@ -12,10 +12,10 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
 from pytest_prefill.commands._args import output_path, positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
-from pytest_prefill.commands.calibrate_server import (
+from pytest_prefill.commands.server_calibration import (
     WARMUP,
     add_sweep_arguments,
-    check_engine,
+    check_profiled_engine,
     profile_from_args,
     progress,
     sweep_from_args,
@@ -89,13 +89,13 @@ async def _fidelity(args: argparse.Namespace) -> ServerFidelity:
 
 def check(args: argparse.Namespace) -> None:
     """What the command line can refuse before anything is sent."""
-    check_engine(args, required=True)
+    check_profiled_engine(args, required=True)
     if args.runs < 2:
         raise ValueError(f"--runs must be at least 2 (the spread needs two), got {args.runs}")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.report.serve_fidelity import fidelity_report
+    from pytest_prefill.report.server_fidelity import fidelity_report
 
     result = asyncio.run(_fidelity(args))
     text = fidelity_report(result)

@@ -185,7 +185,9 @@ def drive(
         worker.finish_at(end)
 
 
-def check_engine(policy: str, chunk: int | None, prefill_workers: int, decode_workers: int) -> None:
+def check_lab_run(
+    policy: str, chunk: int | None, prefill_workers: int, decode_workers: int
+) -> None:
     """``simulate``'s option checks, and the engine's own limit: one worker per pool."""
     check_options(policy, chunk, prefill_workers=prefill_workers, decode_workers=decode_workers)
     if prefill_workers != 1 or decode_workers != 1:
@@ -263,7 +265,7 @@ def replay(
     Raises:
         ValueError: as ``simulate`` does; and for pools of more than one worker.
     """
-    check_engine(policy, chunk, prefill_workers, decode_workers)
+    check_lab_run(policy, chunk, prefill_workers, decode_workers)
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
     requests = validate_load(load)
@@ -324,7 +326,7 @@ class ModelBackend:
     def run(self, plan: Plan) -> float | None:
         import torch
 
-        from pytest_prefill.engine.packed import Segment
+        from pytest_prefill.lab.packed import Segment
 
         segments = []
         for r, done, n in plan.prefill:
@@ -378,7 +380,7 @@ def warm_up(packed: Any, *, rows: int = 64) -> None:
     """A few passes so that first-call allocations do not land in a measured run."""
     import torch
 
-    from pytest_prefill.engine.packed import Segment
+    from pytest_prefill.lab.packed import Segment
 
     cache = packed.new_cache(rows + 4)
     packed.forward([Segment(cache, torch.zeros(rows, dtype=torch.long))])
