@@ -26,13 +26,17 @@ def device_type(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--model --device --dtype``; ``default`` words the model's default in the help."""
+def add_model_arguments(
+    parser: argparse.ArgumentParser, default: str | None = None, deploy_help: str | None = None
+) -> None:
+    """``--model --device --dtype``; ``default`` words the model's default in the help. With
+    ``deploy_help`` --model is the deployment's model too (default None: unset)."""
     parser.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
+        default=None if deploy_help else DEFAULT_MODEL,
         metavar="SPEC",
-        help=f"a preset ({', '.join(MODEL_PRESETS)}; random weights), a local model directory, "
+        help=deploy_help
+        or f"a preset ({', '.join(MODEL_PRESETS)}; random weights), a local model directory, "
         f"or a Hugging Face id already in the offline cache (default {default or DEFAULT_MODEL})",
     )
     parser.add_argument(
@@ -97,6 +101,8 @@ def load(args: argparse.Namespace) -> Any:
     """The model the flags name (ValueError with the reason when it cannot be had)."""
     from pytest_prefill.measure.models import load_model
 
+    if args.model is None:  # a command whose --model is also the deployment's
+        args.model = DEFAULT_MODEL
     progress(f"loading {args.model} ...")
     try:
         loaded = load_model(args.model, device=args.device, dtype=args.dtype)

@@ -113,9 +113,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
     group.add_argument(
         "--max-model-len",
         type=bounded_int(MAX_PROMPT_LEN, "tokens"),
-        default=QWEN3_CONTEXT,
         metavar="TOKENS",
-        help="cap longer prompts at this many tokens (default 40960, Qwen3-0.6B's context)",
+        help="cap longer prompts at this many tokens (default: --model's context where the "
+        "command takes --model, else 40960, Qwen3-0.6B's; the answer says how many it capped)",
     )
 
 
@@ -123,7 +123,11 @@ def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) ->
     """What the command line can refuse before reading or generating anything (ValueError naming
     the flag): a flag this workload does not take, and for ``poisson`` a span over
     :data:`MAX_SECONDS` or ``chunks`` that would split its prompts into more than
-    :data:`MAX_CHUNKED_ITERATIONS` iterations in one run."""
+    :data:`MAX_CHUNKED_ITERATIONS` iterations in one run. An unset ``--max-model-len`` becomes
+    Qwen3-0.6B's context (a command with ``--model`` sets it first)."""
+    if args.max_model_len is None:
+        args.max_model_len = QWEN3_CONTEXT
+        args.max_model_len_origin = "Qwen3-0.6B's context, the cost presets' model"
     if args.seed is not None and args.workload != "poisson":
         raise ValueError(f"--seed is poisson's seed; workload {args.workload!r} takes none")
     if args.workload != "poisson":
@@ -179,13 +183,15 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
     return workload
 
 
-def capped_line(workload: Workload) -> str | None:
-    """The line that says how many prompts were cut to the model's context (None: none)."""
+def capped_line(workload: Workload, origin: str | None = None) -> str | None:
+    """The line that says how many prompts were cut to the model's context and, when given,
+    where that length came from (None: none was cut)."""
     if not workload.capped:
         return None
+    share = workload.capped / len(workload.requests)
     return (
         f"  {workload.capped:,} prompt(s) longer than {workload.max_model_len:,} tokens "
-        "(--max-model-len) were capped at it"
+        f"({share:.1%} of them; --max-model-len{f': {origin}' if origin else ''}) were capped at it"
     )
 
 

@@ -11,7 +11,15 @@ import time
 from collections.abc import Sequence
 
 from pytest_prefill._io import read_json, write_atomic, write_json_atomic
+from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int, non_negative_float, output_path
+from pytest_prefill.commands._deploy_args import (
+    MODEL_HELP,
+    add_deploy_arguments,
+    check_deploy_args,
+    check_deployment_tp,
+    measured_model,
+)
 from pytest_prefill.commands._engine_args import (
     add_engine_argument,
     check_engine,
@@ -57,6 +65,7 @@ from pytest_prefill.plan.executors import (
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
 from pytest_prefill.plan.workloads import Workload
+from pytest_prefill.report.assumptions import basis
 from pytest_prefill.report.capacity import (
     capacity_document,
     capacity_gate,
@@ -69,6 +78,10 @@ HELP = "find the deployment that serves the most requests per device within an S
 DEFAULT_ENGINE = "vllm"  # capacity answers in a real engine's flags; the library's default is lab
 MAX_DEVICES = 1024  # every device count's default deployments are a bounded set (deployments.py)
 MAX_WORKERS = 256  # local processes
+# Without --cost the search runs on a preset and says so on every answer line (refusing would
+# leave a new user with nothing to try; a preset's answer, plainly labelled, shows what the
+# tool does and what it needs: a calibration of their own server).
+DEFAULT_COST = "lab-laptop"
 
 
 def slo_type(text: str) -> SLO:
@@ -109,6 +122,9 @@ def check(args: argparse.Namespace) -> None:
     chunked iterations a run would take where the flags alone decide them), a plot's suffix,
     workers beside a cluster."""
     profile = check_engine(args)
+    args.cost_defaulted = args.cost is None
+    args.cost = args.cost or DEFAULT_COST
+    check_deploy_args(args, args.devices)
     if args.plot and not args.plot.endswith(".svg"):
         raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
     if args.cluster and args.workers:
@@ -137,6 +153,7 @@ def check(args: argparse.Namespace) -> None:
         for deployment in args.deployments:
             for reason in refused_kinds([deployment], profile).values():
                 raise ValueError(f"--deployment {deployment.label}: {reason}")
+        check_deployment_tp(args, [d.tp for d in args.deployments], args.devices)
     check_workload_args(args, _token_chunks(args.deployments))
 
 
@@ -147,6 +164,7 @@ def _token_chunks(deployments: Sequence[Deployment] | None) -> list[int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_argument(parser)
+    parser.set_defaults(cost=None)  # unset: DEFAULT_COST, said plainly in the answer
     add_workload_arguments(parser, default="poisson")
     add_engine_argument(parser, DEFAULT_ENGINE)
     add_search_arguments(parser)
@@ -171,7 +189,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
     )
     add_gate_arguments(parser)
-    for add in (add_model_arguments, add_timing_arguments, add_threads_argument):
+    add_model_arguments(parser, deploy_help=MODEL_HELP)
+    add_deploy_arguments(parser)
+    for add in (add_timing_arguments, add_threads_argument):
         add(parser)  # used by --cost measure
 
 
@@ -266,11 +286,22 @@ def _devices_needed(
         return None
     given = args.deployments or ()
     progress(f"looking for the devices this traffic needs (up to {args.max_devices}) ...")
+    hardware, block = args.hardware, args.profile.kv_block_tokens
+
+    def candidates(n: int) -> tuple[Deployment, ...]:
+        if hardware is None:
+            return deployments_like(given, n, cost, args.slo, args.profile)
+        if not given:
+            return hardware.deployments(cost, n, args.slo, args.profile)
+        return hardware.attach(
+            deployments_like(given, n, cost, args.slo, args.profile), cost, block
+        )
+
     return devices_needed(
         workload,
         cost,
         args.slo,
-        lambda n: deployments_like(given, n, cost, args.slo, args.profile),
+        candidates,
         target=args.target,
         start=args.devices,
         max_devices=args.max_devices,
@@ -291,6 +322,44 @@ def _left_out(args: argparse.Namespace, cost: CostModel) -> str | None:
     return f"  note: no disaggregated split compared: {reason}" if reason else None
 
 
+def _deployments(args: argparse.Namespace, cost: CostModel) -> tuple[Deployment, ...]:
+    """The deployments to search: those given, else the engine's own; with --model each at its
+    own cost model (its TP's compute, its KV capacity), the defaults at every TP that fits."""
+    hardware, block = args.hardware, args.profile.kv_block_tokens
+    if args.deployments:
+        given = tuple(args.deployments)
+        return hardware.attach(given, cost, block) if hardware is not None else given
+    if hardware is not None:
+        return hardware.deployments(cost, args.devices, args.slo, args.profile)
+    return default_deployments(cost, args.devices, args.slo, args.profile)
+
+
+def _answer_basis(
+    args: argparse.Namespace, spec: CostSpec, result: CapacityResult, needed: DevicesNeeded | None
+) -> tuple[list[str], float | None, str | None, str | None]:
+    """The model lines, the memory fraction for the command, and what the Type: and Devices
+    needed: lines rest on."""
+    assert spec.cost is not None
+    hardware = args.hardware
+    best = result.ranked()[0].deployment
+    lines = []
+    if args.cost_defaulted:
+        lines.append(
+            f"  (no --cost given: the preset {DEFAULT_COST}, not your hardware; give --cost "
+            "with a calibration of your server: prefill-bench calibrate-server)"
+        )
+    fraction = None
+    if hardware is not None:
+        tps = sorted({r.deployment.tp for r in result.results})
+        lines += hardware.lines(tps, args.profile.kv_block_tokens)
+        fraction = hardware.utilization
+    model = measured_model(spec)
+    type_basis = basis(spec, spec.cost, best, hardware, model)
+    chosen = needed.deployment if needed is not None else None
+    needed_basis = basis(spec, spec.cost, chosen, hardware, model) if needed is not None else None
+    return lines, fraction, type_basis, needed_basis
+
+
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "deployments"):
         check(args)
@@ -298,10 +367,8 @@ def run(args: argparse.Namespace) -> int:
     assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
     engine_for(args, workload)
-    deployments = args.deployments
-    chunks = _token_chunks(
-        deployments or default_deployments(spec.cost, args.devices, args.slo, args.profile)
-    )
+    deployments = _deployments(args, spec.cost)
+    chunks = _token_chunks(deployments)
     check_chunked_run((r.prompt_len for r in workload.requests), chunks)
     where = args.cluster or f"{args.workers or os.cpu_count() or 1} local process(es)"
     progress(f"searching {workload.description} on {where} ...")
@@ -321,13 +388,12 @@ def run(args: argparse.Namespace) -> int:
         )
         needed = _devices_needed(args, workload, spec.cost, result, executor)
     seconds = time.perf_counter() - began
-    lines = capacity_text(result, spec.source, needed, engine_note(args)).split("\n")
+    lines = capacity_text(
+        result, spec.source, needed, engine_note(args), _answer_basis(args, spec, result, needed)
+    ).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = [
-        line
-        for line in (capped_line(workload), *workload.notes, _left_out(args, spec.cost))
-        if line
-    ]
+    capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
+    extra = [line for line in (capped, *workload.notes, _left_out(args, spec.cost)) if line]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)

@@ -103,11 +103,14 @@ class CapacityResult:
             None,
         )
 
-    def command(self) -> str | None:
-        """The line to type for the best deployment, in the engine's own flags (None when no
-        deployment meets the SLO)."""
+    def command(self, memory_fraction: float | None = None) -> str | None:
+        """The line to type for the best deployment, in the engine's own flags (with the
+        fraction of device memory it takes, when given; None when no deployment meets the
+        SLO)."""
         best = self.ranked()[0]
-        return best.deployment.command(self.engine) if best.best is not None else None
+        if best.best is None:
+            return None
+        return best.deployment.command(self.engine, memory_fraction)
 
     def recommendation(self) -> str:
         """One line a user can act on: the deployment serving the highest request rate per

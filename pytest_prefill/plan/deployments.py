@@ -36,13 +36,16 @@ class Deployment:
     ``chunked`` takes a ``chunk`` (tokens) or a ``chunk_budget`` (seconds per iteration), or
     neither when it sets the engine's token budget. ``max_batched_tokens`` and ``max_seqs`` are
     the engine's settings for this deployment (vLLM's ``--max-num-batched-tokens`` and
-    ``--max-num-seqs``; None: the engine profile's own), every worker's.
+    ``--max-num-seqs``; None: the engine profile's own), every worker's. ``tp`` is every
+    instance's tensor-parallel size: ``devices`` = instances × ``tp`` (a split's
+    ``prefill_workers`` counts instances). ``cost`` is one instance's cost model on this
+    deployment's hardware at this TP (its compute and KV capacity; None: the search's own).
 
     Raises:
         ValueError: naming the field, for an unknown policy, devices < 1, a chunk or budget on
             a policy that takes none (both, or none of them and no token budget, on
-            ``chunked``), a setting that is not an integer >= 1, or a split that does not leave
-            at least one worker of each kind.
+            ``chunked``), a setting that is not an integer >= 1, a ``tp`` that does not divide
+            the devices, or a split that does not leave at least one worker of each kind.
     """
 
     policy: str
@@ -52,6 +55,8 @@ class Deployment:
     prefill_workers: int | None = None
     max_batched_tokens: int | None = None
     max_seqs: int | None = None
+    tp: int = 1
+    cost: CostModel | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -61,6 +66,14 @@ class Deployment:
         check_int("devices", self.devices)
         check_cap("max_batched_tokens", self.max_batched_tokens)
         check_cap("max_seqs", self.max_seqs)
+        check_int("tp", self.tp)
+        if self.devices % self.tp:
+            raise ValueError(
+                f"tp={self.tp} does not divide the {self.devices} devices (devices = instances "
+                "× tp)"
+            )
+        if self.cost is not None and not isinstance(self.cost, CostModel):
+            raise ValueError(f"cost must be a CostModel or None, got {type(self.cost).__name__}")
         chunked = self.policy == "chunked"
         if chunked and self.chunk is not None and self.chunk_budget is not None:
             raise ValueError(
@@ -80,16 +93,17 @@ class Deployment:
         if self.chunk_budget is not None:
             check_number("chunk_budget", self.chunk_budget, positive=True)
         if self.policy == "disaggregated":
-            if self.devices < 2:
+            if self.instances < 2:
                 raise ValueError(
                     "a disaggregated deployment needs devices >= 2 (one prefill, one decode)"
+                    + (f" instances of tp={self.tp} devices" if self.tp > 1 else "")
                 )
             check_int("prefill_workers", self.prefill_workers)
             assert self.prefill_workers is not None
-            if self.prefill_workers >= self.devices:
+            if self.prefill_workers >= self.instances:
                 raise ValueError(
                     f"prefill_workers must leave a decode worker: 1 <= prefill_workers <= "
-                    f"{self.devices - 1}, got {self.prefill_workers!r}"
+                    f"{self.instances - 1}, got {self.prefill_workers!r}"
                 )
         elif self.prefill_workers is not None:
             raise ValueError(
@@ -97,19 +111,30 @@ class Deployment:
             )
 
     @property
+    def instances(self) -> int:
+        """Engine instances (replicas, or a split's prefill and decode ones): devices ÷ tp."""
+        return self.devices // self.tp
+
+    @property
     def decode_workers(self) -> int:
-        return self.devices - (self.prefill_workers or 0)
+        return self.instances - (self.prefill_workers or 0)
+
+    def cost_on(self, cost: CostModel) -> CostModel:
+        """The cost model this deployment's instances run on: its own, else ``cost``."""
+        return self.cost if self.cost is not None else cost
 
     @property
     def label(self) -> str:
         """``shared ×4``, ``chunked 512 ×4``, ``chunked ≤100ms ×4``, ``disaggregated 1P:3D``;
         with engine settings ``chunked ≤2048 tok ×4``, ``disaggregated 1P:3D ≤8192 tok``, and
-        ``, ≤128 seqs`` after either."""
+        ``, ≤128 seqs`` after either; at TP 2 ``chunked ≤2048 tok ×2 TP2`` (two instances of
+        two devices each) and ``disaggregated 1P:1D TP2``."""
         tokens = self.max_batched_tokens
         settings = f"≤{tokens} tok" if tokens is not None else ""
         seqs = f", ≤{self.max_seqs} seqs" if self.max_seqs is not None else ""
+        tp = f" TP{self.tp}" if self.tp > 1 else ""
         if self.policy == "disaggregated":
-            split = f"disaggregated {self.prefill_workers}P:{self.decode_workers}D"
+            split = f"disaggregated {self.prefill_workers}P:{self.decode_workers}D{tp}"
             return f"{split} {settings}{seqs}" if settings else split + seqs
         if self.chunk is not None:
             head = f"chunked {self.chunk}" + (f" {settings}" if settings else "")
@@ -117,7 +142,7 @@ class Deployment:
             head = f"chunked ≤{duration_label(self.chunk_budget)}"
         else:
             head = f"{self.policy} {settings}" if settings else self.policy
-        return f"{head} ×{self.devices}{seqs}"
+        return f"{head} ×{self.instances}{tp}{seqs}"
 
     def engine(self, profile: EngineProfile = LAB) -> EngineProfile:
         """``profile`` with this deployment's settings in place of its own."""
@@ -129,9 +154,12 @@ class Deployment:
             max_seqs=self.max_seqs or profile.max_seqs,
         )
 
-    def command(self, profile: EngineProfile = LAB) -> str:
-        """The line to type for this deployment under ``profile`` (its engine, its flags)."""
-        return launch_line(self.engine(profile), self.prefill_workers, self.devices)
+    def command(self, profile: EngineProfile = LAB, memory_fraction: float | None = None) -> str:
+        """The line to type for this deployment under ``profile`` (its engine, its flags, its
+        TP and, when given, the fraction of device memory it takes)."""
+        return launch_line(
+            self.engine(profile), self.prefill_workers, self.instances, self.tp, memory_fraction
+        )
 
     def simulate_options(self, profile: EngineProfile | None = None) -> dict[str, Any]:
         """The keyword arguments of :func:`~pytest_prefill.sim.simulate` (defaults left out;
@@ -146,23 +174,23 @@ class Deployment:
             options["chunk"] = self.chunk
         if self.chunk_budget is not None:
             options["chunk_budget"] = float(self.chunk_budget)
-        if self.devices > 1:
-            options["replicas"] = self.devices
+        if self.instances > 1:
+            options["replicas"] = self.instances
         return options
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-        }
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["cost"] = self.cost.to_dict() if self.cost is not None else None
+        return {"label": self.label, **fields}
 
     @classmethod
     def parse(cls, text: str, devices: int, engine: EngineProfile | None = None) -> Deployment:
         """``shared``, ``coscheduled``, ``chunked:512`` (tokens), ``chunked:100ms`` (a budget),
         ``disaggregated:1:3`` (prefill:decode workers, summing to ``devices``), each optionally
         followed by the engine's settings ``,tokens=N`` (its token budget) and ``,seqs=N`` (its
-        sequence cap): ``chunked,tokens=2048``. Under an ``engine`` with a token budget a bare
-        ``chunked`` takes that budget.
+        sequence cap) and the tensor-parallel size ``,tp=N`` (``disaggregated:1:3,tp=2``: P:D
+        instances of N devices each): ``chunked,tokens=2048,tp=2``. Under an ``engine`` with a
+        token budget a bare ``chunked`` takes that budget.
 
         Raises:
             ValueError: naming what is allowed, for anything else.
@@ -172,10 +200,21 @@ class Deployment:
         policy, _, rest = spec.strip().partition(":")
         if policy == "chunked" and not rest and engine is not None:
             settings.setdefault("max_batched_tokens", engine.max_batched_tokens)
-        base = cls._parse_base(text, policy, rest, devices, settings.get("max_batched_tokens"))
-        tokens, seqs = settings.get("max_batched_tokens"), settings.get("max_seqs")
+        tp = settings.pop("tp", 1)
+        if tp is None or tp < 1:
+            raise ValueError(f"deployment {text!r}: tp must be an integer >= 1, got {tp}")
+        if devices % tp:
+            raise ValueError(
+                f"deployment {text!r}: tp={tp} does not divide the {devices} devices "
+                "(devices = instances × tp)"
+            )
+        tokens = settings.get("max_batched_tokens")
+        base = cls._parse_base(text, policy, rest, devices // tp, tokens)
+        seqs = settings.get("max_seqs")
         return dataclasses.replace(
             base,
+            devices=devices,
+            tp=tp,
             max_batched_tokens=tokens if tokens is not None else base.max_batched_tokens,
             max_seqs=seqs if seqs is not None else base.max_seqs,
         )
@@ -186,7 +225,7 @@ class Deployment:
     ) -> Deployment:
         allowed = (
             "shared, coscheduled, chunked:TOKENS, chunked:DURATION, disaggregated:P:D "
-            "(then ,tokens=N ,seqs=N)"
+            "(then ,tokens=N ,seqs=N ,tp=N)"
         )
         if policy == "disaggregated" and rest:
             return cls._parse_split(text, rest, devices)
@@ -211,15 +250,16 @@ class Deployment:
 
     @staticmethod
     def _parse_settings(text: str, extra: Sequence[str]) -> dict[str, int | None]:
-        """``tokens=N`` and ``seqs=N`` as the deployment's engine knobs."""
-        knobs = {"tokens": "max_batched_tokens", "seqs": "max_seqs"}
+        """``tokens=N`` and ``seqs=N`` as the deployment's engine knobs, ``tp=N`` its TP."""
+        knobs = {"tokens": "max_batched_tokens", "seqs": "max_seqs", "tp": "tp"}
         out: dict[str, int | None] = {}
         for item in extra:
             key, sep, value = item.strip().partition("=")
             if not sep or key.strip() not in knobs or not (value.isascii() and value.isdigit()):
                 raise ValueError(
-                    f"deployment {text!r}: after a comma, tokens=N (the engine's token budget) "
-                    f"or seqs=N (its sequence cap), got {item.strip()!r}"
+                    f"deployment {text!r}: after a comma, tokens=N (the engine's token budget), "
+                    f"seqs=N (its sequence cap) or tp=N (tensor-parallel size), got "
+                    f"{item.strip()!r}"
                 )
             out[knobs[key.strip()]] = int(value)
         return out
@@ -267,9 +307,14 @@ def search_budgets(cost: CostModel, profile: EngineProfile) -> tuple[int, ...]:
 
 
 def default_deployments(
-    cost: CostModel, devices: int, slo: SLO | None = None, engine: EngineProfile = LAB
+    cost: CostModel,
+    devices: int,
+    slo: SLO | None = None,
+    engine: EngineProfile = LAB,
+    tp: int = 1,
 ) -> tuple[Deployment, ...]:
-    """What an ``engine`` can be told to run on ``devices`` devices, in its own settings:
+    """What an ``engine`` can be told to run on ``devices`` devices as instances of ``tp``
+    devices each (``cost`` is one instance's), in its own settings:
 
     - with a token budget (vLLM, SGLang, llama.cpp, transformers): chunked ×N at each of
       :func:`search_budgets`;
@@ -284,21 +329,23 @@ def default_deployments(
     kinds = engine_command(engine).kinds
     out = []
     if "shared" in kinds:
-        out.append(Deployment("shared", devices))
+        out.append(Deployment("shared", devices, tp=tp))
     if "chunks" in kinds:
-        out += [Deployment("chunked", devices, chunk=c) for c in search_chunks(cost)]
+        out += [Deployment("chunked", devices, chunk=c, tp=tp) for c in search_chunks(cost)]
         if slo is not None and slo.tpot is not None:
-            out.append(Deployment("chunked", devices, chunk_budget=slo.tpot))
+            out.append(Deployment("chunked", devices, chunk_budget=slo.tpot, tp=tp))
     if "budgets" in kinds:
         out += [
-            Deployment("chunked", devices, max_batched_tokens=b)
+            Deployment("chunked", devices, max_batched_tokens=b, tp=tp)
             for b in search_budgets(cost, engine)
         ]
-    if splits(engine):
+    if splits(engine) and devices // tp > 1:
         tokens = engine.max_batched_tokens
         out += [
-            Deployment("disaggregated", devices, prefill_workers=p, max_batched_tokens=tokens)
-            for p in default_splits(devices)
+            Deployment(
+                "disaggregated", devices, prefill_workers=p, max_batched_tokens=tokens, tp=tp
+            )
+            for p in default_splits(devices // tp)
         ]
     refused = refused_kinds(out, engine, cost)
     return tuple(d for d in out if _kind(d) not in refused)
@@ -342,12 +389,12 @@ def deployments_like(
         return default_deployments(cost, devices, slo, engine)
     out: dict[str, Deployment] = {}
     for d in deployments:
-        if d.policy != "disaggregated":
+        if d.policy != "disaggregated" and devices % d.tp == 0:
             moved = dataclasses.replace(d, devices=devices)
             out.setdefault(moved.label, moved)
-    given = [d for d in deployments if d.policy == "disaggregated"]
-    if devices > 1 and given:
-        for p in default_splits(devices):
+    given = [d for d in deployments if d.policy == "disaggregated" and devices % d.tp == 0]
+    if given and devices // given[0].tp > 1:
+        for p in default_splits(devices // given[0].tp):
             split = dataclasses.replace(given[0], devices=devices, prefill_workers=p)
             out.setdefault(split.label, split)
     return tuple(out.values())

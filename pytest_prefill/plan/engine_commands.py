@@ -22,7 +22,8 @@ class EngineCommand:
     instances (``router``) and across a split's (``split_router``, None: ``router``), where
     this was read (``source``) and the kinds of colocated deployment it can be told to run
     (``kinds``): ``budgets`` (token budgets), ``shared``, ``chunks`` (chunk sizes and a time
-    budget: the lab's own knobs)."""
+    budget: the lab's own knobs); ``tp_flag`` sets an instance's tensor-parallel size and
+    ``memory_flag`` the fraction of each device's memory it takes (None: the engine has none)."""
 
     start: str | None
     split: tuple[str, str] | None
@@ -30,6 +31,8 @@ class EngineCommand:
     source: str
     kinds: tuple[str, ...] = ("budgets",)
     split_router: str | None = None
+    tp_flag: str | None = None
+    memory_flag: str | None = None
 
     def router_of(self, split: bool) -> str:
         """What routes requests across the instances of a split (``split``) or colocated ones."""
@@ -53,6 +56,8 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         "config, the proxy decides the roles)",
         split_router="a proxy that sends each request to a prefill instance, then a decode "
         "one (vLLM's toy_proxy_server.py, or llm-d / Dynamo)",
+        tp_flag="--tensor-parallel-size",
+        memory_flag="--gpu-memory-utilization",
     ),
     "sglang": EngineCommand(
         f"python -m sglang.launch_server --model-path {MODEL} --enable-mixed-chunk",
@@ -62,6 +67,8 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         "(--enable-mixed-chunk: prefill chunks ride with decode rows, as simulated; SGLang "
         "runs them apart without it)",
         split_router="sglang_router --pd-disaggregation",
+        tp_flag="--tp",
+        memory_flag="--mem-fraction-static",
     ),
     "llama.cpp": EngineCommand(
         f"llama-server -m {MODEL}.gguf",
@@ -101,14 +108,30 @@ def splits(profile: EngineProfile) -> bool:
     return engine_command(profile).split is not None
 
 
-def launch_line(profile: EngineProfile, prefill: int | None, devices: int) -> str:
+def launch_line(
+    profile: EngineProfile,
+    prefill: int | None,
+    devices: int,
+    tp: int = 1,
+    memory_fraction: float | None = None,
+) -> str:
     """The command to type for ``devices`` instances of ``profile`` (its flags as they stand:
     replace the profile's knobs first), or a split of ``prefill`` prefill instances and the
-    rest decode; a sentence instead of a command for an engine without one."""
+    rest decode, each instance on ``tp`` devices taking ``memory_fraction`` of each one's
+    memory (None: the engine's default); a sentence instead of a command for an engine
+    without one."""
     command = engine_command(profile)
-    flags = profile.flags_text()
+    sizing = []
+    if tp > 1 or memory_fraction is not None:
+        if command.tp_flag is not None:
+            sizing.append(f"{command.tp_flag} {tp}")
+        if memory_fraction is not None and command.memory_flag is not None:
+            sizing.append(f"{command.memory_flag} {memory_fraction:g}")
+    flags = " ".join(part for part in (profile.flags_text(), *sizing) if part)
+    if tp > 1 and command.tp_flag is None and command.start is not None:
+        flags += f"  (tensor parallel over {tp} devices: {profile.name} has no flag for it)"
     if command.start is None:
-        settings = f" ({profile.label()})"
+        settings = f" ({profile.label()}{f', TP {tp}' if tp > 1 else ''})"
         if prefill is None:
             return f"{devices} × {profile.name}{settings}, behind {command.router_of(False)}"
         return (
@@ -117,7 +140,8 @@ def launch_line(profile: EngineProfile, prefill: int | None, devices: int) -> st
         )
     line = " ".join(part for part in (command.start, flags) if part)
     if prefill is None:
-        return f"{line}  (× {devices}, one per device, behind {command.router_of(False)})"
+        per = "one per device" if tp == 1 else f"one per {tp} devices"
+        return f"{line}  (× {devices}, {per}, behind {command.router_of(False)})"
     if command.split is None:
         raise ValueError(f"engine {profile.name!r} runs no prefill:decode split")
     prefill_flag, decode_flag = command.split

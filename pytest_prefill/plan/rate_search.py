@@ -52,7 +52,8 @@ def probe(
     (``base_rate`` requests/s at scale 1) and measure it against ``slo``. Module-level, so
     executors can ship it."""
     options = deployment.simulate_options(engine)
-    trace = simulate(deployment.policy, scale_rate(load, scale), cost, **options)
+    device = deployment.cost_on(cost)  # its own at its TP on its hardware, when it has one
+    trace = simulate(deployment.policy, scale_rate(load, scale), device, **options)
     metrics = serving_metrics(trace, slo=slo, percentiles=(50.0, PERCENTILE, 99.0))
     return Probe(scale, base_rate * scale, metrics)
 

@@ -160,14 +160,17 @@ def engine_line(result: CapacityResult, note: str = "") -> str:
     return line + (f" {note}" if note else "")
 
 
-def command_line(result: CapacityResult) -> str | None:
+def command_line(
+    result: CapacityResult, memory_fraction: float | None = None, basis: str | None = None
+) -> str | None:
     """``Type: vllm serve MODEL --max-num-batched-tokens 1024 ...``: the best deployment in
-    the engine's own command and flags (None for the lab's loop, or when nothing meets the
-    SLO)."""
-    command = result.command()
+    the engine's own command and flags (with the device memory fraction when given), then
+    what it rests on (``basis``); None for the lab's loop, or when nothing meets the SLO."""
+    command = result.command(memory_fraction)
     if command is None or result.engine.name == "lab":
         return None
-    return f"   {'Run' if engine_command(result.engine).start is None else 'Type'}: {command}"
+    word = "Run" if engine_command(result.engine).start is None else "Type"
+    return f"   {word}: {command}" + (f"\n     {basis}" if basis else "")
 
 
 def capacity_text(
@@ -175,12 +178,17 @@ def capacity_text(
     cost_source: str,
     needed: DevicesNeeded | None = None,
     engine_note: str = "",
+    deployment: tuple[list[str], float | None, str | None, str | None] = ([], None, None, None),
 ) -> str:
     """What ``prefill-bench capacity`` prints: the inputs (the engine profile among them), the
     table, the recommendation with the command to type, the headroom and the devices the
-    traffic needs, the notes and how the table is read."""
+    traffic needs, the notes and how the table is read. ``deployment``: the lines on the
+    model, memory and TP; the device memory fraction the command sets; what the ``Type:`` and
+    the ``Devices needed:`` lines rest on (:mod:`pytest_prefill.report.assumptions`)."""
+    model_lines, fraction, type_basis, needed_basis = deployment
     lines = [
         f"Cost model: {cost_source}",
+        *model_lines,
         f"Workload: {result.workload}",
     ]
     if result.attribution:
@@ -194,11 +202,13 @@ def capacity_text(
         capacity_table(result),
         "",
         f"-> {result.recommendation()}",
-        *filter(None, [command_line(result)]),
+        *filter(None, [command_line(result, fraction, type_basis)]),
         headroom_line(result),
     ]
     if needed is not None:
         lines.append(devices_needed_line(needed))
+        if needed_basis:
+            lines.append(f"     {needed_basis}")
     lines += [f"note: {note}" for note in result.notes()]
     lines += [
         "",

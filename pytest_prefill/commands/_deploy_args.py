@@ -1,0 +1,158 @@
+"""``--model --device-memory --gpu-memory-utilization`` on the commands that simulate a
+deployment (``capacity``, ``simulate``, ``timeline``): the model the deployment serves and the
+memory of its devices, checked when the command line is parsed (DESIGN.md, "Deployments:
+model, memory, parallelism"). ``--model`` also names what ``--cost measure`` calibrates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from pytest_prefill.archive.cost_spec import CostSpec
+from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
+from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.model_spec import ARCHITECTURES, load_model_spec
+from pytest_prefill.report.assumptions import PRESET_MODEL
+from pytest_prefill.sim import CostModel, EngineProfile
+
+MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
+
+
+def memory_type(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_DEVICE_MEMORY_GIB:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_DEVICE_MEMORY_GIB:,} GiB, got {text!r}"
+        )
+    return value
+
+
+def utilization_type(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device-memory --gpu-memory-utilization`` (``--model`` comes with the model flags)."""
+    group = parser.add_argument_group("the deployment's devices (with --model)")
+    group.add_argument(
+        "--device-memory",
+        type=memory_type,
+        metavar="GiB",
+        help="memory of one device; with --model it sizes each instance's KV cache as vLLM "
+        "does (memory × utilization − weights ÷ TP − an activation reserve)",
+    )
+    group.add_argument(
+        "--gpu-memory-utilization",
+        type=utilization_type,
+        metavar="U",
+        help=f"fraction of each device's memory the engine takes (default {DEFAULT_UTILIZATION}, "
+        "vLLM's)",
+    )
+
+
+MODEL_HELP = (
+    f"the model the deployment serves: a config.json (or a folder holding one) or a preset "
+    f"({', '.join(ARCHITECTURES)}); it sets the KV bytes per token, the default "
+    "--max-model-len and, with --device-memory, the KV capacity (with --cost measure: the "
+    "model to calibrate, default qwen3-0.6b)"
+)
+
+
+def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> None:
+    """Set ``args.hardware`` (None without ``--model``) and ``args.max_model_len`` (given, else
+    the model's context, else Qwen3-0.6B's, the presets' model) and say where the cap comes
+    from (``args.max_model_len_origin``).
+
+    Raises:
+        ValueError: naming the flag: a model that cannot be read (a config.json missing a
+            field), --device-memory without --model or the reverse, or memory that holds no
+            KV cache for the model at any TP that divides ``devices``.
+    """
+    args.hardware = None
+    memory, fraction = args.device_memory, args.gpu_memory_utilization
+    measure = getattr(args, "cost", None) == "measure"
+    if args.model is None or (measure and args.model not in ARCHITECTURES and memory is None):
+        if memory is not None or fraction is not None:
+            raise ValueError(
+                "--device-memory and --gpu-memory-utilization size --model's memory: give --model"
+            )
+        _max_model_len(args, None)
+        return
+    try:
+        model = load_model_spec(args.model)
+    except ValueError as err:
+        raise ValueError(f"--model: {err}") from None
+    if memory is None:
+        raise ValueError(
+            f"--model {args.model} needs --device-memory GiB (one device's memory) to size its "
+            "KV cache"
+        )
+    hardware = Hardware(model, memory * GiB, fraction or DEFAULT_UTILIZATION)
+    sizes = hardware.tp_sizes(devices or 1)
+    if not sizes:
+        hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
+    args.hardware = hardware
+    _max_model_len(args, model.max_position_embeddings)
+
+
+def _largest_tp(devices: int) -> int:
+    return max(n for n in (1, 2, 4, 8) if devices % n == 0)
+
+
+def _max_model_len(args: argparse.Namespace, context: int | None) -> None:
+    if args.max_model_len is not None:
+        args.max_model_len_origin = "--max-model-len"
+    elif context is not None:
+        args.max_model_len, args.max_model_len_origin = context, f"{args.model}'s context"
+    else:
+        args.max_model_len = QWEN3_CONTEXT
+        args.max_model_len_origin = "Qwen3-0.6B's context, the cost presets' model; --model sets it"
+
+
+def check_deployment_tp(args: argparse.Namespace, tps: Sequence[int], devices: int) -> None:
+    """ValueError when a deployment's TP cannot serve --model on ``devices`` (or any TP > 1
+    is asked for without --model: its all-reduces need the model's shapes)."""
+    for tp in tps:
+        if args.hardware is None:
+            if tp > 1:
+                raise ValueError(
+                    f"tp={tp} needs --model and --device-memory (the all-reduces and the KV "
+                    "split need the model's shapes)"
+                )
+            continue
+        try:
+            args.hardware.check_tp(tp, devices)
+        except ValueError as err:
+            raise ValueError(f"tp={tp}: {err}") from None
+
+
+def deployed_cost(
+    args: argparse.Namespace, cost: CostModel, engine: EngineProfile, tp: int = 1
+) -> CostModel:
+    """``cost`` for one instance of --model at ``tp`` (``cost`` itself without --model)."""
+    if args.hardware is None:
+        return cost
+    return args.hardware.instance_cost(cost, tp, engine.kv_block_tokens)
+
+
+def measured_model(spec: CostSpec) -> str | None:
+    """The model a cost spec's numbers were measured on (None: it does not say): the presets'
+    Qwen3-0.6B, a calibration file's provenance."""
+    if spec.kind == "preset":
+        return PRESET_MODEL
+    if spec.kind != "file":
+        return None
+    try:
+        with open(spec.spec, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return None
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    model = provenance.get("model") if isinstance(provenance, dict) else None
+    return str(model) if model else None

@@ -1,0 +1,118 @@
+"""Tensor parallelism (plan/tensor_parallel, plan/deployments' tp, plan/hardware): the scaling
+rule fitted on Vidur's profiles predicts a held-out TP size, a cost model at TP N follows the
+rule's formula, deployments count devices as instances × TP, and bad TPs are one-line errors at
+parse time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_errors import usage_error
+
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.device_memory import GiB
+from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.model_spec import LLAMA_3_8B, load_model_spec
+from pytest_prefill.plan.tensor_parallel import (
+    LINEAR_PROFILES,
+    cost_at_tp,
+    held_out_error,
+    tp_rule,
+)
+from pytest_prefill.sim import PRESETS, PROFILES
+
+pytestmark = pytest.mark.sim
+
+
+@pytest.mark.parametrize("key", list(LINEAR_PROFILES))
+def test_the_rule_fitted_on_tp_2_and_8_predicts_tp_4_within_10_percent(key):
+    assert held_out_error(LINEAR_PROFILES[key], (2, 8), 4) < 0.10
+
+
+@pytest.mark.parametrize("key", [k for k in LINEAR_PROFILES if k[0] == "h100"])
+def test_on_the_h100_profiles_tp_2_and_4_predict_tp_8_within_10_percent(key):
+    assert held_out_error(LINEAR_PROFILES[key], (2, 4), 8) < 0.10
+
+
+def test_a_cost_model_at_tp_n_follows_the_rule():
+    model = load_model_spec("llama-3-8b")
+    cost, rule = PRESETS["datacenter-illustrative"].cost, tp_rule(load_model_spec("llama-3-8b"))
+    assert cost_at_tp(cost, model, 1, rule) is cost
+    at2 = cost_at_tp(cost, model, 2, rule)
+    latency, bandwidth = rule.link(2)
+    shrink = 1 / (2 * rule.efficiency(2))
+    per_token = 2 * model.layers * model.hidden_size * 2 / bandwidth
+    assert at2.prefill_per_token == pytest.approx(cost.prefill_per_token * shrink + per_token)
+    assert at2.prefill_pass_overhead == pytest.approx(
+        cost.prefill_pass_overhead * shrink + 2 * model.layers * latency
+    )
+    assert at2.decode_step_base < cost.decode_step_base
+
+
+def test_devices_are_instances_times_tp():
+    d = Deployment.parse("chunked,tokens=2048,tp=2", 8)
+    assert (d.tp, d.instances, d.simulate_options()["replicas"]) == (2, 4, 4)
+    assert d.label == "chunked ≤2048 tok ×4 TP2"
+    split = Deployment.parse("disaggregated:1:3,tp=2", 8)
+    assert (split.prefill_workers, split.decode_workers) == (1, 3)
+    assert "--tensor-parallel-size 2" in d.command(PROFILES["vllm"])
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("chunked,tokens=2048,tp=3", "tp=3 does not divide the 8 devices"),
+        ("shared,tp=0", "tp must"),
+    ],
+)
+def test_a_tp_that_does_not_divide_the_devices_is_refused(text, words):
+    with pytest.raises(ValueError, match=words):
+        Deployment.parse(text, 8)
+
+
+def test_hardware_tries_the_tp_sizes_where_the_weights_fit():
+    model = load_model_spec("llama-3-8b")
+    assert Hardware(model, 80 * GiB).tp_sizes(8) == (1, 2, 4, 8)
+    assert Hardware(model, 16 * GiB).tp_sizes(8) == (2, 4, 8)  # 14.96 GiB of weights
+
+
+def _config(tmp_path, drop=None):
+    (tmp_path / "config.json").write_text(
+        json.dumps({k: v for k, v in LLAMA_3_8B.items() if k != drop})
+    )
+    return str(tmp_path)
+
+
+CAPACITY = [
+    "capacity",
+    "--slo",
+    "ttft:2s,tpot:100ms",
+    "--devices",
+    "8",
+    "--cost",
+    "datacenter-illustrative",
+]
+
+
+def test_a_config_missing_a_field_is_one_line_at_parse_time(tmp_path, capsys):
+    folder = _config(tmp_path, drop="hidden_size")
+    line = usage_error([*CAPACITY, "--model", folder, "--device-memory", "80"], capsys)
+    assert "--model" in line and "'hidden_size'" in line
+
+
+def test_a_tp_that_does_not_divide_the_devices_is_one_line(tmp_path, capsys):
+    argv = [*CAPACITY, "--model", _config(tmp_path), "--device-memory", "80"]
+    line = usage_error([*argv, "--deployment", "chunked,tokens=2048,tp=3"], capsys)
+    assert "tp=3 does not divide the 8 devices" in line
+
+
+def test_memory_smaller_than_the_weights_is_one_line(tmp_path, capsys):
+    argv = [*CAPACITY, "--devices", "1", "--model", _config(tmp_path), "--device-memory", "8"]
+    line = usage_error(argv, capsys)
+    assert "holds no KV cache for" in line and "weights take 14.96 GiB" in line
+
+
+def test_a_model_without_device_memory_is_one_line(capsys):
+    line = usage_error([*CAPACITY, "--model", "llama-3-8b"], capsys)
+    assert "needs --device-memory" in line
