@@ -29,6 +29,7 @@ from pytest_prefill.plan.rate_search import (
     probe,
     probe_result,
 )
+from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest, unreachable_line
 from pytest_prefill.plan.workloads import Workload, arrival_rate
 from pytest_prefill.sim import (
     LAB,
@@ -64,6 +65,13 @@ class CapacityResult:
     tolerance: float
     results: tuple[DeploymentResult, ...]
     engine: EngineProfile = LAB
+    alone: AloneMisses | None = None  # the deployment with the fewest requests missing alone
+
+    @property
+    def unreachable(self) -> bool:
+        """Every deployment has more requests missing the SLO alone than may miss: no rate
+        meets it, and nothing was simulated."""
+        return all(r.misses_alone for r in self.results)
 
     @property
     def simulations(self) -> int:
@@ -118,6 +126,8 @@ class CapacityResult:
         search's tolerance of it."""
         ranked = self.ranked()
         best = ranked[0]
+        if self.unreachable and self.alone is not None:
+            return unreachable_line(self.alone)
         if best.best is None:
             return (
                 f"No deployment meets {self.slo} for {self.target:.0%} of requests, even at "
@@ -176,6 +186,11 @@ class CapacityResult:
                 notes.append(
                     f"{label}: met the SLO up to {r.max_rate:.3g} req/s, the highest rate tried."
                 )
+            elif r.status == "misses alone" and not self.unreachable:
+                notes.append(
+                    f"{label}: {r.alone:,} requests miss the SLO even alone on it (at most "
+                    f"{r.allowed:,} may): not searched."
+                )
             elif r.status == "never met":
                 lowest = min(r.probes, key=lambda p: p.rate)
                 notes.append(
@@ -198,6 +213,7 @@ class CapacityResult:
             "tolerance": self.tolerance,
             "engine": engine_document(self.engine),
             "simulations": self.simulations,
+            "alone_misses": self.alone.to_dict() if self.alone is not None else None,
             "recommendation": self.recommendation(),
             "command": self.command(),
             "notes": self.notes(),
@@ -356,13 +372,24 @@ def capacity(
             f"start must be a rate multiple in [{MIN_SCALE:g}, {MAX_SCALE:g}], got {start!r}"
         )
     base_rate = arrival_rate(load)
-    searches = [
-        RateSearch(d, float(target), float(tolerance), float(start), verify) for d in chosen
-    ]
-    with contextlib.ExitStack() as stack:
-        pool = executor if executor is not None else stack.enter_context(local_executor())
-        _drive(pool, searches, (load, cost, slo, profile), base_rate, progress)
-    results = tuple(s.result() for s in searches)
+    alone = alone_misses(load, slo, target, [(d, cost) for d in chosen], profile)
+    searches = {
+        d.label: RateSearch(d, float(target), float(tolerance), float(start), verify)
+        for d, a in zip(chosen, alone)
+        if not a.unreachable  # no rate meets the SLO on it: not searched
+    }
+    if searches:
+        with contextlib.ExitStack() as stack:
+            pool = executor if executor is not None else stack.enter_context(local_executor())
+            _drive(pool, list(searches.values()), (load, cost, slo, profile), base_rate, progress)
+    results = tuple(
+        dataclasses.replace(
+            searches[d.label].result() if d.label in searches else no_search(d, target),
+            alone=a.count,
+            allowed=a.allowed,
+        )
+        for d, a in zip(chosen, alone)
+    )
     return CapacityResult(
         name,
         attribution,
@@ -375,7 +402,13 @@ def capacity(
         float(tolerance),
         results,
         profile,
+        fewest(alone),
     )
+
+
+def no_search(deployment: Deployment, target: float) -> DeploymentResult:
+    """A deployment that was not searched: no probe, no answer."""
+    return DeploymentResult(deployment, float(target), (), None, None)
 
 
 def _drive(

@@ -70,9 +70,19 @@ class DeploymentResult:
     probes: tuple[Probe, ...]
     best: Probe | None
     miss: Probe | None
+    alone: int = 0  # requests that miss the SLO even alone on this deployment
+    allowed: int | None = None  # the most that may miss for the target (None: not counted)
+
+    @property
+    def misses_alone(self) -> bool:
+        """More requests miss the SLO alone on this deployment than may miss: it was not
+        searched (no rate meets the SLO)."""
+        return self.allowed is not None and self.alone > self.allowed
 
     @property
     def status(self) -> str:
+        if self.misses_alone:
+            return "misses alone"
         if self.best is None:
             return "never met"
         return "found" if self.miss is not None else "never missed"
@@ -128,6 +138,7 @@ class DeploymentResult:
         return {
             "deployment": self.deployment.to_dict(),
             "status": self.status,
+            "alone_misses": self.alone,
             "max_rate": self.max_rate,
             "scale": best.scale if best else None,
             "goodput_per_device": self.goodput_per_device,

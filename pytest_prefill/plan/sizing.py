@@ -23,6 +23,7 @@ from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import local_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import probe, probe_result
+from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest
 from pytest_prefill.plan.workloads import Workload, arrival_rate
 from pytest_prefill.sim import CostModel, EngineProfile, Request, check_int, simulated_engine
 
@@ -69,6 +70,13 @@ class DevicesNeeded:
     slo: SLO
     checks: tuple[DeviceCount, ...]
     engine: str = "lab"
+    alone: AloneMisses | None = None  # set when requests miss alone on every deployment
+
+    @property
+    def unreachable(self) -> bool:
+        """On ``max_devices`` devices, every deployment has more requests missing the SLO
+        alone than may miss: no count was searched."""
+        return self.alone is not None and self.alone.unreachable
 
     @property
     def simulations(self) -> int:
@@ -91,6 +99,7 @@ class DevicesNeeded:
             "slo": self.slo.to_dict(),
             "engine": self.engine,
             "simulations": self.simulations,
+            "alone_misses": self.alone.to_dict() if self.alone is not None else None,
             "checks": [c.to_dict() for c in self.checks],
         }
 
@@ -209,6 +218,12 @@ def devices_needed(
     if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target <= 1):
         raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
     base_rate = arrival_rate(load)
+    widest = [(d, cost) for d in deployments_at(max_devices)]
+    alone = alone_misses(load, slo, target, widest, profile) if widest else ()
+    if alone and all(a.unreachable for a in alone):  # no count of these deployments meets it
+        return DevicesNeeded(
+            None, max_devices, base_rate, float(target), slo, (), profile.name, fewest(alone)
+        )
     checked: dict[int, DeviceCount] = {}
     order: list[DeviceCount] = []
     same = known is not None and known.devices == start and known.engine == profile

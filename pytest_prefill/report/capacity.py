@@ -128,6 +128,12 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
     below it that misses, or the largest count tried."""
     rate = f"{needed.rate:,.3g} req/s"
     checked = f"{len(needed.checks)} count(s) checked, {needed.simulations} simulation(s)"
+    if needed.unreachable and needed.alone is not None:
+        return (
+            f"Devices this traffic needs: none would do: on {_devices(needed.max_devices)} "
+            f"(--max-devices) {needed.alone.count:,} requests still miss the SLO alone "
+            f"(at most {needed.alone.allowed:,} may); no count searched."
+        )
     if needed.devices is None:
         last = max(needed.checks, key=lambda c: c.devices)
         best = f"the best, {last.best.label}, " if last.best is not None else ""
