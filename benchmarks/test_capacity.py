@@ -1,7 +1,7 @@
 """A capacity search from the session's cost model (``--prefill-cost``) on five minutes of the
 Azure conv trace: which deployment of two devices serves the most requests per device within
 the SLO. Simulated, not measured; the search goes to the run's summary and archive (through the
-``capacity`` fixture), and the test asserts only what the search guarantees, never its numbers.
+``prefill_capacity`` fixture), and the test asserts only what the search guarantees, never its numbers.
 Data: Azure LLM inference trace 2023 (CC-BY 4.0; Patel et al., "Splitwise", ISCA 2024)."""
 
 from __future__ import annotations
@@ -26,19 +26,21 @@ def conv_window():
     return resolve_workload("azure-conv", window=WINDOW)
 
 
-def test_capacity_search_on_the_azure_conv_trace(benchmark, capacity, cost_model, conv_window):
+def test_capacity_search_on_the_azure_conv_trace(
+    benchmark, prefill_capacity, prefill_cost_model, conv_window
+):
     title = (
         f"Capacity: {SLO_TEXT} for >= 90% of requests on {DEVICES} devices, azure-conv "
         f"{WINDOW[0]:g}:{WINDOW[1]:g} s (simulated from the session's cost model)"
     )
     result = benchmark.pedantic(
-        capacity,
+        prefill_capacity,
         args=(conv_window, SLO_TEXT, DEVICES),
         kwargs={"title": title, "workers": 2},  # a process pool, as the command line uses
         rounds=1,
     )
     benchmark.extra_info.update(simulations=result.simulations, answer=result.recommendation())
-    expected = default_deployments(cost_model, DEVICES, SLO.parse(SLO_TEXT))
+    expected = default_deployments(prefill_cost_model, DEVICES, SLO.parse(SLO_TEXT))
     assert [r.deployment for r in result.results] == list(expected)
     for r in result.results:
         if r.best is not None:

@@ -22,10 +22,10 @@ POISSON_COUNT = 120
 PREFILL_UTILISATION = 0.3  # the prompts' share of one worker's time, on average
 
 
-def test_chunk_sweep_on_the_lab_scenario(cost_model, scheduler, prefill_report):
+def test_chunk_sweep_on_the_lab_scenario(prefill_cost_model, prefill_scheduler, prefill_report):
     load = lab_scenario(prompt_len=PROMPT_LEN)
-    chunks = default_chunks(cost_model, PROMPT_LEN)
-    rows = chunk_sweep(cost_model, load, chunks)
+    chunks = default_chunks(prefill_cost_model, PROMPT_LEN)
+    rows = chunk_sweep(prefill_cost_model, load, chunks)
     prefill_report.table(
         f"What-if: chunk sweep, 2 live streams + a {PROMPT_LEN:,}-token prompt at 100 ms "
         "(simulated from the session's cost model)",
@@ -39,22 +39,22 @@ def test_chunk_sweep_on_the_lab_scenario(cost_model, scheduler, prefill_report):
     assert [r.policy for r in rows][:2] == ["shared", "coscheduled"]
     assert {r.chunk for r in rows if r.policy == "chunked"} == set(chunks)
     for policy, chunk in [(r.policy, r.chunk) for r in rows]:
-        trace = scheduler(policy, load, chunk=chunk)
-        assert check_invariants(trace, load, cost_model) == []
+        trace = prefill_scheduler(policy, load, chunk=chunk)
+        assert check_invariants(trace, load, prefill_cost_model) == []
 
 
-def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_report):
+def test_policy_comparison_on_a_poisson_load(prefill_cost_model, prefill_scheduler, prefill_report):
     mean_prompt = sum(POISSON_PROMPTS) / len(POISSON_PROMPTS)
-    rate = PREFILL_UTILISATION / cost_model.prefill_pass(round(mean_prompt))
+    rate = PREFILL_UTILISATION / prefill_cost_model.prefill_pass(round(mean_prompt))
     load = poisson(
         rate, POISSON_COUNT, prompt_len=POISSON_PROMPTS, output_len=POISSON_OUTPUTS, seed=0
     )
-    chunk = chunk_from_cost(cost_model, max(POISSON_PROMPTS))  # the one chunk rule
-    rows = chunk_sweep(cost_model, load, [chunk])
+    chunk = chunk_from_cost(prefill_cost_model, max(POISSON_PROMPTS))  # the one chunk rule
+    rows = chunk_sweep(prefill_cost_model, load, [chunk])
     prefill_report.table(
         f"What-if: policies on {POISSON_COUNT} Poisson arrivals at {rate:.2f}/s (prompts "
         f"{', '.join(map(str, POISSON_PROMPTS))}; seed 0), chunk {chunk:,} "
-        f"(C* = {cost_model.chunk_star():,.0f}; the one chunk rule) (simulated)",
+        f"(C* = {prefill_cost_model.chunk_star():,.0f}; the one chunk rule) (simulated)",
         sweep_table(rows),
         {
             "load": {
@@ -70,5 +70,5 @@ def test_policy_comparison_on_a_poisson_load(cost_model, scheduler, prefill_repo
     )
     assert {r.policy for r in rows} == set(POLICIES)
     for policy in POLICIES:
-        trace = scheduler(policy, load, chunk=chunk if policy == "chunked" else None)
-        assert check_invariants(trace, load, cost_model) == []
+        trace = prefill_scheduler(policy, load, chunk=chunk if policy == "chunked" else None)
+        assert check_invariants(trace, load, prefill_cost_model) == []

@@ -90,8 +90,8 @@ def test_calibrated(i, prefill_calibration, prefill_report):
 
 @pytest.mark.sim
 @pytest.mark.parametrize("chunk", [64, 128, 256, 512])
-def test_sweep(chunk, cost_model, prefill_report):
-    rows = chunk_sweep(cost_model, lab_scenario(), [chunk])
+def test_sweep(chunk, prefill_cost_model, prefill_report):
+    rows = chunk_sweep(prefill_cost_model, lab_scenario(), [chunk])
     prefill_report.table(f"sweep at chunk {chunk}", sweep_table(rows), {"chunk": chunk})
     prefill_report.verdict(f"claim {chunk}", "HOLDS" if chunk < 500 else "FAILS",
                            f"chunk {chunk} is below 500 tokens", f"detail for {chunk}")
@@ -228,12 +228,12 @@ def test_sim_fixtures_work_from_a_fresh_test_file_with_ini_settings(pytester):
         from pytest_prefill.plan.workloads import lab_scenario
 
         @pytest.mark.sim
-        def test_uses_the_fixtures(scheduler, cost_model, prefill_settings):
-            assert cost_model == get_preset("datacenter-illustrative").cost
-            assert scheduler.cost is cost_model
+        def test_uses_the_fixtures(prefill_scheduler, prefill_cost_model, prefill_settings):
+            assert prefill_cost_model == get_preset("datacenter-illustrative").cost
+            assert prefill_scheduler.cost is prefill_cost_model
             load = lab_scenario()
-            trace = scheduler("chunked", load, chunk=256)
-            assert check_invariants(trace, load, cost_model) == []
+            trace = prefill_scheduler("chunked", load, chunk=256)
+            assert check_invariants(trace, load, prefill_cost_model) == []
             assert prefill_settings.cost_spec == "datacenter-illustrative"
 
         @pytest.mark.gpu
@@ -365,8 +365,8 @@ def test_a_measured_calibration_is_archived_and_read_back_by_prefill_cost_archiv
         from pytest_prefill.sim import CostModel
 
         @pytest.mark.sim
-        def test_archived_cost(cost_model):
-            assert cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
+        def test_archived_cost(prefill_cost_model):
+            assert prefill_cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
     """
     )
     second = run(
@@ -393,8 +393,8 @@ def test_a_corrupt_archive_file_is_skipped_with_a_message(pytester):
     pytester.makepyfile(f"""
         from pytest_prefill.sim import CostModel
 
-        def test_archived_cost(cost_model):
-            assert cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
+        def test_archived_cost(prefill_cost_model):
+            assert prefill_cost_model == CostModel.from_dict({STUB_COST.to_dict()!r})
     """)
     result = run(pytester, "--prefill-cost", "archive")
     result.assert_outcomes(passed=1)
@@ -535,8 +535,9 @@ def test_calibrates(prefill_calibration):
 
 
 @pytest.mark.sim
-def test_sim_table(cost_model, prefill_report):
-    prefill_report.table("cost seen", repr(cost_model.to_dict()), cost_model.to_dict())
+def test_sim_table(prefill_cost_model, prefill_report):
+    cost = prefill_cost_model.to_dict()
+    prefill_report.table("cost seen", repr(cost), cost)
 """
 
 
@@ -677,11 +678,11 @@ def test_the_engine_option_feeds_the_scheduler_and_capacity_fixtures(pytester, h
         from pytest_prefill.plan.workloads import poisson
 
         @pytest.mark.sim
-        def test_fixtures(scheduler, capacity):
+        def test_fixtures(prefill_scheduler, prefill_capacity):
             load = poisson(5.0, 20, prompt_len=512, output_len=16)
-            assert scheduler("shared", load).engine.name == "vllm"
-            assert scheduler("shared", load, engine="lab").engine.name == "lab"
-            result = capacity(load, "ttft:2s,tpot:200ms", 2)
+            assert prefill_scheduler("shared", load).engine.name == "vllm"
+            assert prefill_scheduler("shared", load, engine="lab").engine.name == "lab"
+            result = prefill_capacity(load, "ttft:2s,tpot:200ms", 2)
             assert result.engine.name == "vllm"
     """
     )
@@ -689,7 +690,7 @@ def test_the_engine_option_feeds_the_scheduler_and_capacity_fixtures(pytester, h
     result = run(pytester, *args, "-v")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
-        ["prefill: the scheduler and capacity fixtures simulate as engine vllm*"]
+        ["prefill: the prefill_scheduler and prefill_capacity fixtures simulate as engine vllm*"]
     )
 
 
@@ -700,10 +701,10 @@ def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_se
         from pytest_prefill.plan.workloads import poisson
 
         @pytest.mark.sim
-        def test_search(capacity, cost_model):
+        def test_search(prefill_capacity, prefill_cost_model):
             load = poisson(5.0, 30, prompt_len=512, output_len=16)
-            result = capacity(load, "ttft:2s,tpot:200ms", 2)
-            assert result.cost == cost_model and result.devices == 2
+            result = prefill_capacity(load, "ttft:2s,tpot:200ms", 2)
+            assert result.cost == prefill_cost_model and result.devices == 2
             assert {r.deployment.label for r in result.results} >= {"shared ×2"}
     """
     )
@@ -715,3 +716,28 @@ def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_se
     assert table["data"]["kind"] == "pytest-prefill/capacity"
     assert table["data"]["cost_model"] == get_preset("lab-laptop").cost.to_dict()
     assert all(r["probes"] for r in table["data"]["results"])
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("cost_model", "prefill_cost_model"),
+        ("scheduler", "prefill_scheduler"),
+        ("capacity", "prefill_capacity"),
+    ],
+)
+def test_an_old_fixture_name_warns_and_is_its_prefixed_twin(pytester, old, new):
+    pytester.makepyfile(
+        test_old_name=f"""
+        import pytest
+
+        @pytest.mark.sim
+        def test_both({old}, {new}):
+            assert {old} is {new}
+    """
+    )
+    result = run(pytester, "-W", "always::pytest.PytestDeprecationWarning")
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [f"*PytestDeprecationWarning: the {old!r} fixture is deprecated*: use {new!r}"]
+    )

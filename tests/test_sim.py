@@ -1,9 +1,11 @@
 """The simulator as a folder (pytest_prefill/sim/): a copy of it runs anywhere with the standard
 library alone and prints the lab's table; its docstring gives the reading order of every
-module; the package's import stays light; ``pytest_prefill.scheduler`` is ``sim`` again."""
+module; the package's import stays light; ``pytest_prefill.scheduler`` is ``sim`` again
+(deprecated)."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
@@ -57,9 +59,10 @@ def test_the_docstring_gives_the_reading_order_of_every_module():
     assert "tests/reference_sim.py" in doc
 
 
-def test_the_seed_name_is_a_thin_re_export_of_sim():
-    from pytest_prefill import scheduler
-
+def test_the_seed_name_is_a_deprecated_re_export_of_sim():
+    sys.modules.pop("pytest_prefill.scheduler", None)
+    with pytest.warns(DeprecationWarning, match="import from pytest_prefill.sim"):
+        scheduler = importlib.import_module("pytest_prefill.scheduler")
     assert scheduler.__all__ == sim.__all__
     for name in sim.__all__:
         assert getattr(scheduler, name) is getattr(sim, name)

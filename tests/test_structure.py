@@ -27,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytest_prefill"
 # own rung and the rungs below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_io", "units", "machine"),  # small leaf utilities at the package root
-    ("sim", "scheduler"),  # the simulator core (scheduler.py: the seed's name, a re-export)
+    ("sim", "scheduler"),  # the simulator core (scheduler.py: the seed's name, deprecated)
     ("plan", "__init__"),  # traffic and planning; the facade re-exports sim and plan
     ("measure",),
     ("lab", "serve"),
