@@ -76,7 +76,7 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
     args.hardware = None
     memory, fraction = args.device_memory, args.gpu_memory_utilization
     measure = getattr(args, "cost", None) == "measure"
-    if args.model is None or (measure and args.model not in ARCHITECTURES and memory is None):
+    if args.model is None or (measure and memory is None):  # only what to calibrate
         if memory is not None or fraction is not None:
             raise ValueError(
                 "--device-memory and --gpu-memory-utilization size --model's memory: give --model"

@@ -15,6 +15,12 @@ from pytest_prefill.commands._args import (
     output_path,
     positive_int,
 )
+from pytest_prefill.commands._deploy_args import (
+    MODEL_HELP,
+    add_deploy_arguments,
+    check_deploy_args,
+    deployed_cost,
+)
 from pytest_prefill.commands._engine_args import add_engine_argument, check_engine, engine_for
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
@@ -65,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BOUNDS",
         help="also report goodput and attainment for these bounds, e.g. ttft:1s,tpot:100ms",
     )
-    add_model_arguments(parser)  # used by --cost measure
+    add_model_arguments(parser, deploy_help=MODEL_HELP)  # also what --cost measure calibrates
+    add_deploy_arguments(parser)
     add_timing_arguments(parser)
     add_threads_argument(parser)
 
@@ -83,6 +90,7 @@ def check(args: argparse.Namespace) -> None:
             f"{'it' if len(given) == 1 else 'them'}, or use --workload lab)"
         )
     check_chunked_iterations(args.prompt_len, args.chunk or [])
+    check_deploy_args(args)
     check_workload_args(args, args.chunk or [])
 
 
@@ -141,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         check(args)
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
-    cost, origin = spec.cost, spec.source
+    cost, origin = deployed_cost(args, spec.cost, args.profile), spec.source
+    if args.hardware is not None:
+        origin += "\n" + "\n".join(args.hardware.lines([1], args.profile.kv_block_tokens))
     load, lines, chunks, scenario = _load(args, cost)
     engine: EngineProfile = args.profile
     if args.workload == "lab":
