@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
 from pytest_prefill.plan.hardware import Hardware
-from pytest_prefill.plan.model_spec import ARCHITECTURES, load_model_spec
+from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, load_model_spec
 from pytest_prefill.report.assumptions import PRESET_MODEL
 from pytest_prefill.sim import CostModel, EngineProfile
 
@@ -138,6 +139,16 @@ def deployed_cost(
     if args.hardware is None:
         return cost
     return args.hardware.instance_cost(cost, tp, engine.kv_block_tokens)
+
+
+def served_name(spec: str) -> str:
+    """What a launch line serves for ``--model``: a preset's Hugging Face id, a config.json's
+    folder, a folder as given."""
+    if spec in SERVED_IDS:
+        return SERVED_IDS[spec]
+    if spec in ARCHITECTURES:
+        return "MODEL"
+    return os.path.dirname(spec) or "." if os.path.isfile(spec) else spec
 
 
 def measured_model(spec: CostSpec) -> str | None:

@@ -19,6 +19,7 @@ from pytest_prefill.commands._deploy_args import (
     check_deploy_args,
     check_deployment_tp,
     measured_model,
+    served_name,
 )
 from pytest_prefill.commands._engine_args import (
     add_engine_argument,
@@ -65,7 +66,7 @@ from pytest_prefill.plan.executors import (
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
 from pytest_prefill.plan.workloads import Workload
-from pytest_prefill.report.assumptions import basis
+from pytest_prefill.report.assumptions import AnswerBasis, basis
 from pytest_prefill.report.capacity import (
     capacity_document,
     capacity_gate,
@@ -336,9 +337,9 @@ def _deployments(args: argparse.Namespace, cost: CostModel) -> tuple[Deployment,
 
 def _answer_basis(
     args: argparse.Namespace, spec: CostSpec, result: CapacityResult, needed: DevicesNeeded | None
-) -> tuple[list[str], float | None, str | None, str | None]:
-    """The model lines, the memory fraction for the command, and what the Type: and Devices
-    needed: lines rest on."""
+) -> AnswerBasis:
+    """The model lines, the memory fraction and model for the command, and what the Type: and
+    Devices needed: lines rest on."""
     assert spec.cost is not None
     hardware = args.hardware
     best = result.ranked()[0].deployment
@@ -348,16 +349,16 @@ def _answer_basis(
             f"  (no --cost given: the preset {DEFAULT_COST}, not your hardware; give --cost "
             "with a calibration of your server: prefill-bench calibrate-server)"
         )
-    fraction = None
+    fraction = served = None
     if hardware is not None:
         tps = sorted({r.deployment.tp for r in result.results})
         lines += hardware.lines(tps, args.profile.kv_block_tokens)
-        fraction = hardware.utilization
+        fraction, served = hardware.utilization, served_name(args.model)
     model = measured_model(spec)
     type_basis = basis(spec, spec.cost, best, hardware, model)
     chosen = needed.deployment if needed is not None else None
     needed_basis = basis(spec, spec.cost, chosen, hardware, model) if needed is not None else None
-    return lines, fraction, type_basis, needed_basis
+    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -111,14 +111,14 @@ class CapacityResult:
             None,
         )
 
-    def command(self, memory_fraction: float | None = None) -> str | None:
+    def command(self, memory_fraction: float | None = None, model: str | None = None) -> str | None:
         """The line to type for the best deployment, in the engine's own flags (with the
-        fraction of device memory it takes, when given; None when no deployment meets the
-        SLO)."""
+        fraction of device memory it takes and the model it serves, when given; None when no
+        deployment meets the SLO)."""
         best = self.ranked()[0]
         if best.best is None:
             return None
-        return best.deployment.command(self.engine, memory_fraction)
+        return best.deployment.command(self.engine, memory_fraction, model)
 
     def recommendation(self) -> str:
         """One line a user can act on: the deployment serving the highest request rate per

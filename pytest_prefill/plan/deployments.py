@@ -154,11 +154,21 @@ class Deployment:
             max_seqs=self.max_seqs or profile.max_seqs,
         )
 
-    def command(self, profile: EngineProfile = LAB, memory_fraction: float | None = None) -> str:
+    def command(
+        self,
+        profile: EngineProfile = LAB,
+        memory_fraction: float | None = None,
+        model: str | None = None,
+    ) -> str:
         """The line to type for this deployment under ``profile`` (its engine, its flags, its
-        TP and, when given, the fraction of device memory it takes)."""
+        TP and, when given, the fraction of device memory it takes and the model it serves)."""
         return launch_line(
-            self.engine(profile), self.prefill_workers, self.instances, self.tp, memory_fraction
+            self.engine(profile),
+            self.prefill_workers,
+            self.instances,
+            self.tp,
+            memory_fraction,
+            model,
         )
 
     def simulate_options(self, profile: EngineProfile | None = None) -> dict[str, Any]:

@@ -114,12 +114,13 @@ def launch_line(
     devices: int,
     tp: int = 1,
     memory_fraction: float | None = None,
+    model: str | None = None,
 ) -> str:
     """The command to type for ``devices`` instances of ``profile`` (its flags as they stand:
     replace the profile's knobs first), or a split of ``prefill`` prefill instances and the
     rest decode, each instance on ``tp`` devices taking ``memory_fraction`` of each one's
-    memory (None: the engine's default); a sentence instead of a command for an engine
-    without one."""
+    memory (None: the engine's default), serving ``model`` (None: ``MODEL``, for the user to
+    fill in); a sentence instead of a command for an engine without one."""
     command = engine_command(profile)
     sizing = []
     if tp > 1 or memory_fraction is not None:
@@ -138,7 +139,8 @@ def launch_line(
             f"{prefill} prefill + {devices - prefill} decode instances of {profile.name}"
             f"{settings}, placed by {command.router_of(True)}"
         )
-    line = " ".join(part for part in (command.start, flags) if part)
+    start = command.start.replace(MODEL, model) if model else command.start
+    line = " ".join(part for part in (start, flags) if part)
     if prefill is None:
         per = "one per device" if tp == 1 else f"one per {tp} devices"
         return f"{line}  (× {devices}, {per}, behind {command.router_of(False)})"

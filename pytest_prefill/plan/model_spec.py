@@ -96,6 +96,9 @@ ARCHITECTURES: dict[str, Mapping[str, Any]] = {
     "llama-3-8b": LLAMA_3_8B,
 }
 
+# What a launch line serves for a preset: the published model it has the shapes of.
+SERVED_IDS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "llama-3-8b": "meta-llama/Meta-Llama-3-8B"}
+
 DTYPE_BYTES = {
     "float32": 4,
     "float16": 2,

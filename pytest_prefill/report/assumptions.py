@@ -5,12 +5,27 @@ from when they differ."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.sim import CostModel
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerBasis:
+    """What a capacity answer prints about its deployment: ``lines`` on the model, memory and
+    TP above the workload; the ``memory_fraction`` and ``model`` its command sets (None: the
+    engine's default, ``MODEL``); what the ``Type:`` and ``Devices needed:`` lines rest on."""
+
+    lines: tuple[str, ...] = ()
+    memory_fraction: float | None = None
+    model: str | None = None
+    type_line: str | None = None
+    needed_line: str | None = None
+
 
 PRESET_MODEL = "qwen3-0.6b"  # both cost presets describe Qwen3-0.6B (sim/presets.py)
 ZERO_TERMS = ("decode_per_seq", "decode_per_kv_token", "prefill_per_pair", "fusion_penalty")

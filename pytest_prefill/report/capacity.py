@@ -19,6 +19,7 @@ from pytest_prefill.plan.engine_commands import engine_command
 from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult
 from pytest_prefill.plan.sizing import DevicesNeeded
 from pytest_prefill.plan.sweep import engine_header
+from pytest_prefill.report.assumptions import AnswerBasis
 from pytest_prefill.units import ms
 
 HEADERS = (
@@ -166,17 +167,17 @@ def engine_line(result: CapacityResult, note: str = "") -> str:
     return line + (f" {note}" if note else "")
 
 
-def command_line(
-    result: CapacityResult, memory_fraction: float | None = None, basis: str | None = None
-) -> str | None:
+def command_line(result: CapacityResult, basis: AnswerBasis | None = None) -> str | None:
     """``Type: vllm serve MODEL --max-num-batched-tokens 1024 ...``: the best deployment in
-    the engine's own command and flags (with the device memory fraction when given), then
-    what it rests on (``basis``); None for the lab's loop, or when nothing meets the SLO."""
-    command = result.command(memory_fraction)
+    the engine's own command and flags (with the model and the device memory fraction when
+    ``basis`` has them), then what it rests on; None for the lab's loop, or when nothing meets
+    the SLO."""
+    basis = basis or AnswerBasis()
+    command = result.command(basis.memory_fraction, basis.model)
     if command is None or result.engine.name == "lab":
         return None
     word = "Run" if engine_command(result.engine).start is None else "Type"
-    return f"   {word}: {command}" + (f"\n     {basis}" if basis else "")
+    return f"   {word}: {command}" + (f"\n     {basis.type_line}" if basis.type_line else "")
 
 
 def capacity_text(
@@ -184,17 +185,16 @@ def capacity_text(
     cost_source: str,
     needed: DevicesNeeded | None = None,
     engine_note: str = "",
-    deployment: tuple[list[str], float | None, str | None, str | None] = ([], None, None, None),
+    basis: AnswerBasis | None = None,
 ) -> str:
     """What ``prefill-bench capacity`` prints: the inputs (the engine profile among them), the
     table, the recommendation with the command to type, the headroom and the devices the
-    traffic needs, the notes and how the table is read. ``deployment``: the lines on the
-    model, memory and TP; the device memory fraction the command sets; what the ``Type:`` and
-    the ``Devices needed:`` lines rest on (:mod:`pytest_prefill.report.assumptions`)."""
-    model_lines, fraction, type_basis, needed_basis = deployment
+    traffic needs, the notes and how the table is read, with what the answer rests on
+    (``basis``: :class:`~pytest_prefill.report.assumptions.AnswerBasis`)."""
+    basis = basis or AnswerBasis()
     lines = [
         f"Cost model: {cost_source}",
-        *model_lines,
+        *basis.lines,
         f"Workload: {result.workload}",
     ]
     if result.attribution:
@@ -208,13 +208,13 @@ def capacity_text(
         capacity_table(result),
         "",
         f"-> {result.recommendation()}",
-        *filter(None, [command_line(result, fraction, type_basis)]),
+        *filter(None, [command_line(result, basis)]),
         headroom_line(result),
     ]
     if needed is not None:
         lines.append(devices_needed_line(needed))
-        if needed_basis:
-            lines.append(f"     {needed_basis}")
+        if basis.needed_line:
+            lines.append(f"     {basis.needed_line}")
     lines += [f"note: {note}" for note in result.notes()]
     lines += [
         "",
