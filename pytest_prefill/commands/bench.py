@@ -22,8 +22,9 @@ from pytest_prefill.commands._workload_args import (
 )
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.report.bench import bench_text
-from pytest_prefill.serve.loadgen import Bounds, Schedule, run_load
+from pytest_prefill.serve.loadgen import Bounds, Schedule
 from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.server_metrics import run_counted
 
 HELP = "replay a workload against a running server and report vLLM's serving metrics"
 
@@ -155,7 +156,7 @@ async def _bench(args: argparse.Namespace, workload: Any) -> BenchRun:
             args.seed or 0,  # --seed parses to None when not given (it is poisson's)
         )
     bounds = Bounds(args.max_requests, args.max_duration, args.warmup)
-    return await run_load(
+    return await run_counted(
         target, workload.requests, schedule=schedule, bounds=bounds, progress=progress
     )
 

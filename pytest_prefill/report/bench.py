@@ -83,6 +83,8 @@ def run_notes(run: BenchRun) -> list[str]:
         )
     if any(r.counts_assumed for r in run.completed) and not inexact:
         notes.append("  (one token per streamed chunk, as the server's usage totals confirm)")
+    if run.server_counters is not None:
+        notes.append(run.server_counters.line())
     return notes
 
 

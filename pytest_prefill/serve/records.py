@@ -7,9 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics, serving_metrics_of
+
+if TYPE_CHECKING:
+    from pytest_prefill.serve.server_metrics import ServerCounters
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,7 +110,8 @@ class BenchRun:
     """A measured run: its records (warm-up requests excluded), what it was aimed at and how
     requests were issued (``settings``), and the server's identity (``server``). ``duration``
     is the seconds from the first send to the last token; ``stopped`` says why the run ended
-    early (a time bound), or is None."""
+    early (a time bound), or is None; ``server_counters`` is what the server's own
+    ``/metrics`` said before and after (None: it has none, or was not asked)."""
 
     records: tuple[ServerRecord, ...]
     server: Mapping[str, Any]
@@ -115,6 +119,7 @@ class BenchRun:
     started: str
     warmup: tuple[ServerRecord, ...] = ()
     stopped: str | None = None
+    server_counters: ServerCounters | None = None
 
     @property
     def completed(self) -> tuple[ServerRecord, ...]:
@@ -143,6 +148,9 @@ class BenchRun:
             "completed": len(self.completed),
             "failed": len(self.failed),
             "inexact": len(self.inexact()),
+            "server_counters": (
+                self.server_counters.to_dict() if self.server_counters is not None else None
+            ),
         }
 
     def records_jsonl(self) -> str:

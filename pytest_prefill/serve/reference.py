@@ -35,7 +35,9 @@ class Behaviour:
     """The schedule (seconds) and faults: the first token ``ttft`` plus ``per_token`` per
     prompt token after the request, then one every ``gap``; after ``stall_after`` tokens a
     stream goes silent for ``stall_seconds``; ``not_openai`` answers every path with 404;
-    ``model`` is the id ``/v1/models`` lists (a folder, as ``transformers serve DIR`` lists)."""
+    ``model`` is the id ``/v1/models`` lists (a folder, as ``transformers serve DIR`` lists);
+    ``metrics`` serves ``/metrics`` (Prometheus text: vLLM's prompt and generation token
+    counters, counted as it serves)."""
 
     ttft: float = 0.02
     gap: float = 0.01
@@ -44,6 +46,22 @@ class Behaviour:
     stall_seconds: float = 0.0
     not_openai: bool = False
     model: str = MODEL
+    metrics: bool = False
+
+
+def _exposition(counts: dict[str, int]) -> bytes:
+    lines = []
+    for name, value in counts.items():
+        lines += [
+            f"# TYPE vllm:{name} counter",
+            f'vllm:{name}_total{{model_name="{MODEL}"}} {value}',
+        ]
+    body = ("\n".join(lines) + "\n").encode()
+    head = (
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
@@ -78,10 +96,14 @@ def _sse(payload: Any) -> bytes:
     return _chunk(f"data: {json.dumps(payload)}\n\n".encode())
 
 
-async def _stream(writer: asyncio.StreamWriter, body: Any, behaviour: Behaviour) -> None:
+async def _stream(
+    writer: asyncio.StreamWriter, body: Any, behaviour: Behaviour, counts: dict[str, int]
+) -> None:
     tokens = int(body.get("max_tokens") or 16)
     prompt = body.get("prompt")
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    counts["prompt_tokens"] += prompt_tokens
+    counts["generation_tokens"] += tokens
     writer.write(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -104,7 +126,10 @@ async def _stream(writer: asyncio.StreamWriter, body: Any, behaviour: Behaviour)
 
 
 async def _handle(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, behaviour: Behaviour
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    behaviour: Behaviour,
+    counts: dict[str, int],
 ) -> None:
     try:
         method, path, body = await _read_request(reader)
@@ -114,8 +139,10 @@ async def _handle(
             writer.write(_json_response(200, {"object": "list", "data": [{"id": behaviour.model}]}))
         elif path == "/health":
             writer.write(_json_response(200, {"status": "ok"}))
+        elif path == "/metrics" and behaviour.metrics:
+            writer.write(_exposition(counts))
         elif method == "POST" and path == "/v1/completions" and isinstance(body, dict):
-            await _stream(writer, body, behaviour)
+            await _stream(writer, body, behaviour, counts)
         else:
             writer.write(_json_response(404, {"detail": "Not Found"}))
         await writer.drain()
@@ -137,8 +164,9 @@ async def serve(port: int, behaviour: Behaviour, ready: Any = None) -> None:
 @contextlib.asynccontextmanager
 async def running(behaviour: Behaviour = Behaviour(), port: int = 0) -> AsyncIterator[Url]:
     """A reference server in this event loop (for tests: its timing is the client's too)."""
+    counts = {"prompt_tokens": 0, "generation_tokens": 0}
     server = await asyncio.start_server(
-        lambda r, w: _handle(r, w, behaviour), "127.0.0.1", port, backlog=2048
+        lambda r, w: _handle(r, w, behaviour, counts), "127.0.0.1", port, backlog=2048
     )
     try:
         yield Url("http", "127.0.0.1", server.sockets[0].getsockname()[1], "")
