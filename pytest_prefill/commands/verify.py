@@ -185,14 +185,18 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError("--model and --program go with --launch, not --url")
 
 
-def _load(args: argparse.Namespace) -> tuple[list[Request], str]:
+def _load(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
+    """The workload's requests (lengths divided as asked), its description, and its hash-id
+    block size (divided as the prompts are)."""
     workload = workload_from_args(args)
     for line in workload_lines(workload):
         print(line)
     load = list(workload.requests)
     description = workload.description
+    block = workload.prefix_block_tokens
     if args.lengths_divided_by:
         p, o = args.lengths_divided_by
+        block = max(block // p, 1) if block is not None else None
         load = [
             dataclasses.replace(
                 r, prompt_len=max(r.prompt_len // p, 1), output_len=max(r.output_len // o, 1)
@@ -200,10 +204,10 @@ def _load(args: argparse.Namespace) -> tuple[list[Request], str]:
             for r in load
         ]
         description += f"; prompts / {p}, outputs / {o}"
-    return load, description
+    return load, description, block
 
 
-def _server(args: argparse.Namespace) -> Server:
+def _server(args: argparse.Namespace, block: int | None) -> Server:
     timeouts = Timeouts(args.connect_timeout, args.stall_timeout)
     if args.url is not None:
         return Server(
@@ -212,11 +216,18 @@ def _server(args: argparse.Namespace) -> Server:
             tokenizer=args.tokenizer,
             kv_tokens=args.kv_tokens,
             timeouts=timeouts,
+            prefix_block_tokens=block,
         )
     kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
     launcher = Launcher(args.launch, args.model, args.program, **kv)
     folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
-    return Server(launcher=launcher, engine=args.engine, tokenizer=folder, timeouts=timeouts)
+    return Server(
+        launcher=launcher,
+        engine=args.engine,
+        tokenizer=folder,
+        timeouts=timeouts,
+        prefix_block_tokens=block,
+    )
 
 
 def progress(line: str) -> None:
@@ -237,13 +248,13 @@ def run(args: argparse.Namespace) -> int:
         tolerance=args.tolerance,
         max_probes=args.max_probes,
     )
-    load, description = _load(args)
+    load, description, block = _load(args)
     calibration = None
     if args.cost is not None:
         calibration = ServerCalibration.from_dict(read_json(args.cost, "server calibration"))
     sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
     result = verify(
-        _server(args),
+        _server(args, block),
         flags,
         load,
         slo,

@@ -1,9 +1,10 @@
 """The pytest plugin: ``gpu``, ``sim`` and ``server`` markers, ``--prefill-*`` options (each with
 an ini twin), fixtures (``prefill_model``, ``prefill_calibration``, ``prefill_falsifier``,
 ``prefill_cost_model``, ``prefill_scheduler``, ``prefill_capacity``, ``prefill_report``,
-``prefill_server``; in :mod:`.fixtures`), a header line, a short verdict block in the terminal
-summary (the full tables with ``-v``), and the per-machine results archive -- written only when
-``--prefill-save`` asks (as pytest-benchmark writes only with ``--benchmark-autosave``).
+``prefill_server``; in :mod:`.fixtures`; ``prefill_verify`` in :mod:`.verify_fixture`), a header
+line, a short verdict block in the terminal summary (the full tables with ``-v``), and the
+per-machine results archive -- written only when ``--prefill-save`` asks (as pytest-benchmark
+writes only with ``--benchmark-autosave``).
 
 Imports nothing heavy at import time: torch is imported only when a gpu test or a fixture that
 needs the device runs. Under pytest-xdist the workers attach what they record to their test
@@ -53,6 +54,7 @@ from pytest_prefill.plugin.session import (
     state_of,
 )
 from pytest_prefill.plugin.summary import archive_session, write_summary
+from pytest_prefill.plugin.verify_fixture import prefill_verify  # noqa: F401  (registered)
 from pytest_prefill.sim import get_profile
 
 __all__ = ["OPTIONS", "CapacitySearch", "PrefillReport", "Scheduler", "Settings"]

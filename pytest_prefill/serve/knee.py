@@ -24,8 +24,9 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
+from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.server_metrics import run_counted
 from pytest_prefill.serve.simulated import Scheduling
 from pytest_prefill.sim import CostModel, Request
 
@@ -333,8 +334,8 @@ async def measure_knee(
     while (scale := search.next_scale()) is not None:
         index = len(search.probes)
         renamed = [dataclasses.replace(r, id=f"{tag}p{index}-{r.id}") for r in load]
-        run = await run_load(
-            target,
+        run = await run_counted(
+            dataclasses.replace(target, salt=f"{target.salt}-p{index}"),  # each probe starts cold
             renamed,
             schedule=Schedule("trace", rate_scale=scale),
             bounds=Bounds(warmup=0),

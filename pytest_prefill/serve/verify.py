@@ -35,7 +35,7 @@ from pytest_prefill.serve.launchers import Launcher, exited
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
 from pytest_prefill.serve.simulated import Scheduling, server_profile
-from pytest_prefill.sim import Request
+from pytest_prefill.sim import Request, simulated_engine
 
 Progress = Callable[[str], object]
 WARMUP = 3  # a server's first requests are slow (570 ms for a 64-token prompt vs 9 ms warm)
@@ -91,7 +91,9 @@ class Server:
     """Where the flag sets run: ``launcher`` restarts a server under each; else ``url`` is a
     running one, said to run the one flag set given. ``engine`` (else what the server shows),
     ``tokenizer`` (the model folder: one-token words), ``kv_tokens`` (its KV cache in tokens;
-    a launcher knows its own), ``timeouts``."""
+    a launcher knows its own), ``timeouts``; ``prefix_block_tokens``: the workload's hash-id
+    block size, when its requests carry them (sent as shared leading blocks, and simulated
+    with a prefix cache of that block size where the engine has one)."""
 
     url: Url | None = None
     launcher: Launcher | None = None
@@ -99,6 +101,7 @@ class Server:
     tokenizer: str | None = None
     kv_tokens: float | None = None
     timeouts: Timeouts = Timeouts()
+    prefix_block_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (self.url is None) == (self.launcher is None):
@@ -258,6 +261,7 @@ async def _check_flag_set(
             flags=flagged,
             timeouts=server.timeouts,
         )
+        target = dataclasses.replace(target, prefix_block_tokens=server.prefix_block_tokens)
         for i in range(WARMUP):
             await prompt_alone(target, 64, f"{flags.budget}-warmup{i}")
         calibration = plan.calibration
@@ -268,9 +272,11 @@ async def _check_flag_set(
     except (ServerError, ValueError) as err:
         why = await _alive(url, process) or "calibration failed"
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
-    scheduling = Scheduling(
-        server_profile(target.identity.engine, flags.budget, flags.max_seqs), server.kv_capacity
-    )
+    profile = server_profile(target.identity.engine, flags.budget, flags.max_seqs)
+    block = server.prefix_block_tokens
+    if block is not None and profile.prefix_caching:
+        profile = simulated_engine(dataclasses.replace(profile, prefix_block_tokens=block))
+    scheduling = Scheduling(profile, server.kv_capacity)
     predicted = predict_knee(
         plan.load, calibration.cost, calibration.overhead, scheduling, plan.slo, plan.rule.target
     )

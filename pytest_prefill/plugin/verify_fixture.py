@@ -1,0 +1,63 @@
+"""The ``prefill_verify`` fixture: :func:`~pytest_prefill.serve.verify.verify` on the server
+``--prefill-server`` names (one flag set: the one it runs) or under a launcher
+(``serve.launchers.Launcher``: restarted under each flag set), its table and the ranking's
+verdict added to the run's report. Imports nothing heavy until called."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_prefill.plugin.session import state_of
+
+
+class Verifier:
+    """``prefill_verify(flags, load, slo, launcher=None, **options)``: ``flags`` are
+    ``FlagSet`` values or their text (``"tokens=256,seqs=8"``), ``slo`` an ``SLO`` or its text;
+    ``options`` go to ``serve.verify.verify`` (``rule``, ``sweep``, ``calibration``,
+    ``calibrate_once``, ``workload``). Returns the ``VerifyResult``."""
+
+    def __init__(self, report: Any, url: str | None) -> None:
+        self.report, self.url = report, url
+
+    def __call__(
+        self,
+        flags: Any,
+        load: Any,
+        slo: Any,
+        *,
+        launcher: Any = None,
+        engine: str | None = None,
+        tokenizer: str | None = None,
+        title: str | None = None,
+        **options: Any,
+    ) -> Any:
+        from pytest_prefill.plan.metrics import SLO
+        from pytest_prefill.report.verify import ranking_line, verify_report
+        from pytest_prefill.serve.http import Url
+        from pytest_prefill.serve.verify import FlagSet, Server, verify
+
+        if launcher is None and self.url is None:
+            pytest.skip("no server to verify on: give --prefill-server URL (or a launcher)")
+        if launcher is None:
+            assert self.url is not None
+            server = Server(url=Url.parse(self.url), engine=engine, tokenizer=tokenizer)
+        else:
+            server = Server(launcher=launcher, engine=engine, tokenizer=tokenizer)
+        flag_sets = [FlagSet.parse(f) if isinstance(f, str) else f for f in flags]
+        slo = SLO.parse(slo) if isinstance(slo, str) else slo
+        options.setdefault("progress", self.report.say)
+        result = verify(server, flag_sets, load, slo, **options)
+        text = verify_report(result)
+        self.report.table(title or f"verify: {slo}", text, result.to_dict())
+        if result.same_best is not None:
+            verdict = "HOLDS" if result.same_best else "FAILS"
+            self.report.verdict("verify ranking", verdict, ranking_line(result))
+        return result
+
+
+@pytest.fixture
+def prefill_verify(request: pytest.FixtureRequest, prefill_report: Any) -> Verifier:
+    """Check flag sets' predicted knees on a server (see :class:`Verifier`)."""
+    return Verifier(prefill_report, state_of(request.config).settings.server)

@@ -1,0 +1,81 @@
+"""Verify against a real engine: `transformers serve` restarted under two budgets (a launcher,
+the session's model folder), calibrated once, each knee predicted and then measured by bounded
+probes. Asserted: what a verification must hold whatever this shared box's speed — both flag
+sets predicted and measured (no server died), every probe the rule's length with every request
+exact, the first probe at the predicted rate, the bracket consistent, the ranking reported, the
+servers stopped, the records in the document. The knees themselves are reported, not asserted."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from pytest_prefill.serve.calibration import ServerSweep
+from pytest_prefill.serve.knee import ProbeRule
+from pytest_prefill.serve.launchers import Launcher
+from pytest_prefill.sim import Request
+
+pytestmark = pytest.mark.server
+
+BUDGETS = ("tokens=128", "tokens=512")
+# 8 requests a probe (the rule's floor: the margin is wide, the run small), at most 3 probes.
+RULE = ProbeRule(target=0.9, margin=0.15, max_probes=3, min_requests=8)
+SWEEP = ServerSweep(
+    128,
+    prompt_lens=(16, 64, 256),
+    traffic_prompts=(64, 128, 96),
+    stall_prompts=(256,),
+    decode_tokens=16,
+    repeats=1,
+)
+
+
+def _load() -> list[Request]:
+    rng, t, load = random.Random(5), 0.0, []
+    for i in range(RULE.requests):
+        load.append(Request(f"v{i}", t, rng.choice((128, 192, 256)), 16))
+        t += rng.expovariate(1.0)
+    return load
+
+
+def test_verify_on_two_budgets_reports_both_knees_and_the_ranking(
+    transformers_server, prefill_verify
+):
+    launcher = Launcher("transformers", transformers_server.folder, kv_blocks=64)
+    load = _load()
+    result = prefill_verify(
+        BUDGETS,
+        load,
+        "ttft:1s,tpot:150ms",
+        launcher=launcher,
+        tokenizer=transformers_server.folder,
+        rule=RULE,
+        sweep=SWEEP,
+        calibrate_once=True,
+        workload="8 Poisson requests, prompts 128-256, 16 tokens out",
+    )
+    assert [r.ended for r in result.results] == [None, None]
+    assert len(result.compared) == 2
+    for r in result.results:
+        assert r.exit_status is not None  # the server it started is stopped
+        assert r.predicted is not None and r.predicted.rate > 0
+        measured = r.measured
+        assert measured is not None and 1 <= len(measured.probes) <= RULE.max_probes
+        assert measured.probes[0].rate == pytest.approx(r.predicted.rate)
+        for probe in measured.probes:
+            assert probe.sent == RULE.requests and not probe.failed
+            assert all(record.exact for record in probe.run.records)
+        if measured.low is not None:
+            assert measured.low.attainment >= RULE.target
+        if measured.high is not None:
+            assert measured.high.attainment < RULE.target
+        if measured.low is not None and measured.high is not None:
+            assert measured.high.rate > measured.low.rate
+    assert result.results[1].calibration is result.results[0].calibration  # calibrated once
+    assert result.same_best is not None
+    assert sorted(result.measured_order) == sorted(result.predicted_order) == [0, 1]
+    document = json.loads(json.dumps(result.to_dict()))
+    probes = document["flag_sets"][0]["measured"]["probes"]
+    assert [len(p["records"]) for p in probes] == [RULE.requests] * len(probes)
