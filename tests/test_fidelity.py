@@ -125,7 +125,7 @@ def test_on_one_cuda_device_disaggregation_is_reported_not_run_with_the_reason()
 
 
 def test_a_busy_machine_gets_a_loud_warning_in_the_table_and_the_archive():
-    from pytest_prefill.measure.timing import Quietness
+    from pytest_prefill.measure.quiet import Quietness
 
     busy = Quietness(other_cores=1.4, jitter=0.3, cores=2, seconds=1.0)
     result = _result([fid.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], busy)

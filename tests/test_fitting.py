@@ -21,7 +21,8 @@ from pytest_prefill.measure.calibration_fit import (  # noqa: E402
     predict,
 )
 from pytest_prefill.measure.fitting import fit_terms  # noqa: E402
-from pytest_prefill.measure.timing import CLEARLY, Measurement  # noqa: E402
+from pytest_prefill.measure.line_fit import CLEARLY  # noqa: E402
+from pytest_prefill.measure.timing import Measurement  # noqa: E402
 from pytest_prefill.sim import CostModel  # noqa: E402
 
 TRUE = CostModel(

@@ -12,15 +12,8 @@ np = pytest.importorskip("numpy")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pytest_prefill.measure.timing import (  # noqa: E402
-    CLEARLY,
-    UNSTABLE_IQR,
-    Fit,
-    Measurement,
-    fit_from_dict,
-    fit_line,
-    measure,
-)
+from pytest_prefill.measure.line_fit import CLEARLY, Fit, fit_from_dict, fit_line  # noqa: E402
+from pytest_prefill.measure.timing import UNSTABLE_IQR, Measurement, measure  # noqa: E402
 
 durations = st.floats(min_value=1e-6, max_value=10.0, allow_nan=False, allow_infinity=False)
 
@@ -171,7 +164,7 @@ def test_fit_round_trips_through_a_dict():
 
 
 def test_the_quiet_probe_counts_what_other_processes_used():
-    from pytest_prefill.measure.timing import QUIET_OTHER_CORES, quiet_probe
+    from pytest_prefill.measure.quiet import QUIET_OTHER_CORES, quiet_probe
 
     ticks = iter([1000.0, 1000.0 + 150.0])  # 150 ticks of everyone's CPU time
     own = iter([10.0, 10.0 + 20.0])  # 20 of them ours
@@ -186,7 +179,7 @@ def test_the_quiet_probe_counts_what_other_processes_used():
 
 
 def test_the_quiet_probe_without_proc_stat_judges_by_jitter_alone():
-    from pytest_prefill.measure.timing import quiet_probe
+    from pytest_prefill.measure.quiet import quiet_probe
 
     quiet = quiet_probe(0.01, busy=lambda: None, own=lambda: 0.0, workload=lambda: None)
     assert quiet.other_cores is None and quiet.seconds > 0
@@ -195,14 +188,14 @@ def test_the_quiet_probe_without_proc_stat_judges_by_jitter_alone():
 
 @pytest.mark.parametrize("seconds", [0, -1, math.inf, math.nan, "1"])
 def test_the_quiet_probe_refuses_a_bad_duration(seconds):
-    from pytest_prefill.measure.timing import quiet_probe
+    from pytest_prefill.measure.quiet import quiet_probe
 
     with pytest.raises(ValueError, match="seconds"):
         quiet_probe(seconds)
 
 
 def test_settle_probes_until_quiet_or_the_limit():
-    from pytest_prefill.measure.timing import Quietness, settle
+    from pytest_prefill.measure.quiet import Quietness, settle
 
     busy = Quietness(other_cores=1.0, jitter=0.01, cores=2, seconds=0.0)
     quiet = Quietness(other_cores=0.0, jitter=0.01, cores=2, seconds=0.0)
@@ -214,7 +207,7 @@ def test_settle_probes_until_quiet_or_the_limit():
 
 
 def test_one_rule_refuses_a_term_for_each_reason_in_order():
-    from pytest_prefill.measure.timing import CLEARLY, SIGNIFICANT, unsupported
+    from pytest_prefill.measure.line_fit import CLEARLY, SIGNIFICANT, unsupported
 
     assert unsupported(-1.0, 0.1, 10.0, 1.0) == "negative"
     assert unsupported(-1.0, 0.1, 10.0, 1.0, nonnegative=False) is None

@@ -12,10 +12,9 @@ from typing import Any
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
 from pytest_prefill.commands._args import non_negative_int, positive_int
-from pytest_prefill.measure.models import DTYPES, MODEL_PRESETS, validate_device
+from pytest_prefill.measure.models import DEFAULT_MODEL, DTYPES, MODEL_PRESETS, validate_device
 from pytest_prefill.sim import PRESETS
 
-DEFAULT_MODEL = "qwen3-0.6b"
 SMALL_PRESETS = ("tiny", "small")  # minutes at most on a CPU (README: fidelity of small ~5 min)
 
 

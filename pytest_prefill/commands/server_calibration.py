@@ -14,13 +14,12 @@ from pytest_prefill.commands._archive_args import add_archive_arguments, save_ca
 from pytest_prefill.commands._args import output_path, positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
-from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.experiments import warm_up
 from pytest_prefill.serve.loadgen import Target
 from pytest_prefill.serve.simulated import PROFILED_ENGINES, Scheduling, server_profile
 from pytest_prefill.sim import EngineProfile
 
 HELP = "fit a cost model to a running server (black box, over HTTP)"
-WARMUP = 3
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +96,7 @@ def progress(line: str) -> None:
 async def _calibrate(args: argparse.Namespace) -> ServerCalibration:
     target = await target_from_args(args)
     sweep = sweep_from_args(args)
-    for i in range(WARMUP):  # a server's first requests are slow
-        await prompt_alone(target, 64, f"warmup{i}")
+    await warm_up(target)
     profile = profile_from_args(args, target)
     extra = {} if profile is None else {"engine_profile": Scheduling(profile).to_dict()}
     return await calibrate_server(

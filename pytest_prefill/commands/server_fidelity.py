@@ -13,14 +13,13 @@ from pytest_prefill.commands._archive_args import add_archive_arguments, save_ta
 from pytest_prefill.commands._args import output_path, positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.commands.server_calibration import (
-    WARMUP,
     add_sweep_arguments,
     check_profiled_engine,
     profile_from_args,
     progress,
     sweep_from_args,
 )
-from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.experiments import warm_up
 from pytest_prefill.serve.fidelity import (
     DEFAULT_COUNT,
     DEFAULT_RUNS,
@@ -74,8 +73,7 @@ async def _fidelity(args: argparse.Namespace) -> ServerFidelity:
             f"say which it is: --engine {{{','.join(PROFILED_ENGINES)}}}"
         )
     scheduling = Scheduling(profile, kv)
-    for i in range(WARMUP):
-        await prompt_alone(target, 64, f"warmup{i}")
+    await warm_up(target)
     return await run_server_fidelity(
         target,
         sweep,

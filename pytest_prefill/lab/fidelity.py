@@ -221,7 +221,7 @@ class FidelityResult:
     """Everything a fidelity run measured and predicted. ``calibrations``: "single worker"
     (and "disaggregated worker" when that policy ran) -> ``calibrate.Calibration``; ``link``
     the measured KV link (None when disaggregation did not run); ``not_run``: policy -> the
-    reason; ``quiet``: the quiet-machine probe (``timing.Quietness``) taken before timing;
+    reason; ``quiet``: the quiet-machine probe (``quiet.Quietness``) taken before timing;
     ``iterations``: policy -> iteration kind -> relative error of every real iteration."""
 
     cells: tuple[Cell, ...]
@@ -521,7 +521,7 @@ def run_fidelity(
     """
     from pytest_prefill.lab import fidelity_calibration as fc
     from pytest_prefill.measure import calibrate as cal
-    from pytest_prefill.measure.timing import settle
+    from pytest_prefill.measure.quiet import settle
 
     _check_arguments(runs, chunk, prompt_lens)
     repeats, warmup = cal.effective_repeats(repeats, warmup, dry_run)

@@ -127,7 +127,7 @@ class Link:
 def fit_link(points: Sequence[tuple[int, Any]]) -> Link:
     """Latency and bandwidth from (bytes, Measurement) points; the bandwidth refused (inf,
     latency = the median time) when the times do not grow clearly with the bytes."""
-    from pytest_prefill.measure.timing import fit_line
+    from pytest_prefill.measure.line_fit import fit_line
 
     fit = fit_line(
         [b for b, _ in points],

@@ -21,7 +21,8 @@ from pytest_prefill.measure.calibration_fit import (
     Refusal,
     fit_cost_model,
 )
-from pytest_prefill.measure.timing import Measurement, settle
+from pytest_prefill.measure.quiet import settle
+from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP, Measurement
 from pytest_prefill.plan.advice import (
     chunk_star_text,
     recommend,
@@ -54,8 +55,6 @@ DEFAULT_CACHE_LENS = (128, 1024, 4096, 16384)
 DEFAULT_KV_ROWS = 1  # rows of the decode steps in the cache-length sweep
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
 BATCH_CACHE_LEN = 128  # cached tokens per sequence in the batch sweep
-DEFAULT_REPEATS = 10
-DEFAULT_WARMUP = 3
 DRY_RUN_REPEATS = 3  # --dry-run caps repeats and warmup here; it never shortens a prompt
 DRY_RUN_WARMUP = 1
 # A prefill or chunk point predicted to take longer than this (all its calls) is skipped and
@@ -510,7 +509,7 @@ def calibrate(
             ``time_fused`` for the fusion penalty); default ``runner.ModelRunner`` (the HF
             forward, which cannot fuse); ``packed.calibration_runner`` gives the packed pass.
         memory: returns (free, total) device bytes, for :func:`device_kv_tokens` (tests fake it).
-        probe: probe how quiet the machine is first (:func:`timing.quiet_probe`).
+        probe: probe how quiet the machine is first (:func:`quiet.quiet_probe`).
         sweep: :func:`plan_sweep`'s arguments (prompt_lens, chunks, cache_lens, kv_rows,
             batch_sizes, batch_context, fused, budget); an empty one skips that sweep.
 

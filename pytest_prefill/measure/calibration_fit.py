@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill.measure.fitting import TermFit, fit_terms
@@ -21,6 +21,10 @@ PREFILL_KINDS = ("prefill", "chunk")
 DECODE_KINDS = ("decode_kv", "decode_batch")
 PREFILL_TERMS = ("prefill_pass_overhead", "prefill_per_token", "prefill_per_pair")
 DECODE_TERMS = ("decode_step_base", "decode_per_seq", "decode_per_kv_token")
+# A prefill fit needs passes at this many prompt lengths at least. A held-out check refits
+# without one length at a time, so it needs one length more (and one more for each term fitted
+# beside the prefill terms: a server's request overhead): :func:`held_out_lengths`.
+MIN_PREFILL_LENGTHS = 2
 # A floor is tried only under at least this many prompt lengths (one point cannot show that
 # anything is flat) and with at least this many left above the knee.
 MIN_LENGTHS_BELOW_KNEE = 2
@@ -330,8 +334,10 @@ def fit_prefill(points: Sequence[Point], per_kv: float) -> tuple[TermFit, Floor]
     """
     passes = _of(points, PREFILL_KINDS)
     lengths = sorted({p.x for p in passes if p.kind == "prefill"})
-    if len(lengths) < 2:
-        raise ValueError("calibration needs prefill passes at 2 or more prompt lengths")
+    if len(lengths) < MIN_PREFILL_LENGTHS:
+        raise ValueError(
+            f"calibration needs prefill passes at {MIN_PREFILL_LENGTHS} or more prompt lengths"
+        )
     plain = _fit_pass(passes, per_kv)
     baseline = _score(plain, 0.0, passes, per_kv)
     best = (baseline, 0, plain, 0.0)
@@ -481,17 +487,23 @@ def fit_model(
     return cost, fits, refusals + more + fusion_refusals, floor
 
 
+def held_out_lengths(lengths: Iterable[int], extra_terms: int = 0) -> list[int]:
+    """The prompt lengths a held-out check leaves out one at a time: every distinct length when
+    the fit without any one of them keeps ``MIN_PREFILL_LENGTHS`` lengths (one more for each of
+    ``extra_terms`` fitted beside the prefill terms), else none -- the one rule for
+    calibrations measured here and on a server."""
+    distinct = sorted(set(lengths))
+    return distinct if len(distinct) - 1 >= MIN_PREFILL_LENGTHS + extra_terms else []
+
+
 def held_out(points: Sequence[Point], per_kv: float) -> dict[int, float]:
     """For each prompt length T measured as a prefill pass: refit the prefill terms (and floor)
     without every point of T new tokens (prefill and chunk), and predict those points. Returns
     {index into ``points``: held-out prediction}. A length whose removal leaves fewer than 2
     prefill lengths is not held out."""
     passes = [(i, p) for i, p in enumerate(points) if p.kind in PREFILL_KINDS]
-    lengths = sorted({p.x for _, p in passes if p.kind == "prefill"})
     out: dict[int, float] = {}
-    if len(lengths) < 3:
-        return out
-    for length in lengths:
+    for length in held_out_lengths(p.x for _, p in passes if p.kind == "prefill"):
         rest = [p for _, p in passes if p.x != length]
         fit, floor = fit_prefill(rest, per_kv)
         columns = prefill_columns([p for _, p in passes])
@@ -536,8 +548,10 @@ def prefill_curve(
         Point("prefill", int(t), Measurement.from_samples([float(s)]))
         for t, s in zip(lengths, seconds, strict=True)
     ]
-    if len({p.x for p in points}) < 3:
-        raise ValueError("prefill_curve needs 3 or more distinct prompt lengths")
+    if not held_out_lengths(p.x for p in points):
+        raise ValueError(
+            f"prefill_curve needs {MIN_PREFILL_LENGTHS + 1} or more distinct prompt lengths"
+        )
     fit, floor = fit_prefill(points, per_kv)
     held = held_out(points, per_kv)
     columns = prefill_columns(points)

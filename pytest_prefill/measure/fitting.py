@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.measure.timing import CLEARLY, SIGNIFICANT, unsupported
+from pytest_prefill.measure.line_fit import CLEARLY, SIGNIFICANT, unsupported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +115,8 @@ def fit_terms(
 ) -> TermFit:
     """Fit non-negative coefficients of ``columns`` to ``ys``, minimising the sum of squared
     relative errors, and refuse terms one at a time (the least supported first) until every
-    kept term is positive, more than ``timing.SIGNIFICANT`` standard errors from zero, and
-    accounts for more than ``timing.CLEARLY`` times the measurements' own relative scatter
+    kept term is positive, more than ``line_fit.SIGNIFICANT`` standard errors from zero, and
+    accounts for more than ``line_fit.CLEARLY`` times the measurements' own relative scatter
     (their IQRs) of some measured time.
 
     Args:

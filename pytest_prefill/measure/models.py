@@ -18,6 +18,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "small": SMALL,
     "tiny": TINY,
 }
+DEFAULT_MODEL = "qwen3-0.6b"  # what the plugin and every measuring command load unless told
 MODEL_PRESET_SOURCES = {
     "qwen3-0.6b": "architecture preset: the exact Qwen3-0.6B shapes (hidden 1024, 28 layers, 16 "
     "attention heads, 8 KV heads, head dim 128, intermediate 3072, vocab 151,936, tied "

@@ -22,15 +22,13 @@ from pytest_prefill.machine import (
     machine_key,
     nvidia_accelerators,
 )
-from pytest_prefill.measure.models import MODEL_PRESETS  # names only: imports no torch
+from pytest_prefill.measure.models import DEFAULT_MODEL, MODEL_PRESETS  # imports no torch
+from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 from pytest_prefill.sim import PRESETS, PROFILES, simulated_engine
 
-DEFAULT_MODEL = "qwen3-0.6b"
 CPU_MODEL = "tiny"  # the default with --prefill-device cpu: Qwen3-0.6B on a CPU takes hours
 DEFAULT_COST = "lab-laptop"
 DEFAULT_ENGINE = "lab"  # the library's default: the lab's loop
-DEFAULT_REPEATS = 10
-DEFAULT_WARMUP = 3
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from pytest_prefill.measure.calibrate import Calibration
 from pytest_prefill.measure.calibration_fit import (
     NO_FLOOR,
+    PREFILL_TERMS,
     Point,
     Prediction,
     Refusal,
@@ -36,7 +37,6 @@ from pytest_prefill.measure.calibration_fit import (
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.serve.calibration_fit import (
     OVERHEAD,
-    PREFILL_TERMS,
     Chunking,
     PassData,
     RequestOverhead,

@@ -11,16 +11,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.measure.calibration_fit import (
-    Point,
-)
+from pytest_prefill.measure.calibration_fit import PREFILL_TERMS, Point, held_out_lengths
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.serve.experiments import DecodeSample, StallSample, chunks_of
 from pytest_prefill.sim import CostModel, attention_pairs
 
 OVERHEAD = "request_overhead"
-PREFILL_TERMS = ("prefill_pass_overhead", "prefill_per_token", "prefill_per_pair")
 PASS_TERMS = (*PREFILL_TERMS, "fusion_penalty", OVERHEAD)
 # A fused iteration whose chunk is this small may cost less to compute than its decode rows:
 # the linear form below (compute + penalty x decode) does not hold for it, so it is not fitted.
@@ -117,9 +114,7 @@ def ttft_alone(cost: CostModel, overhead: float, length: int, budget: int) -> fl
 def held_out(data: PassData, per_kv: float) -> dict[int, float]:
     """Each prompt length's TTFT alone predicted by a fit made without it."""
     out: dict[int, float] = {}
-    if len(data.lengths) < 4:
-        return out
-    for length in data.lengths:
+    for length in held_out_lengths(data.lengths, extra_terms=1):  # the request's overhead
         fit = fit_passes(data.without(length), per_kv)
         row, read = alone_row(length, data.budget)
         out[length] = predict_pass_row(fit, row, read, per_kv)

@@ -21,7 +21,7 @@ from typing import Any
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
-from pytest_prefill.serve.experiments import prompt_alone
+from pytest_prefill.serve.experiments import warm_up
 from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
 from pytest_prefill.serve.knee import (
     MeasuredKnee,
@@ -38,7 +38,6 @@ from pytest_prefill.serve.simulated import Scheduling, server_profile
 from pytest_prefill.sim import Request, simulated_engine
 
 Progress = Callable[[str], object]
-WARMUP = 3  # a server's first requests are slow (570 ms for a 64-token prompt vs 9 ms warm)
 ALIVE_TIMEOUT = 5.0
 FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
 
@@ -262,8 +261,7 @@ async def _check_flag_set(
             timeouts=server.timeouts,
         )
         target = dataclasses.replace(target, prefix_block_tokens=server.prefix_block_tokens)
-        for i in range(WARMUP):
-            await prompt_alone(target, 64, f"{flags.budget}-warmup{i}")
+        await warm_up(target, f"{flags.budget}-")
         calibration = plan.calibration
         if calibration is None:
             assert plan.sweep is not None
