@@ -9,8 +9,9 @@ import os
 
 from pytest_prefill.commands._workload_args import positive_float
 from pytest_prefill.serve.api import ENDPOINTS, ENGINES
-from pytest_prefill.serve.http import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STALL_TIMEOUT, Timeouts, Url
+from pytest_prefill.serve.http import DEFAULT_TIMEOUTS, Timeouts, Url
 from pytest_prefill.serve.loadgen import Target, open_target
+from pytest_prefill.serve.prompts import TokenizerError
 
 
 def url_type(text: str) -> Url:
@@ -64,37 +65,55 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     add_timeout_arguments(group)
 
 
+TIMEOUT_HELP = {
+    "connect": "seconds to connect",
+    "stall": "seconds of silence mid-response before a request fails as stalled (a request "
+    "queued that long behind others counts too)",
+    "header": "seconds from a response's first byte to the end of its headers",
+    "read": "seconds from a response's first byte to its end, for one that is not a stream "
+    "(the model list, /tokenize)",
+    "request": "seconds a request may take in all, its stream included (one that never ends)",
+}
+
+
 def add_timeout_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--api-key-env --connect-timeout --stall-timeout``."""
+    """``--api-key-env`` and the timeouts: ``--connect-timeout --stall-timeout
+    --header-timeout --read-timeout --request-timeout``."""
     group.add_argument(
         "--api-key-env",
         metavar="VAR",
         default=None,
         help="send the API key in this environment variable as a bearer token",
     )
-    group.add_argument(
-        "--connect-timeout",
-        type=positive_float,
-        default=DEFAULT_CONNECT_TIMEOUT,
-        metavar="S",
-        help=f"seconds to connect (default {DEFAULT_CONNECT_TIMEOUT:g})",
-    )
-    group.add_argument(
-        "--stall-timeout",
-        type=positive_float,
-        default=DEFAULT_STALL_TIMEOUT,
-        metavar="S",
-        help="seconds of silence mid-response before a request fails as stalled (default "
-        f"{DEFAULT_STALL_TIMEOUT:g}; a request queued that long behind others counts too)",
-    )
+    for name, text in TIMEOUT_HELP.items():
+        default = getattr(DEFAULT_TIMEOUTS, name)
+        group.add_argument(
+            f"--{name}-timeout",
+            type=positive_float,
+            default=default,
+            metavar="S",
+            help=f"{text} (default {default:g})",
+        )
+
+
+def timeouts_from_args(args: argparse.Namespace) -> Timeouts:
+    return Timeouts(*(getattr(args, f"{name}_timeout") for name in TIMEOUT_HELP))
 
 
 def _headers(args: argparse.Namespace) -> dict[str, str]:
+    """Raises: ValueError naming ``--api-key-env``, for a variable that is not set or holds
+    what an HTTP header cannot carry."""
     if not args.api_key_env:
         return {}
     key = os.environ.get(args.api_key_env)
     if not key:
         raise ValueError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    bad = next((c for c in key if ord(c) > 255 or c in "\r\n\0"), None)
+    if bad is not None:
+        raise ValueError(
+            f"--api-key-env {args.api_key_env}: the key holds {bad!r}, which an HTTP header "
+            "cannot carry (latin-1 only, no line breaks)"
+        )
     return {"Authorization": f"Bearer {key}"}
 
 
@@ -115,8 +134,8 @@ async def target_from_args(args: argparse.Namespace) -> Target:
             tokenizer=args.tokenizer,
             token_ids=args.token_ids,
             flags=args.server_flags,
-            timeouts=Timeouts(args.connect_timeout, args.stall_timeout),
+            timeouts=timeouts_from_args(args),
             headers=headers,
         )
-    except ValueError as err:
+    except TokenizerError as err:
         raise ValueError(f"--tokenizer: {err}" if args.tokenizer else str(err)) from None

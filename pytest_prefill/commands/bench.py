@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import os
+import signal
 import sys
 from typing import Any
 
 from pytest_prefill._io import write_atomic, write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
-from pytest_prefill.commands._args import non_negative_int, output_path, positive_int
+from pytest_prefill.commands._args import (
+    MAX_SECONDS,
+    non_negative_int,
+    output_path,
+    positive_int,
+)
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.commands._workload_args import (
+    MAX_RATE,
     add_workload_arguments,
     positive_float,
     workload_from_args,
@@ -30,10 +39,16 @@ HELP = "replay a workload against a running server and report vLLM's serving met
 
 
 def arrivals_type(text: str) -> Schedule:
-    """``trace``, ``burst``, ``poisson:RATE`` or ``gamma:RATE:BURSTINESS``."""
+    """``trace``, ``burst``, ``poisson:RATE`` or ``gamma:RATE:BURSTINESS``; the rate bounded
+    as ``--request-rate`` is (one request in :data:`MAX_SECONDS` to :data:`MAX_RATE` a
+    second)."""
     kind, *numbers = text.split(":")
     try:
         values = [float(n) for n in numbers]
+        if values and not 1 / MAX_SECONDS <= values[0] <= MAX_RATE:
+            raise ValueError(
+                f"the rate must be from {1 / MAX_SECONDS:g} to {MAX_RATE:g} requests/s"
+            )
         if kind in ("trace", "burst") and not values:
             return Schedule(kind)
         if kind == "poisson" and len(values) == 1:
@@ -125,6 +140,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_archive_arguments(parser)
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse outputs that would overwrite one another (``--json X --records X``)."""
+    outputs = [(flag, getattr(args, flag[2:])) for flag in ("--json", "--records")]
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ValueError(f"{seen[real]} and {flag} name the same file ({path}); give two")
+        seen[real] = flag
+
+
 def progress(line: str) -> None:
     print(f"  {line}", file=sys.stderr, flush=True)
 
@@ -156,9 +184,24 @@ async def _bench(args: argparse.Namespace, workload: Any) -> BenchRun:
             args.seed or 0,  # --seed parses to None when not given (it is poisson's)
         )
     bounds = Bounds(args.max_requests, args.max_duration, args.warmup)
-    return await run_counted(
-        target, workload.requests, schedule=schedule, bounds=bounds, progress=progress
-    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    try:  # Ctrl-C ends the run and keeps what it measured (not on Windows: no such handler)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        return await run_counted(
+            target,
+            workload.requests,
+            schedule=schedule,
+            bounds=bounds,
+            progress=progress,
+            stop=stop,
+        )
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,6 +209,12 @@ def run(args: argparse.Namespace) -> int:
     for line in workload_lines(workload):
         print(line)
     result = asyncio.run(_bench(args, workload))
+    if result.interrupted:
+        print(
+            f"interrupted: {len(result.completed)} request(s) completed are kept; the output is "
+            "marked incomplete",
+            file=sys.stderr,
+        )
     metrics = result.metrics(slo=args.slo, percentiles=args.percentiles)
     text = bench_text(result, metrics)
     print(text)
@@ -183,4 +232,6 @@ def run(args: argparse.Namespace) -> int:
             args, provenance, tables, [], attachments={"requests.jsonl": result.records_jsonl()}
         )
         print(f"archived: {path}")
+    if result.interrupted:
+        return 130
     return 0 if result.completed else 1

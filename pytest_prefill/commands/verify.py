@@ -15,7 +15,7 @@ from typing import Any
 from pytest_prefill._io import read_json, write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
 from pytest_prefill.commands._args import output_path, positive_int
-from pytest_prefill.commands._serve_args import add_timeout_arguments, url_type
+from pytest_prefill.commands._serve_args import add_timeout_arguments, timeouts_from_args, url_type
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     check_workload_args,
@@ -25,7 +25,6 @@ from pytest_prefill.commands._workload_args import (
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.api import ENGINES
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.http import Timeouts
 from pytest_prefill.serve.knee import ProbeRule
 from pytest_prefill.serve.launchers import LAUNCHED, Launcher
 from pytest_prefill.serve.verify import FlagSet, Server, VerifyResult, verify
@@ -208,7 +207,7 @@ def _load(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
 
 
 def _server(args: argparse.Namespace, block: int | None) -> Server:
-    timeouts = Timeouts(args.connect_timeout, args.stall_timeout)
+    timeouts = timeouts_from_args(args)
     if args.url is not None:
         return Server(
             url=args.url,

@@ -16,6 +16,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_prefill.serve.http import NestingError, loads
+
 ENDPOINTS = {
     "completions": "/v1/completions",
     "chat": "/v1/chat/completions",
@@ -101,10 +103,13 @@ def parse_chunk(endpoint: str, data: str, counted: int) -> Chunk:
 
     Raises:
         ValueError: naming the problem, for data that is not a JSON object of the endpoint's
-            shape, or an error object the server streamed.
+            shape (or nests deeper than ``http.MAX_JSON_DEPTH``), or an error object the
+            server streamed.
     """
     try:
-        event = json.loads(data)
+        event = loads(data, "a streamed event")
+    except NestingError:
+        raise
     except ValueError:
         raise ValueError(f"a streamed event is not JSON: {data[:80]!r}") from None
     if not isinstance(event, dict):

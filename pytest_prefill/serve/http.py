@@ -6,35 +6,60 @@ and a pooled connection's teardown would land inside the next request's timing),
 and the least work between a byte's arrival and its timestamp. Each connection is an asyncio
 ``Protocol`` whose ``data_received`` only stamps the bytes with ``time.perf_counter()`` (the
 client's monotonic clock) and keeps them; the HTTP framing (chunked or close-delimited) and the
-Server-Sent Events are parsed once the response is complete. So with hundreds of streams, a
-token is stamped when the event loop first sees its bytes, not after every other stream's JSON
-has been parsed (``reference`` measures the error that is left).
+Server-Sent Events are parsed once the response is complete, in one pass each (linear in the
+bytes, however small the pieces they came in). So with hundreds of streams, a token is stamped
+when the event loop first sees its bytes, not after every other stream's JSON has been parsed
+(``reference`` measures the error that is left).
+
+Every response is bounded (see "Bad input and faults" in ``docs/faults.md``): the bytes of a
+connection, framing and the bookkeeping of each read included (:data:`MAX_RESPONSE_BYTES`), the
+headers' size, the nesting of JSON (:data:`MAX_JSON_DEPTH`), and the time (:class:`Timeouts`:
+to connect, of silence, to read the headers, to read a body that is not a stream, and a
+request's total).
 
 Failures are :class:`ServerError` with one line that says what happened and where: a refused or
 unreachable connection (within the connect timeout), a server silent for the stall timeout
-mid-response, a status that is not 2xx, a body that is not what was asked for."""
+mid-response, a bound crossed, a status that is not 2xx, a body that is not what was asked
+for."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import dataclasses
 import json
 import math
+import re
 import ssl
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 MAX_HEADER_BYTES = 64 * 1024
-MAX_BODY_BYTES = 64 * 2**20
+# Bytes a connection may receive in all, the HTTP framing included; each read's arrival time is
+# charged STAMP_BYTES against it too (its cost in memory), so a server that sends one byte per
+# TCP segment reaches the bound sooner instead of costing ~100 bytes of memory per byte.
+MAX_RESPONSE_BYTES = 64 * 2**20
+STAMP_BYTES = 16
+# JSON nested deeper than this (a model list, a streamed event) is refused: no server's answer
+# nests more than a few levels, and reading 10^5 levels overflows Python's stack.
+MAX_JSON_DEPTH = 64
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_STALL_TIMEOUT = 60.0
+DEFAULT_HEADER_TIMEOUT = 30.0
+DEFAULT_READ_TIMEOUT = 60.0
+DEFAULT_REQUEST_TIMEOUT = 600.0
 _ENDS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n", b"\r\n0\r\n\r\n")
+_CHUNK_LINE = 1024  # a chunk-size line longer than this is not one
 
 
 class ServerError(Exception):
     """A server could not be reached, stalled, or answered with something unusable."""
+
+
+class NestingError(ValueError):
+    """JSON nested deeper than :data:`MAX_JSON_DEPTH`."""
 
 
 def _positive(field: str, value: Any) -> float:
@@ -46,14 +71,21 @@ def _positive(field: str, value: Any) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Timeouts:
-    """Seconds: to connect; of silence mid-response before giving up (a stalled server)."""
+    """Seconds: ``connect``; ``stall``, of silence mid-response before giving up (a stalled
+    server, or one that queues the request that long); ``header``, from a response's first byte
+    to the end of its headers; ``read``, from the first byte to the end of a response that is
+    not a stream (a model list, ``/tokenize``); ``request``, from sending a request to the end
+    of its response, a stream's included (one that never ends, a byte at a time)."""
 
     connect: float = DEFAULT_CONNECT_TIMEOUT
     stall: float = DEFAULT_STALL_TIMEOUT
+    header: float = DEFAULT_HEADER_TIMEOUT
+    read: float = DEFAULT_READ_TIMEOUT
+    request: float = DEFAULT_REQUEST_TIMEOUT
 
     def __post_init__(self) -> None:
-        _positive("connect timeout", self.connect)
-        _positive("stall timeout", self.stall)
+        for field in dataclasses.fields(self):
+            _positive(f"{field.name} timeout", getattr(self, field.name))
 
 
 DEFAULT_TIMEOUTS = Timeouts()
@@ -90,6 +122,44 @@ class Url:
         return f"{self.scheme}://{self.host}:{self.port}{self.path}"
 
 
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]')
+
+
+def json_depth_over(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests arrays and objects deeper than ``limit`` (brackets in
+    strings do not count). Stops reading at the first level past ``limit``."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for match in _JSON_NESTING.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in "]}":
+            depth -= 1
+    return False
+
+
+def loads(text: str | bytes, what: str) -> Any:
+    """``json.loads`` of a server's answer, refusing JSON nested deeper than
+    :data:`MAX_JSON_DEPTH`.
+
+    Raises:
+        ValueError: naming ``what``, for text that is not JSON; :class:`NestingError` (a
+            ValueError) for JSON that nests too deeply.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        text = text.decode("utf-8", "replace")
+    if json_depth_over(text):
+        raise NestingError(f"{what} nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except RecursionError:  # not reached after the check above; kept as the last line of defence
+        raise NestingError(f"{what} nests arrays or objects too deeply to read") from None
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamEvent:
     """One Server-Sent Event's data, and when the bytes that completed it arrived."""
@@ -99,14 +169,17 @@ class StreamEvent:
 
 
 class _Exchange(asyncio.Protocol):
-    """One request and its response on a connection of its own: every piece of the response
-    with its arrival time."""
+    """One request and its response on a connection of its own: the bytes received, and when
+    each read ended (its offset in the bytes and its time)."""
 
-    def __init__(self, request: bytes, where: str, stall: float) -> None:
-        self.request, self.where, self.stall = request, where, stall
-        self.pieces: list[tuple[float, bytes]] = []
-        self.size = 0
+    def __init__(self, request: bytes, where: str, timeouts: Timeouts, streamed: bool) -> None:
+        self.request, self.where, self.timeouts, self.streamed = request, where, timeouts, streamed
+        self.received = bytearray()
+        self.ends = array.array("q")
+        self.times = array.array("d")
+        self.head_end: int | None = None  # where the body starts, once the headers are whole
         self.sent = math.nan
+        self.first: float | None = None
         self.last = time.perf_counter()
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
@@ -117,16 +190,37 @@ class _Exchange(asyncio.Protocol):
         self.transport = transport
         self.sent = self.last = time.perf_counter()
         transport.write(self.request)
-        self._arm(self.stall)
+        self._arm(min(self.timeouts.stall, self.timeouts.request))
 
     def data_received(self, data: bytes) -> None:
         self.last = now = time.perf_counter()
-        self.pieces.append((now, data))
-        self.size += len(data)
-        if self.size > MAX_BODY_BYTES:
-            self._fail(f"{self.where}: response over {MAX_BODY_BYTES} bytes")
-        elif data.endswith(_ENDS) and self.transport is not None:
+        if self.first is None:
+            self.first = now
+            if self.timer is not None:  # the header and read bounds start now
+                self.timer.cancel()
+            self._check()
+        before = len(self.received)
+        self.received += data
+        self.ends.append(len(self.received))
+        self.times.append(now)
+        if len(self.received) + STAMP_BYTES * len(self.ends) > MAX_RESPONSE_BYTES:
+            self._fail(
+                f"{self.where}: response over {MAX_RESPONSE_BYTES:,} bytes (bytes received, "
+                f"framing included, and {STAMP_BYTES} bytes per network read)"
+            )
+        elif self.head_end is None:
+            self._find_head(before)
+        elif self.received.endswith(_ENDS) and self.transport is not None:
             self.transport.close()  # the stream is complete: don't wait for the server to close
+
+    def _find_head(self, before: int) -> None:
+        at = self.received.find(b"\r\n\r\n", max(0, before - 3), MAX_HEADER_BYTES + 4)
+        if at >= 0:
+            self.head_end = at + 4
+            if self.received.endswith(_ENDS) and self.transport is not None:
+                self.transport.close()
+        elif len(self.received) > MAX_HEADER_BYTES:
+            self._fail(f"{self.where}: response headers over {MAX_HEADER_BYTES} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
@@ -139,18 +233,47 @@ class _Exchange(asyncio.Protocol):
                 self.done.set_result(None)
 
     def _arm(self, delay: float) -> None:
-        self.timer = asyncio.get_running_loop().call_later(delay, self._check)
+        self.timer = asyncio.get_running_loop().call_later(max(delay, 1e-3), self._check)
+
+    def _bounds(self, now: float) -> list[tuple[float, str]]:
+        """(seconds left, what crossing it means) for each time bound that applies now."""
+        t = self.timeouts
+        bounds = [
+            (
+                t.stall - (now - self.last),
+                f"the server sent nothing for {t.stall:g} s mid-response (stalled; raise the "
+                "stall timeout if it is only slow)",
+            ),
+            (
+                t.request - (now - self.sent),
+                f"the request took over {t.request:g} s in all (a response that does not end; "
+                "raise the request timeout if it is only long)",
+            ),
+        ]
+        if self.first is not None and self.head_end is None:
+            bounds.append(
+                (
+                    t.header - (now - self.first),
+                    f"the response headers took over {t.header:g} s to arrive (the header timeout)",
+                )
+            )
+        if self.first is not None and not self.streamed:
+            bounds.append(
+                (
+                    t.read - (now - self.first),
+                    f"the response took over {t.read:g} s to read (the read timeout)",
+                )
+            )
+        return bounds
 
     def _check(self) -> None:
-        # one timer per stall interval, not one per read: a read costs only a timestamp
-        silent = time.perf_counter() - self.last
-        if silent < self.stall:
-            self._arm(self.stall - silent)
-            return
-        self._fail(
-            f"{self.where}: the server sent nothing for {self.stall:g} s mid-response "
-            "(stalled; raise the stall timeout if it is only slow)"
-        )
+        # one timer at a time, not one per read: a read costs only a timestamp
+        bounds = self._bounds(time.perf_counter())
+        left, reason = min(bounds)
+        if left > 0:
+            self._arm(left)
+        else:
+            self._fail(f"{self.where}: {reason}")
 
     def _fail(self, message: str) -> None:
         if not self.done.done():
@@ -161,47 +284,72 @@ class _Exchange(asyncio.Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Response:
-    """A complete response: status, headers (lower-case names), and the body's pieces with
-    their arrival times (de-chunked). ``sent`` is when the request was written."""
+    """A complete response: status, headers (lower-case names), and the body (de-chunked), with
+    ``ends`` and ``times``: the body's first ``ends[i]`` bytes had arrived at ``times[i]``.
+    ``sent`` is when the request was written."""
 
     status: int
     headers: Mapping[str, str]
-    body: tuple[tuple[float, bytes], ...]
+    body: bytes
+    ends: array.array[int]
+    times: array.array[float]
     sent: float
+    where: str = ""
 
     def content(self) -> bytes:
-        return b"".join(data for _, data in self.body)
+        return self.body
 
     def json(self) -> Any:
+        """The body as JSON; None when it is not JSON.
+
+        Raises:
+            ServerError: for JSON nested deeper than :data:`MAX_JSON_DEPTH`.
+        """
         try:
-            return json.loads(self.content())
+            return loads(self.body, f"{self.where}: the response")
+        except NestingError as err:
+            raise ServerError(str(err)) from None
         except ValueError:
             return None
 
     def text(self, limit: int = 200) -> str:
-        text = self.content().decode("utf-8", "replace").strip().replace("\n", " ")
+        text = self.body[: 4 * limit].decode("utf-8", "replace").strip().replace("\n", " ")
         return text[:limit] + ("…" if len(text) > limit else "")
 
-    def events(self) -> list[StreamEvent]:
-        """The Server-Sent Events' data lines, each stamped with the arrival of the piece that
+    def events(self) -> Iterator[StreamEvent]:
+        """The Server-Sent Events' data lines, each stamped with the arrival of the bytes that
         completed it (``[DONE]`` ends them and is not included)."""
-        out: list[StreamEvent] = []
-        pending = b""
-        for now, data in self.body:
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if line.startswith(b"data:"):
-                    value = line[5:].strip().decode("utf-8", "replace")
-                    if value == "[DONE]":
-                        return out
-                    out.append(StreamEvent(now, value))
-        return out
+        body, ends, times = self.body, self.ends, self.times
+        start, piece = 0, 0
+        while True:
+            stop = body.find(b"\n", start)
+            if stop < 0:
+                return
+            if body.startswith(b"data:", start, stop):
+                value = body[start + 5 : stop].strip().decode("utf-8", "replace")
+                if value == "[DONE]":
+                    return
+                while piece < len(ends) - 1 and ends[piece] <= stop:
+                    piece += 1
+                yield StreamEvent(times[piece], value)
+            start = stop + 1
 
 
 def _request_bytes(
     url: Url, method: str, path: str, body: bytes | None, headers: Mapping[str, str]
 ) -> bytes:
+    """Raises: ValueError naming the header, for one HTTP cannot carry (a character latin-1
+    has not, a line break)."""
+    for name, value in headers.items():
+        try:
+            f"{name}: {value}".encode("latin-1")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"header {name}: character {err.object[err.start]!r} cannot be sent in an HTTP "
+                "header (latin-1 only)"
+            ) from None
+        if any(c in f"{name}{value}" for c in "\r\n\0"):
+            raise ValueError(f"header {name}: a line break or NUL cannot be sent in a header")
     lines = [
         f"{method} {url.join(path)} HTTP/1.1",
         f"Host: {url.host}:{url.port}",
@@ -214,18 +362,10 @@ def _request_bytes(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
 
-def _split_head(exchange: _Exchange) -> tuple[int, dict[str, str], list[tuple[float, bytes]]]:
-    raw = b""
-    for i, (now, data) in enumerate(exchange.pieces):
-        raw += data
-        head, sep, rest = raw.partition(b"\r\n\r\n")
-        if sep:
-            body = ([(now, rest)] if rest else []) + exchange.pieces[i + 1 :]
-            break
-        if len(raw) > MAX_HEADER_BYTES:
-            raise ServerError(f"{exchange.where}: response headers over {MAX_HEADER_BYTES} bytes")
-    else:
+def _head(exchange: _Exchange) -> tuple[int, dict[str, str]]:
+    if exchange.head_end is None:
         raise ServerError(f"{exchange.where}: the connection closed before a whole response")
+    head = bytes(exchange.received[: exchange.head_end - 4])
     status, *fields = head.decode("latin-1").split("\r\n")
     parts = status.split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
@@ -234,38 +374,60 @@ def _split_head(exchange: _Exchange) -> tuple[int, dict[str, str], list[tuple[fl
     for field in fields:
         name, _, value = field.partition(":")
         headers[name.strip().lower()] = value.strip()
-    return int(parts[1]), headers, body
+    return int(parts[1]), headers
 
 
-def _dechunk(where: str, body: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
-    """The payload of a chunked body, each payload piece stamped with the arrival of the piece
-    that completed it."""
-    out: list[tuple[float, bytes]] = []
-    pending = b""
-    size: int | None = None
-    for now, data in body:
-        pending += data
-        piece = b""
-        while True:
-            if size is None:
-                line, sep, rest = pending.partition(b"\r\n")
-                if not sep:
-                    break
-                try:
-                    size = int(line.split(b";")[0].strip() or b"x", 16)
-                except ValueError:
-                    raise ServerError(f"{where}: bad chunk size {line[:20]!r}") from None
-                pending = rest
-                if size == 0:
-                    return out + ([(now, piece)] if piece else [])
-            if len(pending) < size + 2:
-                break
-            piece += pending[:size]
-            pending = pending[size + 2 :]
-            size = None
-        if piece:
-            out.append((now, piece))
-    raise ServerError(f"{where}: the connection closed mid-body")
+_CHUNK_SIZE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")
+
+
+def _dechunk(exchange: _Exchange) -> tuple[bytes, array.array[int], array.array[float]]:
+    """The payload of a chunked body, and when it arrived: each chunk's payload is stamped with
+    the arrival of the bytes that completed the chunk. One pass over the bytes."""
+    raw, where = exchange.received, exchange.where
+    reads, times_of = exchange.ends, exchange.times
+    parts: list[bytes | bytearray] = []
+    size_so_far = 0
+    ends, times = array.array("q"), array.array("d")
+    at = exchange.head_end or 0
+    piece, last = 0, len(reads) - 1
+    match = _CHUNK_SIZE.match
+    while True:
+        found = match(raw, at)
+        if found is None:
+            if raw.find(b"\r\n", at, at + _CHUNK_LINE) < 0 and len(raw) - at < _CHUNK_LINE:
+                raise ServerError(f"{where}: the connection closed mid-body")
+            raise ServerError(f"{where}: bad chunk size {bytes(raw[at : at + 20])!r}")
+        size = int(found.group(1), 16)
+        if size == 0:
+            return b"".join(parts), ends, times
+        start = found.end()
+        at = start + size + 2
+        if at > len(raw):
+            raise ServerError(f"{where}: the connection closed mid-body")
+        parts.append(raw[start : start + size])
+        size_so_far += size
+        if piece < last and reads[piece] < at:  # completed by a later read than the last chunk
+            while piece < last and reads[piece] < at:
+                piece += 1
+            ends.append(size_so_far)
+            times.append(times_of[piece])
+        elif ends:
+            ends[-1] = size_so_far
+        else:
+            ends.append(size_so_far)
+            times.append(times_of[piece])
+
+
+def _body(exchange: _Exchange) -> tuple[bytes, array.array[int], array.array[float]]:
+    """A close-delimited body and when each read of it arrived."""
+    start = exchange.head_end or 0
+    body = bytes(exchange.received[start:])
+    ends, times = array.array("q"), array.array("d")
+    for end, when in zip(exchange.ends, exchange.times):
+        if end > start:
+            ends.append(end - start)
+            times.append(when)
+    return body, ends, times
 
 
 async def exchange(
@@ -276,11 +438,15 @@ async def exchange(
     *,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     headers: Mapping[str, str] | None = None,
+    streamed: bool = False,
 ) -> Response:
-    """Send one request on a fresh connection and return the whole response.
+    """Send one request on a fresh connection and return the whole response (``streamed``: it
+    is an event stream, bounded by the request timeout rather than the read timeout).
 
     Raises:
-        ServerError: when the server cannot be reached, stalls, or does not speak HTTP.
+        ServerError: when the server cannot be reached, stalls, crosses a bound, or does not
+            speak HTTP.
+        ValueError: for a header HTTP cannot carry.
     """
     body = None if payload is None else json.dumps(payload).encode()
     where = f"{method} {url}{path}"
@@ -290,7 +456,10 @@ async def exchange(
     try:
         transport, protocol = await asyncio.wait_for(
             loop.create_connection(
-                lambda: _Exchange(request, where, timeouts.stall), url.host, url.port, ssl=context
+                lambda: _Exchange(request, where, timeouts, streamed),
+                url.host,
+                url.port,
+                ssl=context,
             ),
             timeouts.connect,
         )
@@ -304,10 +473,12 @@ async def exchange(
         await protocol.done
     finally:
         transport.abort()  # a no-op once the connection is closed; else nothing half-read stays
-    status, fields, rest = _split_head(protocol)
+    status, fields = _head(protocol)
     if "chunked" in fields.get("transfer-encoding", "").lower():
-        rest = _dechunk(where, rest)
-    return Response(status, fields, tuple(rest), protocol.sent)
+        content, ends, times = _dechunk(protocol)
+    else:
+        content, ends, times = _body(protocol)
+    return Response(status, fields, content, ends, times, protocol.sent, where)
 
 
 async def request_json(
@@ -322,7 +493,8 @@ async def request_json(
     """``(status, parsed JSON body)`` of one request (the body is None when it is not JSON).
 
     Raises:
-        ServerError: when the server cannot be reached, stalls, or does not speak HTTP.
+        ServerError: when the server cannot be reached, stalls, crosses a bound (JSON nested
+            deeper than :data:`MAX_JSON_DEPTH` among them), or does not speak HTTP.
     """
     response = await exchange(url, method, path, payload, timeouts=timeouts, headers=headers)
     return response.status, response.json()
@@ -335,16 +507,18 @@ async def stream_events(
     *,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
     headers: Mapping[str, str] | None = None,
-) -> tuple[float, list[StreamEvent]]:
+) -> tuple[float, Iterator[StreamEvent]]:
     """POST ``payload`` to ``path``; when the stream is over, ``(the time the request was
-    written, its Server-Sent Events)``.
+    written, its Server-Sent Events)`` (read as they are iterated).
 
     Raises:
         ServerError: for an unreachable server, a status that is not 2xx (with the server's
-            message), a body that is not an event stream, or silence longer than the stall
-            timeout.
+            message), a body that is not an event stream, silence longer than the stall
+            timeout, or a bound crossed (a request's total time among them).
     """
-    response = await exchange(url, "POST", path, payload, timeouts=timeouts, headers=headers)
+    response = await exchange(
+        url, "POST", path, payload, timeouts=timeouts, headers=headers, streamed=True
+    )
     where = f"POST {url}{path}"
     if not 200 <= response.status < 300:
         raise ServerError(f"{where}: HTTP {response.status}: {response.text()}")

@@ -13,7 +13,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill.serve.api import (
@@ -38,6 +38,12 @@ from pytest_prefill.sim import Request, validate_load
 
 ARRIVALS = ("trace", "poisson", "gamma", "burst")
 PROGRESS_INTERVAL = 2.0
+# A server may send more tokens than asked (an engine that cannot pin the length stops where it
+# likes), but not more than this many times as many (plus a few): a claim of 10^9 tokens is
+# refused, not stored as 10^9 arrival times.
+TOKENS_FACTOR = 4
+TOKENS_SLACK = 16
+INTERRUPTED = "interrupted before it finished"
 Progress = Callable[[str], object]
 
 
@@ -184,11 +190,28 @@ class Tally:
     assumed: bool = False
 
 
-async def tally(endpoint: str, events: Sequence[StreamEvent], t0: float) -> Tally:
-    """Count the tokens of a stream's events (``api.parse_chunk``).
+def most_tokens(output_len: int) -> int:
+    """The most output tokens a response to a request for ``output_len`` may claim."""
+    return TOKENS_FACTOR * output_len + TOKENS_SLACK
+
+
+def _check_claim(claimed: int | None, output_len: int | None) -> None:
+    if claimed is not None and output_len is not None and claimed > most_tokens(output_len):
+        raise ValueError(
+            f"the server claims {claimed:,} output tokens for a request of {output_len:,} "
+            f"(more than {TOKENS_FACTOR}x as many + {TOKENS_SLACK}); its usage is not believed"
+        )
+
+
+async def tally(
+    endpoint: str, events: Iterable[StreamEvent], t0: float, output_len: int | None = None
+) -> Tally:
+    """Count the tokens of a stream's events (``api.parse_chunk``); ``output_len``, the tokens
+    asked for, bounds the count (:func:`most_tokens`).
 
     Raises:
-        ValueError: for an event that is not of the endpoint's shape, or a streamed error.
+        ValueError: for an event that is not of the endpoint's shape, a streamed error, or a
+            count over the bound.
     """
     out = Tally()
     counted = 0
@@ -196,6 +219,7 @@ async def tally(endpoint: str, events: Sequence[StreamEvent], t0: float) -> Tall
         if i % EVENTS_PER_SLICE == EVENTS_PER_SLICE - 1:
             await asyncio.sleep(0)
         chunk = parse_chunk(endpoint, event.data, counted)
+        _check_claim(chunk.output_tokens, output_len)
         if chunk.prompt_tokens is not None:
             out.prompt_tokens = chunk.prompt_tokens
         if chunk.output_tokens is not None:
@@ -204,6 +228,7 @@ async def tally(endpoint: str, events: Sequence[StreamEvent], t0: float) -> Tall
         tokens = chunk.tokens
         if tokens is None:  # a text chunk without a count: one token, as vLLM assumes
             tokens, out.assumed = 1, True
+        _check_claim(counted + tokens, output_len)
         if tokens > 0:
             out.times.append(event.time - t0)
             out.counts.append(tokens)
@@ -225,7 +250,7 @@ async def send_one(target: Target, request: Request, scheduled: float, t0: float
             timeouts=target.timeouts,
             headers=target.headers,
         )
-        counted = await tally(target.endpoint, events, t0)
+        counted = await tally(target.endpoint, events, t0, request.output_len)
     except (ServerError, ValueError) as err:
         error = str(err)
     if error is None and not counted.times:
@@ -247,15 +272,29 @@ async def send_one(target: Target, request: Request, scheduled: float, t0: float
 
 
 class _Progress:
+    """What the run has done so far: counts for the progress line, and every request issued
+    with its record once it has one (what an interrupted run keeps)."""
+
     def __init__(self, total: int, progress: Progress | None) -> None:
         self.total, self.progress = total, progress
         self.done = self.failed = self.tokens = self.in_flight = 0
         self.start = time.perf_counter()
+        self.issued: list[tuple[Request, float]] = []
+        self.records: dict[str, ServerRecord] = {}
 
     def finished(self, record: ServerRecord) -> None:
         self.done += 1
         self.failed += not record.ok
         self.tokens += record.tokens_received
+        self.records[record.id] = record
+
+    def so_far(self) -> list[ServerRecord]:
+        """A record for every request issued: its own, or one that says it was cut off."""
+        return [
+            self.records.get(r.id)
+            or ServerRecord(r.id, at, at, r.prompt_len, r.output_len, error=INTERRUPTED)
+            for r, at in self.issued
+        ]
 
     def line(self) -> str:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
@@ -294,17 +333,26 @@ async def _issue(
         state.finished(record)
         return record
 
-    for request, at in zip(load, due):
-        delay = t0 + at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await limit.acquire()
-        if bounds.max_duration is not None and time.perf_counter() - t0 > bounds.max_duration:
-            limit.release()
-            stopped = f"time bound: no request sent after {bounds.max_duration:g} s"
-            break
-        tasks.append(asyncio.create_task(one(request, at)))
-    return list(await asyncio.gather(*tasks)), stopped
+    try:
+        for request, at in zip(load, due):
+            if bounds.max_duration is not None and at > bounds.max_duration:
+                stopped = f"time bound: no request sent after {bounds.max_duration:g} s"
+                break  # due after the bound: not waited for
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await limit.acquire()
+            if bounds.max_duration is not None and time.perf_counter() - t0 > bounds.max_duration:
+                limit.release()
+                stopped = f"time bound: no request sent after {bounds.max_duration:g} s"
+                break
+            state.issued.append((request, at))
+            tasks.append(asyncio.create_task(one(request, at)))
+        return list(await asyncio.gather(*tasks)), stopped
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 async def run_load(
@@ -314,9 +362,12 @@ async def run_load(
     schedule: Schedule = Schedule(),
     bounds: Bounds = Bounds(),
     progress: Progress | None = None,
+    stop: asyncio.Event | None = None,
 ) -> BenchRun:
     """Warm up, then send ``load`` (sorted by arrival, cut to ``bounds.max_requests``) on
-    ``schedule`` and record every request.
+    ``schedule`` and record every request. When ``stop`` is set (a Ctrl-C handler sets it) the
+    run ends at once and returns what it measured, marked ``interrupted``: the requests
+    finished keep their records, those in flight say they were cut off.
 
     Raises:
         ValueError: for an invalid load (see ``scheduler.validate_load``) or an empty one.
@@ -326,18 +377,25 @@ async def run_load(
         ordered = ordered[: bounds.max_requests]
     if not ordered:
         raise ValueError("load must hold at least one request")
-    warm = []
-    for i, request in enumerate(ordered[: bounds.warmup]):
-        twin = dataclasses.replace(request, id=f"warmup{i}-{request.id}")
-        warm.append(await send_one(target, twin, 0.0, time.perf_counter()))
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     state = _Progress(len(ordered), progress)
-    reporter = asyncio.create_task(state.report())
+    warm: list[ServerRecord] = []
+    started: list[str] = []
+    work = asyncio.ensure_future(_measure(target, ordered, schedule, bounds, state, warm, started))
+    stopping = asyncio.ensure_future((stop or asyncio.Event()).wait())
     try:
-        due = schedule.send_times(ordered)
-        records, stopped = await _issue(target, ordered, due, schedule, bounds, state)
+        await asyncio.wait((work, stopping), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # this run_load itself was cancelled
+        work.cancel()
+        raise
     finally:
-        reporter.cancel()
+        stopping.cancel()
+    if work.done():
+        records, why = work.result()
+        interrupted = False
+    else:
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        records, why, interrupted = state.so_far(), "interrupted", True
     settings = {
         "endpoint": target.endpoint,
         "token_ids": target.token_ids,
@@ -348,9 +406,43 @@ async def run_load(
         "bounds": dataclasses.asdict(bounds),
         "timeouts": dataclasses.asdict(target.timeouts),
     }
+    when = started[0] if started else _now()
     return BenchRun(
-        tuple(records), target.identity.to_dict(), settings, started, tuple(warm), stopped
+        tuple(records),
+        target.identity.to_dict(),
+        settings,
+        when,
+        tuple(warm),
+        why,
+        interrupted=interrupted,
     )
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+async def _measure(
+    target: Target,
+    ordered: Sequence[Request],
+    schedule: Schedule,
+    bounds: Bounds,
+    state: _Progress,
+    warm: list[ServerRecord],
+    started: list[str],
+) -> tuple[list[ServerRecord], str | None]:
+    """The warm-up (into ``warm``), then the run (when it began into ``started``)."""
+    for i, request in enumerate(ordered[: bounds.warmup]):
+        twin = dataclasses.replace(request, id=f"warmup{i}-{request.id}")
+        warm.append(await send_one(target, twin, 0.0, time.perf_counter()))
+    started.append(_now())
+    state.start = time.perf_counter()
+    reporter = asyncio.create_task(state.report())
+    try:
+        due = schedule.send_times(ordered)
+        return await _issue(target, ordered, due, schedule, bounds, state)
+    finally:
+        reporter.cancel()
 
 
 def bench(target: Target, load: Sequence[Request], **kwargs: Any) -> BenchRun:

@@ -26,6 +26,8 @@ from pytest_prefill.serve.prompts import WORDS_FILE
 EOS_TOKEN = "<|endoftext|>"
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 GGUF_FILE = "model.gguf"
+# What marks a folder as make-model's: only such a folder is ever replaced (--overwrite).
+MARKER_FILE = "prefill-model.json"
 MIN_WORDS = 64
 MAX_WORDS = 4000
 WORD_LENGTHS = (3, 7)  # letters per word, inclusive
@@ -148,6 +150,17 @@ class ModelFolder:
     gguf: str | None
 
 
+class WriteFailed(OSError):
+    """Writing the model folder failed (a full disk, say); nothing was left behind."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def _check_arguments(preset: str, folder: Any, overwrite: bool) -> None:
     from pytest_prefill.measure.models import MODEL_PRESETS
 
@@ -155,10 +168,37 @@ def _check_arguments(preset: str, folder: Any, overwrite: bool) -> None:
         raise ValueError(f"preset must be one of {', '.join(MODEL_PRESETS)}, got {preset!r}")
     if not isinstance(folder, (str, os.PathLike)) or not str(folder):
         raise ValueError(f"folder must be a path, got {folder!r}")
-    if os.path.lexists(folder) and not overwrite:
+    if not os.path.lexists(folder):
+        return
+    if not overwrite:
         raise ValueError(f"folder {folder}: already exists (give overwrite=True / --overwrite)")
-    if os.path.lexists(folder) and not os.path.isdir(folder):
+    if os.path.islink(folder) or not os.path.isdir(folder):
         raise ValueError(f"folder {folder}: exists and is not a folder")
+    if not os.path.isfile(os.path.join(folder, MARKER_FILE)):
+        raise ValueError(
+            f"folder {folder}: exists and was not made by make-model (it has no {MARKER_FILE}); "
+            "it is not replaced: give a new folder, or remove this one yourself"
+        )
+    here = os.path.realpath(os.getcwd())
+    real = os.path.realpath(folder)
+    if here == real or here.startswith(real + os.sep):
+        raise ValueError(f"folder {folder}: holds the current directory; it is not replaced")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _open_to_others(folder: str) -> None:
+    """Give the folder and its files the modes the umask grants (mkdtemp and some writers
+    make them private: a server running as another user could not read them)."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
 
 
 def make_model(
@@ -168,9 +208,14 @@ def make_model(
     seeded: the same preset gives the same weights). The folder is assembled beside its
     destination and renamed into place, so a failure leaves nothing half-written.
 
+    With ``overwrite``, only a folder this function made (it holds :data:`MARKER_FILE`) is
+    replaced. The folder and its files get the modes the umask grants.
+
     Raises:
         ValueError: for an unknown preset, a folder that exists (unless ``overwrite``) or is not
-            a folder, or a preset whose vocabulary is too small for one-token words.
+            a folder, one ``overwrite`` may not replace (not made here, or holding the current
+            directory), or a preset whose vocabulary is too small for one-token words.
+        WriteFailed: an OSError naming the folder, when writing fails (a full disk).
     """
     _check_arguments(preset, folder, overwrite)
     from pytest_prefill.measure.models import load_model
@@ -183,14 +228,19 @@ def make_model(
     work = tempfile.mkdtemp(prefix=".tmp-model-", dir=parent)
     try:
         _zero_silent_rows(loaded.model, silent_ids(vocabulary, loaded.vocab_size))
-        _write_hf(loaded, vocabulary, work)
-        if gguf:
-            write_gguf(loaded.model, loaded.config, vocabulary, os.path.join(work, GGUF_FILE))
+        _write(loaded, vocabulary, work, preset, gguf=gguf)
         if os.path.lexists(destination):
+            _check_arguments(preset, destination, True)  # still make-model's, as checked
             shutil.rmtree(destination)
         os.replace(work, destination)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(work, ignore_errors=True)
+        if isinstance(err, OSError) or type(err).__name__ == "SafetensorError":
+            reason = getattr(err, "strerror", None) or str(err).splitlines()[0]
+            raise WriteFailed(
+                f"{destination}: writing the model failed ({reason}); nothing was left behind",
+                destination,
+            ) from None
         raise
     return ModelFolder(
         destination,
@@ -200,6 +250,24 @@ def make_model(
         len(vocabulary.words),
         os.path.join(destination, GGUF_FILE) if gguf else None,
     )
+
+
+def _write(loaded: Any, vocabulary: Vocabulary, work: str, preset: str, *, gguf: bool) -> None:
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar per shard on stderr: noise around an error line
+    try:
+        _write_hf(loaded, vocabulary, work)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    if gguf:
+        write_gguf(loaded.model, loaded.config, vocabulary, os.path.join(work, GGUF_FILE))
+    marker = {"made_by": "prefill-bench make-model", "preset": preset}
+    with open(os.path.join(work, MARKER_FILE), "w", encoding="utf-8") as handle:
+        json.dump(marker, handle)
+    _open_to_others(work)
 
 
 def _zero_silent_rows(model: Any, ids: Sequence[int]) -> None:

@@ -27,6 +27,10 @@ MIN_WORDS = 64
 WORD_TOKEN = re.compile(r"^[\u0120\u2581]([a-z]{3,12})$")
 
 
+class TokenizerError(ValueError):
+    """A tokenizer folder without usable words (missing, malformed, too few)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Prompts:
     """Words (each with its leading space) and their token ids, in the same order."""
@@ -36,6 +40,11 @@ class Prompts:
     source: str
 
     def __post_init__(self) -> None:
+        for i, (word, token) in enumerate(zip(self.words, self.ids)):
+            if not isinstance(word, str) or not word:
+                raise ValueError(f"{self.source}: word {i} is {word!r:.40}, not a word")
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"{self.source}: id {i} is {token!r:.40}, not a token id")
         if len(self.words) != len(self.ids):
             raise ValueError(f"{self.source}: {len(self.words)} words for {len(self.ids)} ids")
         if len(self.words) < MIN_WORDS:
@@ -95,20 +104,33 @@ def prompts_from_folder(folder: str | os.PathLike[str]) -> Prompts:
     ``make-model`` wrote one, else the word tokens of its ``tokenizer.json``.
 
     Raises:
-        ValueError: naming the folder, when neither file is there or too few words are found.
+        TokenizerError: naming the file, when neither is there, one is malformed, or too few
+            words are found.
     """
-    path = os.fspath(folder)
+    try:
+        return _prompts_from_folder(os.fspath(folder))
+    except TokenizerError:
+        raise
+    except ValueError as err:
+        raise TokenizerError(str(err)) from None
+
+
+def _prompts_from_folder(path: str) -> Prompts:
     if not os.path.isdir(path):
-        raise ValueError(f"tokenizer folder {path}: not a folder")
+        raise TokenizerError(f"tokenizer folder {path}: not a folder")
     made = os.path.join(path, WORDS_FILE)
     if os.path.isfile(made):
         data = read_json(made, "word list")
-        if not isinstance(data, dict) or not isinstance(data.get("words"), list):
-            raise ValueError(f"{made}: not a word list (an object with 'words' and 'ids')")
-        return Prompts(tuple(data["words"]), tuple(data["ids"]), made)
+        words = data.get("words") if isinstance(data, dict) else None
+        ids = data.get("ids") if isinstance(data, dict) else None
+        if not isinstance(words, list) or not isinstance(ids, list):
+            raise TokenizerError(
+                f"{made}: not a word list (an object with lists 'words' and 'ids')"
+            )
+        return Prompts(tuple(words), tuple(ids), made)
     tokenizer = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tokenizer):
-        raise ValueError(f"tokenizer folder {path}: no {WORDS_FILE} and no tokenizer.json")
+        raise TokenizerError(f"tokenizer folder {path}: no {WORDS_FILE} and no tokenizer.json")
     return words_of_vocabulary(_vocabulary(tokenizer), tokenizer)
 
 
@@ -117,15 +139,28 @@ def _vocabulary(path: str) -> dict[str, int]:
     model = data.get("model") if isinstance(data, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-        return {str(entry[0]): i for i, entry in enumerate(vocab) if isinstance(entry, list)}
+        return {
+            entry[0]: i
+            for i, entry in enumerate(vocab)
+            if isinstance(entry, list) and entry and isinstance(entry[0], str)
+        }
     if not isinstance(vocab, dict):
-        raise ValueError(f"{path}: no model.vocab in this tokenizer.json")
-    return {str(k): int(v) for k, v in vocab.items()}
+        raise TokenizerError(f"{path}: no model.vocab in this tokenizer.json")
+    bad = next(
+        ((k, v) for k, v in vocab.items() if isinstance(v, bool) or not isinstance(v, int)), None
+    )
+    if bad is not None:
+        raise TokenizerError(
+            f"{path}: model.vocab maps {bad[0]!r:.40} to {bad[1]!r:.40}, not an id"
+        )
+    return dict(vocab)
 
 
 def words_of_vocabulary(vocab: dict[str, int], source: str, limit: int = 4096) -> Prompts:
     """The whole-word tokens of ``vocab`` (at most ``limit``, in id order)."""
-    found = sorted((i, WORD_TOKEN.match(token)) for token, i in vocab.items())
+    found = sorted(
+        ((i, WORD_TOKEN.match(token)) for token, i in vocab.items()), key=lambda pair: pair[0]
+    )
     pairs = [(" " + m.group(1), i) for i, m in found if m is not None][:limit]
     return Prompts(tuple(w for w, _ in pairs), tuple(i for _, i in pairs), source)
 

@@ -14,6 +14,10 @@ from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics
 if TYPE_CHECKING:
     from pytest_prefill.serve.server_metrics import ServerCounters
 
+# Tokens a server may count in a prompt beyond those asked for: a chat template's and a BOS
+# token's. More is a tokenizer that is not the server's (the prompt was not the length asked).
+PROMPT_SLACK = 64
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerRecord:
@@ -53,10 +57,18 @@ class ServerRecord:
 
     @property
     def exact(self) -> bool:
-        """Whether the server's usage confirms the lengths that were asked for."""
+        """Whether the server's usage confirms the lengths that were asked for: the output
+        exactly, the prompt to within what a chat template or a BOS token adds
+        (:data:`PROMPT_SLACK`)."""
         return self.output_tokens == self.output_len == self.tokens_received and (
-            self.prompt_tokens is None or self.prompt_tokens >= self.prompt_len
+            self.prompt_tokens is None
+            or self.prompt_len <= self.prompt_tokens <= self.prompt_len + PROMPT_SLACK
         )
+
+    @property
+    def input_tokens(self) -> int:
+        """The prompt's tokens: the server's count when it gave one, else the asked length."""
+        return self.prompt_len if self.prompt_tokens is None else self.prompt_tokens
 
     @property
     def ttft(self) -> float:
@@ -110,8 +122,9 @@ class BenchRun:
     """A measured run: its records (warm-up requests excluded), what it was aimed at and how
     requests were issued (``settings``), and the server's identity (``server``). ``duration``
     is the seconds from the first send to the last token; ``stopped`` says why the run ended
-    early (a time bound), or is None; ``server_counters`` is what the server's own
-    ``/metrics`` said before and after (None: it has none, or was not asked)."""
+    early (a time bound, an interruption), or is None; ``interrupted``: the run was cut off
+    (Ctrl-C) and holds what it had measured by then; ``server_counters`` is what the server's
+    own ``/metrics`` said before and after (None: it has none, or was not asked)."""
 
     records: tuple[ServerRecord, ...]
     server: Mapping[str, Any]
@@ -120,6 +133,7 @@ class BenchRun:
     warmup: tuple[ServerRecord, ...] = ()
     stopped: str | None = None
     server_counters: ServerCounters | None = None
+    interrupted: bool = False
 
     @property
     def completed(self) -> tuple[ServerRecord, ...]:
@@ -136,8 +150,11 @@ class BenchRun:
     def metrics(
         self, *, slo: SLO | None = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES
     ) -> ServingMetrics:
-        """vLLM's serving metrics over the completed requests."""
-        return serving_metrics_of(self.completed, slo=slo, percentiles=percentiles)
+        """vLLM's serving metrics over the completed requests; the input tokens are the
+        server's counts where it gave them (what it computed), else the asked lengths."""
+        metrics = serving_metrics_of(self.completed, slo=slo, percentiles=percentiles)
+        counted = sum(r.input_tokens for r in self.completed)
+        return dataclasses.replace(metrics, total_input_tokens=counted)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,6 +162,7 @@ class BenchRun:
             "settings": dict(self.settings),
             "started": self.started,
             "stopped": self.stopped,
+            "incomplete": self.interrupted,
             "completed": len(self.completed),
             "failed": len(self.failed),
             "inexact": len(self.inexact()),

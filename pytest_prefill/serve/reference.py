@@ -192,7 +192,8 @@ class TimestampError:
 
 async def _one_stream(url: Url, tokens: int, errors: list[float]) -> None:
     body = request_body("openai", "completions", MODEL, "a b c", tokens)
-    _, events = await stream_events(url, "/v1/completions", body, timeouts=Timeouts(5, 60))
+    _, stream = await stream_events(url, "/v1/completions", body, timeouts=Timeouts(5, 60))
+    events = list(stream)
     counted = await tally("completions", events, 0.0)  # the load generator's own reading
     stamps = [float(e.data[e.data.rfind('"sent": ') + 8 :].rstrip("}")) for e in events[:-1]]
     errors.extend(t - sent for t, sent in zip(counted.times, stamps))
