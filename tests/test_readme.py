@@ -1,4 +1,5 @@
-"""The README opens with exactly two commands, and CI runs the second one verbatim."""
+"""The README opens with exactly two commands, and CI runs the second one verbatim; it and the
+reference under docs/ import only from the facade, and every file they link to exists."""
 
 from __future__ import annotations
 
@@ -31,9 +32,14 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert readme_commands()[1] in ci
 
 
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def readme_python_imports() -> list[tuple[str, str]]:
-    """(module, name) for every ``from pytest_prefill... import name`` in the README's code."""
-    text = (ROOT / "README.md").read_text()
+    """(module, name) for every ``from pytest_prefill... import name`` in the README's and the
+    docs' code."""
+    text = "\n".join(path.read_text() for path in documents())
     found = []
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         for module, names in re.findall(r"^from (pytest_prefill[\w.]*) import (.+)$", block, re.M):
@@ -50,3 +56,20 @@ def test_the_readme_imports_only_from_the_facade():
     assert not deep, f"the README imports past the facade (pytest_prefill/__init__.py): {deep}"
     missing = [name for _, name in imports if name not in pytest_prefill.__all__]
     assert not missing, f"the facade does not export what the README imports: {missing}"
+
+
+def test_every_file_the_readme_and_the_docs_link_to_exists():
+    broken = []
+    for path in documents():
+        for target in re.findall(r"\]\(([^)#\s]+)\)", path.read_text()):
+            if "://" not in target and not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)} -> {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def test_the_readme_stays_short_and_links_its_reference():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 400, "the README is what a user does; reference goes to docs/"
+    linked = set(re.findall(r"\]\(docs/([^)#\s]+\.md)\)", readme))
+    unlinked = [p.name for p in (ROOT / "docs").glob("*.md") if p.name not in linked]
+    assert not unlinked, f"docs/ files the README does not link to: {unlinked}"

@@ -70,7 +70,7 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     target, transformers_server, prefill_report
 ):
     """The verdict is reported, not asserted: on a shared 2-core box this engine's TTFTs come out
-    10-25% low from run to run (README, "Fidelity against a server"), the size of the one decode
+    10-25% low from run to run (docs/fidelity.md, "Fidelity against a server"), the size of the one decode
     step a wrong first-token rule adds, and the sign of that bias changes from run to run."""
     from pytest_prefill.report.server_fidelity import fidelity_report
     from pytest_prefill.serve.fidelity import METRICS, STATS, cells_of, wrong_schedulings

@@ -15,7 +15,7 @@ from pytest_prefill.commands._args import non_negative_int, positive_int
 from pytest_prefill.measure.models import DEFAULT_MODEL, DTYPES, MODEL_PRESETS, validate_device
 from pytest_prefill.sim import PRESETS
 
-SMALL_PRESETS = ("tiny", "small")  # minutes at most on a CPU (README: fidelity of small ~5 min)
+SMALL_PRESETS = ("tiny", "small")  # minutes at most on a CPU (fidelity of small: ~5 min)
 
 
 def device_type(text: str) -> str:

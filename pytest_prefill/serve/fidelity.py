@@ -39,7 +39,7 @@ STATS = ("median", "p90")
 # median |error| of the TTFT cells at most TTFT_THRESHOLD. TTFT is where the scheduling shows
 # first: the lab's first-token rule adds a decode step to every TTFT, a budget too large or too
 # small changes how many passes (and their overheads) a prompt takes. Chosen from what this box
-# showed (README, "Fidelity against a server"): quiet runs under the server's scheduling gave a
+# showed (docs/fidelity.md, "Fidelity against a server"): quiet runs under the server's scheduling gave a
 # TTFT error of a few percent, the same runs under a wrong first-token rule or budget 14-24%.
 THRESHOLD = 0.15
 TTFT_THRESHOLD = 0.10
