@@ -262,6 +262,11 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
             prefill_report.table("A table of things", "col  val\\n---  ---\\nx    1", {"x": 1})
             prefill_report.verdict("claim-a", "HOLDS", "A is true.", "because of x")
             prefill_report.verdict("claim-b", "FAILS", "B is true.")
+            prefill_report.verdict("claim-c", "HOLDS", "C is true.", asserted=False)
+
+        def test_asserts_its_verdict(prefill_report):
+            prefill_report.verdict("claim-d", "FAILS", "D is true.")
+            assert False, "D does not hold"
 
         def test_bad_verdict(prefill_report):
             with pytest.raises(ValueError, match="verdict must be one of HOLDS, FAILS"):
@@ -275,7 +280,7 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
     """
     )
     short = run(pytester, "--prefill-results", "short", "--prefill-save")
-    short.assert_outcomes(passed=3, failed=1)
+    short.assert_outcomes(passed=3, failed=2)
     short.stdout.fnmatch_lines(
         [
             "*= pytest-prefill =*",
@@ -283,7 +288,10 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
             f"C* = {get_preset('lab-laptop').cost.chunk_star():.0f} tokens; pass overhead is*",
             "-> *",
             "HOLDS  claim-a: because of x",
-            "FAILS  claim-b: B is true.",
+            "FAILS  claim-d: D is true.",
+            # a FAILS its passing test cannot have asserted, and one its test says it does not
+            "reported, not asserted: FAILS  claim-b: B is true.",
+            "reported, not asserted: HOLDS  claim-c: C is true.",
             "pytest-benchmark: 2 benchmark(s), 1 errored*",
             "1 table(s): -v shows them here; the archive holds them",
             "archived: *",
@@ -291,7 +299,8 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
     )
     assert "x    1" not in short.stdout.str(), "the full tables need -v"
     result = run(pytester, "--prefill-results", "out", "-v", "--prefill-save")
-    result.assert_outcomes(passed=3, failed=1)
+    assert not re.search(r"^FAILS  claim-b", short.stdout.str(), re.M)
+    result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines(
         [
             "*= pytest-prefill =*",
@@ -322,7 +331,10 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
     assert [(v["name"], v["verdict"]) for v in run_["verdicts"]] == [
         ("claim-a", "HOLDS"),
         ("claim-b", "FAILS"),
+        ("claim-c", "HOLDS"),
+        ("claim-d", "FAILS"),
     ]
+    assert [v["asserted"] for v in run_["verdicts"]] == [None, None, False, None]
     assert run_["cost"]["cost_model"] == get_preset("lab-laptop").cost.to_dict()
     lab = get_preset("lab-laptop").cost
     assert run_["cost"]["recommendation"]["line"] == recommend(lab).line
@@ -333,7 +345,7 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
     assert benchmarks["test_timed"]["error"] is False
     assert benchmarks["test_timed"]["stats"]["rounds"] >= 1
     assert benchmarks["test_timed_but_broken"]["error"] is True
-    assert run_["pytest"]["outcomes"] == {"passed": 3, "failed": 1}
+    assert run_["pytest"]["outcomes"] == {"passed": 3, "failed": 2}
 
 
 def test_no_archive_from_the_ini_twin(pytester):
@@ -669,29 +681,62 @@ def test_a_table_is_not_a_request_to_archive(pytester):
     result.stdout.fnmatch_lines(["not archived: --prefill-save keeps this run under *"])
 
 
-@pytest.mark.parametrize("how", ["option", "ini"])
+@pytest.mark.parametrize("how", ["default", "option", "ini"])
 def test_the_engine_option_feeds_the_scheduler_and_capacity_fixtures(pytester, how):
-    pytester.makefile(".ini", pytest="[pytest]\nprefill_engine = vllm\n" if how == "ini" else "")
+    expected = "vllm" if how == "default" else "lab"  # the default is capacity's
+    pytester.makefile(".ini", pytest="[pytest]\nprefill_engine = lab\n" if how == "ini" else "")
     pytester.makepyfile(
-        test_engine="""
+        test_engine=f"""
         import pytest
         from pytest_prefill.plan.workloads import poisson
 
         @pytest.mark.sim
         def test_fixtures(prefill_scheduler, prefill_capacity):
             load = poisson(5.0, 20, prompt_len=512, output_len=16)
-            assert prefill_scheduler("shared", load).engine.name == "vllm"
-            assert prefill_scheduler("shared", load, engine="lab").engine.name == "lab"
+            assert prefill_scheduler("shared", load).engine.name == "{expected}"
+            assert prefill_scheduler("shared", load, engine="sglang").engine.name == "sglang"
             result = prefill_capacity(load, "ttft:2s,tpot:200ms", 2)
-            assert result.engine.name == "vllm"
+            assert result.engine.name == "{expected}"
     """
     )
-    args = ["--prefill-engine", "vllm"] if how == "option" else []
+    args = ["--prefill-engine", "lab"] if how == "option" else []
     result = run(pytester, *args, "-v")
     result.assert_outcomes(passed=1)
+    said = "the default, as prefill-bench capacity's" if how == "default" else "--prefill-engine)"
     result.stdout.fnmatch_lines(
-        ["prefill: the prefill_scheduler and prefill_capacity fixtures simulate as engine vllm*"]
+        [
+            "prefill: the prefill_scheduler and prefill_capacity fixtures simulate as "
+            f"engine {expected}*{said}*"
+        ]
     )
+
+
+def test_the_plugin_and_capacity_share_one_default_engine():
+    from pytest_prefill.commands import capacity as capacity_command
+    from pytest_prefill.plugin import options
+
+    assert options.DEFAULT_ENGINE == capacity_command.DEFAULT_ENGINE
+
+
+def test_a_search_in_a_test_prints_its_progress_only_with_v(pytester):
+    pytester.makepyfile(
+        test_quiet="""
+        import pytest
+        from pytest_prefill.plan.workloads import poisson
+
+        @pytest.mark.sim
+        def test_search(prefill_capacity):
+            load = poisson(5.0, 20, prompt_len=512, output_len=16)
+            prefill_capacity(load, "ttft:2s,tpot:200ms", 2)
+    """
+    )
+    progress = re.compile(r"\(\d+ simulations, [\d.]+ s\)")  # a finished deployment's line
+    quiet = run(pytester)
+    quiet.assert_outcomes(passed=1)
+    assert not progress.search(quiet.stdout.str()), "progress lands between the test dots"
+    loud = run(pytester, "-v")
+    loud.assert_outcomes(passed=1)
+    assert progress.search(loud.stdout.str())
 
 
 def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_search(pytester):
@@ -705,7 +750,8 @@ def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_se
             load = poisson(5.0, 30, prompt_len=512, output_len=16)
             result = prefill_capacity(load, "ttft:2s,tpot:200ms", 2)
             assert result.cost == prefill_cost_model and result.devices == 2
-            assert {r.deployment.label for r in result.results} >= {"shared ×2"}
+            labels = {r.deployment.label for r in result.results}
+            assert "chunked ≤2048 tok ×2" in labels  # vllm's own budget: the default engine
     """
     )
     result = run(pytester, "--prefill-results", "out", "-v", "--prefill-save")

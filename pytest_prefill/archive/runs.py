@@ -307,7 +307,7 @@ def run_document(
         "calibration": calibration,
         "tables": [{k: e.get(k) for k in ("title", "text", "data", "test")} for e in tables],
         "verdicts": [
-            {k: e.get(k) for k in ("name", "verdict", "sentence", "detail", "test")}
+            {k: e.get(k) for k in ("name", "verdict", "sentence", "detail", "test", "asserted")}
             for e in verdicts
         ],
         "benchmarks": [

@@ -39,7 +39,14 @@ from pytest_prefill.plugin.fixtures import (  # noqa: F401  (registered, not cal
     prefill_settings,
     scheduler,
 )
-from pytest_prefill.plugin.options import CPU_MODEL, OPTIONS, Settings, add_options, resolve
+from pytest_prefill.plugin.options import (
+    CPU_MODEL,
+    DEFAULT_ENGINE,
+    OPTIONS,
+    Settings,
+    add_options,
+    resolve,
+)
 from pytest_prefill.plugin.session import (
     GPU_PROPERTY,
     SKIP_PROPERTY,
@@ -131,7 +138,12 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"prefill: device {device} | model {model} | dtype {dtype}{threads} | machine "
         f"{s.machine_key} | cost {s.cost_label}",
         f"prefill: the prefill_scheduler and prefill_capacity fixtures simulate as "
-        f"{get_profile(s.engine).label()} (--prefill-engine)",
+        f"{get_profile(s.engine).label()} "
+        + (
+            "(the default, as prefill-bench capacity's; --prefill-engine NAME changes it)"
+            if s.engine == DEFAULT_ENGINE
+            else "(--prefill-engine)"
+        ),
     ]
     if s.device == "cpu" and s.model != CPU_MODEL:
         lines.append(

@@ -17,7 +17,7 @@ class Scheduler:
     (``--prefill-engine``; a call's own ``engine=`` wins): ``prefill_scheduler("chunked", load,
     chunk=256)``."""
 
-    def __init__(self, cost: CostModel, engine: str = "lab") -> None:
+    def __init__(self, cost: CostModel, engine: str = "vllm") -> None:
         self.cost, self.engine = cost, engine
 
     def __call__(self, policy: str, load: Sequence[Any], **options: Any) -> Trace:
@@ -54,13 +54,22 @@ class PrefillReport:
 
         self._record({"kind": "table", **Table(title, text, data, self.test).to_dict()})
 
-    def verdict(self, name: str, verdict: str, sentence: str, detail: str | None = None) -> None:
-        """HOLDS or FAILS for the claim ``sentence`` (printed with it in the summary)."""
+    def verdict(
+        self,
+        name: str,
+        verdict: str,
+        sentence: str,
+        detail: str | None = None,
+        *,
+        asserted: bool | None = None,
+    ) -> None:
+        """HOLDS or FAILS for the claim ``sentence`` (printed with it in the summary).
+        ``asserted=False`` says the test does not assert it: the summary prints it under
+        "reported, not asserted:", as it does a FAILS in a test that passed."""
         from pytest_prefill.report.verdicts import Verdict
 
-        self._record(
-            {"kind": "verdict", **Verdict(name, verdict, sentence, detail, self.test).to_dict()}
-        )
+        entry = Verdict(name, verdict, sentence, detail, self.test, asserted).to_dict()
+        self._record({"kind": "verdict", **entry})
 
 
 class CapacitySearch:
@@ -71,9 +80,15 @@ class CapacitySearch:
     of ``--prefill-engine`` unless ``engine=`` says otherwise."""
 
     def __init__(
-        self, cost: CostModel, report: PrefillReport, cost_label: str, engine: str = "lab"
+        self,
+        cost: CostModel,
+        report: PrefillReport,
+        cost_label: str,
+        engine: str = "vllm",
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.cost, self.report, self.cost_label, self.engine = cost, report, cost_label, engine
+        self.progress = progress  # a long search's progress lines: with -v only (not amid dots)
 
     def __call__(
         self,
@@ -94,7 +109,7 @@ class CapacitySearch:
         with contextlib.ExitStack() as stack:
             if "executor" not in options:
                 options["executor"] = stack.enter_context(local_executor(workers))
-            options.setdefault("progress", self.report.say)
+            options.setdefault("progress", self.progress)
             options.setdefault("engine", self.engine)
             result = capacity(workload, self.cost, slo, devices, **options)
         self.report.table(

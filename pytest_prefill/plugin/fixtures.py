@@ -199,7 +199,10 @@ def prefill_capacity(
     """The capacity search bound to ``prefill_cost_model``, reporting each search:
     ``prefill_capacity(load, "ttft:1s,tpot:100ms", 4)`` returns a ``CapacityResult``."""
     settings = state_of(request.config).settings
-    return CapacitySearch(prefill_cost_model, prefill_report, settings.cost_label, settings.engine)
+    progress = prefill_report.say if request.config.option.verbose > 0 else None
+    return CapacitySearch(
+        prefill_cost_model, prefill_report, settings.cost_label, settings.engine, progress
+    )
 
 
 @pytest.fixture(scope="session")

@@ -139,7 +139,15 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
     """The section's lines: the machine, the verdict block, our skips, pytest-benchmark's
     count, notes, the tables (with ``-v``; else how many), where the run was archived.
     Empty when nothing of ours ran."""
-    from pytest_prefill.report.verdicts import Table, Verdict, summary_lines, verdict_block
+    from pytest_prefill.report.verdicts import (
+        NOT_ASSERTED,
+        Table,
+        Verdict,
+        not_asserted,
+        summary_lines,
+        verdict_block,
+        verdict_line,
+    )
 
     tables = [Table.from_dict(e) for e in state.sorted_entries("table")]
     verdicts = [Verdict.from_dict(e) for e in state.sorted_entries("verdict")]
@@ -151,8 +159,10 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         return []
     out: list[tuple[str, Markup]] = [(f"machine {s.machine_key}", {})]
     if produced:
+        reported = [v for v in verdicts if not_asserted(v, state.outcomes.get(v.test))]
+        asserted = [v for v in verdicts if v not in reported]
         block = verdict_block(
-            used.cost, used.source, verdicts, used.refused, used.contexts, used.trust
+            used.cost, used.source, asserted, used.refused, used.contexts, used.trust
         )
         for line in block:
             out.append(
@@ -161,6 +171,7 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
                     GREEN if line.startswith("HOLDS") else RED if line.startswith("FAILS") else {},
                 )
             )
+        out += [(NOT_ASSERTED + verdict_line(v), YELLOW) for v in reported]
     out += [(line, YELLOW) for line in skips]
     out += [(line, {}) for line in benchmark_lines(state.sorted_entries("benchmark"))]
     received = len(state.sorted_entries("calibration"))

@@ -70,9 +70,12 @@ class Verdict:
     sentence: str
     detail: str | None = None
     test: str = ""
+    asserted: bool | None = None  # False: the test reports it and does not assert it
 
     def __post_init__(self) -> None:
         _text_field("name", self.name)
+        if self.asserted is not None and not isinstance(self.asserted, bool):
+            raise ValueError(f"asserted must be True, False or None, got {self.asserted!r}")
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
         _text_field("sentence", self.sentence)
@@ -86,6 +89,7 @@ class Verdict:
             "sentence": self.sentence,
             "detail": self.detail,
             "test": self.test,
+            "asserted": self.asserted,
         }
 
     @classmethod
@@ -96,6 +100,7 @@ class Verdict:
             _field(data, "sentence"),
             _field(data, "detail"),
             _field(data, "test") or "",
+            _field(data, "asserted"),
         )
 
 
@@ -130,13 +135,27 @@ def verdict_block(
             advice.line,
             *advice.warnings,
         ]
-    for v in verdicts:
-        detail = (v.detail or "").strip()
-        text = detail.splitlines()[0] if detail else v.sentence
-        for prefix in ("HOLDS: ", "FAILS: "):
-            text = text.removeprefix(prefix)
-        lines.append(f"{v.verdict}  {v.name}: {text}")
-    return lines
+    return lines + [verdict_line(v) for v in verdicts]
+
+
+def verdict_line(v: Verdict) -> str:
+    """One verdict on one line: its detail's first line (else its sentence)."""
+    detail = (v.detail or "").strip()
+    text = detail.splitlines()[0] if detail else v.sentence
+    for prefix in ("HOLDS: ", "FAILS: "):
+        text = text.removeprefix(prefix)
+    return f"{v.verdict}  {v.name}: {text}"
+
+
+NOT_ASSERTED = "reported, not asserted: "
+
+
+def not_asserted(v: Verdict, outcome: str | None) -> bool:
+    """Whether the verdict is only reported: its test said so (``asserted=False``), or it FAILS
+    in a test that passed (a test that asserted it would have failed)."""
+    if v.asserted is not None:
+        return not v.asserted
+    return v.verdict == "FAILS" and outcome == "passed"
 
 
 def summary_lines(tables: Sequence[Table], verdicts: Sequence[Verdict]) -> list[str]:
