@@ -58,6 +58,22 @@ def test_the_table_has_one_row_per_deployment_best_first(result):
     assert f"{best.max_rate:,.3g}" in body[0]
 
 
+@pytest.mark.parametrize("target", [0.99, 0.95])
+def test_the_latency_columns_follow_the_target(target):
+    load = poisson(20.0, 40, prompt_len=lambda rng: rng.randint(64, 3000), output_len=20)
+    found = capacity(
+        load, COST, SLO_TIGHT, 1, target=target, deployments=[Deployment("shared", 1)],
+        executor=InlineExecutor(),
+    )
+    p = round(100 * target)
+    header, _, row = capacity_table(found).splitlines()[:3]
+    assert f"TTFT p{p} ms" in header and f"TPOT p{p} ms" in header and "p90" not in header
+    best = found.ranked()[0].best
+    assert best is not None
+    assert f"{best.metrics.ttft.percentile(p) * 1e3:,.1f}" in row
+    assert f"{best.metrics.tpot.percentile(p) * 1e3:,.1f}" in row
+
+
 def test_the_text_says_where_numbers_come_from_and_what_to_do(result):
     text = capacity_text(result, "preset 'datacenter-illustrative'")
     assert text.startswith("Cost model: preset 'datacenter-illustrative'")

@@ -27,6 +27,7 @@ from pytest_prefill.plan.rate_search import (
     Probe,
     RateSearch,
     probe,
+    target_percentile,
     probe_result,
 )
 from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest, unreachable_line
@@ -426,7 +427,8 @@ def _drive(
     def advance(search: RateSearch) -> None:
         scale = search.next_scale()
         if scale is not None:
-            job = (load, cost, slo, search.deployment, scale, base_rate, engine)
+            percentile = target_percentile(search.target)
+            job = (load, cost, slo, search.deployment, scale, base_rate, engine, percentile)
             pending[pool.submit(probe, *job)] = search
         elif progress is not None:
             r = search.result()

@@ -16,7 +16,7 @@ from pytest_prefill import __version__
 from pytest_prefill._io import json_number
 from pytest_prefill.plan.capacity import CapacityResult
 from pytest_prefill.plan.engine_commands import engine_command
-from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult
+from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult, target_percentile
 from pytest_prefill.plan.sizing import DevicesNeeded
 from pytest_prefill.plan.sweep import engine_header
 from pytest_prefill.report.assumptions import AnswerBasis
@@ -31,7 +31,13 @@ HEADERS = (
     f"TPOT p{PERCENTILE:g} ms",
     "binds",
     "sims",
-)
+)  # at the default target, 90%: the latency columns follow the target (capacity_headers)
+
+
+def capacity_headers(target: float) -> tuple[str, ...]:
+    """The table's headers, the latency columns at the percentile the target names."""
+    p = target_percentile(target)
+    return (*HEADERS[:4], f"TTFT p{p:g} ms", f"TPOT p{p:g} ms", *HEADERS[6:])
 SCHEMA = "pytest-prefill/capacity"
 SCHEMA_VERSION = 1
 
@@ -64,8 +70,8 @@ def _row(r: DeploymentResult) -> tuple[str, ...]:
         _rate(r.max_rate, at_least),
         _rate(r.goodput_per_device, at_least),
         f"{best.attainment:.1%}",
-        _ms(best.metrics.ttft.percentile(PERCENTILE)),
-        _ms(best.metrics.tpot.percentile(PERCENTILE)),
+        _ms(best.metrics.ttft.percentile(target_percentile(r.target))),
+        _ms(best.metrics.tpot.percentile(target_percentile(r.target))),
         r.binding,
         str(len(r.probes)),
     )
@@ -77,7 +83,8 @@ def capacity_table(result: CapacityResult) -> str:
     a prefix cache or paged KV, the hit rate and the preemptions at that rate too."""
     ranked = result.ranked()
     cache = result.engine.prefix_caching or result.engine.kv == "paged"
-    headers = (*HEADERS, "hit rate", "preempted") if cache else HEADERS
+    columns = capacity_headers(result.target)
+    headers = (*columns, "hit rate", "preempted") if cache else columns
     body = [_row(r) + (_cache_cells(r) if cache else ()) for r in ranked]
     return tabulate(
         body,
