@@ -348,6 +348,17 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
     assert run_["pytest"]["outcomes"] == {"passed": 3, "failed": 2}
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("pytest_benchmark") is None, reason="pytest-benchmark not installed"
+)
+def test_pytest_benchmark_storage_appears_only_when_asked_for(pytester):
+    pytester.makepyfile(test_timed="def test_timed(benchmark):\n    benchmark(sum, range(9))\n")
+    run(pytester).assert_outcomes(passed=1)
+    assert not (pytester.path / ".benchmarks").exists(), "a plain run leaves .benchmarks/"
+    run(pytester, "--benchmark-autosave").assert_outcomes(passed=1)
+    assert list((pytester.path / ".benchmarks").rglob("*.json")), "asked for, it is kept"
+
+
 def test_no_archive_from_the_ini_twin(pytester):
     pytester.makefile(".ini", pytest="[pytest]\nprefill_no_archive = true\n")
     pytester.makepyfile("""

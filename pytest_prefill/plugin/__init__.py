@@ -45,6 +45,7 @@ from pytest_prefill.plugin.options import (
     OPTIONS,
     Settings,
     add_options,
+    keep_benchmark_storage_out,
     resolve,
 )
 from pytest_prefill.plugin.session import (
@@ -88,6 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "server: measures a running server (--prefill-server URL); under xdist every other "
         "test waits while one runs",
     )
+    keep_benchmark_storage_out(config)
     if config.option.help or config.option.version:
         return
     workerinput = getattr(config, "workerinput", None)

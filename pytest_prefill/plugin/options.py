@@ -394,3 +394,23 @@ def _torch_accelerators() -> list[Accelerator]:
     if not torch.cuda.is_available():
         return []
     return [Accelerator(i, torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
+
+
+BENCHMARK_STORAGE = "file://./.benchmarks"  # pytest-benchmark's default storage
+
+
+def keep_benchmark_storage_out(config: pytest.Config) -> None:
+    """pytest-benchmark creates its storage folder (``.benchmarks/``) in the working directory
+    whenever it starts, saving or not. Unless this run saves or compares (then the folder is
+    asked for) or names a storage, point it at the temporary folder, so a project's run leaves
+    no ``.benchmarks/`` behind."""
+    option = config.option
+    if getattr(option, "benchmark_storage", None) != BENCHMARK_STORAGE:
+        return  # pytest-benchmark is not installed, or the storage was moved already
+    given = [*config.invocation_params.args, *config.getini("addopts")]
+    if any(str(arg).startswith("--benchmark-storage") for arg in given):
+        return
+    if option.benchmark_save or option.benchmark_autosave or option.benchmark_compare:
+        return
+    folder = os.path.join(tempfile.gettempdir(), "pytest-prefill-benchmarks")
+    option.benchmark_storage = f"file://{folder}"
