@@ -69,7 +69,9 @@ def test_every_file_the_readme_and_the_docs_link_to_exists():
 
 def test_the_readme_stays_short_and_links_its_reference():
     readme = (ROOT / "README.md").read_text()
-    assert len(readme.splitlines()) <= 400, "the README is what a user does; reference goes to docs/"
+    assert len(readme.splitlines()) <= 400, (
+        "the README is what a user does; reference goes to docs/"
+    )
     linked = set(re.findall(r"\]\(docs/([^)#\s]+\.md)\)", readme))
     unlinked = [p.name for p in (ROOT / "docs").glob("*.md") if p.name not in linked]
     assert not unlinked, f"docs/ files the README does not link to: {unlinked}"

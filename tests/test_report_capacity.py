@@ -62,7 +62,12 @@ def test_the_table_has_one_row_per_deployment_best_first(result):
 def test_the_latency_columns_follow_the_target(target):
     load = poisson(20.0, 40, prompt_len=lambda rng: rng.randint(64, 3000), output_len=20)
     found = capacity(
-        load, COST, SLO_TIGHT, 1, target=target, deployments=[Deployment("shared", 1)],
+        load,
+        COST,
+        SLO_TIGHT,
+        1,
+        target=target,
+        deployments=[Deployment("shared", 1)],
         executor=InlineExecutor(),
     )
     p = round(100 * target)

@@ -84,9 +84,7 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     text = fidelity_report(result)
     print(text)
     prefill_report.table("fidelity against transformers serve", text, data=result.to_dict())
-    prefill_report.verdict(
-        "server fidelity", result.verdict, text.splitlines()[-1], asserted=False
-    )
+    prefill_report.verdict("server fidelity", result.verdict, text.splitlines()[-1], asserted=False)
     assert len(result.cells) == len(result.workloads) * len(METRICS) * len(STATS)
     assert all(c.error == c.error for c in result.cells) and result.noise == result.noise
     # Which scheduling scores closer is this box's luck (a quiet run once had the 16x budget's

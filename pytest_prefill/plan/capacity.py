@@ -27,8 +27,8 @@ from pytest_prefill.plan.rate_search import (
     Probe,
     RateSearch,
     probe,
-    target_percentile,
     probe_result,
+    target_percentile,
 )
 from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest, unreachable_line
 from pytest_prefill.plan.workloads import Workload, arrival_rate

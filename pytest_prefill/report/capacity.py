@@ -38,6 +38,8 @@ def capacity_headers(target: float) -> tuple[str, ...]:
     """The table's headers, the latency columns at the percentile the target names."""
     p = target_percentile(target)
     return (*HEADERS[:4], f"TTFT p{p:g} ms", f"TPOT p{p:g} ms", *HEADERS[6:])
+
+
 SCHEMA = "pytest-prefill/capacity"
 SCHEMA_VERSION = 1
 
