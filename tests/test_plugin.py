@@ -750,6 +750,28 @@ def test_a_search_in_a_test_prints_its_progress_only_with_v(pytester):
     assert progress.search(loud.stdout.str())
 
 
+def test_the_deploy_options_size_the_cost_models_kv_as_vllm_would(pytester):
+    pytester.makepyfile(
+        test_deploy="""
+        import pytest
+        from pytest_prefill.plan.device_memory import kv_capacity
+        from pytest_prefill.plan.model_spec import load_model_spec
+
+        @pytest.mark.sim
+        def test_kv(prefill_cost_model):
+            model = load_model_spec("llama-3-8b")
+            assert prefill_cost_model.kv_bytes_per_token == model.kv_bytes_per_token
+            assert prefill_cost_model.kv_capacity_tokens == kv_capacity(model, 40 * 2**30).tokens
+    """
+    )
+    args = ["--prefill-deploy-model", "llama-3-8b", "--prefill-device-memory", "40"]
+    run(pytester, *args).assert_outcomes(passed=1)
+    result = run(pytester, "--prefill-deploy-model", "llama-3-8b", "--prefill-device-memory", "8")
+    assert "holds no KV cache for llama-3-8b" in result.stderr.str()
+    result = run(pytester, "--prefill-deploy-model", "llama-3-8b")
+    assert "go together" in result.stderr.str()
+
+
 def test_the_capacity_fixture_searches_with_the_session_cost_and_archives_the_search(pytester):
     pytester.makepyfile(
         test_capacity_fixture="""

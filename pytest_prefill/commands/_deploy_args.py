@@ -6,6 +6,7 @@ model, memory, parallelism"). ``--model`` also names what ``--cost measure`` cal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -106,6 +107,8 @@ def _largest_tp(devices: int) -> int:
 
 
 def _max_model_len(args: argparse.Namespace, context: int | None) -> None:
+    if not hasattr(args, "max_model_len"):  # a command without a workload (timeline)
+        return
     if args.max_model_len is not None:
         args.max_model_len_origin = "--max-model-len"
     elif context is not None:
@@ -149,6 +152,15 @@ def served_name(spec: str) -> str:
     if spec in ARCHITECTURES:
         return "MODEL"
     return os.path.dirname(spec) or "." if os.path.isfile(spec) else spec
+
+
+def deployed_spec(args: argparse.Namespace, spec: CostSpec) -> CostSpec:
+    """``spec`` with its cost for one instance of --model at TP 1 and its source saying so."""
+    if args.hardware is None or spec.cost is None:
+        return spec
+    cost = deployed_cost(args, spec.cost, args.profile)
+    lines = args.hardware.lines([1], args.profile.kv_block_tokens)
+    return dataclasses.replace(spec, cost=cost, source="; ".join([spec.source, *lines]))
 
 
 def measured_model(spec: CostSpec) -> str | None:

@@ -19,6 +19,12 @@ from pytest_prefill.commands._args import (
     output_path,
     positive_int,
 )
+from pytest_prefill.commands._deploy_args import (
+    MODEL_HELP,
+    add_deploy_arguments,
+    check_deploy_args,
+    deployed_spec,
+)
 from pytest_prefill.commands._engine_args import add_engine_argument, check_engine
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
@@ -132,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100,
         help="characters per line of --text (default 100; 40 to 10,000)",
     )
-    add_model_arguments(parser)  # used by --cost measure
+    add_model_arguments(parser, deploy_help=MODEL_HELP)  # also what --cost measure calibrates
+    add_deploy_arguments(parser)
     add_timing_arguments(parser)
     add_threads_argument(parser)
 
@@ -159,6 +166,7 @@ def check(args: argparse.Namespace) -> None:
         _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
     if args.max_bars is None:
         args.max_bars = DEFAULT_MAX_BARS
+    check_deploy_args(args)
 
 
 def _check_drawable(profile: EngineProfile, cost: CostModel | None = None) -> None:
@@ -188,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         check(args)
     spec = resolve_cost_args(args)
     assert spec.cost is not None  # measured by resolve_cost_args
+    spec = deployed_spec(args, spec)
+    assert spec.cost is not None
     _check_drawable(args.profile, spec.cost)
     check_chunked_iterations(
         args.prompt_len,

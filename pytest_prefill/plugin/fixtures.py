@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from pytest_prefill._io import json_safe, write_json_atomic
+from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.plugin.bound import CapacitySearch, PrefillReport, Scheduler
 from pytest_prefill.plugin.options import Settings
 from pytest_prefill.plugin.session import device_lock, device_unavailable, state_of
-from pytest_prefill.sim import CostModel
+from pytest_prefill.sim import CostModel, simulated_engine
 
 # old name -> its prefill_* twin; the old names go in pytest-prefill 0.2
 DEPRECATED_FIXTURES = {
@@ -181,8 +183,15 @@ def prefill_cost_model(request: pytest.FixtureRequest) -> CostModel:
     state = state_of(request.config)
     s = state.settings
     if s.cost_model is not None and (s.cost_explicit or not state.calibrates):
-        return CostModel.from_dict(s.cost_model)
-    return request.getfixturevalue("prefill_calibration").cost
+        cost = CostModel.from_dict(s.cost_model)
+    else:
+        cost = request.getfixturevalue("prefill_calibration").cost
+    if s.deploy is None:
+        return cost
+    # --prefill-deploy-model: the deployment's KV bytes and capacity, as vLLM would size them
+    spec, memory = s.deploy
+    block = simulated_engine(s.engine).kv_block_tokens
+    return Hardware(load_model_spec(spec), memory).instance_cost(cost, 1, block)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ query saw no GPU."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 from typing import Any
@@ -24,6 +25,8 @@ from pytest_prefill.machine import (
 )
 from pytest_prefill.measure.models import DEFAULT_MODEL, MODEL_PRESETS  # imports no torch
 from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP
+from pytest_prefill.plan.device_memory import kv_capacity
+from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.sim import PRESETS, PROFILES, simulated_engine
 
 CPU_MODEL = "tiny"  # the default with --prefill-device cpu: Qwen3-0.6B on a CPU takes hours
@@ -98,6 +101,19 @@ OPTIONS = (
         metavar="NAME",
     ),
     _Option(
+        "deploy-model",
+        "the model the simulated deployment serves, for the cost-model fixture's KV bytes and "
+        "capacity: a config.json (or its folder) or a preset such as llama-3-8b (with "
+        "--prefill-device-memory; default: none, KV as the cost model says)",
+        metavar="SPEC",
+    ),
+    _Option(
+        "device-memory",
+        "GiB of one device of the simulated deployment: with --prefill-deploy-model the "
+        "cost-model fixture's KV capacity is what vLLM would allot at utilization 0.9",
+        metavar="GIB",
+    ),
+    _Option(
         "results",
         "folder of the per-machine results archive (default: results/ under the "
         "rootdir; a relative path is taken from the current directory on the command line, "
@@ -169,6 +185,8 @@ class Settings:
     cost_contexts: list[int] = dataclasses.field(default_factory=list)  # where C* is reported
     cost_trust: dict[str, Any] | None = None  # the calibration's trust figures (Trust.to_dict)
     engine: str = DEFAULT_ENGINE  # --prefill-engine: the fixtures' engine profile
+    # --prefill-deploy-model and --prefill-device-memory: (model spec, bytes), None: not given
+    deploy: tuple[str, float] | None = None
 
     @property
     def effective_device(self) -> str:
@@ -330,6 +348,9 @@ def resolve(config: pytest.Config) -> Settings:
     label = cost.label
     if not explicit:
         label += "; a session that calibrates (gpu tests) uses its calibration instead"
+    deploy = _deploy(config, opts["deploy-model"], opts["device-memory"])
+    if deploy is not None:
+        label += f"; KV sized for {deploy[0]} on {deploy[1] / 2**30:g} GiB devices"
     return Settings(
         model=model,
         model_note=model_note,
@@ -356,7 +377,32 @@ def resolve(config: pytest.Config) -> Settings:
         threads=threads,
         server=server,
         engine=engine,
+        deploy=deploy,
     )
+
+
+def _deploy(config: pytest.Config, model: _Option, memory: _Option) -> tuple[str, float] | None:
+    """(the deployment's model spec, one device's bytes), checked: both or neither given, a
+    readable model whose weights leave a KV block (a UsageError naming the option)."""
+    spec, spec_name, _ = _value(config, model)
+    gib, memory_name, _ = _value(config, memory)
+    if spec is None and gib is None:
+        return None
+    if spec is None or gib is None:
+        raise pytest.UsageError(
+            "--prefill-deploy-model and --prefill-device-memory go together: give both"
+        )
+    try:
+        size = float(str(gib).strip())
+    except ValueError:
+        size = math.nan
+    if not (math.isfinite(size) and size > 0):
+        raise pytest.UsageError(f"{memory_name} must be a positive number of GiB, got {gib!r}")
+    try:
+        kv_capacity(load_model_spec(str(spec).strip()), size * 2**30)
+    except ValueError as err:
+        raise pytest.UsageError(f"{spec_name}: {err}") from None
+    return str(spec).strip(), size * 2**30
 
 
 def _engine(config: pytest.Config, opt: _Option) -> str:
