@@ -18,12 +18,15 @@ from pytest_prefill.serve.fidelity import (
     Judgement,
     cells_of,
     judge,
+    knob,
+    other_engine,
     run_server_fidelity,
     wrong_schedulings,
 )
+from pytest_prefill.serve.fidelity_interval import Interval
 from pytest_prefill.serve.records import BenchRun, ServerRecord
 from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
-from pytest_prefill.sim import CostModel, EngineProfile, Request
+from pytest_prefill.sim import PROFILES, CostModel, EngineProfile, Request
 
 COST = CostModel(
     prefill_pass_overhead=0.02, prefill_per_token=3e-4, decode_step_base=0.02, decode_per_seq=0.005
@@ -137,16 +140,98 @@ def test_the_judgement_needs_both_figures_within_their_thresholds():
     assert Judgement(math.nan, 0.05).verdict == "FAILS"
 
 
-def test_the_wrong_schedulings_are_the_servers_profile_with_one_knob_replaced():
+def test_the_wrong_schedulings_are_one_knob_replaced_and_another_engines_profile():
     right = _scheduling(256, 8)
     wrong = wrong_schedulings(right)
-    rule, budget = wrong.values()
+    rule, budget, engine = wrong.values()
     assert rule.profile == dataclasses.replace(right.profile, first_token="decode")
     assert budget.profile == dataclasses.replace(right.profile, max_batched_tokens=256 * 16)
+    shipped = PROFILES[other_engine("transformers")]
+    assert engine.profile.name == shipped.name != right.profile.name
+    assert (engine.budget, engine.profile.max_seqs) == (
+        shipped.max_batched_tokens,
+        shipped.max_seqs,
+    )
+    assert engine.kv_capacity_tokens == right.kv_capacity_tokens
+    assert [knob(label) for label in wrong] == [
+        "the first-token rule",
+        "the token budget",
+        "the engine profile",
+    ]
     assert right.profile.name == "transformers" and right.profile.changed() == (
         "max_batched_tokens",
         "max_seqs",
     )
+
+
+def test_an_interval_decides_holds_fails_or_undecided():
+    def j(low: float, high: float, ttft_low: float = 0.01, ttft_high: float = 0.02) -> Judgement:
+        mid, ttft_mid = (low + high) / 2, (ttft_low + ttft_high) / 2
+        return Judgement(
+            mid, ttft_mid, 0.15, 0.10, Interval(low, high), Interval(ttft_low, ttft_high)
+        )
+
+    assert j(0.05, 0.12).verdict == "HOLDS"
+    assert j(0.16, 0.30).verdict == "FAILS"
+    assert j(0.10, 0.20).verdict == "UNDECIDED"  # straddles the threshold
+    assert j(0.05, 0.12, 0.05, 0.12).verdict == "UNDECIDED"  # the TTFT interval straddles
+    assert j(0.05, 0.12, 0.11, 0.20).verdict == "FAILS"  # the TTFT interval is over
+    document = j(0.10, 0.20).to_dict()
+    assert document["verdict"] == "UNDECIDED" and document["interval"]["high"] == 0.20
+
+
+def test_the_bootstrap_interval_is_tight_on_exact_runs_and_covers_the_error_on_biased_ones():
+    right = _scheduling()
+    exact = {"w": [_measured(LOAD, right), _measured(LOAD, right, 1.001)]}
+    result = judge(_calibration(), right, [], exact)
+    interval = result.judgement.interval
+    assert interval is not None and interval.high < 0.01 and result.verdict == "HOLDS"
+    slow = {
+        "w": [_measured(LOAD, right, 1.4), _measured(LOAD, right, 1.42)]
+    }  # the server 40% slower
+    biased = judge(_calibration(), right, [], slow)
+    low, high = biased.judgement.interval.low, biased.judgement.interval.high
+    assert low <= biased.error <= high and low > 0.15 and biased.verdict == "FAILS"
+    again = judge(_calibration(), right, [], slow)
+    assert again.judgement.interval == biased.judgement.interval  # seeded: the same resamples
+
+
+def test_a_counter_check_that_does_not_fail_where_the_right_one_holds_is_named():
+    right = _scheduling()
+    exact = {"w": [_measured(LOAD, right), _measured(LOAD, right, 1.001)]}
+    result = judge(_calibration(), right, [], exact)
+    passing = Judgement(0.01, 0.01, interval=Interval(0.0, 0.02), ttft_interval=Interval(0.0, 0.02))
+    tied = dataclasses.replace(result, wrong={**result.wrong, "budget 4,096": passing})
+    assert "the token budget" in tied.cannot_tell()
+    assert all(
+        knob(label) not in result.cannot_tell()
+        for label, j in result.wrong.items()
+        if j.verdict == "FAILS"
+    )
+    failing = dataclasses.replace(
+        tied,
+        judgement=Judgement(
+            0.5, 0.5, interval=Interval(0.4, 0.6), ttft_interval=Interval(0.4, 0.6)
+        ),
+    )
+    assert failing.cannot_tell() == []  # only a HOLDS can be undermined
+
+
+def test_held_out_workloads_hold_long_prompts_and_a_burst_and_the_fallback_is_loud(monkeypatch):
+    from pytest_prefill.serve import held_out
+
+    monkeypatch.setattr(held_out, "azure_trace_path", lambda name: None)
+    workloads = held_out.held_out_workloads(_calibration(), count=12)
+    names = [w.name for w in workloads]
+    assert names == ["poisson x0.5", "poisson x1", "long prompts", "burst"]
+    long = workloads[2].requests
+    assert sum(r.prompt_len >= 4 * 256 for r in long) == len(long) // 2
+    assert {r.arrival for r in workloads[3].requests} == {0.0}
+    assert all(w.fallback and "FALLBACK" in w.fallback for w in workloads)
+    chosen = held_out.held_out_workloads(_calibration(), count=12, source="mix")
+    assert all(w.fallback is None for w in chosen)
+    with pytest.raises(ValueError, match="no Azure trace"):
+        held_out.held_out_workloads(_calibration(), count=12, source="azure-conv")
 
 
 def test_a_single_run_and_a_scheduling_the_server_cannot_have_are_refused():

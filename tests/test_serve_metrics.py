@@ -97,3 +97,58 @@ def test_a_run_counts_exactly_what_it_sent_where_the_server_has_metrics(metrics)
     assert run.to_dict()["server_counters"]["summary"]["prompt_tokens"] == sum(
         r.prompt_len for r in load
     )
+
+
+def test_a_prefix_check_sets_the_servers_hit_rate_beside_the_simulated_one():
+    import dataclasses
+
+    from pytest_prefill.measure.calibrate import Calibration
+    from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
+    from pytest_prefill.serve.calibration_fit import RequestOverhead
+    from pytest_prefill.serve.prefix_check import prefix_check
+    from pytest_prefill.serve.records import BenchRun, ServerRecord
+    from pytest_prefill.serve.simulated import Scheduling, server_profile
+    from pytest_prefill.sim import CostModel, simulated_engine
+
+    cost = CostModel(prefill_pass_overhead=0.01, prefill_per_token=1e-4, decode_step_base=0.01)
+    calibration = ServerCalibration(
+        Calibration(cost, {}, (), {}, ()),
+        RequestOverhead(0.0, 0.0, 0.0, "none"),
+        (),
+        ServerSweep(256),
+    )
+    # four requests: the last three share the first's two leading 64-token blocks
+    load = [Request(f"m{i}", 2.0 * i, 192, 4, (1, 2, 10 + i)) for i in range(4)]
+    records = tuple(
+        ServerRecord(
+            r.id,
+            r.arrival,
+            r.arrival,
+            192,
+            4,
+            tuple(r.arrival + 0.1 * k for k in range(1, 5)),
+            (1,) * 4,
+            192,
+            4,
+        )
+        for r in load
+    )
+    before = {"vllm:prefix_cache_queries_total": 0.0, "vllm:prefix_cache_hits_total": 0.0}
+    after = {"vllm:prefix_cache_queries_total": 768.0, "vllm:prefix_cache_hits_total": 384.0}
+    run = BenchRun(records, {}, {}, "now", server_counters=ServerCounters(before, after))
+    profile = simulated_engine(
+        dataclasses.replace(server_profile("vllm", 256, 8), prefix_block_tokens=64)
+    )
+    check = prefix_check(run, load, calibration, Scheduling(profile))
+    assert check.server_hit_rate == 0.5 and check.requests == 4
+    assert check.simulated_hit_rate == pytest.approx(3 * 128 / (4 * 192))  # 2 blocks, 3 hits
+    assert check.hit_rate_gap == pytest.approx(check.simulated_hit_rate - 0.5)
+    cold = prefix_check(
+        run,
+        [dataclasses.replace(r, prefix_blocks=()) for r in load],
+        calibration,
+        Scheduling(profile),
+    )
+    assert cold.simulated_hit_rate == 0.0
+    assert check.simulated_ttft[0] < cold.simulated_ttft[0]  # hits skip prefill
+    assert "50.0%" in check.line()

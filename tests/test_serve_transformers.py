@@ -80,7 +80,8 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     profile = server_profile("transformers", served.budget)
     scheduling = Scheduling(profile, float(served.kv_tokens))
     sweep = ServerSweep(served.budget)
-    result = asyncio.run(run_server_fidelity(target, sweep, scheduling, runs=2))
+    # 10 requests a workload (16 by default): five held-out workloads, two runs each, in CI time
+    result = asyncio.run(run_server_fidelity(target, sweep, scheduling, runs=2, count=10))
     text = fidelity_report(result)
     print(text)
     prefill_report.table("fidelity against transformers serve", text, data=result.to_dict())

@@ -339,3 +339,24 @@ def test_equal_leading_hash_ids_give_equal_leading_tokens_and_the_rest_is_salted
     text = dataclasses.replace(shared, token_ids=False, identity=identity)
     words = text.body("a", 14, 2, (1, 2, 3, 9))["prompt"]
     assert words == "".join(WORDS.words[WORDS.ids.index(i)] for i in a)
+
+
+def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
+    from pytest_prefill.cli import main
+
+    runs = [
+        VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(128), 2, 2),), "vllm"),
+        VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(512), 4, 4.2),), "vllm"),
+    ]
+    paths = []
+    for i, result in enumerate(runs):
+        path = tmp_path / f"v{i}.json"
+        path.write_text(json.dumps(result.to_dict()))
+        paths.append(str(path))
+    assert main(["verify", "--rank", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "ranking: predicted ≤512 tok > ≤128 tok" in out and "agrees" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert "not a verify result" in usage_error(
+        ["verify", "--rank", str(tmp_path / "bad.json")], capsys
+    )

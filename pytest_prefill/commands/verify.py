@@ -60,7 +60,7 @@ def fraction_type(text: str) -> float:
 
 def _server_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server (a running --url, or --launch under each flag set)")
-    where = group.add_mutually_exclusive_group(required=True)
+    where = group.add_mutually_exclusive_group()
     where.add_argument("--url", type=url_type, help="a running server (it runs one flag set)")
     where.add_argument(
         "--launch", choices=LAUNCHED, help="start this engine under each flag set, stop it after"
@@ -87,31 +87,7 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     add_timeout_arguments(group)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _server_arguments(parser)
-    what = parser.add_argument_group("what to check")
-    what.add_argument(
-        "--answer",
-        metavar="JSON",
-        help="a capacity answer (capacity --json): its colocated deployments' settings, SLO "
-        "and target",
-    )
-    what.add_argument(
-        "--flags",
-        type=flags_type,
-        action="append",
-        metavar="tokens=N[,seqs=N]",
-        help="a flag set (repeat for several): the token budget and sequence cap",
-    )
-    what.add_argument("--slo", metavar="BOUNDS", help="e.g. ttft:2s,tpot:200ms (else the answer's)")
-    what.add_argument("--target", type=fraction_type, help="attainment target (default 0.9)")
-    add_workload_arguments(parser, default="poisson")
-    parser.add_argument(
-        "--lengths-divided-by",
-        type=divisors_type,
-        metavar="P:O",
-        help="divide the workload's prompt and output lengths (e.g. 4:8 for a small model)",
-    )
+def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     probes = parser.add_argument_group("probes")
     probes.add_argument(
         "--margin",
@@ -138,6 +114,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="the calibration's longest prompt (2048)",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _server_arguments(parser)
+    what = parser.add_argument_group("what to check")
+    what.add_argument(
+        "--answer",
+        metavar="JSON",
+        help="a capacity answer (capacity --json): its colocated deployments' settings, SLO "
+        "and target",
+    )
+    what.add_argument(
+        "--flags",
+        type=flags_type,
+        action="append",
+        metavar="tokens=N[,seqs=N]",
+        help="a flag set (repeat for several): the token budget and sequence cap",
+    )
+    what.add_argument(
+        "--rank",
+        nargs="+",
+        metavar="JSON",
+        help="no server: the flag sets of earlier runs' --json files (one server start each) "
+        "in one table, and their ranking",
+    )
+    what.add_argument("--slo", metavar="BOUNDS", help="e.g. ttft:2s,tpot:200ms (else the answer's)")
+    what.add_argument("--target", type=fraction_type, help="attainment target (default 0.9)")
+    add_workload_arguments(parser, default="poisson")
+    parser.add_argument(
+        "--lengths-divided-by",
+        type=divisors_type,
+        metavar="P:O",
+        help="divide the workload's prompt and output lengths (e.g. 4:8 for a small model)",
+    )
+    _probe_arguments(parser)
     parser.add_argument("--json", type=output_path, metavar="PATH", help="write the result JSON")
     parser.add_argument("--save", action="store_true", help="archive it as a run")
     add_archive_arguments(parser)
@@ -171,6 +182,10 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
 
 def check(args: argparse.Namespace) -> None:
     """What the command line can refuse before anything starts."""
+    if args.rank:
+        return
+    if args.url is None and args.launch is None:
+        raise ValueError("give --url (a running server) or --launch ENGINE (or --rank JSON...)")
     check_workload_args(args)
     if args.answer is None and not args.flags:
         raise ValueError("give --answer (a capacity answer's JSON) or --flags tokens=N[,seqs=N]")
@@ -234,7 +249,15 @@ def progress(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.report.verify import verify_report
+    from pytest_prefill.report.verify import combined_report, verify_report
+
+    if args.rank:
+        documents = [read_json(path, "verify result") for path in args.rank]
+        for path, doc in zip(args.rank, documents):
+            if not isinstance(doc, dict) or doc.get("kind") != "pytest-prefill/verify":
+                raise ValueError(f"--rank {path}: not a verify result (verify --json)")
+        print(combined_report(documents))
+        return 0
 
     flags, slo, target = list(args.flags or []), args.slo, args.target
     if args.answer is not None:

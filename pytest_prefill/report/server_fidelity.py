@@ -7,6 +7,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from pytest_prefill.serve.fidelity import ServerFidelity
+from pytest_prefill.serve.fidelity_interval import Interval
 from pytest_prefill.units import ms
 
 
@@ -41,31 +42,52 @@ def fidelity_table(result: ServerFidelity) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+def _within(value: float, interval: Interval | None) -> str:
+    if interval is None:
+        return f"{value:.1%}"
+    return f"{value:.1%} [{interval.low:.1%}, {interval.high:.1%}]"
+
+
 def summary_lines(result: ServerFidelity) -> list[str]:
     j = result.judgement
     judged = sum(c.judged for c in result.cells)
+    level = j.interval.level if j.interval is not None else None
+    how = (
+        f"; [{level:.0%} bootstrap interval over requests and runs, "
+        f"{j.interval.resamples} resamples]"
+        if j.interval is not None and level is not None
+        else ""
+    )
     lines = [
-        f"median |error| over {judged} judged cells: {j.error:.1%} (threshold {j.threshold:.0%}); "
-        f"over the TTFT cells: {j.ttft_error:.1%} (threshold {j.ttft_threshold:.0%}); noise floor "
-        f"(the measured runs' spread): median {result.noise:.1%}",
+        f"median |error| over {judged} judged cells: {_within(j.error, j.interval)} (threshold "
+        f"{j.threshold:.0%}); over the TTFT cells: {_within(j.ttft_error, j.ttft_interval)} "
+        f"(threshold {j.ttft_threshold:.0%}); noise floor (the measured runs' spread): median "
+        f"{result.noise:.1%}{how}",
     ]
     for label, wrong in result.wrong.items():
         lines.append(
-            f"  the same runs simulated with {label}: {wrong.error:.1%}, TTFT {wrong.ttft_error:.1%}"
-            f" -> {wrong.verdict}"
+            f"  the same runs simulated with {label}: {_within(wrong.error, wrong.interval)}, "
+            f"TTFT {_within(wrong.ttft_error, wrong.ttft_interval)} -> {wrong.verdict}"
         )
+    for knob in result.cannot_tell():
+        lines.append(f"  this run cannot tell {knob} apart: its wrong setting does not FAIL")
+    if result.fallback:
+        lines.append(f"WARNING: {result.fallback}")
     sentence = (
         f"the simulator, with the cost model calibrated from this server and its scheduling "
         f"({result.scheduling.label()}), predicts its serving metrics within {j.threshold:.0%} "
         f"and its TTFTs within {j.ttft_threshold:.0%} (median over judged cells)"
     )
+    if j.verdict == "UNDECIDED":
+        sentence += ": the interval straddles a threshold"
     lines.append(f"{result.verdict}: {sentence}")
     return lines
 
 
 def fidelity_report(result: ServerFidelity) -> str:
     overhead = result.calibration.overhead
-    lines = ["Held-out workloads:"]
+    lines = [f"WARNING: {result.fallback}"] if result.fallback else []
+    lines.append("Held-out workloads:")
     for w in result.workloads:
         lines.append(f"  {w.name}: {w.description}")
         if w.attribution:

@@ -19,7 +19,7 @@ from pytest_prefill.plan.advice import (
 )
 from pytest_prefill.sim import CostModel
 
-VERDICTS = ("HOLDS", "FAILS")
+VERDICTS = ("HOLDS", "FAILS", "UNDECIDED")  # UNDECIDED: an interval straddles the line
 
 
 def _text_field(field: str, value: object, *, allow_empty: bool = False) -> str:

@@ -5,10 +5,12 @@ measured ranking of the flag sets agrees with the predicted one."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
+from pytest_prefill.serve.verify import FlagSetResult, VerifyResult, ranking
 
 
 def _rate(value: float | None) -> str:
@@ -105,3 +107,47 @@ def verify_report(result: VerifyResult) -> str:
     lines += [r.ended for r in result.results if r.ended is not None]
     lines.append(ranking_line(result))
     return "\n".join(lines)
+
+
+def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
+    """The flag sets of several verify runs (their JSON documents: one server start each, say)
+    in one table, and whether their measured ranking agrees with the predicted one."""
+    rows, predicted, measured, labels = [], [], [], []
+    for doc in documents:
+        for r in doc.get("flag_sets", []):
+            p = (r.get("predicted") or {}).get("rate") or 0.0
+            m = (r.get("measured") or {}).get("rate") or 0.0
+            status = (r.get("measured") or {}).get("status", "-")
+            at = r.get("attainment_at_predicted")
+            label = r["flags"]["label"]
+            rows.append(
+                [
+                    label,
+                    _rate(p),
+                    f"{_rate(m)} ({status})",
+                    f"{p / m:.2f}" if p > 0 and m > 0 else "-",
+                    f"{at:.0%}" if isinstance(at, (int, float)) else "-",
+                ]
+            )
+            if r.get("predicted") and r.get("measured") and not r.get("ended"):
+                labels.append(label)
+                predicted.append(p)
+                measured.append(m)
+    headers = ["flag set", "predicted knee", "measured knee", "predicted/measured"]
+    headers.append("attainment at predicted")
+    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    if len(labels) < 2:
+        return table + "\nranking: fewer than two flag sets measured, nothing to rank"
+    p_order, m_order = ranking(predicted), ranking(measured)
+    agree = (
+        "the measured ranking agrees with the predicted one"
+        if p_order == m_order
+        else "the same best flag set; the rest are ordered differently"
+        if p_order[0] == m_order[0]
+        else "the measured best flag set is NOT the predicted one"
+    )
+    line = (
+        f"ranking: predicted {' > '.join(labels[i] for i in p_order)}; measured "
+        f"{' > '.join(labels[i] for i in m_order)}: {agree}"
+    )
+    return f"{table}\n{line}"

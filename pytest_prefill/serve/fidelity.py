@@ -1,23 +1,25 @@
-"""Fidelity against a running server: held-out workloads measured on the server and replayed in
-the simulator with the cost model calibrated from that server, under its scheduling. The
-calibration's rounds and the workloads' runs alternate in time (A, B, A, B), so the machine's
-drift hits both; TTFT, TPOT, ITL and E2EL (median and p90) are compared; the run-to-run spread of
-the measured figures is the noise floor printed beside the error; the run HOLDS when the median
-error over the judged cells is within the threshold. The same measurements are also judged
-under the server's engine profile with a wrong first-token rule or a wrong budget: the threshold
-is only worth something if those FAIL. Standard library only (the calibration's fit needs numpy)."""
+"""Fidelity against a running server: held-out workloads (``held_out``) measured on the server
+and replayed in the simulator with the cost model calibrated from that server, under its
+scheduling. The calibration's rounds and the workloads' runs alternate in time (A, B, A, B), so
+the machine's drift hits both; TTFT, TPOT, ITL and E2EL (median and p90) are compared; the
+run-to-run spread of the measured figures is the noise floor printed beside the error. The
+verdict reads the median error over the judged cells with its bootstrap interval over requests
+and runs (``fidelity_interval``): HOLDS when the interval is within the threshold, FAILS when it
+is over, UNDECIDED when it straddles it. The same measurements are also judged under three
+counter-checks — the other first-token rule, a 16x budget, another engine's profile — and a
+counter-check that does not FAIL where the server's scheduling HOLDS means the run cannot tell
+that knob apart. Standard library only (the calibration's fit needs numpy)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
-from pytest_prefill.plan.workloads import AZURE_ATTRIBUTION, azure_trace_path, load_azure
+from pytest_prefill.plan.metrics import serving_metrics_of
 from pytest_prefill.serve.calibration import (
     Samples,
     ServerCalibration,
@@ -26,11 +28,16 @@ from pytest_prefill.serve.calibration import (
     fit_server,
     server_provenance,
 )
-from pytest_prefill.serve.calibration_fit import ttft_alone
+from pytest_prefill.serve.fidelity_interval import Interval, Paired, bootstrap, paired_runs
+from pytest_prefill.serve.held_out import ServerWorkload, held_out_workloads
 from pytest_prefill.serve.loadgen import Bounds, Target, run_load
 from pytest_prefill.serve.records import BenchRun
-from pytest_prefill.serve.simulated import Scheduling, simulated_metrics
-from pytest_prefill.sim import Request
+from pytest_prefill.serve.simulated import (
+    Scheduling,
+    server_profile,
+    simulate_records,
+)
+from pytest_prefill.sim import PROFILES
 
 Progress = Callable[[str], object]
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -47,109 +54,8 @@ TTFT_THRESHOLD = 0.10
 # cannot test the model: printed, not judged.
 MAX_NOISE = TTFT_THRESHOLD
 DEFAULT_RUNS = 2
+RIGHT = "the server's scheduling"
 DEFAULT_COUNT = 16
-PROMPT_SCALE = 4  # Azure conv prompts (median ~1,000 tokens) divided by this
-OUTPUT_SCALE = 8  # and its outputs (median ~130)
-MIN_OUTPUT = 4
-LOADS = (0.5, 1.0)  # Poisson rates, in requests per mean service time of one request alone
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerWorkload:
-    name: str
-    requests: tuple[Request, ...]
-    description: str
-    attribution: str | None = None
-
-
-def _lengths(
-    path: str | None, max_prompt: int, count: int, seed: int
-) -> tuple[list[tuple[int, int]], str]:
-    """(prompt, output) pairs from the Azure conv trace scaled down, or a fixed mix without it."""
-    if path is not None:
-        rows = load_azure(path, limit=4000)
-        pairs = [
-            (
-                min(max(r.prompt_len // PROMPT_SCALE, 16), max_prompt),
-                max(r.output_len // OUTPUT_SCALE, MIN_OUTPUT),
-            )
-            for r in rows
-        ]
-        source = f"Azure conv lengths / {PROMPT_SCALE} (prompts) and / {OUTPUT_SCALE} (outputs)"
-    else:
-        pairs = [(p, o) for p in (64, 128, 256, 512) for o in (8, 16, 32)]
-        source = "prompts 64-512, outputs 8-32 (no Azure trace here)"
-    rng = random.Random(seed)
-    return [rng.choice(pairs) for _ in range(count)], source
-
-
-def service_time(calibration: ServerCalibration, pairs: Sequence[tuple[int, int]]) -> float:
-    """Mean seconds one request of ``pairs`` takes alone, by the calibration."""
-    cost, budget = calibration.cost, calibration.sweep.budget
-    times = [
-        ttft_alone(cost, calibration.overhead.total, p, budget)
-        + (o - 1) * cost.decode_step(1, p + o // 2)
-        for p, o in pairs
-    ]
-    return statistics.mean(times)
-
-
-def held_out_workloads(
-    calibration: ServerCalibration,
-    *,
-    count: int = DEFAULT_COUNT,
-    seed: int = 7,
-    max_prompt: int = 2048,
-) -> list[ServerWorkload]:
-    """Poisson arrivals at ``LOADS`` (requests per mean service time) and a window of the
-    Azure conv trace's own arrival times rescaled to the higher load, with Azure conv lengths
-    scaled down; none of them is a request the calibration sent."""
-    path = azure_trace_path("conv")
-    pairs, source = _lengths(path, max_prompt, count, seed)
-    service = service_time(calibration, pairs)
-    workloads = []
-    for load in LOADS:
-        rate = load / service
-        rng = random.Random(seed + int(load * 100))
-        t, requests = 0.0, []
-        for i, (p, o) in enumerate(pairs):
-            requests.append(Request(f"poisson{load:g}-{i}", t, p, o))
-            t += rng.expovariate(rate)
-        workloads.append(
-            ServerWorkload(
-                f"poisson x{load:g}",
-                tuple(requests),
-                f"{count} Poisson arrivals at {rate:.2f} req/s; {source}",
-            )
-        )
-    if path is not None:
-        window = load_azure(path, start=600.0, limit=count)
-        span = window[-1].arrival - window[0].arrival
-        scale = (len(window) - 1) / span / (max(LOADS) / service) if span > 0 else 1.0
-        requests = [
-            Request(f"azure-{r.id}", (r.arrival - window[0].arrival) * scale, *pair)
-            for r, pair in zip(window, _scaled(window, max_prompt))
-        ]
-        workloads.append(
-            ServerWorkload(
-                "azure-conv window",
-                tuple(requests),
-                f"{count} requests from 600 s into azure-conv, its arrival times rescaled to "
-                f"{max(LOADS) / service:.2f} req/s, lengths scaled as above",
-                AZURE_ATTRIBUTION,
-            )
-        )
-    return workloads
-
-
-def _scaled(rows: Sequence[Request], max_prompt: int) -> list[tuple[int, int]]:
-    return [
-        (
-            min(max(r.prompt_len // PROMPT_SCALE, 16), max_prompt),
-            max(r.output_len // OUTPUT_SCALE, MIN_OUTPUT),
-        )
-        for r in rows
-    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,17 +111,21 @@ def _value(metrics: Any, metric: str, stat: str) -> float:
     return dist.median if stat == "median" else dist.percentile(float(stat[1:]))
 
 
-def cells_of(
+def replay(
     runs: dict[str, list[BenchRun]], calibration: ServerCalibration, scheduling: Scheduling
-) -> list[Cell]:
-    """Every (workload, metric, statistic) of ``runs`` against its simulation."""
-    cells = []
+) -> tuple[list[Cell], dict[str, Paired]]:
+    """Every (workload, metric, statistic) of ``runs`` against its simulation under
+    ``scheduling``, and each workload's measured requests paired with their simulated twins
+    (what the bootstrap resamples)."""
+    cells, paired = [], {}
     for name, measured_runs in runs.items():
-        measured = [run.metrics() for run in measured_runs]
-        simulated = [
-            simulated_metrics(run.completed, calibration.cost, calibration.overhead, scheduling)
+        twins = [
+            simulate_records(run.completed, calibration.cost, calibration.overhead, scheduling)
             for run in measured_runs
         ]
+        measured = [run.metrics() for run in measured_runs]
+        simulated = [serving_metrics_of(t) for t in twins]
+        paired[name] = paired_runs(measured_runs, twins)
         for metric in METRICS:
             for stat in STATS:
                 cells.append(
@@ -227,7 +137,14 @@ def cells_of(
                         tuple(_value(m, metric, stat) for m in measured),
                     )
                 )
-    return cells
+    return cells, paired
+
+
+def cells_of(
+    runs: dict[str, list[BenchRun]], calibration: ServerCalibration, scheduling: Scheduling
+) -> list[Cell]:
+    """Every (workload, metric, statistic) of ``runs`` against its simulation."""
+    return replay(runs, calibration, scheduling)[0]
 
 
 def judged_error(cells: Sequence[Cell], metric: str | None = None) -> float:
@@ -240,12 +157,17 @@ def judged_error(cells: Sequence[Cell], metric: str | None = None) -> float:
 @dataclasses.dataclass(frozen=True)
 class Judgement:
     """The two figures the verdict reads: the median |error| over all judged cells and over
-    the judged TTFT cells."""
+    the judged TTFT cells, each with its bootstrap interval (``fidelity_interval``; None: not
+    resampled). With intervals: HOLDS when both intervals' tops are within their thresholds,
+    FAILS when either's bottom is over its threshold, UNDECIDED otherwise; without, the point
+    figures decide HOLDS or FAILS."""
 
     error: float
     ttft_error: float
     threshold: float = THRESHOLD
     ttft_threshold: float = TTFT_THRESHOLD
+    interval: Interval | None = None
+    ttft_interval: Interval | None = None
 
     @classmethod
     def of(
@@ -253,16 +175,38 @@ class Judgement:
         cells: Sequence[Cell],
         threshold: float = THRESHOLD,
         ttft_threshold: float = TTFT_THRESHOLD,
+        intervals: tuple[Interval, Interval] | None = None,
     ) -> Judgement:
-        return cls(judged_error(cells), judged_error(cells, "ttft"), threshold, ttft_threshold)
+        every, ttft = intervals if intervals is not None else (None, None)
+        return cls(
+            judged_error(cells),
+            judged_error(cells, "ttft"),
+            threshold,
+            ttft_threshold,
+            every,
+            ttft,
+        )
 
     @property
     def verdict(self) -> str:
-        ok = self.error <= self.threshold and self.ttft_error <= self.ttft_threshold
-        return "HOLDS" if ok else "FAILS"
+        pairs = ((self.interval, self.threshold), (self.ttft_interval, self.ttft_threshold))
+        if not (math.isfinite(self.error) and math.isfinite(self.ttft_error)):
+            return "FAILS"  # no cell judged: nothing supports the claim
+        if self.interval is None or self.ttft_interval is None:
+            ok = self.error <= self.threshold and self.ttft_error <= self.ttft_threshold
+            return "HOLDS" if ok else "FAILS"
+        if any(i.low > limit for i, limit in pairs if i is not None):
+            return "FAILS"
+        if all(i is not None and i.high <= limit for i, limit in pairs):
+            return "HOLDS"
+        return "UNDECIDED"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "verdict": self.verdict}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if "interval" not in k}
+        for name in ("interval", "ttft_interval"):
+            value = getattr(self, name)
+            out[name] = value.to_dict() if value is not None else None
+        return {**out, "verdict": self.verdict}
 
 
 def noise_floor(cells: Sequence[Cell]) -> float:
@@ -297,6 +241,18 @@ class ServerFidelity:
     def verdict(self) -> str:
         return self.judgement.verdict
 
+    def cannot_tell(self) -> list[str]:
+        """The knobs this run cannot tell apart: with the server's scheduling HOLDS, those whose
+        wrong setting does not FAIL either."""
+        if self.verdict != "HOLDS":
+            return []
+        return [knob(label) for label, j in self.wrong.items() if j.verdict != "FAILS"]
+
+    @property
+    def fallback(self) -> str | None:
+        """The held-out workloads' fallback warning (None: they are what they say)."""
+        return next((w.fallback for w in self.workloads if w.fallback), None)
+
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON (``_io.json_safe``: NaN, e.g. the error when no cell was judged, is
         null)."""
@@ -311,6 +267,8 @@ class ServerFidelity:
             "noise_floor": self.noise,
             "scheduling": self.scheduling.to_dict(),
             "wrong_scheduling": {label: j.to_dict() for label, j in self.wrong.items()},
+            "cannot_tell": self.cannot_tell(),
+            "workload_fallback": self.fallback,
             "cells": [c.to_dict() for c in self.cells],
             "workloads": [
                 {"name": w.name, "description": w.description, "attribution": w.attribution}
@@ -324,15 +282,35 @@ class ServerFidelity:
         }
 
 
+def other_engine(engine: str) -> str:
+    """The engine whose profile is the third counter-check: llama.cpp's (4 slots, budget
+    2,048), or vLLM's for a llama.cpp server."""
+    return "vllm" if engine == "llama.cpp" else "llama.cpp"
+
+
 def wrong_schedulings(scheduling: Scheduling) -> dict[str, Scheduling]:
-    """The mistakes the verdict must catch, as the server's profile with one knob replaced:
-    the other first-token rule (the lab's, for a server), a 16x budget."""
+    """The mistakes the verdict must catch: the server's profile with one knob replaced (the
+    other first-token rule, the lab's for a server; a 16x budget), and another engine's profile
+    as it ships (its own budget and sequence cap) on the same KV cache."""
     other = "decode" if scheduling.profile.first_token == "prefill" else "prefill"
     budget = scheduling.budget * 16
+    engine = other_engine(scheduling.profile.name)
+    shipped = PROFILES[engine]
+    profile = server_profile(engine, int(shipped.max_batched_tokens or 2048), shipped.max_seqs)
     return {
         f"first token at {other}": scheduling.replace(first_token=other),
         f"budget {budget:,}": scheduling.replace(max_batched_tokens=budget),
+        f"{engine}'s profile": dataclasses.replace(scheduling, profile=profile),
     }
+
+
+def knob(label: str) -> str:
+    """What a wrong scheduling's label changes, in words."""
+    if label.startswith("first token"):
+        return "the first-token rule"
+    if label.startswith("budget"):
+        return "the token budget"
+    return "the engine profile"
 
 
 async def run_server_fidelity(
@@ -342,11 +320,13 @@ async def run_server_fidelity(
     *,
     runs: int = DEFAULT_RUNS,
     count: int = DEFAULT_COUNT,
+    workload: str | None = None,
     progress: Progress | None = None,
     **provenance: Any,
 ) -> ServerFidelity:
     """Calibration rounds and workload runs alternated ``runs`` times (A, B, A, B, …), then
-    the comparison.
+    the comparison. ``workload``: the held-out lengths' source (``held_out.SOURCES``; None:
+    the Azure trace where found, else the fixed mix, loudly).
 
     Raises:
         ValueError: for ``runs`` < 2 (one run has no spread) or a failed calibration request.
@@ -360,7 +340,9 @@ async def run_server_fidelity(
     for index in range(runs):
         await calibration_round(target, sweep, samples, index, progress)
         if not workloads:
-            workloads = held_out_workloads(fit_server(samples, first, {}), count=count)
+            workloads = held_out_workloads(
+                fit_server(samples, first, {}), count=count, source=workload
+            )
         for w in workloads:
             renamed = [dataclasses.replace(r, id=f"run{index}-{r.id}") for r in w.requests]
             run = await run_load(target, renamed, bounds=Bounds(warmup=0))
@@ -385,13 +367,19 @@ def judge(
     ttft_threshold: float = TTFT_THRESHOLD,
 ) -> ServerFidelity:
     """The cells of ``measured`` under ``scheduling`` and the verdicts, also under each wrong
-    scheduling."""
-    cells = cells_of(measured, calibration, scheduling)
-    wrong = {
-        label: Judgement.of(cells_of(measured, calibration, other), threshold, ttft_threshold)
+    scheduling, each with its bootstrap interval (over the cells judged under ``scheduling``)."""
+    cells, paired = replay(measured, calibration, scheduling)
+    others = {
+        label: replay(measured, calibration, other)
         for label, other in wrong_schedulings(scheduling).items()
     }
-    judgement = Judgement.of(cells, threshold, ttft_threshold)
+    judged = [(c.workload, c.metric, c.stat) for c in cells if c.judged]
+    intervals = bootstrap({RIGHT: paired, **{label: p for label, (_, p) in others.items()}}, judged)
+    wrong = {
+        label: Judgement.of(c, threshold, ttft_threshold, intervals[label])
+        for label, (c, _) in others.items()
+    }
+    judgement = Judgement.of(cells, threshold, ttft_threshold, intervals[RIGHT])
     return ServerFidelity(
         calibration, scheduling, tuple(workloads), measured, tuple(cells), judgement, wrong
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_number
@@ -17,7 +17,7 @@ from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, ser
 from pytest_prefill.serve.api import ENGINES
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.records import ServerRecord
-from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, simulate
+from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, Trace, simulate
 
 # The engines a server can be that have a profile (a plain "openai" server has none).
 PROFILED_ENGINES = tuple(e for e in ENGINES if e in PROFILES)
@@ -101,20 +101,25 @@ class SimulatedRequest:
     token_times: tuple[float, ...]
 
 
-def simulate_records(
+def simulate_run(
     records: Sequence[ServerRecord],
     cost: CostModel,
     overhead: RequestOverhead,
     scheduling: Scheduling,
-) -> list[SimulatedRequest]:
-    """The simulator's version of ``records`` (the completed requests of a measured run):
-    ``chunked`` under the server's profile (decode rows first, prompt tokens FCFS in what the
-    budget leaves, at most the sequence cap admitted; the first token where the profile's rule
-    puts it), each request as long as the server made it."""
+    blocks: Mapping[str, Sequence[int | str]] | None = None,
+) -> tuple[list[SimulatedRequest], Trace]:
+    """:func:`simulate_records`, and the simulation's trace (its prefix cache's hits and its
+    preemptions); ``blocks``: request id -> the prompt's hash ids, for a workload that shares
+    prefixes (sent as shared blocks: ``loadgen.Target.prefix_block_tokens``)."""
     delay, back = overhead.arrival_delay, overhead.from_engine
+    shared = blocks or {}
     load = [
         Request(
-            r.id, r.arrival + delay, r.prompt_tokens or r.prompt_len, max(len(r.token_times), 1)
+            r.id,
+            r.arrival + delay,
+            r.prompt_tokens or r.prompt_len,
+            max(len(r.token_times), 1),
+            tuple(shared.get(r.id, ())),
         )
         for r in records
     ]
@@ -128,7 +133,20 @@ def simulate_records(
                 r.id, r.arrival, r.prompt_tokens or r.prompt_len, tuple(t + back for t in times)
             )
         )
-    return out
+    return out, trace
+
+
+def simulate_records(
+    records: Sequence[ServerRecord],
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+) -> list[SimulatedRequest]:
+    """The simulator's version of ``records`` (the completed requests of a measured run):
+    ``chunked`` under the server's profile (decode rows first, prompt tokens FCFS in what the
+    budget leaves, at most the sequence cap admitted; the first token where the profile's rule
+    puts it), each request as long as the server made it."""
+    return simulate_run(records, cost, overhead, scheduling)[0]
 
 
 def simulated_metrics(
