@@ -10,13 +10,16 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
+from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, load_model_spec
 from pytest_prefill.report.assumptions import PRESET_MODEL
+from pytest_prefill.serve.server_facts import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
@@ -163,18 +166,72 @@ def deployed_spec(args: argparse.Namespace, spec: CostSpec) -> CostSpec:
     return dataclasses.replace(spec, cost=cost, source="; ".join([spec.source, *lines]))
 
 
+def server_facts_of(spec: CostSpec) -> ServerFacts | None:
+    """The facts a server calibration recorded of the server it measured (None: not one)."""
+    document = _document(spec)
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if not isinstance(provenance, dict) or provenance.get("source") != "server":
+        return None
+    return ServerFacts.from_dict(provenance.get("deployment"))
+
+
+def keep_server_facts(args: argparse.Namespace, spec: CostSpec) -> str | None:
+    """Set ``args.server_facts`` from a server calibration (and the hardware's measured TP and
+    KV); the line that says the search keeps them (None: no server facts)."""
+    facts = args.server_facts = server_facts_of(spec)
+    if facts is None:
+        return None
+    if args.hardware is not None:
+        args.hardware = dataclasses.replace(
+            args.hardware, measured_tp=facts.tp, server_kv_tokens=facts.kv_capacity_tokens
+        )
+    return (
+        f"Server facts kept as the deployment's (the search varies the budget, not the "
+        f"hardware): {facts.describe()}"
+    )
+
+
+def search_deployments(
+    args: argparse.Namespace,
+    cost: CostModel,
+    devices: int,
+    given: Sequence[Deployment] | None,
+) -> tuple[Deployment, ...]:
+    """What a search on ``devices`` compares: ``given``, else the engine's defaults (with
+    --model at every TP that fits, each at its own cost model; a server calibration's TP only);
+    a server calibration's sequence cap on each."""
+    hardware, facts, block = args.hardware, args.server_facts, args.profile.kv_block_tokens
+    tp = facts.tp if facts is not None else 1
+    if given:
+        out = hardware.attach(given, cost, block) if hardware is not None else tuple(given)
+    elif hardware is not None:
+        out = hardware.deployments(cost, devices, args.slo, args.profile)
+    elif devices % tp == 0:
+        out = default_deployments(cost, devices, args.slo, args.profile, tp)
+    else:
+        out = ()
+    if facts is not None and facts.max_seqs is not None:
+        out = tuple(dataclasses.replace(d, max_seqs=d.max_seqs or facts.max_seqs) for d in out)
+    return out
+
+
+def _document(spec: CostSpec) -> Any:
+    if spec.kind != "file":
+        return None
+    try:
+        with open(spec.spec, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def measured_model(spec: CostSpec) -> str | None:
     """The model a cost spec's numbers were measured on (None: it does not say): the presets'
     Qwen3-0.6B, a calibration file's provenance."""
     if spec.kind == "preset":
         return PRESET_MODEL
-    if spec.kind != "file":
-        return None
-    try:
-        with open(spec.spec, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError, RecursionError):
-        return None
+    document = _document(spec)
     calibration = document.get("calibration", document) if isinstance(document, dict) else None
     provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
     model = provenance.get("model") if isinstance(provenance, dict) else None

@@ -18,7 +18,9 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     check_deployment_tp,
+    keep_server_facts,
     measured_model,
+    search_deployments,
     served_name,
 )
 from pytest_prefill.commands._engine_args import (
@@ -52,7 +54,6 @@ from pytest_prefill.plan.capacity import (
 )
 from pytest_prefill.plan.deployments import (
     Deployment,
-    default_deployments,
     deployments_like,
     refused_kinds,
 )
@@ -287,16 +288,10 @@ def _devices_needed(
         return None
     given = args.deployments or ()
     progress(f"looking for the devices this traffic needs (up to {args.max_devices}) ...")
-    hardware, block = args.hardware, args.profile.kv_block_tokens
 
     def candidates(n: int) -> tuple[Deployment, ...]:
-        if hardware is None:
-            return deployments_like(given, n, cost, args.slo, args.profile)
-        if not given:
-            return hardware.deployments(cost, n, args.slo, args.profile)
-        return hardware.attach(
-            deployments_like(given, n, cost, args.slo, args.profile), cost, block
-        )
+        moved = deployments_like(given, n, cost, args.slo, args.profile) if given else None
+        return search_deployments(args, cost, n, moved)
 
     return devices_needed(
         workload,
@@ -323,18 +318,6 @@ def _left_out(args: argparse.Namespace, cost: CostModel) -> str | None:
     return f"  note: no disaggregated split compared: {reason}" if reason else None
 
 
-def _deployments(args: argparse.Namespace, cost: CostModel) -> tuple[Deployment, ...]:
-    """The deployments to search: those given, else the engine's own; with --model each at its
-    own cost model (its TP's compute, its KV capacity), the defaults at every TP that fits."""
-    hardware, block = args.hardware, args.profile.kv_block_tokens
-    if args.deployments:
-        given = tuple(args.deployments)
-        return hardware.attach(given, cost, block) if hardware is not None else given
-    if hardware is not None:
-        return hardware.deployments(cost, args.devices, args.slo, args.profile)
-    return default_deployments(cost, args.devices, args.slo, args.profile)
-
-
 def _answer_basis(
     args: argparse.Namespace, spec: CostSpec, result: CapacityResult, needed: DevicesNeeded | None
 ) -> AnswerBasis:
@@ -349,6 +332,8 @@ def _answer_basis(
             f"  (no --cost given: the preset {DEFAULT_COST}, not your hardware; give --cost "
             "with a calibration of your server: prefill-bench calibrate-server)"
         )
+    if args.server_facts_line:
+        lines.append(args.server_facts_line)
     fraction = served = None
     if hardware is not None:
         tps = sorted({r.deployment.tp for r in result.results})
@@ -368,7 +353,13 @@ def run(args: argparse.Namespace) -> int:
     assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
     engine_for(args, workload)
-    deployments = _deployments(args, spec.cost)
+    args.server_facts_line = keep_server_facts(args, spec)
+    deployments = search_deployments(args, spec.cost, args.devices, args.deployments)
+    if not deployments:
+        raise ValueError(
+            f"--devices {args.devices}: the server's TP ({args.server_facts.tp}) does not "
+            "divide them"
+        )
     chunks = _token_chunks(deployments)
     check_chunked_run((r.prompt_len for r in workload.requests), chunks)
     where = args.cluster or f"{args.workers or os.cpu_count() or 1} local process(es)"

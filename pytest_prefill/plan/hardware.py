@@ -31,6 +31,9 @@ class Hardware:
     """``model`` served on devices of ``device_memory`` bytes (None: the KV capacity is the
     cost model's own), the engine taking ``utilization`` of each; compute at TP > 1 by
     ``rule`` (default: :func:`~pytest_prefill.plan.tensor_parallel.tp_rule` of the model).
+    A cost model measured on a server at ``measured_tp`` is used as it is at that TP (and only
+    there, when it is not 1), with the server's own KV capacity ``server_kv_tokens`` when it
+    showed one.
 
     Raises:
         ValueError: naming the field, for memory that is not a positive number or a
@@ -41,6 +44,8 @@ class Hardware:
     device_memory: float | None = None
     utilization: float = DEFAULT_UTILIZATION
     rule: TPRule | None = None
+    measured_tp: int = 1
+    server_kv_tokens: int | None = None
 
     def __post_init__(self) -> None:
         memory = self.device_memory
@@ -70,12 +75,27 @@ class Hardware:
         )
 
     def instance_cost(self, cost: CostModel, tp: int, block_tokens: int) -> CostModel:
-        """``cost`` (measured at TP=1) for one instance at ``tp``: compute scaled by the rule,
-        the model's KV bytes per token and, with device memory, its KV capacity."""
+        """``cost`` (measured at :attr:`measured_tp`) for one instance at ``tp``: compute scaled
+        by the rule from TP 1, the model's KV bytes per token and its KV capacity (the server's
+        own at its TP, else vLLM's rule with device memory, else the cost model's).
+
+        Raises:
+            ValueError: for a TP other than :attr:`measured_tp` when that is not 1.
+        """
         assert self.rule is not None
-        scaled = cost_at_tp(cost, self.model, tp, self.rule)
+        if tp == self.measured_tp:
+            scaled = cost
+        elif self.measured_tp == 1:
+            scaled = cost_at_tp(cost, self.model, tp, self.rule)
+        else:
+            raise ValueError(
+                f"a cost model measured at TP={self.measured_tp} is used at that TP only, not {tp}"
+            )
         kv = self.kv(tp, block_tokens)
-        capacity = float(kv.tokens) if kv is not None else scaled.kv_capacity_tokens
+        if tp == self.measured_tp and self.server_kv_tokens is not None:
+            capacity = float(self.server_kv_tokens)
+        else:
+            capacity = float(kv.tokens) if kv is not None else scaled.kv_capacity_tokens
         return dataclasses.replace(
             scaled, kv_bytes_per_token=self.model.kv_bytes_per_token, kv_capacity_tokens=capacity
         )
@@ -92,7 +112,8 @@ class Hardware:
         """The TP sizes a search tries on ``devices``: the powers of two up to
         :data:`MAX_TP` that divide the devices and the attention heads, at which the weights
         fit."""
-        sizes = (2**k for k in range(int(math.log2(MAX_TP)) + 1))
+        powers = tuple(2**k for k in range(int(math.log2(MAX_TP)) + 1))
+        sizes = powers if self.measured_tp == 1 else (self.measured_tp,)
         return tuple(
             n
             for n in sizes

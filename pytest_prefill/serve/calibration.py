@@ -58,6 +58,7 @@ from pytest_prefill.serve.experiments import (
 )
 from pytest_prefill.serve.http import request_json
 from pytest_prefill.serve.loadgen import Target
+from pytest_prefill.serve.server_facts import ServerFacts, server_facts
 from pytest_prefill.sim import CostModel
 
 Progress = Callable[[str], object]
@@ -326,7 +327,7 @@ def fit_server(
         else "the way in read beside live streams (the fit could not see more)"
     )
     prefill, penalty, more = _pass_constants(pass_fit)
-    cost = CostModel(**prefill, **decode, fusion_penalty=penalty)
+    cost = CostModel(**prefill, **decode, fusion_penalty=penalty, **_memory(provenance))
     prompts = [Point("prefill", p, m) for p, m in zip(lengths, alone)]
     fitted = {p.x: ttft_alone(cost, total, p.x, sweep.budget) for p in prompts}
     held = held_out(data, per_kv)
@@ -346,6 +347,17 @@ def fit_server(
     return ServerCalibration(calibration, overhead, tuple(chunking_of(samples.stalls)), sweep)
 
 
+def _memory(provenance: Mapping[str, Any]) -> dict[str, float]:
+    """The KV bytes per token and capacity the server's facts show (serve/server_facts)."""
+    facts = ServerFacts.from_dict(provenance.get("deployment"))
+    out: dict[str, float] = {}
+    if facts is not None and facts.kv_bytes_per_token is not None:
+        out["kv_bytes_per_token"] = float(facts.kv_bytes_per_token)
+    if facts is not None and facts.kv_capacity_tokens is not None:
+        out["kv_capacity_tokens"] = float(facts.kv_capacity_tokens)
+    return out
+
+
 def server_provenance(target: Target, sweep: ServerSweep, **extra: Any) -> dict[str, Any]:
     """Where a server calibration comes from: the server's identity, the sweep, the date."""
     from pytest_prefill import __version__
@@ -358,6 +370,7 @@ def server_provenance(target: Target, sweep: ServerSweep, **extra: Any) -> dict[
         "model": identity.model,
         "model_source": f"served by {identity.engine} ({identity.how})",
         "server": identity.to_dict(),
+        "deployment": server_facts(identity).to_dict(),
         "endpoint": target.endpoint,
         "budget": sweep.budget,
         "repeats": sweep.repeats,
