@@ -373,7 +373,7 @@ def capacity(
             f"start must be a rate multiple in [{MIN_SCALE:g}, {MAX_SCALE:g}], got {start!r}"
         )
     base_rate = arrival_rate(load)
-    alone = alone_misses(load, slo, target, [(d, cost) for d in chosen], profile)
+    alone = alone_misses(load, slo, target, [(d, d.cost_on(cost)) for d in chosen], profile)
     searches = {
         d.label: RateSearch(d, float(target), float(tolerance), float(start), verify)
         for d, a in zip(chosen, alone)

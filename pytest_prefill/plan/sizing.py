@@ -218,7 +218,7 @@ def devices_needed(
     if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target <= 1):
         raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
     base_rate = arrival_rate(load)
-    widest = [(d, cost) for d in deployments_at(max_devices)]
+    widest = [(d, d.cost_on(cost)) for d in deployments_at(max_devices)]
     alone = alone_misses(load, slo, target, widest, profile) if widest else ()
     if alone and all(a.unreachable for a in alone):  # no count of these deployments meets it
         return DevicesNeeded(
