@@ -20,6 +20,7 @@ from strategies import cost_models
 import pytest_prefill
 import pytest_prefill.plan.capacity as capacity_module
 import pytest_prefill.plan.deployments as deployments_module
+import pytest_prefill.plan.search_loop as search_loop
 from pytest_prefill.plan.capacity import CapacityResult, capacity
 from pytest_prefill.plan.deployments import Deployment, default_deployments, search_chunks
 from pytest_prefill.plan.executors import InlineExecutor, dask_executor, local_executor
@@ -154,7 +155,7 @@ def fake_metrics(attainment: float, n: int = 1000, latency: float = math.nan) ->
 
 
 def fake_probe(curve, latency=lambda s: math.nan):
-    def run(load, cost, slo, deployment, scale, base_rate, engine=None, percentile=90.0):
+    def run(load, cost, slo, deployment, scale, base_rate, engine=None, percentile=90.0, **_):
         return Probe(scale, scale * base_rate, fake_metrics(curve(scale), latency=latency(scale)))
 
     return run
@@ -278,7 +279,7 @@ def test_never_met_and_never_missed_are_said():
 def test_the_recommendation_compares_with_shared_and_names_close_runners_up():
     answers = {"shared": 1.0, "coscheduled": 2.05, "chunked": 2.0}
 
-    def run(load, cost, slo, deployment, scale, base_rate, engine=None, percentile=90.0):
+    def run(load, cost, slo, deployment, scale, base_rate, engine=None, percentile=90.0, **_):
         return Probe(
             scale,
             scale * base_rate,
@@ -513,7 +514,7 @@ def test_bad_search_input_is_a_named_error(change, message):
 def test_a_failing_simulation_reaches_the_caller():
     too_big = [Request("a", 0.0, 10, 1), Request("b", 1.0, 10, 1)]
 
-    def broken(*args):
+    def broken(*args, **_):
         raise ValueError("simulation refused")
 
     with pytest.MonkeyPatch.context() as patch:
@@ -717,7 +718,7 @@ def test_default_deployments_are_bounded_for_many_devices():
 
 def test_a_long_search_says_how_far_it_is_before_any_deployment_finishes(monkeypatch):
     """8: progress only came when a deployment finished; in lockstep that is the end."""
-    monkeypatch.setattr(capacity_module, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(search_loop, "PROGRESS_EVERY", 0.0)
     lines: list[str] = []
     with local_executor(2) as pool:
         capacity(small_load(10), COST, SLO_1S, 2, executor=pool, progress=lines.append)

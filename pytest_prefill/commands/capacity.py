@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import os
 import time
 from collections.abc import Sequence
 
@@ -62,7 +61,7 @@ from pytest_prefill.plan.executors import (
     CONNECT_TIMEOUT,
     check_cluster_address,
     dask_executor,
-    local_executor,
+    search_executor,
 )
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
@@ -174,7 +173,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--workers",
         type=bounded_int(MAX_WORKERS, "processes"),
-        help="local processes (default: one per core)",
+        help="local processes (default: one per core when more than 2 deployments are searched, "
+        "else the search runs in this process)",
     )
     where.add_argument(
         "--cluster",
@@ -269,10 +269,13 @@ def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _executor(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+def _executor(
+    args: argparse.Namespace, searches: int
+) -> tuple[contextlib.AbstractContextManager, str]:
+    """Where the simulations run, and the words that say so."""
     if args.cluster:
-        return dask_executor(args.cluster, timeout=CONNECT_TIMEOUT)
-    return local_executor(args.workers)
+        return dask_executor(args.cluster, timeout=CONNECT_TIMEOUT), f"on {args.cluster}"
+    return search_executor(searches, args.workers)
 
 
 def _devices_needed(
@@ -362,10 +365,10 @@ def run(args: argparse.Namespace) -> int:
         )
     chunks = _token_chunks(deployments)
     check_chunked_run((r.prompt_len for r in workload.requests), chunks)
-    where = args.cluster or f"{args.workers or os.cpu_count() or 1} local process(es)"
-    progress(f"searching {workload.description} on {where} ...")
+    pool, where = _executor(args, len(deployments))
+    progress(f"searching {workload.description} {where} ...")
     began = time.perf_counter()
-    with _executor(args) as executor:
+    with pool as executor:
         result = capacity(
             workload,
             spec.cost,
@@ -389,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
-    print(f"{simulations} simulations in {seconds:.1f} s on {where}.")
+    print(f"{simulations} simulations in {seconds:.1f} s {where}.")
     if args.plot:
         write_atomic(args.plot, capacity_svg(result))
         print(f"wrote {args.plot}")

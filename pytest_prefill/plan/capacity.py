@@ -11,25 +11,23 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
 from pytest_prefill.plan.engine_commands import splits
-from pytest_prefill.plan.executors import local_executor
+from pytest_prefill.plan.executors import search_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import (
     MAX_SCALE,
     MIN_SCALE,
     DeploymentResult,
-    Probe,
     RateSearch,
+    close_margin,
     probe,
-    probe_result,
-    target_percentile,
 )
+from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Problem, Shortcuts, run_searches
 from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest, unreachable_line
 from pytest_prefill.plan.workloads import Workload, arrival_rate
 from pytest_prefill.sim import (
@@ -46,7 +44,6 @@ DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest mi
 # Below this the bisection would need rates closer than any simulation tells apart (and below
 # about 1e-16, 1 + tolerance is 1.0: the bracket could never close).
 MIN_TOLERANCE = 1e-4
-PROGRESS_EVERY = 10.0  # seconds between progress lines while no deployment finishes
 Progress = Callable[[str], None]
 
 
@@ -95,22 +92,8 @@ class CapacityResult:
         """What the best is measured against: the shared worker, or for an engine that has
         none the colocated deployment at the engine profile's own settings (None: neither was
         searched)."""
-        shared = [r for r in self.results if r.deployment.policy == "shared"]
-        if shared:
-            return shared[0]
-        own = self.engine.max_batched_tokens
-        return next(
-            (
-                r
-                for r in self.results
-                if r.deployment.policy == "chunked"
-                and r.deployment.chunk is None
-                and r.deployment.chunk_budget is None
-                and r.deployment.max_batched_tokens == own
-                and r.deployment.max_seqs is None
-            ),
-            None,
-        )
+        chosen = baseline_deployment([r.deployment for r in self.results], self.engine)
+        return next((r for r in self.results if r.deployment == chosen), None)
 
     def command(self, memory_fraction: float | None = None, model: str | None = None) -> str | None:
         """The line to type for the best deployment, in the engine's own flags (with the
@@ -135,7 +118,7 @@ class CapacityResult:
                 f"{min(p.rate for r in self.results for p in r.probes):.3g} req/s: the SLO is "
                 "out of reach on this cost model."
             )
-        margin = max(self.tolerance, 0.05)
+        margin = close_margin(self.tolerance)
         at_least = "at least " if best.status == "never missed" else ""
         basis = f">= {self.target:.0%} of requests within {self.slo}"
         per_device = f"{best.goodput_per_device:.3g}"
@@ -221,6 +204,29 @@ class CapacityResult:
             "results": [r.to_dict() for r in self.results],
         }
         return json_safe(data, "capacity")
+
+
+def baseline_deployment(
+    deployments: Sequence[Deployment], engine: EngineProfile
+) -> Deployment | None:
+    """What a recommendation compares the best with: the first shared deployment, else the
+    colocated one at the engine profile's own settings (None: neither is among them)."""
+    shared = [d for d in deployments if d.policy == "shared"]
+    if shared:
+        return shared[0]
+    own = engine.max_batched_tokens
+    return next(
+        (
+            d
+            for d in deployments
+            if d.policy == "chunked"
+            and d.chunk is None
+            and d.chunk_budget is None
+            and d.max_batched_tokens == own
+            and d.max_seqs is None
+        ),
+        None,
+    )
 
 
 def engine_document(engine: EngineProfile) -> dict[str, Any]:
@@ -334,6 +340,7 @@ def capacity(
     start: float = 1.0,
     verify: bool = True,
     engine: str | EngineProfile = "lab",
+    shortcuts: Shortcuts = ALL_SHORTCUTS,
 ) -> CapacityResult:
     """For each deployment of ``devices`` devices, the highest arrival rate (the workload's
     arrival times scaled) at which at least ``target`` of the requests meet ``slo``.
@@ -347,13 +354,17 @@ def capacity(
         deployments: what to compare (default :func:`default_deployments`).
         tolerance: stop when the highest pass and the lowest miss differ by at most this
             fraction of the rate.
-        executor: where simulations run (default: a process pool, one process per core).
+        executor: where simulations run (default: one process per core when more than
+            :data:`~pytest_prefill.plan.executors.FEW_SEARCHES` deployments are searched, else
+            inline: :func:`~pytest_prefill.plan.executors.search_executor`).
         progress: called with one line per finished deployment.
         start: the first rate tried, as a multiple of the workload's own.
         verify: after bisecting, probe twice the lowest miss once to catch non-monotonicity.
         engine: the engine profile every simulation runs under (a name from
             :data:`~pytest_prefill.sim.PROFILES` or an :class:`~pytest_prefill.sim.EngineProfile`;
             default ``"lab"``, the lab's loop); the default deployments are its own settings.
+        shortcuts: which of the search's rules that save simulations to take (default all:
+            :mod:`~pytest_prefill.plan.search_loop`); the answer is the same without them.
 
     Raises:
         ValueError: naming the argument: a bad cost or SLO, devices < 1, a target or tolerance
@@ -374,23 +385,10 @@ def capacity(
         )
     base_rate = arrival_rate(load)
     alone = alone_misses(load, slo, target, [(d, d.cost_on(cost)) for d in chosen], profile)
-    searches = {
-        d.label: RateSearch(d, float(target), float(tolerance), float(start), verify)
-        for d, a in zip(chosen, alone)
-        if not a.unreachable  # no rate meets the SLO on it: not searched
-    }
-    if searches:
-        with contextlib.ExitStack() as stack:
-            pool = executor if executor is not None else stack.enter_context(local_executor())
-            _drive(pool, list(searches.values()), (load, cost, slo, profile), base_rate, progress)
-    results = tuple(
-        dataclasses.replace(
-            searches[d.label].result() if d.label in searches else no_search(d, target),
-            alone=a.count,
-            allowed=a.allowed,
-        )
-        for d, a in zip(chosen, alone)
+    problem = Problem(
+        load, cost, slo, profile, base_rate, float(target), close_margin(tolerance), shortcuts
     )
+    results = _search(chosen, alone, problem, (tolerance, start, verify), executor, progress)
     return CapacityResult(
         name,
         attribution,
@@ -407,57 +405,40 @@ def capacity(
     )
 
 
+def _search(
+    chosen: Sequence[Deployment],
+    alone: Sequence[AloneMisses],
+    problem: Problem,
+    how: tuple[float, float, bool],
+    executor: concurrent.futures.Executor | None,
+    progress: Progress | None,
+) -> tuple[DeploymentResult, ...]:
+    """Every deployment's result: searched (on ``executor``, default
+    :func:`~pytest_prefill.plan.executors.search_executor`), or not (more requests miss alone
+    than may miss)."""
+    tolerance, start, verify = how
+    target = problem.target
+    searches = {
+        d.label: RateSearch(d, target, float(tolerance), float(start), verify)
+        for d, a in zip(chosen, alone)
+        if not (problem.shortcuts.alone and a.unreachable)  # no rate meets the SLO on it
+    }
+    if searches:
+        with contextlib.ExitStack() as stack:
+            default = search_executor(len(searches))[0]
+            pool = executor if executor is not None else stack.enter_context(default)
+            baseline = baseline_deployment(chosen, problem.engine)
+            run_searches(pool, list(searches.values()), problem, baseline, probe, progress)
+    return tuple(
+        dataclasses.replace(
+            searches[d.label].result() if d.label in searches else no_search(d, target),
+            alone=a.count,
+            allowed=a.allowed,
+        )
+        for d, a in zip(chosen, alone)
+    )
+
+
 def no_search(deployment: Deployment, target: float) -> DeploymentResult:
     """A deployment that was not searched: no probe, no answer."""
     return DeploymentResult(deployment, float(target), (), None, None)
-
-
-def _drive(
-    pool: concurrent.futures.Executor,
-    searches: Sequence[RateSearch],
-    problem: tuple[tuple[Request, ...], CostModel, SLO, EngineProfile],
-    base_rate: float,
-    progress: Progress | None,
-) -> None:
-    """Keep one probe of every unfinished search in flight until each search is done."""
-    load, cost, slo, engine = problem
-    pending: dict[concurrent.futures.Future[Probe], RateSearch] = {}
-    began = {id(s): time.perf_counter() for s in searches}
-
-    def advance(search: RateSearch) -> None:
-        scale = search.next_scale()
-        if scale is not None:
-            percentile = target_percentile(search.target)
-            job = (load, cost, slo, search.deployment, scale, base_rate, engine, percentile)
-            pending[pool.submit(probe, *job)] = search
-        elif progress is not None:
-            r = search.result()
-            seconds = time.perf_counter() - began[id(search)]
-            progress(
-                f"{r.deployment.label}: {r.status}, {r.max_rate:.3g} req/s "
-                f"({len(r.probes)} simulations, {seconds:.1f} s)"
-            )
-
-    said = time.perf_counter()
-    try:
-        for search in searches:
-            advance(search)
-        while pending:
-            done, _ = concurrent.futures.wait(
-                pending, timeout=PROGRESS_EVERY, return_when=concurrent.futures.FIRST_COMPLETED
-            )
-            for future in done:
-                search = pending.pop(future)
-                search.observe(probe_result(future))
-                advance(search)
-            if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
-                said = time.perf_counter()
-                finished = len(searches) - len(set(map(id, pending.values())))
-                simulations = sum(len(s.probes) for s in searches)
-                progress(
-                    f"{simulations} simulations done; {finished} of {len(searches)} "
-                    f"deployments finished ({said - min(began.values()):.0f} s)"
-                )
-    finally:
-        for future in pending:
-            future.cancel()

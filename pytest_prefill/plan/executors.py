@@ -20,6 +20,7 @@ from typing import Any
 
 from pytest_prefill.sim import check_int
 
+FEW_SEARCHES = 2  # a search of this many deployments or fewer runs inline by default
 CONNECT_TIMEOUT = 10.0  # seconds to wait for a scheduler before saying none answers
 # tls:// needs certificates and ucx:// a UCX build, settings this harness does not take.
 SCHEMES = ("tcp",)
@@ -76,6 +77,25 @@ def local_executor(workers: int | None = None) -> Iterator[concurrent.futures.Ex
             process.join(timeout=5)
         raise
     pool.shutdown(wait=True)
+
+
+def search_executor(
+    searches: int, workers: int | None = None
+) -> tuple[contextlib.AbstractContextManager[concurrent.futures.Executor], str]:
+    """Where a capacity search of ``searches`` deployments runs by default, and the words that
+    say so: ``workers`` processes when given; else one process per core when more than
+    :data:`FEW_SEARCHES` deployments are searched (each search runs one simulation at a time,
+    so that many keep every core busy), else inline (starting processes and shipping them the
+    workload would cost more than it saves)."""
+    if workers is not None:
+        check_int("workers", workers)
+    cores = os.cpu_count() or 1
+    count = workers if workers is not None else (cores if searches > FEW_SEARCHES else 1)
+    if count == 1:
+        few = f" ({FEW_SEARCHES} or fewer deployments: no process pool)" if workers is None else ""
+        return local_executor(1), f"in this process{few}"
+    basis = "" if workers is not None else " (one per core)"
+    return local_executor(count), f"on {count} local processes{basis}"
 
 
 def ignore_sigint() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +23,8 @@ from pytest_prefill.plan.capacity import (
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import local_executor
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.plan.rate_search import probe, probe_result
+from pytest_prefill.plan.rate_search import Probe, probe, probe_result
+from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Shortcuts
 from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest
 from pytest_prefill.plan.workloads import Workload, arrival_rate
 from pytest_prefill.sim import CostModel, EngineProfile, Request, check_int, simulated_engine
@@ -110,64 +112,107 @@ def _check_count(
     devices: int,
     deployments: Sequence[Deployment],
     target: float,
+    stop: bool = True,
 ) -> DeviceCount:
-    """Every deployment of ``devices`` at the workload's own rate (scale 1), at once; done once
-    one meets ``target`` and every deployment before it (in the given order) has answered: the
-    first in order that meets is named (the ones after it are cancelled), so the answer does
-    not depend on which simulation finished first; else the highest attainment (ties: the
-    first)."""
+    """Every deployment of ``devices`` at the workload's own rate (scale 1), at once, each run
+    stopped once its verdict is fixed (with ``stop``); done once one meets ``target`` and every deployment
+    before it (in the given order) has answered: the first in order that meets is named (the
+    ones after it are cancelled), so the answer does not depend on which simulation finished
+    first; else the highest attainment (ties: the first; a run stopped early counts what it
+    had not missed)."""
     load, cost, slo, base_rate, engine = problem
     began = time.perf_counter()
     pending = {
-        pool.submit(probe, load, cost, slo, d, 1.0, base_rate, engine): i
+        pool.submit(probe, load, cost, slo, d, 1.0, base_rate, engine, target=target, stop=stop): i
         for i, d in enumerate(deployments)
     }
-    attainments: dict[int, float] = {}
+    answered: dict[int, Probe] = {}
     try:
-        while pending and _first_meeting(attainments, target) is None:
+        while pending and _first_meeting(answered, target) is None:
             done, _ = concurrent.futures.wait(
                 pending, return_when=concurrent.futures.FIRST_COMPLETED
             )
             for future in done:
-                attainments[pending.pop(future)] = probe_result(future).attainment
+                answered[pending.pop(future)] = probe_result(future)
     finally:
         for future in pending:
             future.cancel()
     seconds = time.perf_counter() - began
-    if not attainments:
+    if not answered:
         return DeviceCount(devices, None, 0.0, False, 0, seconds)
-    chosen = _first_meeting(attainments, target)
+    chosen = _first_meeting(answered, target)
     if chosen is None:
-        chosen = max(sorted(attainments), key=lambda i: attainments[i])
-    attainment = attainments[chosen]
+        chosen = max(sorted(answered), key=lambda i: answered[i].attainment)
+    run = answered[chosen]
     return DeviceCount(
-        devices, deployments[chosen], attainment, attainment >= target, len(attainments), seconds
+        devices,
+        deployments[chosen],
+        _exact(run),
+        run.passed(target),
+        len(answered),
+        seconds,
     )
 
 
-def _first_meeting(attainments: dict[int, float], target: float) -> int | None:
+def _exact(run: Probe) -> float:
+    """A run's attainment when it ran to the end; NaN when it stopped once decided."""
+    return run.metrics.attainment if run.metrics is not None else math.nan
+
+
+def _first_meeting(answered: dict[int, Probe], target: float) -> int | None:
     """The lowest index that meets ``target`` with every index below it answered."""
-    for i in range(len(attainments) + 1):
-        if i not in attainments:
+    for i in range(len(answered) + 1):
+        if i not in answered:
             return None
-        if attainments[i] >= target:
+        if answered[i].passed(target):
             return i
     return None
 
 
 def _known_count(result: CapacityResult) -> DeviceCount | None:
-    """The capacity search's own probes at the workload's rate (scale 1), as a checked count
-    (named as :func:`_check_count` names one: the first in order that meets)."""
-    at_rate = [(r.deployment, p) for r in result.results for p in r.probes if p.scale == 1.0]
-    if len(at_rate) != len(result.results):
-        return None  # some deployment's search did not start at the workload's rate
-    attainments = {i: p.attainment for i, (_, p) in enumerate(at_rate)}
-    chosen = _first_meeting(attainments, result.target)
-    if chosen is None:  # none meets: the highest attainment (ties: the first)
-        chosen = max(sorted(attainments), key=lambda i: attainments[i])
-    deployment, best = at_rate[chosen]
-    meets = best.attainment >= result.target
-    return DeviceCount(result.devices, deployment, best.attainment, meets, 0, 0.0)
+    """The capacity search's own probes as a checked count at the workload's rate (scale 1),
+    named as :func:`_check_count` names one (the first in order that meets): a deployment
+    meets there when it passed at that rate or above, and misses when it missed there or
+    below (attainment falls with rate, as the search assumes); a deployment not searched
+    misses. None when the probes do not tell for a deployment before the first that meets."""
+    target = result.target
+    told: list[tuple[Deployment, bool, Probe | None]] = []
+    for r in result.results:
+        runs = [p for p in r.probes if p.scale == 1.0 and p.metrics is not None]
+        if r.misses_alone or runs:
+            run = runs[-1] if runs else None
+            told.append((r.deployment, run is not None and run.passed(target), run))
+        elif any(p.passed(target) and p.scale >= 1.0 for p in r.probes):
+            told.append((r.deployment, True, None))
+        elif any(not p.passed(target) and p.scale <= 1.0 for p in r.probes):
+            told.append((r.deployment, False, None))
+        else:
+            return None
+        if told[-1][1]:
+            break
+    if not told:
+        return None
+    chosen = len(told) - 1 if told[-1][1] else None
+    if chosen is None:  # none meets: the highest attainment known (ties: the first)
+        known = [i for i, (_, _, run) in enumerate(told) if run is not None]
+        chosen = max(known, key=lambda i: _exact(told[i][2]), default=0)  # type: ignore[arg-type]
+    deployment, meets, run = told[chosen]
+    attainment = _exact(run) if run is not None else math.nan
+    return DeviceCount(result.devices, deployment, attainment, meets, 0, 0.0)
+
+
+def _full_answer(
+    pool: concurrent.futures.Executor,
+    problem: tuple[tuple[Request, ...], CostModel, SLO, float, EngineProfile],
+    count: DeviceCount,
+) -> DeviceCount:
+    """``count`` with its named deployment's attainment from a full run at the workload's
+    rate, when what named it stopped early (or was inferred): the answer's figure."""
+    if count.best is None or not math.isnan(count.attainment):
+        return count
+    load, cost, slo, base_rate, engine = problem
+    run = probe_result(pool.submit(probe, load, cost, slo, count.best, 1.0, base_rate, engine))
+    return dataclasses.replace(count, attainment=_exact(run), simulations=count.simulations + 1)
 
 
 def devices_needed(
@@ -183,6 +228,7 @@ def devices_needed(
     executor: concurrent.futures.Executor | None = None,
     progress: Progress | None = None,
     engine: str | EngineProfile = "lab",
+    shortcuts: Shortcuts = ALL_SHORTCUTS,
 ) -> DevicesNeeded:
     """The smallest device count, up to ``max_devices``, at which one of
     ``deployments_at(count)`` meets ``slo`` for ``target`` of the requests at the workload's own
@@ -204,6 +250,8 @@ def devices_needed(
         executor: where simulations run (default: a process pool, one process per core).
         progress: called with one line per count checked.
         engine: the engine profile the simulations run under (default ``"lab"``).
+        shortcuts: which rules that save simulations to take (default all); the answer is
+            the same without them.
 
     Raises:
         ValueError: naming the argument, for counts < 1, ``start`` above ``max_devices``, a
@@ -219,7 +267,7 @@ def devices_needed(
         raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
     base_rate = arrival_rate(load)
     widest = [(d, d.cost_on(cost)) for d in deployments_at(max_devices)]
-    alone = alone_misses(load, slo, target, widest, profile) if widest else ()
+    alone = alone_misses(load, slo, target, widest, profile) if widest and shortcuts.alone else ()
     if alone and all(a.unreachable for a in alone):  # no count of these deployments meets it
         return DevicesNeeded(
             None, max_devices, base_rate, float(target), slo, (), profile.name, fewest(alone)
@@ -237,7 +285,9 @@ def devices_needed(
                     count = reuse
                 else:
                     problem = (load, cost, slo, base_rate, profile)
-                    count = _check_count(pool, problem, devices, deployments_at(devices), target)
+                    count = _check_count(
+                        pool, problem, devices, deployments_at(devices), target, shortcuts.stop
+                    )
                 checked[devices] = count
                 order.append(count)
                 if progress is not None:
@@ -245,6 +295,9 @@ def devices_needed(
             return checked[devices].meets
 
         found = smallest_count(meets, start, max_devices)
+        if found is not None:  # the answer's figure from a full run
+            full = _full_answer(pool, (load, cost, slo, base_rate, profile), checked[found])
+            order = [full if c is checked[found] else c for c in order]
     return DevicesNeeded(
         found, max_devices, base_rate, float(target), slo, tuple(order), profile.name
     )
@@ -272,7 +325,8 @@ def _progress_line(count: DeviceCount, target: float) -> str:
     if count.best is None:
         return f"devices needed: {count.devices}: no deployment fits {count.devices} device(s)"
     work = f"{count.simulations} simulations, {count.seconds:.1f} s" if count.simulations else ""
+    figure = "" if math.isnan(count.attainment) else f" {count.attainment:.1%}"
     return (
-        f"devices needed: {count.devices}: {count.best.label} {count.attainment:.1%} at the "
+        f"devices needed: {count.devices}: {count.best.label}{figure} at the "
         f"workload's rate ({verdict} {target:.0%}){f'; {work}' if work else ''}"
     )

@@ -67,15 +67,30 @@ def meets(slo: SLO, ttft: float, tpot: float | None, e2el: float) -> bool:
     return all(values[name] <= bound for name, bound in slo.bounds)
 
 
+def _values(record: Any) -> tuple[float, float | None, float]:
+    """A finished request's TTFT, TPOT (None for one token) and E2EL."""
+    n = record.output_len
+    tpot = (record.finish - record.first_token) / (n - 1) if n > 1 else None
+    return record.first_token - record.arrival, tpot, record.finish - record.arrival
+
+
 def trace_misses(trace: Trace, slo: SLO) -> int:
     """The requests of a full run's ``trace`` that miss ``slo``."""
-    misses = 0
+    return sum(1 for r in trace.requests.values() if not meets(slo, *_values(r)))
+
+
+def bound_misses(trace: Trace, slo: SLO) -> tuple[tuple[str, int], ...]:
+    """Per bound of ``slo``, the requests of ``trace`` (those finished, for a run stopped early)
+    that miss it."""
+    counts = dict.fromkeys((name for name, _ in slo.bounds), 0)
     for r in trace.requests.values():
-        n = r.output_len
-        tpot = (r.finish - r.first_token) / (n - 1) if n > 1 else None
-        if not meets(slo, r.first_token - r.arrival, tpot, r.finish - r.arrival):
-            misses += 1
-    return misses
+        if not (math.isfinite(r.first_token) and math.isfinite(r.finish)):
+            continue
+        ttft, tpot, e2el = _values(r)
+        values = {"ttft": ttft, "tpot": tpot if tpot is not None else 0.0, "e2el": e2el}
+        for name, bound in slo.bounds:
+            counts[name] += values[name] > bound
+    return tuple(counts.items())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,6 +105,7 @@ class Verdict:
     requests: int
     allowed: int
     stopped: str | None = None
+    bound_misses: tuple[tuple[str, int], ...] = ()  # per bound, of the requests finished
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,19 +118,22 @@ def run_verdict(
     options: dict[str, Any],
     slo: SLO,
     target: float,
+    stop: bool = True,
 ) -> tuple[Trace, Verdict]:
     """Simulate ``load`` under ``policy`` (``options`` are :func:`simulate`'s keywords) and
-    judge it against ``slo`` for ``target`` of the requests, stopping once the verdict is
-    fixed when the simulator can. The trace is partial when the verdict says ``stopped``."""
+    judge it against ``slo`` for ``target`` of the requests; with ``stop``, stopping once the
+    verdict is fixed when the simulator can. The trace is partial when the verdict says
+    ``stopped``."""
     allowed = allowed_misses(target, len(load))
-    if StopRule is not None:
+    if stop and StopRule is not None:
         rule = StopRule(ttft=slo.ttft, tpot=slo.tpot, e2el=slo.e2el, allowed_misses=allowed)
         stopping: Any = simulate  # the keyword is newer than this module's type checking
         trace = stopping(policy, load, cost, stop=rule, **options)
         decided: Any = trace
         stopped, misses = decided.stopped, decided.misses
         passed = stopped == "passed" or (stopped is None and misses <= allowed)
-        return trace, Verdict(passed, misses, len(load), allowed, stopped)
+        each = bound_misses(trace, slo) if stopped is not None else ()
+        return trace, Verdict(passed, misses, len(load), allowed, stopped, each)
     trace = simulate(policy, load, cost, **options)  # the fallback: the full run, then judged
     misses = trace_misses(trace, slo)
     return trace, Verdict(misses <= allowed, misses, len(load), allowed)

@@ -55,27 +55,22 @@ def _rate(value: float, at_least: bool = False) -> str:
 def _row(r: DeploymentResult) -> tuple[str, ...]:
     best = r.best
     flag = "" if r.monotone else " (!)"
-    if best is None:
-        return (
-            r.deployment.label + flag,
-            "none",
-            "0",
-            "-",
-            "-",
-            "-",
-            r.binding,
-            str(len(r.probes)),
-        )
+    label, sims = r.deployment.label + flag, str(len(r.probes))
+    if r.pruned and r.miss is not None:  # below the miss, too far below the best to matter
+        per_device = r.miss.rate / r.deployment.devices
+        return (label, f"< {r.miss.rate:,.3g}", f"< {per_device:,.3g}", "-", "-", "-", "-", sims)
+    if best is None or best.metrics is None:
+        return (label, "none", "0", "-", "-", "-", r.binding, sims)
     at_least = r.status == "never missed"
     return (
-        r.deployment.label + flag,
+        label,
         _rate(r.max_rate, at_least),
         _rate(r.goodput_per_device, at_least),
         f"{best.attainment:.1%}",
         _ms(best.metrics.ttft.percentile(target_percentile(r.target))),
         _ms(best.metrics.tpot.percentile(target_percentile(r.target))),
         r.binding,
-        str(len(r.probes)),
+        sims,
     )
 
 
@@ -99,7 +94,7 @@ def capacity_table(result: CapacityResult) -> str:
 
 def _cache_cells(r: DeploymentResult) -> tuple[str, str]:
     """The prefix cache's hit rate and the preemptions at the deployment's answer."""
-    metrics = r.best.metrics if r.best is not None else None
+    metrics = r.best.metrics if r.best is not None and not r.pruned else None
     if metrics is None or metrics.cached_tokens is None:
         return ("-", "-")
     return (f"{metrics.hit_rate:.1%}", f"{metrics.preemptions or 0:,}")
@@ -147,11 +142,15 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
     if needed.devices is None:
         last = max(needed.checks, key=lambda c: c.devices)
         best = f"the best, {last.best.label}, " if last.best is not None else ""
+        share = (
+            f"for {last.attainment:.1%} of requests"
+            if not math.isnan(last.attainment)
+            else "for fewer requests than that"  # a run stopped once it missed
+        )
         return (
             f"Devices this traffic needs: more than {needed.max_devices:,} (the search's bound, "
-            f"--max-devices): on {_devices(last.devices)} {best}meets the SLO for "
-            f"{last.attainment:.1%} of requests at the workload's own {rate}, under "
-            f"{needed.target:.0%} ({checked})."
+            f"--max-devices): on {_devices(last.devices)} {best}meets the SLO {share} "
+            f"at the workload's own {rate}, under {needed.target:.0%} ({checked})."
         )
     deployment = needed.deployment
     at = next(c for c in needed.checks if c.devices == needed.devices and c.meets)
@@ -161,7 +160,9 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
         f"requests at the workload's own {rate}"
     )
     below = [c for c in needed.checks if c.devices == needed.devices - 1]
-    if below:
+    if below and math.isnan(below[0].attainment):
+        line += f"; on {_devices(below[0].devices)} none meets it"
+    elif below:
         line += f"; on {_devices(below[0].devices)} the best reaches {below[0].attainment:.1%}"
     return f"{line}; {checked})."
 

@@ -1,0 +1,182 @@
+"""How a capacity search runs its deployments' rate searches on an executor: in two waves, the
+second seeded and pruned by the first, with each probe stopped once its verdict is fixed and
+the answer's figures from full runs. Standard library only; nothing here prints.
+
+The rules, each applied here and tested to leave the answer unchanged (tests/test_search_loop.py):
+
+1. **Stop when decided.** A probe asks only "does this deployment at this rate meet the SLO
+   for the target?" (:mod:`~pytest_prefill.plan.verdict`) and stops once that is fixed, where
+   the simulator can. The highest pass of every deployment bisected to the end is then run
+   again in full: the figures at a reported rate come from a full run.
+2. **Brackets from a neighbour.** The first wave (the baseline the recommendation compares
+   with, then the next deployments in order, :data:`FIRST_WAVE` in all) searches from the
+   workload's own rate; every other deployment starts from the first wave's best rate on the
+   same lattice of rates (:class:`~pytest_prefill.plan.rate_search.RateSearch`), growing or
+   falling by 1, 2, 4 … lattice steps until it has a bracket.
+3. **Prune what cannot come close.** A second-wave deployment whose lowest miss leaves it
+   below the first wave's best rate less the recommendation's margin (the highest lattice rate
+   under its lowest miss, the most it can serve when attainment falls with rate, is below it)
+   can neither win nor be named "within 5%": it is not bisected further, and its row says so.
+   The baseline is never pruned (its rate is the one the answer is compared with).
+
+The waves are fixed by the order of the deployments, never by which simulation finished first,
+so the same search gives the same probes inline and on a pool.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from pytest_prefill.plan.deployments import Deployment
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.rate_search import Probe, RateSearch, probe_result, target_percentile
+from pytest_prefill.sim import CostModel, EngineProfile, Request
+
+FIRST_WAVE = 2  # deployments searched from the workload's own rate before the others
+PROGRESS_EVERY = 10.0  # seconds between progress lines while no deployment finishes
+Progress = Callable[[str], None]
+ProbeFunction = Callable[..., Probe]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shortcuts:
+    """Which of the rules above a search takes (all by default); each off gives the same
+    answer with more simulations (the tests compare). ``alone``: a deployment with more
+    requests missing alone than may miss is not searched (:mod:`~pytest_prefill.plan.verdict`)."""
+
+    stop: bool = True
+    seed: bool = True
+    prune: bool = True
+    alone: bool = True
+
+
+ALL_SHORTCUTS = Shortcuts()
+NO_SHORTCUTS = Shortcuts(stop=False, seed=False, prune=False, alone=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What every probe of a search shares."""
+
+    load: tuple[Request, ...]
+    cost: CostModel
+    slo: SLO
+    engine: EngineProfile
+    base_rate: float
+    target: float
+    margin: float  # the recommendation's "within" margin, relative
+    shortcuts: Shortcuts = dataclasses.field(default_factory=Shortcuts)
+
+
+def first_wave(searches: Sequence[RateSearch], baseline: Deployment | None) -> list[RateSearch]:
+    """The baseline's search (when it is searched), then the next ones in order, up to
+    :data:`FIRST_WAVE`."""
+    head = [s for s in searches if s.deployment == baseline]
+    rest = [s for s in searches if s.deployment != baseline]
+    return (head + rest)[: max(FIRST_WAVE, len(head))]
+
+
+def run_searches(
+    pool: concurrent.futures.Executor,
+    searches: Sequence[RateSearch],
+    problem: Problem,
+    baseline: Deployment | None,
+    probe: ProbeFunction,
+    progress: Progress | None = None,
+) -> None:
+    """Run every search to its end: the first wave, then the rest seeded and pruned by it."""
+    first = first_wave(searches, baseline)
+    began = time.perf_counter()
+    _drive(pool, first, problem, probe, progress, began)
+    found = [s.low for s in first if s.low is not None]
+    best = max(found) if found else None
+    rest = [s for s in searches if s not in first]
+    rules = problem.shortcuts
+    for search in rest:
+        search.seed = best if rules.seed else None
+    floor = None
+    if rules.prune and best is not None and first:
+        floor = first[0].scale(best) * (1 - problem.margin)
+    _drive(pool, rest, problem, probe, progress, began, floor, baseline)
+
+
+def _drive(
+    pool: concurrent.futures.Executor,
+    searches: Sequence[RateSearch],
+    problem: Problem,
+    probe: ProbeFunction,
+    progress: Progress | None,
+    began: float,
+    floor: float | None = None,
+    baseline: Deployment | None = None,
+) -> None:
+    """Keep one probe of every unfinished search in flight until each is done; a search whose
+    most possible scale is below ``floor`` (and is not the ``baseline``'s) is pruned."""
+    pending: dict[concurrent.futures.Future[Probe], tuple[RateSearch, bool]] = {}
+    started = {id(s): time.perf_counter() for s in searches}
+
+    def submit(search: RateSearch, scale: float, stop: bool, rerun: bool) -> None:
+        p = problem
+        percentile = target_percentile(search.target)  # the latency column the report prints
+        job = (p.load, p.cost, p.slo, search.deployment, scale, p.base_rate, p.engine, percentile)
+        future = pool.submit(probe, *job, target=p.target, stop=stop)
+        pending[future] = (search, rerun)
+
+    def advance(search: RateSearch) -> None:
+        upper = search.upper()
+        if floor is not None and search.deployment != baseline and upper is not None:
+            search.pruned = search.pruned or upper < floor
+        scale = search.next_scale()
+        if scale is not None:
+            stop = problem.shortcuts.stop and not search.wants_full_run()
+            submit(search, scale, stop, False)
+            return
+        best = search.at.get(search.low) if search.low is not None else None
+        if best is not None and best.metrics is None and not search.pruned:
+            submit(search, best.scale, False, True)  # the answer's figures from a full run
+        elif progress is not None:
+            progress(_finished_line(search, time.perf_counter() - started[id(search)]))
+
+    said = time.perf_counter()
+    try:
+        for search in searches:
+            advance(search)
+        while pending:
+            done, _ = concurrent.futures.wait(
+                pending, timeout=PROGRESS_EVERY, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            for future in done:
+                search, rerun = pending.pop(future)
+                if rerun:
+                    search.replace_best(probe_result(future))
+                    if progress is not None:
+                        seconds = time.perf_counter() - started[id(search)]
+                        progress(_finished_line(search, seconds))
+                    continue
+                search.observe(probe_result(future))
+                advance(search)
+            if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
+                said = time.perf_counter()
+                running = len({id(s) for s, _ in pending.values()})
+                simulations = sum(len(s.probes) for s in searches)
+                progress(
+                    f"{simulations} simulations done; {running} deployment(s) searching "
+                    f"({said - began:.0f} s)"
+                )
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _finished_line(search: RateSearch, seconds: float) -> str:
+    r = search.result()
+    stopped = sum(1 for p in r.probes if p.stopped is not None)
+    early = f", {stopped} stopped once decided" if stopped else ""
+    rate = f"below {r.miss.rate:.3g}" if r.pruned and r.miss is not None else f"{r.max_rate:.3g}"
+    return (
+        f"{r.deployment.label}: {r.status}, {rate} req/s "
+        f"({len(r.probes)} simulations{early}, {seconds:.1f} s)"
+    )
