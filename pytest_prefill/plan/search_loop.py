@@ -161,14 +161,15 @@ def _drive(
             if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
                 said = time.perf_counter()
                 running = len({id(s) for s, _ in pending.values()})
-                simulations = sum(len(s.probes) for s in searches)
-                progress(
-                    f"{simulations} simulations done; {running} deployment(s) searching "
-                    f"({said - began:.0f} s)"
-                )
+                progress(_running_line(searches, running, said - began))
     finally:
         for future in pending:
             future.cancel()
+
+
+def _running_line(searches: Sequence[RateSearch], running: int, seconds: float) -> str:
+    simulations = sum(len(s.probes) for s in searches)
+    return f"{simulations} simulations done; {running} deployment(s) searching ({seconds:.0f} s)"
 
 
 def _finished_line(search: RateSearch, seconds: float) -> str:
