@@ -5,6 +5,7 @@ is the one the simulation runs with (preemptions appear when it binds)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -53,3 +54,23 @@ def test_vllms_kv_capacity_binds_and_preempts():
     )
     assert bound.summary().preemptions > 0
     assert free.summary().preemptions == 0
+
+
+def test_device_memory_defaults_to_what_the_cost_model_records(tmp_path, capsys):
+    argv = [*ARGV, "--model", "llama-3-8b", "--devices", "2", "--no-devices-needed"]
+    assert main(argv) == 0  # the lab-laptop preset: a 16 GB laptop GPU, so TP 2 only
+    out = capsys.readouterr().out
+    assert "16 GiB devices (the lab-laptop preset's RTX 3080 Ti Laptop 16 GB)" in out
+    assert "KV at TP=1" not in out and "KV at TP=2" in out
+    calibration = {
+        "cost_model": PRESETS["datacenter-illustrative"].cost.to_dict(),
+        "provenance": {"device_name": "NVIDIA H100 80GB HBM3", "device_memory_bytes": 80 * GiB},
+    }
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration))
+    argv = [*ARGV, "--cost", str(path), "--model", "llama-3-8b", "--no-devices-needed"]
+    assert main(argv) == 0
+    assert (
+        "80 GiB devices (the calibration's device, NVIDIA H100 80GB HBM3)"
+        in capsys.readouterr().out
+    )

@@ -92,17 +92,48 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
         model = load_model_spec(args.model)
     except ValueError as err:
         raise ValueError(f"--model: {err}") from None
-    if memory is None:
+    recorded = memory_of_cost(getattr(args, "cost", None)) if memory is None else None
+    if memory is None and recorded is None:
         raise ValueError(
             f"--model {args.model} needs --device-memory GiB (one device's memory) to size its "
-            "KV cache"
+            "KV cache: the cost model records no device memory"
         )
-    hardware = Hardware(model, memory * GiB, fraction or DEFAULT_UTILIZATION)
+    source = "--device-memory"
+    if recorded is not None:
+        memory, source = recorded
+    hardware = Hardware(model, memory * GiB, fraction or DEFAULT_UTILIZATION, memory_source=source)
     sizes = hardware.tp_sizes(devices or 1)
     if not sizes:
         hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
     args.hardware = hardware
     _max_model_len(args, model.max_position_embeddings)
+
+
+# The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative
+# names none: it is measured nowhere).
+PRESET_MEMORY_GIB = {"lab-laptop": (16.0, "the lab-laptop preset's RTX 3080 Ti Laptop 16 GB")}
+
+
+def memory_of_cost(cost: str | None) -> tuple[float, str] | None:
+    """(GiB, where from) of one device as the cost spec records it: a preset's device, a
+    calibration's ``device_memory_bytes``; None when it names none."""
+    if cost in PRESET_MEMORY_GIB:
+        return PRESET_MEMORY_GIB[cost]
+    if not cost or not cost.endswith(".json") or not os.path.isfile(cost):
+        return None
+    try:
+        with open(cost, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return None
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if not isinstance(provenance, dict):
+        return None
+    size = provenance.get("device_memory_bytes")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return None
+    return size / GiB, f"the calibration's device, {provenance.get('device_name', '?')}"
 
 
 def _largest_tp(devices: int) -> int:

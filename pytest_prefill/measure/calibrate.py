@@ -77,6 +77,16 @@ def device_name(device: Any) -> str:
     return f"{cpu_model()} (CPU, {torch.get_num_threads()} torch threads)"
 
 
+def device_memory(device: Any) -> int | None:
+    """The accelerator's total memory in bytes (CUDA; what ``--device-memory`` defaults to
+    when capacity runs on this calibration), None elsewhere."""
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 def provenance(
     loaded: Any, *, repeats: int, warmup: int, dry_run: bool, **extra: Any
 ) -> dict[str, Any]:
@@ -90,6 +100,7 @@ def provenance(
     return {
         "device": str(loaded.device),
         "device_name": device_name(loaded.device),
+        "device_memory_bytes": device_memory(loaded.device),
         "model": loaded.name,
         "model_source": loaded.source,
         "dtype": loaded.dtype_name,

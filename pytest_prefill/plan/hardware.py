@@ -46,6 +46,7 @@ class Hardware:
     rule: TPRule | None = None
     measured_tp: int = 1
     server_kv_tokens: int | None = None
+    memory_source: str = "--device-memory"
 
     def __post_init__(self) -> None:
         memory = self.device_memory
@@ -161,7 +162,8 @@ class Hardware:
     def lines(self, tps: Sequence[int], block_tokens: int) -> list[str]:
         """What the answer assumes about memory and TP, one line each."""
         memory = (
-            f"{self.device_memory / GiB:g} GiB devices, {self.utilization:g} of each for the engine"
+            f"{self.device_memory / GiB:g} GiB devices ({self.memory_source}), "
+            f"{self.utilization:g} of each for the engine"
             if self.device_memory is not None
             else "no device memory given: KV capacity is the cost model's own"
         )
