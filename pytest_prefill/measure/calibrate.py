@@ -84,7 +84,10 @@ def device_memory(device: Any) -> int | None:
         return None
     import torch
 
-    return int(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    except (AssertionError, RuntimeError):  # a device faked in tests, or gone: not recorded
+        return None
 
 
 def provenance(
