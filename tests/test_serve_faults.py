@@ -188,6 +188,19 @@ def test_a_body_in_one_byte_chunks_is_read_in_linear_time():
     assert large < 16 * small
 
 
+def test_chunks_past_the_bound_are_one_line(monkeypatch):
+    monkeypatch.setattr(http, "MAX_CHUNKS", 1000)
+    payload = json.dumps({"data": [{"id": MODEL}], "pad": "x" * 2000}).encode()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    framed = head + b"\r\n" + b"".join(chunk(payload[i : i + 1]) for i in range(len(payload)))
+
+    async def handle(method, path, body, writer):
+        writer.write(framed + chunk(b""))
+
+    with serving(handle) as url, pytest.raises(ServerError, match="more than 1,000 HTTP chunks"):
+        asyncio.run(identify(url, timeouts=QUICK))
+
+
 # --- 5, 6: JSON nested 10^5 deep -------------------------------------------------------------
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -210,6 +223,26 @@ def test_an_event_nested_deep_fails_its_request_and_bench_still_writes(tmp_path,
     assert json.loads(out.read_text())["failed"] == 2
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     assert len(lines) == 3 and all("deeper than" in r["error"] for r in lines)
+
+
+def test_an_event_nested_deep_ends_a_calibration_in_one_line_and_exit_1(tmp_path, capsys):
+    async def stream(writer, body):
+        writer.write(token(usage={"completion_tokens": 1}) + sse(DEEP))
+        writer.write(done({"prompt_tokens": 8, "completion_tokens": 2}))
+
+    with serving(streaming(stream)) as url:
+        argv = ["calibrate-server", "--url", str(url), "--tokenizer", write_words(tmp_path)]
+        argv += ["--engine", "openai", "--budget", "256", "--json", str(tmp_path / "c.json")]
+        line = _one_line_error(argv, capsys)
+    assert "deeper than" in line and not (tmp_path / "c.json").exists()
+
+
+def test_a_model_list_cut_short_says_so(capsys):
+    async def handle(method, path, body, writer):
+        writer.write(json_response({"data": [{"id": MODEL}]})[:-5])
+
+    with serving(handle) as url, pytest.raises(ServerError, match="closed mid-body"):
+        asyncio.run(identify(url, timeouts=QUICK))
 
 
 def test_a_model_list_nested_deep_is_one_line_and_exit_1(capsys):

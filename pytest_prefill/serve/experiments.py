@@ -20,6 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from pytest_prefill.serve.http import ServerError
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.serve.records import ServerRecord
 from pytest_prefill.sim import Request
@@ -76,7 +77,8 @@ async def prompt_alone(target: Target, prompt_len: int, key: str) -> float:
     """The TTFT of one ``prompt_len`` prompt with nothing else running (seconds).
 
     Raises:
-        ValueError: naming the request, when it failed or its length was not confirmed.
+        ServerError: naming the request, when it failed; ValueError, when its length was not
+            confirmed.
     """
     run = await run_load(
         target,
@@ -96,7 +98,8 @@ async def warm_up(target: Target, prefix: str = "") -> None:
 
 def _checked(record: ServerRecord) -> ServerRecord:
     if not record.ok:
-        raise ValueError(f"calibration request {record.id} failed: {record.error}")
+        # the server's fault, not the command line's: exit 1, not a usage error
+        raise ServerError(f"calibration request {record.id} failed: {record.error}")
     if record.output_tokens is not None and record.output_tokens != record.output_len:
         raise ValueError(
             f"calibration request {record.id}: {record.output_tokens} tokens came for "

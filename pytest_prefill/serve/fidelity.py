@@ -329,7 +329,8 @@ async def run_server_fidelity(
     the Azure trace where found, else the fixed mix, loudly).
 
     Raises:
-        ValueError: for ``runs`` < 2 (one run has no spread) or a failed calibration request.
+        ValueError: for ``runs`` < 2 (one run has no spread).
+        ServerError: for a failed calibration request.
     """
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
         raise ValueError(f"runs must be an integer >= 2 (the spread needs two), got {runs!r}")

@@ -52,6 +52,10 @@ DEFAULT_READ_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 600.0
 _ENDS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n", b"\r\n0\r\n\r\n")
 _CHUNK_LINE = 1024  # a chunk-size line longer than this is not one
+# HTTP chunks in one response: a stream sends one per event (a token or a few), a model list a
+# handful; a million is far past both. Parsing costs ~2-4 us a chunk, so the bound holds a
+# response in 1-byte chunks (legal, and 64 MiB of it is 11 million) to a few seconds.
+MAX_CHUNKS = 1_000_000
 
 
 class ServerError(Exception):
@@ -383,45 +387,67 @@ _CHUNK_SIZE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")
 def _dechunk(exchange: _Exchange) -> tuple[bytes, array.array[int], array.array[float]]:
     """The payload of a chunked body, and when it arrived: each chunk's payload is stamped with
     the arrival of the bytes that completed the chunk. One pass over the bytes."""
-    raw, where = exchange.received, exchange.where
-    reads, times_of = exchange.ends, exchange.times
-    parts: list[bytes | bytearray] = []
-    size_so_far = 0
+    raw = exchange.received
+    payload = bytearray()
     ends, times = array.array("q"), array.array("d")
+    reads, times_of = exchange.ends, exchange.times
     at = exchange.head_end or 0
     piece, last = 0, len(reads) - 1
-    match = _CHUNK_SIZE.match
-    while True:
-        found = match(raw, at)
-        if found is None:
-            if raw.find(b"\r\n", at, at + _CHUNK_LINE) < 0 and len(raw) - at < _CHUNK_LINE:
-                raise ServerError(f"{where}: the connection closed mid-body")
-            raise ServerError(f"{where}: bad chunk size {bytes(raw[at : at + 20])!r}")
-        size = int(found.group(1), 16)
-        if size == 0:
-            return b"".join(parts), ends, times
-        start = found.end()
-        at = start + size + 2
-        if at > len(raw):
+    with memoryview(raw) as view:  # slices of it are not copies: a 1-byte chunk costs no object
+        for count in range(MAX_CHUNKS + 1):
+            size_at = _chunk_size(exchange, at)
+            if size_at is None:
+                break
+            if count == MAX_CHUNKS:
+                raise ServerError(f"{exchange.where}: more than {MAX_CHUNKS:,} HTTP chunks")
+            size, start = size_at
+            at = start + size + 2
+            if at > len(raw):
+                raise ServerError(f"{exchange.where}: the connection closed mid-body")
+            payload += view[start : start + size]
+            if piece < last and reads[piece] < at:  # completed by a later read than the last
+                while piece < last and reads[piece] < at:
+                    piece += 1
+                ends.append(len(payload))
+                times.append(times_of[piece])
+            elif ends:
+                ends[-1] = len(payload)
+            else:
+                ends.append(len(payload))
+                times.append(times_of[piece])
+    return bytes(payload), ends, times
+
+
+def _chunk_size(exchange: _Exchange, at: int) -> tuple[int, int] | None:
+    """The size of the chunk whose size line starts at ``at``, and where its data starts; None
+    for the last chunk (size 0)."""
+    raw, where = exchange.received, exchange.where
+    found = _CHUNK_SIZE.match(raw, at)
+    if found is None:
+        if raw.find(b"\r\n", at, at + _CHUNK_LINE) < 0 and len(raw) - at < _CHUNK_LINE:
             raise ServerError(f"{where}: the connection closed mid-body")
-        parts.append(raw[start : start + size])
-        size_so_far += size
-        if piece < last and reads[piece] < at:  # completed by a later read than the last chunk
-            while piece < last and reads[piece] < at:
-                piece += 1
-            ends.append(size_so_far)
-            times.append(times_of[piece])
-        elif ends:
-            ends[-1] = size_so_far
-        else:
-            ends.append(size_so_far)
-            times.append(times_of[piece])
+        raise ServerError(f"{where}: bad chunk size {bytes(raw[at : at + 20])!r}")
+    size = int(found.group(1), 16)
+    return None if size == 0 else (size, found.end())
 
 
-def _body(exchange: _Exchange) -> tuple[bytes, array.array[int], array.array[float]]:
-    """A close-delimited body and when each read of it arrived."""
+def _body(
+    exchange: _Exchange, length: str | None
+) -> tuple[bytes, array.array[int], array.array[float]]:
+    """A body delimited by the connection's close (or by ``length``, the Content-Length
+    header), and when each read of it arrived.
+
+    Raises:
+        ServerError: when the connection closed before ``length`` bytes came.
+    """
     start = exchange.head_end or 0
     body = bytes(exchange.received[start:])
+    expected = int(length) if length is not None and length.strip().isdigit() else None
+    if expected is not None and len(body) < expected:
+        raise ServerError(
+            f"{exchange.where}: the connection closed mid-body ({len(body):,} of "
+            f"{expected:,} bytes)"
+        )
     ends, times = array.array("q"), array.array("d")
     for end, when in zip(exchange.ends, exchange.times):
         if end > start:
@@ -477,7 +503,7 @@ async def exchange(
     if "chunked" in fields.get("transfer-encoding", "").lower():
         content, ends, times = _dechunk(protocol)
     else:
-        content, ends, times = _body(protocol)
+        content, ends, times = _body(protocol, fields.get("content-length"))
     return Response(status, fields, content, ends, times, protocol.sent, where)
 
 
