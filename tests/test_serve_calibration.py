@@ -168,3 +168,53 @@ def test_the_engine_profile_recorded_is_printed_with_what_the_server_changed():
     assert "sequence cap 8" in last and "max_batched_tokens, max_seqs" in last
     plain = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"})
     assert "engine profile" not in server_calibration_report(plain)
+
+
+def test_the_constants_print_in_units_a_person_reads_and_a_capped_term_says_so():
+    import dataclasses
+
+    from pytest_prefill.measure.calibration_fit import Refusal
+    from pytest_prefill.report.calibration import constants_table, refusals_text
+    from pytest_prefill.units import readable
+
+    calibration = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"}).calibration
+    capped = Refusal(
+        "fusion_penalty",
+        "fitted 1.98 > 1; capped at 1, the model's ceiling",
+        {"estimate": 1.98, "used": 1.0},
+    )
+    calibration = dataclasses.replace(
+        calibration,
+        cost=dataclasses.replace(calibration.cost, fusion_penalty=1.0),
+        refusals=(*calibration.refusals, capped),
+    )
+    table = constants_table(calibration)
+    assert "e+" not in table and "e-" not in table, table
+    rows = {line.split()[0]: line for line in table.splitlines()[2:]}
+    for name in ("decode_per_kv_token", "prefill_per_token", "decode_step_base"):
+        assert readable(getattr(calibration.cost, name)) in rows[name], rows[name]
+    assert "capped at 1" in rows["fusion_penalty"]
+    text = refusals_text(calibration)
+    assert "CAPPED fusion_penalty at 1: fitted 1.98 > 1" in text
+    assert "REFUSED fusion_penalty" not in text
+
+
+def test_a_calibration_rounds_progress_counts_the_rounds_that_run(monkeypatch):
+    import asyncio
+
+    import pytest_prefill.serve.calibration as calibration
+
+    async def nothing(*args, **kwargs):
+        return 0.0
+
+    async def no_traffic(*args, **kwargs):
+        return [], []
+
+    for name in ("_round_trip", "prompt_alone", "prompt_amid_streams"):
+        monkeypatch.setattr(calibration, name, nothing)
+    monkeypatch.setattr(calibration, "traffic", no_traffic)
+    sweep = ServerSweep(256)
+    lines: list[str] = []
+    asyncio.run(calibration.calibration_round(None, sweep, Samples(), 1, lines.append, rounds=2))
+    asyncio.run(calibration.calibration_round(None, sweep, Samples(), 0, lines.append))
+    assert lines == ["calibration round 2/2 done", f"calibration round 1/{sweep.repeats} done"]

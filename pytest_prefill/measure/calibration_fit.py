@@ -450,7 +450,7 @@ def fusion_constant(
             Refusal(
                 "fusion_penalty",
                 f"fitted {penalty:.3g} > 1 (a fused pass costs more than its two parts one after "
-                "the other); recorded as 1, the model's ceiling",
+                "the other); capped at 1, the model's ceiling",
                 {"estimate": penalty, "used": 1.0},
             )
         )

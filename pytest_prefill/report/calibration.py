@@ -15,7 +15,7 @@ from tabulate import tabulate
 from pytest_prefill.measure.calibration_document import Calibration
 from pytest_prefill.measure.calibration_fit import Point, Prediction
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.units import ms
+from pytest_prefill.units import ms, readable
 
 PROVENANCE_KEYS = (
     "device_name",
@@ -173,18 +173,25 @@ CONSTANT_UNITS = (
 )
 
 
+def _constant(value: float, unit: str, digits: int) -> str:
+    """A constant as a person reads it: a time in the unit that suits it (23.2 µs, not
+    2.317e+04 ns), a ratio as a number."""
+    return readable(value, digits) if unit else f"{value:.{digits}g}"
+
+
 def constants_table(calibration: Calibration) -> str:
     """The cost model's constants (v2), their uncertainty, and which were refused."""
     cost = calibration.cost
-    refused = calibration.refused()
+    refused, capped = calibration.refused(), _capped(calibration)
     rows = []
-    for name, unit, scale in CONSTANT_UNITS:
+    for name, unit, _ in CONSTANT_UNITS:
         error = _stderr(calibration, name)
-        stderr = "" if error is None else f"+/- {error * scale:.2g} {unit}".rstrip()
-        status = "REFUSED (0)" if name in refused and getattr(cost, name) == 0 else "fitted"
-        if name in refused and getattr(cost, name) != 0:
-            status = "see note"
-        rows.append((name, f"{getattr(cost, name) * scale:.4g} {unit}".rstrip(), stderr, status))
+        value = getattr(cost, name)
+        stderr = "" if error is None else f"+/- {_constant(error, unit, 2)}"
+        status = "REFUSED (0)" if name in refused and value == 0 else "fitted"
+        if name in refused and value != 0:
+            status = f"capped at {value:g}" if name in capped else "see note"
+        rows.append((name, _constant(value, unit, 3), stderr, status))
     floor = calibration.floor
     floor_value = f"{ms(floor.value)} ms up to {floor.knee:,} tokens" if floor.knee else "none"
     rows.append(("prefill floor", floor_value, "", "fitted" if floor.knee else "not needed"))
@@ -213,11 +220,23 @@ def held_out_text(calibration: Calibration) -> str:
     )
 
 
+def _capped(calibration: Calibration) -> dict[str, float]:
+    """The constants kept at a bound rather than refused (a fusion penalty fitted above 1)."""
+    return {
+        r.constant: float(r.numbers["used"])
+        for r in calibration.refusals
+        if isinstance(r.numbers.get("used"), (int, float)) and r.numbers["used"] != 0
+    }
+
+
 def refusals_text(calibration: Calibration) -> str:
     if not calibration.refusals:
         return "No constant refused."
+    capped = _capped(calibration)
     return "\n".join(
-        f"REFUSED {r.constant} (recorded as 0 unless noted): {r.reason}"
+        f"CAPPED {r.constant} at {capped[r.constant]:g}: {r.reason}"
+        if r.constant in capped
+        else f"REFUSED {r.constant} (recorded as 0 unless noted): {r.reason}"
         for r in calibration.refusals
     )
 

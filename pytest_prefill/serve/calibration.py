@@ -170,8 +170,10 @@ async def calibration_round(
     samples: Samples,
     index: int,
     progress: Progress | None = None,
+    rounds: int | None = None,
 ) -> None:
-    """One round of every experiment, added to ``samples``."""
+    """One round of every experiment, added to ``samples``: round ``index`` of ``rounds``
+    (default the sweep's repeats), as its progress line says."""
     key = f"cal{index}"
     samples.round_trips.append(await _round_trip(target))
     for p in sweep.prompt_lens:
@@ -195,7 +197,7 @@ async def calibration_round(
         )
         samples.stalls.append(stall)
     if progress is not None:
-        progress(f"calibration round {index + 1}/{sweep.repeats} done")
+        progress(f"calibration round {index + 1}/{rounds or sweep.repeats} done")
 
 
 async def measure_server(
@@ -283,7 +285,7 @@ def _pass_constants(fit: Any) -> tuple[dict[str, float], float, list[Refusal]]:
         refusals.append(
             Refusal(
                 "fusion_penalty",
-                f"fitted {penalty:.3g} > 1; recorded as 1, the model's ceiling",
+                f"fitted {penalty:.3g} > 1; capped at 1, the model's ceiling",
                 {"estimate": penalty, "used": 1.0},
             )
         )

@@ -339,7 +339,7 @@ async def run_server_fidelity(
     workloads: list[ServerWorkload] = []
     first = dataclasses.replace(sweep, repeats=1)
     for index in range(runs):
-        await calibration_round(target, sweep, samples, index, progress)
+        await calibration_round(target, sweep, samples, index, progress, rounds=runs)
         if not workloads:
             workloads = held_out_workloads(
                 fit_server(samples, first, {}), count=count, source=workload
