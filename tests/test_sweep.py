@@ -97,3 +97,16 @@ def test_a_foreign_json_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["simulate", "--cost", str(path)])
     assert "not a cost model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_preset_is_said_not_measured_here_on_the_command_line(preset, tmp_path, capsys):
+    assert main(["simulate", "--cost", preset]) == 0
+    simulate_header = capsys.readouterr().out.splitlines()[0]
+    argv = ["capacity", "--cost", preset, "--workload", "poisson", "--num-prompts", "20"]
+    argv += ["--slo", "ttft:2s,tpot:200ms", "--devices", "1", "--no-devices-needed"]
+    argv += ["--deployment", "chunked", "--workers", "1"]
+    assert main(argv) == 0
+    capacity_header = capsys.readouterr().out.splitlines()[0]
+    for header in (simulate_header, capacity_header):
+        assert header.startswith(f"Cost model: preset '{preset}' [not measured here]: "), header

@@ -95,7 +95,8 @@ def load_cost(spec: str) -> tuple[CostModel, str]:
         raise ValueError(f"cost must be a preset name ({', '.join(PRESETS)}) or a JSON path")
     if spec in PRESETS:
         preset = get_preset(spec)
-        return preset.cost, f"preset '{preset.name}': {preset.source}"
+        # as the plugin's summary says it: never read as a measurement of this machine
+        return preset.cost, f"preset '{preset.name}' [not measured here]: {preset.source}"
     if spec.endswith(".json") or os.path.sep in spec:
         return cost_from_json(read_json(spec, "cost file"), spec), f"file {spec}"
     raise ValueError(
