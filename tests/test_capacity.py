@@ -3,6 +3,7 @@ simulations, executors (inline, process pool, a Dask LocalCluster), and every ba
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -820,3 +821,28 @@ def test_non_monotone_is_flagged_only_beyond_the_sampling_error():
     low, high = pair(0.89, 0.905)
     result = DeploymentResult(Deployment("shared", 1), 0.9, (low, high), high, low)
     assert result.monotone and not result.crossing  # a pass just above a miss: noise
+
+
+def test_a_never_met_note_says_when_requests_arrive_together():
+    # 8 instants of 5 long prompts each: one shared worker prefills a bunch in one pass, so a
+    # bunch's TTFT is 5 prompts' prefill at any rate (alone each would meet the bound)
+    cost = PRESETS["datacenter-illustrative"].cost
+    bunched = [
+        Request(f"b{i}-{j}", arrival=2.0 * i, prompt_len=4000, output_len=4)
+        for i in range(8)
+        for j in range(5)
+    ]
+    slo = SLO.parse("ttft:100ms")
+    found = capacity(
+        bunched, cost, slo, 1, deployments=[Deployment("shared", 1)], executor=InlineExecutor()
+    )
+    (only,) = found.results
+    assert only.status == "never met" and only.alone == 0
+    (note,) = [n for n in found.notes() if "missed the SLO even at" in n]
+    assert "up to 5 at one instant; 8 distinct arrival times for 40 requests" in note
+    apart = [dataclasses.replace(r, arrival=r.arrival + 0.3 * j) for j, r in enumerate(bunched)]
+    spread = capacity(
+        apart, cost, slo, 1, deployments=[Deployment("shared", 1)], executor=InlineExecutor()
+    )
+    assert spread.largest_bunch == 1
+    assert not [n for n in spread.notes() if "arriving together" in n]

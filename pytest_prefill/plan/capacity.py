@@ -8,6 +8,7 @@ simulations (:mod:`pytest_prefill.plan.rate_search`), and goodput per device the
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -64,6 +65,10 @@ class CapacityResult:
     results: tuple[DeploymentResult, ...]
     engine: EngineProfile = LAB
     alone: AloneMisses | None = None  # the deployment with the fewest requests missing alone
+    # the most requests sharing one arrival instant, and how many instants there are: scaling
+    # the rate spreads the instants apart, never the requests that share one
+    largest_bunch: int = 1
+    arrival_instants: int = 0
 
     @property
     def unreachable(self) -> bool:
@@ -179,9 +184,21 @@ class CapacityResult:
                 lowest = min(r.probes, key=lambda p: p.rate)
                 notes.append(
                     f"{label}: missed the SLO even at {lowest.rate:.3g} req/s "
-                    f"({lowest.attainment:.1%} attainment; lower rates stopped raising it)."
+                    f"({lowest.attainment:.1%} attainment; lower rates stopped raising it)"
+                    + self._bunches()
                 )
         return notes
+
+    def _bunches(self) -> str:
+        """Why lower rates stop helping when requests arrive together ('.' when none do)."""
+        if self.largest_bunch < 2:
+            return "."
+        return (
+            f": the workload has requests arriving together (up to {self.largest_bunch:,} at "
+            f"one instant; {self.arrival_instants:,} distinct arrival times for "
+            f"{self.requests:,} requests), and a lower rate spreads the instants apart but "
+            "never the requests that share one, so those still queue behind each other."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The whole search, JSON-safe (NaN and infinities become null)."""
@@ -196,6 +213,8 @@ class CapacityResult:
             "target": self.target,
             "tolerance": self.tolerance,
             "engine": engine_document(self.engine),
+            "largest_bunch": self.largest_bunch,
+            "arrival_instants": self.arrival_instants,
             "simulations": self.simulations,
             "alone_misses": self.alone.to_dict() if self.alone is not None else None,
             "recommendation": self.recommendation(),
@@ -402,6 +421,7 @@ def capacity(
         results,
         profile,
         fewest(alone),
+        *arrival_bunches(load),
     )
 
 
@@ -437,6 +457,12 @@ def _search(
         )
         for d, a in zip(chosen, alone)
     )
+
+
+def arrival_bunches(load: Sequence[Request]) -> tuple[int, int]:
+    """The most requests sharing one arrival time, and how many distinct arrival times."""
+    counts = collections.Counter(r.arrival for r in load)
+    return max(counts.values(), default=1), len(counts)
 
 
 def no_search(deployment: Deployment, target: float) -> DeploymentResult:
