@@ -173,7 +173,8 @@ def test_a_refused_per_token_cost_gives_no_c_star_even_with_a_pair_term():
     ("trust", "words"),
     [
         (dict(held_out=0.49), "held-out error 49% > 25%"),
-        (dict(held_out=0.05, busy=True), "the machine was BUSY"),
+        (dict(held_out=0.14, busy=True), "the machine was BUSY while it was timed and its "),
+        (dict(held_out=None, busy=True), "held-out error was not computed"),
         (dict(held_out=math.nan), "held-out error not finite"),
     ],
 )
@@ -186,6 +187,22 @@ def test_an_untrustworthy_fit_gives_no_recommendation(trust, words):
     assert "Prefer" not in doubted.line
     trusted = recommend(cost, trust=Trust(held_out=MAX_TRUSTED_HELD_OUT, busy=False))
     assert trusted.line == recommend(cost).line  # a trusted fit: the one rule's words
+
+
+def test_a_sound_fit_on_a_busy_machine_recommends_with_the_caveat():
+    from pytest_prefill.plan.advice import MAX_BUSY_HELD_OUT, Trust
+
+    cost = PRESETS["lab-laptop"].cost
+    sound = recommend(cost, trust=Trust(held_out=0.06, busy=True))
+    assert sound.line == recommend(cost).line and sound.policy == recommend(cost).policy
+    (caveat,) = [w for w in sound.warnings if w.startswith("caveat:")]
+    assert "BUSY" in caveat and "6.0%" in caveat
+    edge = recommend(cost, trust=Trust(held_out=MAX_BUSY_HELD_OUT, busy=True))
+    assert edge.policy != "undetermined"
+    over = recommend(cost, trust=Trust(held_out=MAX_BUSY_HELD_OUT * 1.5, busy=True))
+    assert over.policy == "undetermined" and f"<= {MAX_BUSY_HELD_OUT:.0%}" in over.line
+    quiet = recommend(cost, trust=Trust(held_out=0.06, busy=False))
+    assert not [w for w in quiet.warnings if w.startswith("caveat:")]
 
 
 def test_the_summary_states_c_star_with_its_trust_figures():

@@ -247,4 +247,3 @@ def test_a_single_run_and_a_scheduling_the_server_cannot_have_are_refused():
         Scheduling(EngineProfile("lab"))
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         Scheduling(server_profile("vllm", 256), 0)
-

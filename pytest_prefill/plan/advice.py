@@ -32,6 +32,10 @@ STAR_CONTEXTS = (0, 2048, 8192, 32768)
 # |relative error|) is not trusted to recommend anything: three calibrations of one model on a
 # busy box gave C* of 126, 38 and -83,620, the last with a 49% held-out error.
 MAX_TRUSTED_HELD_OUT = 0.25
+# On a machine the quiet probe found BUSY, a fit that still predicts its held-out prompt lengths
+# within this is sound enough to recommend from, with the caveat said (a 6% held-out error
+# inside an exclusive CPU lock of a shared box was once flagged BUSY and blocked every answer).
+MAX_BUSY_HELD_OUT = 0.10
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,9 +58,32 @@ class Trust:
                 if math.isfinite(self.held_out)
                 else "held-out error not finite"
             )
-        if self.busy:
-            out.append("the machine was BUSY while it was timed")
+        if self.busy and not self.sound_though_busy():
+            held = (
+                f"its held-out error is {self.held_out:.0%}"
+                if self.held_out is not None and math.isfinite(self.held_out)
+                else "its held-out error was not computed"
+            )
+            out.append(
+                f"the machine was BUSY while it was timed and {held}; on a busy machine it "
+                f"must be <= {MAX_BUSY_HELD_OUT:.0%}"
+            )
         return tuple(out)
+
+    def sound_though_busy(self) -> bool:
+        """Timed on a BUSY machine, yet the fit predicts its held-out prompt lengths within
+        ``MAX_BUSY_HELD_OUT``: a recommendation with the caveat, not none."""
+        return bool(self.busy and self.held_out is not None and self.held_out <= MAX_BUSY_HELD_OUT)
+
+    def caveats(self) -> tuple[str, ...]:
+        """What a reader of a recommendation from this fit must know (empty when nothing)."""
+        if not self.sound_though_busy():
+            return ()
+        return (
+            f"caveat: the machine was BUSY while it was timed; the fit still predicts its "
+            f"held-out prompt lengths within {self.held_out:.1%} (<= {MAX_BUSY_HELD_OUT:.0%}), "
+            "so the recommendation stands: confirm it on a quiet machine.",
+        )
 
     def text(self) -> str:
         """The trust figures in a few words: 'held-out error 4.9%, quiet, 2 unstable'."""
@@ -172,6 +199,8 @@ def recommend(
 
     def advice(policy: str, line: str, chunk: int | None = None) -> Recommendation:
         warnings = _warnings(cost, contexts) if policy != "undetermined" and contexts else ()
+        if policy != "undetermined" and trust is not None:
+            warnings = (*warnings, *trust.caveats())
         return Recommendation(policy, chunk, star, fraction, line, warnings)
 
     why_not = _no_recommendation(refused, trust)
@@ -222,7 +251,8 @@ def _no_recommendation(refused: Collection[str], trust: Trust | None) -> str:
     if doubts:
         return (
             f"-> no recommendation: this fit is not trustworthy ({'; '.join(doubts)}). "
-            "Measure again on a quiet machine, with more --repeats."
+            "Measure again on a quiet machine, or with more --repeats until the held-out error "
+            "is within bounds."
         )
     return ""
 
