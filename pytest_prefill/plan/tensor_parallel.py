@@ -8,9 +8,12 @@ The efficiencies and the link come from Vidur's published profiles (microsoft/vi
 <model>/mlp.csv`` times every operator of a layer outside attention's kernel (norms, QKV and
 output projections, rotary embedding, the MLP, the residual add) at TP 1, 2, 4 and 8, and
 ``data/profiling/network/<gpu>_dgx/all_reduce.csv`` times all-reduces of 2 KiB to 64 MiB over
-NVLink. Shipped here is only what is derived from them: a layer's summed median time (ms) at
-seventeen token counts from 1 to 4,096 per TP size (:data:`LINEAR_PROFILES`), and per TP size the all-reduce's
-latency and bandwidth from a least-squares line through its medians (:data:`ALL_REDUCE`).
+NVLink. Shipped here is only what is derived from them: per TP size, the sum of the medians
+(``time_stats.<op>.median``, ms) of input_layernorm, attn_pre_proj, attn_rope, attn_post_proj,
+post_attention_layernorm, mlp_up_proj, mlp_act, mlp_down_proj and add at seventeen token counts
+from 1 to 4,096 (:data:`LINEAR_PROFILES`); and per TP size the all-reduce's latency and
+bandwidth, a least-squares line through the rank-0 medians of a single node
+(``devices_per_node == num_workers``) over 2 KiB to 64 MiB (:data:`ALL_REDUCE`).
 
 The rule is Amdahl's: a fraction ρ of a layer's time does not shrink with N (kernel launches,
 norms, the activation), so time(N) = time(1) · (ρ + (1 − ρ)/N) and efficiency(N) =
@@ -18,8 +21,9 @@ norms, the activation), so time(N) = time(1) · (ρ + (1 − ρ)/N) and efficien
 Fitted on TP 2 and 8 it predicts the held-out TP 4 within 10% (median over token counts) on
 every shipped profile, and fitted on TP 2 and 4 it predicts TP 8 within 10% on the H100 ones
 (not on the A100 Llama-3-8B: 19%); tests/test_tensor_parallel.py pins both, and
-``python -m pytest_prefill.plan.tensor_parallel`` prints the figures. Attention's own kernel (the pair term, the KV read) is not in these profiles; it
-splits by heads and takes the same efficiency.
+docs/deployments.md tabulates the figures (:func:`held_out_error`). Attention's own kernel (the
+pair term, the KV read) is not in these profiles; it splits by heads and takes the same
+efficiency.
 """
 
 from __future__ import annotations
