@@ -116,3 +116,15 @@ def test_memory_smaller_than_the_weights_is_one_line(tmp_path, capsys):
 def test_a_model_without_device_memory_is_one_line(capsys):
     line = usage_error([*CAPACITY, "--model", "llama-3-8b"], capsys)
     assert "needs --device-memory" in line
+
+
+def test_a_cost_measured_at_tp_2_is_used_as_it_is_there_and_only_there():
+    model = load_model_spec("llama-3-8b")
+    cost = PRESETS["datacenter-illustrative"].cost
+    hardware = Hardware(model, 80 * GiB, measured_tp=2, server_kv_tokens=500_000)
+    at2 = hardware.instance_cost(cost, 2, 16)
+    assert at2.prefill_per_token == cost.prefill_per_token
+    assert at2.kv_capacity_tokens == 500_000  # the server's own figure wins
+    assert hardware.tp_sizes(8) == (2,)
+    with pytest.raises(ValueError, match="measured at TP=2 is used at that TP only"):
+        hardware.instance_cost(cost, 1, 16)
