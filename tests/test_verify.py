@@ -360,3 +360,13 @@ def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
     assert "not a verify result" in usage_error(
         ["verify", "--rank", str(tmp_path / "bad.json")], capsys
     )
+
+
+def test_the_search_stops_rising_once_its_probe_is_a_burst():
+    rule = ProbeRule(max_probes=8)
+    search = KneeSearch(rule, 1.0, max_scale=3.0)
+    while (scale := search.next_scale()) is not None:
+        search.observe(_fake_probe(scale, knee=100.0))
+    scales = [p.scale for p in search.probes]
+    assert scales == [1.0, 1.5, 2.25, 3.0] and search.result().status == "never missed"
+    assert KneeSearch(rule, 10.0, max_scale=3.0).next_scale() == 3.0

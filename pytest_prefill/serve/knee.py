@@ -33,7 +33,8 @@ from pytest_prefill.sim import CostModel, Request
 Progress = Callable[[str], object]
 # Probes a server restart cannot answer: asks the server whether it still runs (None: it does).
 Alive = Callable[[], Awaitable[str | None]]
-PREDICTION_TOLERANCE = 0.02  # the simulated search's bracket: finer than any probe can tell
+PREDICTION_TOLERANCE = 0.02
+BURST_SPAN = 1e-3  # seconds: a probe whose arrivals span less is a burst  # the simulated search's bracket: finer than any probe can tell
 
 
 def _fraction(field: str, value: Any, low: float, high: float) -> float:
@@ -260,12 +261,14 @@ class MeasuredKnee:
 class KneeSearch:
     """The measured search, one probe at a time: ``start`` first; while every probe passes,
     ``step`` x the highest; while every probe misses, the lowest / ``step``; then the geometric
-    midpoint of the bracket until it is within ``tolerance``; never more than ``max_probes``."""
+    midpoint of the bracket until it is within ``tolerance``; never more than ``max_probes``;
+    never above ``max_scale`` (where the probe's requests all arrive at once: a burst, which a
+    higher rate cannot make heavier)."""
 
-    def __init__(self, rule: ProbeRule, start: float) -> None:
+    def __init__(self, rule: ProbeRule, start: float, max_scale: float = math.inf) -> None:
         if not (math.isfinite(start) and start > 0):
             raise ValueError(f"start scale must be a positive number, got {start!r}")
-        self.rule, self.start = rule, start
+        self.rule, self.start, self.max_scale = rule, min(start, max_scale), max_scale
         self.probes: list[MeasuredProbe] = []
         self.low: MeasuredProbe | None = None
         self.high: MeasuredProbe | None = None
@@ -278,7 +281,9 @@ class KneeSearch:
         low, high = self.low, self.high
         if high is None:
             assert low is not None
-            return low.scale * self.rule.step
+            if low.scale >= self.max_scale:
+                return None  # it met the target as a burst: no rate is heavier
+            return min(low.scale * self.rule.step, self.max_scale)
         if low is None:
             return high.scale / self.rule.step
         if high.scale <= low.scale * (1 + self.rule.tolerance) + 1e-12:
@@ -330,7 +335,8 @@ async def measure_knee(
     :class:`KneeSearch` says. After a probe with failed requests ``alive`` is asked: a server
     that is gone or not answering ends the search with one line, keeping the probes run."""
     base = arrival_rate(load)
-    search = KneeSearch(rule, start)
+    span = max(r.arrival for r in load) - min(r.arrival for r in load)
+    search = KneeSearch(rule, start, span / BURST_SPAN)
     while (scale := search.next_scale()) is not None:
         index = len(search.probes)
         renamed = [dataclasses.replace(r, id=f"{tag}p{index}-{r.id}") for r in load]
