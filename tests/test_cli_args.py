@@ -250,6 +250,8 @@ def no_work(monkeypatch):
         (["simulate", "--workload", "x.csv", "--streams", "3"], "--streams shapes"),
         (["simulate", "--workload", "x.csv", "--seed", "5"], "--seed is poisson's seed"),
         (["capacity", "--slo", "ttft:1s", "--workload", "x.csv", "--seed", "5"], "poisson's"),
+        (["simulate", "--workload", "x.csv", "--random-input-len", "5"], "shapes poisson's"),
+        (["simulate", "--workload", "poisson", "--random-range-ratio", "1"], "[0, 1)"),
         # 13: an empty archive folder meant the current one; numbers in other scripts' digits
         (["runs", "--results", ""], "must name a folder"),
         (["compare", "a", "b", "--results", ""], "must name a folder"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 
@@ -226,14 +227,20 @@ def test_the_bench_command_reports_vllm_metrics_and_writes_records(tmp_path, cap
         records = tmp_path / "r.jsonl"
         argv = ["bench", "--url", f"http://127.0.0.1:{port}", "--tokenizer", str(tmp_path)]
         argv += ["--num-prompts", "4", "--request-rate", "50", "--records", str(records)]
+        argv += ["--random-input-len", "8", "--random-output-len", "5", "--max-concurrency", "2"]
         assert main(argv) == 0
     finally:
         server.terminate()
         server.wait()
     out = capsys.readouterr().out
     assert "Successful requests:" in out and "Median TTFT (ms):" in out and "P99 ITL (ms):" in out
+    assert re.search(r"^Maximum request concurrency: +2$", out, re.M)
+    peak = re.search(r"^Peak concurrent requests: +(\d+)$", out, re.M)
+    assert peak and 1 <= int(peak.group(1)) <= 2, out
     lines = records.read_text().splitlines()
     assert len(lines) == 5 and json.loads(lines[0])["warmup"] is True
+    sent = [json.loads(line) for line in lines[1:]]
+    assert {(r["prompt_len"], r["output_len"]) for r in sent} == {(8, 5)}  # vLLM's random lengths
 
 
 @pytest.mark.parametrize(

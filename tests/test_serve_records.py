@@ -85,3 +85,37 @@ def test_word_tokens_are_read_from_a_tokenizer_json(tmp_path):
     assert all(vocab["\u0120" + w[1:]] == i for w, i in zip(prompts.words, prompts.ids))
     with pytest.raises(ValueError, match="no prefill-words.json and no tokenizer.json"):
         prompts_from_folder(tmp_path / "..")
+
+
+def test_peak_concurrency_counts_requests_in_flight_and_a_finish_frees_its_place():
+    a = _record("a", 0.0, [1.0], [1])
+    b = _record("b", 0.5, [2.0], [1])  # overlaps a
+    c = _record("c", 1.0, [1.5], [1])  # sent as a finishes: b and c in flight
+    d = _record("d", 3.0, [3.5], [1])
+    assert BenchRun((a, b, c, d), {}, {}, "now").peak_concurrency() == 2
+    assert BenchRun((a, d), {}, {}, "now").peak_concurrency() == 1
+
+
+def _run_at(rate: float, service: float, count: int = 20) -> BenchRun:
+    """``count`` requests offered at ``rate`` to a server that serves one at a time, each in
+    ``service`` seconds (it keeps up when rate * service < 1)."""
+    records, free = [], 0.0
+    for i in range(count):
+        sent = i / rate
+        done = max(sent, free) + service
+        free = done
+        records.append(ServerRecord(f"r{i}", sent, sent, 10, 1, (done,), (1,), 10, 1))
+    return BenchRun(tuple(records), {}, {}, "now")
+
+
+def test_a_run_the_server_could_not_keep_up_with_says_so():
+    from pytest_prefill.report.bench import overload_line
+
+    slow = _run_at(rate=2.0, service=1.0)  # 2 req/s offered, 1 served
+    assert slow.offered_rate() == pytest.approx(2.0)
+    line = overload_line(slow, slow.metrics())
+    assert line and "2 req/s offered" in line and "did not keep up" in line
+    kept = _run_at(rate=0.5, service=1.0)
+    assert overload_line(kept, kept.metrics()) is None
+    burst = BenchRun(tuple(_record(f"r{i}", 0.0, [1.0 + i], [1]) for i in range(3)), {}, {}, "x")
+    assert burst.offered_rate() is None and overload_line(burst, burst.metrics()) is None

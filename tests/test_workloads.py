@@ -452,3 +452,33 @@ def test_bad_hash_ids_name_the_file_and_line(tmp_path, hash_ids):
     )
     with pytest.raises(ValueError, match=r"t\.jsonl:2: hash_ids: Request\.prefix_blocks"):
         resolve_workload(str(path))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "ratio"), [(512, 64, 0.0), (512, 64, 0.5), (3, 1, 0.9)]
+)
+def test_poisson_takes_vllms_random_lengths(inputs, outputs, ratio):
+    from pytest_prefill.plan.workloads import resolve_workload
+
+    load = resolve_workload("poisson", num_prompts=400, lengths=(inputs, outputs, ratio)).requests
+    for n, seen in (
+        (inputs, [r.prompt_len for r in load]),
+        (outputs, [r.output_len for r in load]),
+    ):
+        low, high = max(1, int(n * (1 - ratio))), max(1, int(n * (1 + ratio)))
+        assert low <= min(seen) and max(seen) <= high
+        if high - low >= 10:
+            assert max(seen) - min(seen) > (high - low) / 2, "drawn across the range"
+        if ratio == 0:
+            assert set(seen) == {n}
+
+
+def test_random_lengths_are_poissons_only_and_checked():
+    from pytest_prefill.plan.workloads import resolve_workload
+
+    with pytest.raises(ValueError, match="range ratio"):
+        resolve_workload("poisson", num_prompts=4, lengths=(512, 64, 1.0))
+    with pytest.raises(ValueError, match="input length"):
+        resolve_workload("poisson", num_prompts=4, lengths=(0, 64, 0.0))
+    with pytest.raises(ValueError, match="lengths"):
+        resolve_workload("lab", lengths=(512, 64, 0.0))

@@ -18,6 +18,7 @@ from pytest_prefill.commands._args import (
 from pytest_prefill.plan.workloads import (
     NAMED_WORKLOADS,
     POISSON_DEFAULTS,
+    POISSON_OUTPUT_LEN,
     POISSON_PROMPT_LEN,
     Workload,
     resolve_workload,
@@ -111,11 +112,55 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
         "--seed", type=non_negative_int, help="poisson's seed (default 0; poisson only)"
     )
     group.add_argument(
+        "--random-input-len",
+        type=bounded_int(MAX_PROMPT_LEN, "tokens"),
+        metavar="N",
+        help=f"poisson: prompts of N tokens (default {POISSON_PROMPT_LEN}; vLLM's random dataset)",
+    )
+    group.add_argument(
+        "--random-output-len",
+        type=bounded_int(MAX_PROMPT_LEN, "tokens"),
+        metavar="N",
+        help=f"poisson: outputs of N tokens (default {POISSON_OUTPUT_LEN})",
+    )
+    group.add_argument(
+        "--random-range-ratio",
+        type=ratio_type,
+        metavar="R",
+        help="poisson: draw each length uniformly from [N*(1-R), N*(1+R)], R in [0, 1) "
+        "(default 0: every length N), as vLLM's",
+    )
+    group.add_argument(
         "--max-model-len",
         type=bounded_int(MAX_PROMPT_LEN, "tokens"),
         metavar="TOKENS",
         help="cap longer prompts at this many tokens (default: --model's context where the "
         "command takes --model, else 40960, Qwen3-0.6B's; the answer says how many it capped)",
+    )
+
+
+def ratio_type(text: str) -> float:
+    """A range ratio: a number in [0, 1)."""
+    try:
+        value = ascii_float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value
+
+
+RANDOM_FLAGS = ("random_input_len", "random_output_len", "random_range_ratio")
+
+
+def random_lengths(args: argparse.Namespace) -> tuple[int, int, float] | None:
+    """The poisson lengths the --random-* flags give (None: none was given)."""
+    if all(getattr(args, name, None) is None for name in RANDOM_FLAGS):
+        return None
+    return (
+        args.random_input_len or POISSON_PROMPT_LEN,
+        args.random_output_len or POISSON_OUTPUT_LEN,
+        args.random_range_ratio or 0.0,
     )
 
 
@@ -130,6 +175,10 @@ def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) ->
         args.max_model_len_origin = "Qwen3-0.6B's context, the cost presets' model"
     if args.seed is not None and args.workload != "poisson":
         raise ValueError(f"--seed is poisson's seed; workload {args.workload!r} takes none")
+    given = [name for name in RANDOM_FLAGS if getattr(args, name, None) is not None]
+    if given and args.workload != "poisson":
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} shapes poisson's prompts; workload {args.workload!r} has its own")
     if args.workload != "poisson":
         args.seed = 0
         return
@@ -142,7 +191,8 @@ def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) ->
             f"command line simulates at most {MAX_SECONDS:,.0f} s of arrivals (raise "
             "--request-rate or lower --num-prompts)"
         )
-    prompt = min(POISSON_PROMPT_LEN, args.max_model_len)
+    inputs, _, ratio = random_lengths(args) or (POISSON_PROMPT_LEN, 0, 0.0)
+    prompt = min(int(inputs * (1 + ratio)), args.max_model_len)
     check_chunked_run([prompt] * int(count), chunks)
 
 
@@ -172,6 +222,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         rate_scale=args.rate_scale,
         seed=args.seed or 0,
         max_model_len=args.max_model_len,
+        lengths=random_lengths(args),
     )
     last = max(r.arrival for r in workload.requests)
     if last > MAX_SECONDS:

@@ -30,7 +30,7 @@ from pytest_prefill.commands._workload_args import (
     workload_lines,
 )
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.report.bench import bench_text
+from pytest_prefill.report.bench import bench_text, max_concurrency_of
 from pytest_prefill.serve.loadgen import Bounds, Schedule
 from pytest_prefill.serve.records import BenchRun
 from pytest_prefill.serve.server_metrics import run_counted
@@ -160,6 +160,8 @@ def progress(line: str) -> None:
 def result_document(run: BenchRun, metrics: Any, workload: Any) -> dict[str, Any]:
     return {
         **metrics.to_dict(),
+        "max_concurrency": max_concurrency_of(run),  # vLLM's result names
+        "max_concurrent_requests": run.peak_concurrency(),
         "workload": workload.description,
         **run.to_dict(),
     }

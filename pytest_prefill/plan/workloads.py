@@ -449,6 +449,20 @@ def _check_resolve_arguments(
         raise ValueError("request_rate and rate_scale both set the arrival rate: give one")
 
 
+def _random_lengths(inputs: int, outputs: int, ratio: float) -> dict[str, Any]:
+    """vLLM's random dataset lengths: uniform in [n·(1 − ratio), n·(1 + ratio)], at least 1."""
+    check_int("input length", inputs, minimum=1)
+    check_int("output length", outputs, minimum=1)
+    if not (isinstance(ratio, (int, float)) and 0 <= ratio < 1):
+        raise ValueError(f"range ratio must be in [0, 1), got {ratio!r}")
+
+    def spread(n: int) -> int | Callable[[random.Random], int]:
+        low, high = max(1, int(n * (1 - ratio))), max(1, int(n * (1 + ratio)))
+        return n if low == high else (lambda rng: rng.randint(low, high))
+
+    return {"prompt_len": spread(inputs), "output_len": spread(outputs)}
+
+
 def resolve_workload(
     spec: str,
     *,
@@ -458,6 +472,7 @@ def resolve_workload(
     rate_scale: float | None = None,
     seed: int = 0,
     max_model_len: int | None = None,
+    lengths: tuple[int, int, float] | None = None,
 ) -> Workload:
     """The workload ``spec`` names: ``lab``, ``poisson``, ``azure-conv``, ``azure-code``, or a
     ``.csv`` (Azure columns) or ``.jsonl`` (``timestamp`` ms, ``input_length``,
@@ -474,6 +489,9 @@ def resolve_workload(
         seed: ``poisson``'s random seed.
         max_model_len: prompts longer than this many tokens are cut to it (``capped`` counts
             them).
+        lengths: ``poisson``: (input length, output length, range ratio), vLLM's random
+            dataset: each length drawn uniformly from [n·(1 − ratio), n·(1 + ratio)] (output
+            at least 1); default (1024, 128, 0).
 
     Raises:
         ValueError: naming the argument, for an unknown workload or missing file, a value out of
@@ -485,7 +503,7 @@ def resolve_workload(
     attribution = None
     if spec == "lab":
         given: dict[str, object] = {"request_rate": request_rate, "num_prompts": num_prompts}
-        given.update(window=window, rate_scale=rate_scale)
+        given.update(window=window, rate_scale=rate_scale, lengths=lengths)
         if any(value is not None for value in given.values()):
             names = ", ".join(name for name, value in given.items() if value is not None)
             raise ValueError(f"the lab workload is fixed; it takes no {names}")
@@ -494,14 +512,16 @@ def resolve_workload(
     elif spec == "poisson":
         rate = request_rate or POISSON_DEFAULTS["request_rate"]
         count = int(num_prompts or POISSON_DEFAULTS["num_prompts"])
-        load = poisson(
-            rate, count, seed=seed, prompt_len=POISSON_PROMPT_LEN, output_len=POISSON_OUTPUT_LEN
-        )
+        inputs, outputs, ratio = lengths or (POISSON_PROMPT_LEN, POISSON_OUTPUT_LEN, 0.0)
+        load = poisson(rate, count, seed=seed, **_random_lengths(inputs, outputs, ratio))
         load = _window_of(load, window) if window is not None else load
-        lengths = f"{POISSON_PROMPT_LEN}/{POISSON_OUTPUT_LEN} tokens"
-        source = f"poisson ({count:,} requests at {rate:g} req/s, seed {seed}; {lengths})"
+        spread = f" ±{ratio:.0%}" if ratio else ""
+        source = f"poisson ({count:,} requests at {rate:g} req/s, seed {seed}; "
+        source += f"{inputs}/{outputs} tokens{spread})"
         request_rate = None
     else:
+        if lengths is not None:
+            raise ValueError(f"lengths are poisson's; workload {spec!r} has its own")
         load, source, attribution = _read_trace(spec, window, num_prompts)
     if not load:
         raise ValueError(f"workload {spec!r} has no request (window {window!r})")

@@ -36,12 +36,20 @@ def _latency(name: str, dist: Distribution) -> list[str]:
     return lines
 
 
-def metrics_block(metrics: ServingMetrics, failed: int = 0) -> str:
-    """vLLM's serving benchmark result block for ``metrics``."""
+def metrics_block(
+    metrics: ServingMetrics,
+    failed: int = 0,
+    max_concurrency: int | None = None,
+    peak_concurrency: int | None = None,
+) -> str:
+    """vLLM's serving benchmark result block for ``metrics``, with its "Maximum request
+    concurrency" (the cap asked for, when one was) and "Peak concurrent requests" lines."""
     lines = [_rule(" Serving Benchmark Result ", "=")]
     lines.append(_line("Successful requests:", f"{metrics.completed:,}"))
     if failed:
         lines.append(_line("Failed requests:", f"{failed:,}"))
+    if max_concurrency is not None:
+        lines.append(_line("Maximum request concurrency:", f"{max_concurrency:,}"))
     lines.append(_line("Benchmark duration (s):", f"{metrics.duration:,.2f}"))
     lines.append(_line("Total input tokens:", f"{metrics.total_input_tokens:,}"))
     lines.append(_line("Total generated tokens:", f"{metrics.total_output_tokens:,}"))
@@ -50,11 +58,43 @@ def metrics_block(metrics: ServingMetrics, failed: int = 0) -> str:
         lines.append(_line(f"Request goodput ({metrics.slo}) (req/s):", f"{metrics.goodput:,.2f}"))
         lines.append(_line("SLO attainment:", f"{metrics.attainment:.1%}"))
     lines.append(_line("Output token throughput (tok/s):", f"{metrics.output_throughput:,.2f}"))
+    if peak_concurrency is not None:
+        lines.append(_line("Peak concurrent requests:", f"{peak_concurrency:,}"))
     lines.append(_line("Total Token throughput (tok/s):", f"{metrics.total_token_throughput:,.2f}"))
     for name in TITLES:
         lines += _latency(name, getattr(metrics, name))
     lines.append(_rule("", "="))
     return "\n".join(lines)
+
+
+# The run served less than this share of the rate offered, and its last token came more than
+# half the sending span after the last send: the queue grew, and the latencies include the wait.
+KEPT_UP = 0.9
+
+
+def overload_line(run: BenchRun, metrics: ServingMetrics) -> str | None:
+    """A warning when the server did not keep up with the rate offered, or None."""
+    offered = run.offered_rate()
+    completed = run.completed
+    if offered is None or not completed:
+        return None
+    sent = [r.scheduled for r in run.records]
+    span = max(sent) - min(sent)
+    drain = max(r.chunk_times[-1] for r in completed) - max(r.arrival for r in completed)
+    if metrics.request_throughput >= KEPT_UP * offered or drain <= span / 2:
+        return None
+    return (
+        f"warning: the server did not keep up: {offered:.3g} req/s offered, "
+        f"{metrics.request_throughput:.3g} req/s served (request throughput); the last "
+        f"token came {drain:,.1f} s after the last send, so requests queued and the latencies "
+        "above include the wait. Lower the rate (or --max-concurrency) to measure it unloaded."
+    )
+
+
+def max_concurrency_of(run: BenchRun) -> int | None:
+    schedule = run.settings.get("schedule") or {}
+    value = schedule.get("max_concurrency") if isinstance(schedule, dict) else None
+    return value if isinstance(value, int) else None
 
 
 def run_notes(run: BenchRun) -> list[str]:
@@ -89,4 +129,6 @@ def run_notes(run: BenchRun) -> list[str]:
 
 
 def bench_text(run: BenchRun, metrics: ServingMetrics) -> str:
-    return "\n".join([metrics_block(metrics, len(run.failed)), *run_notes(run)])
+    block = metrics_block(metrics, len(run.failed), max_concurrency_of(run), run.peak_concurrency())
+    overload = overload_line(run, metrics)
+    return "\n".join([block, *run_notes(run), *([overload] if overload else [])])

@@ -143,6 +143,26 @@ class BenchRun:
     def failed(self) -> tuple[ServerRecord, ...]:
         return tuple(r for r in self.records if not r.ok)
 
+    def peak_concurrency(self) -> int:
+        """The most requests in flight at once (sent, last token not yet arrived), over the
+        completed requests: vLLM's "Peak concurrent requests"."""
+        events = sorted(
+            [(r.arrival, 1) for r in self.completed]
+            + [(r.chunk_times[-1], -1) for r in self.completed]
+        )  # at equal times a finish (-1) sorts before a send: it had left
+        peak = running = 0
+        for _, step in events:
+            running += step
+            peak = max(peak, running)
+        return peak
+
+    def offered_rate(self) -> float | None:
+        """The rate the schedule offered: requests per second between the first and the last
+        scheduled send (None: fewer than two requests, or all at once)."""
+        times = [r.scheduled for r in self.records]
+        span = max(times) - min(times) if len(times) > 1 else 0.0
+        return (len(times) - 1) / span if span > 0 else None
+
     def inexact(self) -> tuple[ServerRecord, ...]:
         """Completed requests whose usage does not confirm the asked lengths."""
         return tuple(r for r in self.completed if not r.exact)
