@@ -113,7 +113,10 @@ def test_the_engine_schedules_with_the_simulators_own_worker():
     from pytest_prefill.lab import loop as engine
 
     assert engine.Worker is sim.Worker
-    assert issubclass(sim.TimedWorker, sim.Worker)
+    timed = sim.TimedWorker(
+        0, sim.Worker("w", "shared"), sim.TickCost(sim.PRESETS["lab-laptop"].cost)
+    )
+    assert isinstance(timed.rules, sim.Worker)  # the fast path times the rules, never copies them
 
 
 def test_replay_validates_like_simulate():

@@ -216,7 +216,7 @@ def test_a_chunk_budget_shrinks_chunks_as_the_context_grows():
 
 
 def test_under_a_token_budget_the_rows_go_first_and_prompt_tokens_fill_the_rest():
-    worker = Worker("w", "chunked", max_batched_tokens=50)
+    worker = Worker("w", "chunked", engine=EngineProfile("knobs", max_batched_tokens=50))
     live, long = Request("live", 0.0, 10, 5), Request("long", 0.0, 200, 2)
     worker.admit(live)
     plan = worker.compose(0.0)
@@ -232,14 +232,14 @@ def test_under_a_token_budget_the_rows_go_first_and_prompt_tokens_fill_the_rest(
 
 
 def test_a_chunk_smaller_than_the_budget_still_bounds_the_prompt_tokens():
-    worker = Worker("w", "chunked", chunk=16, max_batched_tokens=50)
+    worker = Worker("w", "chunked", chunk=16, engine=EngineProfile("knobs", max_batched_tokens=50))
     worker.admit(Request("a", 0.0, 100, 1))
     plan = worker.compose(0.0)
     assert plan is not None and plan.prefill_tokens == 16
 
 
 def test_coscheduled_under_a_budget_takes_whole_prompts_and_a_longer_one_runs_alone():
-    worker = Worker("w", "coscheduled", max_batched_tokens=100)
+    worker = Worker("w", "coscheduled", engine=EngineProfile("knobs", max_batched_tokens=100))
     a, b, c = Request("a", 0.0, 60, 3), Request("b", 0.0, 50, 3), Request("c", 0.0, 500, 2)
     for r in (a, b, c):
         worker.admit(r)
@@ -254,7 +254,7 @@ def test_coscheduled_under_a_budget_takes_whole_prompts_and_a_longer_one_runs_al
 
 
 def test_coscheduled_under_a_budget_decodes_while_the_head_waits_for_room():
-    worker = Worker("w", "coscheduled", max_batched_tokens=100)
+    worker = Worker("w", "coscheduled", engine=EngineProfile("knobs", max_batched_tokens=100))
     a, b = Request("a", 0.0, 90, 2), Request("b", 0.0, 100, 1)
     worker.admit(a)
     worker.compose(0.0)
@@ -265,13 +265,13 @@ def test_coscheduled_under_a_budget_decodes_while_the_head_waits_for_room():
 
 
 def test_shared_under_a_budget_takes_whole_prompts_within_it_at_least_one():
-    worker = Worker("w", "shared", max_batched_tokens=100)
+    worker = Worker("w", "shared", engine=EngineProfile("knobs", max_batched_tokens=100))
     a, b, c = Request("a", 0.0, 40, 1), Request("b", 0.0, 50, 1), Request("c", 0.0, 30, 1)
     for r in (a, b, c):
         worker.admit(r)
     plan = worker.compose(0.0)
     assert plan is not None and plan.prefill == ((a, 0, 40), (b, 0, 50))
-    alone = Worker("w", "shared", max_batched_tokens=10)
+    alone = Worker("w", "shared", engine=EngineProfile("knobs", max_batched_tokens=10))
     alone.admit(a)
     alone.admit(c)
     plan = alone.compose(0.0)
@@ -282,7 +282,12 @@ def test_shared_under_a_budget_takes_whole_prompts_within_it_at_least_one():
     ("max_seqs", "budget", "admitted"), [(2, None, 2), (5, 3, 3), (None, 2, 2)]
 )
 def test_a_worker_admits_at_most_its_sequence_cap(max_seqs, budget, admitted):
-    worker = Worker("w", "chunked", chunk=1000, max_seqs=max_seqs, max_batched_tokens=budget)
+    worker = Worker(
+        "w",
+        "chunked",
+        chunk=1000,
+        engine=EngineProfile("knobs", max_seqs=max_seqs, max_batched_tokens=budget),
+    )
     load = [Request(f"r{i}", 0.0, 1, 3) for i in range(6)]
     for r in load:
         worker.admit(r)
@@ -292,7 +297,7 @@ def test_a_worker_admits_at_most_its_sequence_cap(max_seqs, budget, admitted):
 
 
 def test_under_the_prefill_rule_the_pass_completing_a_prompt_emits_its_first_token():
-    worker = Worker("w", "shared", first_token="prefill")
+    worker = Worker("w", "shared", engine=EngineProfile("knobs", first_token="prefill"))
     a, one = Request("a", 0.0, 10, 3), Request("one", 0.0, 5, 1)
     worker.admit(a)
     worker.admit(one)
@@ -310,13 +315,13 @@ def test_under_the_prefill_rule_the_pass_completing_a_prompt_emits_its_first_tok
     assert worker.unfinished == 0 and worker.admitted == 0 and worker.kv.reserved == 0
 
 
-def test_a_bad_engine_knob_on_a_worker_is_named():
-    with pytest.raises(ValueError, match="first_token"):
-        Worker("w", "shared", first_token="eventually")
-    with pytest.raises(ValueError, match="max_seqs"):
-        Worker("w", "shared", max_seqs=0)
-    with pytest.raises(ValueError, match="max_batched_tokens"):
-        Worker("w", "shared", max_batched_tokens=2.5)  # type: ignore[arg-type]
+def test_a_worker_takes_the_engine_profile_as_itself():
+    profile = EngineProfile("knobs", first_token="prefill", max_seqs=8, max_batched_tokens=4)
+    worker = Worker("w", "chunked", engine=profile)
+    assert worker.engine is profile and worker.prefill_first
+    assert worker.max_seqs == profile.seq_cap == 4  # each admitted request takes a row
+    with pytest.raises(ValueError, match="budget"):
+        Worker("w", "shared", budget=1.0, price=lambda *_: 0.0)  # a budget is chunked's
 
 
 def test_the_prefill_rule_makes_ttft_one_prefill_pass_for_a_lone_request():

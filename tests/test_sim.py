@@ -5,7 +5,9 @@ module; the package's import stays light; ``pytest_prefill.scheduler`` is ``sim`
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +59,39 @@ def test_the_docstring_gives_the_reading_order_of_every_module():
     missing = [m for m in modules if f"``{m}``" not in doc]
     assert not missing, f"name these modules in sim/__init__.py's reading order: {missing}"
     assert "tests/reference_sim.py" in doc
+
+
+def reading_steps() -> list[set[str]]:
+    """The modules each numbered step of the docstring's reading order names."""
+    doc = sim.__doc__ or ""
+    text = doc[doc.index("Reading order") :]
+    modules = {p.stem for p in SIM.glob("*.py") if not p.stem.startswith("__")}
+    steps = re.split(r"^\d+\. ", text, flags=re.MULTILINE)[1:]
+    return [set(re.findall(r"``(\w+)``", step)) & modules for step in steps]
+
+
+def sim_imports(stem: str) -> set[str]:
+    """The sibling modules ``sim/<stem>.py`` imports (any import, typing only too)."""
+    tree = ast.parse((SIM / f"{stem}.py").read_text(encoding="utf-8"))
+    return {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    }
+
+
+def test_no_step_of_the_reading_order_imports_a_later_step():
+    steps = reading_steps()
+    named = [m for step in steps for m in step]
+    assert len(named) == len(set(named)), "a module named in two steps"
+    where = {m: k for k, step in enumerate(steps) for m in step}
+    later = [
+        f"{m} (step {where[m] + 1}) imports {t} (step {where[t] + 1})"
+        for m in where
+        for t in sim_imports(m)
+        if t in where and where[t] > where[m]
+    ]
+    assert not later, "the reading order is not the import order:\n" + "\n".join(later)
 
 
 def test_the_seed_name_is_a_deprecated_re_export_of_sim():

@@ -220,15 +220,12 @@ def test_cycles_finds_a_cycle_and_nothing_else():
 
 
 def test_no_import_cycle():
-    # A package importing its own modules (an __init__ facade) is not a cycle of ideas.
-    runtime = [
-        (a, b)
-        for a, b, _, _, typing_only in internal_edges()
-        if not typing_only and not b.startswith(a + ".")
-    ]
-    found = {tuple(c) for c in cycles(runtime)}
+    # A package importing its own modules (an __init__ facade) is not a cycle of ideas. A
+    # type-only import (under TYPE_CHECKING) counts: a cycle of ideas is one however imported.
+    edges = [(a, b) for a, b, _, _, _ in internal_edges() if not b.startswith(a + ".")]
+    found = {tuple(c) for c in cycles(edges)}
     new = sorted(found - set(KNOWN_CYCLES))
-    assert not new, f"import cycles (TYPE_CHECKING imports excluded): {new}"
+    assert not new, f"import cycles (TYPE_CHECKING imports included): {new}"
     fixed = sorted(set(KNOWN_CYCLES) - found)
     assert not fixed, f"fixed, thank you: delete these from KNOWN_CYCLES: {fixed}"
 
@@ -331,3 +328,80 @@ def test_no_function_is_over_60_lines_of_code():
     )
     fixed = sorted(set(KNOWN_LONG_FUNCTIONS) - set(found))
     assert not fixed, f"fixed, thank you: delete these from KNOWN_LONG_FUNCTIONS: {fixed}"
+
+
+def sim_side(module: str) -> str | None:
+    """``"rules"`` or ``"speed-ups"`` for a module of ``sim/`` that ``sim.RULES`` or
+    ``sim.SPEED_UPS`` names (the one place the two sides are listed), else None."""
+    from pytest_prefill import sim
+
+    parts = module.split(".")
+    if len(parts) != 3 or parts[1] != "sim":
+        return None
+    if parts[2] in sim.RULES:
+        return "rules"
+    return "speed-ups" if parts[2] in sim.SPEED_UPS else None
+
+
+def test_the_two_sides_name_existing_modules_and_none_twice():
+    from pytest_prefill import sim
+
+    stems = {m.rsplit(".", 1)[-1] for m in modules() if place(m) == "sim"}
+    assert set(sim.RULES) <= stems and set(sim.SPEED_UPS) <= stems
+    assert not set(sim.RULES) & set(sim.SPEED_UPS)
+    assert sim_side("pytest_prefill.sim.rules") == "rules"
+    assert sim_side("pytest_prefill.sim.fastpath") == "speed-ups"
+    assert sim_side("pytest_prefill.plan.capacity") is None
+
+
+def test_no_rules_module_imports_a_speed_up():
+    """The rules read alone against tests/reference_sim.py: nothing of the fast path in them
+    (TYPE_CHECKING imports included)."""
+    found = [
+        f"{module}:{line} imports {target}"
+        for module, target, _, line, _ in internal_edges()
+        if sim_side(module) == "rules" and sim_side(target) == "speed-ups"
+    ]
+    assert not found, "a rules module imports a speed-up:\n" + "\n".join(found)
+
+
+def class_bases() -> Iterator[tuple[str, str, str, int]]:
+    """(module, class, the module defining a base class, line) for each class of the package
+    whose base is a class defined in the package (found by name among the modules it imports
+    from, or its own)."""
+    defined: dict[str, dict[str, str]] = {}  # module -> class name -> module defining it
+    trees = {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in modules().items()}
+    for module, tree in trees.items():
+        defined[module] = {n.name: module for n in tree.body if isinstance(n, ast.ClassDef)}
+    for module, path in modules().items():
+        names = dict(defined[module])
+        for target, name, _, _ in imports(module, path):
+            if name is not None and name in defined.get(target, {}):
+                names[name] = defined[target][name]
+        for node in ast.walk(trees[module]):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    if isinstance(base, ast.Name) and base.id in names:
+                        yield module, node.name, names[base.id], node.lineno
+
+
+def test_class_bases_finds_a_base_by_its_import():
+    found = {(m, c, b) for m, c, b, _ in class_bases()}
+    assert ("pytest_prefill.sim.rules", "Worker", "pytest_prefill.sim.rules") in found
+    assert (
+        "pytest_prefill.sim.paged_worker",
+        "PagedWorker",
+        "pytest_prefill.sim.rules",
+    ) in found
+
+
+def test_no_class_subclasses_across_the_rules_and_the_speed_ups():
+    """A speed-up times the rules (it holds them), never inherits them, and a rule never
+    inherits a speed-up."""
+    found = [
+        f"{module}:{line} {name} ({sim_side(module)}) subclasses a class of {base} "
+        f"({sim_side(base)})"
+        for module, name, base, line in class_bases()
+        if {sim_side(module), sim_side(base)} == {"rules", "speed-ups"}
+    ]
+    assert not found, "subclassing across the line:\n" + "\n".join(found)

@@ -5,28 +5,34 @@ prints the lab's policy table. The semantics are DESIGN.md's "Simulation semanti
 is pinned by a test, and ``tests/reference_sim.py`` is the same rules written out literally
 (slow, one instant at a time): ``simulate()`` must agree with it exactly.
 
-Reading order:
+Reading order (no step imports a later one; ``RULES`` and ``SPEED_UPS`` name the two sides
+that ``tests/test_structure.py`` keeps apart: no rules module imports a speed-up, no class
+subclasses across the line):
 
-1. ``requests`` — what a run is given; ``cost`` and ``presets`` — what one iteration costs;
-   ``profiles`` — the engine knobs (first-token rule, token budget, sequence cap) and the
-   engines' defaults, with their sources.
-2. ``rules`` — what the next iteration on a worker holds (:meth:`Worker.compose`, in one
-   place), with ``kv`` (when a request may be admitted) and ``tokens`` (who emits which
-   token when). Under paged KV: ``paged`` (the block pool and its prefix cache) and
-   ``paged_worker`` (vLLM's rules: blocks as tokens are written, preemption by recompute,
-   prefix cache hits; its own rules and token book, timed as the fast path times).
-3. ``policies`` — the policies, their options and the worker mode of each; ``router`` — which
-   worker gets a request (least loaded, or the one holding its longest cached prefix); ``prefill_pool`` — disaggregation's prefill workers and KV link.
-4. ``simulation`` — :func:`simulate`: each policy as pools of workers.
-5. The speed-ups, kept apart from the rules: ``ticks`` (exact integer time), ``fastpath``
-   (a worker timed by the cost model; decode runs in closed form), ``pool`` (the loop that
-   drives workers through time).
-6. What a run returns: ``events``, ``percentiles`` (nearest-rank and linear, the one home),
-   ``gaps`` (the token-gap multiset), ``trace`` (records, summary), ``results`` (a
+1. What a run is given and what it costs: ``requests``, ``checks`` (the input checks every
+   entry point shares), ``cost`` and ``presets`` (what one iteration costs), ``profiles`` (the
+   engine knobs and the engines' defaults, with their sources), and ``ticks`` (the same costs
+   in exact integer time: a speed-up, but everything after counts in it).
+2. What a run records: ``events`` (events, and the simulator's log in ticks), ``percentiles``
+   (nearest-rank and linear, the one home), ``gaps`` (the token-gap multiset), ``trace``
+   (records, summary).
+3. The rules — what the next iteration on a worker holds: ``rules`` (:meth:`Worker.compose`,
+   in one place, on :class:`BaseWorker`), with ``kv`` (when a request may be admitted) and
+   ``tokens`` (who emits which token when); under paged KV, ``paged`` (the block pool, its
+   prefix hits and cache entries) and ``paged_worker`` (vLLM's rules: blocks as tokens are
+   written, preemption by recompute, prefix cache hits); disaggregation's prefill side,
+   ``prefill_worker`` (passes over a shared queue, and the KV link); ``policies`` (the
+   policies, their options and the worker mode of each); ``router`` (which worker gets a
+   request: least loaded, or the one holding its longest cached prefix).
+4. The speed-ups, kept apart from the rules: ``fastpath`` (any worker's rules timed by the
+   cost model; decode runs in closed form; the link timed), ``pool`` (the one loop that
+   drives them through time).
+5. A run assembled: ``prefill_pool`` (disaggregation's prefill side on the loop),
+   ``simulation`` (:func:`simulate`: each policy as pools of workers), ``results`` (a
    simulation's compact results).
-7. ``oracle`` — every invariant a trace must keep, checked from the trace alone;
+6. ``oracle`` — every invariant a trace must keep, checked from the trace alone;
    ``oracle_paged`` — its checks of paged KV (prefill attempts, cache hits, blocks in use).
-8. ``checks`` — the input checks every entry point shares; ``demo`` — the lab's table.
+7. ``demo`` — the lab's table.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from .checks import check_cap, check_int, check_number, check_whole_or_inf
 from .cost import CostModel, Piece, attention_pairs, piece_sums, run_first_step, run_step_start
 from .demo import lab_table
 from .events import KINDS, LINK, Event, EventLog, LogEntry, events_by_resource
-from .fastpath import TimedWorker, steps_before
+from .fastpath import TimedLink, TimedWorker, steps_before
 from .gaps import GapMultiset, GapRun
 from .kv import KVReserve, kv_capacity, kv_need
 from .oracle import check_invariants, close, iteration_cost
@@ -52,6 +58,7 @@ from .percentiles import (
 from .policies import POLICIES, WorkerMode, check_options, worker_mode
 from .pool import Pool
 from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
+from .prefill_worker import Link, PrefillWorker
 from .presets import PRESETS, Preset, get_preset
 from .profiles import (
     ENGINE_FLAGS,
@@ -67,7 +74,7 @@ from .profiles import (
 from .requests import Request, validate_load
 from .results import SimResults
 from .router import ROUTERS, LeastLoaded, PrefixRouter
-from .rules import MODES, Plan, Price, Worker
+from .rules import MODES, BaseWorker, Plan, Price, Worker, takes_whole
 from .simulation import (
     colocated,
     disaggregated,
@@ -81,7 +88,15 @@ from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection, rec
 
 token_gaps = record_gaps  # the old name, kept for one release (it clashed with Trace.token_gaps())
 
+RULES = ("kv", "tokens", "rules", "paged", "paged_worker", "prefill_worker", "policies", "router")
+SPEED_UPS = ("ticks", "fastpath", "pool")
+
 __all__ = [
+    "takes_whole",
+    "BaseWorker",
+    "PrefillWorker",
+    "Link",
+    "TimedLink",
     "record_gaps",
     "weighted_linear_percentile",
     "linear_percentile",

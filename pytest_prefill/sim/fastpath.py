@@ -1,15 +1,17 @@
-"""The fast path: a :class:`Worker` timed by the cost model in exact ticks, a decode-only
+"""The fast path: a worker's rules timed by the cost model in exact ticks, a decode-only
 iteration planned as a whole run of steps up to the next finish and advanced in O(1) (its step
-costs form an arithmetic progression: K grows by the rows each step). Nothing here decides what
-an iteration holds: that is :mod:`.rules`, checked against ``tests/reference_sim.py``."""
+costs form an arithmetic progression: K grows by the rows each step), and the KV link timed
+the same way. Nothing here decides what an iteration holds: that is the rules (:mod:`.rules`,
+:mod:`.paged_worker`, :mod:`.prefill_worker`), checked against ``tests/reference_sim.py``."""
 
 from __future__ import annotations
 
 import math
 
 from .cost import attention_pairs, run_step_start
-from .profiles import LAB, EngineProfile
-from .rules import Worker
+from .prefill_worker import Link
+from .requests import Request
+from .rules import BaseWorker
 from .ticks import TickCost
 
 
@@ -33,55 +35,32 @@ def steps_before(start: int, first: int, growth: int, horizon: int) -> int:
     return j
 
 
-class TimedWorker(Worker):
-    """A :class:`Worker` timed by the cost model in ticks. :meth:`start` begins the next
-    iteration and says when it ends; a request handed to the worker mid-run cuts a decode run
-    at the first step boundary after it (:meth:`truncate`); :meth:`end` ends it."""
+class TimedWorker:
+    """A worker's rules (``rules``: a :class:`~.rules.BaseWorker`) timed by the cost model in
+    ticks. :meth:`start` has the rules compose the next iteration and says when it ends (a
+    decode-only one: a whole run of the steps the rules would repeat unchanged); a request
+    handed to the worker mid-run cuts the run at the first step boundary after it
+    (:meth:`truncate`); :meth:`end` has the rules complete it. ``index``: its place in its
+    pool; ``busy``: the ticks it computed."""
 
-    __slots__ = ("index", "tick", "busy", "busy_until", "_decode")
+    __slots__ = ("index", "rules", "tick", "busy", "busy_until", "started", "_decode")
 
-    def __init__(
-        self,
-        index: int,
-        name: str,
-        mode: str,
-        tick: TickCost,
-        chunk: float = math.inf,
-        capacity: float = math.inf,
-        budget: int | None = None,
-        engine: EngineProfile = LAB,
-    ) -> None:
-        price = tick.price if budget is not None else None
-        super().__init__(
-            name,
-            mode,
-            chunk,
-            capacity=capacity,
-            budget=budget,
-            price=price,
-            first_token=engine.first_token,
-            max_batched_tokens=engine.max_batched_tokens,
-            max_seqs=engine.max_seqs,
-        )
-        self.index, self.tick = index, tick
+    def __init__(self, index: int, rules: BaseWorker, tick: TickCost) -> None:
+        self.index, self.rules, self.tick = index, rules, tick
         self.busy = 0  # ticks
         self.busy_until: int | None = None
+        self.started = 0
         self._decode: tuple[int, int, int] | None = None  # a run's (first, growth, steps)
 
     def start(self, now: int) -> int | None:
         """Begin the next iteration at ``now`` if there is work and return when it ends; else
         stay idle (None)."""
-        if self.waiting or self.pending or self.joining:
-            plan = self.compose(now)
-        elif self.row_ids:  # decode rows only, as compose would say, without its checks
-            self.started = now
-            plan = self.current = self.decode_plan()
-        else:
-            plan = self.current = None
+        plan = self.rules.compose(now)
         if plan is None:
             return None
         rows = len(plan.decode_ids)
         tick = self.tick
+        self.started = now
         if plan.prefill:
             tokens = pairs = 0
             for _, done, n in plan.prefill:
@@ -93,7 +72,7 @@ class TimedWorker(Worker):
             return end
         first = tick.decode(rows, plan.kv_tokens)
         growth = tick.per_kv * rows
-        steps = self.tokens.next_finish()  # a run up to the next finish
+        steps = self.rules.steady_steps()  # a run up to the next finish
         end = run_step_start(now, first, growth, steps)
         self._decode = (first, growth, steps)
         self.busy_until = end
@@ -120,6 +99,44 @@ class TimedWorker(Worker):
         run = self._decode
         if run is not None:
             first, growth, steps = run
-            self.complete(now, steps, first, growth)
+            self.rules.complete(now, steps, first, growth)
         else:
-            self.complete(now, 1, now - self.started, 0)
+            self.rules.complete(now, 1, now - self.started, 0)
+
+
+class TimedLink:
+    """The KV link's rules (``link``: a :class:`~.prefill_worker.Link`) timed by the cost
+    model: one transfer at a time, each lasting the cost model's transfer time for its prompt
+    (none at all: the KV arrives at once, where it was made)."""
+
+    __slots__ = ("index", "link", "tick", "busy_until", "_sending")
+
+    def __init__(self, index: int, link: Link, tick: TickCost) -> None:
+        self.index, self.link, self.tick = index, link, tick
+        self.busy_until: int | None = None
+        self._sending: Request | None = None
+
+    def start(self, now: int) -> int | None:
+        """Put the next prefilled request's KV on the link; return when it arrives (None:
+        nothing to send)."""
+        link = self.link
+        while link.queue:
+            r = link.queue.popleft()
+            duration = self.tick.transfer(r.prompt_len)
+            if duration == 0:
+                link.arrived(r, now)  # a free link: the KV is usable where it was made
+                continue
+            self._sending = r
+            self.busy_until = end = now + duration
+            link.sent(r, now, end)
+            return end
+        return None
+
+    def truncate(self, horizon: int) -> bool:
+        return False
+
+    def end(self, now: int) -> None:
+        r = self._sending
+        assert r is not None, "end a transfer only after starting it"
+        self._sending = self.busy_until = None
+        self.link.arrived(r, now)

@@ -108,6 +108,32 @@ class BlockPool:
         return True
 
 
+def prefix_hits(pool: BlockPool, request: Request, target: int, entry_tokens: int) -> int:
+    """The leading prefix blocks of ``request`` the cache holds in a run, as admission counts
+    them: full prompt blocks of ``entry_tokens`` only, and never all ``target`` tokens (one at
+    least is computed, as vLLM's ``get_computed_blocks``). The one home of a prefix hit."""
+    blocks = request.prefix_blocks
+    if not blocks:
+        return 0
+    most = min(len(blocks), request.prompt_len // entry_tokens, (target - 1) // entry_tokens)
+    return pool.hits(blocks, most)
+
+
+def cache_prompt(
+    pool: BlockPool, request: Request, shared: list[Hashable], entry_tokens: int
+) -> int:
+    """``request``'s prompt completed: its full blocks it does not share yet enter the cache,
+    shared by it (appended to ``shared``). Returns how many entered (their blocks move from
+    the request's own to the cache). The one home of a cache entry."""
+    full = min(len(request.prefix_blocks), request.prompt_len // entry_tokens)
+    entered = 0
+    for block in request.prefix_blocks[len(shared) : full]:
+        if pool.insert(block):
+            shared.append(block)
+            entered += 1
+    return entered
+
+
 def check_paged(requests: Sequence[Request], engine: EngineProfile, capacity: float) -> float:
     """The block pool of a worker under ``engine``'s paged KV, in blocks (inf: no limit).
 

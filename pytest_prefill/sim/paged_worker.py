@@ -3,9 +3,10 @@ caching), as vLLM V1's scheduler runs it (vllm/v1/core/sched/scheduler.py, commi
 blocks allocated as tokens are scheduled, the running requests first, then new ones while
 their blocks fit; a running request that cannot get its next block preempts the most recently
 admitted one by recompute. The rules are :meth:`PagedWorker.compose` and
-:meth:`PagedWorker.complete`; :meth:`PagedWorker.start` only times what they decide (a decode
-run stops where the blocks it needs would run out). ``tests/reference_sim.py`` writes the same
-rules out literally.
+:meth:`PagedWorker.complete`, with :meth:`PagedWorker.steady_steps` saying how far the rows may
+decode unchanged (up to the next finish, and where the blocks they need would run out); the
+fast path times what they decide as it times any worker's. ``tests/reference_paged.py`` writes
+the same rules out literally.
 
 At each boundary, in this order:
 
@@ -33,15 +34,12 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
-from .cost import attention_pairs, run_step_start
-from .events import LogEntry
-from .fastpath import TimedWorker
+from .cost import run_step_start
 from .gaps import GapRun
-from .paged import BlockPool, blocks_for
+from .paged import BlockPool, blocks_for, cache_prompt, prefix_hits
 from .profiles import EngineProfile
 from .requests import Request
-from .rules import Plan
-from .ticks import TickCost
+from .rules import BaseWorker, Plan, takes_whole
 
 _new_tuple = tuple.__new__
 
@@ -96,45 +94,44 @@ class PagedBook:
         return self.times.get(request.id, [])
 
 
-class PagedWorker(TimedWorker):
-    """A colocated worker under ``kv="paged"`` with ``blocks`` KV blocks of the profile's
-    ``kv_block_tokens`` (inf: no limit) and, under ``prefix_caching``, a prefix cache of
-    ``prefix_block_tokens``-token blocks (see the module's docstring for the rules)."""
+class PagedWorker(BaseWorker):
+    """The rules of a colocated worker under ``kv="paged"`` with ``blocks`` KV blocks of the
+    profile's ``kv_block_tokens`` (inf: no limit) and, under ``prefix_caching``, a prefix cache
+    of ``prefix_block_tokens``-token blocks (see the module's docstring for the rules).
+    ``routed_by_prefix``: a prefix router reads this worker's cache at every arrival."""
 
     __slots__ = (
         "pool",
         "block_tokens",
         "entry_tokens",
         "caching",
-        "book",
         "emitted",
         "owned",
         "shared",
         "order",
         "counter",
         "entries",
-        "cached",
-        "preempted_at",
         "preempted_now",
         "rows_now",
         "holds",
         "routed_by_prefix",
         "unbounded",
         "kv_running",
+        "tokens",
     )
+
+    tokens: PagedBook
 
     def __init__(
         self,
-        index: int,
         name: str,
         mode: str,
-        tick: TickCost,
         chunk: float,
         blocks: float,
         engine: EngineProfile,
         routed_by_prefix: bool = False,
     ) -> None:
-        super().__init__(index, name, mode, tick, chunk, engine=engine)
+        super().__init__(name, mode, chunk, engine)
         self.routed_by_prefix = routed_by_prefix  # the router reads the cache mid-run
         self.block_tokens = engine.kv_block_tokens
         self.entry_tokens = engine.prefix_block_tokens
@@ -142,8 +139,7 @@ class PagedWorker(TimedWorker):
         self.pool = BlockPool(blocks, self.entry_tokens // self.block_tokens)
         self.unbounded = math.isinf(blocks)
         self.kv_running = 0  # the KV the running rows' next step reads
-        self.book = PagedBook()
-        self.tokens = self.book  # type: ignore[assignment]  # read as a TokenBook
+        self.tokens = PagedBook()
         self.emitted: dict[str, int] = {}  # tokens emitted so far
         self.owned: dict[str, int] = {}  # admitted -> its own blocks
         self.holds: dict[str, int] = {}  # admitted -> tokens its blocks (own, shared) hold
@@ -151,8 +147,6 @@ class PagedWorker(TimedWorker):
         self.order: dict[str, int] = {}  # admitted -> admission number (the latest: largest)
         self.counter = 0
         self.entries: dict[str, list[Any]] = {}  # waiting: id -> [request, done, target]
-        self.cached: dict[str, int] = {}  # prompt tokens the cache supplied, in all
-        self.preempted_at: dict[str, list[int]] = {}
         self.preempted_now = False
         self.rows_now: list[Request] = []  # the rows of the iteration composed
 
@@ -312,9 +306,9 @@ class PagedWorker(TimedWorker):
             hits = self._hits(r, target)
             done = hits * self.entry_tokens
             n = target - done if whole else int(min(target - done, room))
-            alone = n > room
-            if alone and (pieces or (rows and n <= limit)):
+            if not takes_whole(n, room, bool(pieces), len(rows), limit):
                 break
+            alone = n > room  # it runs alone: the rows wait
             blocks = r.prefix_blocks[:hits]
             keep = sum(1 for b in blocks if pool.refs[b] == 0)
             if pool.room(keep) < blocks_for(n, size):
@@ -353,11 +347,9 @@ class PagedWorker(TimedWorker):
     def _hits(self, r: Request, target: int) -> int:
         """Leading blocks of ``r`` the cache holds (full prompt blocks, never all ``target``
         tokens)."""
-        if not self.caching or not r.prefix_blocks:
+        if not self.caching:
             return 0
-        size = self.entry_tokens
-        most = min(len(r.prefix_blocks), r.prompt_len // size, (target - 1) // size)
-        return self.pool.hits(r.prefix_blocks, most)
+        return prefix_hits(self.pool, r, target, self.entry_tokens)
 
     # -- the end of an iteration ------------------------------------------------------------
     def complete(self, end: Any, steps: int, first: Any, growth: Any) -> tuple[Request, ...]:
@@ -366,24 +358,7 @@ class PagedWorker(TimedWorker):
         the ``prefill`` rule, emit a token), every row emits a token per step."""
         plan = self.current
         assert plan is not None, "finish an iteration only after composing it"
-        self.current = None
-        kind = plan.kind
-        self.log.append(
-            _new_tuple(
-                LogEntry,
-                (
-                    self.name,
-                    self.started,
-                    end,
-                    kind,
-                    plan.prefill,
-                    plan.decode_ids,
-                    plan.kv_tokens,
-                    steps,
-                    growth,
-                ),
-            )
-        )
+        self.logged(plan, end, steps, growth)
         for r in plan.completed:
             self.prefill_end.setdefault(r.id, end)
             if self.caching:
@@ -397,20 +372,16 @@ class PagedWorker(TimedWorker):
 
     def _cache_prompt(self, r: Request) -> None:
         """``r``'s prompt completed: its full blocks enter the cache (shared by it)."""
-        shared, pool = self.shared[r.id], self.pool
-        full = min(len(r.prefix_blocks), r.prompt_len // self.entry_tokens)
-        for block in r.prefix_blocks[len(shared) : full]:
-            if pool.insert(block):
-                shared.append(block)
-                self.owned[r.id] -= pool.entry_blocks
+        entered = cache_prompt(self.pool, r, self.shared[r.id], self.entry_tokens)
+        self.owned[r.id] -= entered * self.pool.entry_blocks
 
     def _emit(self, r: Request, t: int) -> bool:
         """``r`` emits a token at ``t``; True (and it leaves) if that was its last."""
-        self.book.add(r.id, t)
+        self.tokens.add(r.id, t)
         self.emitted[r.id] += 1
         if self.emitted[r.id] < r.output_len:
             return False
-        self.book.finish[r.id] = t
+        self.tokens.finish[r.id] = t
         self._release(r)
         self.unfinished -= 1
         return True
@@ -422,7 +393,7 @@ class PagedWorker(TimedWorker):
         ends = [run_step_start(start, first, growth, j) for j in range(1, steps)]
         ends.append(end)
         rows = self.rows_now
-        self.book.run(rows, ends, first, growth)
+        self.tokens.run(rows, ends, first, growth)
         emitted, gone = self.emitted, []
         self.kv_running += len(rows) * steps
         for r in rows:
@@ -431,7 +402,7 @@ class PagedWorker(TimedWorker):
                 assert taken, "a decode run outgrew its blocks"
             emitted[r.id] += steps
             if emitted[r.id] == r.output_len:
-                self.book.finish[r.id] = end
+                self.tokens.finish[r.id] = end
                 self._release(r)
                 gone.append(r)
         if gone:
@@ -441,32 +412,12 @@ class PagedWorker(TimedWorker):
             self.row_ids = tuple([x.id for x in self.running])
             self.kv_running -= sum([r.prompt_len + r.output_len for r in gone])
 
-    # -- timing (the fast path's part) ------------------------------------------------------
-    def start(self, now: int) -> int | None:
-        """Compose the next iteration and say when it ends; a decode-only one is a run up to
-        the next finish, cut where its rows' next blocks would not fit (one step only when a
-        request was preempted at this boundary: new ones may be admitted at the next)."""
-        plan = self.compose(now)
-        if plan is None:
-            return None
-        if plan.prefill:
-            tokens = pairs = 0
-            for _, done, n in plan.prefill:
-                tokens += n
-                pairs += attention_pairs(n, done)
-            rows = len(plan.decode_ids)
-            end = now + self.tick.price(tokens, pairs, plan.context_tokens, rows, plan.kv_tokens)
-            self._decode = None
-            self.busy_until = end
-            return end
-        rows = len(plan.decode_ids)
-        first = self.tick.decode(rows, plan.kv_tokens)
-        growth = self.tick.per_kv * rows
-        steps = 1 if self.preempted_now else self._run_steps()
-        end = run_step_start(now, first, growth, steps)
-        self._decode = (first, growth, steps)
-        self.busy_until = end
-        return end
+    # -- how far the rows may decode unchanged ---------------------------------------------
+    def steady_steps(self) -> int:
+        """Decode steps up to the next finish, cut where the rows' next blocks would not fit
+        (one step only when a request was preempted at this boundary: new ones may be admitted
+        at the next)."""
+        return 1 if self.preempted_now else self._run_steps()
 
     def _run_steps(self) -> int:
         """Decode steps up to the next finish, as many as the rows' blocks allow (at each
@@ -498,4 +449,5 @@ class PagedWorker(TimedWorker):
         return lo
 
     def token_times(self, request: Request) -> list[Any]:
-        return self.book.token_times(request)
+        """Every token time of ``request``, decoded here."""
+        return self.tokens.token_times(request)

@@ -10,24 +10,29 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .events import LINK, Event, LogEntry
-from .fastpath import TimedWorker
-from .gaps import GapMultiset, GapRun, nearest_rank
+from .gaps import GapMultiset, GapRun
 from .paged_worker import PagedWorker
+from .percentiles import nearest_rank
 from .prefill_pool import PrefillSide
 from .requests import Request
+from .rules import Worker
 from .ticks import from_ticks, to_ticks
 from .trace import RequestRecord, Summary
+
+Decoder = Worker | PagedWorker  # the rules of a worker that decodes
 
 
 class SimResults:
     """The results of one simulation: its requests, the worker that decoded each one
-    (``owner``), the compute workers, and, under disaggregation, the prefill side."""
+    (``owner``), the decoding workers' rules (what they did), the ticks every compute worker
+    was busy as the fast path counted them, and, under disaggregation, the prefill side."""
 
     def __init__(
         self,
         requests: list[Request],
-        owner: Mapping[str, TimedWorker],
-        workers: Sequence[TimedWorker],
+        owner: Mapping[str, Decoder],
+        workers: Sequence[Decoder],
+        busy: int,
         prefill: PrefillSide | None = None,
     ) -> None:
         self.requests, self.owner, self.workers, self.prefill = requests, owner, workers, prefill
@@ -35,8 +40,8 @@ class SimResults:
         if prefill is not None:
             names, logs = prefill.resources + names, prefill.logs + logs
         self.names, self.logs = names, logs  # every resource and its log, in order
-        # Busy ticks as the workers counted them (not from the log: the oracle compares both).
-        self.busy = (prefill.busy if prefill else 0) + sum(w.busy for w in workers)
+        # Busy ticks as the fast path counted them (not from the log: the oracle compares both).
+        self.busy = busy
         self._gaps: GapMultiset | None = None
         latest = max((log[-1].end for log in logs if log), default=0)  # each log by start
         try:
@@ -96,14 +101,10 @@ class SimResults:
             max_stall=gaps.max(),
             gpu_seconds=from_ticks(self.busy),
             makespan=from_ticks(last - min(arrival.values())),
-            cached_tokens=sum(sum(w.cached.values()) for w in self.paged())
+            cached_tokens=sum(sum(w.cached.values()) for w in self.workers)
             + (sum(self.prefill.cached.values()) if self.prefill else 0),
-            preemptions=sum(len(v) for w in self.paged() for v in w.preempted_at.values()),
+            preemptions=sum(len(v) for w in self.workers for v in w.preempted_at.values()),
         )
-
-    def paged(self) -> list[PagedWorker]:
-        """The workers that ran paged KV."""
-        return [w for w in self.workers if isinstance(w, PagedWorker)]
 
     def first_token(self, r: Request) -> int:
         """When ``r``'s first token came (ticks)."""
@@ -163,22 +164,18 @@ class SimResults:
                 where,
                 first_token=f(self.first_token(r)),
                 finish=f(self.finish(r)),
-                **_paging(w, r.id),
-                **_prefill_hits(side, r.id),
+                **_paging(w, side, r.id),
             )
         return out
 
 
-def _paging(worker: TimedWorker | None, rid: str) -> dict[str, Any]:
-    """A record's prefix-cache hits and preemption times, from a paged worker."""
-    if not isinstance(worker, PagedWorker):
-        return {}
-    times = tuple([from_ticks(t) for t in worker.preempted_at.get(rid, ())])
-    return {"cached_tokens": worker.cached.get(rid, 0), "preempted_at": times}
-
-
-def _prefill_hits(side: PrefillSide | None, rid: str) -> dict[str, Any]:
-    """A record's prefix-cache hits on a prefill worker (disaggregation)."""
-    if side is None or rid not in side.cached:
-        return {}
-    return {"cached_tokens": side.cached[rid]}
+def _paging(worker: Decoder | None, side: PrefillSide | None, rid: str) -> dict[str, Any]:
+    """A record's prefix-cache hits (on its prefill worker under disaggregation) and its
+    preemption times (paged KV)."""
+    out: dict[str, Any] = {}
+    if worker is not None and rid in worker.preempted_at:
+        out["preempted_at"] = tuple([from_ticks(t) for t in worker.preempted_at[rid]])
+    cached = (side.cached if side is not None else worker.cached if worker else {}).get(rid)
+    if cached is not None:
+        out["cached_tokens"] = cached
+    return out

@@ -1,6 +1,9 @@
 """The scheduling rules: what the next iteration on a worker holds (DESIGN.md, "Simulation
-semantics", the policies). :meth:`Worker.compose` is the whole decision, in one place; the
-simulator times what it composes (:mod:`.fastpath`), the engine runs it for real."""
+semantics", the policies). :class:`BaseWorker` is what every worker's rules share (queues,
+token book, log, the engine profile); :meth:`Worker.compose` is the whole decision under the
+reservation rule, in one place (paged KV: :mod:`.paged_worker`; disaggregation's prefill
+side: :mod:`.prefill_worker`). The simulator times what a worker composes
+(:mod:`.fastpath`), the lab's engine runs it for real."""
 
 from __future__ import annotations
 
@@ -9,11 +12,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .checks import check_cap, check_whole_or_inf
+from .checks import check_whole_or_inf
 from .cost import Piece, attention_pairs
 from .events import LogEntry
 from .kv import KVReserve
-from .profiles import seq_cap
+from .profiles import LAB, EngineProfile
 from .requests import Request
 from .tokens import TokenBook
 from .trace import RequestRecord
@@ -70,50 +73,40 @@ class Plan(NamedTuple):
 Price = Callable[[int, int, int, int, int], Any]  # (tokens, pairs, context, rows, kv) -> cost
 
 
-class Worker:
-    """The scheduling rules of one compute resource, one iteration at a time: at a boundary
-    :meth:`compose` says what the next iteration does, the caller runs it, :meth:`finish_at`
-    ends it. The simulator times iterations with the cost model (whole runs of decode steps at
-    once); the engine runs them for real. Times are whatever the caller counts in.
+def takes_whole(tokens: int, room: float, taken: bool, rows: int, limit: float) -> bool:
+    """Whether a whole prompt (``tokens`` to compute) joins an iteration with ``room`` tokens
+    of its budget ``limit`` left, prompts taken FCFS: while it fits; when it does not, only
+    alone — nothing taken yet and it would never fit beside the ``rows`` decode rows (there
+    are none, or it is longer than the budget); the rows then wait. The one home of the rule
+    (the reserve and paged workers, the prefill workers)."""
+    return tokens <= room or (not taken and (not rows or tokens > limit))
 
-    Modes: ``shared`` (a prefill pass of every admitted prompt first, else a decode step),
-    ``coscheduled`` (decode rows fused with every admitted prompt, whole), ``chunked`` (decode
-    rows fused with up to ``chunk`` prompt tokens, FCFS, prompts split; inf: every waiting
-    token; or, with ``budget`` and ``price``, the largest FCFS token count whose iteration
-    ``price`` keeps within ``budget``, at least one token), ``decode`` (decode only: prefilled
-    requests come in through :meth:`join`). A prompt completed here joins this worker's decode
-    rows at the next boundary.
 
-    The engine knobs (DESIGN.md, "Engine semantics (v3)"): ``first_token`` ``"decode"`` (the
-    lab's: a request's first token ends its first decode step) or ``"prefill"`` (the iteration
-    completing its prompt emits it; ``output_len - 1`` decode rows follow); with
-    ``max_batched_tokens`` every iteration holds at most that many tokens, decode rows first
-    (one each), prompt tokens filling the rest (``shared`` and ``coscheduled`` take whole
-    prompts while they fit, and a prompt longer than the budget runs alone); ``max_seqs``
-    admits at most that many requests at once (and no more than the token budget).
+class BaseWorker:
+    """What every worker's rules share: a request's queues, the log of its iterations, and
+    the engine profile's knobs. A subclass says what the next iteration holds
+    (:meth:`compose`), what its end does (:meth:`complete`), and how many decode steps the
+    rows would repeat unchanged from a boundary (:meth:`steady_steps`: what lets a caller time
+    a whole run of them at once).
 
     A request moves through the queues ``pending`` (arrived, waiting for KV room and a
-    sequence slot; see :mod:`.kv`) -> ``waiting`` (admitted: ``[request, prompt tokens done]``,
-    FCFS) -> ``joining`` (prefilled, joins the rows at the next boundary) -> ``running`` (the
-    decode rows). Its tokens are kept by ``tokens`` (:class:`TokenBook`); every iteration is in
-    ``log``.
+    sequence slot) -> ``waiting`` (admitted, its prompt in progress, FCFS) -> ``joining``
+    (prefilled, joins the rows at the next boundary) -> ``running`` (the decode rows).
+    ``cached``: prompt tokens the prefix cache supplied at a request's first admission;
+    ``preempted_at``: when a request was preempted by recompute (both empty without paged KV).
 
     Raises:
-        ValueError: for an unknown mode or first-token rule, a chunk that is not a whole number
-            >= 1 or inf, a cap that is not None or an int >= 1, or a budget without a price or
-            outside ``chunked``.
+        ValueError: for an unknown mode, or a chunk that is not a whole number >= 1 or inf.
     """
 
     __slots__ = (
         "name",
         "mode",
         "chunk",
-        "budget",
-        "price",
+        "engine",
         "prefill_first",
         "max_batched_tokens",
         "max_seqs",
-        "kv",
         "admitted",
         "unfinished",
         "pending",
@@ -121,52 +114,38 @@ class Worker:
         "joining",
         "running",
         "row_ids",
-        "tokens",
         "prefill_start",
         "prefill_end",
+        "cached",
+        "preempted_at",
         "log",
         "started",
         "current",
     )
 
     def __init__(
-        self,
-        name: str,
-        mode: str,
-        chunk: float = math.inf,
-        *,
-        capacity: float = math.inf,
-        budget: Any = None,
-        price: Price | None = None,
-        first_token: str = "decode",
-        max_batched_tokens: int | None = None,
-        max_seqs: int | None = None,
+        self, name: str, mode: str, chunk: float = math.inf, engine: EngineProfile = LAB
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
         tokens = check_whole_or_inf("chunk", chunk)
-        if budget is not None and (mode != "chunked" or price is None):
-            raise ValueError("a chunk budget needs mode 'chunked' and a price function")
-        if first_token not in ("prefill", "decode"):
-            raise ValueError(f"first_token must be one of prefill, decode; got {first_token!r}")
-        self.name, self.mode = name, mode
+        self.name, self.mode, self.engine = name, mode, engine
         self.chunk = tokens if mode == "chunked" else math.inf  # prompt tokens per pass
-        self.budget, self.price = budget, price
-        self.prefill_first = first_token == "prefill"
-        self.max_batched_tokens = check_cap("max_batched_tokens", max_batched_tokens)
-        cap = seq_cap(check_cap("max_seqs", max_seqs), max_batched_tokens)
+        self.prefill_first = engine.first_token == "prefill"
+        self.max_batched_tokens = engine.max_batched_tokens
+        cap = engine.seq_cap
         self.max_seqs: float = math.inf if cap is None else cap  # every row is a token too
-        self.kv = KVReserve(capacity)
         self.admitted = 0  # requests admitted here (past pending) and not finished
         self.unfinished = 0  # requests handed to this worker and not finished
         self.pending: deque[Request] = deque()  # arrived, waiting for KV room
-        self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done]
+        self.waiting: deque[list[Any]] = deque()  # [request, prompt tokens done, ...]
         self.joining: list[Request] = []  # prefilled, join the decode rows at the next boundary
         self.running: list[Request] = []
         self.row_ids: tuple[str, ...] = ()  # their ids, rebuilt on change: events key on identity
-        self.tokens = TokenBook(self.prefill_first)
         self.prefill_start: dict[str, Any] = {}
         self.prefill_end: dict[str, Any] = {}
+        self.cached: dict[str, int] = {}
+        self.preempted_at: dict[str, list[Any]] = {}
         self.log: list[LogEntry] = []  # every iteration, in order
         self.started: Any = None  # when the running iteration started
         self.current: Plan | None = None  # the running iteration's plan
@@ -177,6 +156,104 @@ class Worker:
             raise ValueError(f"{self.name} only decodes: hand it prefilled requests with join()")
         self.pending.append(request)
         self.unfinished += 1
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.joining)
+
+    def compose(self, now: Any) -> Plan | None:
+        """The iteration that starts at ``now`` (None: nothing to do). Call :meth:`complete`
+        (or :meth:`finish_at`) before composing again."""
+        raise NotImplementedError
+
+    def steady_steps(self) -> int:
+        """How many decode steps, the composed one first, the rows would take unchanged from
+        here if nothing arrived: up to the next finish (>= 1)."""
+        raise NotImplementedError
+
+    def complete(self, end: Any, steps: int, first: Any, growth: Any) -> tuple[Request, ...]:
+        """End the composed iteration at ``end`` as ``steps`` decode steps (more than one: a
+        run of unchanging decode steps), the first lasting ``first``, each next one ``growth``
+        longer; return the requests whose prompt it completed."""
+        raise NotImplementedError
+
+    def finish_at(self, end: Any) -> tuple[Request, ...]:
+        """End the composed iteration at ``end``; return the requests whose prompt it completed
+        (they join the decode rows at the next boundary)."""
+        return self.complete(end, 1, end - self.started, 0)
+
+    def logged(self, plan: Plan, end: Any, steps: int, growth: Any) -> LogEntry:
+        """Log the composed iteration (``plan``, done with) as ending at ``end`` (``steps``
+        decode steps, each ``growth`` longer than the one before)."""
+        self.current = None
+        ids = plan.decode_ids
+        kind = ("fused" if ids else "prefill") if plan.prefill else "decode"
+        entry = (
+            self.name,
+            self.started,
+            end,
+            kind,
+            plan.prefill,
+            ids,
+            plan.kv_tokens,
+            steps,
+            growth,
+        )
+        self.log.append(entry := _new_tuple(LogEntry, entry))
+        return entry
+
+
+class Worker(BaseWorker):
+    """The scheduling rules of one compute resource under the reservation rule (:mod:`.kv`),
+    one iteration at a time: at a boundary :meth:`compose` says what the next iteration does,
+    the caller runs it, :meth:`finish_at` ends it. The simulator times iterations with the
+    cost model (whole runs of decode steps at once: :mod:`.fastpath`); the lab's engine runs
+    them for real. Times are whatever the caller counts in.
+
+    Modes: ``shared`` (a prefill pass of every admitted prompt first, else a decode step),
+    ``coscheduled`` (decode rows fused with every admitted prompt, whole), ``chunked`` (decode
+    rows fused with up to ``chunk`` prompt tokens, FCFS, prompts split; inf: every waiting
+    token; or, with ``budget`` and ``price``, the largest FCFS token count whose iteration
+    ``price`` keeps within ``budget``, at least one token), ``decode`` (decode only: prefilled
+    requests come in through :meth:`join`). A prompt completed here joins this worker's decode
+    rows at the next boundary.
+
+    The engine profile's knobs (DESIGN.md, "Engine semantics (v3)"): ``first_token``
+    ``"decode"`` (the lab's: a request's first token ends its first decode step) or
+    ``"prefill"`` (the iteration completing its prompt emits it; ``output_len - 1`` decode rows
+    follow); with ``max_batched_tokens`` every iteration holds at most that many tokens, decode
+    rows first (one each), prompt tokens filling the rest (``shared`` and ``coscheduled`` take
+    whole prompts while they fit, and a prompt longer than the budget runs alone); its
+    ``seq_cap`` admits at most that many requests at once. A request waits in ``pending`` for
+    KV room (``capacity`` tokens reserved at admission) and a sequence slot. Its tokens are kept
+    by ``tokens`` (:class:`TokenBook`); every iteration is in ``log``.
+
+    Raises:
+        ValueError: for an unknown mode, a chunk that is not a whole number >= 1 or inf, or a
+            budget without a price or outside ``chunked``.
+    """
+
+    __slots__ = ("budget", "price", "kv", "tokens")
+
+    tokens: TokenBook
+
+    def __init__(
+        self,
+        name: str,
+        mode: str,
+        chunk: float = math.inf,
+        *,
+        capacity: float = math.inf,
+        budget: Any = None,
+        price: Price | None = None,
+        engine: EngineProfile = LAB,
+    ) -> None:
+        super().__init__(name, mode, chunk, engine)
+        if budget is not None and (mode != "chunked" or price is None):
+            raise ValueError("a chunk budget needs mode 'chunked' and a price function")
+        self.budget, self.price = budget, price
+        self.kv = KVReserve(capacity)
+        self.tokens = TokenBook(self.prefill_first)
 
     def has_room(self, request: Request) -> bool:
         """Whether ``request`` could be admitted now: a sequence slot and KV room for it."""
@@ -191,10 +268,6 @@ class Worker:
         self.unfinished += 1
         if self.prefill_first:
             self.tokens.first_token[request.id] = first_token
-
-    @property
-    def load(self) -> int:
-        return len(self.running) + len(self.joining)
 
     def _admit_pending(self) -> None:
         pending, kv, cap = self.pending, self.kv, self.max_seqs
@@ -221,13 +294,17 @@ class Worker:
             self._admit_pending()
         self.started = now
         if not self.waiting:  # decode rows only (always so in decode mode)
-            plan = self.decode_plan() if self.row_ids else None
+            ids = self.row_ids
+            plan = _new_tuple(Plan, ((), ids, self.tokens.kv_tokens, 0, ())) if ids else None
         elif self.max_batched_tokens is None or self.mode == "chunked":
             plan = self._compose_prefill(now)
         else:
             plan = self._compose_whole(now)
         self.current = plan
         return plan
+
+    def steady_steps(self) -> int:
+        return self.tokens.next_finish()
 
     def decode_plan(self) -> Plan:
         """A decode step of every running request (the plan of a boundary with no prompt
@@ -282,15 +359,15 @@ class Worker:
         room = limit - len(ids)
         prefill: list[tuple[Request, int, int]] = []
         for request, _ in self.waiting:  # whole prompts (they are never split here)
-            if request.prompt_len > room:
+            n = request.prompt_len
+            if not takes_whole(n, room, bool(prefill), len(ids), limit):
                 break
-            prefill.append((request, 0, request.prompt_len))
-            room -= request.prompt_len
+            if n > room:
+                ids = ()  # longer than B, or no rows to wait for: it runs alone
+            prefill.append((request, 0, n))
+            room -= n
         if not prefill:
-            head = self.waiting[0][0]
-            if ids and head.prompt_len <= limit:
-                return self.decode_plan()  # it fits once rows have left: the rows go on
-            ids, prefill = (), [(head, 0, head.prompt_len)]  # longer than B: it runs alone
+            return self.decode_plan()  # the head fits once rows have left: the rows go on
         return self._plan(now, ids, prefill)
 
     def _plan(self, now: Any, ids: tuple[str, ...], prefill: list[Any]) -> Plan:
@@ -337,25 +414,13 @@ class Worker:
 
         return take_of
 
-    def finish_at(self, end: Any) -> tuple[Request, ...]:
-        """End the composed iteration at ``end``; return the requests whose prompt it completed
-        (they join the decode rows at the next boundary)."""
-        return self.complete(end, 1, end - self.started, 0)
-
     def complete(self, end: Any, steps: int, first: Any, growth: Any) -> tuple[Request, ...]:
         """End the composed iteration at ``end`` as ``steps`` decode steps (more than one: a
         run of unchanging decode steps), the first lasting ``first``, each next one ``growth``
         longer; log it, and return the requests whose prompt it completed."""
         plan = self.current
         assert plan is not None, "finish an iteration only after composing it"
-        self.current = None
-        ids = plan.decode_ids
-        kind = ("fused" if ids else "prefill") if plan.prefill else "decode"
-        entry = _new_tuple(
-            LogEntry,
-            (self.name, self.started, end, kind, plan.prefill, ids, plan.kv_tokens, steps, growth),
-        )
-        self.log.append(entry)
+        entry = self.logged(plan, end, steps, growth)
         completed = plan.completed
         if completed:
             prefill_end = self.prefill_end
@@ -365,7 +430,7 @@ class Worker:
                 self._emit_first_tokens(completed, end)
             else:
                 self.joining.extend(completed)
-        if ids:
+        if entry.decode_ids:
             done = self.tokens.emit(entry, first)
             if done is not None:
                 self._leave(done)

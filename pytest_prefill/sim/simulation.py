@@ -22,7 +22,8 @@ from .prefill_pool import PrefillPool, PrefillTimes
 from .profiles import LAB, EngineProfile, resolve_engine
 from .requests import Request, validate_load
 from .results import SimResults
-from .router import ROUTERS, PrefixRouter
+from .router import ROUTERS, LeastLoaded, PrefixRouter
+from .rules import Worker
 from .ticks import TickCost, from_ticks, to_ticks
 from .trace import Trace, no_collection
 
@@ -49,29 +50,44 @@ def colocated(
     shares = engine.prefix_caching and any(r.prefix_blocks for r in requests)
     paged = engine.kv == "paged" and (shares or not math.isinf(capacity) or router == "prefix")
 
+    decoders: list[Worker | PagedWorker] = []
+    cached_runs: list[PagedWorker] = []  # what a prefix router reads
+
     def make(i: int) -> TimedWorker:
         name = "worker" if replicas == 1 else f"worker{i}"
+        rules: Worker | PagedWorker
         if paged:
-            return PagedWorker(i, name, mode, tick, tokens, capacity, engine, router == "prefix")
-        return TimedWorker(i, name, mode, tick, tokens, capacity, budget, engine)
+            rules = PagedWorker(name, mode, tokens, capacity, engine, router == "prefix")
+            cached_runs.append(rules)
+        else:
+            price = tick.price if budget is not None else None
+            rules = Worker(
+                name, mode, tokens, capacity=capacity, budget=budget, price=price, engine=engine
+            )
+        decoders.append(rules)
+        return TimedWorker(i, rules, tick)
 
-    pool = Pool(replicas, make, prefix=router == "prefix")
-    owner: dict[str, TimedWorker] = {}
+    chooser = PrefixRouter(replicas) if router == "prefix" else LeastLoaded(replicas)
+    pool = Pool(replicas, make, chooser if replicas > 1 else None)
+    owner: dict[str, Worker | PagedWorker] = {}
 
     def pick(r: Request) -> int:
-        chooser = pool.router
+        if replicas == 1:
+            return 0
         if isinstance(chooser, PrefixRouter):
-            return chooser.pick_by(lambda i: pool.workers[i].cached_run(r))  # type: ignore[attr-defined]
-        return chooser.pick()  # type: ignore[return-value]  # never None: no fits
+            return chooser.pick_by(lambda i: cached_runs[i].cached_run(r))
+        i = chooser.pick()
+        assert i is not None  # no fits: always one
+        return i
 
     def place(r: Request, now: int) -> None:
         w = pool.get(pick(r))
-        owner[r.id] = w
-        w.admit(r)
+        owner[r.id] = decoders[w.index]
+        decoders[w.index].admit(r)
         pool.give(w, now)
 
     pool.run([(to_ticks(r.arrival, up=True), r) for r in requests], place)
-    return SimResults(requests, owner, pool.workers)
+    return SimResults(requests, owner, decoders, sum(w.busy for w in pool.workers))
 
 
 def disaggregated(
@@ -88,22 +104,27 @@ def disaggregated(
     one has room."""
     side = PrefillPool(requests, tick, prefill_workers, capacity, engine).run()
     mode = worker_mode("disaggregated").mode
-    pool = Pool(
-        decode_workers,
-        lambda i: TimedWorker(i, f"decode{i}", mode, tick, capacity=capacity, engine=engine),
-    )
-    owner: dict[str, TimedWorker] = {}
+    decoders: list[Worker] = []
+
+    def make(i: int) -> TimedWorker:
+        decoders.append(Worker(f"decode{i}", mode, capacity=capacity, engine=engine))
+        return TimedWorker(i, decoders[-1], tick)
+
+    chooser = LeastLoaded(decode_workers)
+    pool = Pool(decode_workers, make, chooser)
+    owner: dict[str, Worker] = {}
     waiting: deque[Request] = deque()
     bounded = not math.isinf(capacity) or engine.seq_cap is not None
     times = side.times if engine.first_token == "prefill" else None  # where first tokens are
 
     def assign(r: Request, now: int) -> bool:
-        fits = (lambda i: pool.workers[i].has_room(r)) if bounded else None
-        i = pool.router.pick(fits)  # type: ignore[union-attr]  # a decode pool: least loaded
+        fits = (lambda i: decoders[i].has_room(r)) if bounded else None
+        i = chooser.pick(fits)
         if i is None:
             return False
-        w = owner[r.id] = pool.get(i)
-        w.join(r, None if times is None else times[r.id].end)
+        w = pool.get(i)
+        owner[r.id] = decoders[i]
+        decoders[i].join(r, None if times is None else times[r.id].end)
         pool.give(w, now)
         return True
 
@@ -116,7 +137,8 @@ def disaggregated(
             waiting.popleft()
 
     pool.run(side.ready, place, retry if bounded else None)
-    return SimResults(requests, owner, pool.workers, side)
+    busy = side.busy + sum(w.busy for w in pool.workers)
+    return SimResults(requests, owner, decoders, busy, side)
 
 
 def disaggregated_prefill(

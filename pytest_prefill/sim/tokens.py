@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Any
+from typing import Any, Protocol
 
 from .cost import run_step_start
 from .events import LogEntry
@@ -15,6 +15,18 @@ from .gaps import GapRun
 from .requests import Request
 
 _new_tuple = tuple.__new__  # a GapRun without NamedTuple's Python-level __new__ (one per run)
+
+
+class Book(Protocol):
+    """What a worker's token book gives its results: first tokens and finishes, the token
+    gaps (points, and runs of growing step gaps) and each request's token times."""
+
+    first_token: dict[str, Any]
+    finish: dict[str, Any]
+    gaps: dict[Any, int]
+    gap_runs: list[GapRun]
+
+    def token_times(self, request: Request) -> list[Any]: ...
 
 
 class TokenBook:
