@@ -27,10 +27,12 @@ from pytest_prefill.plan.deployments import Deployment, default_deployments, sea
 from pytest_prefill.plan.executors import InlineExecutor, dask_executor, local_executor
 from pytest_prefill.plan.metrics import SLO, Distribution, ServingMetrics, serving_metrics
 from pytest_prefill.plan.rate_search import MAX_SCALE, DeploymentResult, Probe
+from pytest_prefill.plan.search_loop import ALL_SHORTCUTS
 from pytest_prefill.plan.workloads import poisson, scale_rate
 from pytest_prefill.sim import PRESETS, Request, simulate
 
 pytestmark = pytest.mark.sim
+PLAIN_PATH = dataclasses.replace(ALL_SHORTCUTS, seed=False)  # from the workload's own rate
 
 COST = PRESETS["datacenter-illustrative"].cost
 SLO_1S = SLO.parse("ttft:1s,tpot:100ms")
@@ -174,17 +176,23 @@ def test_bisection_brackets_a_step_within_the_tolerance(threshold, tolerance, st
         patch.setattr(
             capacity_module, "probe", fake_probe(lambda s: 1.0 if s <= threshold else 0.5)
         )
-        result = capacity(
-            load,
-            COST,
-            SLO_1S,
-            1,
-            deployments=[Deployment("shared", 1)],
-            tolerance=tolerance,
-            executor=InlineExecutor(),
-            start=start,
+        result, seeded = (
+            capacity(
+                load,
+                COST,
+                SLO_1S,
+                1,
+                deployments=[Deployment("shared", 1)],
+                tolerance=tolerance,
+                executor=InlineExecutor(),
+                start=start,
+                shortcuts=dataclasses.replace(ALL_SHORTCUTS, seed=seed),
+            )
+            for seed in (False, True)
         )
     (found,) = result.results
+    (estimated,) = seeded.results  # from the throughput estimate: another path, the same rate
+    assert (estimated.best, estimated.status) == (found.best, found.status)
     assert found.monotone and not found.crossing
     assert found.best.scale <= threshold
     if found.status == "never missed":  # the threshold lies beyond the highest rate tried
@@ -251,6 +259,7 @@ def test_a_rise_that_stays_below_the_target_is_noted():
             1,
             deployments=[Deployment("shared", 1)],
             executor=InlineExecutor(),
+            shortcuts=PLAIN_PATH,  # the path the rise is seen on
         )
     (found,) = result.results
     assert not found.monotone and not found.crossing
@@ -270,7 +279,8 @@ def test_never_met_and_never_missed_are_said():
             small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
         )
     assert [r.status for r in never.results] == ["never met"] * 2
-    assert all(len(r.probes) == 3 for r in never.results)  # two halvings did not help: stop
+    # from the start, two halvings did not help: stop
+    assert all(len([p for p in r.probes if p.scale <= 1.0]) == 3 for r in never.results)
     assert never.recommendation().startswith("No deployment meets")
     assert [r.status for r in always.results] == ["never missed"] * 2
     assert all(r.best.scale <= MAX_SCALE for r in always.results)

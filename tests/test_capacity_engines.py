@@ -15,8 +15,9 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO, serving_metrics
+from pytest_prefill.plan.search_loop import ALL_SHORTCUTS
 from pytest_prefill.plan.sizing import devices_needed
-from pytest_prefill.plan.workloads import poisson, resolve_workload
+from pytest_prefill.plan.workloads import poisson, resolve_workload, scale_rate
 from pytest_prefill.sim import PRESETS, get_profile, simulate
 
 pytestmark = pytest.mark.sim
@@ -51,9 +52,8 @@ def test_every_probe_runs_the_profile_with_the_deployments_settings():
     assert result.engine is VLLM and found.probes
     first = found.probes[0]
     trace = simulate(
-        "chunked", load, COST, engine=deployment.engine(VLLM)
-    )  # scale 1: the workload's own arrivals
-    assert first.scale == 1.0
+        "chunked", scale_rate(load, first.scale), COST, engine=deployment.engine(VLLM)
+    )  # the first probe's arrivals
     assert first.metrics.attainment == serving_metrics(trace, slo=SLO_2S).attainment
     assert result.to_dict()["engine"]["name"] == "vllm"
 
@@ -109,7 +109,7 @@ def test_devices_needed_reuses_a_search_only_under_the_same_engine():
         executor=InlineExecutor(),
         engine="lab",
     )
-    assert same.simulations == 0 < other.simulations
+    assert same.checks[0].simulations == 0 < other.checks[0].simulations
     assert (same.engine, other.engine) == ("vllm", "lab")
 
 
@@ -174,6 +174,7 @@ def test_on_8_devices_under_vllm_disaggregated_splits_find_a_rate_and_prefill_he
         engine=profile,
         tolerance=0.2,
         verify=False,
+        shortcuts=dataclasses.replace(ALL_SHORTCUTS, prune=False),  # every split's own rate
     )
     rates = [r.max_rate for r in result.results]  # in the order given: 1P, 4P, 7P
     assert all(rate > 0 for rate in rates) and rates == sorted(rates)

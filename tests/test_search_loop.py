@@ -186,7 +186,7 @@ def test_any_seed_finds_the_same_lattice_rate(knee, seed, start):
         if scale is None:
             break
         search.observe(Run(scale))  # type: ignore[arg-type]
-    top, bottom = search._top, search._bottom
+    top, bottom = search.top, search.bottom
     if bottom <= knee < top:
         assert (search.low, search.high) == (knee, knee + 1)
     assert len(search.probes) < 60

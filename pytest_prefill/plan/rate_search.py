@@ -263,10 +263,11 @@ def lattice_step(tolerance: float) -> float:
 
 class RateSearch:
     """One deployment's search, one probe at a time, over a lattice of rates: ``start`` ×
-    2**(k × :func:`lattice_step`) for whole k. From ``seed`` (a lattice index another deployment
-    ended on) or ``start``: grow while it passes (from a seed by 1, 2, 4 … steps; else ×4 while
-    no request missed, ×2 otherwise) until a miss, or fall until a pass (from a seed by 1, 2,
-    4 … steps; else ÷2, giving up when two halvings raise attainment not at all); then bisect
+    2**(k × :func:`lattice_step`) for whole k. From ``seed`` (a lattice index: where another
+    deployment ended, or an estimate) or ``start``: grow while it passes (from a seed by 1, 2,
+    4 … steps; else ×4 while no request missed, ×2 otherwise) until a miss, or fall until a pass
+    (from a seed by 1, 2, 4 … steps, no lower than ``start``; from ``start`` ÷2, giving up
+    when two halvings raise attainment not at all); then bisect
     until the highest pass and the lowest miss are neighbours on the lattice (within
     ``tolerance`` of each other); then, with ``verify``, probe twice the miss once, to catch
     attainment that rises again.
@@ -295,8 +296,8 @@ class RateSearch:
         self.gap = 1  # a seeded search's next stride, in steps
         self.pruned = False
         self._verifying = False
-        self._top = self._bound(MAX_SCALE, math.floor)
-        self._bottom = self._bound(MIN_SCALE, math.ceil)
+        self.top = self._bound(MAX_SCALE, math.floor)
+        self.bottom = self._bound(MIN_SCALE, math.ceil)
 
     def _bound(self, scale: float, rounding: Any) -> int:
         """The lattice index nearest ``scale`` on its side (``rounding``: floor or ceil)."""
@@ -328,12 +329,15 @@ class RateSearch:
         if high is None:
             assert low is not None
             k = low + self._stride(up=True)
-            return min(k, self._top) if low < self._top else None
-        if low is None:
-            if self.seed is None and _stopped_helping(self.probes):
+            return min(k, self.top) if low < self.top else None
+        if low is None and high > 0 and self.seed is not None:
+            return max(high - self._stride(up=False), 0)  # falling from a seed to the start
+        if low is None:  # at or below the start with no pass: halve, as from the start
+            below = [p for p in self.probes if self.index(p.scale) <= 0]
+            if _stopped_helping(below):
                 return None  # the SLO is out of reach, however light the load
-            k = high - self._stride(up=False)
-            return max(k, self._bottom) if high > self._bottom else None
+            k = high - round(1 / self.step)
+            return max(k, self.bottom) if high > self.bottom else None
         if high - low > 1:
             return (low + high) // 2
         if self.verify and not self._verifying:
@@ -359,7 +363,7 @@ class RateSearch:
     def wants_full_run(self) -> bool:
         """Whether the next probe must run to the end: while halving from ``start`` with no
         pass, whose give-up rule reads the latencies of full runs."""
-        return self.seed is None and self.low is None and self.high is not None
+        return self.low is None and self.high is not None and self.high <= 0
 
     def observe(self, result: Probe) -> None:
         self.probes.append(result)

@@ -8,11 +8,13 @@ The rules, each applied here and tested to leave the answer unchanged (tests/tes
    for the target?" (:mod:`~pytest_prefill.plan.verdict`) and stops once that is fixed, where
    the simulator can. The highest pass of every deployment bisected to the end is then run
    again in full: the figures at a reported rate come from a full run.
-2. **Brackets from a neighbour.** The first wave (the baseline the recommendation compares
-   with, then the next deployments in order, :data:`FIRST_WAVE` in all) searches from the
-   workload's own rate; every other deployment starts from the first wave's best rate on the
-   same lattice of rates (:class:`~pytest_prefill.plan.rate_search.RateSearch`), growing or
-   falling by 1, 2, 4 … lattice steps until it has a bracket.
+2. **Brackets from an estimate, then from a neighbour.** The first wave (the baseline the
+   recommendation compares with, then the others with the highest estimates,
+   :data:`FIRST_WAVE` in all) starts at the rate its prefill instances could just keep up with
+   (:func:`throughput_estimate`), or the workload's own rate when that is no higher; every other
+   deployment starts from the first wave's best rate. Each grows or falls by 1, 2, 4 … steps
+   of the same lattice of rates (:class:`~pytest_prefill.plan.rate_search.RateSearch`) until it
+   has a bracket, never below the workload's own rate from a seed.
 3. **Prune what cannot come close.** A second-wave deployment whose lowest miss leaves it
    below the first wave's best rate less the recommendation's margin (the highest lattice rate
    under its lowest miss, the most it can serve when attainment falls with rate, is below it)
@@ -27,15 +29,23 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.plan.rate_search import Probe, RateSearch, probe_result, target_percentile
+from pytest_prefill.plan.rate_search import (
+    Probe,
+    RateSearch,
+    probe_result,
+    target_percentile,
+)
+from pytest_prefill.plan.verdict import shared_prefix_tokens
 from pytest_prefill.sim import CostModel, EngineProfile, Request
 
-FIRST_WAVE = 2  # deployments searched from the workload's own rate before the others
+FIRST_WAVE = 2  # deployments searched before the others (the baseline, the best estimated)
+ESTIMATE_STRIDE = 4  # lattice steps a search seeded by an estimate first moves by
 PROGRESS_EVERY = 10.0  # seconds between progress lines while no deployment finishes
 Progress = Callable[[str], None]
 ProbeFunction = Callable[..., Probe]
@@ -71,11 +81,17 @@ class Problem:
     shortcuts: Shortcuts = dataclasses.field(default_factory=Shortcuts)
 
 
-def first_wave(searches: Sequence[RateSearch], baseline: Deployment | None) -> list[RateSearch]:
-    """The baseline's search (when it is searched), then the next ones in order, up to
-    :data:`FIRST_WAVE`."""
+def first_wave(
+    searches: Sequence[RateSearch],
+    baseline: Deployment | None,
+    estimate: Callable[[RateSearch], float | None],
+) -> list[RateSearch]:
+    """The baseline's search (when it is searched), then the others by their ``estimate``
+    (highest first; ties and no estimate keep the given order), up to :data:`FIRST_WAVE`."""
     head = [s for s in searches if s.deployment == baseline]
-    rest = [s for s in searches if s.deployment != baseline]
+    rest = sorted(
+        (s for s in searches if s.deployment != baseline), key=lambda s: -(estimate(s) or 0.0)
+    )
     return (head + rest)[: max(FIRST_WAVE, len(head))]
 
 
@@ -88,19 +104,64 @@ def run_searches(
     progress: Progress | None = None,
 ) -> None:
     """Run every search to its end: the first wave, then the rest seeded and pruned by it."""
-    first = first_wave(searches, baseline)
+    rules = problem.shortcuts
+    estimate = throughput_estimate(problem) if rules.seed else (lambda search: None)
+    first = first_wave(searches, baseline, estimate)
+    for search in first:
+        search.seed = seed_below(search, estimate(search))
+        search.gap = ESTIMATE_STRIDE
     began = time.perf_counter()
     _drive(pool, first, problem, probe, progress, began)
     found = [s.low for s in first if s.low is not None]
     best = max(found) if found else None
     rest = [s for s in searches if s not in first]
-    rules = problem.shortcuts
     for search in rest:
         search.seed = best if rules.seed else None
     floor = None
     if rules.prune and best is not None and first:
         floor = first[0].scale(best) * (1 - problem.margin)
     _drive(pool, rest, problem, probe, progress, began, floor, baseline)
+
+
+def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None]:
+    """A first guess of each deployment's knee, as a rate multiple: the rate at which its
+    prefill instances would compute prompts without a pause — instances ÷ the mean prompt
+    compute (the per-token and attention-pair terms of the tokens a prefix cache could not
+    supply, :func:`~pytest_prefill.plan.verdict.shared_prefix_tokens`, plus a pass overhead per
+    token budget's worth). Decoding and queueing are left out, so the knee is rarely above
+    it. A guess: it orders the first wave and places its first probes, never the answer."""
+    engine, load = problem.engine, problem.load
+    block = engine.prefix_block_tokens
+    cached = shared_prefix_tokens(load, block) if engine.prefix_caching and block else {}
+    pieces = [(r.prompt_len - cached.get(r.id, 0), cached.get(r.id, 0)) for r in load]
+    tokens = sum(t for t, _ in pieces)
+    pairs = sum(t * c + t * (t + 1) // 2 for t, c in pieces)
+
+    def estimate(search: RateSearch) -> float | None:
+        d = search.deployment
+        cost = d.cost_on(problem.cost)
+        budget = d.chunk or d.engine(engine).max_batched_tokens
+        if d.policy == "chunked" and budget:
+            passes = tokens / budget
+        elif budget:  # a prompt longer than the budget has a pass of its own
+            passes = sum(min(1.0, t / budget) for t, _ in pieces)
+        else:
+            passes = len(pieces)
+        work = cost.prefill_per_token * tokens + cost.prefill_per_pair * pairs
+        mean = (work + cost.prefill_pass_overhead * passes) / len(load)
+        instances = d.prefill_workers if d.policy == "disaggregated" else d.instances
+        return instances / mean / problem.base_rate if mean > 0 and instances else None
+
+    return estimate
+
+
+def seed_below(search: RateSearch, scale: float | None) -> int | None:
+    """The lattice index just below ``scale`` (at most the lattice's top); None (start at the
+    workload's own rate) when there is no estimate or it is no higher."""
+    if scale is None or not scale > search.start:
+        return None
+    k = math.floor(math.log2(scale / search.start) / search.step)
+    return min(k, search.top) if k > 0 else None
 
 
 def _drive(

@@ -47,6 +47,7 @@ class DeviceCount:
     meets: bool
     simulations: int
     seconds: float
+    figures: int = 0  # a full run more, for the attainment of a check that stopped or inferred
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,7 +83,7 @@ class DevicesNeeded:
 
     @property
     def simulations(self) -> int:
-        return sum(c.simulations for c in self.checks)
+        return sum(c.simulations + c.figures for c in self.checks)
 
     @property
     def deployment(self) -> Deployment | None:
@@ -212,7 +213,7 @@ def _full_answer(
         return count
     load, cost, slo, base_rate, engine = problem
     run = probe_result(pool.submit(probe, load, cost, slo, count.best, 1.0, base_rate, engine))
-    return dataclasses.replace(count, attainment=_exact(run), simulations=count.simulations + 1)
+    return dataclasses.replace(count, attainment=_exact(run), figures=1)
 
 
 def devices_needed(
