@@ -111,6 +111,19 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
     group.add_argument(
         "--seed", type=non_negative_int, help="poisson's seed (default 0; poisson only)"
     )
+    add_random_length_arguments(group)
+    group.add_argument(
+        "--max-model-len",
+        type=bounded_int(MAX_PROMPT_LEN, "tokens"),
+        metavar="TOKENS",
+        help="cap longer prompts at this many tokens (default: --model's context where the "
+        "command takes --model, else 40960, Qwen3-0.6B's; the answer says how many it capped)",
+    )
+
+
+def add_random_length_arguments(group: argparse._ArgumentGroup) -> None:
+    """vLLM's random dataset lengths, for ``poisson``: ``--random-input-len
+    --random-output-len --random-range-ratio``."""
     group.add_argument(
         "--random-input-len",
         type=bounded_int(MAX_PROMPT_LEN, "tokens"),
@@ -129,13 +142,6 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
         metavar="R",
         help="poisson: draw each length uniformly from [N*(1-R), N*(1+R)], R in [0, 1) "
         "(default 0: every length N), as vLLM's",
-    )
-    group.add_argument(
-        "--max-model-len",
-        type=bounded_int(MAX_PROMPT_LEN, "tokens"),
-        metavar="TOKENS",
-        help="cap longer prompts at this many tokens (default: --model's context where the "
-        "command takes --model, else 40960, Qwen3-0.6B's; the answer says how many it capped)",
     )
 
 
