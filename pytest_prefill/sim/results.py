@@ -5,14 +5,12 @@ and the gap statistics never need them)."""
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .events import LINK, Event, LogEntry
 from .gaps import GapMultiset, GapRun
 from .paged_worker import PagedWorker
-from .percentiles import nearest_rank
 from .prefill_pool import PrefillSide
 from .requests import Request
 from .rules import Worker
@@ -78,32 +76,26 @@ class SimResults:
 
     def summary(self) -> Summary:
         requests = self.requests
-        if not requests:
-            nan = math.nan
-            return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
         arrival = {r.id: to_ticks(r.arrival, up=True) for r in requests}
         owner = self.owner
         if self.prefill is None or not self.prefill.finished:  # every request has an owner
-            ttfts = sorted(owner[r.id].tokens.first_token[r.id] - arrival[r.id] for r in requests)
-            last = max(owner[r.id].tokens.finish[r.id] for r in requests)
+            ttfts = [owner[r.id].tokens.first_token[r.id] - arrival[r.id] for r in requests]
+            last = max((owner[r.id].tokens.finish[r.id] for r in requests), default=0)
         else:
-            ttfts = sorted(self.first_token(r) - arrival[r.id] for r in requests)
+            ttfts = [self.first_token(r) - arrival[r.id] for r in requests]
             last = max(self.finish(r) for r in requests)
-        gaps = self.gaps()
-        return Summary(
-            requests=len(requests),
+        side = self.prefill
+        return Summary.of(
+            ttfts,
+            self.gaps(),
             output_tokens=sum(r.output_len for r in requests),
             prefill_tokens=sum(r.prompt_len for r in requests),
-            ttft_p50=from_ticks(ttfts[nearest_rank(50, len(ttfts)) - 1]),
-            ttft_p99=from_ticks(ttfts[nearest_rank(99, len(ttfts)) - 1]),
-            tbt_p50=gaps.percentile(50),
-            tbt_p99=gaps.percentile(99),
-            max_stall=gaps.max(),
             gpu_seconds=from_ticks(self.busy),
-            makespan=from_ticks(last - min(arrival.values())),
+            makespan=from_ticks(last - min(arrival.values(), default=0)),
             cached_tokens=sum(sum(w.cached.values()) for w in self.workers)
-            + (sum(self.prefill.cached.values()) if self.prefill else 0),
+            + (sum(side.cached.values()) if side else 0),
             preemptions=sum(len(v) for w in self.workers for v in w.preempted_at.values()),
+            seconds=from_ticks,
         )
 
     def first_token(self, r: Request) -> int:

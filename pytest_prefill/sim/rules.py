@@ -294,8 +294,7 @@ class Worker(BaseWorker):
             self._admit_pending()
         self.started = now
         if not self.waiting:  # decode rows only (always so in decode mode)
-            ids = self.row_ids
-            plan = _new_tuple(Plan, ((), ids, self.tokens.kv_tokens, 0, ())) if ids else None
+            plan = self.decode_plan() if self.row_ids else None
         elif self.max_batched_tokens is None or self.mode == "chunked":
             plan = self._compose_prefill(now)
         else:

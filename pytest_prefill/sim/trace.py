@@ -13,8 +13,30 @@ from typing import Any, Protocol
 
 from .events import LINK, Event
 from .gaps import GapMultiset
-from .percentiles import percentile, weighted_percentile
+from .percentiles import nearest_rank, weighted_percentile
 from .profiles import LAB, EngineProfile
+
+
+class Ranked(Protocol):
+    """Token gaps as a summary ranks them: nearest-rank percentiles and the largest."""
+
+    def percentile(self, p: float) -> float: ...
+
+    def max(self) -> float: ...
+
+
+class _Pairs:
+    """(gap, count) pairs, ranked as :class:`Ranked` (a trace built from token times)."""
+
+    def __init__(self, pairs: tuple[tuple[float, int], ...]) -> None:
+        self.pairs = pairs
+
+    def percentile(self, p: float) -> float:
+        value: float = weighted_percentile(self.pairs, p)
+        return value
+
+    def max(self) -> float:
+        return max((g for g, w in self.pairs if w > 0), default=math.nan)
 
 
 class CompactRun(Protocol):
@@ -218,6 +240,44 @@ class Summary:
         out["hit_rate"] = self.hit_rate
         return out
 
+    @classmethod
+    def of(
+        cls,
+        ttfts: Iterable[Any],
+        gaps: Ranked,
+        *,
+        output_tokens: int,
+        prefill_tokens: int,
+        gpu_seconds: float,
+        makespan: float,
+        cached_tokens: int = 0,
+        preemptions: int = 0,
+        seconds: Callable[[Any], float] = float,
+    ) -> Summary:
+        """The summary of a run from each request's TTFT (any order; in ``seconds`` units:
+        the simulator's ticks, converted once ranked) and its token gaps, ranked by nearest
+        rank: the one place a summary is computed (a simulation's compact results and a trace
+        of records both come here)."""
+        ordered = sorted(ttfts)
+        n = len(ordered)
+        if not n:
+            nan = math.nan
+            return cls(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
+        return cls(
+            requests=n,
+            output_tokens=output_tokens,
+            prefill_tokens=prefill_tokens,
+            ttft_p50=seconds(ordered[nearest_rank(50, n) - 1]),
+            ttft_p99=seconds(ordered[nearest_rank(99, n) - 1]),
+            tbt_p50=gaps.percentile(50),
+            tbt_p99=gaps.percentile(99),
+            max_stall=gaps.max(),
+            gpu_seconds=gpu_seconds,
+            makespan=makespan,
+            cached_tokens=cached_tokens,
+            preemptions=preemptions,
+        )
+
     def __str__(self) -> str:
         if self.empty:
             return "empty trace: no requests were simulated"
@@ -327,22 +387,14 @@ class Trace:
 
     def _summarize(self) -> Summary:
         records = list(self.requests.values())
-        if not records:
-            nan = math.nan
-            return Summary(0, 0, 0, nan, nan, nan, nan, nan, 0.0, 0.0)
-        ttfts = [r.ttft for r in records]
-        gaps = self.token_gap_counts()
-        return Summary(
-            requests=len(records),
+        return Summary.of(
+            [r.ttft for r in records],
+            _Pairs(self.token_gap_counts()),
             output_tokens=sum(len(r.token_times) for r in records),
             prefill_tokens=sum(r.prompt_len for r in records),
-            ttft_p50=percentile(ttfts, 50),
-            ttft_p99=percentile(ttfts, 99),
-            tbt_p50=weighted_percentile(gaps, 50),
-            tbt_p99=weighted_percentile(gaps, 99),
-            max_stall=max((g for g, w in gaps if w > 0), default=math.nan),
             gpu_seconds=self.busy_time(),
-            makespan=max(r.finish for r in records) - min(r.arrival for r in records),
+            makespan=max((r.finish for r in records), default=0.0)
+            - min((r.arrival for r in records), default=0.0),
             cached_tokens=sum(r.cached_tokens for r in records),
             preemptions=sum(r.preemptions for r in records),
         )
