@@ -81,8 +81,8 @@ def check_destination(path: str | os.PathLike[str]) -> str:
     return target
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
+def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
+    """Write ``text`` (or bytes) to ``path`` through a temporary file in the same folder and a rename.
 
     A symlink is written through (its target is replaced; the link stays); an existing file
     keeps its permissions. The temporary file is locked (``flock``) while it is written, so a
@@ -101,7 +101,8 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         mode = 0o666 & ~_umask()  # mkstemp makes 0600; a result is for others too
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        binary = isinstance(text, bytes)
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
             lock(fd)
             os.chmod(tmp, mode)
             handle.write(text)

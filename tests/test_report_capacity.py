@@ -97,6 +97,59 @@ def test_the_plot_is_svg_with_a_line_and_a_mark_per_probe(result):
         assert r.deployment.label in texts
 
 
+def test_the_plot_zooms_to_the_decision_band_and_marks_the_workloads_rate(result):
+    from pytest_prefill.report.capacity import attainment_floor
+
+    root = ET.fromstring(capacity_svg(result))
+    floor = attainment_floor(result.target)
+    assert 0 < floor < result.target  # 60% for a 90% target: the band, not 0-100%
+    labels = {t.text for t in root.iter(f"{SVG}text")}
+    assert f"{floor:.0%}" in labels and "0%" not in labels and "100%" in labels
+    (mark,) = [t for t in root.iter(f"{SVG}text") if (t.text or "").startswith("this workload")]
+    assert f"{result.base_rate:.3g} req/s" in mark.text
+    # every probe lies within the plot: those below the floor on its bottom edge
+    frame = root.findall(f"{SVG}rect")[1]
+    bottom = float(frame.get("y")) + float(frame.get("height"))
+    ys = [float(c.get("cy")) for c in root.iter(f"{SVG}circle")]
+    assert max(ys) <= bottom + 1e-6
+    lowest = min(p.attainment for r in result.results for p in r.probes)
+    if lowest < floor:
+        assert max(ys) == pytest.approx(bottom, abs=0.1)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib")
+def test_the_plot_and_the_timeline_are_written_as_png(tmp_path, capsys):
+    import struct
+
+    timeline = tmp_path / "t.png"
+    assert main(["timeline", "--out", str(timeline)]) == 0
+    header = timeline.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = tmp_path / "t.svg"
+    assert main(["timeline", "--out", str(svg)]) == 0
+    root = ET.fromstring(svg.read_text())
+    assert struct.unpack(">II", header[16:24]) == (int(root.get("width")), int(root.get("height")))
+    plot = tmp_path / "c.png"
+    argv = ["capacity", "--workload", "poisson", "--num-prompts", "20", "--devices", "1"]
+    argv += ["--slo", "ttft:2s,tpot:200ms", "--no-devices-needed", "--workers", "1"]
+    assert main([*argv, "--deployment", "chunked", "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_png_without_matplotlib_is_one_line_saying_what_to_install(tmp_path, monkeypatch, capsys):
+    import importlib.util as util
+
+    real = util.find_spec
+    monkeypatch.setattr(
+        util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a)
+    )
+    with pytest.raises(SystemExit) as exit_:
+        main(["timeline", "--out", str(tmp_path / "t.png")])
+    assert exit_.value.code == 2
+    assert 'pip install "pytest-prefill[plot]"' in capsys.readouterr().err
+    assert not (tmp_path / "t.png").exists()
+
+
 def test_the_document_is_strict_json_with_every_probe(result):
     document = capacity_document(result, "somewhere")
     text = json.dumps(document, allow_nan=False)
@@ -212,7 +265,7 @@ def test_the_command_says_how_many_prompts_it_capped(tmp_path, capsys):
         (["--slo", "ttft:1s", "--window", "5:2"], "START:END"),
         (["--slo", "ttft:1s", "--window", "0:1e9", "--workload", "poisson",
           "--num-prompts", "3", "--window", "1e6:"], "has no request"),
-        (["--slo", "ttft:1s", "--plot", "out.png"], "must name an .svg"),
+        (["--slo", "ttft:1s", "--plot", "out.gif"], "must name an .svg or a .png"),
         (["--slo", "ttft:1s", "--cluster", "tcp://127.0.0.1:1", "--workers", "2"], "--workers"),
         (["--slo", "ttft:1s", "--devices", "8", "--max-devices", "4"], "at least --devices"),
         (["--slo", "ttft:1s", "--max-devices", "2000"], "at most 1,024 devices"),

@@ -73,6 +73,7 @@ from pytest_prefill.report.capacity import (
     capacity_svg,
     capacity_text,
 )
+from pytest_prefill.report.png import need_matplotlib, svg_to_png
 from pytest_prefill.sim import CostModel
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
@@ -126,8 +127,10 @@ def check(args: argparse.Namespace) -> None:
     args.cost_defaulted = args.cost is None
     args.cost = args.cost or DEFAULT_COST
     check_deploy_args(args, args.devices)
-    if args.plot and not args.plot.endswith(".svg"):
-        raise ValueError(f"--plot must name an .svg file, got {args.plot!r}")
+    if args.plot and not args.plot.lower().endswith((".svg", ".png")):
+        raise ValueError(f"--plot must name an .svg or a .png file, got {args.plot!r}")
+    if args.plot and args.plot.lower().endswith(".png"):
+        need_matplotlib()  # before the search: a usage error, not a lost search
     if args.cluster and args.workers:
         raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
     if args.fail_above is not None and not args.baseline:
@@ -185,7 +188,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     out = parser.add_argument_group("output")
     out.add_argument(
-        "--plot", type=output_path, metavar="PATH.svg", help="draw attainment against rate here"
+        "--plot",
+        type=output_path,
+        metavar="PATH.svg|PATH.png",
+        help='draw attainment against rate here (.png needs pip install "pytest-prefill[plot]")',
     )
     out.add_argument(
         "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
@@ -394,7 +400,9 @@ def run(args: argparse.Namespace) -> int:
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
     print(f"{simulations} simulations in {seconds:.1f} s {where}.")
     if args.plot:
-        write_atomic(args.plot, capacity_svg(result))
+        drawing = capacity_svg(result)
+        png = args.plot.lower().endswith(".png")
+        write_atomic(args.plot, svg_to_png(drawing) if png else drawing)
         print(f"wrote {args.plot}")
     if args.json:
         write_json_atomic(args.json, capacity_document(result, spec.source, needed))

@@ -37,6 +37,7 @@ from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.report.png import need_matplotlib, svg_to_png
 from pytest_prefill.report.timeline import (
     MIN_WINDOW,
     check_window,
@@ -63,7 +64,7 @@ def window_type(text: str) -> tuple[float, float]:
         ) from None
 
 
-OUT_SUFFIXES = (".svg", ".json")
+OUT_SUFFIXES = (".svg", ".png", ".json")
 # Bars an SVG or the text draws per policy: a million-chunk prompt would otherwise be a 167 MB
 # SVG. The default shows any lab scenario's window whole; what is left out is noted.
 DEFAULT_MAX_BARS = 2_000
@@ -71,13 +72,18 @@ MAX_BARS = 100_000
 
 
 def out_type(text: str) -> str:
-    """A path ending in .svg (the drawing) or .json (Chrome trace events), where a file can be
-    written."""
+    """A path ending in .svg (the drawing), .png (the same drawing as pixels: needs the plot
+    extra) or .json (Chrome trace events), where a file can be written."""
     if not text.lower().endswith(OUT_SUFFIXES):
         raise argparse.ArgumentTypeError(
-            f"must end in .svg (an SVG drawing) or .json (Chrome trace events for Perfetto), "
-            f"got {text!r}"
+            f"must end in .svg (an SVG drawing), .png (the drawing as an image) or .json "
+            f"(Chrome trace events for Perfetto), got {text!r}"
         )
+    if text.lower().endswith(".png"):
+        try:
+            need_matplotlib()
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
     return output_path(text)
 
 
@@ -100,8 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=out_type,
-        metavar="FILE.svg|FILE.json",
-        help="write the timeline here: .svg draws it; .json writes the same trace as Chrome "
+        metavar="FILE.svg|FILE.png|FILE.json",
+        help="write the timeline here: .svg draws it; .png draws it as an image (needs "
+        'matplotlib: pip install "pytest-prefill[plot]"); .json writes the same trace as Chrome '
         "trace events (open it in https://ui.perfetto.dev to zoom); any other extension is "
         "an error",
     )
@@ -221,11 +228,14 @@ def run(args: argparse.Namespace) -> int:
         traces, width=args.width, window=window, max_bars=args.max_bars
     )
     as_json = _as_json(args)
+    document: str | bytes = ""
     if as_json:
         _check_trace_items(trace_items(traces), args.out)
         document = json.dumps(chrome_trace(traces, title), allow_nan=False) + "\n"
     elif args.out:
         document = render_svg(traces, window=window, max_bars=args.max_bars, title=title)
+        if args.out.lower().endswith(".png"):
+            document = svg_to_png(document)
     if args.out:
         write_atomic(args.out, document)
     if args.text:

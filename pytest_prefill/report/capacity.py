@@ -367,12 +367,20 @@ def _decade_ticks(low: float, high: float) -> list[float]:
     return ticks
 
 
+def attainment_floor(target: float) -> float:
+    """The bottom of the plot's attainment axis: the decision band, 30 points below the target
+    rounded down to 10% (a 90% target: 60% to 100%), not 0 to 100%, which squashes it."""
+    return max(0.0, math.floor(round((target - 0.3) * 10, 9)) / 10)
+
+
 def _axes(result: CapacityResult, low: float, high: float, x: Any, y: Any) -> list[str]:
     x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
     out = [
         f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="#fafafa" stroke="#999"/>'
     ]
-    for value in (0.0, 0.25, 0.5, 0.75, 1.0):
+    floor = attainment_floor(result.target)
+    steps = round((1 - floor) / 0.1)
+    for value in [floor + (1 - floor) * i / steps for i in range(steps + 1)]:
         out.append(
             f'<line x1="{x0}" x2="{x1}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#e4e4e4"/>'
         )
@@ -387,10 +395,19 @@ def _axes(result: CapacityResult, low: float, high: float, x: Any, y: Any) -> li
         f'<line x1="{x0}" x2="{x1}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#333" stroke-dasharray="6 4"/>'
     )
     out.append(_text(x1 - 4, ty - 5, f"target {result.target:.0%}", 11, "end", fill="#333"))
+    own = x(result.base_rate)
+    out.append(
+        f'<line x1="{own:.1f}" x2="{own:.1f}" y1="{y1}" y2="{y0}" stroke="#b03030" '
+        'stroke-width="1.5" stroke-dasharray="2 3"/>'
+    )
+    out.append(
+        _text(own + 4, y1 + 14, f"this workload: {result.base_rate:.3g} req/s", 11, fill="#b03030")
+    )
     out.append(_text((x0 + x1) / 2, y0 + 40, "arrival rate, requests/s (log scale)", 12, "middle"))
+    label = f"SLO attainment (below {floor:.0%}: on the bottom edge)" if floor else "SLO attainment"
     out.append(
         f'<text x="18" y="{(y0 + y1) / 2:.1f}" font-size="12" font-family="sans-serif" '
-        f'text-anchor="middle" transform="rotate(-90 18 {(y0 + y1) / 2:.1f})">SLO attainment</text>'
+        f'text-anchor="middle" transform="rotate(-90 18 {(y0 + y1) / 2:.1f})">{label}</text>'
     )
     return out
 
@@ -412,16 +429,19 @@ def _series(r: DeploymentResult, colour: str, x: Any, y: Any) -> list[str]:
 
 def capacity_svg(result: CapacityResult, title: str | None = None) -> str:
     """Attainment against arrival rate, one line per deployment: every probe the search ran
-    (filled: meets the target; the big dot is the answer), the target dashed."""
+    (filled: meets the target; the big dot is the answer), the target dashed, the workload's
+    own rate marked; the attainment axis spans the decision band (:func:`attainment_floor`)."""
     rates = [p.rate for r in result.results for p in r.probes if p.rate > 0]
+    rates.append(result.base_rate)  # the workload's own rate is marked
     low, high = min(rates) / 1.3, max(rates) * 1.3
     x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
+    floor = attainment_floor(result.target)
 
     def x(rate: float) -> float:
         return x0 + (math.log(rate) - math.log(low)) / (math.log(high) - math.log(low)) * (x1 - x0)
 
-    def y(attainment: float) -> float:
-        return y0 - attainment * (y0 - y1)
+    def y(attainment: float) -> float:  # below the floor: on the bottom edge
+        return y0 - (max(attainment, floor) - floor) / (1 - floor) * (y0 - y1)
 
     heading = title or (
         f"SLO attainment against arrival rate: {result.slo} for >= {result.target:.0%}, "
@@ -449,6 +469,8 @@ def capacity_svg(result: CapacityResult, title: str | None = None) -> str:
         out += _series(r, colour, x, y)
         ly = TOP + 10 + i * 20
         answer = f"{r.max_rate:.3g} req/s" if r.best is not None else "never met"
+        if r.pruned and r.miss is not None:  # as the table says it
+            answer = f"< {r.miss.rate:.3g} req/s (stopped)"
         out.append(f'<rect x="{x1 + 16}" y="{ly - 9}" width="14" height="10" fill="{colour}"/>')
         out.append(
             _text(x1 + 36, ly, f"{r.deployment.label}: {answer}{'' if r.monotone else ' (!)'}", 11)
