@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from typing import Any
 
 from pytest_prefill._io import ascii_float, write_atomic
 from pytest_prefill.commands._args import (
@@ -185,6 +186,15 @@ def _check_drawable(profile: EngineProfile, cost: CostModel | None = None) -> No
             raise ValueError(f"the timeline draws {policy} under {profile.name}: {reason}")
 
 
+def _document(args: argparse.Namespace, traces: Any, window: Any, title: str) -> str | bytes:
+    """What --out holds: Chrome trace events (.json), the drawing (.svg) or its pixels (.png)."""
+    if _as_json(args):
+        _check_trace_items(trace_items(traces), args.out)
+        return json.dumps(chrome_trace(traces, title), allow_nan=False) + "\n"
+    drawing = render_svg(traces, window=window, max_bars=args.max_bars, title=title)
+    return svg_to_png(drawing) if args.out.lower().endswith(".png") else drawing
+
+
 def _as_json(args: argparse.Namespace) -> bool:
     return bool(args.out) and args.out.lower().endswith(".json")
 
@@ -228,16 +238,8 @@ def run(args: argparse.Namespace) -> int:
         traces, width=args.width, window=window, max_bars=args.max_bars
     )
     as_json = _as_json(args)
-    document: str | bytes = ""
-    if as_json:
-        _check_trace_items(trace_items(traces), args.out)
-        document = json.dumps(chrome_trace(traces, title), allow_nan=False) + "\n"
-    elif args.out:
-        document = render_svg(traces, window=window, max_bars=args.max_bars, title=title)
-        if args.out.lower().endswith(".png"):
-            document = svg_to_png(document)
     if args.out:
-        write_atomic(args.out, document)
+        write_atomic(args.out, _document(args, traces, window, title))
     if args.text:
         for line in title.split("\n"):
             print(textwrap.fill(line, args.width))
