@@ -10,7 +10,8 @@ import pytest
 
 from pytest_prefill.plan.deployments import default_deployments
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.plan.workloads import azure_trace_path, resolve_workload
+from pytest_prefill.plan.traces import azure_trace_path
+from pytest_prefill.plan.workloads import resolve_workload
 
 pytestmark = pytest.mark.sim
 

@@ -17,7 +17,7 @@ import tracemalloc
 import pytest
 from tabulate import tabulate
 
-from pytest_prefill.plan.workloads import azure_trace_path, load_azure
+from pytest_prefill.plan.traces import azure_trace_path, load_azure
 from pytest_prefill.sim import POLICIES, PRESETS, simulate
 
 pytestmark = pytest.mark.sim

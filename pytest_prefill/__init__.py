@@ -36,10 +36,10 @@ from pytest_prefill.plan.deployments import default_deployments
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.metrics import ServingMetrics
 from pytest_prefill.plan.metrics import serving_metrics
+from pytest_prefill.plan.traces import load_azure
+from pytest_prefill.plan.traces import load_jsonl
 from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.plan.workloads import lab_scenario
-from pytest_prefill.plan.workloads import load_azure
-from pytest_prefill.plan.workloads import load_jsonl
 from pytest_prefill.plan.workloads import poisson
 from pytest_prefill.plan.workloads import resolve_workload
 

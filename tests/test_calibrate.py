@@ -14,8 +14,9 @@ import pytest
 pytest.importorskip("numpy")
 
 from pytest_prefill.measure import calibrate as cal  # noqa: E402
+from pytest_prefill.measure import sweep as sweeps  # noqa: E402
 from pytest_prefill.measure.calibration_document import Calibration  # noqa: E402
-from pytest_prefill.measure.calibration_fit import Point  # noqa: E402
+from pytest_prefill.measure.calibration_points import Point  # noqa: E402
 from pytest_prefill.measure.timing import Measurement  # noqa: E402
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, TYPICAL_PROMPT, recommend  # noqa: E402
 from pytest_prefill.plan.cost_document import cost_from_json  # noqa: E402
@@ -109,27 +110,27 @@ def test_a_machine_that_is_the_cost_model_calibrates_to_it(formula_calibration):
 def test_the_default_sweep_measures_curvature_chunks_and_fused_passes(formula_calibration):
     kinds = {p.kind for p in formula_calibration.measurements}
     assert kinds == {"prefill", "chunk", "decode_kv", "decode_batch", "fused"}
-    assert [p.x for p in formula_calibration.points("prefill")] == list(cal.CPU_PROMPT_LENS)
+    assert [p.x for p in formula_calibration.points("prefill")] == list(sweeps.CPU_PROMPT_LENS)
     chunks = {(p.x, p.context) for p in formula_calibration.points("chunk")}
-    assert chunks == set(cal.DEFAULT_CHUNKS)
+    assert chunks == set(sweeps.DEFAULT_CHUNKS)
     assert {256, 1024} <= {x for x, _ in chunks} and {2048, 8192} <= {c for _, c in chunks}
 
 
 def test_plan_sweep_defaults_by_device_and_caps_at_the_context():
-    cpu = cal.plan_sweep(fake_loaded("cpu"))
-    cuda = cal.plan_sweep(fake_loaded("cuda:0"))
-    assert cpu.prompt_lens == cal.CPU_PROMPT_LENS
-    assert cuda.prompt_lens == cal.CUDA_PROMPT_LENS and max(cuda.prompt_lens) >= 8192
-    short = cal.plan_sweep(fake_loaded("cuda", max_context=4096))
+    cpu = sweeps.plan_sweep(fake_loaded("cpu"))
+    cuda = sweeps.plan_sweep(fake_loaded("cuda:0"))
+    assert cpu.prompt_lens == sweeps.CPU_PROMPT_LENS
+    assert cuda.prompt_lens == sweeps.CUDA_PROMPT_LENS and max(cuda.prompt_lens) >= 8192
+    short = sweeps.plan_sweep(fake_loaded("cuda", max_context=4096))
     assert max(short.prompt_lens) == 4096
     assert all(t + c <= 4095 for t, c in short.chunks)  # 8k contexts do not fit: dropped
     assert max(short.cache_lens) == 4095
     with pytest.raises(ValueError, match="4 or more"):
-        cal.plan_sweep(fake_loaded(), prompt_lens=(16, 32, 32, 64))
+        sweeps.plan_sweep(fake_loaded(), prompt_lens=(16, 32, 32, 64))
     with pytest.raises(ValueError, match="chunks"):
-        cal.plan_sweep(fake_loaded(), chunks=((256,),))
+        sweeps.plan_sweep(fake_loaded(), chunks=((256,),))
     with pytest.raises(ValueError, match="budget"):
-        cal.plan_sweep(fake_loaded(), budget=0)
+        sweeps.plan_sweep(fake_loaded(), budget=0)
 
 
 def test_a_point_over_the_budget_is_skipped_and_recorded(monkeypatch):
@@ -143,7 +144,7 @@ def test_a_point_over_the_budget_is_skipped_and_recorded(monkeypatch):
     # 4 calls per point: a pass is kept while the budget predicts <= 5 s per call
     kept = [p.x for p in calibration.points("prefill")]
     assert kept and max(kept) < 4096
-    assert all(4 * cal.Budget(20.0, 4).predict(t) <= 20.0 for t in kept[1:])
+    assert all(4 * sweeps.Budget(20.0, 4).predict(t) <= 20.0 for t in kept[1:])
     skipped = calibration.provenance["skipped"]
     assert skipped and all("budget" in s for s in skipped)
     assert ("prefill", 4096) not in runner.asked

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from pytest_prefill.cli import main  # noqa: E402
 from pytest_prefill.lab.falsifier import CLAIM  # noqa: E402
 from pytest_prefill.measure import calibrate as cal  # noqa: E402
+from pytest_prefill.measure import sweep as sweeps  # noqa: E402
 from pytest_prefill.measure.calibration_document import Calibration  # noqa: E402
 from pytest_prefill.plan.cost_document import load_cost  # noqa: E402
 
@@ -22,12 +23,12 @@ TINY = ["--model", "tiny", "--device", "cpu"]
 
 @pytest.fixture(autouse=True)
 def short_sweeps(monkeypatch, one_torch_thread):
-    monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
-    monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
-    monkeypatch.setattr(cal, "DEFAULT_FUSED", ((8, 16, 2),))
-    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 128))
-    monkeypatch.setattr(cal, "DEFAULT_BATCH_SIZES", (1, 2))
-    monkeypatch.setattr(cal, "BATCH_CACHE_LEN", 16)
+    monkeypatch.setattr(sweeps, "CPU_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(sweeps, "DEFAULT_CHUNKS", ((16, 32),))
+    monkeypatch.setattr(sweeps, "DEFAULT_FUSED", ((8, 16, 2),))
+    monkeypatch.setattr(sweeps, "DEFAULT_CACHE_LENS", (16, 128))
+    monkeypatch.setattr(sweeps, "DEFAULT_BATCH_SIZES", (1, 2))
+    monkeypatch.setattr(sweeps, "BATCH_CACHE_LEN", 16)
 
 
 def test_calibrate_prints_the_report_and_writes_json(tmp_path, capsys):

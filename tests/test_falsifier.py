@@ -68,14 +68,14 @@ def tiny(one_torch_thread):
 
 
 def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
-    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
     from pytest_prefill.measure.runner import ModelRunner
     from pytest_prefill.report.falsifier import run_falsifier
 
-    monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
-    monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
-    monkeypatch.setattr(cal, "DEFAULT_FUSED", ((8, 16, 2),))
-    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 64))
+    monkeypatch.setattr(sweeps, "CPU_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(sweeps, "DEFAULT_CHUNKS", ((16, 32),))
+    monkeypatch.setattr(sweeps, "DEFAULT_FUSED", ((8, 16, 2),))
+    monkeypatch.setattr(sweeps, "DEFAULT_CACHE_LENS", (16, 64))
     log: list[tuple[str, str]] = []
     real_measure = ModelRunner.measure
 
@@ -107,9 +107,10 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
 
 def test_dry_run_cuts_repeats_never_the_prompt(tiny, monkeypatch):
     from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
     from pytest_prefill.report.falsifier import run_falsifier
 
-    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
+    monkeypatch.setattr(sweeps, "DEFAULT_CACHE_LENS", (16,))
     result = run_falsifier(
         tiny, prompt_len=48, chunk=16, repeats=50, warmup=9, dry_run=True, emit=lambda text: None
     )
@@ -119,10 +120,10 @@ def test_dry_run_cuts_repeats_never_the_prompt(tiny, monkeypatch):
 
 
 def test_a_given_cost_sets_the_chunk(tiny, monkeypatch):
-    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
     from pytest_prefill.report.falsifier import run_falsifier
 
-    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
+    monkeypatch.setattr(sweeps, "DEFAULT_CACHE_LENS", (16,))
     result = run_falsifier(
         tiny,
         prompt_len=256,
@@ -155,10 +156,10 @@ def test_bad_arguments_are_refused_before_anything_runs(tiny, kwargs):
 
 
 def test_an_unusable_c_star_falls_back_to_the_smallest_useful_chunk(tiny, monkeypatch):
-    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
     from pytest_prefill.report.falsifier import run_falsifier
 
-    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16,))
+    monkeypatch.setattr(sweeps, "DEFAULT_CACHE_LENS", (16,))
     negative = CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-5, decode_step_base=0.01)
     result = run_falsifier(
         tiny, prompt_len=64, cost=negative, repeats=1, warmup=0, emit=lambda text: None

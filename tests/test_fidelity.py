@@ -8,18 +8,19 @@ import math
 import pytest
 
 from pytest_prefill.lab import fidelity as fid
+from pytest_prefill.lab import fidelity_result as fr
 from pytest_prefill.report import fidelity as tables
 from pytest_prefill.sim import PRESETS
 
 
 def test_cell_error_and_spread_follow_their_definitions():
-    cell = fid.Cell("lab", "shared", "makespan", simulated=1.2, runs=(1.0, 0.8, 1.1))
+    cell = fr.Cell("lab", "shared", "makespan", simulated=1.2, runs=(1.0, 0.8, 1.1))
     assert cell.median == 1.0 and cell.minimum == 0.8 and cell.maximum == 1.1
     assert cell.relative_error == pytest.approx((1.2 - 1.0) / 1.0)
     assert cell.spread == pytest.approx((1.1 - 0.8) / 1.0)
     assert not cell.within_spread
-    assert fid.Cell("lab", "shared", "makespan", 0.9, (1.0, 0.8, 1.1)).within_spread
-    assert math.isnan(fid.Cell("lab", "shared", "makespan", 0.9, (0.0, 0.0, 0.0)).relative_error)
+    assert fr.Cell("lab", "shared", "makespan", 0.9, (1.0, 0.8, 1.1)).within_spread
+    assert math.isnan(fr.Cell("lab", "shared", "makespan", 0.9, (0.0, 0.0, 0.0)).relative_error)
     data = cell.to_dict()
     assert data["measured_median"] == 1.0 and data["within_spread"] is False
 
@@ -31,9 +32,9 @@ def test_scenarios_cover_the_lab_lengths_and_say_why_azure_is_missing(monkeypatc
     assert [r.prompt_len for r in chosen[1].load if r.id == "long"] == [1024]
     assert skipped and "not asked" in skipped[0]
     monkeypatch.setenv("PYTEST_PREFILL_AZURE_DIR", str(tmp_path))
-    import pytest_prefill.plan.workloads as workloads
+    import pytest_prefill.plan.traces as traces
 
-    monkeypatch.setattr(workloads, "azure_trace_path", lambda name: None)
+    monkeypatch.setattr(traces, "azure_trace_path", lambda name: None)
     chosen, skipped = fid.scenarios(cost, prompt_lens=(256,))
     assert len(chosen) == 1 and "Azure conv trace" in skipped[0]
 
@@ -58,20 +59,20 @@ def _result(cells, quiet=None, not_run=None):
     from pytest_prefill.lab.fidelity_calibration import Link
 
     link = Link(1e-5, 1e9, (), "synthetic")
-    return fid.FidelityResult(
+    return fr.FidelityResult(
         tuple(cells), (), (), not_run or {}, {}, link, (1e-4, 2e-4), {}, 64, 3, {}, {}, quiet
     )
 
 
 def test_median_error_and_verdict():
     cells = [
-        fid.Cell("s", "shared", "makespan", 1.05, (1.0, 1.0, 1.0)),  # +5%
-        fid.Cell("s", "chunked", "makespan", 1.5, (1.0, 1.0, 1.0)),  # +50%
-        fid.Cell("s", "shared", "max_stall", 0.92, (1.0, 1.0, 1.0)),  # -8%
+        fr.Cell("s", "shared", "makespan", 1.05, (1.0, 1.0, 1.0)),  # +5%
+        fr.Cell("s", "chunked", "makespan", 1.5, (1.0, 1.0, 1.0)),  # +50%
+        fr.Cell("s", "shared", "max_stall", 0.92, (1.0, 1.0, 1.0)),  # -8%
     ]
     result = _result(cells)
     assert result.median_abs_error == pytest.approx(0.08)
-    assert result.passed == (0.08 <= fid.THRESHOLD)
+    assert result.passed == (0.08 <= fr.THRESHOLD)
     assert result.by("policy")["chunked"] == pytest.approx(0.5)
     assert result.weakest(1)[0].policy == "chunked"
     table = tables.fidelity_table(result)
@@ -82,9 +83,9 @@ def test_median_error_and_verdict():
 
 def test_cells_not_judged_are_reported_but_not_held_against_the_model():
     cells = [
-        fid.Cell("s", "shared", "makespan", 1.05, (1.0, 1.0, 1.0)),  # +5%
-        fid.Cell("s", "disaggregated", "max_stall", 2.0, (1.0, 1.0, 1.0), judged=False),
-        fid.Cell("s", "disaggregated", "makespan", 0.95, (1.0, 1.0, 1.0)),  # -5%
+        fr.Cell("s", "shared", "makespan", 1.05, (1.0, 1.0, 1.0)),  # +5%
+        fr.Cell("s", "disaggregated", "max_stall", 2.0, (1.0, 1.0, 1.0), judged=False),
+        fr.Cell("s", "disaggregated", "makespan", 0.95, (1.0, 1.0, 1.0)),  # -5%
     ]
     result = _result(cells)
     assert result.median_abs_error == pytest.approx(0.05)
@@ -103,11 +104,11 @@ def test_max_stall_is_judged_where_the_policy_causes_a_stall():
     cost = PRESETS["lab-laptop"].cost
     shared = simulate("shared", lab_scenario(), cost).summary()
     disaggregated = simulate("disaggregated", lab_scenario(), cost).summary()
-    assert shared.max_stall >= fid.STALL_JUDGED_RATIO * shared.tbt_p50
-    assert fid.judged("max_stall", shared)
+    assert shared.max_stall >= fr.STALL_JUDGED_RATIO * shared.tbt_p50
+    assert fr.judged("max_stall", shared)
     # disaggregation: the streams never wait for a prefill, the stall is one decode step
-    assert not fid.judged("max_stall", disaggregated)
-    assert fid.judged("makespan", disaggregated)
+    assert not fr.judged("max_stall", disaggregated)
+    assert fr.judged("makespan", disaggregated)
 
 
 def test_on_one_cuda_device_disaggregation_is_reported_not_run_with_the_reason():
@@ -120,7 +121,7 @@ def test_on_one_cuda_device_disaggregation_is_reported_not_run_with_the_reason()
     policies, not_run = fid.policies_for(cuda, cuda_devices=2)
     assert "disaggregated" not in policies and "not built" in not_run["disaggregated"]
     assert fid.policies_for(types.SimpleNamespace(type="cpu")) == (tuple(fid.POLICIES), {})
-    result = _result([fid.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], None, not_run)
+    result = _result([fr.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], None, not_run)
     assert "not built" in tables.summary_table(result)
 
 
@@ -128,7 +129,7 @@ def test_a_busy_machine_gets_a_loud_warning_in_the_table_and_the_archive():
     from pytest_prefill.measure.quiet import Quietness
 
     busy = Quietness(other_cores=1.4, jitter=0.3, cores=2, seconds=1.0)
-    result = _result([fid.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], busy)
+    result = _result([fr.Cell("s", "shared", "makespan", 1.0, (1.0, 1.0, 1.0))], busy)
     assert "BUSY MACHINE" in tables.summary_table(result)
     assert result.to_dict()["quiet"]["quiet"] is False
     assert "BUSY MACHINE" in result.to_dict()["quiet"]["warning"]
@@ -196,9 +197,9 @@ def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
     cost = PRESETS["lab-laptop"].cost
     for policy in ("shared", "chunked", "disaggregated"):
         trace = simulate(policy, lab_scenario(), cost, chunk=128)
-        errors = fid.iteration_errors(trace, cost)
+        errors = fr.iteration_errors(trace, cost)
         assert errors and all(abs(e) < 1e-9 for kind in errors.values() for e in kind)
-    slower = fid.iteration_errors(
+    slower = fr.iteration_errors(
         simulate("shared", lab_scenario(), cost),
         cost.__class__.from_dict(
             {
@@ -212,7 +213,7 @@ def test_iteration_errors_are_zero_for_a_trace_the_cost_model_made():
 
 
 def test_percentiles_are_nearest_rank():
-    p = fid.percentiles([float(i) for i in range(1, 11)])
+    p = fr.percentiles([float(i) for i in range(1, 11)])
     assert p == {"median": 5.5, "p10": 1.0, "p90": 9.0, "count": 10}
 
 
@@ -231,7 +232,7 @@ def test_fidelity_save_archives_the_tables_and_the_verdict(tmp_path):
     from pytest_prefill.archive import runs as archive
     from pytest_prefill.commands.fidelity import save_fidelity
 
-    cells = [fid.Cell("lab 256", "shared", "makespan", 1.05, (1.0, 1.0, 1.0))]
+    cells = [fr.Cell("lab 256", "shared", "makespan", 1.05, (1.0, 1.0, 1.0))]
     args = argparse.Namespace(
         results=str(tmp_path),
         machine="cpu-test",

@@ -14,12 +14,11 @@ import pytest
 pytest.importorskip("numpy")
 
 from pytest_prefill.measure.calibration_fit import (  # noqa: E402
-    Point,
     fit_cost_model,
     fit_prefill,
     held_out,
-    predict,
 )
+from pytest_prefill.measure.calibration_points import Point, predict  # noqa: E402
 from pytest_prefill.measure.fitting import fit_terms  # noqa: E402
 from pytest_prefill.measure.line_fit import CLEARLY  # noqa: E402
 from pytest_prefill.measure.timing import Measurement  # noqa: E402

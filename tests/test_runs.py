@@ -74,14 +74,14 @@ def test_a_corrupt_file_is_reported_and_skipped(tmp_path, capsys):
 def test_calibrate_save_archives_a_run_that_every_reader_finds(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
 
-    monkeypatch.setattr(cal, "CPU_PROMPT_LENS", (16, 32, 48, 64))
-    monkeypatch.setattr(cal, "DEFAULT_CHUNKS", ((16, 32),))
-    monkeypatch.setattr(cal, "DEFAULT_FUSED", ((8, 16, 2),))
-    monkeypatch.setattr(cal, "DEFAULT_CACHE_LENS", (16, 128))
-    monkeypatch.setattr(cal, "DEFAULT_BATCH_SIZES", (1, 2))
-    monkeypatch.setattr(cal, "BATCH_CACHE_LEN", 16)
+    monkeypatch.setattr(sweeps, "CPU_PROMPT_LENS", (16, 32, 48, 64))
+    monkeypatch.setattr(sweeps, "DEFAULT_CHUNKS", ((16, 32),))
+    monkeypatch.setattr(sweeps, "DEFAULT_FUSED", ((8, 16, 2),))
+    monkeypatch.setattr(sweeps, "DEFAULT_CACHE_LENS", (16, 128))
+    monkeypatch.setattr(sweeps, "DEFAULT_BATCH_SIZES", (1, 2))
+    monkeypatch.setattr(sweeps, "BATCH_CACHE_LEN", 16)
     where = ["--results", str(tmp_path), "--machine", "cpu-saved"]
     argv = ["calibrate", "--model", "tiny", "--device", "cpu", "--dry-run", "--save", *where]
     assert main(argv) == 0

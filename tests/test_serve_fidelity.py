@@ -104,7 +104,7 @@ def test_the_sequence_cap_holds_a_request_until_one_leaves():
 
 
 def _calibration() -> ServerCalibration:
-    from pytest_prefill.measure.calibrate import Calibration
+    from pytest_prefill.measure.calibration_document import Calibration
 
     calibration = Calibration(COST, {}, (), {}, ())
     return ServerCalibration(calibration, NONE, (), ServerSweep(256))

@@ -405,3 +405,17 @@ def test_no_class_subclasses_across_the_rules_and_the_speed_ups():
         if {sim_side(module), sim_side(base)} == {"rules", "speed-ups"}
     ]
     assert not found, "subclassing across the line:\n" + "\n".join(found)
+
+
+def test_no_formatter_is_switched_off():
+    """``# fmt: skip`` / ``# fmt: off`` packed arguments onto fewer lines to keep the letter of the
+    size rules: a function or call that needs it holds two ideas, or wants a value to carry its
+    arguments."""
+    marks = ("fmt: skip", "fmt: off")
+    found = [
+        f"{module}:{number}"
+        for module, path in modules().items()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if "#" in line and any(mark in line.split("#", 1)[1] for mark in marks)
+    ]
+    assert not found, f"formatter switched off at: {found}"

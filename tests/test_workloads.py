@@ -1,4 +1,5 @@
-"""Workloads: the lab scenario, seeded Poisson loads, the Azure 2023 trace loader."""
+"""Workloads: the lab scenario, seeded Poisson loads, workloads by name; and the trace readers
+(plan/traces: the Azure 2023 CSV, JSON lines)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import statistics
 
 import pytest
 
+from pytest_prefill.plan.traces import azure_trace_path, load_azure, load_jsonl
 from pytest_prefill.plan.workloads import (
-    azure_trace_path,
     lab_scenario,
-    load_azure,
-    load_jsonl,
     poisson,
     resolve_workload,
     scale_rate,
@@ -363,9 +362,9 @@ def test_a_trace_that_cannot_be_read_is_one_line_naming_file_and_line(
 
 def test_a_trace_line_over_the_bound_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
     """7: one 1 GiB line cost 6.2 GB and 31 s; lines are read at most MAX_LINE_BYTES at a time."""
-    import pytest_prefill.plan.workloads as workloads
+    import pytest_prefill.plan.traces as traces
 
-    monkeypatch.setattr(workloads, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(traces, "MAX_LINE_BYTES", 1000)
     path = tmp_path / "long.jsonl"
     line = '{"timestamp": 1, "input_length": 5, "output_length": 5, "pad": "%s"}\n'
     path.write_text(line % "" + line % ("x" * 5000))
@@ -374,7 +373,7 @@ def test_a_trace_line_over_the_bound_is_refused_without_reading_it_whole(tmp_pat
     csv_path = write_csv(tmp_path, ["2023-01-01 00:00:00.0,5,5", "2023-01-01 00:00:01.0," * 200])
     with pytest.raises(ValueError, match=r"trace.csv:3: a line over"):
         load_azure(csv_path)
-    assert workloads.MAX_LINE_BYTES == 1000  # the bound the readers use is the module's
+    assert traces.MAX_LINE_BYTES == 1000  # the bound the readers use is the module's
 
 
 def test_a_byte_order_mark_is_accepted_in_jsonl_as_in_csv(tmp_path):

@@ -46,29 +46,21 @@ def _ignore(_: str) -> None:
 def git_state(root: str | os.PathLike[str]) -> tuple[str, bool]:
     """The checkout's short commit (8 characters) and whether its tracked files are modified;
     ``("nocommit", False)`` outside a git work tree or without git."""
+
+    def git(*args: str, timeout: float) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=timeout, check=True
+        )
+        return done.stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short=8", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
+        short = git("rev-parse", "--short=8", "HEAD", timeout=10)[:8].lower()
+        status = git("status", "--porcelain", "--untracked-files=no", timeout=30)
     except (OSError, subprocess.SubprocessError):
         return NO_COMMIT, False
-    short = commit.stdout.strip()[:8].lower()
     if not re.fullmatch(r"[0-9a-f]{8}", short):
         return NO_COMMIT, False
-    return short, bool(status.stdout.strip())
+    return short, bool(status)
 
 
 def run_filename(number: int, commit: str, when: datetime.datetime, dirty: bool) -> str:
@@ -544,13 +536,8 @@ def resolve_run(ref: str, results: str | os.PathLike[str], *, warn: Warn = _igno
         raise ValueError(f"{ref!r} is neither a run file (*.json) nor a machine key")
     run = latest_run(results, ref, warn=warn)
     if run is None:
-        known = (
-            sorted(p.name for p in Path(results).iterdir() if p.is_dir())
-            if Path(results).is_dir()
-            else []
-        )
         raise ValueError(
             f"no runs archived for machine {ref!r} under {results} "
-            f"(machines there: {', '.join(known) or 'none'})"
+            f"(machines there: {', '.join(machines(results)) or 'none'})"
         )
     return run

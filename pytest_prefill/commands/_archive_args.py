@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_prefill.archive import runs as archive
+from pytest_prefill.commands._args import output_path
 from pytest_prefill.machine import (
     KEY_PATTERN,
     cpu_model,
@@ -35,6 +36,14 @@ def results_type(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must name a folder, got ''")
     return text
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, json_help: str, save_help: str) -> None:
+    """``--json PATH`` and ``--save`` (each worded by the command), then
+    :func:`add_archive_arguments`."""
+    parser.add_argument("--json", type=output_path, metavar="PATH", help=json_help)
+    parser.add_argument("--save", action="store_true", help=save_help)
+    add_archive_arguments(parser)
 
 
 def add_archive_arguments(parser: argparse.ArgumentParser) -> None:

@@ -70,14 +70,19 @@ prompt_len_type = bounded_int(MAX_PROMPT_LEN, "tokens")
 streams_type = bounded_int(MAX_STREAMS, "streams")
 
 
-def seconds_type(text: str) -> float:
-    """A time in seconds, 0 to :data:`MAX_SECONDS`."""
-    value = non_negative_float(text)
-    if value > MAX_SECONDS:
-        raise argparse.ArgumentTypeError(
-            f"must be at most {MAX_SECONDS:,.0f} seconds, got {text!r}"
-        )
-    return value
+def at_most(parse: Callable[[str], float], maximum: float, unit: str) -> Callable[[str], float]:
+    """An argparse type: ``parse``'s number, refused above ``maximum`` (in ``unit``)."""
+
+    def bounded(text: str) -> float:
+        value = parse(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,.0f} {unit}, got {text!r}")
+        return value
+
+    return bounded
+
+
+seconds_type = at_most(non_negative_float, MAX_SECONDS, "seconds")  # a time, 0 to MAX_SECONDS
 
 
 def check_chunked_iterations(

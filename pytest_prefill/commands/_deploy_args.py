@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.archive.cost_spec import CostSpec
+from pytest_prefill.commands._args import at_most
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
 from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
@@ -25,13 +26,7 @@ from pytest_prefill.sim import CostModel, EngineProfile
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
 
 
-def memory_type(text: str) -> float:
-    value = positive_float(text)
-    if value > MAX_DEVICE_MEMORY_GIB:
-        raise argparse.ArgumentTypeError(
-            f"must be at most {MAX_DEVICE_MEMORY_GIB:,} GiB, got {text!r}"
-        )
-    return value
+memory_type = at_most(positive_float, MAX_DEVICE_MEMORY_GIB, "GiB")
 
 
 def utilization_type(text: str) -> float:

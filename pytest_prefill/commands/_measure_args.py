@@ -11,8 +11,10 @@ from typing import Any
 
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
-from pytest_prefill.commands._args import non_negative_int, positive_int
+from pytest_prefill.commands._args import add_lab_scenario_arguments, non_negative_int, positive_int
+from pytest_prefill.commands._engine_args import add_engine_argument
 from pytest_prefill.measure.models import DEFAULT_MODEL, DTYPES, MODEL_PRESETS, validate_device
+from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 from pytest_prefill.sim import PRESETS
 
 SMALL_PRESETS = ("tiny", "small")  # minutes at most on a CPU (fidelity of small: ~5 min)
@@ -58,10 +60,13 @@ def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=positive_int,
         default=None,
-        help="timed calls per measurement (default 10)",
+        help=f"timed calls per measurement (default {DEFAULT_REPEATS})",
     )
     parser.add_argument(
-        "--warmup", type=non_negative_int, default=None, help="untimed calls first (default 3)"
+        "--warmup",
+        type=non_negative_int,
+        default=None,
+        help=f"untimed calls first (default {DEFAULT_WARMUP})",
     )
     parser.add_argument(
         "--dry-run",
@@ -79,6 +84,14 @@ THREADS_HELP = (
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--threads`` (torch CPU threads); :func:`load` applies it."""
     parser.add_argument("--threads", type=positive_int, default=None, help=THREADS_HELP)
+
+
+def add_measuring_arguments(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """What every command that times the model takes: :func:`add_model_arguments` (``default``
+    words the model's default), :func:`add_timing_arguments` and :func:`add_threads_argument`."""
+    add_model_arguments(parser, default)
+    add_timing_arguments(parser)
+    add_threads_argument(parser)
 
 
 def apply_threads(args: argparse.Namespace, device: Any = None) -> None:
@@ -157,6 +170,14 @@ def measure_cost(args: argparse.Namespace) -> tuple[Any, str]:
     """A fresh calibration of the model the flags name: (cost model, origin line)."""
     calibration = measure(args)
     return calibration.cost, measured_origin(calibration)
+
+
+def add_lab_simulation_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``simulate`` and ``timeline`` both take: ``--cost``, the lab scenario's shape and
+    ``--engine`` (default the lab's loop)."""
+    add_cost_argument(parser)
+    add_lab_scenario_arguments(parser)
+    add_engine_argument(parser, "lab")
 
 
 def add_cost_argument(parser: argparse.ArgumentParser, default: str | None = "lab-laptop") -> None:

@@ -7,12 +7,10 @@ import argparse
 import os
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import add_archive_arguments, save_calibration
-from pytest_prefill.commands._args import non_negative_float, output_path
+from pytest_prefill.commands._archive_args import add_output_arguments, save_calibration
+from pytest_prefill.commands._args import non_negative_float
 from pytest_prefill.commands._measure_args import (
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
+    add_measuring_arguments,
     apply_threads,
     load,
     measured_origin,
@@ -20,12 +18,14 @@ from pytest_prefill.commands._measure_args import (
 )
 
 HELP = "measure prefill and decode costs on this machine and fit a cost model"
+SAVED = (
+    "also archive it as a run under --results/<machine key>/ (what --cost archive, "
+    "--prefill-cost archive, compare and runs read)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
-    add_timing_arguments(parser)
-    add_threads_argument(parser)
+    add_measuring_arguments(parser)
     parser.add_argument(
         "--point-budget",
         type=non_negative_float,
@@ -41,16 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time the engine's packed pass (default where the architecture has one: it can "
         "fuse a chunk with decode rows, for fusion_penalty) or the Hugging Face forward",
     )
-    parser.add_argument(
-        "--json", type=output_path, metavar="PATH", help="also write the calibration JSON here"
-    )
-    parser.add_argument(
-        "--save",
-        action="store_true",
-        help="also archive it as a run under --results/<machine key>/ (what --cost archive, "
-        "--prefill-cost archive, compare and runs read)",
-    )
-    add_archive_arguments(parser)
+    add_output_arguments(parser, "also write the calibration JSON here", SAVED)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,9 +9,7 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import output_path
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
+    add_measuring_arguments,
     apply_threads,
     load,
     positive_int,
@@ -23,9 +21,7 @@ HELP = "the falsifier: does chunked prefill shorten a live stream's worst token 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
-    add_timing_arguments(parser)
-    add_threads_argument(parser)
+    add_measuring_arguments(parser)
     parser.add_argument(
         "--prompt-len",
         type=positive_int,

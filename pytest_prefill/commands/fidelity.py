@@ -8,18 +8,23 @@ import argparse
 from typing import Any
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
-from pytest_prefill.commands._args import output_path
+from pytest_prefill.commands._archive_args import (
+    add_output_arguments,
+    save_tables,
+)
 from pytest_prefill.commands._measure_args import (
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
+    add_measuring_arguments,
     load,
     positive_int,
     progress,
 )
+from pytest_prefill.measure.models import DEFAULT_MODEL
 
 HELP = "run every policy for real and in the simulator; print the simulator's error"
+SAVED = (
+    "also archive the run under --results/<machine key>/ (tables, verdict, the whole result), "
+    "where runs and compare find it"
+)
 # The CPU default: a compute-bound Qwen3 shape (the tiny preset is interpreter-bound, and its
 # timings say more about Python than about the cost model's physics).
 DEFAULT_CPU_MODEL = "small"
@@ -33,9 +38,8 @@ def runs_type(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser, default=f"{DEFAULT_CPU_MODEL} on the CPU, qwen3-0.6b on CUDA")
+    add_measuring_arguments(parser, f"{DEFAULT_CPU_MODEL} on the CPU, {DEFAULT_MODEL} on CUDA")
     parser.set_defaults(model=None)
-    add_timing_arguments(parser)
     parser.add_argument(
         "--runs",
         type=runs_type,
@@ -56,28 +60,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="lab-scenario prompt length (repeatable; default 256, 1024, 2048)",
     )
-    add_threads_argument(parser)
     parser.add_argument(
         "--no-azure", action="store_true", help="skip the Poisson load with Azure conv lengths"
     )
-    parser.add_argument(
-        "--json", type=output_path, metavar="PATH", help="also write the result JSON here"
-    )
-    parser.add_argument(
-        "--save",
-        action="store_true",
-        help="also archive the run under --results/<machine key>/ (tables, verdict, the "
-        "whole result), where runs and compare find it",
-    )
-    add_archive_arguments(parser)
+    add_output_arguments(parser, "also write the result JSON here", SAVED)
 
 
 def run(args: argparse.Namespace) -> int:
     from pytest_prefill.lab import fidelity as fid
+    from pytest_prefill.lab.fidelity_result import THRESHOLD
     from pytest_prefill.report.fidelity import fidelity_report
 
     if args.model is None:
-        args.model = DEFAULT_CPU_MODEL if (args.device or "cpu") == "cpu" else "qwen3-0.6b"
+        args.model = DEFAULT_CPU_MODEL if (args.device or "cpu") == "cpu" else DEFAULT_MODEL
     loaded = load(args)
     result = fid.run_fidelity(
         loaded,
@@ -96,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         f"\n{'HOLDS' if result.passed else 'FAILS'}: median |relative error| "
         f"{result.median_abs_error:.1%} over {sum(c.judged for c in result.cells)} judged "
         f"cells (threshold "
-        f"{fid.THRESHOLD:.0%}){'' if result.passed else '; exit status 1'}"
+        f"{THRESHOLD:.0%}){'' if result.passed else '; exit status 1'}"
     )
     if args.json:
         write_json_atomic(args.json, result.to_dict())
@@ -108,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 def save_fidelity(args: argparse.Namespace, result: Any) -> Any:
     """Archive a fidelity run: its printed tables, its verdict, and the whole result."""
-    from pytest_prefill.lab import fidelity as fid
+    from pytest_prefill.lab.fidelity_result import THRESHOLD
     from pytest_prefill.report import fidelity as tables
 
     data = result.to_dict()
@@ -121,7 +116,7 @@ def save_fidelity(args: argparse.Namespace, result: Any) -> Any:
     ]
     sentence = (
         f"median |relative error| {result.median_abs_error:.1%} over the judged cells "
-        f"(threshold {fid.THRESHOLD:.0%}); all cells {result.median_abs_error_all:.1%}"
+        f"(threshold {THRESHOLD:.0%}); all cells {result.median_abs_error_all:.1%}"
     )
     verdict = ("fidelity", "HOLDS" if result.passed else "FAILS", sentence)
     return save_tables(args, result.provenance, rows, [verdict])

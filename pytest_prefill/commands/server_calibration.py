@@ -10,8 +10,8 @@ import asyncio
 import sys
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import add_archive_arguments, save_calibration
-from pytest_prefill.commands._args import output_path, positive_int
+from pytest_prefill.commands._archive_args import add_output_arguments, save_calibration
+from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
 from pytest_prefill.serve.experiments import warm_up
@@ -82,11 +82,11 @@ def profile_from_args(args: argparse.Namespace, target: Target) -> EngineProfile
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
     add_sweep_arguments(parser)
-    parser.add_argument(
-        "--json", type=output_path, metavar="PATH", help="write the calibration JSON"
+    add_output_arguments(
+        parser,
+        json_help="write the calibration JSON",
+        save_help="archive it as a run under --results",
     )
-    parser.add_argument("--save", action="store_true", help="archive it as a run under --results")
-    add_archive_arguments(parser)
 
 
 def progress(line: str) -> None:

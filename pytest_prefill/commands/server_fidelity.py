@@ -11,8 +11,11 @@ import math
 import sys
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
-from pytest_prefill.commands._args import output_path, positive_int
+from pytest_prefill.commands._archive_args import (
+    add_output_arguments,
+    save_tables,
+)
+from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.commands.server_calibration import (
     add_sweep_arguments,
@@ -21,7 +24,7 @@ from pytest_prefill.commands.server_calibration import (
     progress,
     sweep_from_args,
 )
-from pytest_prefill.plan.workloads import azure_trace_path
+from pytest_prefill.plan.traces import azure_trace_path
 from pytest_prefill.serve.experiments import warm_up
 from pytest_prefill.serve.fidelity import (
     DEFAULT_COUNT,
@@ -71,9 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or mix (a fixed mix of prompts 64-512); default azure-conv where the trace is found, "
         "else mix with a warning",
     )
-    parser.add_argument("--json", type=output_path, metavar="PATH", help="write the fidelity JSON")
-    parser.add_argument("--save", action="store_true", help="archive the tables and the verdict")
-    add_archive_arguments(parser)
+    add_output_arguments(
+        parser, json_help="write the fidelity JSON", save_help="archive the tables and the verdict"
+    )
 
 
 async def _fidelity(args: argparse.Namespace) -> ServerFidelity:

@@ -9,7 +9,6 @@ import datetime
 from pytest_prefill import __version__
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import (
-    add_lab_scenario_arguments,
     check_chunked_iterations,
     lab_scenario_given,
     output_path,
@@ -21,9 +20,9 @@ from pytest_prefill.commands._deploy_args import (
     check_deploy_args,
     deployed_cost,
 )
-from pytest_prefill.commands._engine_args import add_engine_argument, check_engine, engine_for
+from pytest_prefill.commands._engine_args import check_engine, engine_for
 from pytest_prefill.commands._measure_args import (
-    add_cost_argument,
+    add_lab_simulation_arguments,
     add_model_arguments,
     add_threads_argument,
     add_timing_arguments,
@@ -51,9 +50,7 @@ HELP = "simulate a workload (default: the lab scenario) under every policy; swee
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_cost_argument(parser)
-    add_lab_scenario_arguments(parser)
-    add_engine_argument(parser, "lab")
+    add_lab_simulation_arguments(parser)
     parser.add_argument(
         "--chunk",
         type=positive_int,

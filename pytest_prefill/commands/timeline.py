@@ -12,7 +12,6 @@ from typing import Any
 from pytest_prefill._io import ascii_float, write_atomic
 from pytest_prefill.commands._args import (
     MAX_TIMELINE_ITERATIONS,
-    add_lab_scenario_arguments,
     bounded_int,
     check_chunked_iterations,
     lab_scenario_given,
@@ -26,9 +25,9 @@ from pytest_prefill.commands._deploy_args import (
     check_deploy_args,
     deployed_spec,
 )
-from pytest_prefill.commands._engine_args import add_engine_argument, check_engine
+from pytest_prefill.commands._engine_args import check_engine
 from pytest_prefill.commands._measure_args import (
-    add_cost_argument,
+    add_lab_simulation_arguments,
     add_model_arguments,
     add_threads_argument,
     add_timing_arguments,
@@ -36,7 +35,7 @@ from pytest_prefill.commands._measure_args import (
 )
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
-from pytest_prefill.plan.sweep import lab_timeline
+from pytest_prefill.plan.sweep import LabTimeline, lab_timeline
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.png import need_matplotlib, svg_to_png
 from pytest_prefill.report.timeline import (
@@ -113,9 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "trace events (open it in https://ui.perfetto.dev to zoom); any other extension is "
         "an error",
     )
-    add_cost_argument(parser)
-    add_lab_scenario_arguments(parser)
-    add_engine_argument(parser, "lab")
+    add_lab_simulation_arguments(parser)
     parser.add_argument(
         "--chunk",
         type=positive_int,
@@ -208,7 +205,8 @@ def _check_trace_items(items: int, out: str) -> None:
         )
 
 
-def run(args: argparse.Namespace) -> int:
+def _simulated(args: argparse.Namespace) -> LabTimeline:
+    """The lab scenario under the three designs, as the flags ask (checked first)."""
     if not hasattr(args, "profile"):
         check(args)
     spec = resolve_cost_args(args)
@@ -221,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         [args.chunk or default_chunk(spec.cost, args.prompt_len)],
         MAX_TIMELINE_ITERATIONS,
     )
-    drawn = lab_timeline(
+    return lab_timeline(
         spec.cost,
         spec.source,
         streams=args.streams,
@@ -231,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
         refused=spec.refused,
         engine=args.profile,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    drawn = _simulated(args)
     traces, chunk, title = list(drawn.traces), drawn.chunk, drawn.title
     window = args.window or ((0.0, args.until) if args.until else focus_window(traces, "long"))
     # render everything before writing or printing anything, so bad input leaves no half output

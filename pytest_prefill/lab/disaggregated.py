@@ -203,16 +203,16 @@ def _measure(packed: Any, role: str, spec: dict[str, Any]) -> list[Any]:
     """The calibrator's sweeps for this worker's own work, timed in this process on its cores:
     prefill and chunk passes on the prefill worker, decode steps on the decode worker."""
     from pytest_prefill.lab.packed import PackedRunner
-    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
 
     runner = PackedRunner(packed, seed=spec["seed"])
     timing = {"repeats": spec["repeats"], "warmup": spec["warmup"]}
     if role == "prefill":
-        budget = cal.Budget(spec["budget"], spec["repeats"] + spec["warmup"])
-        points = cal.measure_prefill(runner, spec["prompt_lens"], budget=budget, **timing)
-        return points + cal.measure_chunks(runner, spec["chunks"], budget=budget, **timing)
-    kv = cal.measure_decode_kv(runner, spec["cache_lens"], rows=spec["kv_rows"], **timing)
-    return kv + cal.measure_decode_batch(
+        budget = sweeps.Budget(spec["budget"], spec["repeats"] + spec["warmup"])
+        points = sweeps.measure_prefill(runner, spec["prompt_lens"], budget=budget, **timing)
+        return points + sweeps.measure_chunks(runner, spec["chunks"], budget=budget, **timing)
+    kv = sweeps.measure_decode_kv(runner, spec["cache_lens"], rows=spec["kv_rows"], **timing)
+    return kv + sweeps.measure_decode_batch(
         runner, spec["batch_sizes"], context=spec["batch_context"], **timing
     )
 

@@ -149,23 +149,33 @@ def pick_chunk(
     return min(picked, prompt_len), source, calibration
 
 
+@dataclasses.dataclass(frozen=True)
+class GapSetup:
+    """What every gap measurement shares: the arriving prompt, the chunk tested, the live
+    stream's cached tokens, and the timing (repeats, warmup, the runner's seed)."""
+
+    prompt_len: int
+    chunk: int
+    stream_context: int
+    repeats: int
+    warmup: int
+    seed: int
+
+    @property
+    def timing(self) -> dict[str, int]:
+        return {"repeats": self.repeats, "warmup": self.warmup}
+
+
 def hf_gaps(
-    loaded: Any,
-    prompt_len: int,
-    chunk: int,
-    stream_context: int,
-    *,
-    repeats: int,
-    warmup: int,
-    seed: int,
-    progress: Progress | None = None,
+    loaded: Any, setup: GapSetup, progress: Progress | None = None
 ) -> tuple[Measurement, Measurement, Measurement]:
     """The live stream's gap on the HF forward: its decode step alone, behind a whole prefill,
     and behind the prompt's last chunk (run one after the other, unfused)."""
     from pytest_prefill.measure.runner import ModelRunner, rewind
 
-    runner = ModelRunner(loaded, seed=seed)
-    stream = runner.decode_batch([stream_context])
+    prompt_len, chunk, timing = setup.prompt_len, setup.chunk, setup.timing
+    runner = ModelRunner(loaded, seed=setup.seed)
+    stream = runner.decode_batch([setup.stream_context])
     stream_ids, prompt_ids, chunk_ids = (
         runner.tokens(1),
         runner.tokens(prompt_len),
@@ -173,7 +183,6 @@ def hf_gaps(
     )
     context = prompt_len - chunk  # the prompt's last chunk: the longest context, the worst gap
     prompt_cache = runner.synthetic_cache(context) if context else None
-    timing = {"repeats": repeats, "warmup": warmup}
 
     def say(text: str) -> None:
         if progress is not None:
@@ -239,83 +248,75 @@ def measure_falsifier(
 
     check_arguments(loaded, prompt_len, chunk, stream_context)
     repeats, warmup = cal.effective_repeats(repeats, warmup, dry_run)
-    timing = {"repeats": repeats, "warmup": warmup, "dry_run": dry_run, "seed": seed}
+    timing: dict[str, Any] = {
+        "repeats": repeats,
+        "warmup": warmup,
+        "dry_run": dry_run,
+        "seed": seed,
+    }
     chosen, source, calibration = pick_chunk(
         loaded, prompt_len, chunk, cost, {**timing, "progress": progress}
     )
-    gaps: dict[str, Any] = {
-        "repeats": repeats,
-        "warmup": warmup,
-        "seed": seed,
-        "progress": progress,
-    }
-    baseline, shared, chunked = hf_gaps(loaded, prompt_len, chosen, stream_context, **gaps)
-    kv_points = _kv_points(loaded, calibration, gaps)
-    engine = engine_gaps(loaded, prompt_len, chosen, stream_context, **gaps)
+    setup = GapSetup(prompt_len, chosen, stream_context, repeats, warmup, seed)
+    baseline, shared, chunked = hf_gaps(loaded, setup, progress)
+    kv_points = _kv_points(loaded, calibration, setup, progress)
+    engine = engine_gaps(loaded, setup, progress)
     outcome, line = (
         verdict(shared, chunked) if engine is None else verdict(engine["shared"], engine["fused"])
     )
     if engine is not None:
         line += " [Judged on the engine's figures: the chunk fused with the decode step.]"
     info = cal.provenance(
-        loaded,
-        repeats=repeats,
-        warmup=warmup,
-        dry_run=dry_run,
-        seed=seed,
-        prompt_len=prompt_len,
-        chunk=chosen,
-        stream_context=stream_context,
+        loaded, **timing, prompt_len=prompt_len, chunk=chosen, stream_context=stream_context
     )
     return FalsifierResult(
-        CLAIM, outcome, line, prompt_len, chosen, source, stream_context, baseline, shared,
-        chunked, info, calibration, kv_points, engine,
-    )  # fmt: skip
+        claim=CLAIM,
+        verdict=outcome,
+        verdict_line=line,
+        prompt_len=prompt_len,
+        chunk=chosen,
+        chunk_source=source,
+        stream_context=stream_context,
+        baseline=baseline,
+        shared=shared,
+        chunked=chunked,
+        provenance=info,
+        calibration=calibration,
+        kv_points=kv_points,
+        engine=engine,
+    )
 
 
-def _kv_points(loaded: Any, calibration: Any, timing: dict[str, Any]) -> tuple[Any, ...]:
+def _kv_points(
+    loaded: Any, calibration: Any, setup: GapSetup, progress: Progress | None
+) -> tuple[Any, ...]:
     """The decode step per cached-token count: the quick calibration's, else measured now."""
-    from pytest_prefill.measure import calibrate as cal
+    from pytest_prefill.measure import sweep as sweeps
     from pytest_prefill.measure.runner import ModelRunner
 
     if calibration is not None:
         return tuple(calibration.points("decode_kv"))
-    caches = tuple(sorted({min(n, loaded.max_context - 1) for n in cal.DEFAULT_CACHE_LENS}))
-    runner = ModelRunner(loaded, seed=timing["seed"])
-    return tuple(
-        cal.measure_decode_kv(
-            runner,
-            caches,
-            repeats=timing["repeats"],
-            warmup=timing["warmup"],
-            progress=timing["progress"],
-        )
-    )
+    caches = tuple(sorted({min(n, loaded.max_context - 1) for n in sweeps.DEFAULT_CACHE_LENS}))
+    runner = ModelRunner(loaded, seed=setup.seed)
+    return tuple(sweeps.measure_decode_kv(runner, caches, **setup.timing, progress=progress))
 
 
 def engine_gaps(
-    loaded: Any,
-    prompt_len: int,
-    chunk: int,
-    stream_context: int,
-    *,
-    repeats: int,
-    warmup: int,
-    seed: int,
-    progress: Progress | None = None,
+    loaded: Any, setup: GapSetup, progress: Progress | None = None
 ) -> dict[str, Measurement] | None:
     """Baseline, shared and fused-chunk gaps on the packed pass; None if it cannot run it."""
     from pytest_prefill.lab.packed import PackedRunner
 
     try:
-        runner = PackedRunner(loaded.model, seed=seed)
+        runner = PackedRunner(loaded.model, seed=setup.seed)
     except ValueError as err:  # an architecture the packed pass does not implement
         if progress is not None:
             progress(f"fused figure not measured: {err}")
         return None
-    gaps = runner.time_gaps(prompt_len, chunk, stream_context, repeats=repeats, warmup=warmup)
+    gaps = runner.time_gaps(setup.prompt_len, setup.chunk, setup.stream_context, **setup.timing)
     if progress is not None:
         progress(
-            f"engine: decode step fused with one {chunk}-token chunk: {ms(gaps['fused'].median)} ms"
+            f"engine: decode step fused with one {setup.chunk}-token chunk: "
+            f"{ms(gaps['fused'].median)} ms"
         )
     return gaps

@@ -5,36 +5,26 @@ spread. Nothing here prints (progress goes to a callable); torch is imported laz
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import math
 import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill._io import json_number
+from pytest_prefill.lab.fidelity_result import (
+    METRICS,
+    Cell,
+    FidelityResult,
+    Scenario,
+    iteration_errors,
+    judged,
+)
 from pytest_prefill.sim import (
     POLICIES,
     CostModel,
-    Request,
     check_int,
-    iteration_cost,
-    percentile,
     simulate,
 )
 
-KIND = "pytest-prefill/fidelity"
-SCHEMA_VERSION = 2
-# The benchmark fails when the median |relative error| over the judged cells (every
-# (scenario, policy, metric) but the max stalls the policy does not cause; see ``judged``)
-# exceeds this.
-THRESHOLD = 0.10
-METRICS = ("ttft_p50", "ttft_p99", "max_stall", "makespan", "gpu_seconds")
-# Max stall is judged only where the simulator says the policy causes a stall: at least this
-# many times its own median token gap. Elsewhere the simulated stall is one more decode step,
-# and the measured one is the largest of hundreds of noisy gaps: the machine's jitter (a
-# preemption, a page fault), which the cost model does not claim to predict.
-STALL_JUDGED_RATIO = 2.0
 MIN_RUNS = 3
 DEFAULT_PROMPT_LENS = (256, 1024, 2048)
 DEFAULT_CHUNK = 256
@@ -49,98 +39,6 @@ Progress = Callable[[str], object]
 def _say(progress: Progress | None, text: str) -> None:
     if progress is not None:
         progress(text)
-
-
-@dataclasses.dataclass(frozen=True)
-class Scenario:
-    name: str
-    load: tuple[Request, ...]
-    note: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """One (scenario, policy, metric): the simulated value and the measured runs (seconds);
-    ``judged`` is False for a value reported but not held against the model."""
-
-    scenario: str
-    policy: str
-    metric: str
-    simulated: float
-    runs: tuple[float, ...]
-    judged: bool = True
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.runs)
-
-    @property
-    def minimum(self) -> float:
-        return min(self.runs)
-
-    @property
-    def maximum(self) -> float:
-        return max(self.runs)
-
-    @property
-    def relative_error(self) -> float:
-        """(simulated - measured median) / measured median."""
-        return (self.simulated - self.median) / self.median if self.median > 0 else math.nan
-
-    @property
-    def spread(self) -> float:
-        """Run-to-run spread relative to the median: (max - min) / median."""
-        return (self.maximum - self.minimum) / self.median if self.median > 0 else math.nan
-
-    @property
-    def within_spread(self) -> bool:
-        return self.minimum <= self.simulated <= self.maximum
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "policy": self.policy,
-            "metric": self.metric,
-            "simulated": self.simulated,
-            "measured_median": self.median,
-            "measured_min": self.minimum,
-            "measured_max": self.maximum,
-            "runs": list(self.runs),
-            "relative_error": json_number(self.relative_error),
-            "spread": json_number(self.spread),
-            "within_spread": self.within_spread,
-            "judged": self.judged,
-        }
-
-
-def judged(metric: str, simulated: Any) -> bool:
-    """Whether a cell of ``metric`` is held against the model, given the simulated summary
-    (see ``STALL_JUDGED_RATIO``)."""
-    if metric != "max_stall":
-        return True
-    return simulated.max_stall >= STALL_JUDGED_RATIO * simulated.tbt_p50
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | int]:
-    """Median and nearest-rank 10th/90th percentiles of ``values`` (and how many)."""
-    return {
-        "median": statistics.median(values),
-        "p10": percentile(values, 10),
-        "p90": percentile(values, 90),
-        "count": len(values),
-    }
-
-
-def iteration_errors(trace: Any, cost: CostModel) -> dict[str, list[float]]:
-    """Per iteration kind, (measured - predicted) / predicted for every iteration of a real
-    run, the prediction being the cost model's for that exact composition: separates the cost
-    model's error from the scheduling's (which the fake-clock engine shows to be exact)."""
-    out: dict[str, list[float]] = {}
-    for e in trace.events:
-        predicted = iteration_cost(e, cost)
-        if predicted > 0:
-            out.setdefault(e.kind, []).append((e.duration - predicted) / predicted)
-    return out
 
 
 def policies_for(device: Any, cuda_devices: int = 0) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -172,7 +70,8 @@ def scenarios(
 ) -> tuple[list[Scenario], list[str]]:
     """The lab scenario at each prompt length, and a Poisson load with Azure conv lengths.
     Returns the scenarios and the reasons for any that were skipped."""
-    from pytest_prefill.plan.workloads import azure_trace_path, lab_scenario
+    from pytest_prefill.plan.traces import azure_trace_path
+    from pytest_prefill.plan.workloads import lab_scenario
 
     out = [
         Scenario(
@@ -195,7 +94,8 @@ def scenarios(
 
 
 def _poisson(cost: CostModel, path: Any, top: int, seed: int, count: int) -> Scenario:
-    from pytest_prefill.plan.workloads import load_azure, poisson
+    from pytest_prefill.plan.traces import load_azure
+    from pytest_prefill.plan.workloads import poisson
 
     trace = load_azure(path, limit=2000)
     prompts = [min(r.prompt_len, top) for r in trace]
@@ -214,98 +114,6 @@ def _poisson(cost: CostModel, path: Any, top: int, seed: int, count: int) -> Sce
         f"{POISSON_MAX_SPAN:.0f} s); prompt and output lengths drawn from the first 2,000 Azure "
         f"conv requests, prompts capped at {top}, outputs divided by {AZURE_OUTPUT_SCALE}",
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class FidelityResult:
-    """Everything a fidelity run measured and predicted. ``calibrations``: "single worker"
-    (and "disaggregated worker" when that policy ran) -> ``calibrate.Calibration``; ``link``
-    the measured KV link (None when disaggregation did not run); ``not_run``: policy -> the
-    reason; ``quiet``: the quiet-machine probe (``quiet.Quietness``) taken before timing;
-    ``iterations``: policy -> iteration kind -> relative error of every real iteration."""
-
-    cells: tuple[Cell, ...]
-    scenarios: tuple[Scenario, ...]
-    skipped: tuple[str, ...]
-    not_run: Mapping[str, str]
-    calibrations: Mapping[str, Any]
-    link: Any
-    transfers: tuple[float, ...]
-    setups: Mapping[str, str]
-    chunk: int
-    runs: int
-    provenance: Mapping[str, Any]
-    iterations: Mapping[str, Mapping[str, tuple[float, ...]]]
-    quiet: Any
-
-    def _errors(self, cells: Sequence[Cell]) -> list[float]:
-        return [abs(c.relative_error) for c in cells if math.isfinite(c.relative_error)]
-
-    @property
-    def median_abs_error(self) -> float:
-        """Median |relative error| over the judged cells: the figure the threshold applies to."""
-        errors = self._errors([c for c in self.cells if c.judged])
-        return statistics.median(errors) if errors else math.nan
-
-    @property
-    def median_abs_error_all(self) -> float:
-        """The same over every cell, judged or not (reported beside it)."""
-        errors = self._errors(self.cells)
-        return statistics.median(errors) if errors else math.nan
-
-    @property
-    def passed(self) -> bool:
-        return self.median_abs_error <= THRESHOLD
-
-    def by(self, field: str, *, only_judged: bool = True) -> dict[str, float]:
-        """Median |relative error| grouped by ``field`` (scenario, policy or metric)."""
-        groups: dict[str, list[float]] = {}
-        for c in self.cells:
-            if math.isfinite(c.relative_error) and (c.judged or not only_judged):
-                groups.setdefault(getattr(c, field), []).append(abs(c.relative_error))
-        return {k: statistics.median(v) for k, v in groups.items()}
-
-    def weakest(self, n: int = 5) -> list[Cell]:
-        finite = [c for c in self.cells if c.judged and math.isfinite(c.relative_error)]
-        return sorted(finite, key=lambda c: -abs(c.relative_error))[:n]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": KIND,
-            "schema_version": SCHEMA_VERSION,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "threshold": THRESHOLD,
-            "median_abs_relative_error": json_number(self.median_abs_error),
-            "median_abs_relative_error_all_cells": json_number(self.median_abs_error_all),
-            "passed": self.passed,
-            "quiet": self.quiet.to_dict() if self.quiet is not None else None,
-            "chunk": self.chunk,
-            "runs": self.runs,
-            "provenance": dict(self.provenance),
-            "setups": dict(self.setups),
-            "not_run": dict(self.not_run),
-            "scenarios": [
-                {
-                    "name": s.name,
-                    "note": s.note,
-                    "requests": [dataclasses.asdict(r) for r in s.load],
-                }
-                for s in self.scenarios
-            ],
-            "skipped": list(self.skipped),
-            "cells": [c.to_dict() for c in self.cells],
-            "error_by_policy": self.by("policy"),
-            "error_by_metric": self.by("metric"),
-            "error_by_metric_all_cells": self.by("metric", only_judged=False),
-            "error_by_scenario": self.by("scenario"),
-            "calibrations": {k: v.to_dict() for k, v in self.calibrations.items()},
-            "link": self.link.to_dict() if self.link is not None else None,
-            "transfers": list(self.transfers),
-            "iteration_errors": {
-                policy: {kind: percentiles(v) for kind, v in kinds.items()}
-                for policy, kinds in self.iterations.items()
-            },
-        }
 
 
 @dataclasses.dataclass
@@ -333,10 +141,20 @@ class _Runs:
             p: {k: tuple(v) for k, v in kinds.items()} for p, kinds in self.iterations.items()
         }
         return FidelityResult(
-            tuple(cells), tuple(chosen), tuple(skipped), not_run, calibrations, link,
-            tuple(self.transfers), self.setups, provenance["chunk"], provenance["runs"],
-            provenance, iterations, quiet,
-        )  # fmt: skip
+            cells=tuple(cells),
+            scenarios=tuple(chosen),
+            skipped=tuple(skipped),
+            not_run=not_run,
+            calibrations=calibrations,
+            link=link,
+            transfers=tuple(self.transfers),
+            setups=self.setups,
+            chunk=provenance["chunk"],
+            runs=provenance["runs"],
+            provenance=provenance,
+            iterations=iterations,
+            quiet=quiet,
+        )
 
     def add(self, scenario: str, policy: str, run: Any, cost: CostModel) -> None:
         self.summaries.setdefault((scenario, policy), []).append(run.trace.summary())
@@ -471,22 +289,6 @@ def _disaggregated(
     return gathered, link
 
 
-def _run_everything(
-    loaded: Any,
-    chosen: Sequence[Scenario],
-    policies: Sequence[str],
-    calibrations: dict[str, Any],
-    settings: dict[str, Any],
-    timing: dict[str, Any],
-) -> tuple[_Runs, Any]:
-    """Every scenario under every policy, for real: (what was gathered, the KV link or None).
-    Disaggregation calibrates its own workers (added to ``calibrations``) before it runs."""
-    if "disaggregated" in policies:
-        return _disaggregated(loaded, chosen, policies, calibrations, settings, timing)
-    costs = {"single worker": calibrations["single worker"].cost}
-    return run_policies(chosen, policies, loaded.model, costs, **settings), None
-
-
 def run_fidelity(
     loaded: Any,
     *,
@@ -546,19 +348,14 @@ def run_fidelity(
         )
     calibrations = {"single worker": single}
     chosen, skipped = scenarios(single.cost, prompt_lens=prompt_lens, azure=azure, seed=seed)
-    settings: dict[str, Any] = {
-        "runs": runs,
-        "chunk": chunk,
-        "seed": seed,
-        "cores": cores,
-        "threads": threads,
-        "progress": progress,
-    }
-    gathered, link = _run_everything(loaded, chosen, policies, calibrations, settings, timing)
-    info = cal.provenance(
-        loaded, **timing, runs=runs, chunk=chunk, cores=cores, threads=threads,
-        prompt_lens=list(prompt_lens),
-    )  # fmt: skip
+    shape: dict[str, Any] = {"runs": runs, "chunk": chunk, "cores": cores, "threads": threads}
+    settings: dict[str, Any] = {**shape, "seed": seed, "progress": progress}
+    if "disaggregated" in policies:  # it calibrates its own workers (added to calibrations)
+        gathered, link = _disaggregated(loaded, chosen, policies, calibrations, settings, timing)
+    else:
+        costs = {"single worker": single.cost}
+        gathered, link = run_policies(chosen, policies, loaded.model, costs, **settings), None
+    info = cal.provenance(loaded, **timing, **shape, prompt_lens=list(prompt_lens))
     costs = {name: c.cost for name, c in calibrations.items()}
     cells = cells_of(chosen, policies, costs, gathered.summaries, chunk)
     return gathered.result(cells, chosen, skipped, not_run, calibrations, link, info, quiet)

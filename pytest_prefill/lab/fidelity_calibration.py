@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pytest_prefill.measure import calibrate as cal
+from pytest_prefill.measure import sweep as sweeps
 from pytest_prefill.units import ms_spread
 
 LINK_PROMPT_LENS = (128, 512, 2048)
@@ -55,11 +56,11 @@ def pinned(cores: Sequence[int], threads: int, *, on_cpu: bool = True) -> Iterat
 def fidelity_sweep(
     prompt_lens: Sequence[int], chunk: int, *, on_cuda: bool = False
 ) -> dict[str, Any]:
-    """``calibrate.plan_sweep`` arguments covering what the scenarios run: prefill passes up to
+    """``sweep.plan_sweep`` arguments covering what the scenarios run: prefill passes up to
     the longest prompt, chunks of ``chunk`` over the contexts a chunked prompt passes through,
     fused passes of a chunk (or a whole prompt, coscheduled) with a few decode rows."""
     longest = max(prompt_lens)
-    defaults = cal.CUDA_PROMPT_LENS if on_cuda else cal.CPU_PROMPT_LENS
+    defaults = sweeps.CUDA_PROMPT_LENS if on_cuda else sweeps.CPU_PROMPT_LENS
     prompts = sorted({p for p in defaults if p <= longest} | set(prompt_lens))
     contexts = sorted(
         {c for c in (chunk, longest // 2, longest - chunk) if 0 < c <= longest - chunk}
@@ -174,7 +175,8 @@ def calibrate_workers(
     """The disaggregated workers' cost model: the calibrator's sweeps run by the workers
     themselves, both at once (prefill and chunk passes on the prefill worker, decode steps on
     the decode worker), fitted by the calibrator, with the ``link``."""
-    plan = cal.plan_sweep(
+    timing = {"repeats": repeats, "warmup": warmup, "seed": seed}
+    plan = sweeps.plan_sweep(
         loaded,
         prompt_lens=sweep["prompt_lens"],
         chunks=sweep["chunks"],
@@ -190,9 +192,7 @@ def calibrate_workers(
         "kv_rows": plan.kv_rows,
         "batch_sizes": plan.batch_sizes,
         "batch_context": plan.batch_context,
-        "repeats": repeats,
-        "warmup": warmup,
-        "seed": seed,
+        **timing,
     }
     points = pool.calibration_points(spec)
     for p in points:
@@ -203,10 +203,8 @@ def calibrate_workers(
     cost = dataclasses.replace(fit.cost, link_latency=link.latency, link_bandwidth=link.bandwidth)
     info = cal.provenance(
         loaded,
-        repeats=repeats,
-        warmup=warmup,
+        **timing,
         dry_run=dry_run,
-        seed=seed,
         runner="engine packed pass, inside the disaggregated worker processes, both at once",
         setup=pool.setup,
         sweep=dataclasses.replace(plan, fused=()).to_dict(),

@@ -108,36 +108,21 @@ class Arrivals(Protocol):
         ...
 
 
-class TickArrivals:
-    """Arrivals at exact ticks on a :class:`FakeClock`, compared with its ticks as the
-    simulator compares them: ``(ticks, request)`` in time order."""
-
-    def __init__(self, schedule: Sequence[tuple[int, Request]], clock: FakeClock) -> None:
-        self.schedule, self.clock, self.i = list(schedule), clock, 0
-
-    def ready(self, now: float) -> list[Request]:
-        out = []
-        while self.i < len(self.schedule) and self.schedule[self.i][0] <= self.clock.ticks:
-            out.append(self.schedule[self.i][1])
-            self.i += 1
-        return out
-
-    def wait(self, clock: Clock) -> bool:
-        if self.i >= len(self.schedule):
-            return False
-        self.clock.ticks = max(self.clock.ticks, self.schedule[self.i][0])
-        return True
-
-
 class ScheduledArrivals:
     """Arrivals known in advance: ``(time, request)`` in time order."""
 
     def __init__(self, schedule: Sequence[tuple[float, Request]]) -> None:
         self.schedule, self.i = list(schedule), 0
 
+    def due(self, when: float, now: float) -> bool:
+        return when <= now
+
+    def advance(self, clock: Clock, when: float) -> None:
+        clock.wait_until(when)
+
     def ready(self, now: float) -> list[Request]:
         out = []
-        while self.i < len(self.schedule) and self.schedule[self.i][0] <= now:
+        while self.i < len(self.schedule) and self.due(self.schedule[self.i][0], now):
             out.append(self.schedule[self.i][1])
             self.i += 1
         return out
@@ -145,8 +130,23 @@ class ScheduledArrivals:
     def wait(self, clock: Clock) -> bool:
         if self.i >= len(self.schedule):
             return False
-        clock.wait_until(self.schedule[self.i][0])
+        self.advance(clock, self.schedule[self.i][0])
         return True
+
+
+class TickArrivals(ScheduledArrivals):
+    """Arrivals at exact ticks on a :class:`FakeClock`, compared with its ticks as the
+    simulator compares them: ``(ticks, request)`` in time order."""
+
+    def __init__(self, schedule: Sequence[tuple[int, Request]], clock: FakeClock) -> None:
+        super().__init__(schedule)
+        self.clock = clock
+
+    def due(self, when: float, now: float) -> bool:
+        return when <= self.clock.ticks
+
+    def advance(self, clock: Clock, when: float) -> None:
+        self.clock.ticks = max(self.clock.ticks, int(when))
 
 
 def drive(

@@ -5,30 +5,26 @@ and record the KV capacity. Nothing here prints (progress goes to a callable); t
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import math
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pytest_prefill.machine import cpu_model
 from pytest_prefill.measure.calibration_document import (
     Calibration,
 )
-from pytest_prefill.measure.calibration_fit import (
-    Point,
-    Refusal,
-    fit_cost_model,
-)
+from pytest_prefill.measure.calibration_fit import fit_cost_model
+from pytest_prefill.measure.calibration_points import Point, Refusal
 from pytest_prefill.measure.quiet import settle
-from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP, Measurement
+from pytest_prefill.measure.sweep import measure_sweep, plan_sweep, say
+from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 from pytest_prefill.plan.advice import (
     chunk_star_text,
     recommend,
 )
 from pytest_prefill.sim import check_int
-from pytest_prefill.units import ms_spread
 
 __all__ = [
     "Calibration",
@@ -41,25 +37,8 @@ __all__ = [
 ]
 
 
-# Prompt lengths wide enough to show attention's curvature (on CUDA up to 16k where the model
-# allows); chunks of 256 and 1,024 new tokens over 2k and 8k cached tokens (context 0 is the
-# prefill sweep); fused passes of a chunk with decode rows (runners with ``time_fused``).
-CPU_PROMPT_LENS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
-CUDA_PROMPT_LENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-DEFAULT_CHUNKS = ((256, 2048), (1024, 2048), (256, 8192), (1024, 8192))
-DEFAULT_FUSED = tuple(
-    (tokens, context, rows) for tokens in (32, 128, 512) for context in (0, 2048) for rows in (1, 8)
-)
-FUSED_ROW_CONTEXT = 512  # cached tokens of each decode row in a fused pass
-DEFAULT_CACHE_LENS = (128, 1024, 4096, 16384)
-DEFAULT_KV_ROWS = 1  # rows of the decode steps in the cache-length sweep
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
-BATCH_CACHE_LEN = 128  # cached tokens per sequence in the batch sweep
 DRY_RUN_REPEATS = 3  # --dry-run caps repeats and warmup here; it never shortens a prompt
 DRY_RUN_WARMUP = 1
-# A prefill or chunk point predicted to take longer than this (all its calls) is skipped and
-# the skip recorded: a 0.6B model on one CPU core would otherwise take hours at 16k tokens.
-POINT_BUDGET = 60.0
 # On CUDA the KV capacity is the free memory after the weights, less this fraction of the
 # device kept for activations and the allocator (vLLM's default gpu_memory_utilization 0.9).
 KV_HEADROOM_FRACTION = 0.10
@@ -176,328 +155,6 @@ def device_kv_tokens(
     return float(tokens), f"{tokens:,} tokens of {kv_bytes_per_token:,.0f} bytes: {where}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-    """What a calibration measures: prefill lengths, chunks (new tokens, context), decode cache
-    lengths and batch sizes, fused passes (tokens, context, rows; each row ``row_context``
-    cached), and the per-point time budget in seconds."""
-
-    prompt_lens: tuple[int, ...]
-    chunks: tuple[tuple[int, int], ...]
-    cache_lens: tuple[int, ...]
-    batch_sizes: tuple[int, ...]
-    batch_context: int
-    fused: tuple[tuple[int, int, int], ...]
-    row_context: int = FUSED_ROW_CONTEXT
-    budget: float = POINT_BUDGET
-    kv_rows: int = DEFAULT_KV_ROWS
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "prompt_lens": list(self.prompt_lens),
-            "chunks": [list(c) for c in self.chunks],
-            "cache_lens": list(self.cache_lens),
-            "batch_sizes": list(self.batch_sizes),
-            "batch_context": self.batch_context,
-            "fused": [list(f) for f in self.fused],
-            "row_context": self.row_context,
-            "budget_seconds": self.budget,
-            "kv_rows": self.kv_rows,
-        }
-
-
-def _lengths(field: str, values: Sequence[int], limit: int) -> tuple[int, ...]:
-    checked = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{field} must be positive integers, got {v!r}")
-        checked.append(min(v, limit))
-    return tuple(sorted(set(checked)))
-
-
-def _tuples(field: str, values: Sequence[Sequence[int]], size: int) -> tuple[Any, ...]:
-    out = []
-    for v in values:
-        if len(v) != size or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in v):
-            raise ValueError(f"{field} must hold {size}-tuples of integers >= 0, got {v!r}")
-        if v[0] < 1:
-            raise ValueError(f"{field}: a pass needs at least one new token, got {v!r}")
-        out.append(tuple(v))
-    return tuple(out)
-
-
-def plan_sweep(
-    loaded: Any,
-    *,
-    prompt_lens: Sequence[int] | None = None,
-    chunks: Sequence[Sequence[int]] | None = None,
-    cache_lens: Sequence[int] | None = None,
-    batch_sizes: Sequence[int] | None = None,
-    batch_context: int | None = None,
-    fused: Sequence[Sequence[int]] | None = None,
-    budget: float | None = None,
-    kv_rows: int | None = None,
-) -> Sweep:
-    """The sweep for ``loaded``: the defaults for its device where an argument is None, every
-    length within the model's context (a pass that would not fit is dropped).
-
-    Raises:
-        ValueError: for fewer than 4 distinct prompt lengths, bad lengths or tuples, or a
-            budget that is not a positive number.
-    """
-    on_cuda = getattr(loaded.device, "type", str(loaded.device)).startswith("cuda")
-    limit = loaded.max_context - 1  # room for the token a decode step appends
-    default_prompts = CUDA_PROMPT_LENS if on_cuda else CPU_PROMPT_LENS
-    prompt_lens = default_prompts if prompt_lens is None else prompt_lens
-    prompts = _lengths("prompt_lens", prompt_lens, loaded.max_context)
-    if len(prompts) < 4:
-        raise ValueError(
-            f"prompt_lens must hold 4 or more distinct lengths within the model's "
-            f"context ({loaded.max_context}), got {list(prompt_lens)!r}"
-        )
-    chunk_list = _tuples("chunks", DEFAULT_CHUNKS if chunks is None else chunks, 2)
-    fused_list = _tuples("fused", DEFAULT_FUSED if fused is None else fused, 3)
-    caches = _lengths("cache_lens", DEFAULT_CACHE_LENS if cache_lens is None else cache_lens, limit)
-    if not caches:
-        raise ValueError("cache_lens must hold at least one length")
-    batches = _lengths(
-        "batch_sizes", DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes, 2**31
-    )
-    context = _lengths(
-        "batch_context", [BATCH_CACHE_LEN if batch_context is None else batch_context], limit
-    )[0]
-    budget = POINT_BUDGET if budget is None else budget
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-        raise ValueError(f"budget must be a number of seconds > 0, got {budget!r}")
-    rows = DEFAULT_KV_ROWS if kv_rows is None else kv_rows
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"kv_rows must be an integer >= 1, got {rows!r}")
-    return Sweep(
-        prompts,
-        tuple(c for c in chunk_list if c[0] + c[1] <= limit),
-        caches,
-        batches,
-        context,
-        tuple(f for f in fused_list if f[0] + f[1] <= limit and f[2] >= 1),
-        min(FUSED_ROW_CONTEXT, limit),
-        float(budget),
-        rows,
-    )
-
-
-class Budget:
-    """Predicts a pass's time from the prefill passes measured so far, to skip the ones that
-    would exceed the per-point budget. Deliberately rough and on the high side: a doubling is
-    taken to cost 3x (between linear and quadratic)."""
-
-    def __init__(self, seconds: float, calls: int) -> None:
-        self.seconds, self.calls = seconds, calls
-        self.passes: list[tuple[int, float]] = []
-
-    def record(self, tokens: int, seconds: float) -> None:
-        self.passes.append((tokens, seconds))
-
-    def predict(self, tokens: int, context: int = 0) -> float:
-        """Seconds one pass of ``tokens`` over ``context`` cached tokens may take (0 when
-        nothing has been measured yet)."""
-        if not self.passes:
-            return 0.0
-        known, seconds = max(self.passes)
-        whole = tokens + context
-        ratio = whole / known
-        estimate = seconds * (ratio * (1 + ratio) / 2 if ratio > 1 else ratio)
-        return estimate * (tokens / whole) * (2 if context else 1)
-
-    def over(self, tokens: int, context: int = 0) -> str:
-        """Why this point is skipped ('' when it fits the budget)."""
-        expected = self.predict(tokens, context) * self.calls
-        if expected <= self.seconds:
-            return ""
-        what = f"{tokens:,} tokens" + (f" over {context:,}" if context else "")
-        return (
-            f"{what}: skipped, about {expected:,.0f} s for {self.calls} calls exceeds the "
-            f"{self.seconds:g} s budget per point (--point-budget)"
-        )
-
-
-def _say(progress: Progress | None, text: str) -> None:
-    if progress is not None and text:
-        progress(text)
-
-
-def _summary(m: Measurement) -> str:
-    return ms_spread(m.median, m.minimum, m.maximum)
-
-
-def measure_prefill(
-    runner: Any,
-    prompt_lens: Sequence[int],
-    *,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    budget: Budget | None = None,
-    skipped: list[str] | None = None,
-) -> list[Point]:
-    """Prefill passes into a fresh cache at each prompt length (shortest first; a length the
-    ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
-    budget = budget or Budget(math.inf, repeats + warmup)
-    points: list[Point] = []
-    for tokens in sorted(prompt_lens):
-        reason = budget.over(tokens)
-        if reason:
-            _say(progress, "prefill " + reason)
-            if skipped is not None:
-                skipped.append("prefill " + reason)
-            continue
-        m = runner.time_prefill(tokens, repeats=repeats, warmup=warmup)
-        budget.record(tokens, m.median)
-        _say(progress, f"prefill {tokens:>6} tokens: {_summary(m)}")
-        points.append(Point("prefill", tokens, m))
-        if len(points) == 2:
-            _say(progress, _time_left(points, [t for t in prompt_lens if t > tokens], budget))
-    return points
-
-
-def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) -> str:
-    """How long the lengths still to time will take, from a line through the two shortest
-    timed (the budget's own guard is deliberately pessimistic: it said 107 s for a sweep that
-    took 37)."""
-    if not lengths:
-        return ""
-    (n0, p0), (n1, p1) = ((p.x, p.measurement.median) for p in points[:2])
-    slope = max(0.0, (p1 - p0) / (n1 - n0))
-    rest = sum(min(max(p0 + slope * (n - n0), 0.0) * budget.calls, budget.seconds) for n in lengths)
-    return (
-        f"the prefill sweep will take about {rest:,.0f} s more (a line through the two "
-        "shortest prompts; attention's quadratic work can add to it)"
-    )
-
-
-def measure_chunks(
-    runner: Any,
-    chunks: Sequence[tuple[int, int]],
-    *,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    budget: Budget | None = None,
-    skipped: list[str] | None = None,
-) -> list[Point]:
-    """Chunk passes: ``tokens`` new tokens over ``context`` cached tokens of the same prompt."""
-    budget = budget or Budget(math.inf, repeats + warmup)
-    points = []
-    for tokens, context in chunks:
-        reason = budget.over(tokens, context)
-        if reason:
-            _say(progress, "chunk " + reason)
-            if skipped is not None:
-                skipped.append("chunk " + reason)
-            continue
-        m = runner.time_chunk(tokens, context, repeats=repeats, warmup=warmup)
-        _say(progress, f"chunk {tokens:>6} tokens over {context:,} cached: {_summary(m)}")
-        points.append(Point("chunk", tokens, m, context=context))
-    return points
-
-
-def measure_decode_kv(
-    runner: Any,
-    cache_lens: Sequence[int],
-    *,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    rows: int = 1,
-) -> list[Point]:
-    """Decode steps of ``rows`` rows (batch 1 by default), each over a cache of each length."""
-    points = []
-    for cached in cache_lens:
-        m = runner.time_decode([cached] * rows, repeats=repeats, warmup=warmup)
-        point = Point("decode_kv", cached, m, rows=rows if rows > 1 else 0)
-        _say(progress, f"{point.label()}: {_summary(m)}")
-        points.append(point)
-    return points
-
-
-def measure_decode_batch(
-    runner: Any,
-    batch_sizes: Sequence[int],
-    *,
-    context: int,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-) -> list[Point]:
-    """Decode steps of each batch size, every sequence holding ``context`` cached tokens."""
-    points = []
-    for batch in batch_sizes:
-        m = runner.time_decode([context] * batch, repeats=repeats, warmup=warmup)
-        _say(progress, f"decode, batch {batch:>3} x {context} cached: {_summary(m)}")
-        points.append(Point("decode_batch", batch, m, context=context))
-    return points
-
-
-def measure_fused(
-    runner: Any,
-    grid: Sequence[tuple[int, int, int]],
-    *,
-    row_context: int,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    budget: Budget | None = None,
-    skipped: list[str] | None = None,
-) -> list[Point]:
-    """Fused passes (``runner.time_fused``): a chunk of ``tokens`` over ``context`` cached
-    tokens and ``rows`` decode rows of ``row_context`` cached tokens each, in one pass (a pass
-    the ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
-    budget = budget or Budget(math.inf, repeats + warmup)
-    points = []
-    for tokens, context, rows in grid:
-        reason = budget.over(tokens, context)
-        if reason:
-            reason = f"fused, {rows} decode row(s): {reason}"
-            _say(progress, reason)
-            if skipped is not None:
-                skipped.append(reason)
-            continue
-        m = runner.time_fused(tokens, context, [row_context] * rows, repeats=repeats, warmup=warmup)
-        _say(progress, f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}")
-        points.append(
-            Point("fused", tokens, m, context=context, rows=rows, row_context=row_context)
-        )
-    return points
-
-
-def measure_sweep(
-    runner: Any, sweep: Sweep, *, repeats: int, warmup: int, progress: Progress | None = None
-) -> tuple[list[Point], list[str]]:
-    """Every point of ``sweep`` (fused passes only when the runner has ``time_fused``), and
-    the points skipped with their reasons."""
-    timing: dict[str, Any] = {"repeats": repeats, "warmup": warmup, "progress": progress}
-    skipped: list[str] = []
-    budget = Budget(sweep.budget, repeats + warmup)
-    points = measure_prefill(runner, sweep.prompt_lens, budget=budget, skipped=skipped, **timing)
-    points += measure_chunks(runner, sweep.chunks, budget=budget, skipped=skipped, **timing)
-    points += measure_decode_kv(runner, sweep.cache_lens, rows=sweep.kv_rows, **timing)
-    if sweep.batch_sizes:
-        points += measure_decode_batch(
-            runner, sweep.batch_sizes, context=sweep.batch_context, **timing
-        )
-    if sweep.fused and hasattr(runner, "time_fused"):
-        points += measure_fused(
-            runner,
-            sweep.fused,
-            row_context=sweep.row_context,
-            budget=budget,
-            skipped=skipped,
-            **timing,
-        )
-    elif sweep.fused:
-        skipped.append(f"fused passes: {getattr(runner, 'name', 'this runner')} cannot fuse")
-    return points, skipped
-
-
 def calibrate(
     loaded: Any,
     *,
@@ -540,8 +197,8 @@ def calibrate(
 
         runner = ModelRunner(loaded, seed=seed)
     quiet = settle() if probe else None
-    _say(progress, quiet.warning if quiet is not None and quiet.warning else "")
-    _say(
+    say(progress, quiet.warning if quiet is not None and quiet.warning else "")
+    say(
         progress,
         f"calibrating {loaded.name} on {loaded.device} ({loaded.dtype_name}) with the "
         f"{getattr(runner, 'name', 'hf forward')}, {repeats} repeats after {warmup} warmup",

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_number
-from pytest_prefill.measure.calibration_fit import (
+from pytest_prefill.measure.calibration_points import (
     NO_FLOOR,
     FitResult,
     Floor,

@@ -136,10 +136,17 @@ def fit_line(
     scatter = max(typical_spread, residual_sd)
     x_range = float(x.max() - x.min())
     effect = abs(slope) * x_range
+    span = (float(x.min()), float(x.max()), n)
     reason = _line_refusal(
-        slope, slope_stderr, effect, scatter, (float(x.min()), float(x.max()), n),
-        nonnegative=nonnegative, unit=unit, x_unit=x_unit,
-    )  # fmt: skip
+        slope,
+        slope_stderr,
+        effect,
+        scatter,
+        span,
+        nonnegative=nonnegative,
+        unit=unit,
+        x_unit=x_unit,
+    )
     return Fit(
         slope=slope,
         intercept=intercept,

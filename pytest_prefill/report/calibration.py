@@ -13,8 +13,9 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_prefill.measure.calibration_document import Calibration
-from pytest_prefill.measure.calibration_fit import Point, Prediction
+from pytest_prefill.measure.calibration_points import Point, Prediction
 from pytest_prefill.measure.timing import Measurement
+from pytest_prefill.report.text_table import text_table
 from pytest_prefill.units import ms, readable
 
 PROVENANCE_KEYS = (
@@ -41,16 +42,6 @@ def pct(value: float | None) -> str:
 
 def spread(m: Measurement) -> str:
     return f"[{ms(m.minimum)}, {ms(m.maximum)}]"
-
-
-def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    return tabulate(
-        rows,
-        headers=headers,
-        tablefmt="simple",
-        disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(headers) - 1),
-    )
 
 
 def _flag(m: Measurement) -> str:
@@ -96,7 +87,7 @@ def prefill_table(calibration: Calibration) -> str:
             ]
         )
     headers = ["new tokens", "context", "pass ms", "[min, max] ms", "per token us"]
-    return _table(rows, [*headers, "fit ms (error)", "held out ms (error)"])
+    return text_table(rows, [*headers, "fit ms (error)", "held out ms (error)"])
 
 
 def decode_table(points: Sequence[Point], calibration: Calibration | None = None) -> str:
@@ -119,7 +110,7 @@ def decode_table(points: Sequence[Point], calibration: Calibration | None = None
         for p in ordered
     ]
     what = "cached tokens" if ordered[0].kind == "decode_kv" else "batch"
-    return _table(
+    return text_table(
         rows, [what, "KV read", "step ms", "[min, max] ms", "IQR ms", "x first", "fit ms (error)"]
     )
 
@@ -152,7 +143,7 @@ def fused_table(calibration: Calibration) -> str:
             ]
         )
     headers = ["chunk", "context", "rows x cached", "pass ms", "[min, max] ms"]
-    return _table(rows, [*headers, "decode part", "compute part", "model ms (error)"])
+    return text_table(rows, [*headers, "decode part", "compute part", "model ms (error)"])
 
 
 def _stderr(calibration: Calibration, name: str) -> float | None:
@@ -205,7 +196,7 @@ def constants_table(calibration: Calibration) -> str:
         )
     )
     rows.append(("kv_bytes_per_token", f"{cost.kv_bytes_per_token:,.0f} B", "", "from the config"))
-    return _table(rows, ["constant", "value", "uncertainty", "status"])
+    return text_table(rows, ["constant", "value", "uncertainty", "status"])
 
 
 def held_out_text(calibration: Calibration) -> str:

@@ -23,7 +23,14 @@ from tabulate import tabulate
 
 from pytest_prefill._io import read_json
 from pytest_prefill.archive.cost_spec import contexts_in, refusals_in
-from pytest_prefill.archive.runs import RUN_ID, Warn, find_run, latest_run, run_from_document
+from pytest_prefill.archive.runs import (
+    RUN_ID,
+    Warn,
+    find_run,
+    latest_run,
+    machines,
+    run_from_document,
+)
 from pytest_prefill.machine import KEY_PATTERN
 from pytest_prefill.plan.advice import chunk_star_text
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND, cost_from_json, trust_in
@@ -188,15 +195,9 @@ def load_side(
         raise ValueError(f"{ref!r} is neither a JSON file nor a machine key")
     latest = latest_run(results, ref, warn=warn, with_calibration=True)
     if latest is None:
-        folder = Path(results) / ref
-        known = (
-            sorted(p.name for p in Path(results).iterdir() if p.is_dir())
-            if Path(results).is_dir()
-            else []
-        )
         raise ValueError(
-            f"no calibrated run archived for machine {ref!r} in {folder} "
-            f"(machines under {results}: {', '.join(known) or 'none'})"
+            f"no calibrated run archived for machine {ref!r} in {Path(results) / ref} "
+            f"(machines under {results}: {', '.join(machines(results)) or 'none'})"
         )
     return side_from_document(latest.data, label, str(latest.path))
 

@@ -4,6 +4,7 @@ figure on the engine, and the verdict against exactly the claim."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +20,6 @@ from pytest_prefill.lab.falsifier import (
 )
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.report.calibration import kv_table
-from pytest_prefill.sim import CostModel
 from pytest_prefill.units import ms
 
 Emit = Callable[[str], object]
@@ -129,47 +129,32 @@ def falsifier_sections(result: FalsifierResult) -> list[str]:
     return [*sections, *_engine_sections(result), result.verdict_line]
 
 
-def run_falsifier(
-    loaded: Any,
-    *,
-    prompt_len: int = DEFAULT_PROMPT_LEN,
-    chunk: int | None = None,
-    cost: CostModel | None = None,
-    repeats: int | None = None,
-    warmup: int | None = None,
-    dry_run: bool = False,
-    emit: Emit = print,
-    progress: Callable[[str], object] | None = None,
-    stream_context: int = STREAM_CONTEXT,
-    seed: int = 0,
-) -> FalsifierResult:
-    """State the claim, measure (``falsifier.measure_falsifier``), then emit each table and
-    the verdict. ``emit`` receives the claim before any measurement.
+def run_falsifier(loaded: Any, *, emit: Emit = print, **options: Any) -> FalsifierResult:
+    """State the claim, measure (``falsifier.measure_falsifier``, given ``options``: its keyword
+    arguments), then emit each table and the verdict. ``emit`` receives the claim before any
+    measurement.
 
     Raises:
         ValueError: as ``measure_falsifier`` does.
+        TypeError: for an option ``measure_falsifier`` does not take (before anything is said).
     """
     from pytest_prefill.measure.calibrate import effective_repeats
 
-    check_arguments(loaded, prompt_len, chunk, stream_context)
-    shown_repeats, shown_warmup = effective_repeats(repeats, warmup, dry_run)
+    inspect.signature(measure_falsifier).bind(loaded, **options)
+    check_arguments(
+        loaded,
+        options.get("prompt_len", DEFAULT_PROMPT_LEN),
+        options.get("chunk"),
+        options.get("stream_context", STREAM_CONTEXT),
+    )
+    dry_run = options.get("dry_run", False)
+    repeats, warmup = effective_repeats(options.get("repeats"), options.get("warmup"), dry_run)
     emit(f"Falsifier: {CLAIM}")
     emit(
         f"Model: {loaded.name} ({loaded.source}); device {loaded.device}, {loaded.dtype_name}; "
-        f"{shown_repeats} repeats after {shown_warmup} warmup{' (dry run)' if dry_run else ''}"
+        f"{repeats} repeats after {warmup} warmup{' (dry run)' if dry_run else ''}"
     )
-    result = measure_falsifier(
-        loaded,
-        prompt_len=prompt_len,
-        chunk=chunk,
-        cost=cost,
-        repeats=repeats,
-        warmup=warmup,
-        dry_run=dry_run,
-        progress=progress,
-        stream_context=stream_context,
-        seed=seed,
-    )
+    result = measure_falsifier(loaded, **options)
     for section in falsifier_sections(result):
         emit(section)
     return result

@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-from pytest_prefill.lab.fidelity import (
+from pytest_prefill.lab.fidelity_result import (
     STALL_JUDGED_RATIO,
     THRESHOLD,
     FidelityResult,

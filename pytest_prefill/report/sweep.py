@@ -11,6 +11,7 @@ from tabulate import tabulate
 
 from pytest_prefill._io import json_number
 from pytest_prefill.plan.sweep import SweepRow
+from pytest_prefill.report.text_table import text_table
 from pytest_prefill.units import ms
 
 
@@ -51,13 +52,7 @@ def sweep_table(rows: Sequence[SweepRow]) -> str:
             (*row, f"{r.summary.hit_rate:.1%}", f"{r.summary.preemptions:,}")
             for row, r in zip(body, rows)
         ]
-    return tabulate(
-        body,
-        headers=headers,
-        tablefmt="simple",
-        disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(headers) - 1),
-    )
+    return text_table(body, headers)
 
 
 def sweep_rows_json(rows: Sequence[SweepRow]) -> list[dict[str, object]]:

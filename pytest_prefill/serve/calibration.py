@@ -23,16 +23,15 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.measure.calibrate import Calibration
-from pytest_prefill.measure.calibration_fit import (
+from pytest_prefill.measure.calibration_document import Calibration
+from pytest_prefill.measure.calibration_fit import decode_constants, refusals_of
+from pytest_prefill.measure.calibration_points import (
     NO_FLOOR,
     PREFILL_TERMS,
     Point,
     Prediction,
     Refusal,
-    decode_constants,
     predict,
-    refusals_of,
 )
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.serve.calibration_fit import (

@@ -11,7 +11,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.measure.calibration_fit import PREFILL_TERMS, Point, held_out_lengths
+from pytest_prefill.measure.calibration_fit import held_out_lengths
+from pytest_prefill.measure.calibration_points import PREFILL_TERMS, Point
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.serve.experiments import DecodeSample, StallSample, chunks_of

@@ -13,7 +13,7 @@ import random
 import statistics
 from collections.abc import Sequence
 
-from pytest_prefill.plan.workloads import (
+from pytest_prefill.plan.traces import (
     AZURE_ATTRIBUTION,
     AZURE_DIR_ENV,
     azure_trace_path,

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from pytest_prefill.plan.workloads import JSONL_BLOCK_TOKENS, arrival_rate, load_jsonl
+from pytest_prefill.plan.traces import JSONL_BLOCK_TOKENS, load_jsonl
+from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.sim import Request
 
 MOONCAKE = os.path.join("mooncake-fast25", "conversation_trace.jsonl")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_prefill.lab import fidelity as fid
+from pytest_prefill.lab.fidelity_result import THRESHOLD
 from pytest_prefill.report import fidelity as tables
 
 pytestmark = pytest.mark.gpu
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.gpu
 CLAIM = (
     f"The simulator, calibrated on the engine, predicts TTFT p50/p99, makespan, GPU-seconds and "
     f"the stalls a policy causes, of real runs under every policy the device runs, within a "
-    f"median error of {fid.THRESHOLD:.0%}."
+    f"median error of {THRESHOLD:.0%}."
 )
 
 
@@ -32,7 +33,7 @@ def test_simulator_predicts_the_engine(prefill_model, prefill_settings, prefill_
     error = result.median_abs_error
     line = (
         f"median |relative error| {error:.1%} over the {sum(c.judged for c in result.cells)} "
-        f"judged cells of {len(result.cells)} (threshold {fid.THRESHOLD:.0%})"
+        f"judged cells of {len(result.cells)} (threshold {THRESHOLD:.0%})"
     )
     if result.not_run:
         line += "; " + "; ".join(f"{p} {r}" for p, r in result.not_run.items())
