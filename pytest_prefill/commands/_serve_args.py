@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._workload_args import positive_float
 from pytest_prefill.serve.api import ENDPOINTS, ENGINES
 from pytest_prefill.serve.http import DEFAULT_TIMEOUTS, Timeouts, Url
@@ -19,6 +20,19 @@ def url_type(text: str) -> Url:
         return Url.parse(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_kv_tokens_argument(group: argparse._ArgumentGroup, default: str) -> None:
+    """``--kv-tokens``: the server's KV cache in tokens, for the simulation of it; ``default``
+    says what it is when not given."""
+    group.add_argument(
+        "--kv-tokens",
+        type=positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="the server's KV cache in tokens (transformers: --cb-num-blocks x 256; llama.cpp "
+        f"-c); default {default}",
+    )
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:

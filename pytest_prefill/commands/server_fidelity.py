@@ -16,7 +16,11 @@ from pytest_prefill.commands._archive_args import (
     save_tables,
 )
 from pytest_prefill.commands._args import positive_int
-from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
+from pytest_prefill.commands._serve_args import (
+    add_kv_tokens_argument,
+    add_server_arguments,
+    target_from_args,
+)
 from pytest_prefill.commands.server_calibration import (
     add_sweep_arguments,
     check_profiled_engine,
@@ -44,14 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
     add_sweep_arguments(parser)
     group = parser.add_argument_group("fidelity")
-    group.add_argument(
-        "--kv-tokens",
-        type=positive_int,
-        default=None,
-        metavar="TOKENS",
-        help="the server's KV cache in tokens (transformers: --cb-num-blocks x 256; llama.cpp "
-        "-c); default unbounded",
-    )
+    add_kv_tokens_argument(group, "unbounded")
     group.add_argument(
         "--runs",
         type=positive_int,

@@ -15,7 +15,12 @@ from typing import Any
 from pytest_prefill._io import read_json, write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
 from pytest_prefill.commands._args import output_path, positive_int
-from pytest_prefill.commands._serve_args import add_timeout_arguments, timeouts_from_args, url_type
+from pytest_prefill.commands._serve_args import (
+    add_kv_tokens_argument,
+    add_timeout_arguments,
+    timeouts_from_args,
+    url_type,
+)
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     check_workload_args,
@@ -73,13 +78,7 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="--launch llama.cpp: the llama-server binary; vllm: the Python of vLLM's venv",
     )
-    group.add_argument(
-        "--kv-tokens",
-        type=positive_int,
-        metavar="TOKENS",
-        help="the server's KV cache in tokens (llama.cpp -c; default: the launcher's, a running "
-        "server's unbounded)",
-    )
+    add_kv_tokens_argument(group, "the launcher's, a running server's unbounded")
     group.add_argument("--engine", choices=ENGINES, help="what the server is (default: it says)")
     group.add_argument(
         "--tokenizer", metavar="DIR", help="the served model's folder (default --model)"

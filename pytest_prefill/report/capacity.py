@@ -20,6 +20,7 @@ from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult, target
 from pytest_prefill.plan.sizing import DevicesNeeded
 from pytest_prefill.plan.sweep import engine_header
 from pytest_prefill.report.assumptions import AnswerBasis
+from pytest_prefill.report.text_table import text_table
 from pytest_prefill.units import ms
 
 HEADERS = (
@@ -83,13 +84,7 @@ def capacity_table(result: CapacityResult) -> str:
     columns = capacity_headers(result.target)
     headers = (*columns, "hit rate", "preempted") if cache else columns
     body = [_row(r) + (_cache_cells(r) if cache else ()) for r in ranked]
-    return tabulate(
-        body,
-        headers=headers,
-        tablefmt="simple",
-        disable_numparse=True,
-        colalign=("left",) + ("right",) * (len(headers) - 1),
-    )
+    return text_table(body, headers)
 
 
 def _cache_cells(r: DeploymentResult) -> tuple[str, str]:

@@ -28,9 +28,11 @@ def _text_field(field: str, value: object, *, allow_empty: bool = False) -> str:
     return value
 
 
-def _field(data: Mapping[str, Any], key: str) -> Any:
-    """A field of an archived entry, unchecked (the constructor checks it)."""
-    return data.get(key)
+def _archived(cls: Any, data: Mapping[str, Any]) -> Any:
+    """A value from its archived entry: each field as stored, unchecked (the constructor checks
+    it); a missing ``test`` is ""."""
+    fields = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
+    return cls(**{**fields, "test": fields["test"] or ""})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,12 +55,7 @@ class Table:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Table:
-        return cls(
-            _field(data, "title"),
-            _field(data, "text"),
-            _field(data, "data"),
-            _field(data, "test") or "",
-        )
+        return _archived(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,14 +91,7 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
-        return cls(
-            _field(data, "name"),
-            _field(data, "verdict"),
-            _field(data, "sentence"),
-            _field(data, "detail"),
-            _field(data, "test") or "",
-            _field(data, "asserted"),
-        )
+        return _archived(cls, data)
 
 
 def verdict_block(
