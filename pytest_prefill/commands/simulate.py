@@ -177,23 +177,32 @@ def run(args: argparse.Namespace) -> int:
     print("p99s of one run can differ slightly.")
     print(serving_table([(row.label, m) for row, m in zip(rows, metrics)]))
     if args.json:
-        write_json_atomic(
-            args.json,
-            {
-                "kind": "pytest-prefill/chunk-sweep",
-                "schema_version": 1,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "version": __version__,
-                "cost_source": origin,
-                "cost_model": cost.to_dict(),
-                "scenario": scenario,
-                "engine": engine_document(engine),
-                "slo": args.slo.to_dict() if args.slo else None,
-                "rows": [
-                    {**row, "serving_metrics": m.to_dict()}
-                    for row, m in zip(sweep_rows_json(rows), metrics)
-                ],
-            },
-        )
+        write_json_atomic(args.json, _document(args, origin, cost, scenario, rows, metrics))
         print(f"wrote {args.json}")
     return 0
+
+
+def _document(
+    args: argparse.Namespace,
+    origin: str,
+    cost: CostModel,
+    scenario: dict,
+    rows: list[SweepRow],
+    metrics: list[ServingMetrics],
+) -> dict:
+    """The sweep as ``--json`` writes it."""
+    return {
+        "kind": "pytest-prefill/chunk-sweep",
+        "schema_version": 1,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "version": __version__,
+        "cost_source": origin,
+        "cost_model": cost.to_dict(),
+        "scenario": scenario,
+        "engine": engine_document(args.profile),
+        "slo": args.slo.to_dict() if args.slo else None,
+        "rows": [
+            {**row, "serving_metrics": m.to_dict()}
+            for row, m in zip(sweep_rows_json(rows), metrics)
+        ],
+    }

@@ -251,6 +251,24 @@ def capacity_document(
 # --- the regression gate: this search against a baseline --------------------------------------
 
 
+def _differences(baseline: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What two capacity documents did not share (workload, SLO, devices, target, cost model,
+    engine profile), a line each."""
+    lines = [
+        f"{key} differs from the baseline: {baseline.get(key)!r} -> {now[key]!r}"
+        for key in ("workload", "slo", "devices", "target", "cost_model")
+        if baseline.get(key) != now[key]
+    ]
+    # a document from before the engine profiles ran the lab's loop
+    engine = baseline.get("engine") if isinstance(baseline.get("engine"), dict) else None
+    if (engine or {"name": "lab"}).get("name") != now["engine"]["name"] or (
+        engine is not None and engine != now["engine"]
+    ):
+        was = engine.get("label") if engine is not None else "lab (a search before the profiles)"
+        lines.append(f"engine differs from the baseline: {was} -> {now['engine']['label']}")
+    return lines
+
+
 def capacity_gate(
     baseline: Any, result: CapacityResult, fail_above: float | None
 ) -> tuple[bool, list[str]]:
@@ -271,19 +289,7 @@ def capacity_gate(
         for r in baseline.get("results") or []
         if isinstance(r, dict) and isinstance(r.get("deployment"), dict)
     }
-    now = result.to_dict()
-    lines = [
-        f"{key} differs from the baseline: {baseline.get(key)!r} -> {now[key]!r}"
-        for key in ("workload", "slo", "devices", "target", "cost_model")
-        if baseline.get(key) != now[key]
-    ]
-    # a document from before the engine profiles ran the lab's loop
-    engine = baseline.get("engine") if isinstance(baseline.get("engine"), dict) else None
-    if (engine or {"name": "lab"}).get("name") != now["engine"]["name"] or (
-        engine is not None and engine != now["engine"]
-    ):
-        was = engine.get("label") if engine is not None else "lab (a search before the profiles)"
-        lines.append(f"engine differs from the baseline: {was} -> {now['engine']['label']}")
+    lines = _differences(baseline, result.to_dict())
     slack = 100 * (result.tolerance + float(baseline.get("tolerance") or 0))
     rows, failed = [], []
     for r in result.results:
