@@ -173,7 +173,7 @@ def test_the_engine_profile_recorded_is_printed_with_what_the_server_changed():
 def test_the_constants_print_in_units_a_person_reads_and_a_capped_term_says_so():
     import dataclasses
 
-    from pytest_prefill.measure.calibration_fit import Refusal
+    from pytest_prefill.measure.calibration_points import Refusal
     from pytest_prefill.report.calibration import constants_table, refusals_text
     from pytest_prefill.units import readable
 

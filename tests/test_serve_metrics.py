@@ -18,11 +18,8 @@ from pytest_prefill.sim import Request
 
 pytest.importorskip("prometheus_client")
 
-from pytest_prefill.serve.server_metrics import (  # noqa: E402
-    ServerCounters,
-    parse_metrics,
-    run_counted,
-)
+from pytest_prefill.serve.counters import ServerCounters  # noqa: E402
+from pytest_prefill.serve.server_metrics import parse_metrics, run_counted  # noqa: E402
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

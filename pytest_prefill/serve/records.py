@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics, serving_metrics_of
 
 if TYPE_CHECKING:
-    from pytest_prefill.serve.server_metrics import ServerCounters
+    from pytest_prefill.serve.counters import ServerCounters
 
 # Tokens a server may count in a prompt beyond those asked for: a chat template's and a BOS
 # token's. More is a tokenizer that is not the server's (the prompt was not the length asked).

@@ -8,51 +8,17 @@ when a server has metrics to parse."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_prefill.serve.counters import PREFIXES, ServerCounters
 from pytest_prefill.serve.http import ServerError, Timeouts, Url, exchange
 from pytest_prefill.serve.loadgen import Bounds, Target, run_load, send_one
 from pytest_prefill.serve.records import BenchRun
 from pytest_prefill.sim import Request
 
-# The engines' metric prefixes: everything else (process_*, python_gc_*, http_*) is left out.
-PREFIXES = ("vllm:", "llamacpp:", "sglang:")
 SCRAPE_TIMEOUT = 5.0
-# A sample name -> what it means, per engine (vLLM v1 names; llama.cpp's; SGLang's). Counters
-# are differenced over the run; gauges are read after it.
-COUNTERS = {
-    "prefix_queries": ("vllm:prefix_cache_queries_total",),
-    "prefix_hits": ("vllm:prefix_cache_hits_total",),
-    "preemptions": ("vllm:num_preemptions_total",),
-    "prompt_tokens": (
-        "vllm:prompt_tokens_total",
-        "llamacpp:prompt_tokens_total",
-        "sglang:prompt_tokens_total",
-    ),
-    "generation_tokens": (
-        "vllm:generation_tokens_total",
-        "llamacpp:tokens_predicted_total",
-        "sglang:generation_tokens_total",
-    ),
-}
-GAUGES = {
-    "kv_usage": (
-        "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
-        "llamacpp:kv_cache_usage_ratio",
-        "sglang:token_usage",
-    ),
-    "running": (
-        "vllm:num_requests_running",
-        "llamacpp:requests_processing",
-        "sglang:num_running_reqs",
-    ),
-    "waiting": ("vllm:num_requests_waiting", "llamacpp:requests_deferred", "sglang:num_queue_reqs"),
-    "cache_hit_rate": ("sglang:cache_hit_rate",),
-}
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -101,63 +67,6 @@ async def scrape(url: Url, headers: Mapping[str, str] | None = None) -> dict[str
     except ValueError:
         return None
     return samples or None
-
-
-def _first(samples: Mapping[str, float], names: tuple[str, ...]) -> float | None:
-    return next((samples[n] for n in names if n in samples), None)
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerCounters:
-    """``before`` and ``after`` a run (the engine's samples); what they say in
-    :meth:`summary`."""
-
-    before: Mapping[str, float]
-    after: Mapping[str, float]
-
-    def delta(self, name: str) -> float | None:
-        """A counter's growth over the run (None when the server has no such counter)."""
-        names = COUNTERS[name]
-        after, before = _first(self.after, names), _first(self.before, names)
-        return None if after is None or before is None else after - before
-
-    def gauge(self, name: str) -> float | None:
-        return _first(self.after, GAUGES[name])
-
-    @property
-    def hit_rate(self) -> float:
-        """Prefix-cache tokens hit over tokens queried during the run (NaN: no counter, or
-        nothing queried)."""
-        hits, queries = self.delta("prefix_hits"), self.delta("prefix_queries")
-        if hits is None or not queries:
-            return math.nan
-        return hits / queries
-
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: self.delta(name) for name in COUNTERS}
-        out.update({name: self.gauge(name) for name in GAUGES})
-        out["hit_rate"] = None if math.isnan(self.hit_rate) else self.hit_rate
-        return out
-
-    def line(self) -> str:
-        """One line: the figures the server has."""
-        s = self.summary()
-        parts = []
-        if s["hit_rate"] is not None:
-            parts.append(
-                f"prefix cache hit {s['hit_rate']:.1%} of {s['prefix_queries']:,.0f} tokens queried"
-            )
-        if s["preemptions"] is not None:
-            parts.append(f"{s['preemptions']:,.0f} preemptions")
-        for name, what in (("prompt_tokens", "prompt"), ("generation_tokens", "generated")):
-            if s[name] is not None:
-                parts.append(f"{s[name]:,.0f} {what} tokens")
-        if s["kv_usage"] is not None:
-            parts.append(f"KV usage after {s['kv_usage']:.1%}")
-        return "server /metrics over the run: " + (", ".join(parts) or "no engine counters")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"before": dict(self.before), "after": dict(self.after), "summary": self.summary()}
 
 
 async def run_counted(
