@@ -209,8 +209,8 @@ def _measure(packed: Any, role: str, spec: dict[str, Any]) -> list[Any]:
     timing = {"repeats": spec["repeats"], "warmup": spec["warmup"]}
     if role == "prefill":
         budget = sweeps.Budget(spec["budget"], spec["repeats"] + spec["warmup"])
-        points = sweeps.measure_prefill(runner, spec["prompt_lens"], budget=budget, **timing)
-        return points + sweeps.measure_chunks(runner, spec["chunks"], budget=budget, **timing)
+        passes = sweeps.PassSweep(runner, budget=budget, **timing)
+        return passes.prefill(spec["prompt_lens"]) + passes.chunks(spec["chunks"])
     kv = sweeps.measure_decode_kv(runner, spec["cache_lens"], rows=spec["kv_rows"], **timing)
     return kv + sweeps.measure_decode_batch(
         runner, spec["batch_sizes"], context=spec["batch_context"], **timing

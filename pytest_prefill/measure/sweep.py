@@ -188,34 +188,78 @@ def _summary(m: Measurement) -> str:
     return ms_spread(m.median, m.minimum, m.maximum)
 
 
-def measure_prefill(
-    runner: Any,
-    prompt_lens: Sequence[int],
-    *,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    budget: Budget | None = None,
-    skipped: list[str] | None = None,
-) -> list[Point]:
-    """Prefill passes into a fresh cache at each prompt length (shortest first; a length the
-    ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
-    budget = budget or Budget(math.inf, repeats + warmup)
-    points: list[Point] = []
-    for tokens in sorted(prompt_lens):
-        reason = budget.over(tokens)
+@dataclasses.dataclass
+class PassSweep:
+    """Times a sweep's passes (prefill, chunk, fused) with one runner, one timing and one
+    ``budget``: a pass the budget predicts too slow is skipped, said (``progress``) and kept in
+    ``skipped`` with its reason."""
+
+    runner: Any
+    repeats: int
+    warmup: int
+    progress: Progress | None = None
+    budget: Budget | None = None
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.budget = self.budget or Budget(math.inf, self.repeats + self.warmup)
+
+    @property
+    def timing(self) -> dict[str, int]:
+        return {"repeats": self.repeats, "warmup": self.warmup}
+
+    def _skips(self, what: str, tokens: int, context: int = 0) -> bool:
+        assert self.budget is not None
+        reason = self.budget.over(tokens, context)
         if reason:
-            say(progress, "prefill " + reason)
-            if skipped is not None:
-                skipped.append("prefill " + reason)
-            continue
-        m = runner.time_prefill(tokens, repeats=repeats, warmup=warmup)
-        budget.record(tokens, m.median)
-        say(progress, f"prefill {tokens:>6} tokens: {_summary(m)}")
-        points.append(Point("prefill", tokens, m))
-        if len(points) == 2:
-            say(progress, _time_left(points, [t for t in prompt_lens if t > tokens], budget))
-    return points
+            say(self.progress, what + reason)
+            self.skipped.append(what + reason)
+        return bool(reason)
+
+    def prefill(self, prompt_lens: Sequence[int]) -> list[Point]:
+        """Prefill passes into a fresh cache at each prompt length, shortest first."""
+        assert self.budget is not None
+        points: list[Point] = []
+        for tokens in sorted(prompt_lens):
+            if self._skips("prefill ", tokens):
+                continue
+            m = self.runner.time_prefill(tokens, **self.timing)
+            self.budget.record(tokens, m.median)
+            say(self.progress, f"prefill {tokens:>6} tokens: {_summary(m)}")
+            points.append(Point("prefill", tokens, m))
+            if len(points) == 2:
+                later = [t for t in prompt_lens if t > tokens]
+                say(self.progress, _time_left(points, later, self.budget))
+        return points
+
+    def chunks(self, chunks: Sequence[tuple[int, int]]) -> list[Point]:
+        """Chunk passes: ``tokens`` new tokens over ``context`` cached tokens of one prompt."""
+        points = []
+        for tokens, context in chunks:
+            if self._skips("chunk ", tokens, context):
+                continue
+            m = self.runner.time_chunk(tokens, context, **self.timing)
+            say(self.progress, f"chunk {tokens:>6} tokens over {context:,} cached: {_summary(m)}")
+            points.append(Point("chunk", tokens, m, context=context))
+        return points
+
+    def fused(self, grid: Sequence[tuple[int, int, int]], row_context: int) -> list[Point]:
+        """Fused passes (``runner.time_fused``): a chunk of ``tokens`` over ``context`` cached
+        tokens and ``rows`` decode rows of ``row_context`` cached tokens each, in one pass."""
+        points = []
+        for tokens, context, rows in grid:
+            if self._skips(f"fused, {rows} decode row(s): ", tokens, context):
+                continue
+            rows_context = [row_context] * rows
+            m = self.runner.time_fused(tokens, context, rows_context, **self.timing)
+            say(
+                self.progress,
+                f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}",
+            )
+            points.append(
+                Point("fused", tokens, m, context=context, rows=rows, row_context=row_context)
+            )
+        return points
 
 
 def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) -> str:
@@ -231,32 +275,6 @@ def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) 
         f"the prefill sweep will take about {rest:,.0f} s more (a line through the two "
         "shortest prompts; attention's quadratic work can add to it)"
     )
-
-
-def measure_chunks(
-    runner: Any,
-    chunks: Sequence[tuple[int, int]],
-    *,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    budget: Budget | None = None,
-    skipped: list[str] | None = None,
-) -> list[Point]:
-    """Chunk passes: ``tokens`` new tokens over ``context`` cached tokens of the same prompt."""
-    budget = budget or Budget(math.inf, repeats + warmup)
-    points = []
-    for tokens, context in chunks:
-        reason = budget.over(tokens, context)
-        if reason:
-            say(progress, "chunk " + reason)
-            if skipped is not None:
-                skipped.append("chunk " + reason)
-            continue
-        m = runner.time_chunk(tokens, context, repeats=repeats, warmup=warmup)
-        say(progress, f"chunk {tokens:>6} tokens over {context:,} cached: {_summary(m)}")
-        points.append(Point("chunk", tokens, m, context=context))
-    return points
 
 
 def measure_decode_kv(
@@ -296,62 +314,21 @@ def measure_decode_batch(
     return points
 
 
-def measure_fused(
-    runner: Any,
-    grid: Sequence[tuple[int, int, int]],
-    *,
-    row_context: int,
-    repeats: int,
-    warmup: int,
-    progress: Progress | None = None,
-    budget: Budget | None = None,
-    skipped: list[str] | None = None,
-) -> list[Point]:
-    """Fused passes (``runner.time_fused``): a chunk of ``tokens`` over ``context`` cached
-    tokens and ``rows`` decode rows of ``row_context`` cached tokens each, in one pass (a pass
-    the ``budget`` predicts too slow is skipped and the reason appended to ``skipped``)."""
-    budget = budget or Budget(math.inf, repeats + warmup)
-    points = []
-    for tokens, context, rows in grid:
-        reason = budget.over(tokens, context)
-        if reason:
-            reason = f"fused, {rows} decode row(s): {reason}"
-            say(progress, reason)
-            if skipped is not None:
-                skipped.append(reason)
-            continue
-        m = runner.time_fused(tokens, context, [row_context] * rows, repeats=repeats, warmup=warmup)
-        say(progress, f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}")
-        points.append(
-            Point("fused", tokens, m, context=context, rows=rows, row_context=row_context)
-        )
-    return points
-
-
 def measure_sweep(
     runner: Any, sweep: Sweep, *, repeats: int, warmup: int, progress: Progress | None = None
 ) -> tuple[list[Point], list[str]]:
     """Every point of ``sweep`` (fused passes only when the runner has ``time_fused``), and
     the points skipped with their reasons."""
     timing: dict[str, Any] = {"repeats": repeats, "warmup": warmup, "progress": progress}
-    skipped: list[str] = []
-    budget = Budget(sweep.budget, repeats + warmup)
-    points = measure_prefill(runner, sweep.prompt_lens, budget=budget, skipped=skipped, **timing)
-    points += measure_chunks(runner, sweep.chunks, budget=budget, skipped=skipped, **timing)
+    passes = PassSweep(runner, budget=Budget(sweep.budget, repeats + warmup), **timing)
+    points = passes.prefill(sweep.prompt_lens) + passes.chunks(sweep.chunks)
     points += measure_decode_kv(runner, sweep.cache_lens, rows=sweep.kv_rows, **timing)
     if sweep.batch_sizes:
         points += measure_decode_batch(
             runner, sweep.batch_sizes, context=sweep.batch_context, **timing
         )
     if sweep.fused and hasattr(runner, "time_fused"):
-        points += measure_fused(
-            runner,
-            sweep.fused,
-            row_context=sweep.row_context,
-            budget=budget,
-            skipped=skipped,
-            **timing,
-        )
+        points += passes.fused(sweep.fused, sweep.row_context)
     elif sweep.fused:
-        skipped.append(f"fused passes: {getattr(runner, 'name', 'this runner')} cannot fuse")
-    return points, skipped
+        passes.skipped.append(f"fused passes: {getattr(runner, 'name', 'this runner')} cannot fuse")
+    return points, passes.skipped
