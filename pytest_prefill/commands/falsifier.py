@@ -6,16 +6,16 @@ from __future__ import annotations
 import argparse
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._args import output_path
+from pytest_prefill.commands._args import output_path, positive_int
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_measuring_arguments,
     apply_threads,
     load,
-    positive_int,
     progress,
     resolve_cost_args,
 )
+from pytest_prefill.lab.falsifier import DEFAULT_PROMPT_LEN
 
 HELP = "the falsifier: does chunked prefill shorten a live stream's worst token gap here?"
 
@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompt-len",
         type=positive_int,
-        default=2048,
-        help="tokens of the arriving prompt (default 2048; never shortened)",
+        default=DEFAULT_PROMPT_LEN,
+        help=f"tokens of the arriving prompt (default {DEFAULT_PROMPT_LEN}; never shortened)",
     )
     parser.add_argument(
         "--chunk",

@@ -14,6 +14,17 @@ from typing import Any
 
 CONFIG_FILE = "config.json"
 
+# What every Qwen3 preset here shares with Qwen3-0.6B as published: its context, norms, rope,
+# tied embeddings and activation (the presets differ only in their shapes).
+QWEN3_FAMILY = {
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
 # Qwen3-0.6B as published (config.json of Qwen/Qwen3-0.6B); measure/models builds it with
 # random weights, since timing does not depend on weight values.
 QWEN3_06B = {
@@ -24,12 +35,7 @@ QWEN3_06B = {
     "num_attention_heads": 16,
     "num_key_value_heads": 8,
     "head_dim": 128,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
+    **QWEN3_FAMILY,
 }
 
 # A 2-layer Qwen3 for CI: a few milliseconds per decode step on a small CPU. The context is
@@ -42,12 +48,7 @@ TINY = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
+    **QWEN3_FAMILY,
 }
 
 # A 4-layer Qwen3 for CPU fidelity runs: wide enough to be compute-bound (a decode step costs
@@ -62,12 +63,7 @@ SMALL = {
     "num_attention_heads": 6,
     "num_key_value_heads": 3,
     "head_dim": 64,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
+    **QWEN3_FAMILY,
 }
 
 # Meta-Llama-3-8B's config.json as published (meta-llama/Meta-Llama-3-8B): 8,030,261,248
