@@ -38,8 +38,9 @@ def attains(deployment: Deployment, load=LOAD, slo=SLO_1S) -> float:
     threshold=st.integers(1, 300),
     start=st.integers(1, 300),
     limit=st.integers(1, 300),
+    guess=st.one_of(st.none(), st.integers(1, 300)),
 )
-def test_the_count_search_finds_the_threshold_of_a_monotone_test(threshold, start, limit):
+def test_the_count_search_finds_the_threshold_of_a_monotone_test(threshold, start, limit, guess):
     start = min(start, limit)
     asked: list[int] = []
 
@@ -47,11 +48,13 @@ def test_the_count_search_finds_the_threshold_of_a_monotone_test(threshold, star
         asked.append(n)
         return n >= threshold
 
-    found = smallest_count(meets, start, limit)
+    found = smallest_count(meets, start, limit, guess)  # a guess changes the path only
     assert found == (threshold if threshold <= limit else None)
     assert all(1 <= n <= limit for n in asked)
-    # doubling then bisecting: about two logarithms of the range, never a walk
-    assert len(asked) <= 2 * (limit.bit_length() + 1) + 1
+    # doubling then bisecting (twice, from a guess): logarithms of the range, never a walk
+    assert len(asked) <= 3 * (limit.bit_length() + 1) + 1
+    if guess == threshold < start <= limit:  # a right guess: the start, the guess, one below
+        assert len(asked) <= 3
 
 
 def test_the_answer_meets_at_its_count_and_the_count_below_misses():

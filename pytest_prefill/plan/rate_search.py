@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ class Probe:
     rate: float
     metrics: ServingMetrics | None
     verdict: Verdict | None = None
+    seconds: float = 0.0  # the simulation's wall time, where it ran
 
     @property
     def stopped(self) -> str | None:
@@ -81,7 +83,7 @@ class Probe:
             "rate": self.rate,
             "metrics": self.metrics.to_dict() if self.metrics is not None else None,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-        }
+        }  # not its seconds: a search's document is the same wherever it ran
 
 
 def probe(
@@ -101,6 +103,7 @@ def probe(
     ``percentile`` the search reports (its target's) beside p50, p90 and p99; with a
     ``target``, judge it too (with ``stop``, stopping once the verdict is fixed, where the
     simulator can: the probe then has no metrics). Module-level, so executors can ship it."""
+    began = time.perf_counter()
     options = deployment.simulate_options(engine)
     device = deployment.cost_on(cost)  # its own at its TP on its hardware, when it has one
     scaled = scale_rate(load, scale)
@@ -110,10 +113,10 @@ def probe(
     else:
         trace, verdict = run_verdict(deployment.policy, scaled, device, options, slo, target, stop)
         if verdict.stopped is not None:
-            return Probe(scale, base_rate * scale, None, verdict)
+            return Probe(scale, base_rate * scale, None, verdict, time.perf_counter() - began)
     percentiles = tuple(sorted({50.0, PERCENTILE, 99.0, percentile}))
     metrics = serving_metrics(trace, slo=slo, percentiles=percentiles)
-    return Probe(scale, base_rate * scale, metrics, verdict)
+    return Probe(scale, base_rate * scale, metrics, verdict, time.perf_counter() - began)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

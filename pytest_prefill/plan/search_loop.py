@@ -12,7 +12,8 @@ The rules, each applied here and tested to leave the answer unchanged (tests/tes
    recommendation compares with, then the others with the highest estimates,
    :data:`FIRST_WAVE` in all) starts at the rate its prefill instances could just keep up with
    (:func:`throughput_estimate`), or the workload's own rate when that is no higher; every other
-   deployment starts from the first wave's best rate. Each grows or falls by 1, 2, 4 … steps
+   deployment starts near the first wave's best rate, where one miss prunes it
+   (:func:`seed_near`). Each grows or falls by 1, 2, 4 … steps
    of the same lattice of rates (:class:`~pytest_prefill.plan.rate_search.RateSearch`) until it
    has a bracket, never below the workload's own rate from a seed.
 3. **Prune what cannot come close.** A second-wave deployment whose lowest miss leaves it
@@ -115,11 +116,11 @@ def run_searches(
     found = [s.low for s in first if s.low is not None]
     best = max(found) if found else None
     rest = [s for s in searches if s not in first]
-    for search in rest:
-        search.seed = best if rules.seed else None
     floor = None
     if rules.prune and best is not None and first:
         floor = first[0].scale(best) * (1 - problem.margin)
+    for search in rest:
+        search.seed = seed_near(search, best, floor) if rules.seed else None
     _drive(pool, rest, problem, probe, progress, began, floor, baseline)
 
 
@@ -153,6 +154,19 @@ def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None
         return instances / mean / problem.base_rate if mean > 0 and instances else None
 
     return estimate
+
+
+def seed_near(search: RateSearch, best: int | None, floor: float | None) -> int | None:
+    """Where a second-wave search starts: at the first wave's ``best`` lattice rate, or with
+    pruning, at the lowest lattice rate at or above ``floor`` (a miss there prunes it, as the
+    rate below is under the floor; a pass puts it within the margin): one simulation settles
+    a deployment that cannot come close."""
+    if best is None or floor is None:
+        return best
+    k = best
+    while k > search.bottom and search.scale(k - 1) >= floor:
+        k -= 1
+    return k
 
 
 def seed_below(search: RateSearch, scale: float | None) -> int | None:

@@ -48,6 +48,7 @@ class DeviceCount:
     simulations: int
     seconds: float
     figures: int = 0  # a full run more, for the attainment of a check that stopped or inferred
+    named: bool = True  # False: it meets, but the first deployment in order that meets is unknown
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -171,13 +172,15 @@ def _first_meeting(answered: dict[int, Probe], target: float) -> int | None:
 
 
 def _known_count(result: CapacityResult) -> DeviceCount | None:
-    """The capacity search's own probes as a checked count at the workload's rate (scale 1),
-    named as :func:`_check_count` names one (the first in order that meets): a deployment
-    meets there when it passed at that rate or above, and misses when it missed there or
-    below (attainment falls with rate, as the search assumes); a deployment not searched
-    misses. None when the probes do not tell for a deployment before the first that meets."""
+    """The capacity search's own probes as a checked count at the workload's rate (scale 1): a
+    deployment meets there when it passed at that rate or above, and misses when it missed
+    there or below (attainment falls with rate, as the search assumes); a deployment not
+    searched misses. Named as :func:`_check_count` names one (the first in order that meets)
+    when the probes tell for every deployment before it; else ``named`` is False (it meets,
+    the deployment named may not be the first). None when they tell nothing of a count that
+    may miss."""
     target = result.target
-    told: list[tuple[Deployment, bool, Probe | None]] = []
+    told: list[tuple[Deployment, bool | None, Probe | None]] = []
     for r in result.results:
         runs = [p for p in r.probes if p.scale == 1.0 and p.metrics is not None]
         if r.misses_alone or runs:
@@ -188,18 +191,47 @@ def _known_count(result: CapacityResult) -> DeviceCount | None:
         elif any(not p.passed(target) and p.scale <= 1.0 for p in r.probes):
             told.append((r.deployment, False, None))
         else:
-            return None
-        if told[-1][1]:
-            break
-    if not told:
+            told.append((r.deployment, None, None))
+    meeting = [i for i, (_, meets, _) in enumerate(told) if meets]
+    if meeting:
+        deployment, _, run = told[meeting[0]]
+        named = all(meets is not None for _, meets, _ in told[: meeting[0]])
+        attainment = _exact(run) if run is not None else math.nan
+        return DeviceCount(result.devices, deployment, attainment, True, 0, 0.0, named=named)
+    if not told or any(meets is None for _, meets, _ in told):
         return None
-    chosen = len(told) - 1 if told[-1][1] else None
-    if chosen is None:  # none meets: the highest attainment known (ties: the first)
-        known = [i for i, (_, _, run) in enumerate(told) if run is not None]
-        chosen = max(known, key=lambda i: _exact(told[i][2]), default=0)  # type: ignore[arg-type]
-    deployment, meets, run = told[chosen]
+    known = [i for i, (_, _, run) in enumerate(told) if run is not None]  # none meets
+    chosen = max(known, key=lambda i: _exact(told[i][2]), default=0)  # type: ignore[arg-type]
+    deployment, _, run = told[chosen]
     attainment = _exact(run) if run is not None else math.nan
-    return DeviceCount(result.devices, deployment, attainment, meets, 0, 0.0)
+    return DeviceCount(result.devices, deployment, attainment, False, 0, 0.0)
+
+
+def _guess(known: CapacityResult | None) -> int | None:
+    """The devices a capacity search suggests: its devices over the headroom its best found
+    (the workload's rate against the most the best serves), rounded up; None without one."""
+    if known is None or not known.headroom > 0:
+        return None
+    return max(1, math.ceil(known.devices / known.headroom))
+
+
+def _named(
+    pool: concurrent.futures.Executor,
+    problem: tuple[tuple[Request, ...], CostModel, SLO, float, EngineProfile],
+    count: DeviceCount,
+    deployments_at: DeploymentsAt,
+    target: float,
+    shortcuts: Shortcuts,
+) -> DeviceCount:
+    """The answer's count as it is printed: checked again when the deployment it names may not
+    be the first in order that meets (a count inferred from a search), with the attainment
+    from a full run."""
+    if not count.named:
+        devices = count.devices
+        count = _check_count(
+            pool, problem, devices, deployments_at(devices), target, shortcuts.stop
+        )
+    return _full_answer(pool, problem, count)
 
 
 def _full_answer(
@@ -295,23 +327,35 @@ def devices_needed(
                     progress(_progress_line(count, target))
             return checked[devices].meets
 
-        found = smallest_count(meets, start, max_devices)
-        if found is not None:  # the answer's figure from a full run
-            full = _full_answer(pool, (load, cost, slo, base_rate, profile), checked[found])
-            order = [full if c is checked[found] else c for c in order]
+        found = smallest_count(meets, start, max_devices, _guess(known) if same else None)
+        if found is not None:
+            problem = (load, cost, slo, base_rate, profile)
+            answer = _named(pool, problem, checked[found], deployments_at, target, shortcuts)
+            order = [answer if c is checked[found] else c for c in order]
     return DevicesNeeded(
         found, max_devices, base_rate, float(target), slo, tuple(order), profile.name
     )
 
 
-def smallest_count(meets: Callable[[int], bool], start: int, limit: int) -> int | None:
+def smallest_count(
+    meets: Callable[[int], bool], start: int, limit: int, guess: int | None = None
+) -> int | None:
     """The smallest count in [1, limit] that meets, assuming meeting is monotone in the count:
-    double from ``start`` to a count that meets (or ``limit``), then bisect."""
+    double from ``start`` to a count that meets (or ``limit``), then bisect. With a ``guess``
+    below a ``start`` that meets, double from the guess up to ``start`` first: the same count
+    (meeting is monotone), found in fewer checks when the guess is close."""
     low, high = 0, start  # low: a count known to miss (0: none); high: the count to try
     while not meets(high):
         if high >= limit:
             return None
         low, high = high, min(2 * high, limit)
+    if guess is not None and low < guess < high:
+        count = guess
+        while count < high and not meets(count):
+            low, count = count, 2 * count
+        if count == guess and low < guess - 1 and not meets(guess - 1):
+            low = guess - 1  # the guess was right: the count below misses
+        high = min(count, high)
     while high - low > 1:
         middle = (low + high) // 2
         if meets(middle):
