@@ -90,18 +90,26 @@ class Reference:
         return hits * self.E
 
     # -- the cost model, written out once more ------------------------------------------------
-    def compute(self, pieces, rows):
+    def compute(self, pieces, rows, kv=0):
         k = self.k
         tokens = sum(n for _, _, n in pieces)
         pairs = sum(n * c + n * (n + 1) // 2 for _, c, n in pieces)
         context = sum(c for _, c, _ in pieces)
-        return k.overhead + k.per_token * (tokens + rows) + k.per_pair * pairs + k.per_kv * context
+        # each new token also attends over the decode rows' kv cached tokens (batch attention)
+        batch = k.batch_pair * tokens * kv
+        return (
+            k.overhead
+            + k.per_token * (tokens + rows)
+            + k.per_pair * pairs
+            + k.per_kv * context
+            + batch
+        )
 
     def cost(self, pieces, rows, kv):
         decode = self.k.base + self.k.per_seq * (len(rows) - 1) + self.k.per_kv * kv if rows else 0
         if not pieces:
             return decode
-        compute = self.compute(pieces, len(rows))
+        compute = self.compute(pieces, len(rows), kv if rows else 0)
         if not rows:
             return compute
         num, den = self.pen

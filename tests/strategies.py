@@ -29,6 +29,7 @@ V2 = CostModel(  # every cost model v2 term non-zero
     decode_per_kv_token=2e-8,
     prefill_per_pair=1e-9,
     fusion_penalty=0.25,
+    batch_attention_per_pair=1e-9,
 )
 
 
@@ -60,6 +61,7 @@ def cost_models(draw: st.DrawFn, *, kv: bool = True, link: bool = True) -> CostM
         decode_step_base=draw(seconds(1e-3, 5e-2)),
         decode_per_seq=draw(st.sampled_from([0.0, 1e-5, 1e-4])),
         decode_per_kv_token=draw(st.sampled_from([0.0, 1e-9, 1e-7])) if kv else 0.0,
+        batch_attention_per_pair=draw(st.sampled_from([0.0, 1e-9, 1e-8])) if kv else 0.0,
         kv_bytes_per_token=draw(st.sampled_from([0.0, 1e3, 1.1e5])) if link else 0.0,
         link_bandwidth=draw(st.sampled_from([math.inf, 1e9, 25e9])) if link else math.inf,
         link_latency=draw(st.sampled_from([0.0, 1e-5, 1e-3])) if link else 0.0,

@@ -56,7 +56,11 @@ def test_cost_model_formulas(cost, t, n, k, c):
     assert fused >= cost.decode_step(n, k)
     if t:
         assert fused >= cost.prefill_pass(t, c)
-        assert fused == pytest.approx(max(cost.decode_step(n, k), cost.prefill_pass(t + n, c)))
+        # the chunk's t tokens also attend over the rows' k cached tokens (batch attention)
+        batch = cost.batch_attention_per_pair * t * k
+        assert fused == pytest.approx(
+            max(cost.decode_step(n, k), cost.prefill_pass(t + n, c) + batch)
+        )
     assert cost.kv_transfer(t) == pytest.approx(
         cost.link_latency + t * cost.kv_bytes_per_token / cost.link_bandwidth
     )

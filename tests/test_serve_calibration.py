@@ -3,6 +3,7 @@ the fit recovering a known cost model and overhead from samples made with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -218,3 +219,29 @@ def test_a_calibration_rounds_progress_counts_the_rounds_that_run(monkeypatch):
     asyncio.run(calibration.calibration_round(None, sweep, Samples(), 1, lines.append, rounds=2))
     asyncio.run(calibration.calibration_round(None, sweep, Samples(), 0, lines.append))
     assert lines == ["calibration round 2/2 done", f"calibration round 1/{sweep.repeats} done"]
+
+
+def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_absent():
+    """Engines that run the batch's attention as one masked operation (transformers serve,
+    llama.cpp) make a chunk beside decode rows cost more with the rows' cached tokens: the fit
+    finds that term where the fused iterations show it, and records ~0 (or refuses it) where
+    they do not."""
+    true = dataclasses.replace(TRUE, batch_attention_per_pair=2e-7)
+    rng = random.Random(1)
+    samples = _samples(256)
+    samples.stalls = []
+    for p, row_context in ((512, 200), (1024, 900), (2048, 500)):  # a context per chunking
+        pieces = chunks_of(p, 256, 2)
+        for _ in range(3):
+            fused = tuple(
+                true.iteration([(t, c)], 2, 2 * (row_context + j))
+                * (1 + rng.uniform(-0.005, 0.005))
+                for j, (t, c) in enumerate(pieces)
+            )
+            samples.stalls.append(
+                StallSample(p, 2, row_context, len(pieces), len(pieces), fused, 0.006, 0.0)
+            )
+    found = fit_server(samples, ServerSweep(256), {"source": "synthetic"}).cost
+    assert found.batch_attention_per_pair == pytest.approx(2e-7, rel=0.25)
+    plain = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"}).cost
+    assert plain.batch_attention_per_pair < 2e-8  # a tenth of the term the first run had

@@ -28,7 +28,13 @@ class AnswerBasis:
 
 
 PRESET_MODEL = "qwen3-0.6b"  # both cost presets describe Qwen3-0.6B (sim/presets.py)
-ZERO_TERMS = ("decode_per_seq", "decode_per_kv_token", "prefill_per_pair", "fusion_penalty")
+ZERO_TERMS = (
+    "decode_per_seq",
+    "decode_per_kv_token",
+    "prefill_per_pair",
+    "fusion_penalty",
+    "batch_attention_per_pair",
+)
 
 
 def origin(spec: CostSpec) -> str:

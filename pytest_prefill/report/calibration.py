@@ -161,6 +161,7 @@ CONSTANT_UNITS = (
     ("decode_per_seq", "ms", 1e3),
     ("decode_per_kv_token", "ns", 1e9),
     ("fusion_penalty", "", 1.0),
+    ("batch_attention_per_pair", "ns", 1e9),
 )
 
 

@@ -50,6 +50,7 @@ CONSTANTS: dict[str, tuple[str | None, str | None, str, float]] = {
     "decode_per_kv_token": ("decode_kv", "slope", "ns/token", 1e9),
     "prefill_per_pair": ("prefill", "slope", "ns/pair", 1e9),
     "fusion_penalty": ("fused", "value", "fraction", 1.0),
+    "batch_attention_per_pair": (None, None, "ns/pair", 1e9),
     "kv_bytes_per_token": (None, "exact", "bytes", 1.0),
     "kv_capacity_tokens": (None, "exact", "tokens", 1.0),
     "link_bandwidth": (None, None, "GB/s", 1e-9),

@@ -35,6 +35,7 @@ from pytest_prefill.measure.calibration_points import (
 )
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.serve.calibration_fit import (
+    BATCH_TERM,
     OVERHEAD,
     Chunking,
     PassData,
@@ -273,10 +274,15 @@ def _to_engine(stalls: Sequence[StallSample]) -> float:
 
 
 def _pass_constants(fit: Any) -> tuple[dict[str, float], float, list[Refusal]]:
-    """The prefill constants and the fusion penalty of the joint fit (capped at 1), and the
-    refusals to report (the overhead is not a cost-model constant)."""
-    values = {name: fit.values.get(name, 0.0) for name in PREFILL_TERMS}
+    """The prefill constants (the batch-attention term with them) and the fusion penalty of
+    the joint fit (capped at 1), and the refusals to report (the overhead is not a cost-model
+    constant)."""
+    values = {name: fit.values.get(name, 0.0) for name in (*PREFILL_TERMS, BATCH_TERM)}
     refusals = [r for r in refusals_of(fit) if r.constant != OVERHEAD]
+    if BATCH_TERM not in fit.values:
+        refusals.append(
+            Refusal(BATCH_TERM, "not measured: no fused iteration beside cached tokens read", {})
+        )
     penalty = fit.values.get("fusion_penalty", 0.0)
     if "fusion_penalty" not in fit.values:
         refusals.append(Refusal("fusion_penalty", "not measured: no fused iteration was read", {}))

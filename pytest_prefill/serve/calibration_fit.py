@@ -19,7 +19,10 @@ from pytest_prefill.serve.experiments import DecodeSample, StallSample, chunks_o
 from pytest_prefill.sim import CostModel, attention_pairs
 
 OVERHEAD = "request_overhead"
-PASS_TERMS = (*PREFILL_TERMS, "fusion_penalty", OVERHEAD)
+# A chunk's tokens attending over the decode rows' cached tokens in one masked attention
+# (transformers serve, llama.cpp): new tokens x the batch's cached tokens, fused iterations only.
+BATCH_TERM = "batch_attention_per_pair"
+PASS_TERMS = (*PREFILL_TERMS, "fusion_penalty", BATCH_TERM, OVERHEAD)
 # A fused iteration whose chunk is this small may cost less to compute than its decode rows:
 # the linear form below (compute + penalty x decode) does not hold for it, so it is not fitted.
 MIN_FUSED_SHARE = 0.25  # of the budget
@@ -55,6 +58,7 @@ def alone_row(length: int, budget: int) -> tuple[dict[str, float], int]:
         "prefill_per_token": float(length),
         "prefill_per_pair": float(sum(attention_pairs(t, c) for t, c in pieces)),
         "fusion_penalty": 0.0,
+        BATCH_TERM: 0.0,
         OVERHEAD: 1.0,
     }
     return row, sum(c for _, c in pieces)
@@ -69,6 +73,7 @@ def fused_row(point: Point, decode: float) -> tuple[dict[str, float], int]:
         "prefill_per_token": float(t + point.rows),
         "prefill_per_pair": float(attention_pairs(t, c)),
         "fusion_penalty": decode,
+        BATCH_TERM: float(t * point.rows * point.row_context),
         OVERHEAD: 0.0,
     }
     return row, c

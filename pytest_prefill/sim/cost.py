@@ -64,8 +64,12 @@ class CostModel:
     T*(T+1)/2) + decode_per_kv_token*sum(C)``; a decode step of n rows reading K cached tokens
     ``decode_step_base + decode_per_seq*(n-1) + decode_per_kv_token*K``; a fused iteration
     ``max(decode, compute) + fusion_penalty*min(decode, compute)`` where compute is the prefill
-    pass plus ``prefill_per_token*n``. With ``prefill_per_pair = fusion_penalty = 0`` this is
-    the lab's linear model exactly.
+    pass plus ``prefill_per_token*n`` plus ``batch_attention_per_pair*sum(T)*K``: on engines
+    that run the batch's attention as one masked operation (``transformers serve``,
+    llama.cpp), each new prompt token attends over the decode rows' K cached tokens too (a
+    server calibration fits it where its fused iterations support it, else records 0). With
+    ``prefill_per_pair = fusion_penalty = batch_attention_per_pair = 0`` this is the lab's
+    linear model exactly.
 
     Every term is finite and >= 0; ``link_bandwidth`` (bytes/s) is > 0 and may be infinite;
     ``fusion_penalty`` is in [0, 1]; ``kv_capacity_tokens`` (tokens of KV cache one compute
@@ -85,6 +89,7 @@ class CostModel:
     prefill_per_pair: float = 0.0
     fusion_penalty: float = 0.0
     kv_capacity_tokens: float = math.inf
+    batch_attention_per_pair: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -140,6 +145,7 @@ class CostModel:
             + self.prefill_per_token * (tokens + rows)
             + self.prefill_per_pair * pairs
             + self.decode_per_kv_token * context
+            + self.batch_attention_per_pair * tokens * kv_tokens
         )
         return max(decode, compute) + self.fusion_penalty * min(decode, compute)
 
@@ -211,7 +217,11 @@ class CostModel:
         room = decode - fixed
         # compute(T) - fixed = a*T^2 + b*T with a = pair/2, b = per_token + pair*(C + 1/2)
         a = self.prefill_per_pair / 2
-        b = self.prefill_per_token + self.prefill_per_pair * (context + 0.5)
+        b = (
+            self.prefill_per_token
+            + self.prefill_per_pair * (context + 0.5)
+            + self.batch_attention_per_pair * (kv_tokens if rows else 0)
+        )
         if b == 0:
             return math.inf if room > 0 else -math.inf
         if a == 0 or room <= 0:  # linear, or the diagnosis: the room left at T = 0 in tokens

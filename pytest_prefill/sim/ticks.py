@@ -44,6 +44,7 @@ class TickCost:
         "latency",
         "per_transfer",
         "penalty",
+        "batch_pair",
     )
 
     def __init__(self, cost: CostModel) -> None:
@@ -56,6 +57,7 @@ class TickCost:
         self.latency = to_ticks(cost.link_latency)
         self.per_transfer = to_ticks(cost.kv_bytes_per_token / cost.link_bandwidth)
         self.penalty = cost.fusion_penalty.as_integer_ratio()
+        self.batch_pair = to_ticks(cost.batch_attention_per_pair)
 
     def decode(self, rows: int, kv_tokens: int) -> int:
         return self.base + self.per_seq * (rows - 1) + self.per_kv * kv_tokens
@@ -67,6 +69,7 @@ class TickCost:
             + self.per_token * (tokens + rows)
             + self.per_pair * pairs
             + self.per_kv * context
+            + self.batch_pair * tokens * kv_tokens
         )
         if not rows:
             return compute
