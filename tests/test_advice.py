@@ -115,7 +115,7 @@ def test_the_archived_timeline_and_the_timeline_command_draw_the_one_chunk(cost,
 def test_summary_compare_and_archive_say_the_same_words_and_warnings(tmp_path, capsys):
     import json
 
-    from pytest_prefill.archive import runs as archive
+    from pytest_prefill.archive import saving
     from pytest_prefill.cli import main
     from pytest_prefill.report.verdicts import verdict_block
 
@@ -137,7 +137,7 @@ def test_summary_compare_and_archive_say_the_same_words_and_warnings(tmp_path, c
     assert advice.warnings, "a pair term and a fusion penalty each earn a warning"
     block = verdict_block(cost, "x", [], (), (0, 2048, 8192, 32768))
     assert advice.line in block and all(w in block for w in advice.warnings)
-    assert archive.cost_block(cost, "x", contexts=(0, 2048, 8192, 32768))["recommendation"] == (
+    assert saving.cost_block(cost, "x", contexts=(0, 2048, 8192, 32768))["recommendation"] == (
         advice.to_dict()
     )
     path = tmp_path / "cal.json"

@@ -18,6 +18,7 @@ import pytest
 
 from pytest_prefill import _io
 from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.machine import (
     Accelerator,
     check_device,
@@ -47,7 +48,7 @@ def calibrated_run(cost=COST):
 
 
 def write(results, run=None, *, key="cpu-test", commit="abcdef12", dirty=False):
-    return archive.write_run(
+    return saving.write_run(
         results, key, run or {"tables": []}, commit=commit, dirty=dirty, when=WHEN
     )
 
@@ -122,7 +123,7 @@ def test_concurrent_writers_never_share_a_number_or_lose_a_file(tmp_path):
 
 
 def test_attachments_are_written_beside_the_run_file_and_listed_in_it(tmp_path):
-    path = archive.write_run(
+    path = saving.write_run(
         tmp_path,
         "cpu-test",
         {},
@@ -136,7 +137,7 @@ def test_attachments_are_written_beside_the_run_file_and_listed_in_it(tmp_path):
     assert json.loads(path.read_text())["attachments"] == {"timeline.svg": svg.name}
     assert [r.path for r in archive.runs(tmp_path, "cpu-test")] == [path]
     with pytest.raises(ValueError, match="attachment suffix"):
-        archive.write_run(
+        saving.write_run(
             tmp_path,
             "cpu-test",
             {},
@@ -159,7 +160,7 @@ def test_nan_and_infinity_become_strict_json(tmp_path):
     data = json.loads(path.read_text())  # strict JSON: parses with any reader
     assert data["tables"][0]["data"] == {"a": None, "b": "inf", "c": [1, 2]}
     with pytest.raises(ValueError, match="cannot be stored as JSON"):
-        archive.json_safe({"x": object()})
+        _io.json_safe({"x": object()})
 
 
 @pytest.mark.parametrize("key", ["../up", "Upper", "a/b", ""])
@@ -169,7 +170,7 @@ def test_a_bad_machine_key_is_refused(tmp_path, key):
 
 
 def test_git_state_outside_git_says_nocommit(tmp_path):
-    assert archive.git_state(tmp_path) == (archive.NO_COMMIT, False)
+    assert saving.git_state(tmp_path) == (archive.NO_COMMIT, False)
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -229,6 +230,7 @@ def test_resolve_run_takes_a_path_or_a_machine_key(tmp_path):
 KILLED_WRITER = """
 import datetime, os, signal, sys
 from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 
 results, point, how = sys.argv[1:4]
 calls = {"fsync": 0}
@@ -252,7 +254,7 @@ def replace(src, dst):
 
 os.fsync, os.replace = fsync, replace
 try:
-    archive.write_run(results, "cpu-test", {"tables": []}, commit="abcdef12", dirty=False,
+    saving.write_run(results, "cpu-test", {"tables": []}, commit="abcdef12", dirty=False,
                       when=datetime.datetime(2026, 1, 1), attachments={"timeline.svg": "<svg/>"})
 except KeyboardInterrupt:
     sys.exit(130)
@@ -322,11 +324,11 @@ def test_a_fresh_or_live_in_progress_file_is_not_swept(tmp_path):
         _io.lock(handle.fileno())  # a live writer holds its lock
         then = time.time() - 3600
         os.utime(live, (then, then))
-        assert archive.sweep_abandoned(folder) == []
+        assert saving.sweep_abandoned(folder) == []
     # its writer gone, the old file goes; the reservation is too young to judge
-    assert archive.sweep_abandoned(folder) == [".tmp-live.part"]
+    assert saving.sweep_abandoned(folder) == [".tmp-live.part"]
     age(folder)
-    assert archive.sweep_abandoned(folder) == [".0009.reserved"]
+    assert saving.sweep_abandoned(folder) == [".0009.reserved"]
 
 
 def test_an_attachment_left_without_its_run_keeps_its_number_taken(tmp_path):
@@ -444,7 +446,7 @@ def test_a_run_found_by_number_is_the_only_file_read(tmp_path, monkeypatch):
     ],
 )
 def test_save_run_names_what_a_document_lacks(tmp_path, change, field):
-    document = archive.run_document(
+    document = saving.run_document(
         created=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
         machine={"key": "cpu-test"},
         commit="abcdef12",
@@ -452,22 +454,22 @@ def test_save_run_names_what_a_document_lacks(tmp_path, change, field):
         settings={},
     )
     with pytest.raises(ValueError, match=field):
-        archive.save_run(tmp_path, {**document, **change}, when=datetime.datetime(2026, 1, 1))
+        saving.save_run(tmp_path, {**document, **change}, when=datetime.datetime(2026, 1, 1))
     assert not any(tmp_path.iterdir()), "nothing written for a bad document"
 
 
 def test_a_saved_document_reads_back_with_its_cost_and_recommendation(tmp_path):
     cost = CostModel(prefill_pass_overhead=0.002, prefill_per_token=1e-5, decode_step_base=0.02)
-    document = archive.run_document(
+    document = saving.run_document(
         created=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc),
         machine={"key": "cpu-test"},
         commit="abcdef12",
         dirty=False,
         settings={"threads": 1},
-        cost=archive.cost_block(cost, "given"),
+        cost=saving.cost_block(cost, "given"),
         command="prefill-bench calibrate",
     )
-    path = archive.save_run(tmp_path, document, when=datetime.datetime(2026, 1, 1))
+    path = saving.save_run(tmp_path, document, when=datetime.datetime(2026, 1, 1))
     data = archive.read_run(path).data
     assert CostModel.from_dict(data["cost"]["cost_model"]) == cost
     assert data["cost"]["recommendation"]["line"] == recommend(cost).line

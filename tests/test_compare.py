@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.cli import main
 from pytest_prefill.report.comparison import CONSTANTS, Side, compare, side_from_document
 from pytest_prefill.sim import CostModel, get_preset
@@ -76,7 +76,7 @@ def calibration(cost: CostModel, *, noise: float = 1e-4, refused=("decode_per_kv
 
 
 def write_run(results, key, cost, **kwargs):
-    return archive.write_run(
+    return saving.write_run(
         results,
         key,
         {"calibration": calibration(cost, **kwargs)},

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.archive.cost_spec import COST_WORDS, resolve_cost
 from pytest_prefill.cli import main
 from pytest_prefill.sim import PRESETS, CostModel
@@ -24,7 +24,7 @@ CALIBRATION = {
 
 
 def archived(tmp_path, key="cpu-test"):
-    return archive.write_run(
+    return saving.write_run(
         tmp_path,
         key,
         {"created": "2026-01-01T00:00:00+00:00", "calibration": CALIBRATION},

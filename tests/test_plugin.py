@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.machine import cpu_key, cpu_model, machine_key, nvidia_accelerators
 from pytest_prefill.plan.advice import recommend
 from pytest_prefill.sim import CostModel, get_preset
@@ -401,7 +402,7 @@ def test_a_measured_calibration_is_archived_and_read_back_by_prefill_cost_archiv
 
 def test_a_corrupt_archive_file_is_skipped_with_a_message(pytester):
     key = this_machine()
-    good = archive.write_run(
+    good = saving.write_run(
         pytester.path / "results",
         key,
         {"calibration": {"cost_model": STUB_COST.to_dict()}},
@@ -646,7 +647,7 @@ def test_a_cost_file_with_a_400_digit_integer_is_a_usage_error_not_an_internal_e
 
 def test_an_archive_of_only_a_truncated_calibration_names_the_file(pytester):
     key = this_machine()
-    path = archive.write_run(
+    path = saving.write_run(
         pytester.path / "results",
         key,
         {"calibration": {"cost_model": STUB_COST.to_dict()}},

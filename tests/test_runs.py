@@ -7,6 +7,7 @@ import datetime
 import pytest
 
 from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.cli import main
 from pytest_prefill.plan.advice import recommend
 from pytest_prefill.sim import get_preset
@@ -16,7 +17,7 @@ LAB = get_preset("lab-laptop").cost
 
 
 def write(results, key, **run):
-    return archive.write_run(
+    return saving.write_run(
         results, key, run, commit="abcdef12", dirty=False, when=datetime.datetime(2026, 1, 1)
     )
 

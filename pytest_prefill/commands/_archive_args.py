@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.commands._args import output_path
 from pytest_prefill.machine import (
     KEY_PATTERN,
@@ -82,15 +82,15 @@ def save_calibration(args: argparse.Namespace, calibration: Any, origin: str) ->
     device = "cpu" if str(info.get("device", "")).startswith("cpu") else info.get("device")
     started, context = _run_context(args, device, info.get("torch_threads"))
     refused = calibration.refused()
-    document = archive.run_document(
+    document = saving.run_document(
         **context,
-        cost=archive.cost_block(
+        cost=saving.cost_block(
             calibration.cost, origin, None, refused, calibration.contexts, calibration.trust()
         ),
         calibration=calibration.to_dict(),
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["calibrate"]),
     )
-    return archive.save_run(args.results, document, when=started.astimezone())
+    return saving.save_run(args.results, document, when=started.astimezone())
 
 
 def _run_context(
@@ -100,7 +100,7 @@ def _run_context(
     settings (the command's measuring flags and its torch threads)."""
     accelerators = [] if device == "cpu" else nvidia_accelerators()
     machine = {**machine_info(device, accelerators), "key": machine_of(args, device)}
-    commit, dirty = archive.git_state(os.getcwd())
+    commit, dirty = saving.git_state(os.getcwd())
     started = datetime.datetime.now(datetime.timezone.utc)
     settings = {k: getattr(args, k, None) for k in ("model", "device", "dtype", "repeats")}
     settings.update(
@@ -122,15 +122,15 @@ def save_tables(
     """Archive a measuring command's printed tables and verdicts (no calibration of its own)
     as a run of ``--machine`` (else this machine) under ``--results``. ``tables``: (title,
     text, data) each; ``verdicts``: (name, HOLDS or FAILS, sentence) each; ``attachments``: suffix
-    -> text stored beside the run (``archive.write_run``)."""
+    -> text stored beside the run (``saving.write_run``)."""
     device = "cpu" if str(provenance.get("device", "")).startswith("cpu") else None
     started, context = _run_context(args, device, provenance.get("threads"))
-    document = archive.run_document(
+    document = saving.run_document(
         **context,
         tables=[{"title": t, "text": text, "data": data} for t, text, data in tables],
         verdicts=[{"name": n, "verdict": v, "sentence": s} for n, v, s in verdicts],
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["fidelity"]),
     )
-    return archive.save_run(
+    return saving.save_run(
         args.results, document, when=started.astimezone(), attachments=attachments
     )

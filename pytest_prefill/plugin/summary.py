@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_prefill.archive import runs as archive
+from pytest_prefill.archive import saving
 from pytest_prefill.machine import Accelerator
 from pytest_prefill.plugin.session import RECORDED, STATE, SessionCost, SessionState, session_cost
 
@@ -29,7 +29,7 @@ def run_document(session: pytest.Session, state: SessionState, exitstatus: int) 
     used, calibration = session_cost(state)
     machine = machine_info(s.device, [Accelerator(**a) for a in s.accelerators])
     machine["key"] = s.machine_key
-    commit, dirty = archive.git_state(session.config.rootpath)
+    commit, dirty = saving.git_state(session.config.rootpath)
     models = state.sorted_entries("model")
     counts: dict[str, int] = {}
     for outcome in state.outcomes.values():
@@ -38,10 +38,10 @@ def run_document(session: pytest.Session, state: SessionState, exitstatus: int) 
     settings.update(dry_run=s.dry_run, threads=s.threads, cost=s.cost_spec, save=s.save)
     cost = None
     if used.cost is not None:
-        cost = archive.cost_block(
+        cost = saving.cost_block(
             used.cost, used.source, None, used.refused, used.contexts, used.trust
         )
-    return archive.run_document(
+    return saving.run_document(
         created=state.started,
         machine=machine,
         commit=commit,
@@ -92,7 +92,7 @@ def archive_session(session: pytest.Session, exitstatus: int) -> None:
     if svg:
         document["timeline"] = {"cost_source": used.source, "attachment": "timeline.svg"}
     try:
-        state.archive_path = archive.save_run(
+        state.archive_path = saving.save_run(
             s.results,
             document,
             when=state.started.astimezone(),
