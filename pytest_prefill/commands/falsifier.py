@@ -22,6 +22,7 @@ HELP = "the falsifier: does chunked prefill shorten a live stream's worst token 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_measuring_arguments(parser)
+    add_cost_argument(parser, default=None)  # C* for the chunk
     parser.add_argument(
         "--prompt-len",
         type=positive_int,
@@ -35,7 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TOKENS",
         help="chunk size to test (default: C*, from --cost or a quick calibration made now)",
     )
-    add_cost_argument(parser, default=None)  # C* for the chunk
     parser.add_argument(
         "--json", type=output_path, metavar="PATH", help="also write the result JSON here"
     )
