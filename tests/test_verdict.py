@@ -154,16 +154,23 @@ def test_a_full_run_misses_at_least_the_requests_that_miss_alone(
     ttft=st.sampled_from([0.01, 0.05, 0.2, 1.0]),
     tpot=st.sampled_from([None, 0.005, 0.02, 0.1]),
     target=targets,
-    deployment=st.sampled_from(DEPLOYMENTS[:4]),
+    deployment=st.sampled_from(DEPLOYMENTS),
     scale=st.sampled_from([0.25, 1.0, 16.0]),
+    engine=st.sampled_from(["lab", "vllm"]),
+    e2el=st.sampled_from([None, 0.5, 3.0]),
 )
 def test_the_verdict_is_the_full_runs_attainment_against_the_target(
-    load, cost, ttft, tpot, target, deployment, scale
+    load, cost, ttft, tpot, target, deployment, scale, engine, e2el
 ):
     """End to end, however the run was stopped: passed exactly when the full run's attainment
     (vLLM's measure) is >= the target."""
-    slo = SLO(ttft=ttft, tpot=tpot)
-    options = deployment.simulate_options(get_profile("lab"))
+    slo = SLO(ttft=ttft, tpot=tpot, e2el=e2el)
+    profile = get_profile(engine)
+    if refused_kinds([deployment], profile, cost) or (
+        deployment.chunk_budget is not None and profile.kv == "paged"
+    ):
+        return
+    options = deployment.simulate_options(profile)
     scaled = scale_rate(load, scale)
     _, verdict = run_verdict(deployment.policy, scaled, cost, options, slo, target)
     full = serving_metrics(simulate(deployment.policy, scaled, cost, **options), slo=slo)

@@ -22,14 +22,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pytest_prefill import sim as simulator
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.sim import CostModel, EngineProfile, Request, Trace, simulate
 
-try:  # the simulator's early stop, when it has one (issue 26); else full runs, then the verdict
-    from pytest_prefill.sim import StopRule  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the simulator's version
-    StopRule = None
+# The simulator's early stop, when it has one (issue 26); else full runs, then the verdict.
+StopRule: Any = getattr(simulator, "StopRule", None)
 
 # A float lower bound loses at most a few ulps against the simulator's exact integer ticks
 # (its constants round to the nearest 2**-64 s); the bound is shrunk by this much to stay below.
