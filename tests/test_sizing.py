@@ -4,6 +4,8 @@ capacity search's own probes, its bound, and bad input."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -90,6 +92,7 @@ def test_a_capacity_search_answers_its_own_count_without_simulating_it_again():
     assert first.meets == (known.results[0].max_rate >= known.base_rate)
     if at_rate:  # the search ran the workload's own rate: its attainment, else one run more
         assert first.attainment == at_rate[0].attainment
+    json.dumps(needed.to_dict(), allow_nan=False)  # an attainment not known is null
     alone = devices_needed(LOAD, COST, SLO_1S, shared_only, start=8, executor=InlineExecutor())
     assert alone.devices == needed.devices
 

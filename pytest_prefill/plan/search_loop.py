@@ -42,7 +42,6 @@ from pytest_prefill.plan.rate_search import (
     probe_result,
     target_percentile,
 )
-from pytest_prefill.plan.verdict import shared_prefix_tokens
 from pytest_prefill.sim import CostModel, EngineProfile, Request
 
 FIRST_WAVE = 2  # deployments searched before the others (the baseline, the best estimated)
@@ -126,17 +125,16 @@ def run_searches(
 
 def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None]:
     """A first guess of each deployment's knee, as a rate multiple: the rate at which its
-    prefill instances would compute prompts without a pause — instances ÷ the mean prompt
-    compute (the per-token and attention-pair terms of the tokens a prefix cache could not
-    supply, :func:`~pytest_prefill.plan.verdict.shared_prefix_tokens`, plus a pass overhead per
-    token budget's worth). Decoding and queueing are left out, so the knee is rarely above
-    it. A guess: it orders the first wave and places its first probes, never the answer."""
-    engine, load = problem.engine, problem.load
-    block = engine.prefix_block_tokens
-    cached = shared_prefix_tokens(load, block) if engine.prefix_caching and block else {}
-    pieces = [(r.prompt_len - cached.get(r.id, 0), cached.get(r.id, 0)) for r in load]
+    prefill instances would compute the prompts without a pause — instances ÷ the mean prompt
+    compute (per-token and attention-pair terms, plus a pass overhead per token budget's
+    worth). Decoding and queueing are left out, and a prefix cache's hits (which only lower
+    it) too. A guess: it orders the first wave and places its first probes, never the
+    answer."""
+    load = problem.load
+    pieces = [(r.prompt_len, 0) for r in load]
     tokens = sum(t for t, _ in pieces)
-    pairs = sum(t * c + t * (t + 1) // 2 for t, c in pieces)
+    pairs = sum(t * (t + 1) // 2 for t, _ in pieces)
+    engine = problem.engine
 
     def estimate(search: RateSearch) -> float | None:
         d = search.deployment

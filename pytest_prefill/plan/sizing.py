@@ -54,7 +54,7 @@ class DeviceCount:
         return {
             "devices": self.devices,
             "best": self.best.label if self.best is not None else None,
-            "attainment": self.attainment,
+            "attainment": None if math.isnan(self.attainment) else self.attainment,
             "meets": self.meets,
             "simulations": self.simulations,
         }
