@@ -41,7 +41,8 @@ def test_capacity_search_on_the_azure_conv_trace(
         rounds=1,
     )
     benchmark.extra_info.update(simulations=result.simulations, answer=result.recommendation())
-    expected = default_deployments(prefill_cost_model, DEVICES, SLO.parse(SLO_TEXT))
+    # the session's engine profile (vllm unless --prefill-engine says otherwise), as searched
+    expected = default_deployments(prefill_cost_model, DEVICES, SLO.parse(SLO_TEXT), result.engine)
     assert [r.deployment for r in result.results] == list(expected)
     for r in result.results:
         if r.best is not None:

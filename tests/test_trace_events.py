@@ -50,7 +50,7 @@ def test_the_command_writes_json_for_json_and_svg_for_svg(tmp_path, capsys):
     assert "perfetto" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["t.png", "t.svgz", "t", "t.json.txt"])
+@pytest.mark.parametrize("name", ["t.gif", "t.svgz", "t", "t.json.txt"])
 def test_any_other_extension_is_a_usage_error_that_names_the_allowed_ones(name, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["timeline", "--out", str(tmp_path / name)])
