@@ -15,7 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("preset", choices=tuple(MODEL_PRESETS), help="the architecture")
     parser.add_argument("folder", help="where to write it (a new folder)")
     parser.add_argument("--gguf", action="store_true", help="also write model.gguf for llama.cpp")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a folder make-model made (one holding prefill-model.json); any other is "
+        "refused",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
