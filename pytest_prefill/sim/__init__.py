@@ -27,7 +27,8 @@ subclasses across the line):
 4. The speed-ups, kept apart from the rules: ``fastpath`` (any worker's rules timed by the
    cost model; decode runs in closed form; the link timed), ``pool`` (the one loop that
    drives them through time).
-5. A run assembled: ``prefill_pool`` (disaggregation's prefill side on the loop),
+5. A run assembled: ``stop`` (the SLO test of one request, and when a run's verdict is
+   fixed: :class:`StopRule`), ``prefill_pool`` (disaggregation's prefill side on the loop),
    ``simulation`` (:func:`simulate`: each policy as pools of workers), ``results`` (a
    simulation's compact results).
 6. ``oracle`` — every invariant a trace must keep, checked from the trace alone;
@@ -82,6 +83,7 @@ from .simulation import (
     simulate,
     simulated_engine,
 )
+from .stop import StopRule, Watch, meets, slo_values, within
 from .ticks import TICKS_PER_SECOND, TickCost, from_ticks, to_ticks
 from .tokens import TokenBook
 from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection, record_gaps
@@ -92,6 +94,11 @@ RULES = ("kv", "tokens", "rules", "paged", "paged_worker", "prefill_worker", "po
 SPEED_UPS = ("ticks", "fastpath", "pool")
 
 __all__ = [
+    "within",
+    "slo_values",
+    "meets",
+    "Watch",
+    "StopRule",
     "takes_whole",
     "BaseWorker",
     "PrefillWorker",

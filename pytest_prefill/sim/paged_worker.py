@@ -384,6 +384,8 @@ class PagedWorker(BaseWorker):
         self.tokens.finish[r.id] = t
         self._release(r)
         self.unfinished -= 1
+        if self.leaving is not None:
+            self.leaving.append(r)
         return True
 
     def _emit_rows(self, plan: Plan, end: int, steps: int, first: int, growth: int) -> None:
@@ -407,6 +409,8 @@ class PagedWorker(BaseWorker):
                 gone.append(r)
         if gone:
             self.unfinished -= len(gone)
+            if self.leaving is not None:
+                self.leaving.extend(gone)
             ids = {r.id for r in gone}
             self.running = [x for x in self.running if x.id not in ids]
             self.row_ids = tuple([x.id for x in self.running])

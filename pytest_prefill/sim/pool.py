@@ -82,11 +82,13 @@ class Pool:
         place: Callable[[Request, int], None],
         retry: Callable[[int], None] | None = None,
         dispatch: Callable[[int], None] | None = None,
-    ) -> None:
+        stop: Callable[[int], bool] | None = None,
+    ) -> bool:
         """Drive the resources until every arrival is placed and none has work: at each
         instant end what ends, ``retry`` (requests waiting for room), ``place`` what arrives,
         then start the idle workers that have work — or, given ``dispatch``, let it start
-        what it chooses (a shared queue's order)."""
+        what it chooses (a shared queue's order). ``stop(now)``, asked once what ends at an
+        instant has ended: True stops the run there. Returns whether it stopped so."""
         heap, ready, router, workers, at = (
             self._heap,
             self._ready,
@@ -106,7 +108,7 @@ class Pool:
             elif i < n:
                 t = arrivals[i][0]
             else:
-                return
+                return False
             while heap and heap[0][0] == t:
                 w = at[pop(heap)[1]]
                 if w.busy_until != t:
@@ -120,6 +122,8 @@ class Pool:
                     if rules.unfinished != before:
                         router.set(w.index, rules.unfinished)
                 ready.append(w)
+            if stop is not None and stop(t):
+                return True
             if retry is not None:
                 retry(t)
             while i < n and arrivals[i][0] == t:
@@ -130,7 +134,7 @@ class Pool:
             else:
                 for w in ready:
                     if w.busy_until is None:
-                        stop = w.start(t)
-                        if stop is not None:
-                            push(heap, (stop, w.index))
+                        until = w.start(t)
+                        if until is not None:
+                            push(heap, (until, w.index))
             ready.clear()

@@ -14,6 +14,7 @@ from .paged_worker import PagedWorker
 from .prefill_pool import PrefillSide
 from .requests import Request
 from .rules import Worker
+from .stop import Watch
 from .ticks import from_ticks, to_ticks
 from .trace import RequestRecord, Summary
 
@@ -40,6 +41,8 @@ class SimResults:
         self.names, self.logs = names, logs  # every resource and its log, in order
         # Busy ticks as the fast path counted them (not from the log: the oracle compares both).
         self.busy = busy
+        self.stopped: str | None = None  # the verdict a run stopped on (see judged)
+        self.misses = 0
         self._gaps: GapMultiset | None = None
         latest = max((log[-1].end for log in logs if log), default=0)  # each log by start
         try:
@@ -49,6 +52,15 @@ class SimResults:
                 "the simulated run lasts beyond the float range (1.8e308 s): the cost model's "
                 "terms or the arrivals are too large"
             ) from None
+
+    def judged(self, watch: Watch | None, stopped: bool) -> SimResults:
+        """These results, with the verdict ``watch`` reached (when the run ``stopped`` on it
+        before every request finished) and the misses it knew then."""
+        if watch is not None:
+            self.misses = watch.missed
+            if stopped and not watch.finished:
+                self.stopped = watch.verdict
+        return self
 
     def resources(self) -> tuple[str, ...]:
         return tuple(name for name, log in zip(self.names, self.logs) if log)
@@ -114,6 +126,12 @@ class SimResults:
             return self.prefill.finished[r.id]
         return w.tokens.finish[r.id]
 
+    def done(self, r: Request, w: Decoder | None) -> bool:
+        """Whether ``r`` (decoded by ``w``, if any yet) has finished."""
+        if w is None:
+            return self.prefill is not None and r.id in self.prefill.finished
+        return r.id in w.tokens.finish
+
     def entries(self) -> Iterator[LogEntry]:
         """The log by resource (in order), then by start."""
         return itertools.chain.from_iterable(self.logs)
@@ -132,6 +150,8 @@ class SimResults:
         side = self.prefill
         for r in self.requests:
             w = self.owner.get(r.id)
+            if self.stopped is not None and not self.done(r, w):
+                continue  # a run stopped early: its unfinished requests have no record
             if side is None:
                 assert w is not None
                 start, end = w.prefill_start[r.id], w.prefill_end[r.id]

@@ -93,7 +93,8 @@ class BaseWorker:
     sequence slot) -> ``waiting`` (admitted, its prompt in progress, FCFS) -> ``joining``
     (prefilled, joins the rows at the next boundary) -> ``running`` (the decode rows).
     ``cached``: prompt tokens the prefix cache supplied at a request's first admission;
-    ``preempted_at``: when a request was preempted by recompute (both empty without paged KV).
+    ``preempted_at``: when a request was preempted by recompute (both empty without paged KV);
+    ``leaving``, when a caller sets it: the requests finished here, appended as they finish.
 
     Raises:
         ValueError: for an unknown mode, or a chunk that is not a whole number >= 1 or inf.
@@ -121,6 +122,7 @@ class BaseWorker:
         "log",
         "started",
         "current",
+        "leaving",
     )
 
     def __init__(
@@ -149,6 +151,7 @@ class BaseWorker:
         self.log: list[LogEntry] = []  # every iteration, in order
         self.started: Any = None  # when the running iteration started
         self.current: Plan | None = None  # the running iteration's plan
+        self.leaving: list[Request] | None = None  # given: every request finished, appended
 
     def admit(self, request: Request) -> None:
         """A request arrives: its prompt waits here for KV room, then for prefill (FCFS)."""
@@ -451,6 +454,8 @@ class Worker(BaseWorker):
             self.kv.release(r)
         self.admitted -= len(done)
         self.unfinished -= len(done)
+        if self.leaving is not None:
+            self.leaving.extend(done)
 
     def _leave(self, done: list[Request]) -> None:
         """``done`` emitted their last tokens: they leave the rows and free their KV."""
@@ -461,6 +466,8 @@ class Worker(BaseWorker):
             kv.release(r)
         self.admitted -= len(done)
         self.unfinished -= len(done)
+        if self.leaving is not None:
+            self.leaving.extend(done)
         self.running = [r for r in self.running if r.id not in gone]
         self.row_ids = tuple([r.id for r in self.running])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .checks import check_int
@@ -18,12 +18,13 @@ from .paged import check_paged
 from .paged_worker import PagedWorker
 from .policies import check_options, worker_mode
 from .pool import Pool
-from .prefill_pool import PrefillPool, PrefillTimes
+from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
 from .profiles import LAB, EngineProfile, resolve_engine
 from .requests import Request, validate_load
 from .results import SimResults
 from .router import ROUTERS, LeastLoaded, PrefixRouter
 from .rules import Worker
+from .stop import StopRule, Watch
 from .ticks import TickCost, from_ticks, to_ticks
 from .trace import Trace, no_collection
 
@@ -38,10 +39,12 @@ def colocated(
     capacity: float,
     engine: EngineProfile = LAB,
     router: str = "least-loaded",
+    watch: Watch | None = None,
 ) -> SimResults:
     """``shared``, ``coscheduled`` or ``chunked`` on ``replicas`` workers; each request goes at
     arrival to the one with the fewest unfinished requests routed to it (ties: lowest index),
-    or (``router="prefix"``, paged KV) the one whose cache holds its longest prefix."""
+    or (``router="prefix"``, paged KV) the one whose cache holds its longest prefix. With
+    ``watch``, the run stops once its verdict is fixed."""
     mode, tokens = worker_mode(policy, chunk)
     budget = to_ticks(chunk_budget) if policy == "chunked" and chunk_budget is not None else None
 
@@ -65,6 +68,8 @@ def colocated(
                 name, mode, tokens, capacity=capacity, budget=budget, price=price, engine=engine
             )
         decoders.append(rules)
+        if watch is not None:
+            rules.leaving = watch.leaving
         return TimedWorker(i, rules, tick)
 
     chooser = PrefixRouter(replicas) if router == "prefix" else LeastLoaded(replicas)
@@ -86,8 +91,10 @@ def colocated(
         decoders[w.index].admit(r)
         pool.give(w, now)
 
-    pool.run([(to_ticks(r.arrival, up=True), r) for r in requests], place)
-    return SimResults(requests, owner, decoders, sum(w.busy for w in pool.workers))
+    stop = None if watch is None else _watching(watch, pool, owner)
+    stopped = pool.run([(to_ticks(r.arrival, up=True), r) for r in requests], place, stop=stop)
+    results = SimResults(requests, owner, decoders, sum(w.busy for w in pool.workers))
+    return results.judged(watch, stopped)
 
 
 def disaggregated(
@@ -97,17 +104,20 @@ def disaggregated(
     decode_workers: int,
     capacity: float,
     engine: EngineProfile = LAB,
+    watch: Watch | None = None,
 ) -> SimResults:
     """Prefill pool and link first (they only feed forward), then the decode pool: a request
     whose KV has arrived joins the decode worker with the fewest running plus joining requests
     among those with room (KV and a sequence slot; ties: lowest index), or waits, FCFS, until
-    one has room."""
+    one has room. With ``watch``, the decode pool stops once the verdict is fixed."""
     side = PrefillPool(requests, tick, prefill_workers, capacity, engine).run()
     mode = worker_mode("disaggregated").mode
     decoders: list[Worker] = []
 
     def make(i: int) -> TimedWorker:
         decoders.append(Worker(f"decode{i}", mode, capacity=capacity, engine=engine))
+        if watch is not None:
+            decoders[-1].leaving = watch.leaving
         return TimedWorker(i, decoders[-1], tick)
 
     chooser = LeastLoaded(decode_workers)
@@ -136,9 +146,48 @@ def disaggregated(
         while waiting and assign(waiting[0], now):
             waiting.popleft()
 
-    pool.run(side.ready, place, retry if bounded else None)
+    prefill_first = engine.first_token == "prefill"
+    stop = None if watch is None else _watching(watch, pool, owner, side, prefill_first)
+    stopped = pool.run(side.ready, place, retry if bounded else None, stop=stop)
     busy = side.busy + sum(w.busy for w in pool.workers)
-    return SimResults(requests, owner, decoders, busy, side)
+    return SimResults(requests, owner, decoders, busy, side).judged(watch, stopped)
+
+
+def _watching(
+    watch: Watch,
+    pool: Pool,
+    owner: Mapping[str, Worker | PagedWorker],
+    side: PrefillSide | None = None,
+    prefill_first: bool = False,
+) -> Callable[[int], bool]:
+    """``watch``'s view of a run: each request's token times from the worker that decoded it,
+    and the earliest start of an iteration in flight (no token it emits comes before it).
+    Under disaggregation the prefill side has run: the requests done there are judged at
+    once, and under the ``prefill`` rule so is every TTFT (each first token came from a
+    prefill pass)."""
+    ends = side.times if side is not None and prefill_first else None
+    if side is not None:
+        for r in watch.order:
+            if r.id in side.finished:
+                watch.judge(r, side.times[r.id].end, side.finished[r.id])
+            elif ends is not None:
+                watch.first_known(r, ends[r.id].end)
+
+    def times(r: Request) -> tuple[int, int]:
+        book = owner[r.id].tokens
+        return book.first_token[r.id], book.finish[r.id]
+
+    def first_token(r: Request) -> int | None:
+        if ends is not None:
+            return ends[r.id].end
+        w = owner.get(r.id)
+        return None if w is None else w.tokens.first_token.get(r.id)
+
+    def floor(now: int) -> int:
+        return min([w.started for w in pool.workers if w.busy_until is not None], default=now)
+
+    watch.times, watch.first_token, watch.floor = times, first_token, floor
+    return watch.check
 
 
 def disaggregated_prefill(
@@ -177,6 +226,7 @@ def simulate(
     decode_workers: int = 1,
     engine: str | EngineProfile = "lab",
     router: str = "least-loaded",
+    stop: StopRule | None = None,
 ) -> Trace:
     """Replay ``load`` under ``policy`` on devices described by ``cost``.
 
@@ -198,6 +248,11 @@ def simulate(
             or ``"prefix"`` (paged KV with prefix caching: the replica whose cache holds the
             longest run of the request's leading blocks; ties by fewest unfinished, then
             lowest index).
+        stop: stop once the run's verdict against this SLO is fixed (:class:`StopRule`): the
+            trace then says ``stopped`` (``"failed"``: more than ``allowed_misses`` requests
+            missed; ``"passed"``: the unfinished can no longer push them past that) and
+            ``misses`` (those known then), and holds the records of the requests finished by
+            then only (its summary refuses). None (the default): run to the end.
 
     Raises:
         ValueError: naming the field, for an unknown policy or engine, a missing or
@@ -226,15 +281,31 @@ def simulate(
         else:
             capacity = kv_capacity(requests, cost)
         tick = TickCost(cost)
+        watch = None if stop is None else Watch(_check_stop(stop), requests)
         if policy == "disaggregated":
             results = disaggregated(
-                requests, tick, prefill_workers, decode_workers, capacity, profile
+                requests, tick, prefill_workers, decode_workers, capacity, profile, watch
             )
         else:
             results = colocated(
-                requests, tick, policy, chunk, chunk_budget, replicas, capacity, profile, router
+                requests,
+                tick,
+                policy,
+                chunk,
+                chunk_budget,
+                replicas,
+                capacity,
+                profile,
+                router,
+                watch,
             )
-    return Trace.of_run(policy, chunk, results, profile)
+    return Trace.of_run(policy, chunk, results, profile, results.stopped, results.misses)
+
+
+def _check_stop(stop: Any) -> StopRule:
+    if not isinstance(stop, StopRule):
+        raise ValueError(f"stop must be a StopRule or None, got {type(stop).__name__}")
+    return stop
 
 
 def simulated_engine(engine: Any) -> EngineProfile:

@@ -318,15 +318,27 @@ class Trace:
         self._gaps = None if gaps is None else tuple(gaps)
         self._run: CompactRun | None = None
         self._summary: Summary | None = None
+        self.stopped: str | None = None  # a simulation stopped once its verdict was fixed
+        self.misses = 0  # then: the requests known to have missed the SLO
 
     @classmethod
     def of_run(
-        cls, policy: str, chunk: int | None, run: CompactRun, engine: EngineProfile | None = None
+        cls,
+        policy: str,
+        chunk: int | None,
+        run: CompactRun,
+        engine: EngineProfile | None = None,
+        stopped: str | None = None,
+        misses: int = 0,
     ) -> Trace:
-        """The trace of a simulation, read from its compact results on demand."""
+        """The trace of a simulation, read from its compact results on demand; ``stopped``:
+        the verdict it stopped on (``"failed"`` or ``"passed"``; None: it ran to the end),
+        with the ``misses`` known then (its records are then those of the requests finished
+        by then)."""
         trace = cls(policy, (), {}, chunk, engine=engine)
         trace._events = trace._requests = None
         trace._run = run
+        trace.stopped, trace.misses = stopped, misses
         return trace
 
     @property
@@ -380,6 +392,18 @@ class Trace:
         return tuple(sorted(counts.items()))
 
     def summary(self) -> Summary:
+        """The headline figures.
+
+        Raises:
+            ValueError: for a simulation that stopped once its verdict was fixed: its records
+                are partial, so would its figures be.
+        """
+        if self.stopped is not None:
+            raise ValueError(
+                f"this simulation stopped early ({self.stopped}, {self.misses} misses known): "
+                "its records are those of the requests finished by then; run it without stop= "
+                "for a summary"
+            )
         if self._summary is None:
             with no_collection():
                 self._summary = self._run.summary() if self._run is not None else self._summarize()
@@ -455,7 +479,11 @@ class Trace:
 
     def __repr__(self) -> str:
         engine = "" if self.engine == LAB else f", engine={self.engine.name!r}"
-        return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}{engine}, {self.summary()})"
+        if self.stopped is not None:
+            figures = f"stopped {self.stopped} with {self.misses} misses"
+        else:
+            figures = str(self.summary())
+        return f"Trace(policy={self.policy!r}, chunk={self.chunk!r}{engine}, {figures})"
 
 
 def record_gaps(records: Iterable[RequestRecord]) -> list[tuple[float, int]]:
