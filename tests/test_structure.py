@@ -42,14 +42,7 @@ MAX_FUNCTION_LINES = 60
 
 # Exceptions that exist today, each with its reason. Only ever delete from here.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
-KNOWN_CYCLES: dict[tuple[str, ...], str] = {
-    (
-        "pytest_prefill.serve.loadgen",
-        "pytest_prefill.serve.records",
-        "pytest_prefill.serve.server_metrics",
-    ): "type-only: serve.records names server_metrics.ServerCounters under TYPE_CHECKING (a "
-    "BenchRun's counters); moving ServerCounters below records removes it",
-}
+KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 KNOWN_LONG_MODULES: dict[str, str] = {}
 KNOWN_LONG_FUNCTIONS: dict[str, str] = {}
 
