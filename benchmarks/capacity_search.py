@@ -12,7 +12,7 @@ Run it alone, one case per quiet slot (each old Mooncake search takes minutes)::
 Cases: the Mooncake conversation trace (FAST'25; its ``hash_ids`` as prefix blocks) on 8 devices
 at ttft:2s,tpot:100ms for 99% of requests, prefix cache on and off; and the README's Azure conv
 example (10 minutes, 4 devices, ttft:1s,tpot:100ms). Both need the traces under
-``../shared/data`` (``PREFILL_DATA`` overrides)."""
+``../shared/data`` or ``../../shared/data`` (``PREFILL_DATA`` overrides)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("PREFILL_DATA", ROOT.parent / "shared" / "data"))
+_BESIDE = [up / "shared" / "data" for up in (ROOT.parent, ROOT.parents[1])]  # a checkout, a worktree
+DATA = Path(
+    os.environ.get("PREFILL_DATA") or next((p for p in _BESIDE if p.exists()), _BESIDE[0])
+)
 MOONCAKE = DATA / "mooncake-fast25" / "conversation_trace.jsonl"
 COMMON = ["capacity", "--cost", "datacenter-illustrative"]
 MOONCAKE_ARGS = ["--workload", str(MOONCAKE), "--devices", "8", "--slo", "ttft:2s,tpot:100ms"]
@@ -63,7 +66,8 @@ def run_once(tree: Path, case: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "search.json"
         argv = [sys.executable, "-m", "pytest_prefill", *CASES[case], "--json", str(out)]
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        azure = str(DATA / "azure-llm-inference-2023")  # wherever the checkout is
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTEST_PREFILL_AZURE_DIR": azure}
         began = time.perf_counter()
         done = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True)
         wall = time.perf_counter() - began

@@ -124,32 +124,39 @@ def run_searches(
 
 
 def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None]:
-    """A first guess of each deployment's knee, as a rate multiple: the rate at which its
-    prefill instances would compute the prompts without a pause — instances ÷ the mean prompt
-    compute (per-token and attention-pair terms, plus a pass overhead per token budget's
-    worth). Decoding and queueing are left out, and a prefix cache's hits (which only lower
-    it) too. A guess: it orders the first wave and places its first probes, never the
-    answer."""
-    load = problem.load
-    pieces = [(r.prompt_len, 0) for r in load]
-    tokens = sum(t for t, _ in pieces)
-    pairs = sum(t * (t + 1) // 2 for t, _ in pieces)
-    engine = problem.engine
+    """A first guess of each deployment's knee, as a rate multiple: the rate its instances
+    keep up with when every iteration is full. A colocated instance's iteration holds B tokens
+    (its token budget or chunk; a whole prompt without one), a decode row among them for every
+    request decoding, and lasts the longer of a decode step and its compute: by Little's law it
+    serves B ÷ (iteration × (mean prompt + mean output)) requests a second. A split serves the
+    lesser of its prefill instances' B ÷ (pass × mean prompt) and its decode instances' sequence
+    cap ÷ (decode step × mean output). Queueing, a prefix cache's hits and per-row and per-KV
+    decode costs are left out. A guess: it orders the first wave and places its first probes,
+    never the answer."""
+    load, engine = problem.load, problem.engine
+    prompt = sum(r.prompt_len for r in load) / len(load)
+    output = sum(r.output_len for r in load) / len(load)
 
     def estimate(search: RateSearch) -> float | None:
         d = search.deployment
         cost = d.cost_on(problem.cost)
-        budget = d.chunk or d.engine(engine).max_batched_tokens
-        if d.policy == "chunked" and budget:
-            passes = tokens / budget
-        elif budget:  # a prompt longer than the budget has a pass of its own
-            passes = sum(min(1.0, t / budget) for t, _ in pieces)
+        knobs = d.engine(engine)
+        tokens = d.chunk or knobs.max_batched_tokens or prompt
+        compute = (
+            cost.prefill_pass_overhead
+            + cost.prefill_per_token * tokens
+            + cost.prefill_per_pair * tokens * (tokens + 1) / 2
+        )
+        if d.policy == "disaggregated":
+            assert d.prefill_workers is not None
+            rate = d.prefill_workers * tokens / (compute * prompt)
+            if knobs.max_seqs is not None:
+                decode = d.decode_workers * knobs.max_seqs / (cost.decode_step_base * output)
+                rate = min(rate, decode)
         else:
-            passes = len(pieces)
-        work = cost.prefill_per_token * tokens + cost.prefill_per_pair * pairs
-        mean = (work + cost.prefill_pass_overhead * passes) / len(load)
-        instances = d.prefill_workers if d.policy == "disaggregated" else d.instances
-        return instances / mean / problem.base_rate if mean > 0 and instances else None
+            iteration = max(cost.decode_step_base, compute)
+            rate = d.instances * tokens / (iteration * (prompt + output))
+        return rate / problem.base_rate if rate > 0 else None
 
     return estimate
 
