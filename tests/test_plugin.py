@@ -821,3 +821,31 @@ def test_an_old_fixture_name_warns_and_is_its_prefixed_twin(pytester, old, new):
     result.stdout.fnmatch_lines(
         [f"*PytestDeprecationWarning: the {old!r} fixture is deprecated*: use {new!r}"]
     )
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verify_in_a_test_prints_its_progress_only_with_v(monkeypatch, verbose):
+    """Issue 29, item 2: the verify fixture's progress ('probe 1: …') landed between the test
+    dots; like the capacity fixture's, it shows only with -v."""
+    from pytest_prefill.plugin.verify_fixture import Verifier
+    from pytest_prefill.serve import verify as verify_module
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_verify(server, flag_sets, load, slo, **options):
+        seen.update(options)
+        raise Stop
+
+    class Report:
+        def say(self, text):
+            pass
+
+    report = Report()
+    monkeypatch.setattr(verify_module, "verify", fake_verify)
+    verifier = Verifier(report, "http://127.0.0.1:9", verbose)
+    with pytest.raises(Stop):
+        verifier(["tokens=128"], [], "ttft:1s")
+    assert (seen["progress"] is not None) is verbose

@@ -18,8 +18,8 @@ class Verifier:
     ``options`` go to ``serve.verify.verify`` (``rule``, ``sweep``, ``calibration``,
     ``calibrate_once``, ``workload``). Returns the ``VerifyResult``."""
 
-    def __init__(self, report: Any, url: str | None) -> None:
-        self.report, self.url = report, url
+    def __init__(self, report: Any, url: str | None, verbose: bool = False) -> None:
+        self.report, self.url, self.verbose = report, url, verbose
 
     def __call__(
         self,
@@ -47,7 +47,8 @@ class Verifier:
             server = Server(launcher=launcher, engine=engine, tokenizer=tokenizer)
         flag_sets = [FlagSet.parse(f) if isinstance(f, str) else f for f in flags]
         slo = SLO.parse(slo) if isinstance(slo, str) else slo
-        options.setdefault("progress", self.report.say)
+        # progress only with -v, as the capacity fixture: quiet between the test dots otherwise
+        options.setdefault("progress", self.report.say if self.verbose else None)
         result = verify(server, flag_sets, load, slo, **options)
         text = verify_report(result)
         self.report.table(title or f"verify: {slo}", text, result.to_dict())
@@ -60,4 +61,5 @@ class Verifier:
 @pytest.fixture
 def prefill_verify(request: pytest.FixtureRequest, prefill_report: Any) -> Verifier:
     """Check flag sets' predicted knees on a server (see :class:`Verifier`)."""
-    return Verifier(prefill_report, state_of(request.config).settings.server)
+    settings = state_of(request.config).settings
+    return Verifier(prefill_report, settings.server, request.config.option.verbose > 0)
