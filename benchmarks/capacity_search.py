@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-_BESIDE = [up / "shared" / "data" for up in (ROOT.parent, ROOT.parents[1])]  # a checkout, a worktree
-DATA = Path(
-    os.environ.get("PREFILL_DATA") or next((p for p in _BESIDE if p.exists()), _BESIDE[0])
-)
+_BESIDE = [
+    up / "shared" / "data" for up in (ROOT.parent, ROOT.parents[1])
+]  # a checkout, a worktree
+DATA = Path(os.environ.get("PREFILL_DATA") or next((p for p in _BESIDE if p.exists()), _BESIDE[0]))
 MOONCAKE = DATA / "mooncake-fast25" / "conversation_trace.jsonl"
 COMMON = ["capacity", "--cost", "datacenter-illustrative"]
 MOONCAKE_ARGS = ["--workload", str(MOONCAKE), "--devices", "8", "--slo", "ttft:2s,tpot:100ms"]
