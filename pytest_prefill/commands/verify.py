@@ -98,6 +98,18 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         "--tolerance", type=fraction_type, default=0.10, help="bisection stops within (0.10)"
     )
     probes.add_argument("--max-probes", type=positive_int, default=6, help="per flag set (6)")
+    probes.add_argument(
+        "--short-probes",
+        action="store_true",
+        help="probes of the binomial length only, not also long enough for a --tolerance "
+        "overload to build a queue of one TTFT bound (a burst's knee, not a sustained rate's)",
+    )
+    probes.add_argument(
+        "--within",
+        type=fraction_type,
+        default=0.10,
+        help="the goal: the predicted knee within this of the measured one (0.10)",
+    )
     cal = parser.add_argument_group("calibration")
     cal.add_argument("--cost", metavar="JSON", help="reuse this server calibration for all")
     cal.add_argument(
@@ -268,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
         margin=args.margin,
         tolerance=args.tolerance,
         max_probes=args.max_probes,
+        sustained=not args.short_probes,
+        within=args.within,
     )
     load, description, block = _load(args)
     calibration = None

@@ -1,6 +1,7 @@
-"""A verification on a server, for a person: per flag set the predicted and measured knee,
-their ratio and the attainment measured at the predicted rate; every probe; and whether the
-measured ranking of the flag sets agrees with the predicted one."""
+"""A verification on a server, for a person: per flag set the predicted and measured knee (with
+its interval), their ratio judged against the goal, and the attainment measured at the
+predicted rate; every probe; and whether the measured ranking of the flag sets agrees with the
+predicted one, and whether the measurement separates the best from the next."""
 
 from __future__ import annotations
 
@@ -15,6 +16,27 @@ from pytest_prefill.serve.verify import FlagSetResult, VerifyResult, ranking
 
 def _rate(value: float | None) -> str:
     return f"{value:.3g}" if value is not None and math.isfinite(value) and value > 0 else "-"
+
+
+def _bound(value: float) -> str:
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.3g}" if value > 0 else "0"
+
+
+def _knee(r: FlagSetResult) -> str:
+    """The estimated knee and its interval."""
+    e = r.measured.estimate if r.measured is not None else None
+    if e is None:
+        return "-"
+    return f"{_bound(e.rate)} [{_bound(e.low)}, {_bound(e.high)}]"
+
+
+def _ratio(r: FlagSetResult) -> str:
+    a = r.agreement
+    if a is None:
+        return f"{r.ratio:.2f}" if math.isfinite(r.ratio) else "-"
+    return f"{_bound(a.ratio)} [{_bound(a.low)}, {_bound(a.high)}] {a.verdict}"
 
 
 def _measured(r: FlagSetResult) -> str:
@@ -41,14 +63,17 @@ def knee_table(result: VerifyResult) -> str:
         predicted = "-" if r.predicted is None else _rate(r.predicted.rate)
         if r.predicted is not None and r.predicted.status == "never missed":
             predicted = ">= " + predicted
-        ratio = f"{r.ratio:.2f}" if math.isfinite(r.ratio) else "-"
-        rows.append([r.flags.label, predicted, _measured(r), ratio, at, r.ended and "ended" or ""])
+        within = f"predicted/measured [90%], ±{r.within:.0%}"
+        row = [r.flags.label, predicted, _knee(r), _measured(r), _ratio(r), at, r.requests or "-"]
+        rows.append(row + [r.ended and "ended" or ""])
     headers = [
         "flag set",
         "predicted knee req/s",
-        "measured knee req/s",
-        "predicted/measured",
+        "measured knee [90%]",
+        "met < missed req/s",
+        within if result.results else "predicted/measured",
         "attainment at predicted",
+        "requests a probe",
         "",
     ]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
@@ -91,6 +116,10 @@ def ranking_line(result: VerifyResult) -> str:
         verdict = "the same best flag set; the rest are ordered differently"
     else:
         verdict = "the measured best flag set is NOT the predicted one"
+    if result.best_separable is False:
+        first, second = (labels[i] for i in result.measured_order[:2])
+        verdict += f" (but the measured knees of {first} and {second} overlap: the probes "
+        verdict += "cannot tell which is best)"
     return f"ranking: predicted {predicted}; measured {measured}: {verdict}"
 
 
@@ -116,16 +145,25 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     for doc in documents:
         for r in doc.get("flag_sets", []):
             p = (r.get("predicted") or {}).get("rate") or 0.0
-            m = (r.get("measured") or {}).get("rate") or 0.0
-            status = (r.get("measured") or {}).get("status", "-")
+            measured_doc = r.get("measured") or {}
+            m = measured_doc.get("knee") or measured_doc.get("rate") or 0.0
+            status = measured_doc.get("status", "-")
+            estimate, judged = measured_doc.get("estimate"), r.get("agreement")
+            interval = (
+                f" [{_bound(estimate['low'])}, {_bound(estimate['high'])}]" if estimate else ""
+            )
+            ratio = f"{p / m:.2f}" if p > 0 and m > 0 else "-"
+            if judged:
+                ratio = f"{ratio} [{_bound(judged['low'])}, {_bound(judged['high'])}] "
+                ratio += judged["verdict"]
             at = r.get("attainment_at_predicted")
             label = r["flags"]["label"]
             rows.append(
                 [
                     label,
                     _rate(p),
-                    f"{_rate(m)} ({status})",
-                    f"{p / m:.2f}" if p > 0 and m > 0 else "-",
+                    f"{_rate(m)}{interval} ({status})",
+                    ratio,
                     f"{at:.0%}" if isinstance(at, (int, float)) else "-",
                 ]
             )
@@ -133,7 +171,7 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 labels.append(label)
                 predicted.append(p)
                 measured.append(m)
-    headers = ["flag set", "predicted knee", "measured knee", "predicted/measured"]
+    headers = ["flag set", "predicted knee", "measured knee [90%]", "predicted/measured [90%]"]
     headers.append("attainment at predicted")
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     if len(labels) < 2:

@@ -4,11 +4,17 @@ which SLO attainment stays at or above a target. Predicted by the capacity searc
 bounded probes: the predicted rate first, then steps out until the knee is bracketed, then
 geometric bisection (DESIGN.md, "Checking the answer on a server").
 
-How long a probe is: attainment measured over n requests has a binomial standard error
-``sqrt(a (1 - a) / n)``; at the target ``t`` this is at most the decision margin ``m`` when
-``n >= t (1 - t) / m**2`` (t = 0.9, m = 0.05: 36 requests). Every probe sends that many, the
-same first n requests of the workload, which is also what the prediction simulates. A request
-that fails counts as missing the SLO. Standard library only."""
+How long a probe is, two rules, the longer wins. (1) Attainment measured over n requests has a
+binomial standard error ``sqrt(a (1 - a) / n)``; at the target ``t`` this is at most the
+decision margin ``m`` when ``n >= t (1 - t) / m**2`` (t = 0.9, m = 0.05: 36 requests).
+(2) A rate ``tolerance`` above what the server sustains builds its queue by ``tolerance``
+seconds a second, so a probe must keep arriving for ``bound / tolerance`` seconds (``bound``:
+the SLO's TTFT, else E2EL) before that overload can show as missed bounds; shorter, and the
+knee measured is how large a burst the server absorbs, not the rate it sustains, and a small
+error in speed moves it further. At the predicted rate ``R`` that is ``R x bound / tolerance``
+requests (vLLM's CPU build at 20 req/s, TTFT 1 s, 10%: 200). Every probe of a flag set sends
+the same first n requests of the workload, which is also what the prediction simulates. A
+request that fails counts as missing the SLO. Standard library only."""
 
 from __future__ import annotations
 
@@ -24,17 +30,18 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.knee_interval import KneeEstimate, estimate_knee
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.records import BenchRun
 from pytest_prefill.serve.server_metrics import run_counted
 from pytest_prefill.serve.simulated import Scheduling
-from pytest_prefill.sim import CostModel, Request
+from pytest_prefill.sim import CostModel, Request, meets, slo_values
 
 Progress = Callable[[str], object]
 # Probes a server restart cannot answer: asks the server whether it still runs (None: it does).
 Alive = Callable[[], Awaitable[str | None]]
-PREDICTION_TOLERANCE = 0.02
-BURST_SPAN = 1e-3  # seconds: a probe whose arrivals span less is a burst  # the simulated search's bracket: finer than any probe can tell
+PREDICTION_TOLERANCE = 0.02  # the simulated search's bracket: finer than any probe can tell
+BURST_SPAN = 1e-3  # seconds: a probe whose arrivals span less is a burst
 
 
 def _fraction(field: str, value: Any, low: float, high: float) -> float:
@@ -49,11 +56,13 @@ class ProbeRule:
     """How the measured knee is searched: the attainment ``target``; the decision ``margin``
     (each probe is long enough that attainment's standard error at the target is at most
     this); stop when the highest pass and the lowest miss are within ``tolerance`` (relative);
-    at most ``max_probes`` probes; rates stepped by ``step`` until the knee is bracketed.
+    at most ``max_probes`` probes; rates stepped by ``step`` until the knee is bracketed;
+    ``sustained``: probes also long enough for an overload of ``tolerance`` to show (the
+    module's rule 2); ``within``: the goal the predicted knee is judged against (±).
 
     Raises:
-        ValueError: naming the field, for a target or margin outside (0, 1), a tolerance or
-            step that is not > 0 (step > 1), or fewer than 2 probes.
+        ValueError: naming the field, for a target or margin outside (0, 1), a tolerance,
+            step or within that is not > 0 (step > 1), or fewer than 2 probes.
     """
 
     target: float = 0.9
@@ -62,12 +71,15 @@ class ProbeRule:
     max_probes: int = 6
     step: float = 1.5
     min_requests: int = 8
+    sustained: bool = True
+    within: float = 0.10
 
     def __post_init__(self) -> None:
         _fraction("target", self.target, 0.0, 1.0)
         _fraction("margin", self.margin, 0.0, 1.0)
         _fraction("tolerance", self.tolerance, 0.0, 10.0)
         _fraction("step", self.step, 1.0, 100.0)
+        _fraction("within", self.within, 0.0, 1.0)
         for field, least in (("max_probes", 2), ("min_requests", 1)):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -75,20 +87,37 @@ class ProbeRule:
 
     @property
     def requests(self) -> int:
-        """Requests per probe: the fewest whose standard error at the target is <= margin."""
+        """Requests per probe by rule 1: the fewest whose standard error at the target is
+        <= margin."""
         need = self.target * (1 - self.target) / self.margin**2
         return max(self.min_requests, math.ceil(need - 1e-9))
+
+    def requests_at(self, rate: float, slo: SLO) -> int:
+        """Requests per probe at ``rate`` req/s: rule 1, or rule 2 when ``sustained`` and
+        longer (``rate x bound / tolerance``; no TTFT or E2EL bound: rule 1 alone)."""
+        bound = slo.ttft if slo.ttft is not None else slo.e2el
+        if not self.sustained or bound is None or not (math.isfinite(rate) and rate > 0):
+            return self.requests
+        return max(self.requests, math.ceil(rate * bound / self.tolerance - 1e-9))
 
     def standard_error(self, attainment: float, n: int) -> float:
         return math.sqrt(max(attainment * (1 - attainment), 0.0) / max(n, 1))
 
     def sentence(self) -> str:
         n = self.requests
+        text = (
+            f"each probe sends at least {n} requests: the binomial standard error of attainment "
+            f"at the target, sqrt({self.target:g} x {1 - self.target:.2g} / {n}) = "
+            f"{self.standard_error(self.target, n):.3f}, is at most the margin {self.margin:g}"
+        )
+        if self.sustained:
+            text += (
+                f", and arrives for the SLO's TTFT / {self.tolerance:g} at the predicted rate, so "
+                f"that a {self.tolerance:.0%} overload builds a queue of one TTFT bound"
+            )
         return (
-            f"each probe sends {n} requests: the binomial standard error of attainment at the "
-            f"target, sqrt({self.target:g} x {1 - self.target:.2g} / {n}) = "
-            f"{self.standard_error(self.target, n):.3f}, is at most the margin {self.margin:g}; "
-            f"bisection stops within {self.tolerance:.0%} or after {self.max_probes} probes"
+            f"{text}; bisection stops within {self.tolerance:.0%} or after {self.max_probes} "
+            f"probes; the predicted knee's goal is within ±{self.within:.0%} of the measured"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,7 +202,8 @@ def predict_knee(
 class MeasuredProbe:
     """One probe on the server: the workload at ``scale`` x its rate (``rate`` req/s offered),
     ``sent`` requests, ``good`` of them within the SLO, ``failed`` with no answer; the metrics
-    of the completed ones and the run itself (its records)."""
+    of the completed ones and the run itself (its records); ``outcomes``: per request in the
+    order sent, whether it met the SLO (empty: not kept; ``good`` of ``sent`` then stands)."""
 
     scale: float
     rate: float
@@ -182,6 +212,12 @@ class MeasuredProbe:
     failed: int
     metrics: ServingMetrics | None
     run: BenchRun
+    outcomes: tuple[bool, ...] = ()
+
+    @property
+    def per_request(self) -> tuple[bool, ...]:
+        """``outcomes``, or ``good`` met then the rest missed when they were not kept."""
+        return self.outcomes or (True,) * self.good + (False,) * (self.sent - self.good)
 
     @property
     def attainment(self) -> float:
@@ -207,30 +243,51 @@ class MeasuredProbe:
         }
 
 
-def probe_of(run: BenchRun, slo: SLO, scale: float, rate: float) -> MeasuredProbe:
-    """A run's attainment: requests meeting every bound over requests sent."""
+def probe_of(
+    run: BenchRun, slo: SLO, scale: float, rate: float, order: Sequence[str] = ()
+) -> MeasuredProbe:
+    """A run's attainment: requests meeting every bound over requests sent; ``order``: the
+    request ids in the order sent, for the per-request outcomes (a request missing or failed
+    missed)."""
     completed = run.completed
     metrics = run.metrics(slo=slo) if completed else None
     good = metrics.good if metrics is not None else 0
-    return MeasuredProbe(scale, rate, len(run.records), good, len(run.failed), metrics, run)
+    met = {r.id: _meets(slo, r.token_times, r.arrival) for r in completed}
+    outcomes = tuple(met.get(i, False) for i in order)
+    sent = len(run.records)
+    return MeasuredProbe(scale, rate, sent, good, len(run.failed), metrics, run, outcomes)
+
+
+def _meets(slo: SLO, times: Sequence[float], arrival: float) -> bool:
+    """One request against the SLO, as ``plan.metrics`` counts it."""
+    return meets(slo.bounds, *slo_values(arrival, times[0], times[-1], len(times)))
 
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredKnee:
     """What the probes found: each probe in the order run; ``low`` the highest rate that met
     the target, ``high`` the lowest above it that missed; ``ended`` the one line saying why the
-    server stopped the search (None when it did not)."""
+    server stopped the search (None when it did not); ``estimate``: the knee interpolated
+    where attainment crosses the target, with its bootstrap interval (``knee_interval``)."""
 
     probes: tuple[MeasuredProbe, ...]
     low: MeasuredProbe | None
     high: MeasuredProbe | None
     tolerance: float
     ended: str | None = None
+    estimate: KneeEstimate | None = None
 
     @property
     def rate(self) -> float:
-        """The measured knee: the highest rate that met the target (0: none did)."""
+        """The highest rate that met the target (0: none did)."""
         return self.low.rate if self.low is not None else 0.0
+
+    @property
+    def knee(self) -> float:
+        """The measured knee: the estimate where it is bracketed, else the highest rate that
+        met the target."""
+        e = self.estimate
+        return e.rate if e is not None and 0 < e.rate < math.inf else self.rate
 
     @property
     def status(self) -> str:
@@ -251,6 +308,8 @@ class MeasuredKnee:
     def to_dict(self) -> dict[str, Any]:
         return {
             "rate": self.rate,
+            "knee": self.knee,
+            "estimate": self.estimate.to_dict() if self.estimate is not None else None,
             "status": self.status,
             "high": self.high.rate if self.high is not None else None,
             "ended": self.ended,
@@ -299,16 +358,22 @@ class KneeSearch:
             self.high = probe
 
     def result(self, ended: str | None = None) -> MeasuredKnee:
-        return MeasuredKnee(tuple(self.probes), self.low, self.high, self.rule.tolerance, ended)
+        probes = [(p.rate, p.per_request) for p in self.probes if p.sent and p.rate > 0]
+        estimate = estimate_knee(probes, self.rule.target) if probes else None
+        low, high, tolerance = self.low, self.high, self.rule.tolerance
+        return MeasuredKnee(tuple(self.probes), low, high, tolerance, ended, estimate)
 
 
-def probe_load(load: Sequence[Request], rule: ProbeRule) -> list[Request]:
-    """The first ``rule.requests`` of ``load`` by arrival: what every probe sends.
+def probe_load(load: Sequence[Request], rule: ProbeRule, count: int | None = None) -> list[Request]:
+    """The first ``count`` (default ``rule.requests``, at least that) of ``load`` by arrival,
+    or all of it when it is shorter than ``count``: what every probe sends.
 
     Raises:
-        ValueError: when ``load`` has fewer, or its arrivals have no rate to scale.
+        ValueError: when ``load`` has fewer than ``rule.requests``, or its arrivals have no
+            rate to scale.
     """
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[: rule.requests]
+    count = max(rule.requests, count or 0)
+    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[:count]
     if len(ordered) < rule.requests:
         raise ValueError(
             f"the workload has {len(ordered)} requests; each probe needs {rule.requests} "
@@ -346,7 +411,7 @@ async def measure_knee(
             schedule=Schedule("trace", rate_scale=scale),
             bounds=Bounds(warmup=0),
         )
-        probe = probe_of(run, slo, scale, base * scale)
+        probe = probe_of(run, slo, scale, base * scale, [r.id for r in renamed])
         search.observe(probe)
         if progress is not None:
             progress(

@@ -31,6 +31,7 @@ from pytest_prefill.serve.knee import (
     predict_knee,
     probe_load,
 )
+from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
 from pytest_prefill.serve.launchers import Launcher, exited
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
@@ -117,7 +118,9 @@ class Server:
 class FlagSetResult:
     """One flag set's check: the command it ran (launched), the calibration used, the
     scheduling simulated, the predicted and measured knees, and ``ended``: the one line saying
-    why it stopped early (None when it did not)."""
+    why it stopped early (None when it did not); ``requests``: what each probe sent, of
+    ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
+    the goal the predicted knee is judged against (±)."""
 
     flags: FlagSet
     command: tuple[str, ...] = ()
@@ -127,14 +130,24 @@ class FlagSetResult:
     measured: MeasuredKnee | None = None
     ended: str | None = None
     exit_status: int | None = None
+    requests: int = 0
+    wanted: int = 0
+    within: float = 0.10
 
     @property
     def ratio(self) -> float:
         """Predicted over measured knee (NaN when either is missing or 0)."""
         if self.predicted is None or self.measured is None:
             return math.nan
-        p, m = self.predicted.rate, self.measured.rate
+        p, m = self.predicted.rate, self.measured.knee
         return p / m if p > 0 and m > 0 else math.nan
+
+    @property
+    def agreement(self) -> KneeAgreement | None:
+        """The ratio with its interval, judged against ±``within`` (None: nothing to judge)."""
+        if self.predicted is None or self.measured is None or self.measured.estimate is None:
+            return None
+        return agreement(self.predicted.rate, self.measured.estimate, self.within)
 
     @property
     def attainment_at_predicted(self) -> float:
@@ -150,6 +163,9 @@ class FlagSetResult:
             "predicted": self.predicted.to_dict() if self.predicted is not None else None,
             "measured": self.measured.to_dict() if self.measured is not None else None,
             "ratio": self.ratio,
+            "agreement": self.agreement.to_dict() if self.agreement is not None else None,
+            "requests": self.requests,
+            "wanted": self.wanted,
             "attainment_at_predicted": self.attainment_at_predicted,
             "ended": self.ended,
             "exit_status": self.exit_status,
@@ -183,13 +199,25 @@ class VerifyResult:
 
     @property
     def measured_order(self) -> list[int]:
-        return ranking([r.measured.rate for r in self.compared if r.measured is not None])
+        return ranking([r.measured.knee for r in self.compared if r.measured is not None])
 
     @property
     def same_best(self) -> bool | None:
         if len(self.compared) < 2:
             return None
         return self.predicted_order[0] == self.measured_order[0]
+
+    @property
+    def best_separable(self) -> bool | None:
+        """Whether the measured best's knee interval lies above the runner-up's (None: fewer
+        than two, or no interval)."""
+        order = self.measured_order
+        if len(order) < 2:
+            return None
+        first, second = (self.compared[i].measured for i in order[:2])
+        if first is None or second is None or first.estimate is None or second.estimate is None:
+            return None
+        return first.estimate.low > second.estimate.high
 
     @property
     def same_order(self) -> bool | None:
@@ -210,6 +238,7 @@ class VerifyResult:
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
                 "same_best": self.same_best,
+                "best_separable": self.best_separable,
                 "same_order": self.same_order,
                 "flag_sets": [r.to_dict() for r in self.results],
             },
@@ -270,20 +299,17 @@ async def _check_flag_set(
     except (ServerError, ValueError) as err:
         why = await _alive(url, process) or "calibration failed"
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
-    profile = server_profile(target.identity.engine, flags.budget, flags.max_seqs)
-    block = server.prefix_block_tokens
-    if block is not None and profile.prefix_caching:
-        profile = simulated_engine(dataclasses.replace(profile, prefix_block_tokens=block))
-    scheduling = Scheduling(profile, server.kv_capacity)
-    predicted = predict_knee(
-        plan.load, calibration.cost, calibration.overhead, scheduling, plan.slo, plan.rule.target
-    )
+    scheduling = _scheduling(server, target.identity.engine, flags)
+    load, wanted, predicted = _predicted(plan, calibration, scheduling)
     if progress is not None:
-        progress(f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status})")
-    start = _start_scale(predicted, plan.load)
+        progress(
+            f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status}); "
+            f"{len(load)} requests a probe"
+        )
+    start = _start_scale(predicted, load)
     measured = await measure_knee(
         target,
-        plan.load,
+        load,
         plan.slo,
         plan.rule,
         start,
@@ -292,7 +318,36 @@ async def _check_flag_set(
         tag=f"b{flags.budget}s{flags.max_seqs or 0}-",
     )
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
-    return FlagSetResult(flags, command, calibration, scheduling, predicted, measured, ended)
+    sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
+    return FlagSetResult(
+        flags, command, calibration, scheduling, predicted, measured, ended, **sizes
+    )
+
+
+def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
+    """The server's scheduling under ``flags`` as simulated: its engine's profile at the
+    budget and cap, with the workload's prefix block size where the engine caches prefixes."""
+    profile = server_profile(engine, flags.budget, flags.max_seqs)
+    block = server.prefix_block_tokens
+    if block is not None and profile.prefix_caching:
+        profile = simulated_engine(dataclasses.replace(profile, prefix_block_tokens=block))
+    return Scheduling(profile, server.kv_capacity)
+
+
+def _predicted(
+    plan: _Plan, calibration: ServerCalibration, scheduling: Scheduling
+) -> tuple[list[Request], int, Predicted]:
+    """What the probes send (the rule's length at the rate first predicted on rule 1's
+    length; the whole workload when it is shorter), how many the rule wanted, and the knee
+    predicted on exactly those requests."""
+    cost, overhead, slo, rule = calibration.cost, calibration.overhead, plan.slo, plan.rule
+    first = probe_load(plan.load, rule)
+    predicted = predict_knee(first, cost, overhead, scheduling, slo, rule.target)
+    wanted = rule.requests_at(predicted.rate, slo)
+    load = probe_load(plan.load, rule, wanted)
+    if len(load) > len(first):
+        predicted = predict_knee(load, cost, overhead, scheduling, slo, rule.target)
+    return load, wanted, predicted
 
 
 def _start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
@@ -338,7 +393,9 @@ def verify(
     if sweep is None and calibration is None:
         raise ValueError("give a calibration sweep or a calibration to reuse")
     rule = rule or ProbeRule()
-    plan = _Plan(probe_load(load, rule), slo, rule, sweep, calibration)
+    probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
+    ordered = sorted(load, key=lambda r: (r.arrival, r.id))
+    plan = _Plan(ordered, slo, rule, sweep, calibration)
     results = []
     for flags in flag_sets:
         result = _one(server, flags, plan, progress)
