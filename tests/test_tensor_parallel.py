@@ -16,7 +16,10 @@ from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import LLAMA_3_8B, load_model_spec
 from pytest_prefill.plan.tensor_parallel import (
     LINEAR_PROFILES,
+    Fit,
+    LinearProfile,
     cost_at_tp,
+    fit_rule,
     held_out_error,
     tp_rule,
 )
@@ -25,14 +28,31 @@ from pytest_prefill.sim import PRESETS, PROFILES
 pytestmark = pytest.mark.sim
 
 
+HELD_OUT = [((2, 8), 4), ((2, 4), 8), ((4, 8), 2)]
+
+
 @pytest.mark.parametrize("key", list(LINEAR_PROFILES))
-def test_the_rule_fitted_on_tp_2_and_8_predicts_tp_4_within_10_percent(key):
-    assert held_out_error(LINEAR_PROFILES[key], (2, 8), 4) < 0.10
+@pytest.mark.parametrize(("fit_sizes", "held_out"), HELD_OUT)
+def test_the_rule_fitted_on_two_tp_sizes_predicts_the_third_within_10_percent(
+    key, fit_sizes, held_out
+):
+    assert held_out_error(LINEAR_PROFILES[key], fit_sizes, held_out) < 0.10
 
 
-@pytest.mark.parametrize("key", [k for k in LINEAR_PROFILES if k[0] == "h100"])
-def test_on_the_h100_profiles_tp_2_and_4_predict_tp_8_within_10_percent(key):
-    assert held_out_error(LINEAR_PROFILES[key], (2, 4), 8) < 0.10
+def test_the_fit_recovers_the_constants_of_a_profile_the_rule_wrote():
+    rho, fixed_ms = 0.05, 0.03
+    measured = LINEAR_PROFILES[("a100", "meta-llama/Meta-Llama-3-8B")].times_ms[1]
+    truth = Fit(rho, fixed_ms)
+    times = {n: tuple(truth.predict_ms(t, n) for t in measured) for n in (1, 2, 4, 8)}
+    fit = fit_rule(LinearProfile(4096, times), (2, 4, 8))
+    assert fit.rho == pytest.approx(rho) and fit.fixed_ms == pytest.approx(fixed_ms)
+    assert held_out_error(LinearProfile(4096, times), (2, 4), 8) == pytest.approx(0, abs=1e-12)
+
+
+def test_without_a_fixed_latency_the_rule_is_amdahls():
+    for n in (2, 4, 8):
+        assert Fit(0.1, 0.0).predict_ms(3.0, n) == pytest.approx(3.0 * (0.1 + 0.9 / n))
+    assert Fit(0.1, 5.0).predict_ms(3.0, 8) == 3.0  # a layer no longer than σ does not divide
 
 
 def test_a_cost_model_at_tp_n_follows_the_rule():
@@ -44,9 +64,11 @@ def test_a_cost_model_at_tp_n_follows_the_rule():
     shrink = 1 / (2 * rule.efficiency(2))
     per_token = 2 * model.layers * model.hidden_size * 2 / bandwidth
     assert at2.prefill_per_token == pytest.approx(cost.prefill_per_token * shrink + per_token)
+    kept = rule.fixed_share * cost.prefill_pass_overhead
     assert at2.prefill_pass_overhead == pytest.approx(
-        cost.prefill_pass_overhead * shrink + 2 * model.layers * latency
+        kept + (cost.prefill_pass_overhead - kept) * shrink + 2 * model.layers * latency
     )
+    assert 0 < rule.fixed_share < 1
     assert at2.decode_step_base < cost.decode_step_base
 
 

@@ -85,15 +85,35 @@ LLAMA_3_8B = {
     "torch_dtype": "bfloat16",
 }
 
+# Meta-Llama-3.1-8B's config.json as published (meta-llama/Llama-3.1-8B): Llama-3-8B's shapes
+# (and so its parameters and KV bytes per token) with a 131,072-token context by llama3 rope
+# scaling, long enough for Mooncake's prompts (to 126k tokens).
+LLAMA_3_1_8B = {
+    **LLAMA_3_8B,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+}
+
 ARCHITECTURES: dict[str, Mapping[str, Any]] = {
     "qwen3-0.6b": {"model_type": "qwen3", "torch_dtype": "bfloat16", **QWEN3_06B},
     "small": {"model_type": "qwen3", "torch_dtype": "bfloat16", **SMALL},
     "tiny": {"model_type": "qwen3", "torch_dtype": "bfloat16", **TINY},
     "llama-3-8b": LLAMA_3_8B,
+    "llama-3.1-8b": LLAMA_3_1_8B,
 }
 
 # What a launch line serves for a preset: the published model it has the shapes of.
-SERVED_IDS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "llama-3-8b": "meta-llama/Meta-Llama-3-8B"}
+SERVED_IDS = {
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+}
 
 DTYPE_BYTES = {
     "float32": 4,

@@ -15,15 +15,22 @@ from 1 to 4,096 (:data:`LINEAR_PROFILES`); and per TP size the all-reduce's late
 bandwidth, a least-squares line through the rank-0 medians of a single node
 (``devices_per_node == num_workers``) over 2 KiB to 64 MiB (:data:`ALL_REDUCE`).
 
-The rule is Amdahl's: a fraction ρ of a layer's time does not shrink with N (kernel launches,
-norms, the activation), so time(N) = time(1) · (ρ + (1 − ρ)/N) and efficiency(N) =
-1 / (1 + ρ(N − 1)); ρ is fitted per profile as the median over token counts and TP sizes.
-Fitted on TP 2 and 8 it predicts the held-out TP 4 within 10% (median over token counts) on
-every shipped profile, and fitted on TP 2 and 4 it predicts TP 8 within 10% on the H100 ones
-(not on the A100 Llama-3-8B: 19%); tests/test_tensor_parallel.py pins both, and
-docs/deployments.md tabulates the figures (:func:`held_out_error`). Attention's own kernel (the
-pair term, the KV read) is not in these profiles; it splits by heads and takes the same
-efficiency.
+The rule: a layer's time at TP=1 on T tokens, t1(T), is a fixed latency σ that no number of
+devices shortens (kernel launches and their synchronisation: a constant per layer) plus work
+that divides by Amdahl's law, a fraction ρ of it serial:
+
+    t_N(T) = σ + (t1(T) − σ) · (ρ + (1 − ρ)/N)
+
+Per token count this is Amdahl's law with a serial fraction ρ_T = ρ + (1 − ρ) · σ / t1(T):
+large at small T (a launch-bound layer barely speeds up) and ρ at large T. The profiles show
+exactly that (A100 Llama-3-8B at TP 8: 1.8–2.1 × the ideal time up to 256 tokens, 1.1–1.3 ×
+from 1,024), which one ρ for every T cannot: fitted on TP 2 and 4, the single-ρ rule missed TP 8
+there by 19% (median). ρ and σ are fitted by least squares of the samples ρ_T,N on 1/t1(T)
+(a line: intercept ρ, slope (1 − ρ)σ) over the fitted TP sizes. Fitted on any two of TP 2, 4
+and 8, it predicts the third within 10% (median over token counts) on every shipped profile;
+tests/test_tensor_parallel.py pins every cell and docs/deployments.md tabulates the figures
+(:func:`held_out_error`). Attention's own kernel (the pair term, the KV read) is not in these
+profiles; it splits by heads and takes the work's efficiency.
 """
 
 from __future__ import annotations
@@ -385,43 +392,65 @@ ALL_REDUCE: dict[str, dict[int, tuple[float, float]]] = {
 }
 
 
-def serial_fraction(profile: LinearProfile, sizes: Iterable[int]) -> float:
-    """Amdahl's ρ fitted on the TP ``sizes`` (each > 1): the median over token counts of
-    ``(time(N)/time(1) − 1/N) / (1 − 1/N)``, clamped to [0, 1]."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fit:
+    """The rule's two constants for one profile: ``rho``, the serial fraction of a layer's
+    work, and ``fixed_ms``, the per-layer latency σ that does not divide (ms)."""
+
+    rho: float
+    fixed_ms: float
+
+    def predict_ms(self, t1: float, tp: int) -> float:
+        """A layer's time at ``tp`` from its time ``t1`` at TP=1 (ms)."""
+        fixed = min(self.fixed_ms, t1)
+        return fixed + (t1 - fixed) * (self.rho + (1 - self.rho) / tp)
+
+
+def fit_rule(profile: LinearProfile, sizes: Iterable[int]) -> Fit:
+    """ρ and σ fitted on the TP ``sizes`` (each > 1): a least-squares line through the samples
+    ``ρ_T,N = (t_N/t1 − 1/N) / (1 − 1/N)`` against ``1/t1(T)``, its intercept ρ and its slope
+    (1 − ρ)σ; ρ clamped to [0, 1) and σ to ≥ 0."""
     one = profile.times_ms[1]
-    samples = [
-        (t / t1 - 1 / n) / (1 - 1 / n)
+    points = [
+        (1 / t1, (t / t1 - 1 / n) / (1 - 1 / n))
         for n in sizes
         for t, t1 in zip(profile.times_ms[n], one, strict=True)
     ]
-    if not samples:
-        raise ValueError("serial_fraction needs at least one TP size > 1 to fit")
-    return min(1.0, max(0.0, statistics.median(samples)))
+    if not points or any(n <= 1 for n in sizes):
+        raise ValueError("fit_rule needs TP sizes > 1 to fit")
+    xs, ys = zip(*points, strict=True)
+    slope, intercept = statistics.linear_regression(xs, ys)
+    rho = min(0.99, max(0.0, intercept))
+    return Fit(rho, max(0.0, slope / (1 - rho)))
 
 
-def predicted_ms(profile: LinearProfile, rho: float, tp: int) -> tuple[float, ...]:
+def predicted_ms(profile: LinearProfile, fit: Fit, tp: int) -> tuple[float, ...]:
     """The layer's time at ``tp`` the rule predicts from its TP=1 times."""
-    return tuple(t * (rho + (1 - rho) / tp) for t in profile.times_ms[1])
+    return tuple(fit.predict_ms(t, tp) for t in profile.times_ms[1])
 
 
 def held_out_error(profile: LinearProfile, fit_sizes: Iterable[int], held_out: int) -> float:
     """The median over token counts of |predicted / profiled − 1| at ``held_out``, the rule
     fitted on ``fit_sizes``."""
-    rho = serial_fraction(profile, fit_sizes)
-    pairs = zip(predicted_ms(profile, rho, held_out), profile.times_ms[held_out], strict=True)
+    fit = fit_rule(profile, fit_sizes)
+    pairs = zip(predicted_ms(profile, fit, held_out), profile.times_ms[held_out], strict=True)
     return statistics.median(abs(p / t - 1) for p, t in pairs)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TPRule:
-    """How a TP=1 cost model becomes one at TP=N: Amdahl's ``rho`` from ``profile`` on
-    ``gpu``, and that GPU's all-reduce link."""
+    """How a TP=1 cost model becomes one at TP=N: the rule's ``rho`` (the work's serial
+    fraction) and ``fixed_share`` (σ over the profiled layer's one-token time: the share of a
+    pass's fixed time that does not divide) from ``profile`` on ``gpu``, and that GPU's
+    all-reduce link."""
 
     gpu: str
     profile: str
     rho: float
+    fixed_share: float = 0.0
 
     def efficiency(self, tp: int) -> float:
+        """The work's Amdahl efficiency at ``tp``: 1 / (1 + ρ(N − 1))."""
         return 1 / (1 + self.rho * (check_tp(tp) - 1))
 
     def link(self, tp: int) -> tuple[float, float]:
@@ -435,15 +464,16 @@ class TPRule:
         latency, bandwidth = self.link(tp)
         return (
             f"TP={tp} scaled from the TP=1 cost model by {VIDUR}: {self.gpu.upper()} "
-            f"{self.profile} (efficiency {self.efficiency(tp):.0%} at TP={tp}), plus 2 "
-            f"all-reduces per layer ({latency * 1e6:.0f} us + bytes at "
+            f"{self.profile} (the work {self.efficiency(tp):.0%} efficient at TP={tp}; "
+            f"{self.fixed_share:.0%} of each pass's fixed time, kernel launches, not divided), "
+            f"plus 2 all-reduces per layer ({latency * 1e6:.0f} us + bytes at "
             f"{bandwidth / 1e9:.0f} GB/s, {self.gpu.upper()} NVLink)"
         )
 
 
 def tp_rule(model: ModelSpec, gpu: str = "h100") -> TPRule:
     """The rule for ``model`` on ``gpu``: the profile of that GPU nearest in hidden size (ties:
-    the first listed), ρ fitted on every profiled TP size.
+    the first listed), fitted on every profiled TP size.
 
     Raises:
         ValueError: for a GPU with no profile.
@@ -454,28 +484,35 @@ def tp_rule(model: ModelSpec, gpu: str = "h100") -> TPRule:
     (_, name), profile = min(
         candidates, key=lambda kp: abs(math.log(kp[1].hidden_size / model.hidden_size))
     )
-    sizes = [n for n in profile.times_ms if n > 1]
-    return TPRule(gpu, name, serial_fraction(profile, sizes))
+    fit = fit_rule(profile, [n for n in profile.times_ms if n > 1])
+    share = min(1.0, fit.fixed_ms / profile.times_ms[1][0])
+    return TPRule(gpu, name, fit.rho, share)
 
 
 def cost_at_tp(cost: CostModel, model: ModelSpec, tp: int, rule: TPRule) -> CostModel:
-    """``cost`` (measured at TP=1) at TP=``tp``: its compute terms ÷ (tp · efficiency), and per
-    iteration 2 all-reduces per layer: their latency on each pass's fixed cost, their bytes
-    (``hidden × dtype bytes`` per token) on each token's and each decode row's cost. TP=1 is
-    ``cost`` itself."""
+    """``cost`` (measured at TP=1) at TP=``tp``: its work ÷ (tp · efficiency), every term but a
+    share ``rule.fixed_share`` of each pass's fixed time (``prefill_pass_overhead``,
+    ``decode_step_base``), which stays; and per iteration 2 all-reduces per layer: their latency
+    on each pass's fixed cost, their bytes (``hidden × dtype bytes`` per token) on each token's
+    and each decode row's cost. TP=1 is ``cost`` itself."""
     if check_tp(tp) == 1:
         return cost
     shrink = 1 / (tp * rule.efficiency(tp))
+    share = rule.fixed_share
+
+    def fixed_part(seconds: float) -> float:
+        return seconds * (share + (1 - share) * shrink)
+
     latency, bandwidth = rule.link(tp)
     collectives = 2 * model.layers
     fixed = collectives * latency
     per_token = collectives * model.hidden_size * model.dtype_bytes / bandwidth
     return dataclasses.replace(
         cost,
-        prefill_pass_overhead=cost.prefill_pass_overhead * shrink + fixed,
+        prefill_pass_overhead=fixed_part(cost.prefill_pass_overhead) + fixed,
         prefill_per_token=cost.prefill_per_token * shrink + per_token,
         prefill_per_pair=cost.prefill_per_pair * shrink,
-        decode_step_base=cost.decode_step_base * shrink + fixed + per_token,
+        decode_step_base=fixed_part(cost.decode_step_base) + fixed + per_token,
         decode_per_seq=cost.decode_per_seq * shrink + per_token,
         decode_per_kv_token=cost.decode_per_kv_token * shrink,
     )

@@ -77,7 +77,8 @@ def basis(
     if tp > 1 and hardware is not None and hardware.rule is not None:
         parts.append(
             f"TP{tp} compute scaled by Vidur's {hardware.rule.gpu.upper()} profile "
-            f"({hardware.rule.efficiency(tp):.0%} efficient) plus all-reduces"
+            f"(work {hardware.rule.efficiency(tp):.0%} efficient, "
+            f"{hardware.rule.fixed_share:.0%} of the fixed time kept) plus all-reduces"
         )
     if hardware is not None and measured_model and measured_model != hardware.model.name:
         parts.append(f"compute measured on {measured_model}, memory from {hardware.model.name}")
