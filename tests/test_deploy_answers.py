@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
 from pytest_prefill.cli import main
 from pytest_prefill.plan.device_memory import GiB, kv_capacity
 from pytest_prefill.plan.hardware import Hardware
-from pytest_prefill.plan.model_spec import load_model_spec
+from pytest_prefill.plan.model_spec import LLAMA_3_1_8B, load_model_spec
+from pytest_prefill.plan.workloads import load_jsonl
 from pytest_prefill.sim import PRESETS, PROFILES, Request, simulate
 
 pytestmark = pytest.mark.sim
@@ -74,3 +76,53 @@ def test_device_memory_defaults_to_what_the_cost_model_records(tmp_path, capsys)
         "80 GiB devices (the calibration's device, NVIDIA H100 80GB HBM3)"
         in capsys.readouterr().out
     )
+
+
+SHAPED = os.path.join(os.path.dirname(__file__), "data", "mooncake-shaped.jsonl")
+
+
+def _shaped_answer(folder, memory_gib, capsys, *extra):
+    """capacity on the Mooncake-shaped trace for the config in ``folder`` at ``memory_gib``:
+    the printed text and the --json document."""
+    out_json = os.path.join(folder, f"answer-{memory_gib}.json")
+    argv = [*ARGV[:-4], "--workers", "1", "--workload", SHAPED, "--target", "0.99"]
+    argv += ["--cost", "datacenter-illustrative", "--model", str(folder)]
+    argv += ["--device-memory", str(memory_gib), "--devices", "8", "--json", out_json, *extra]
+    assert main(argv) == 0
+    with open(out_json, encoding="utf-8") as handle:
+        return capsys.readouterr().out, json.load(handle)
+
+
+def test_a_llama_3_1_config_answers_with_tp_kv_and_command_at_80_and_40_gib(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_1_8B))
+    model = load_model_spec(str(tmp_path))
+    load = load_jsonl(SHAPED)
+    assert max(r.prompt_len for r in load) < model.max_position_embeddings  # nothing to cap
+    needed = {}
+    two = ("--deployment", "chunked,tokens=2048", "--deployment", "chunked,tokens=2048,tp=2")
+    for memory in (80, 40):
+        out, document = _shaped_answer(tmp_path, memory, capsys, *two)
+        assert "were capped at it" not in out
+        for tp in {r["deployment"]["tp"] for r in document["results"]}:
+            tokens = kv_capacity(model, memory * GiB, tp=tp).tokens
+            assert f"KV at TP={tp}: {tokens:,} tokens per replica" in out
+        best = max(document["results"], key=lambda r: r["max_rate"])["deployment"]
+        command = next(line for line in out.splitlines() if "Type:" in line)
+        assert f"vllm serve {tmp_path} --max-num-batched-tokens" in command
+        assert f"--tensor-parallel-size {best['tp']} --gpu-memory-utilization 0.9" in command
+        needed[memory] = document["devices_needed"]["devices"]
+    assert needed[40] >= needed[80]  # less memory never needs fewer devices
+
+
+def test_a_tp_whose_kv_holds_less_than_the_context_sets_max_model_len(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_1_8B))
+    model = load_model_spec(str(tmp_path))
+    one = ("--deployment", "chunked,tokens=2048", "--no-devices-needed")
+    short = kv_capacity(model, 40 * GiB, tp=1).tokens
+    assert short < model.max_position_embeddings <= kv_capacity(model, 80 * GiB).tokens
+    out, _ = _shaped_answer(tmp_path, 40, capsys, *one)
+    command = next(line for line in out.splitlines() if "Type:" in line)
+    assert f"--gpu-memory-utilization 0.9 --max-model-len {short}" in command
+    assert "check_enough_kv_cache_memory" in out and "every request here fits" in out
+    out, _ = _shaped_answer(tmp_path, 80, capsys, *one)
+    assert "--max-model-len" not in out

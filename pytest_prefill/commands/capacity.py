@@ -328,10 +328,15 @@ def _left_out(args: argparse.Namespace, cost: CostModel) -> str | None:
 
 
 def _answer_basis(
-    args: argparse.Namespace, spec: CostSpec, result: CapacityResult, needed: DevicesNeeded | None
+    args: argparse.Namespace,
+    spec: CostSpec,
+    result: CapacityResult,
+    needed: DevicesNeeded | None,
+    lengths: Sequence[int] = (),
 ) -> AnswerBasis:
-    """The model lines, the memory fraction and model for the command, and what the Type: and
-    Devices needed: lines rest on."""
+    """The model lines, the memory fraction, model and (where KV holds less than the context,
+    by TP) max-model-len for the command, and what the Type: and Devices needed: lines rest on;
+    ``lengths``: the workload's prompt + output lengths."""
     assert spec.cost is not None
     hardware = args.hardware
     best = result.ranked()[0].deployment
@@ -344,15 +349,21 @@ def _answer_basis(
     if args.server_facts_line:
         lines.append(args.server_facts_line)
     fraction = served = None
+    short: dict[int, int] = {}
     if hardware is not None:
         tps = sorted({r.deployment.tp for r in result.results})
-        lines += hardware.lines(tps, args.profile.kv_block_tokens)
+        block, context = args.profile.kv_block_tokens, getattr(args, "max_model_len", None)
+        lines += hardware.lines(tps, block, context, lengths)
         fraction, served = hardware.utilization, served_name(args.model)
+        for tp in tps:
+            tokens = hardware.short_of(tp, block, context)
+            if tokens is not None:
+                short[tp] = tokens
     model = measured_model(spec)
     type_basis = basis(spec, spec.cost, best, hardware, model)
     chosen = needed.deployment if needed is not None else None
     needed_basis = basis(spec, spec.cost, chosen, hardware, model) if needed is not None else None
-    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis)
+    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -389,9 +400,9 @@ def run(args: argparse.Namespace) -> int:
         )
         needed = _devices_needed(args, workload, spec.cost, result, executor)
     seconds = time.perf_counter() - began
-    lines = capacity_text(
-        result, spec.source, needed, engine_note(args), _answer_basis(args, spec, result, needed)
-    ).split("\n")
+    lengths = [r.prompt_len + r.output_len for r in workload.requests]
+    basis = _answer_basis(args, spec, result, needed, lengths)
+    lines = capacity_text(result, spec.source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
     extra = [line for line in (capped, *workload.notes, _left_out(args, spec.cost)) if line]

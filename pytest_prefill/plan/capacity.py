@@ -12,7 +12,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
@@ -100,14 +100,21 @@ class CapacityResult:
         chosen = baseline_deployment([r.deployment for r in self.results], self.engine)
         return next((r for r in self.results if r.deployment == chosen), None)
 
-    def command(self, memory_fraction: float | None = None, model: str | None = None) -> str | None:
+    def command(
+        self,
+        memory_fraction: float | None = None,
+        model: str | None = None,
+        max_model_len: Mapping[int, int] | None = None,
+    ) -> str | None:
         """The line to type for the best deployment, in the engine's own flags (with the
-        fraction of device memory it takes and the model it serves, when given; None when no
-        deployment meets the SLO)."""
+        fraction of device memory it takes, the model it serves and, from ``max_model_len`` by
+        its TP, the longest sequence it takes, when given; None when no deployment meets the
+        SLO)."""
         best = self.ranked()[0]
         if best.best is None:
             return None
-        return best.deployment.command(self.engine, memory_fraction, model)
+        length = (max_model_len or {}).get(best.deployment.tp)
+        return best.deployment.command(self.engine, memory_fraction, model, length)
 
     def recommendation(self) -> str:
         """One line a user can act on: the deployment serving the highest request rate per

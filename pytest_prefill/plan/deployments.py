@@ -159,9 +159,11 @@ class Deployment:
         profile: EngineProfile = LAB,
         memory_fraction: float | None = None,
         model: str | None = None,
+        max_model_len: int | None = None,
     ) -> str:
         """The line to type for this deployment under ``profile`` (its engine, its flags, its
-        TP and, when given, the fraction of device memory it takes and the model it serves)."""
+        TP and, when given, the fraction of device memory it takes, the model it serves and
+        the longest sequence it takes)."""
         return launch_line(
             self.engine(profile),
             self.prefill_workers,
@@ -169,6 +171,7 @@ class Deployment:
             self.tp,
             memory_fraction,
             model,
+            max_model_len,
         )
 
     def simulate_options(self, profile: EngineProfile | None = None) -> dict[str, Any]:

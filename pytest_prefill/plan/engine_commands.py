@@ -23,7 +23,8 @@ class EngineCommand:
     this was read (``source``) and the kinds of colocated deployment it can be told to run
     (``kinds``): ``budgets`` (token budgets), ``shared``, ``chunks`` (chunk sizes and a time
     budget: the lab's own knobs); ``tp_flag`` sets an instance's tensor-parallel size and
-    ``memory_flag`` the fraction of each device's memory it takes (None: the engine has none)."""
+    ``memory_flag`` the fraction of each device's memory it takes and ``length_flag`` the longest
+    sequence it serves (None: the engine has none)."""
 
     start: str | None
     split: tuple[str, str] | None
@@ -33,6 +34,7 @@ class EngineCommand:
     split_router: str | None = None
     tp_flag: str | None = None
     memory_flag: str | None = None
+    length_flag: str | None = None
 
     def router_of(self, split: bool) -> str:
         """What routes requests across the instances of a split (``split``) or colocated ones."""
@@ -58,6 +60,7 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         "one (vLLM's toy_proxy_server.py, or llm-d / Dynamo)",
         tp_flag="--tensor-parallel-size",
         memory_flag="--gpu-memory-utilization",
+        length_flag="--max-model-len",
     ),
     "sglang": EngineCommand(
         f"python -m sglang.launch_server --model-path {MODEL} --enable-mixed-chunk",
@@ -69,6 +72,7 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         split_router="sglang_router --pd-disaggregation",
         tp_flag="--tp",
         memory_flag="--mem-fraction-static",
+        length_flag="--context-length",
     ),
     "llama.cpp": EngineCommand(
         f"llama-server -m {MODEL}.gguf",
@@ -115,12 +119,14 @@ def launch_line(
     tp: int = 1,
     memory_fraction: float | None = None,
     model: str | None = None,
+    max_model_len: int | None = None,
 ) -> str:
     """The command to type for ``devices`` instances of ``profile`` (its flags as they stand:
     replace the profile's knobs first), or a split of ``prefill`` prefill instances and the
     rest decode, each instance on ``tp`` devices taking ``memory_fraction`` of each one's
     memory (None: the engine's default), serving ``model`` (None: ``MODEL``, for the user to
-    fill in); a sentence instead of a command for an engine without one."""
+    fill in) at most ``max_model_len`` tokens a sequence (None: the model's context); a
+    sentence instead of a command for an engine without one."""
     command = engine_command(profile)
     sizing = []
     if tp > 1 or memory_fraction is not None:
@@ -128,6 +134,8 @@ def launch_line(
             sizing.append(f"{command.tp_flag} {tp}")
         if memory_fraction is not None and command.memory_flag is not None:
             sizing.append(f"{command.memory_flag} {memory_fraction:g}")
+    if max_model_len is not None and command.length_flag is not None:
+        sizing.append(f"{command.length_flag} {max_model_len}")
     flags = " ".join(part for part in (profile.flags_text(), *sizing) if part)
     if tp > 1 and command.tp_flag is None and command.start is not None:
         flags += f"  (tensor parallel over {tp} devices: {profile.name} has no flag for it)"

@@ -159,8 +159,27 @@ class Hardware:
             ]
         return tuple(out)
 
-    def lines(self, tps: Sequence[int], block_tokens: int) -> list[str]:
-        """What the answer assumes about memory and TP, one line each."""
+    def short_of(self, tp: int, block_tokens: int, context: int | None) -> int | None:
+        """The KV tokens of an instance at ``tp`` when fewer than ``context`` (None: enough,
+        or no device memory given). vLLM then refuses to start unless ``--max-model-len`` is at
+        most that (``vllm/v1/core/kv_cache_utils.py`` ``check_enough_kv_cache_memory``: one
+        sequence of the model's length must fit; its estimate of the length that does is the
+        KV in whole blocks, as here)."""
+        kv = self.kv(tp, block_tokens)
+        if kv is None or context is None or kv.tokens >= context:
+            return None
+        return kv.tokens
+
+    def lines(
+        self,
+        tps: Sequence[int],
+        block_tokens: int,
+        context: int | None = None,
+        lengths: Sequence[int] = (),
+    ) -> list[str]:
+        """What the answer assumes about memory and TP, one line each (with, where an
+        instance's KV holds fewer tokens than ``context``, the ``--max-model-len`` it needs and
+        how many of the workload's sequence ``lengths``, prompt + output, exceed it)."""
         memory = (
             f"{self.device_memory / GiB:g} GiB devices ({self.memory_source}), "
             f"{self.utilization:g} of each for the engine"
@@ -172,6 +191,20 @@ class Hardware:
             kv = self.kv(tp, block_tokens)
             if kv is not None:
                 out.append(f"  KV at TP={tp}: {kv.describe()}")
+            short = self.short_of(tp, block_tokens, context)
+            if short is not None:
+                longer = sum(n > short for n in lengths)
+                fate = (
+                    f"{longer:,} request(s) longer, which vLLM would refuse, are simulated as "
+                    "served"
+                    if longer
+                    else f"every request here fits (the longest: {max(lengths, default=0):,})"
+                )
+                out.append(
+                    f"    fewer than the {context:,}-token max-model-len: vLLM starts at TP={tp} "
+                    f"only with --max-model-len {short} or less (kv_cache_utils.py "
+                    f"check_enough_kv_cache_memory); the command sets it; {fate}"
+                )
             if tp > 1:
                 assert self.rule is not None
                 out.append(f"  compute at TP={tp}: {self.rule.describe(tp)}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.plan.deployments import Deployment
@@ -18,13 +19,16 @@ from pytest_prefill.sim import CostModel
 class AnswerBasis:
     """What a capacity answer prints about its deployment: ``lines`` on the model, memory and
     TP above the workload; the ``memory_fraction`` and ``model`` its command sets (None: the
-    engine's default, ``MODEL``); what the ``Type:`` and ``Devices needed:`` lines rest on."""
+    engine's default, ``MODEL``); what the ``Type:`` and ``Devices needed:`` lines rest on;
+    ``max_model_len`` by TP where an instance's KV holds less than the context (the command
+    sets it there)."""
 
     lines: tuple[str, ...] = ()
     memory_fraction: float | None = None
     model: str | None = None
     type_line: str | None = None
     needed_line: str | None = None
+    max_model_len: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
 
 PRESET_MODEL = "qwen3-0.6b"  # both cost presets describe Qwen3-0.6B (sim/presets.py)
