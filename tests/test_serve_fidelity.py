@@ -223,11 +223,16 @@ def test_held_out_workloads_hold_long_prompts_and_a_burst_and_the_fallback_is_lo
     monkeypatch.setattr(held_out, "azure_trace_path", lambda name: None)
     workloads = held_out.held_out_workloads(_calibration(), count=12)
     names = [w.name for w in workloads]
-    assert names == ["poisson x0.5", "poisson x1", "long prompts", "burst"]
+    assert names == ["poisson x0.5", "poisson x1", "long prompts", "burst", "short alone"]
     long = workloads[2].requests
     assert sum(r.prompt_len >= 4 * 256 for r in long) == len(long) // 2
     assert {r.arrival for r in workloads[3].requests} == {0.0}
-    assert all(w.fallback and "FALLBACK" in w.fallback for w in workloads)
+    alone = workloads[4].requests  # each arrives after the one before has been served alone
+    for before, after in zip(alone, alone[1:]):
+        served = held_out.service_time(_calibration(), [(before.prompt_len, before.output_len)])
+        assert after.arrival - before.arrival > served and before.prompt_len < 256
+    traced = [w for w in workloads if w.name != "short alone"]  # its lengths are fixed
+    assert all(w.fallback and "FALLBACK" in w.fallback for w in traced)
     chosen = held_out.held_out_workloads(_calibration(), count=12, source="mix")
     assert all(w.fallback is None for w in chosen)
     with pytest.raises(ValueError, match="no Azure trace"):

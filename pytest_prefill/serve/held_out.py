@@ -2,9 +2,10 @@
 Poisson arrivals at two loads and a window of the Azure conv trace's own arrivals (its lengths
 scaled down to a small model), plus two that a wrong token budget cannot pass unnoticed:
 prompts several times the budget among short ones (a wrong budget changes how many passes
-they take) and a burst (all at once: a wrong budget changes the queueing). Without the Azure
-trace the lengths fall back to a fixed mix, and every workload says so. Standard library
-only."""
+they take) and a burst (all at once: a wrong budget changes the queueing), and one that a
+wrong first-token rule cannot: short prompts each alone (a TTFT of one short pass, to which
+a first token at the next decode step adds a whole decode step). Without the Azure trace the
+lengths fall back to a fixed mix, and every workload says so. Standard library only."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ OUTPUT_SCALE = 8  # and its outputs (median ~130)
 MIN_OUTPUT = 4
 LOADS = (0.5, 1.0)  # Poisson rates, in requests per mean service time of one request alone
 LONG_TIMES = (4, 6, 8)  # the long prompts, in budgets
+ALONE_PROMPTS = (24, 40, 56)  # the short prompts sent alone (not the calibration's lengths)
+ALONE_OUTPUT = 8
+ALONE_SPACING = 2.0  # each arrives this many times its own service time after the one before
 SOURCES = ("azure-conv", "mix")
 MIX = "prompts 64-512, outputs 8-32"
 
@@ -147,9 +151,27 @@ def held_out_workloads(
     )
     burst = tuple(Request(f"burst-{i}", 0.0, p, o) for i, (p, o) in enumerate(pairs))
     out.append(ServerWorkload("burst", burst, f"{count} requests at once; {what}", None, fallback))
+    out.append(_alone(calibration, count))
     if path is not None:
         out.append(_azure_window(path, count, max_prompt, max(LOADS) / service))
     return out
+
+
+def _alone(calibration: ServerCalibration, count: int) -> ServerWorkload:
+    """Short prompts, each alone: the next arrives ``ALONE_SPACING`` x this one's service time
+    (by the calibration) after it, so no two overlap; the lengths are fixed, not the trace's."""
+    t, requests = 0.0, []
+    for i in range(count):
+        prompt = ALONE_PROMPTS[i % len(ALONE_PROMPTS)]
+        requests.append(Request(f"alone-{i}", t, prompt, ALONE_OUTPUT))
+        t += ALONE_SPACING * service_time(calibration, [(prompt, ALONE_OUTPUT)])
+    prompts = "-".join(map(str, ALONE_PROMPTS))
+    return ServerWorkload(
+        "short alone",
+        tuple(requests),
+        f"{count} prompts of {prompts} tokens ({ALONE_OUTPUT} out), each alone (spaced "
+        f"{ALONE_SPACING:g}x its service time): TTFT is one short pass",
+    )
 
 
 def _azure_window(path: str, count: int, max_prompt: int, rate: float) -> ServerWorkload:

@@ -6,16 +6,18 @@ requests sent: a higher rate cannot serve better, so two probes that say otherwi
 then interpolated in log rate between the last rate at or above the target and the first below
 it. Beyond the probes the knee is open: 0 when every rate missed, inf when none did.
 
-**Interval**: a parametric bootstrap over the probes. Each resample redraws every probe's
-good requests from the fitted attainment at its rate (kept off 0 and 1 by half a request), as
+**Interval**: a parametric bootstrap over the probes. Each resample redraws every probe's good
+requests from the fitted attainment at its rate (kept off 0 and 1 by half a request), as
 binomial draws when the probes agree with the fit within binomial noise, and beta-binomial,
-overdispersed by the factor the probes' own disagreement shows (the Pearson statistic of the
-fit over its degrees of freedom, the probes pooled by the fit), when they disagree more: two
-probes at neighbouring rates can differ by more than their binomial error, because a probe's
-requests share one queue and one server moment. The knee is re-estimated on each resample; the
-interval is its percentiles. Resampling requests inside a probe would not do: late requests
-see the queue the early ones built, so they are not exchangeable. It covers what the probes
-show, not a server that is slower on another day.
+overdispersed by the factor the probes' own disagreement shows (the Pearson statistic of the fit
+over its degrees of freedom, the probes pooled by the fit), when they disagree more: two probes
+at neighbouring rates can differ by more than their binomial error, because a probe's requests
+share one queue and one server moment. On each resample the crossing is bracketed again; the
+interval runs from the low percentile of the last rate that met the target to the high
+percentile of the first that missed: between two probes the probes say nothing of where the
+cliff is, so the interpolated point is an estimate, not a bound. Resampling requests inside a
+probe would not do: late requests see the queue the early ones built, so they are not
+exchangeable. It covers what the probes show, not a server that is slower on another day.
 
 **Judged**: predicted / measured, with the interval that the measured knee's gives, against
 ±``within``: HOLDS when the ratio's whole interval lies within, FAILS when none of it does,
@@ -51,22 +53,30 @@ def non_increasing(values: Sequence[float], weights: Sequence[float]) -> list[fl
     return fitted
 
 
-def crossing(
+def bracket(
     rates: Sequence[float], attainments: Sequence[float], weights: Sequence[float], target: float
-) -> float:
-    """Where the non-increasing fit of attainment over rate crosses ``target``, interpolated
-    in log rate (``rates`` ascending, positive); 0 when the lowest rate already misses, inf
-    when the highest still meets it."""
+) -> tuple[float, float, float]:
+    """Where the non-increasing fit of attainment over rate crosses ``target`` (``rates``
+    ascending, positive): (the last rate at or above it, the crossing interpolated in log rate,
+    the first rate below it); 0s when the lowest rate already misses, infs when the highest
+    still meets it."""
     fitted = non_increasing(attainments, weights)
     for j, value in enumerate(fitted):
         if value < target:
             if j == 0:
-                return 0.0
+                return 0.0, 0.0, rates[0]
             above, below = fitted[j - 1], value
             share = (above - target) / (above - below)
             low, high = math.log(rates[j - 1]), math.log(rates[j])
-            return math.exp(low + share * (high - low))
-    return math.inf
+            return rates[j - 1], math.exp(low + share * (high - low)), rates[j]
+    return rates[-1], math.inf, math.inf
+
+
+def crossing(
+    rates: Sequence[float], attainments: Sequence[float], weights: Sequence[float], target: float
+) -> float:
+    """The crossing of :func:`bracket` alone."""
+    return bracket(rates, attainments, weights, target)[1]
 
 
 def _pooled(probes: Sequence[tuple[float, Sequence[bool]]]) -> list[tuple[float, int, int]]:
@@ -157,13 +167,16 @@ def estimate_knee(
     spread = dispersion(goods, sents, fitted)
     kept = [_kept_off_the_ends(p, n) for p, n in zip(fitted, sents)]
     rng = random.Random(seed)
-    knees = []
+    lows, highs = [], []
     for _ in range(resamples):
         drawn = [_redraw(rng, p, n, spread) for p, n in zip(kept, sents)]
-        knees.append(crossing(rates, drawn, sents, target))
-    knees.sort()
+        met, _, missed = bracket(rates, drawn, sents, target)
+        lows.append(met)
+        highs.append(missed)
+    lows.sort()
+    highs.sort()
     tail = (1 - level) / 2
-    low, high = _percentile(knees, tail), _percentile(knees, 1 - tail)
+    low, high = _percentile(lows, tail), _percentile(highs, 1 - tail)
     return KneeEstimate(point, low, high, level, resamples, spread)
 
 
