@@ -198,6 +198,49 @@ def predict_knee(
     return Predicted(result.results[0], held)
 
 
+def predict_sized(
+    load: Sequence[Request],
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+    slo: SLO,
+    rule: ProbeRule,
+) -> tuple[list[Request], Predicted]:
+    """What the probes send and the knee predicted on exactly those requests: the fewest of
+    ``load``'s first requests (at least rule 1's) that rule 2 asks for at the rate predicted on
+    them — a longer probe predicts a lower knee, which asks for fewer requests, so this is the
+    smallest length that is long enough for its own knee (bisected to within 5%); the whole
+    workload when even that is too short.
+
+    Raises:
+        ValueError: as :func:`probe_load`.
+    """
+
+    def at(n: int) -> tuple[list[Request], Predicted]:
+        sent = probe_load(load, rule, n)
+        return sent, predict_knee(sent, cost, overhead, scheduling, slo, rule.target)
+
+    def enough(sent: list[Request], predicted: Predicted) -> bool:
+        return rule.requests_at(predicted.rate, slo) <= len(sent)
+
+    short, predicted = at(rule.requests)
+    if enough(short, predicted):
+        return short, predicted
+    low = len(short)
+    sent, predicted = at(min(rule.requests_at(predicted.rate, slo), len(load)))
+    if not enough(sent, predicted):
+        return sent, predicted  # the workload is shorter than rule 2 asks
+    high = len(sent)
+    while high - low > max(1, high // 20):
+        middle = (low + high) // 2
+        candidate = at(middle)
+        if enough(*candidate):
+            high, (sent, predicted) = middle, candidate
+        else:
+            low = middle
+    return sent, predicted
+
+
 @dataclasses.dataclass(frozen=True)
 class MeasuredProbe:
     """One probe on the server: the workload at ``scale`` x its rate (``rate`` req/s offered),

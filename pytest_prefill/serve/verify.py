@@ -28,7 +28,7 @@ from pytest_prefill.serve.knee import (
     Predicted,
     ProbeRule,
     measure_knee,
-    predict_knee,
+    predict_sized,
     probe_load,
 )
 from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
@@ -337,17 +337,11 @@ def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
 def _predicted(
     plan: _Plan, calibration: ServerCalibration, scheduling: Scheduling
 ) -> tuple[list[Request], int, Predicted]:
-    """What the probes send (the rule's length at the rate first predicted on rule 1's
-    length; the whole workload when it is shorter), how many the rule wanted, and the knee
-    predicted on exactly those requests."""
+    """What the probes send (:func:`~pytest_prefill.serve.knee.predict_sized`), how many the
+    probe rule wants at the knee predicted on them, and that knee."""
     cost, overhead, slo, rule = calibration.cost, calibration.overhead, plan.slo, plan.rule
-    first = probe_load(plan.load, rule)
-    predicted = predict_knee(first, cost, overhead, scheduling, slo, rule.target)
-    wanted = rule.requests_at(predicted.rate, slo)
-    load = probe_load(plan.load, rule, wanted)
-    if len(load) > len(first):
-        predicted = predict_knee(load, cost, overhead, scheduling, slo, rule.target)
-    return load, wanted, predicted
+    load, predicted = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
+    return load, rule.requests_at(predicted.rate, slo), predicted
 
 
 def _start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
