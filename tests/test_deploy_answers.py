@@ -19,6 +19,7 @@ from pytest_prefill.sim import PRESETS, PROFILES, Request, simulate
 
 pytestmark = pytest.mark.sim
 
+SEQS = PROFILES["vllm"].max_seqs  # the sequence cap the command runs vLLM with
 ARGV = ["capacity", "--slo", "ttft:2s,tpot:100ms", "--num-prompts", "40", "--workers", "1"]
 
 
@@ -29,7 +30,7 @@ def test_the_answer_names_tp_kv_and_the_full_command(capsys):
     command = next(line for line in out.splitlines() if "Type:" in line)
     assert "vllm serve meta-llama/Meta-Llama-3-8B" in command
     assert "--tensor-parallel-size" in command and "--gpu-memory-utilization 0.9" in command
-    tokens = kv_capacity(load_model_spec("llama-3-8b"), 80 * GiB, tp=1).tokens
+    tokens = kv_capacity(load_model_spec("llama-3-8b"), 80 * GiB, tp=1, max_num_seqs=SEQS).tokens
     assert f"KV at TP=1: {tokens:,} tokens per replica" in out
     assert "preset datacenter-illustrative: not your hardware" in out
     assert "compute measured on qwen3-0.6b, memory from llama-3-8b" in out
@@ -104,7 +105,7 @@ def test_a_llama_3_1_config_answers_with_tp_kv_and_command_at_80_and_40_gib(tmp_
         out, document = _shaped_answer(tmp_path, memory, capsys, *two)
         assert "were capped at it" not in out
         for tp in {r["deployment"]["tp"] for r in document["results"]}:
-            tokens = kv_capacity(model, memory * GiB, tp=tp).tokens
+            tokens = kv_capacity(model, memory * GiB, tp=tp, max_num_seqs=SEQS).tokens
             assert f"KV at TP={tp}: {tokens:,} tokens per replica" in out
         best = max(document["results"], key=lambda r: r["max_rate"])["deployment"]
         command = next(line for line in out.splitlines() if "Type:" in line)
@@ -118,9 +119,9 @@ def test_a_tp_whose_kv_holds_less_than_the_context_sets_max_model_len(tmp_path, 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_1_8B))
     model = load_model_spec(str(tmp_path))
     one = ("--deployment", "chunked,tokens=2048", "--no-devices-needed")
-    short = kv_capacity(model, 40 * GiB, tp=1).tokens
+    short = kv_capacity(model, 32 * GiB, tp=1, max_num_seqs=SEQS).tokens
     assert short < model.max_position_embeddings <= kv_capacity(model, 80 * GiB).tokens
-    out, _ = _shaped_answer(tmp_path, 40, capsys, *one)
+    out, _ = _shaped_answer(tmp_path, 32, capsys, *one)
     command = next(line for line in out.splitlines() if "Type:" in line)
     assert f"--gpu-memory-utilization 0.9 --max-model-len {short}" in command
     assert "check_enough_kv_cache_memory" in out and "every request here fits" in out

@@ -96,7 +96,14 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
     source = "--device-memory"
     if recorded is not None:
         memory, source = recorded
-    hardware = Hardware(model, memory * GiB, fraction or DEFAULT_UTILIZATION, memory_source=source)
+    profile = getattr(args, "profile", None)  # its sequence cap sizes vLLM's sampler reserve
+    hardware = Hardware(
+        model,
+        memory * GiB,
+        fraction or DEFAULT_UTILIZATION,
+        memory_source=source,
+        max_num_seqs=profile.max_seqs if profile is not None else None,
+    )
     sizes = hardware.tp_sizes(devices or 1)
     if not sizes:
         hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
@@ -210,7 +217,10 @@ def keep_server_facts(args: argparse.Namespace, spec: CostSpec) -> str | None:
         return None
     if args.hardware is not None:
         args.hardware = dataclasses.replace(
-            args.hardware, measured_tp=facts.tp, server_kv_tokens=facts.kv_capacity_tokens
+            args.hardware,
+            measured_tp=facts.tp,
+            server_kv_tokens=facts.kv_capacity_tokens,
+            max_num_seqs=facts.max_seqs or args.hardware.max_num_seqs,
         )
     return (
         f"Server facts kept as the deployment's (the search varies the budget, not the "

@@ -24,20 +24,40 @@ from pytest_prefill.plan.model_spec import ModelSpec
 
 GiB = 2**30
 DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization
-# What vLLM's profiling run takes beside the weights, as published vLLM v0.11 logs on an H100
-# (79.18 GiB visible, default settings) show it for dense text models: "torch peak memory
-# increase" 4.76 GiB (Llama-3.1-8B), 5.56 (Qwen3-0.6B), 5.64 (Qwen3-32B at TP 1 and 2): about
-# constant per model, whatever its size; their mean is the estimate. "non-torch forward increase"
-# 0.13 GiB at TP=1 and 0.54-0.55 GiB at TP=2 (NCCL's buffers). A stated estimate: a server's own
-# "Available KV cache memory" or "GPU KV cache size" wins when known.
-ACTIVATION_ESTIMATE = 5.4 * GiB
+LOGIT_BYTES = 4  # the sampler works on float32 logits
+
+# What vLLM's profiling run holds beside the weights. Its peak is the sampler's: profile_run
+# (vllm/v1/worker/gpu_model_runner.py) ends with _dummy_sampler_run over one row of logits per
+# request slot, max_num_seqs rows of the vocabulary in float32, and the sampler's working
+# copies of them (temperature, the top-k/top-p sort with its int64 indices, softmax, the
+# exponential draw). Published vLLM v0.11 logs on an H100 (79.18 GiB visible, default flags, so
+# max_num_seqs 1024) give "torch peak memory increase" 4.76 GiB for Llama-3.1-8B (vocab 128,256),
+# 5.56 for Qwen3-0.6B and 5.64 for Qwen3-32B (vocab 151,936, at TP 1 and 2): it follows the
+# vocabulary, not the model's size, at 9.6-9.7 copies of the logits. SAMPLER_COPIES is their
+# mean; tests/test_model_spec.py checks each log against the copies fitted on the other two.
+# The forward pass's own activations (at most max_num_batched_tokens rows, freed before the
+# sampler runs) are below the sampler's peak in these logs and are not counted. "non-torch
+# forward increase": 0.13 GiB at TP=1 and 0.54-0.55 GiB at TP=2 (NCCL's buffers; one log, at
+# TP 2). A stated estimate: a server's own "Available KV cache memory" or "GPU KV cache size"
+# wins when known.
+SAMPLER_COPIES = 9.68
 NON_TORCH_ESTIMATE = {1: 0.13 * GiB}
 NON_TORCH_TP_ESTIMATE = 0.55 * GiB
 
 
-def activation_reserve(tp: int) -> float:
-    """The estimated bytes per device vLLM's profiling run holds back beside the weights."""
-    return ACTIVATION_ESTIMATE + NON_TORCH_ESTIMATE.get(tp, NON_TORCH_TP_ESTIMATE)
+def default_max_num_seqs(device_memory: float) -> int:
+    """``vllm serve``'s sequence cap when none is given: 1024 on a device of at least 70 GiB,
+    256 below (vllm/engine/arg_utils.py, ``EngineArgs.get_batch_defaults``; vLLM also keeps
+    256 on an A100 of 80 GB, whose name is not known here)."""
+    return 1024 if device_memory >= 70 * GiB else 256
+
+
+def activation_reserve(tp: int, vocab_size: int, max_num_seqs: int) -> float:
+    """The estimated bytes per device vLLM's profiling run holds back beside the weights: the
+    sampler's :data:`SAMPLER_COPIES` of ``max_num_seqs × vocab_size`` float32 logits, and the
+    memory outside torch at ``tp``."""
+    sampler = SAMPLER_COPIES * max_num_seqs * vocab_size * LOGIT_BYTES
+    return sampler + NON_TORCH_ESTIMATE.get(tp, NON_TORCH_TP_ESTIMATE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,10 +74,14 @@ class KVCapacity:
     weight_bytes: float
     reserve: float
     kv_bytes_per_device: float
+    max_num_seqs: int | None = None
 
     @property
     def blocks(self) -> int:
         return self.tokens // self.block_tokens
+
+    def _seqs(self) -> str:
+        return "" if self.max_num_seqs is None else f", the sampler's for {self.max_num_seqs} seqs"
 
     def describe(self) -> str:
         """``431,872 tokens per replica (TP=1: 80 GiB × 0.9 − 14.96 GiB weights − 5.13 GiB
@@ -66,8 +90,8 @@ class KVCapacity:
             f"{self.tokens:,} tokens per replica (TP={self.tp}: "
             f"{self.device_memory / GiB:g} GiB × {self.utilization:g} − "
             f"{self.weight_bytes / GiB:.2f} GiB weights − {self.reserve / GiB:.2f} GiB "
-            f"activation reserve (estimated) = {self.kv_bytes_per_device / GiB:.2f} GiB of KV "
-            "per device; vLLM's rule)"
+            f"activation reserve (estimated{self._seqs()}) = "
+            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; vLLM's rule)"
         )
 
 
@@ -85,12 +109,15 @@ def kv_capacity(
     tp: int = 1,
     block_tokens: int = 16,
     reserve: float | None = None,
+    max_num_seqs: int | None = None,
 ) -> KVCapacity:
     """The KV tokens one replica of ``model`` holds on ``tp`` devices of ``device_memory``
     bytes each, as vLLM sizes them (the module's docstring cites the code).
 
     Args:
         reserve: bytes per device beside the weights (default :func:`activation_reserve`).
+        max_num_seqs: the engine's sequence cap, which sizes the sampler's share of the reserve
+            (None: vLLM's default for the device, :func:`default_max_num_seqs`).
 
     Raises:
         ValueError: naming the field, for memory or a utilization out of range, a bad TP or
@@ -105,7 +132,14 @@ def kv_capacity(
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
         raise ValueError(f"block_tokens must be an integer >= 1, got {block_tokens!r}")
-    held_back = activation_reserve(tp) if reserve is None else float(reserve)
+    if max_num_seqs is not None and (
+        isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
+    ):
+        raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+    seqs = max_num_seqs if max_num_seqs is not None else default_max_num_seqs(device_memory)
+    held_back = (
+        activation_reserve(tp, model.vocab_size, seqs) if reserve is None else float(reserve)
+    )
     weights = model.weight_bytes / tp
     available = math.floor(device_memory * utilization) - weights - held_back
     heads = max(1, model.kv_heads // tp)
@@ -127,4 +161,5 @@ def kv_capacity(
         weights,
         held_back,
         float(available),
+        seqs if reserve is None else None,
     )

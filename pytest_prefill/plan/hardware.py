@@ -33,7 +33,8 @@ class Hardware:
     ``rule`` (default: :func:`~pytest_prefill.plan.tensor_parallel.tp_rule` of the model).
     A cost model measured on a server at ``measured_tp`` is used as it is at that TP (and only
     there, when it is not 1), with the server's own KV capacity ``server_kv_tokens`` when it
-    showed one.
+    showed one. ``max_num_seqs``: the engine's sequence cap, which sizes vLLM's sampler reserve
+    (None: vLLM's default for the device).
 
     Raises:
         ValueError: naming the field, for memory that is not a positive number or a
@@ -47,6 +48,7 @@ class Hardware:
     measured_tp: int = 1
     server_kv_tokens: int | None = None
     memory_source: str = "--device-memory"
+    max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         memory = self.device_memory
@@ -73,6 +75,7 @@ class Hardware:
             utilization=self.utilization,
             tp=tp,
             block_tokens=block_tokens,
+            max_num_seqs=self.max_num_seqs,
         )
 
     def instance_cost(self, cost: CostModel, tp: int, block_tokens: int) -> CostModel:

@@ -190,8 +190,9 @@ def prefill_cost_model(request: pytest.FixtureRequest) -> CostModel:
         return cost
     # --prefill-deploy-model: the deployment's KV bytes and capacity, as vLLM would size them
     spec, memory = s.deploy
-    block = simulated_engine(s.engine).kv_block_tokens
-    return Hardware(load_model_spec(spec), memory).instance_cost(cost, 1, block)
+    engine = simulated_engine(s.engine)
+    hardware = Hardware(load_model_spec(spec), memory, max_num_seqs=engine.max_seqs)
+    return hardware.instance_cost(cost, 1, engine.kv_block_tokens)
 
 
 @pytest.fixture(scope="session")
