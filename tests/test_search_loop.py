@@ -7,6 +7,7 @@ answer inline gives; the lattice of rates makes the answer independent of the pa
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 from hypothesis import given
@@ -15,7 +16,7 @@ from strategies import examples
 
 from pytest_prefill.plan.capacity import CapacityResult, capacity
 from pytest_prefill.plan.deployments import default_deployments
-from pytest_prefill.plan.executors import InlineExecutor, local_executor
+from pytest_prefill.plan.executors import InlineExecutor, ShippedLoad, local_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import RateSearch, lattice_step
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, NO_SHORTCUTS
@@ -190,3 +191,19 @@ def test_any_seed_finds_the_same_lattice_rate(knee, seed, start):
     if bottom <= knee < top:
         assert (search.low, search.high) == (knee, knee + 1)
     assert len(search.probes) < 60
+
+
+def _identity(value):
+    return value
+
+
+def test_a_shipped_load_is_the_tuple_here_and_unpickled_once_per_process():
+    load = ShippedLoad(load_of(5, 30))
+    assert load == tuple(load_of(5, 30)) and isinstance(load, tuple)
+    first, again = pickle.loads(pickle.dumps(load)), pickle.loads(pickle.dumps(load))
+    assert first == load and type(first) is tuple
+    assert again is first  # the same key: unpickled once, then kept
+    other = ShippedLoad(load_of(6, 30))
+    assert pickle.loads(pickle.dumps(other)) == other
+    with local_executor(2) as pool:  # in a worker: the requests themselves
+        assert pool.submit(_identity, load).result() == load

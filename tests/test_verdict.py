@@ -158,12 +158,14 @@ def test_a_full_run_misses_at_least_the_requests_that_miss_alone(
     scale=st.sampled_from([0.25, 1.0, 16.0]),
     engine=st.sampled_from(["lab", "vllm"]),
     e2el=st.sampled_from([None, 0.5, 3.0]),
+    on_pass=st.booleans(),
 )
 def test_the_verdict_is_the_full_runs_attainment_against_the_target(
-    load, cost, ttft, tpot, target, deployment, scale, engine, e2el
+    load, cost, ttft, tpot, target, deployment, scale, engine, e2el, on_pass
 ):
     """End to end, however the run was stopped: passed exactly when the full run's attainment
-    (vLLM's measure) is >= the target."""
+    (vLLM's measure) is >= the target; without ``on_pass`` a run that passes is never stopped
+    (its trace is the full run's)."""
     slo = SLO(ttft=ttft, tpot=tpot, e2el=e2el)
     profile = get_profile(engine)
     if refused_kinds([deployment], profile, cost) or (
@@ -172,9 +174,14 @@ def test_the_verdict_is_the_full_runs_attainment_against_the_target(
         return
     options = deployment.simulate_options(profile)
     scaled = scale_rate(load, scale)
-    _, verdict = run_verdict(deployment.policy, scaled, cost, options, slo, target)
+    trace, verdict = run_verdict(
+        deployment.policy, scaled, cost, options, slo, target, on_pass=on_pass
+    )
     full = serving_metrics(simulate(deployment.policy, scaled, cost, **options), slo=slo)
     assert verdict.passed == (full.attainment >= target)
+    if verdict.passed and not on_pass:
+        assert verdict.stopped is None
+        assert repr(serving_metrics(trace, slo=slo)) == repr(full)  # NaN where no value
     if verdict.stopped is None:
         assert verdict.misses == full.completed - full.good
     elif verdict.stopped == "failed":

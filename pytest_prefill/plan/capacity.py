@@ -18,7 +18,7 @@ from typing import Any
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
 from pytest_prefill.plan.engine_commands import splits
-from pytest_prefill.plan.executors import search_executor
+from pytest_prefill.plan.executors import ShippedLoad, search_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import (
     MAX_SCALE,
@@ -411,9 +411,9 @@ def capacity(
         )
     base_rate = arrival_rate(load)
     alone = alone_misses(load, slo, target, [(d, d.cost_on(cost)) for d in chosen], profile)
-    problem = Problem(
-        load, cost, slo, profile, base_rate, float(target), close_margin(tolerance), shortcuts
-    )
+    shipped = ShippedLoad(load)  # pickled once for all the simulations sent to processes
+    margin = close_margin(tolerance)
+    problem = Problem(shipped, cost, slo, profile, base_rate, float(target), margin, shortcuts)
     results = _search(chosen, alone, problem, (tolerance, start, verify), executor, progress)
     return CapacityResult(
         name,

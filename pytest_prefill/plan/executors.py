@@ -5,17 +5,20 @@ imported only when a cluster is asked for, and every worker needs pytest-prefill
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import math
 import multiprocessing
 import os
+import pickle
 import signal
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pytest_prefill.sim import check_int
@@ -33,6 +36,42 @@ WORKERLESS_GRACE = 10.0  # seconds a cluster may have no worker before a search 
 class ExecutorLost(RuntimeError):
     """The executor can no longer run a search's simulations: its workers died (a broken
     process pool, a cluster with no worker left)."""
+
+
+class ShippedLoad(tuple):
+    """A search's requests (a tuple), pickled once however many simulations are sent: every
+    simulation of a search ships the same load, and pickling a 12,000-request trace for each
+    took a tenth of a second in the caller and as much again to unpickle in the worker. Sent
+    to a process, it carries its pickled bytes and a key; each process unpickles it once and
+    keeps the latest few by key (:func:`_received`). In the calling process it is the tuple
+    itself."""
+
+    key: str
+    payload: bytes
+
+    def __new__(cls, items: Iterable[Any]) -> ShippedLoad:
+        load = super().__new__(cls, items)
+        load.key = uuid.uuid4().hex
+        load.payload = b""
+        return load
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self.payload:
+            self.payload = pickle.dumps(tuple(self), protocol=pickle.HIGHEST_PROTOCOL)
+        return (_received, (self.key, self.payload))
+
+
+KEPT_LOADS = 2  # loads a worker process keeps unpickled (a search and its devices-needed)
+_LOADS: collections.OrderedDict[str, tuple[Any, ...]] = collections.OrderedDict()
+
+
+def _received(key: str, payload: bytes) -> tuple[Any, ...]:
+    """A :class:`ShippedLoad` in a worker: unpickled the first time this process sees ``key``."""
+    if key not in _LOADS:
+        _LOADS[key] = pickle.loads(payload)
+        while len(_LOADS) > KEPT_LOADS:
+            _LOADS.popitem(last=False)
+    return _LOADS[key]
 
 
 class InlineExecutor(concurrent.futures.Executor):

@@ -5,9 +5,11 @@ the answer's figures from full runs. Standard library only; nothing here prints.
 The rules, each applied here and tested to leave the answer unchanged (tests/test_search_loop.py):
 
 1. **Stop when decided.** A probe asks only "does this deployment at this rate meet the SLO
-   for the target?" (:mod:`~pytest_prefill.plan.verdict`) and stops once that is fixed, where
-   the simulator can. The highest pass of every deployment bisected to the end is then run
-   again in full: the figures at a reported rate come from a full run.
+   for the target?" (:mod:`~pytest_prefill.plan.verdict`) and stops once it has FAILED, where
+   the simulator can. A pass runs to its end (stopping it would save at most the last
+   ``(1 - target) × N`` requests, and it may be the answer): the figures at a reported rate
+   come from a full run, never a second one. (A highest pass without figures, from a
+   simulator that stopped it, is run again in full.)
 2. **Brackets from an estimate, then from a neighbour.** The first wave (the baseline the
    recommendation compares with, then the others with the highest estimates,
    :data:`FIRST_WAVE` in all) starts at the rate its prefill instances could just keep up with

@@ -21,7 +21,7 @@ from pytest_prefill.plan.capacity import (
     workload_requests,
 )
 from pytest_prefill.plan.deployments import Deployment
-from pytest_prefill.plan.executors import local_executor
+from pytest_prefill.plan.executors import ShippedLoad, local_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import Probe, probe, probe_result
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Shortcuts
@@ -290,7 +290,8 @@ def devices_needed(
         ValueError: naming the argument, for counts < 1, ``start`` above ``max_devices``, a
             target outside (0, 1], or a workload without an arrival rate.
     """
-    load, _, _ = workload_requests(workload)
+    requests, _, _ = workload_requests(workload)
+    load = ShippedLoad(requests)  # pickled once for all the simulations sent to processes
     profile = engine_for_workload(simulated_engine(engine), workload)
     check_int("start", start)
     check_int("max_devices", max_devices)

@@ -6,7 +6,9 @@ A verdict needs fewer facts than the metrics: it is FAILED as soon as more reque
 missed than :func:`allowed_misses` lets miss, and PASSED once the requests still unfinished
 cannot push the misses past it. A simulator that stops there (``stop=`` on
 :func:`~pytest_prefill.sim.simulate`, when it has one) gives the same pass/fail as the full
-run; the search's answer figures still come from full runs (:mod:`~pytest_prefill.plan.rate_search`).
+run. A search stops its runs once FAILED only: a pass runs to its end, so that the figures at
+the rate it reports come from a full run without running it twice
+(:mod:`~pytest_prefill.plan.rate_search`).
 
 The requests that miss alone (:func:`alone_misses`) are a lower bound on the misses of any run
 of the load on those deployments, at any rate: each request's own prefill and decode under the
@@ -118,14 +120,21 @@ def run_verdict(
     slo: SLO,
     target: float,
     stop: bool = True,
+    on_pass: bool = False,
 ) -> tuple[Trace, Verdict]:
     """Simulate ``load`` under ``policy`` (``options`` are :func:`simulate`'s keywords) and
-    judge it against ``slo`` for ``target`` of the requests; with ``stop``, stopping once the
-    verdict is fixed when the simulator can. The trace is partial when the verdict says
-    ``stopped``."""
+    judge it against ``slo`` for ``target`` of the requests; with ``stop``, stopping once it
+    has FAILED when the simulator can (with ``on_pass``, once it has PASSED too). The trace is
+    partial when the verdict says ``stopped``.
+
+    A run that passes goes to its end by default: a stop on PASSED saves at most the last
+    ``allowed`` requests' finishing, and the pass may be the search's answer, whose figures
+    would then take a second, full run."""
     allowed = allowed_misses(target, len(load))
     if stop and StopRule is not None:
-        rule = StopRule(ttft=slo.ttft, tpot=slo.tpot, e2el=slo.e2el, allowed_misses=allowed)
+        rule = StopRule(
+            ttft=slo.ttft, tpot=slo.tpot, e2el=slo.e2el, allowed_misses=allowed, on_pass=on_pass
+        )
         stopping: Any = simulate  # the keyword is newer than this module's type checking
         trace = stopping(policy, load, cost, stop=rule, **options)
         decided: Any = trace
@@ -228,10 +237,20 @@ def prefill_passes(deployment: Deployment, engine: EngineProfile, tokens: int) -
     ``deployment``: a chunked deployment's passes hold at most its chunk (or its token budget)
     of them; any other (and a time budget, which admits at least a token) may take a whole
     prompt in one pass."""
-    if deployment.policy != "chunked" or deployment.chunk_budget is not None or tokens <= 0:
-        return 1
+    return _passes(pass_tokens(deployment, engine), tokens)
+
+
+def pass_tokens(deployment: Deployment, engine: EngineProfile) -> int | None:
+    """The most prompt tokens of one request a prefill pass of ``deployment`` holds (None: a
+    whole prompt): a chunked deployment's chunk or token budget, the lesser."""
+    if deployment.policy != "chunked" or deployment.chunk_budget is not None:
+        return None
     sizes = [s for s in (deployment.chunk, deployment.engine(engine).max_batched_tokens) if s]
-    return math.ceil(tokens / min(sizes)) if sizes else 1
+    return min(sizes) if sizes else None
+
+
+def _passes(size: int | None, tokens: int) -> int:
+    return math.ceil(tokens / size) if size is not None and tokens > 0 else 1
 
 
 def alone_bounds(
@@ -278,19 +297,28 @@ def alone_misses(
     block = engine.prefix_block_tokens
     cached = shared_prefix_tokens(load, block) if engine.prefix_caching and block else {}
     ordered = sorted(load, key=lambda r: (r.arrival, r.id))
+    found: dict[tuple[int | None, CostModel], tuple[AloneMiss, ...]] = {}  # same bounds, once
     out = []
     for deployment, cost in deployments:
-        found = []
-        for r in ordered:
-            hit = cached.get(r.id, 0)
-            bounds = alone_bounds(
-                r, cost, prefill_passes(deployment, engine, r.prompt_len - hit), hit
-            )
-            if not meets(slo, *bounds):
-                found.append(AloneMiss(r.id, r.prompt_len, r.output_len, *bounds))
+        key = (pass_tokens(deployment, engine), cost)
+        if key not in found:
+            found[key] = _alone(ordered, slo, cost, key[0], cached)
         out.append(
-            AloneMisses(deployment.label, slo, float(target), len(load), allowed, tuple(found))
+            AloneMisses(deployment.label, slo, float(target), len(load), allowed, found[key])
         )
+    return tuple(out)
+
+
+def _alone(
+    ordered: Sequence[Request], slo: SLO, cost: CostModel, size: int | None, cached: dict[str, int]
+) -> tuple[AloneMiss, ...]:
+    """The requests of ``ordered`` that miss ``slo`` alone with passes of ``size`` tokens."""
+    out, stated = [], slo.bounds
+    for r in ordered:
+        hit = cached.get(r.id, 0)
+        bounds = alone_bounds(r, cost, _passes(size, r.prompt_len - hit), hit)
+        if not simulator.meets(stated, *bounds):
+            out.append(AloneMiss(r.id, r.prompt_len, r.output_len, *bounds))
     return tuple(out)
 
 

@@ -51,17 +51,20 @@ def meets(
 class StopRule:
     """When a simulation may stop: the SLO's bounds in seconds (None: no bound on that
     metric; at least one) and ``allowed_misses``, the most requests that may miss it with the
-    verdict still PASSED (e.g. the largest m with (n - m) / n >= the target attainment).
+    verdict still PASSED (e.g. the largest m with (n - m) / n >= the target attainment), and
+    ``on_pass``: whether the run also stops once PASSED is fixed (False: only once FAILED; a
+    run that passes goes to its end and keeps every record, as a search's answer needs).
 
     Raises:
         ValueError: naming the field, for a bound that is not a positive finite number, no
-            bound at all, or ``allowed_misses`` that is not an int >= 0.
+            bound at all, ``allowed_misses`` that is not an int >= 0, or ``on_pass`` not a bool.
     """
 
     ttft: float | None = None
     tpot: float | None = None
     e2el: float | None = None
     allowed_misses: int = 0
+    on_pass: bool = True
 
     def __post_init__(self) -> None:
         for name in SLO_METRICS:
@@ -79,6 +82,8 @@ class StopRule:
         misses = self.allowed_misses
         if isinstance(misses, bool) or not isinstance(misses, int) or misses < 0:
             raise ValueError(f"StopRule.allowed_misses must be an int >= 0, got {misses!r}")
+        if not isinstance(self.on_pass, bool):
+            raise ValueError(f"StopRule.on_pass must be True or False, got {self.on_pass!r}")
 
     @property
     def bounds(self) -> tuple[tuple[str, float], ...]:
@@ -114,7 +119,8 @@ class Watch:
         cannot push the misses past that, else None."""
         if self.missed > self.allowed:
             return "failed"
-        return "passed" if self.total - self.met <= self.allowed else None
+        decided = self.rule.on_pass and self.total - self.met <= self.allowed
+        return "passed" if decided else None
 
     @property
     def finished(self) -> bool:
@@ -156,7 +162,7 @@ class Watch:
             leaving.clear()
         if self.rule.ttft is not None and self.next < self.total:
             self._waiting(now)
-        return self.missed > self.allowed or self.total - self.met <= self.allowed
+        return self.verdict is not None
 
     def _waiting(self, now: int) -> None:
         bound, order, judged = self.rule.ttft, self.order, self.judged
