@@ -148,6 +148,8 @@ def test_a_server_calibration_round_trips_through_json_and_reads_as_a_cost():
         ("prompt_lens", (16, 32)),
         ("stream_spacing", -1.0),
         ("decode_tokens", 2),
+        ("ramp_rows", 1),
+        ("ramp_rows", -2),
     ],
 )
 def test_a_bad_sweep_names_its_field(field, value):
@@ -245,3 +247,32 @@ def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_ab
     assert found.batch_attention_per_pair == pytest.approx(2e-7, rel=0.25)
     plain = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"}).cost
     assert plain.batch_attention_per_pair < 2e-8  # a tenth of the term the first run had
+
+
+def test_a_ramp_sends_its_rows_at_once_and_keeps_their_decode_points(monkeypatch):
+    import asyncio
+
+    import pytest_prefill.serve.calibration as calibration
+    from pytest_prefill.serve.experiments import DecodeSample
+
+    async def nothing(*args, **kwargs):
+        return 0.0
+
+    sent: list[tuple] = []
+
+    async def traffic(target, prompts, tokens, spacing, budget, key):
+        sent.append((tuple(prompts), spacing, key))
+        return [DecodeSample(len(prompts), 100, 0.01)], []
+
+    for name in ("_round_trip", "prompt_alone", "prompt_amid_streams"):
+        monkeypatch.setattr(calibration, name, nothing)
+    monkeypatch.setattr(calibration, "traffic", traffic)
+    samples = Samples()
+    sweep = ServerSweep(256, ramp_rows=8)
+    asyncio.run(calibration.calibration_round(None, sweep, samples, 0))
+    assert [len(p) for p, _, _ in sent] == [len(sweep.traffic_prompts), 8]
+    assert sent[1][1] < sweep.stream_spacing  # the ramp's requests go at once
+    assert sorted(s.rows for s in samples.decode) == sorted([len(sweep.traffic_prompts), 8])
+    sent.clear()
+    asyncio.run(calibration.calibration_round(None, ServerSweep(256), Samples(), 0))
+    assert len(sent) == 1  # no ramp by default

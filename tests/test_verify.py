@@ -390,3 +390,54 @@ def test_probes_are_sized_long_enough_for_their_own_predicted_knee():
     assert again.rate == pytest.approx(predicted.rate)  # predicted on exactly what is sent
     short, _ = predict_sized(load[:40], LAB_LAPTOP, none, scheduling, slo, rule)
     assert len(short) == 40  # the workload is shorter than rule 2 asks: all of it
+
+
+def test_rank_save_archives_each_runs_document_without_its_records(tmp_path, capsys):
+    from pytest_prefill.cli import main
+
+    runs = [
+        VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(128), 2, 2),), "vllm"),
+        VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(512), 4, 4.2),), "vllm"),
+    ]
+    paths = []
+    for i, result in enumerate(runs):
+        path = tmp_path / f"v{i}.json"
+        path.write_text(json.dumps(result.to_dict()))
+        paths.append(str(path))
+    results = tmp_path / "results"
+    argv = ["verify", "--rank", *paths, "--save", "--results", str(results)]
+    assert main([*argv, "--machine", "box"]) == 0
+    assert "archived:" in capsys.readouterr().out
+    (archived,) = [p for p in (results / "box").glob("0*.json")]
+    document = json.loads(archived.read_text())
+    data = document["tables"][0]["data"]
+    assert data["files"] == paths and len(data["runs"]) == 2
+    for run, result in zip(data["runs"], runs):
+        probes = run["flag_sets"][0]["measured"]["probes"]
+        assert probes and all("records" not in p for p in probes)
+        assert [p["good"] for p in probes] == [p.good for p in result.results[0].measured.probes]
+    names = [v["name"] for v in document["verdicts"]]
+    assert names == ["knee ≤128 tok", "knee ≤512 tok", "verify ranking"]
+
+
+def test_a_bracket_whose_sides_are_not_clear_of_the_target_gets_an_anchor_each_side():
+    rule = ProbeRule(target=0.9, margin=0.05, tolerance=0.1, max_probes=8)
+
+    def probe(scale: float, attainment: float) -> MeasuredProbe:
+        run = BenchRun((), {}, {}, "now")
+        return MeasuredProbe(scale, scale, 100, round(attainment * 100), 0, None, run)
+
+    search = KneeSearch(rule, 1.0)
+    search.observe(probe(1.0, 0.92))  # met, but within the margin of the target
+    search.observe(probe(1.05, 0.88))  # missed, within the margin too: bracketed within 10%
+    below = search.next_scale()
+    assert below == pytest.approx(1.0 / 1.1)
+    search.observe(probe(below, 1.0))
+    above = search.next_scale()
+    assert above == pytest.approx(1.05 * 1.1)
+    search.observe(probe(above, 0.6))
+    assert search.next_scale() is None  # both sides clear now
+    clear = KneeSearch(rule, 1.0)
+    clear.observe(probe(1.0, 1.0))
+    clear.observe(probe(1.05, 0.5))
+    assert clear.next_scale() is None

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import sys
-from typing import Any
+from typing import Any, cast
 
 from pytest_prefill._io import read_json, write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
@@ -267,7 +268,10 @@ def run(args: argparse.Namespace) -> int:
         for path, doc in zip(args.rank, documents):
             if not isinstance(doc, dict) or doc.get("kind") != "pytest-prefill/verify":
                 raise ValueError(f"--rank {path}: not a verify result (verify --json)")
-        print(combined_report(documents))
+        text = combined_report(documents)
+        print(text)
+        if args.save:
+            _save_ranking(args, documents, text)
         return 0
 
     flags, slo, target = list(args.flags or []), args.slo, args.target
@@ -304,6 +308,35 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     _write(args, result, text)
     return 0 if result.compared else 1
+
+
+def slim(document: dict[str, Any]) -> dict[str, Any]:
+    """A verify document without its probes' per-request records (each probe keeps its
+    summary and its outcomes, enough to recompute the knee and its interval): what an archive
+    keeps of a run whose records run to megabytes."""
+    out = json.loads(json.dumps(document))
+    for flag_set in out.get("flag_sets") or []:
+        for probe in (flag_set.get("measured") or {}).get("probes") or []:
+            probe.pop("records", None)
+    return cast(dict[str, Any], out)
+
+
+def _save_ranking(args: argparse.Namespace, documents: list[Any], text: str) -> None:
+    """Archive ``--rank``'s table and ranking, with each run's document (slim)."""
+    verdicts = []
+    for doc in documents:
+        for r in doc.get("flag_sets", []):
+            judged = r.get("agreement")
+            if judged:
+                line = f"predicted/measured {judged['ratio']:.3g} [{judged['low']:.3g}, "
+                line += f"{judged['high']:.3g}] against ±{judged['within']:.0%}"
+                verdicts.append((f"knee {r['flags']['label']}", judged["verdict"], line))
+    line = text.splitlines()[-1]
+    verdicts.append(("verify ranking", "FAILS" if "NOT" in line else "HOLDS", line))
+    data = {"runs": [slim(doc) for doc in documents], "files": list(args.rank)}
+    provenance = {"device": "server", "threads": None}
+    path = save_tables(args, provenance, [("verify ranking", text, data)], verdicts)
+    print(f"archived: {path}")
 
 
 def _write(args: argparse.Namespace, result: VerifyResult, text: str) -> None:

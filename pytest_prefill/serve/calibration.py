@@ -64,6 +64,8 @@ from pytest_prefill.sim import CostModel
 Progress = Callable[[str], object]
 # Tokens the live streams keep decoding after the long prompt's chunks (a generous margin).
 LIVE_TAIL = 24
+RAMP_PROMPT = 32  # tokens: the ramp's requests are all in their first pass or two
+RAMP_SPACING = 0.005  # seconds between the ramp's requests: at once, as a client sends them
 
 
 def _lengths(field: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
@@ -85,7 +87,10 @@ class ServerSweep:
     iterations are the decode points (rows joining and leaving, contexts growing) and whose
     prompts, each landing amid the streams already decoding, give fused iterations and the way
     in; a prompt of each of ``stall_prompts`` amid ``live_rows`` streams (the chunking check);
-    ``repeats`` rounds of all of it (each round visits every point, so drift hits all)."""
+    ``ramp_rows`` short requests sent at once (0: none), whose decode iterations are the
+    decode points at that many rows (spaced traffic reaches 1 or 2: a per-row cost fitted
+    there is extrapolated to the rows a loaded server runs); ``repeats`` rounds of all of it
+    (each round visits every point, so drift hits all)."""
 
     budget: int
     prompt_lens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048)
@@ -95,6 +100,7 @@ class ServerSweep:
     decode_tokens: int = 64
     stream_spacing: float = 0.4
     repeats: int = 3
+    ramp_rows: int = 0
 
     def __post_init__(self) -> None:
         for field in ("budget", "live_rows", "decode_tokens", "repeats"):
@@ -120,6 +126,9 @@ class ServerSweep:
             raise ValueError(
                 f"stream_spacing must be seconds in (0, 60), got {self.stream_spacing!r}"
             )
+        rows = self.ramp_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 or rows == 1:
+            raise ValueError(f"ramp_rows must be 0 (none) or an integer >= 2, got {rows!r}")
         if self.budget <= self.live_rows:
             raise ValueError(f"budget {self.budget} leaves no room beside {self.live_rows} rows")
 
@@ -186,6 +195,10 @@ async def calibration_round(
         sweep.budget,
         f"{key}-t",
     )
+    if sweep.ramp_rows:
+        prompts = (RAMP_PROMPT,) * sweep.ramp_rows
+        tokens, spacing = sweep.decode_tokens, RAMP_SPACING
+        decode += (await traffic(target, prompts, tokens, spacing, sweep.budget, f"{key}-r"))[0]
     samples.decode += [dataclasses.replace(s, round=index) for s in decode]
     samples.traffic_stalls += stalls
     step = statistics.median([s.seconds for s in samples.decode] or [0.01])

@@ -280,6 +280,7 @@ class MeasuredProbe:
             "failed": self.failed,
             "attainment": self.attainment,
             "standard_error": self.standard_error,
+            "outcomes": "".join("1" if o else "0" for o in self.outcomes),
             "metrics": self.metrics.to_dict() if self.metrics is not None else None,
             "run": self.run.to_dict(),
             "records": [r.to_dict() for r in self.run.records],
@@ -363,9 +364,12 @@ class MeasuredKnee:
 class KneeSearch:
     """The measured search, one probe at a time: ``start`` first; while every probe passes,
     ``step`` x the highest; while every probe misses, the lowest / ``step``; then the geometric
-    midpoint of the bracket until it is within ``tolerance``; never more than ``max_probes``;
-    never above ``max_scale`` (where the probe's requests all arrive at once: a burst, which a
-    higher rate cannot make heavier)."""
+    midpoint of the bracket until it is within ``tolerance``; then, with probes left, an
+    anchor on each side whose nearest probe is not clear of the target by the ``margin``
+    (``tolerance`` below the highest pass, or above the lowest miss), so that the knee's
+    interval has a probe that clearly met it and one that clearly missed it; never more than
+    ``max_probes``; never above ``max_scale`` (where the probe's requests all arrive at once: a
+    burst, which a higher rate cannot make heavier)."""
 
     def __init__(self, rule: ProbeRule, start: float, max_scale: float = math.inf) -> None:
         if not (math.isfinite(start) and start > 0):
@@ -389,8 +393,20 @@ class KneeSearch:
         if low is None:
             return high.scale / self.rule.step
         if high.scale <= low.scale * (1 + self.rule.tolerance) + 1e-12:
-            return None
+            return self._anchor()
         return math.sqrt(low.scale * high.scale)
+
+    def _anchor(self) -> float | None:
+        """Below the highest pass when no probe clearly met the target, else above the lowest
+        miss when none clearly missed it (None: both sides are clear)."""
+        rule, step = self.rule, 1 + self.rule.tolerance
+        clear_met = any(p.attainment >= rule.target + rule.margin for p in self.probes)
+        clear_missed = any(p.attainment <= rule.target - rule.margin for p in self.probes)
+        if not clear_met and self.low is not None:
+            return min(p.scale for p in self.probes) / step
+        if not clear_missed and self.high is not None:
+            return min(max(p.scale for p in self.probes) * step, self.max_scale)
+        return None
 
     def observe(self, probe: MeasuredProbe) -> None:
         self.probes.append(probe)

@@ -40,6 +40,7 @@ from pytest_prefill.sim import Request, simulated_engine
 
 Progress = Callable[[str], object]
 ALIVE_TIMEOUT = 5.0
+RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
 FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
 
 
@@ -294,7 +295,8 @@ async def _check_flag_set(
         calibration = plan.calibration
         if calibration is None:
             assert plan.sweep is not None
-            sweep = dataclasses.replace(plan.sweep, budget=flags.budget)
+            rows = min(flags.max_seqs or RAMP_ROWS, RAMP_ROWS) if flags.max_seqs != 1 else 0
+            sweep = dataclasses.replace(plan.sweep, budget=flags.budget, ramp_rows=rows)
             calibration = await calibrate_server(target, sweep, progress, verify=label)
     except (ServerError, ValueError) as err:
         why = await _alive(url, process) or "calibration failed"
