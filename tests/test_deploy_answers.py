@@ -111,6 +111,8 @@ def test_a_llama_3_1_config_answers_with_tp_kv_and_command_at_80_and_40_gib(tmp_
         command = next(line for line in out.splitlines() if "Type:" in line)
         assert f"vllm serve {tmp_path} --max-num-batched-tokens" in command
         assert f"--tensor-parallel-size {best['tp']} --gpu-memory-utilization 0.9" in command
+        assert command.split("Type: ", 1)[1] == document["command"]  # the JSON says the same
+        assert document["assumptions"]["type"] in out
         needed[memory] = document["devices_needed"]["devices"]
     assert needed[40] >= needed[80]  # less memory never needs fewer devices
 

@@ -416,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.plot, svg_to_png(drawing) if png else drawing)
         print(f"wrote {args.plot}")
     if args.json:
-        write_json_atomic(args.json, capacity_document(result, spec.source, needed))
+        write_json_atomic(args.json, capacity_document(result, spec.source, needed, basis))
         print(f"wrote {args.json}")
     if args.baseline_document is None:
         return 0

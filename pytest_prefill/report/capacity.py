@@ -233,10 +233,15 @@ def capacity_text(
 
 
 def capacity_document(
-    result: CapacityResult, cost_source: str, needed: DevicesNeeded | None = None
+    result: CapacityResult,
+    cost_source: str,
+    needed: DevicesNeeded | None = None,
+    basis: AnswerBasis | None = None,
 ) -> dict[str, Any]:
-    """The whole search as the JSON ``--json`` writes (schema-versioned, with provenance)."""
-    return {
+    """The whole search as the JSON ``--json`` writes (schema-versioned, with provenance); with
+    ``basis``, the command as printed (model, memory fraction, max-model-len) and what the
+    answer rests on (``assumptions``)."""
+    document = {
         "kind": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -246,6 +251,16 @@ def capacity_document(
         "headroom": json_number(result.headroom),
         "devices_needed": needed.to_dict() if needed is not None else None,
     }
+    if basis is not None:
+        document["command"] = result.command(
+            basis.memory_fraction, basis.model, basis.max_model_len
+        )
+        document["assumptions"] = {
+            "lines": [line.strip() for line in basis.lines],
+            "type": basis.type_line,
+            "devices_needed": basis.needed_line,
+        }
+    return document
 
 
 # --- the regression gate: this search against a baseline --------------------------------------
