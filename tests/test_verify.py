@@ -228,6 +228,16 @@ def test_a_running_server_runs_one_flag_set():
         )
     with pytest.raises(ValueError, match="repeated"):
         verify(server, [FlagSet(256)] * 2, _poisson(40), SLO(ttft=1.0), sweep=ServerSweep(256))
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="probe_requests"):
+            verify(
+                server,
+                [FlagSet(256)],
+                _poisson(40),
+                SLO(ttft=1.0),
+                sweep=ServerSweep(256),
+                probe_requests=bad,  # type: ignore[arg-type]
+            )
 
 
 def _result(flags: FlagSet, predicted: float, measured_knee: float) -> FlagSetResult:

@@ -106,6 +106,13 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         "overload to build a queue of one TTFT bound (a burst's knee, not a sustained rate's)",
     )
     probes.add_argument(
+        "--probe-requests",
+        type=positive_int,
+        metavar="N",
+        help="every probe sends the workload's first N requests (at least the binomial rule's; "
+        "default: the first flag set sizes them for all, so separate runs may differ)",
+    )
+    probes.add_argument(
         "--within",
         type=fraction_type,
         default=0.10,
@@ -303,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_once=args.calibrate_once,
         workload=description,
         progress=progress,
+        probe_requests=args.probe_requests,
     )
     text = verify_report(result)
     print(text)

@@ -28,6 +28,7 @@ from pytest_prefill.serve.knee import (
     Predicted,
     ProbeRule,
     measure_knee,
+    predict_knee,
     predict_sized,
     probe_load,
 )
@@ -266,6 +267,7 @@ class _Plan:
     rule: ProbeRule
     sweep: ServerSweep | None
     calibration: ServerCalibration | None
+    count: int | None = None  # requests a probe, once fixed: every flag set sends the same
 
 
 async def _check_flag_set(
@@ -339,10 +341,17 @@ def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
 def _predicted(
     plan: _Plan, calibration: ServerCalibration, scheduling: Scheduling
 ) -> tuple[list[Request], int, Predicted]:
-    """What the probes send (:func:`~pytest_prefill.serve.knee.predict_sized`), how many the
-    probe rule wants at the knee predicted on them, and that knee."""
+    """What the probes send, how many the probe rule wants at the knee predicted on them, and
+    that knee. The first flag set sizes the probes (:func:`~pytest_prefill.serve.knee.
+    predict_sized`) unless a count was given; every later one sends the same requests, so that
+    the knees rank flag sets on one workload (the rule's want is reported beside it)."""
     cost, overhead, slo, rule = calibration.cost, calibration.overhead, plan.slo, plan.rule
-    load, predicted = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
+    if plan.count is None:
+        load, predicted = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
+        plan.count = len(load)
+    else:
+        load = probe_load(plan.load, rule, plan.count)
+        predicted = predict_knee(load, cost, overhead, scheduling, slo, rule.target)
     return load, rule.requests_at(predicted.rate, slo), predicted
 
 
@@ -369,15 +378,24 @@ def verify(
     calibrate_once: bool = False,
     workload: str = "",
     progress: Progress | None = None,
+    probe_requests: int | None = None,
 ) -> VerifyResult:
     """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
     it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
-    one's calibration for all).
+    one's calibration for all). ``probe_requests``: every probe sends this many (at least rule
+    1's), else the first flag set sizes them for all.
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
-            nor a calibration, or a workload too short for the probe rule.
+            nor a calibration, a workload too short for the probe rule, or a probe_requests
+            that is not a positive integer.
     """
+    if probe_requests is not None and (
+        isinstance(probe_requests, bool)
+        or not isinstance(probe_requests, int)
+        or probe_requests < 1
+    ):
+        raise ValueError(f"probe_requests must be a positive integer, got {probe_requests!r}")
     if not flag_sets:
         raise ValueError("verify needs at least one flag set")
     if len(set(flag_sets)) != len(flag_sets):
@@ -391,7 +409,7 @@ def verify(
     rule = rule or ProbeRule()
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
     ordered = sorted(load, key=lambda r: (r.arrival, r.id))
-    plan = _Plan(ordered, slo, rule, sweep, calibration)
+    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests)
     results = []
     for flags in flag_sets:
         result = _one(server, flags, plan, progress)
