@@ -11,6 +11,7 @@ import os
 import pytest
 
 from pytest_prefill.cli import main
+from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.device_memory import GiB, kv_capacity
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import LLAMA_3_1_8B, load_model_spec
@@ -129,3 +130,16 @@ def test_a_tp_whose_kv_holds_less_than_the_context_sets_max_model_len(tmp_path, 
     assert "check_enough_kv_cache_memory" in out and "every request here fits" in out
     out, _ = _shaped_answer(tmp_path, 80, capsys, *one)
     assert "--max-model-len" not in out
+
+
+def test_a_deployments_own_sequence_cap_sizes_its_kv():
+    model = load_model_spec("llama-3.1-8b")
+    hardware = Hardware(model, 80 * GiB, max_num_seqs=SEQS)
+    given = [
+        Deployment.parse(text, 2)
+        for text in ("chunked,tokens=2048", "chunked,tokens=2048,seqs=1024")
+    ]
+    own, big = hardware.attach(given, PRESETS["datacenter-illustrative"].cost, 16)
+    assert own.cost.kv_capacity_tokens == kv_capacity(model, 80 * GiB, max_num_seqs=SEQS).tokens
+    assert big.cost.kv_capacity_tokens == kv_capacity(model, 80 * GiB, max_num_seqs=1024).tokens
+    assert big.cost.kv_capacity_tokens < own.cost.kv_capacity_tokens  # a larger sampler reserve

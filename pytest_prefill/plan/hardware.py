@@ -142,11 +142,13 @@ class Hardware:
     def attach(
         self, deployments: Sequence[Deployment], cost: CostModel, block_tokens: int
     ) -> tuple[Deployment, ...]:
-        """``deployments`` each with its instances' cost model at its TP."""
-        costs = {
-            tp: self.instance_cost(cost, tp, block_tokens) for tp in {d.tp for d in deployments}
-        }
-        return tuple(dataclasses.replace(d, cost=costs[d.tp]) for d in deployments)
+        """``deployments`` each with its instances' cost model at its TP (and KV sized for its
+        own sequence cap, ``,seqs=N``, when it sets one: vLLM's sampler reserve follows it)."""
+        costs = {}
+        for tp, seqs in {(d.tp, d.max_seqs) for d in deployments}:
+            sized = self if seqs is None else dataclasses.replace(self, max_num_seqs=seqs)
+            costs[tp, seqs] = sized.instance_cost(cost, tp, block_tokens)
+        return tuple(dataclasses.replace(d, cost=costs[d.tp, d.max_seqs]) for d in deployments)
 
     def deployments(
         self, cost: CostModel, devices: int, slo: SLO | None, engine: EngineProfile
