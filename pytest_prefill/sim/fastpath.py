@@ -43,10 +43,24 @@ class TimedWorker:
     (:meth:`truncate`); :meth:`end` has the rules complete it. ``index``: its place in its
     pool; ``busy``: the ticks it computed."""
 
-    __slots__ = ("index", "rules", "tick", "busy", "busy_until", "started", "_decode")
+    __slots__ = (
+        "index",
+        "rules",
+        "tick",
+        "busy",
+        "busy_until",
+        "started",
+        "_decode",
+        "_compose",
+        "_steady",
+        "_complete",
+    )
 
     def __init__(self, index: int, rules: BaseWorker, tick: TickCost) -> None:
         self.index, self.rules, self.tick = index, rules, tick
+        # the rules' three calls, bound once (each iteration makes two of them)
+        self._compose, self._steady = rules.compose, rules.steady_steps
+        self._complete = rules.complete
         self.busy = 0  # ticks
         self.busy_until: int | None = None
         self.started = 0
@@ -55,24 +69,25 @@ class TimedWorker:
     def start(self, now: int) -> int | None:
         """Begin the next iteration at ``now`` if there is work and return when it ends; else
         stay idle (None)."""
-        plan = self.rules.compose(now)
+        plan = self._compose(now)
         if plan is None:
             return None
-        rows = len(plan.decode_ids)
+        prefill, ids, kv, context, _ = plan
+        rows = len(ids)
         tick = self.tick
         self.started = now
-        if plan.prefill:
+        if prefill:
             tokens = pairs = 0
-            for _, done, n in plan.prefill:
+            for _, done, n in prefill:
                 tokens += n
                 pairs += attention_pairs(n, done)
-            end = now + tick.price(tokens, pairs, plan.context_tokens, rows, plan.kv_tokens)
+            end = now + tick.price(tokens, pairs, context, rows, kv)
             self._decode = None
             self.busy_until = end
             return end
-        first = tick.decode(rows, plan.kv_tokens)
+        first = tick.decode(rows, kv)
         growth = tick.per_kv * rows
-        steps = self.rules.steady_steps()  # a run up to the next finish
+        steps = self._steady()  # a run up to the next finish
         end = run_step_start(now, first, growth, steps)
         self._decode = (first, growth, steps)
         self.busy_until = end
@@ -99,9 +114,9 @@ class TimedWorker:
         run = self._decode
         if run is not None:
             first, growth, steps = run
-            self.rules.complete(now, steps, first, growth)
+            self._complete(now, steps, first, growth)
         else:
-            self.rules.complete(now, 1, now - self.started, 0)
+            self._complete(now, 1, now - self.started, 0)
 
 
 class TimedLink:

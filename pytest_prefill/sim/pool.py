@@ -46,6 +46,7 @@ class Pool:
         self._at: dict[int, Timed] = {}  # every resource by index
         self._heap: list[tuple[int, int]] = []  # (end, resource index); stale when it moved
         self._ready: list[Timed] = []
+        self._one = False  # driven by _run_one: no heap
 
     def add(self, make: Callable[[int], Timed]) -> Timed:
         """Another timed resource, ``make(index)``: its index follows the workers'."""
@@ -66,7 +67,7 @@ class Pool:
             self.router.set(worker.index, worker.rules.unfinished)
         if worker.busy_until is None:
             self._ready.append(worker)
-        elif worker.truncate(now):
+        elif worker.truncate(now) and not self._one:
             heapq.heappush(self._heap, (worker.busy_until, worker.index))
 
     def start(self, resource: Timed, now: int) -> int | None:
@@ -89,6 +90,9 @@ class Pool:
         then start the idle workers that have work — or, given ``dispatch``, let it start
         what it chooses (a shared queue's order). ``stop(now)``, asked once what ends at an
         instant has ended: True stops the run there. Returns whether it stopped so."""
+        if self.size == 1 and not self.others and dispatch is None:
+            self._one = True
+            return self._run_one(arrivals, place, retry, stop)
         heap, ready, router, workers, at = (
             self._heap,
             self._ready,
@@ -97,6 +101,7 @@ class Pool:
             self._at,
         )
         push, pop = heapq.heappush, heapq.heappop
+        keep = dispatch is None  # the ready list: dispatch chooses whom to start itself
         i, n = 0, len(arrivals)
         while True:
             # A run cut short left its old end in the heap: popped at that instant, it ends
@@ -121,7 +126,8 @@ class Pool:
                     w.end(t)
                     if rules.unfinished != before:
                         router.set(w.index, rules.unfinished)
-                ready.append(w)
+                if keep:
+                    ready.append(w)
             if stop is not None and stop(t):
                 return True
             if retry is not None:
@@ -131,10 +137,50 @@ class Pool:
                 i += 1
             if dispatch is not None:
                 dispatch(t)
-            else:
+            elif ready:
                 for w in ready:
                     if w.busy_until is None:
                         until = w.start(t)
                         if until is not None:
                             push(heap, (until, w.index))
-            ready.clear()
+                ready.clear()
+
+    def _run_one(
+        self,
+        arrivals: Sequence[tuple[int, Request]],
+        place: Callable[[Request, int], None],
+        retry: Callable[[int], None] | None,
+        stop: Callable[[int], bool] | None,
+    ) -> bool:
+        """:meth:`run` for a pool of one worker and nothing else: its end is the only one to
+        wait for (no heap; a run cut short just moved it), and a router of one has no choice
+        to keep counts for."""
+        ready = self._ready
+        i, n = 0, len(arrivals)
+        w: TimedWorker | None = None
+        while True:
+            end = None if w is None else w.busy_until
+            if end is not None and (i >= n or end <= arrivals[i][0]):
+                t = end
+                w.end(t)  # type: ignore[union-attr]
+                kick = True
+            elif i < n:
+                t, kick = arrivals[i][0], False
+            else:
+                return False
+            if stop is not None and stop(t):
+                return True
+            if retry is not None:
+                retry(t)
+            while i < n and arrivals[i][0] == t:
+                place(arrivals[i][1], t)  # cuts a running decode run short if need be
+                i += 1
+            if ready:  # handed a request while idle
+                kick = True
+                ready.clear()
+            if w is None:
+                if not self.workers:
+                    continue
+                w = self.workers[0]
+            if kick and w.busy_until is None:
+                w.start(t)

@@ -16,6 +16,8 @@ from .profiles import LAB, EngineProfile
 from .requests import Request
 from .ticks import TickCost, to_ticks
 
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__ (one per request)
+
 
 class PrefillTimes(NamedTuple):
     """When a request's prefill started and ended, and when its KV was ready on the decode
@@ -74,32 +76,43 @@ class PrefillPool:
         def place(r: Request, now: int) -> None:
             queue.append(r)
 
-        def retry(now: int) -> None:
-            if link.ended:
-                link.queue_ended()
-
         def dispatch(now: int) -> None:
-            if timed_link.busy_until is None and link.queue:
+            if link.ended:  # passes ended at this instant (arrivals never touch the link)
+                link.queue_ended()
+            if link.queue and timed_link.busy_until is None:
                 pool.start(timed_link, now)
-            if queue:
-                idle = [w for w in pool.workers if w.busy_until is None]
-                take_in_order(queue, idle, lambda w: pool.start(w, now) is not None, untouched)
+            if not queue:
+                return
+            workers = pool.workers
+            if size == 1:  # one worker: no order to choose (take_in_order's, for one)
+                w = workers[0] if workers else pool.get(0)
+                if w.busy_until is None:
+                    pool.start(w, now)
+                return
+            idle = [w for w in workers if w.busy_until is None]
+            if idle or len(workers) < size:  # else every worker is busy: none takes
+                take = lambda w: pool.start(w, now) is not None  # noqa: E731
+                take_in_order(queue, idle, take, untouched)
 
         def untouched() -> TimedWorker | None:
             touched = len(pool.workers)
             return pool.get(touched) if touched < size else None
 
         arrivals = [(to_ticks(r.arrival, up=True), r) for r in self.requests]
-        pool.run(arrivals, place, retry, dispatch)
+        pool.run(arrivals, place, dispatch=dispatch)
         return self._side(link, rules, sum(w.busy for w in pool.workers))
 
     def _side(self, link: Link, rules: list[PrefillWorker], busy: int) -> PrefillSide:
-        times, names, finished, cached = {}, {}, {}, {}
+        times: dict[str, PrefillTimes] = {}
+        names: dict[str, str] = {}
+        finished, cached = {}, {}
+        ready = link.kv_ready
         for w in rules:
+            ends = w.prefill_end
             for rid, start in w.prefill_start.items():
-                end = w.prefill_end[rid]
-                times[rid] = PrefillTimes(start, end, link.kv_ready.get(rid, end))
-                names[rid] = w.name
+                end = ends[rid]
+                times[rid] = _new_tuple(PrefillTimes, (start, end, ready.get(rid, end)))
+            names.update(dict.fromkeys(w.prefill_start, w.name))
             finished.update(w.finished)
             cached.update(w.cached)
         return PrefillSide(

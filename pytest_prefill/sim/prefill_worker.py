@@ -55,10 +55,11 @@ class Link:
 
     def queue_ended(self) -> None:
         """The prompts whose passes ended at this instant join the queue, FCFS."""
-        if self.ended:
-            self.ended.sort(key=lambda r: self.order[r.id])
-            self.queue.extend(self.ended)
-            self.ended.clear()
+        ended = self.ended
+        if len(ended) > 1:
+            ended.sort(key=lambda r: self.order[r.id])
+        self.queue.extend(ended)
+        ended.clear()
 
     def sent(self, r: Request, start: Any, end: Any) -> None:
         """``r``'s KV is on the link from ``start`` to ``end``."""
@@ -105,22 +106,24 @@ class PrefillWorker(BaseWorker):
         room = limit
         pieces: list[tuple[Request, int, int]] = []
         context = 0
-        while queue and self.admitted < cap and kv.fits(queue[0]):
+        caching, starts, where, admitted = self.caching, self.prefill_start, self.link.where, 0
+        while queue and self.admitted + admitted < cap and kv.fits(queue[0]):
             r = queue[0]
-            hits = self._hits(r)
+            hits = self._hits(r) if caching else 0
             n = r.prompt_len - hits
             if not takes_whole(n, room, bool(pieces), 0, limit):
                 break
             queue.popleft()
             kv.reserve(r)
-            self.admitted += 1
+            admitted += 1
             pieces.append((r, hits, n))
             room -= n
             context += hits
-            self.prefill_start[r.id] = now
-            self.link.where[r.id] = self
-            if self.caching:
+            starts[r.id] = now
+            where[r.id] = self
+            if caching:
                 self.cached[r.id] = hits
+        self.admitted += admitted
         self.started = now
         plan = None
         if pieces:

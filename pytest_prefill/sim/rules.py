@@ -189,19 +189,9 @@ class BaseWorker:
         """Log the composed iteration (``plan``, done with) as ending at ``end`` (``steps``
         decode steps, each ``growth`` longer than the one before)."""
         self.current = None
-        ids = plan.decode_ids
-        kind = ("fused" if ids else "prefill") if plan.prefill else "decode"
-        entry = (
-            self.name,
-            self.started,
-            end,
-            kind,
-            plan.prefill,
-            ids,
-            plan.kv_tokens,
-            steps,
-            growth,
-        )
+        prefill, ids, kv, _, _ = plan
+        kind = ("fused" if ids else "prefill") if prefill else "decode"
+        entry = (self.name, self.started, end, kind, prefill, ids, kv, steps, growth)
         self.log.append(entry := _new_tuple(LogEntry, entry))
         return entry
 
@@ -296,8 +286,9 @@ class Worker(BaseWorker):
         if self.pending:
             self._admit_pending()
         self.started = now
-        if not self.waiting:  # decode rows only (always so in decode mode)
-            plan = self.decode_plan() if self.row_ids else None
+        if not self.waiting:  # decode rows only (always so in decode mode): decode_plan's
+            ids = self.row_ids
+            plan = _new_tuple(Plan, ((), ids, self.tokens.kv_tokens, 0, ())) if ids else None
         elif self.max_batched_tokens is None or self.mode == "chunked":
             plan = self._compose_prefill(now)
         else:

@@ -102,23 +102,29 @@ class TokenBook:
         """The decode-bearing iteration ``entry`` ended: each of its rows emitted a token at
         the end of each of its ``steps`` steps, the first lasting ``first``. Returns the
         requests that emitted their last token (None: none did)."""
-        start, end, steps, growth = entry.start, entry.end, entry.steps, entry.growth
-        rows = len(entry.decode_ids)
+        _, start, end, _, _, ids, _, steps, growth = entry
+        rows = len(ids)
         first_end = end if steps == 1 else start + first
         index = self.steps
-        newcomers = self.newcomers.pop(index, ())
         gaps = self.gaps
-        continuing = rows - len(newcomers)
-        if continuing and self.last_end is not None:
-            gap = first_end - self.last_end
-            gaps[gap] = gaps.get(gap, 0) + continuing
-        if self.prefill_first:  # a newcomer's row follows the token its prefill emitted
-            for r in newcomers:
-                gap = first_end - self.first_token[r.id]
-                gaps[gap] = gaps.get(gap, 0) + 1
+        newcomers = self.newcomers.pop(index, None) if self.newcomers else None
+        if newcomers is None:
+            last_end = self.last_end
+            if last_end is not None:
+                gap = first_end - last_end
+                gaps[gap] = gaps.get(gap, 0) + rows
         else:
-            for r in newcomers:
-                self.first_token[r.id] = first_end
+            continuing = rows - len(newcomers)
+            if continuing and self.last_end is not None:
+                gap = first_end - self.last_end
+                gaps[gap] = gaps.get(gap, 0) + continuing
+            if self.prefill_first:  # a newcomer's row follows the token its prefill emitted
+                for r in newcomers:
+                    gap = first_end - self.first_token[r.id]
+                    gaps[gap] = gaps.get(gap, 0) + 1
+            else:
+                for r in newcomers:
+                    self.first_token[r.id] = first_end
         if steps > 1:
             if growth:
                 self.gap_runs.append(_new_tuple(GapRun, (first + growth, growth, steps - 1, rows)))
