@@ -6,6 +6,8 @@ Run it alone (each round is one fresh process per side, the order alternating)::
 
     git worktree add /tmp/before 8e81c48
     /work/tools/cpu quiet python -m benchmarks.sim_before_after --before /tmp/before --rounds 5
+    /work/tools/cpu quiet python -m benchmarks.sim_before_after --before /tmp/before --rounds 8 \\
+        --side-by-side
 
 Runs (``--run`` picks some; default all): the Azure conv trace (an hour, ~19,000 requests) under
 the lab profile for each policy (chunked at 512 tokens; disaggregated 1 prefill : 1 decode),
@@ -78,6 +80,64 @@ for name, spec in runs.items():
     print(json.dumps(out), flush=True)
 """
 
+# Both sides in one process (``--side-by-side``): each tree's ``sim`` folder loaded as a package
+# of its own (a copy of the folder runs), the runs alternating before and after; what process
+# start-up, memory layout and a drifting machine do to one process then falls on both sides.
+BOTH = r"""
+import dataclasses, gc, importlib.util, json, sys, time
+from pytest_prefill.plan.workloads import load_azure, load_jsonl
+trees, runs, traces, rounds = (json.loads(a) for a in sys.argv[1:5])
+def package(name, tree):
+    folder = f"{tree}/pytest_prefill/sim"
+    spec = importlib.util.spec_from_file_location(
+        name, f"{folder}/__init__.py", submodule_search_locations=[folder])
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+sims = {side: package(f"sim_{side}", tree) for side, tree in trees.items()}
+raw = {}
+def load(side, trace):
+    if trace not in raw:
+        raw[trace] = (load_azure if trace == "azure" else load_jsonl)(traces[trace])
+    R = sims[side].Request
+    return [R(r.id, r.arrival, r.prompt_len, r.output_len, r.prefix_blocks) for r in raw[trace]]
+for name, (trace, engine, policy, kv) in runs.items():
+    loads = {side: load(side, trace) for side in sims}
+    span = max(r.arrival for r in raw[trace]) - min(r.arrival for r in raw[trace])
+    for i in range(rounds):
+        for side in ("before", "after") if i % 2 == 0 else ("after", "before"):
+            sim = sims[side]
+            cost = dataclasses.replace(sim.PRESETS["datacenter-illustrative"].cost,
+                                       kv_capacity_tokens=float(kv))
+            profile = sim.get_profile(engine)
+            if trace == "mooncake" and profile.prefix_caching:
+                profile = dataclasses.replace(profile, prefix_block_tokens=512)
+            kw = {"chunk": 512} if policy == "chunked" and engine == "lab" else {}
+            if policy == "disaggregated":
+                kw.update(prefill_workers=1, decode_workers=1)
+            gc.collect()
+            begin = time.perf_counter()
+            summary = sim.simulate(policy, loads[side], cost, engine=profile, **kw).summary()
+            wall = time.perf_counter() - begin
+            print(json.dumps({"run": name, "side": side, "wall": wall, "summary": str(summary),
+                              "span": span}), flush=True)
+"""
+
+
+def side_by_side(before: Path, after: Path, names: list[str], rounds: int) -> list[dict[str, Any]]:
+    """``rounds`` rounds of the runs ``names`` in one process holding both sides, alternating."""
+    runs = {name: RUNS[name] for name in names}
+    traces = {name: str(path) for name, path in TRACES.items()}
+    trees = {"before": str(before), "after": str(after)}
+    args = [json.dumps(a) for a in (trees, runs, traces, rounds)]
+    env = {**os.environ, "PYTHONPATH": str(after)}
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH, *args], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the side-by-side runs failed:\n{done.stderr[-2000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
 
 def side(tree: Path, runs: dict[str, Any], memory: bool) -> list[dict[str, Any]]:
     """One process on the code in ``tree``: each run once."""
@@ -137,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="append", choices=sorted(RUNS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also each side's peak memory")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="both sides in one process, each run alternating (no --memory)",
+    )
     parser.add_argument("--record", type=Path, help="append every run here (JSON lines)")
     parser.add_argument("--summary", type=Path, help="print the summary of a --record file")
     args = parser.parse_args(argv)
@@ -146,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.before is None:
         parser.error("--before is required (or --summary)")
-    rows = compare(args.before, args.after, args.run or sorted(RUNS), args.rounds, args.memory)
+    names = args.run or sorted(RUNS)
+    if args.side_by_side:
+        rows = side_by_side(args.before, args.after, names, args.rounds)
+    else:
+        rows = compare(args.before, args.after, names, args.rounds, args.memory)
     if args.record:
         with args.record.open("a") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)
