@@ -451,3 +451,26 @@ def test_a_bracket_whose_sides_are_not_clear_of_the_target_gets_an_anchor_each_s
     clear.observe(probe(1.0, 1.0))
     clear.observe(probe(1.05, 0.5))
     assert clear.next_scale() is None
+
+
+def test_a_knee_below_every_probe_reads_as_open_not_as_zero():
+    from pytest_prefill.report.verify import knee_table
+
+    result = _result(FlagSet(256), 4, 4)
+    measured = result.measured
+    assert measured is not None and measured.estimate is not None
+    below = dataclasses.replace(measured.estimate, rate=0.0, low=0.0)
+    opened = dataclasses.replace(result, measured=dataclasses.replace(measured, estimate=below))
+    table = knee_table(VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (opened,), "vllm"))
+    lowest = min(p.rate for p in measured.probes)
+    assert f"< {lowest:.3g} [0," in table and "inf [" not in table
+
+
+def test_rank_reads_a_documents_open_interval_kept_as_text():
+    from pytest_prefill.report.verify import combined_report
+
+    document = json.loads(json.dumps(_result(FlagSet(128), 2, 2).to_dict()))
+    document["measured"]["estimate"]["high"] = "inf"  # as json_safe writes inf
+    document["agreement"]["low"] = 0.0
+    text = combined_report([{"flag_sets": [document]}])
+    assert "inf]" in text and "≤128 tok" in text

@@ -336,8 +336,9 @@ def _save_ranking(args: argparse.Namespace, documents: list[Any], text: str) -> 
         for r in doc.get("flag_sets", []):
             judged = r.get("agreement")
             if judged:
-                line = f"predicted/measured {judged['ratio']:.3g} [{judged['low']:.3g}, "
-                line += f"{judged['high']:.3g}] against ±{judged['within']:.0%}"
+                ratio, low, high = (float(judged[k]) for k in ("ratio", "low", "high"))
+                line = f"predicted/measured {ratio:.3g} [{low:.3g}, {high:.3g}] against "
+                line += f"±{float(judged['within']):.0%}"
                 verdicts.append((f"knee {r['flags']['label']}", judged["verdict"], line))
     line = text.splitlines()[-1]
     verdicts.append(("verify ranking", "FAILS" if "NOT" in line else "HOLDS", line))

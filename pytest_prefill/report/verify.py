@@ -18,25 +18,33 @@ def _rate(value: float | None) -> str:
     return f"{value:.3g}" if value is not None and math.isfinite(value) and value > 0 else "-"
 
 
-def _bound(value: float) -> str:
+def _bound(value: float | str) -> str:
+    value = float(value)  # a document keeps inf as "inf"
     if math.isinf(value):
         return "inf"
     return f"{value:.3g}" if value > 0 else "0"
 
 
 def _knee(r: FlagSetResult) -> str:
-    """The estimated knee and its interval."""
+    """The estimated knee and its interval (open: below the lowest probe, above the highest)."""
     e = r.measured.estimate if r.measured is not None else None
-    if e is None:
+    if e is None or r.measured is None:
         return "-"
-    return f"{_bound(e.rate)} [{_bound(e.low)}, {_bound(e.high)}]"
+    rates = [p.rate for p in r.measured.probes]
+    point = _bound(e.rate)
+    if e.rate <= 0:
+        point = f"< {_bound(min(rates))}"
+    elif math.isinf(e.rate):
+        point = f"> {_bound(max(rates))}"
+    return f"{point} [{_bound(e.low)}, {_bound(e.high)}]"
 
 
 def _ratio(r: FlagSetResult) -> str:
     a = r.agreement
     if a is None:
         return f"{r.ratio:.2f}" if math.isfinite(r.ratio) else "-"
-    return f"{_bound(a.ratio)} [{_bound(a.low)}, {_bound(a.high)}] {a.verdict}"
+    ratio = _bound(a.ratio) if 0 < a.ratio < math.inf else "-"
+    return f"{ratio} [{_bound(a.low)}, {_bound(a.high)}] {a.verdict}"
 
 
 def _measured(r: FlagSetResult) -> str:
@@ -153,6 +161,10 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 f" [{_bound(estimate['low'])}, {_bound(estimate['high'])}]" if estimate else ""
             )
             ratio = f"{p / m:.2f}" if p > 0 and m > 0 else "-"
+            rates = [float(x["rate"]) for x in measured_doc.get("probes") or []]
+            shown = _rate(m)
+            if estimate and float(estimate["rate"]) <= 0 and rates:  # below every probe
+                shown, ratio = f"< {_rate(min(rates))}", "-"
             if judged:
                 ratio = f"{ratio} [{_bound(judged['low'])}, {_bound(judged['high'])}] "
                 ratio += judged["verdict"]
@@ -162,7 +174,7 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 [
                     label,
                     _rate(p),
-                    f"{_rate(m)}{interval} ({status})",
+                    f"{shown}{interval} ({status})",
                     ratio,
                     f"{at:.0%}" if isinstance(at, (int, float)) else "-",
                 ]
