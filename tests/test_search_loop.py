@@ -19,7 +19,7 @@ from pytest_prefill.plan.deployments import default_deployments
 from pytest_prefill.plan.executors import InlineExecutor, ShippedLoad, local_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import RateSearch, lattice_step
-from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, NO_SHORTCUTS
+from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, NO_SHORTCUTS, decided_best
 from pytest_prefill.plan.sizing import devices_needed
 from pytest_prefill.plan.workloads import poisson
 from pytest_prefill.sim import PRESETS, get_profile
@@ -207,3 +207,51 @@ def test_a_shipped_load_is_the_tuple_here_and_unpickled_once_per_process():
     assert pickle.loads(pickle.dumps(other)) == other
     with local_executor(2) as pool:  # in a worker: the requests themselves
         assert pool.submit(_identity, load).result() == load
+
+
+@examples(50)
+@given(
+    knees=st.lists(st.integers(-40, 40), min_size=1, max_size=3),
+    seeds=st.lists(st.one_of(st.none(), st.integers(-40, 40)), min_size=3, max_size=3),
+    order=st.lists(st.integers(0, 2), max_size=80),
+)
+def test_the_first_waves_best_once_decided_is_the_one_it_ends_on(knees, seeds, order):
+    """The second wave may start as soon as :func:`decided_best` says the first wave's best is
+    fixed: whichever order the first wave's searches advance in, the best it says then is the
+    best they end on (attainment falling with rate: a pass up to each search's knee)."""
+    deployment = default_deployments(COST, 1)[0]
+    searches = [RateSearch(deployment, 0.9, 0.05, 1.0, True, seed) for seed in seeds[: len(knees)]]
+
+    def step(i: int) -> bool:
+        search = searches[i]
+        scale = search.next_scale()
+        if scale is None:
+            return False
+        search.observe(_Run(scale, search.index(scale) <= knees[i]))  # type: ignore[arg-type]
+        return True
+
+    finished: set[int] = set()
+    said = []
+    for i in [*order, *[j for j in range(len(searches)) for _ in range(60)]]:
+        i %= len(searches)
+        if i not in finished and not step(i):
+            finished.add(i)
+        said.append(decided_best(searches, {id(searches[j]) for j in finished}))
+    assert len(finished) == len(searches)
+    ends = [s.low for s in searches if s.low is not None]
+    final = max(ends, default=None)
+    assert said[-1] == (True, final)
+    assert all(best == final for decided, best in said if decided)
+
+
+class _Run:
+    """A probe's stand-in: passes or not, judged from the full run."""
+
+    def __init__(self, scale: float, ok: bool) -> None:
+        self.scale, self.rate, self.ok = scale, scale, ok
+        self.metrics, self.verdict, self.stopped = None, None, None
+
+    def passed(self, target: float) -> bool:
+        return self.ok
+
+    attainment = property(lambda self: 1.0 if self.ok else 0.0)

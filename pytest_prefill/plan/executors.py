@@ -78,6 +78,8 @@ class InlineExecutor(concurrent.futures.Executor):
     """Runs each task at once in the calling thread (no pool): for tests, tiny searches and
     places where processes cannot be started."""
 
+    workers = 1  # tasks it runs at once (a search queues the rest in its own order)
+
     def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
@@ -87,6 +89,14 @@ class InlineExecutor(concurrent.futures.Executor):
         except BaseException as err:  # delivered through the future, as a pool would
             future.set_exception(err)
         return future
+
+
+class LocalPool(concurrent.futures.ProcessPoolExecutor):
+    """A process pool that says how many tasks it runs at once (``workers``): a search keeps
+    no more than that in it, so that the probes it sends next go in the order it chooses
+    rather than the order they were queued."""
+
+    workers: int = 1
 
 
 @contextlib.contextmanager
@@ -104,7 +114,8 @@ def local_executor(workers: int | None = None) -> Iterator[concurrent.futures.Ex
         yield InlineExecutor()
         return
     before = set(multiprocessing.active_children())
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=count, initializer=ignore_sigint)
+    pool = LocalPool(max_workers=count, initializer=ignore_sigint)
+    pool.workers = count
     try:
         yield pool
     except BaseException:

@@ -298,6 +298,7 @@ class RateSearch:
         self.at: dict[int, Probe] = {}
         self.gap = 1  # a seeded search's next stride, in steps
         self.pruned = False
+        self.floor: float | None = None  # pruned once the most it may serve is below this
         self._verifying = False
         self.top = self._bound(MAX_SCALE, math.floor)
         self.bottom = self._bound(MIN_SCALE, math.ceil)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -105,24 +106,53 @@ def run_searches(
     probe: ProbeFunction,
     progress: Progress | None = None,
 ) -> None:
-    """Run every search to its end: the first wave, then the rest seeded and pruned by it."""
+    """Run every search to its end: the first wave, then the rest seeded and pruned by it,
+    started as soon as the first wave's best rate is decided (:func:`decided_best`), while
+    the first wave finishes; on ``pool``, at most its ``workers`` simulations at a time
+    (when it says), the first wave's before the rest and the rest by their estimates."""
     rules = problem.shortcuts
     estimate = throughput_estimate(problem) if rules.seed else (lambda search: None)
     first = first_wave(searches, baseline, estimate)
     for search in first:
         search.seed = seed_below(search, estimate(search))
         search.gap = ESTIMATE_STRIDE
-    began = time.perf_counter()
-    _drive(pool, first, problem, probe, progress, began)
-    found = [s.low for s in first if s.low is not None]
-    best = max(found) if found else None
     rest = [s for s in searches if s not in first]
-    floor = None
-    if rules.prune and best is not None and first:
-        floor = first[0].scale(best) * (1 - problem.margin)
-    for search in rest:
-        search.seed = seed_near(search, best, floor) if rules.seed else None
-    _drive(pool, rest, problem, probe, progress, began, floor, baseline)
+
+    def second_wave(finished: set[int]) -> list[RateSearch] | None:
+        decided, best = decided_best(first, finished)
+        if not decided:
+            return None
+        floor = None
+        if rules.prune and best is not None:
+            floor = first[0].scale(best) * (1 - problem.margin)
+        for search in rest:
+            search.seed = seed_near(search, best, floor) if rules.seed else None
+            if search.deployment != baseline:
+                search.floor = floor  # the baseline is never pruned
+        return sorted(rest, key=lambda s: -(estimate(s) or 0.0))  # the likeliest to go on first
+
+    width = getattr(pool, "workers", None)
+    _Driver(pool, problem, probe, progress, width).run(first, second_wave)
+
+
+def decided_best(first: Sequence[RateSearch], finished: set[int]) -> tuple[bool, int | None]:
+    """Whether the highest pass the ``first`` searches will end on is already fixed, and that
+    lattice index (None: none passes). A search's final pass is known once it has ended (its
+    ``id`` in ``finished``) or its bracket is closed (its pass and miss are neighbours: only a
+    check above it may follow, which never moves it); an open one ends below its lowest miss.
+    So the best is fixed once a known final pass is at least every open search's most."""
+    known: list[int] = []
+    most: list[float] = []
+    for s in first:
+        closed = s.low is not None and s.high is not None and s.high - s.low <= 1
+        if id(s) in finished or closed:
+            known += [s.low] if s.low is not None else []
+        else:
+            most.append(s.high - 1 if s.high is not None else math.inf)
+    best = max(known, default=None)
+    if not most:
+        return True, best
+    return best is not None and all(k <= best for k in most), best
 
 
 def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None]:
@@ -185,68 +215,113 @@ def seed_below(search: RateSearch, scale: float | None) -> int | None:
     return min(k, search.top) if k > 0 else None
 
 
-def _drive(
-    pool: concurrent.futures.Executor,
-    searches: Sequence[RateSearch],
-    problem: Problem,
-    probe: ProbeFunction,
-    progress: Progress | None,
-    began: float,
-    floor: float | None = None,
-    baseline: Deployment | None = None,
-) -> None:
-    """Keep one probe of every unfinished search in flight until each is done; a search whose
-    most possible scale is below ``floor`` (and is not the ``baseline``'s) is pruned."""
-    pending: dict[concurrent.futures.Future[Probe], tuple[RateSearch, bool]] = {}
-    started = {id(s): time.perf_counter() for s in searches}
+class _Driver:
+    """Keeps one probe of every unfinished search queued or in flight until each is done, at
+    most ``width`` in flight (None: all), the earliest-added search's first; a search whose
+    most possible scale is below its ``floor`` is pruned."""
 
-    def submit(search: RateSearch, scale: float, stop: bool, rerun: bool) -> None:
-        p = problem
-        percentile = target_percentile(search.target)  # the latency column the report prints
-        job = (p.load, p.cost, p.slo, search.deployment, scale, p.base_rate, p.engine, percentile)
-        future = pool.submit(probe, *job, target=p.target, stop=stop)
-        pending[future] = (search, rerun)
+    def __init__(
+        self,
+        pool: concurrent.futures.Executor,
+        problem: Problem,
+        probe: ProbeFunction,
+        progress: Progress | None,
+        width: int | None,
+    ) -> None:
+        self.pool, self.problem, self.probe, self.progress = pool, problem, probe, progress
+        self.width = width
+        self.pending: dict[concurrent.futures.Future[Probe], tuple[RateSearch, bool]] = {}
+        self.queue: list[tuple[int, int, RateSearch, float, bool, bool]] = []  # a heap
+        self.rank: dict[int, int] = {}
+        self.started: dict[int, float] = {}
+        self.finished: set[int] = set()
+        self.searches: list[RateSearch] = []
+        self.made = 0
 
-    def advance(search: RateSearch) -> None:
+    def run(
+        self,
+        first: Sequence[RateSearch],
+        later: Callable[[set[int]], Sequence[RateSearch] | None],
+    ) -> None:
+        """``first``'s searches, then ``later``'s once it returns them (it is asked after each
+        simulation, with the ids of the searches ended)."""
+        began = said = time.perf_counter()
+        self.add(first)
+        wave = later(self.finished)
+        self.add(wave or ())
+        try:
+            while self.pending or self.queue:
+                self.pump()
+                done, _ = concurrent.futures.wait(
+                    self.pending,
+                    timeout=PROGRESS_EVERY,
+                    return_when=concurrent.futures.FIRST_COMPLETED,
+                )
+                for future in done:
+                    self.deliver(future)
+                if wave is None:
+                    wave = later(self.finished)
+                    self.add(wave or ())
+                if self.progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
+                    said = time.perf_counter()
+                    self.progress(_running_line(self.searches, self.running(), said - began))
+        finally:
+            for future in self.pending:
+                future.cancel()
+
+    def add(self, searches: Sequence[RateSearch]) -> None:
+        for search in searches:
+            self.rank[id(search)] = len(self.rank)
+            self.started[id(search)] = time.perf_counter()
+            self.searches.append(search)
+            self.advance(search)
+
+    def submit(self, search: RateSearch, scale: float, stop: bool, rerun: bool) -> None:
+        self.made += 1
+        heapq.heappush(self.queue, (self.rank[id(search)], self.made, search, scale, stop, rerun))
+
+    def pump(self) -> None:
+        """Send queued probes to the pool, earliest-added search first, up to the width."""
+        p = self.problem
+        while self.queue and (self.width is None or len(self.pending) < self.width):
+            _, _, search, scale, stop, rerun = heapq.heappop(self.queue)
+            percentile = target_percentile(search.target)  # the latency column printed
+            job = (p.load, p.cost, p.slo, search.deployment, scale, p.base_rate, p.engine)
+            future = self.pool.submit(self.probe, *job, percentile, target=p.target, stop=stop)
+            self.pending[future] = (search, rerun)
+
+    def deliver(self, future: concurrent.futures.Future[Probe]) -> None:
+        search, rerun = self.pending.pop(future)
+        if rerun:
+            search.replace_best(probe_result(future))
+            self.end(search)
+            return
+        search.observe(probe_result(future))
+        self.advance(search)
+
+    def advance(self, search: RateSearch) -> None:
         upper = search.upper()
-        if floor is not None and search.deployment != baseline and upper is not None:
-            search.pruned = search.pruned or upper < floor
+        if search.floor is not None and upper is not None:
+            search.pruned = search.pruned or upper < search.floor
         scale = search.next_scale()
         if scale is not None:
-            stop = problem.shortcuts.stop and not search.wants_full_run()
-            submit(search, scale, stop, False)
+            stop = self.problem.shortcuts.stop and not search.wants_full_run()
+            self.submit(search, scale, stop, False)
             return
         best = search.at.get(search.low) if search.low is not None else None
         if best is not None and best.metrics is None and not search.pruned:
-            submit(search, best.scale, False, True)  # the answer's figures from a full run
-        elif progress is not None:
-            progress(_finished_line(search, time.perf_counter() - started[id(search)]))
+            self.submit(search, best.scale, False, True)  # the answer's figures: a full run
+        else:
+            self.end(search)
 
-    said = time.perf_counter()
-    try:
-        for search in searches:
-            advance(search)
-        while pending:
-            done, _ = concurrent.futures.wait(
-                pending, timeout=PROGRESS_EVERY, return_when=concurrent.futures.FIRST_COMPLETED
-            )
-            for future in done:
-                search, rerun = pending.pop(future)
-                if rerun:
-                    search.replace_best(probe_result(future))
-                    if progress is not None:
-                        seconds = time.perf_counter() - started[id(search)]
-                        progress(_finished_line(search, seconds))
-                    continue
-                search.observe(probe_result(future))
-                advance(search)
-            if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY:
-                said = time.perf_counter()
-                running = len({id(s) for s, _ in pending.values()})
-                progress(_running_line(searches, running, said - began))
-    finally:
-        for future in pending:
-            future.cancel()
+    def end(self, search: RateSearch) -> None:
+        self.finished.add(id(search))
+        if self.progress is not None:
+            seconds = time.perf_counter() - self.started[id(search)]
+            self.progress(_finished_line(search, seconds))
+
+    def running(self) -> int:
+        return len({id(s) for s, _ in self.pending.values()} | {id(q[2]) for q in self.queue})
 
 
 def _running_line(searches: Sequence[RateSearch], running: int, seconds: float) -> str:
