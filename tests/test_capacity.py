@@ -780,8 +780,8 @@ def test_ctrl_c_during_capacity_exits_at_once_without_tracebacks(tmp_path):
     root = str(Path(pytest_prefill.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root, "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "pytest_prefill", "capacity", "--slo", "ttft:1s,tpot:50ms"]
-    # 20,000 prompts take ~30 s to search: the search is still running when SIGINT arrives
-    argv += ["--workers", "2", "--num-prompts", "20000", "--devices", "4"]
+    # 60,000 prompts take ~30 s to search: the search is still running when SIGINT arrives
+    argv += ["--workers", "2", "--num-prompts", "60000", "--devices", "4"]
     child = subprocess.Popen(
         argv,
         env=env,

@@ -11,7 +11,7 @@ import stat
 import pytest
 from cli_errors import usage_error
 
-from pytest_prefill.cli import main
+from pytest_prefill.cli import COMMANDS, main
 from pytest_prefill.commands import _measure_args
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.timeline import check_window, render_text
@@ -451,3 +451,17 @@ def test_compare_says_when_the_two_sides_measured_different_models(tmp_path, cap
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
     out = capsys.readouterr().out
     assert "NOTE: the two sides measured different setups (model tiny vs small)" in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_parses_alone_as_among_all(command, capsys):
+    """main builds only the parser of the command typed: its help, every option and default
+    in it, is the whole parser's."""
+    from pytest_prefill.cli import build_parser
+
+    helps = []
+    for parser in (build_parser(command), build_parser()):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        helps.append(capsys.readouterr().out)
+    assert helps[0] == helps[1] and f"prefill-bench {command}" in helps[0]
