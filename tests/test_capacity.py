@@ -799,7 +799,7 @@ def test_ctrl_c_during_capacity_exits_at_once_without_tracebacks(tmp_path):
             time.sleep(0.1)  # until the pool's workers exist
         time.sleep(1.0)
         os.killpg(child.pid, signal.SIGINT)
-        out, err = child.communicate(timeout=15)
+        out, err = child.communicate(timeout=30)
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
