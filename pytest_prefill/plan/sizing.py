@@ -119,23 +119,35 @@ def _check_count(
     """Every deployment of ``devices`` at the workload's own rate (scale 1), at once, each run
     stopped once its verdict is fixed (with ``stop``); done once one meets ``target`` and every deployment
     before it (in the given order) has answered: the first in order that meets is named (the
-    ones after it are cancelled), so the answer does not depend on which simulation finished
-    first; else the highest attainment (ties: the first; a run stopped early counts what it
-    had not missed)."""
+    ones after it are cancelled, and on a local pool those not yet sent are never sent: it
+    holds one per process, sent in order), so the answer does not depend on which simulation
+    finished first; else the highest attainment (ties: the first; a run stopped early counts
+    what it had not missed)."""
     load, cost, slo, base_rate, engine = problem
     began = time.perf_counter()
-    pending = {
-        pool.submit(probe, load, cost, slo, d, 1.0, base_rate, engine, target=target, stop=stop): i
-        for i, d in enumerate(deployments)
-    }
+    width = getattr(pool, "workers", None)  # a local pool's processes: no more sent at once
+    queued = iter(enumerate(deployments))
+    pending: dict[concurrent.futures.Future[Probe], int] = {}
+
+    def send() -> None:
+        while width is None or len(pending) < width:
+            i, d = next(queued, (-1, None))
+            if d is None:
+                return
+            job = (load, cost, slo, d, 1.0, base_rate, engine)
+            pending[pool.submit(probe, *job, target=target, stop=stop)] = i
+
     answered: dict[int, Probe] = {}
     try:
+        send()
         while pending and _first_meeting(answered, target) is None:
             done, _ = concurrent.futures.wait(
                 pending, return_when=concurrent.futures.FIRST_COMPLETED
             )
             for future in done:
                 answered[pending.pop(future)] = probe_result(future)
+            if _first_meeting(answered, target) is None:
+                send()  # in order: the first that meets is known once those before it answer
     finally:
         for future in pending:
             future.cancel()
