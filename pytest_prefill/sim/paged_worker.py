@@ -25,73 +25,25 @@ At each boundary, in this order:
    starts with that context. A head that does not fit waits, and so does everyone behind it.
 
 When a prompt completes, its full blocks enter the cache (shared by it until it finishes or is
-preempted). Token times are kept explicitly, per request.
+preempted). Token times are kept implicit (:class:`~.tokens.RowBook`): a row's emitted tokens
+are counted by the worker's decode steps since it joined, and a row is visited only when it
+joins, finishes, is preempted, or (bounded KV) needs a block.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable
 from typing import Any
 
-from .cost import run_step_start
-from .gaps import GapRun
 from .paged import BlockPool, blocks_for, cache_prompt, prefix_hits
 from .profiles import EngineProfile
 from .requests import Request
 from .rules import BaseWorker, Plan, takes_whole
+from .tokens import RowBook
 
 _new_tuple = tuple.__new__
-
-
-class PagedBook:
-    """The tokens of a paged worker's requests, kept explicitly (ticks), and their gaps as a
-    :class:`~.tokens.TokenBook` keeps them (points, and runs of growing step gaps): what
-    :class:`~.results.SimResults` reads of a book."""
-
-    __slots__ = ("times", "first_token", "finish", "gaps", "gap_runs")
-
-    def __init__(self) -> None:
-        self.times: dict[str, list[int]] = {}
-        self.first_token: dict[str, int] = {}
-        self.finish: dict[str, int] = {}
-        self.gaps: dict[int, int] = {}  # token gap -> how many tokens followed such a gap
-        self.gap_runs: list[GapRun] = []
-
-    def add(self, rid: str, t: int) -> None:
-        """One token of ``rid`` at ``t``."""
-        times = self.times.get(rid)
-        if times is None:
-            self.times[rid] = [t]
-            self.first_token[rid] = t
-            return
-        gap = t - times[-1]
-        self.gaps[gap] = self.gaps.get(gap, 0) + 1
-        times.append(t)
-
-    def run(self, rows: list[Request], ends: list[int], first: int, growth: int) -> None:
-        """Each of ``rows`` emitted a token at each of ``ends`` (a run of steps, the first
-        lasting ``first``, each next one ``growth`` longer)."""
-        times_of, gaps, head = self.times, self.gaps, ends[0]
-        for r in rows:
-            times = times_of.get(r.id)
-            if times is None:
-                times_of[r.id] = times = []
-                self.first_token[r.id] = head
-            else:
-                gap = head - times[-1]
-                gaps[gap] = gaps.get(gap, 0) + 1
-            times.extend(ends)
-        steps = len(ends)
-        if steps > 1:
-            if growth:
-                run = (first + growth, growth, steps - 1, len(rows))
-                self.gap_runs.append(_new_tuple(GapRun, run))
-            else:
-                gaps[first] = gaps.get(first, 0) + (steps - 1) * len(rows)
-
-    def token_times(self, request: Request) -> list[int]:
-        return self.times.get(request.id, [])
 
 
 class PagedWorker(BaseWorker):
@@ -118,9 +70,13 @@ class PagedWorker(BaseWorker):
         "unbounded",
         "kv_running",
         "tokens",
+        "offset",
+        "finishing",
+        "seq",
+        "joins",
     )
 
-    tokens: PagedBook
+    tokens: RowBook
 
     def __init__(
         self,
@@ -139,8 +95,12 @@ class PagedWorker(BaseWorker):
         self.pool = BlockPool(blocks, self.entry_tokens // self.block_tokens)
         self.unbounded = math.isinf(blocks)
         self.kv_running = 0  # the KV the running rows' next step reads
-        self.tokens = PagedBook()
-        self.emitted: dict[str, int] = {}  # tokens emitted so far
+        self.tokens = RowBook()
+        self.emitted: dict[str, int] = {}  # not a row: tokens emitted so far
+        self.offset: dict[str, int] = {}  # a row: tokens emitted less the book's steps
+        self.finishing: list[tuple[int, int, Request]] = []  # (step it finishes at, seq, row)
+        self.seq: dict[str, int] = {}  # a row -> when it joined (the rows' order)
+        self.joins = 0
         self.owned: dict[str, int] = {}  # admitted -> its own blocks
         self.holds: dict[str, int] = {}  # admitted -> tokens its blocks (own, shared) hold
         self.shared: dict[str, list[Hashable]] = {}  # admitted -> cached blocks it shares
@@ -185,18 +145,49 @@ class PagedWorker(BaseWorker):
         else:
             r = next(x for x in self.running if x.id == rid)
             self.running.remove(r)
-            self.kv_running -= r.prompt_len + self.emitted[rid]
+            self.kv_running -= r.prompt_len + self._unrow(r)
         self._release(r)
         self.pending.appendleft(r)
         self.preempted_at.setdefault(rid, []).append(now)
         self.preempted_now = True
         return r
 
+    def _row(self, r: Request) -> int:
+        """``r`` joins the rows: its tokens are counted by the book's steps from here on, and
+        it finishes at a known step. Returns the tokens it emitted before."""
+        done = self.emitted[r.id]
+        steps = self.tokens.steps
+        self.offset[r.id] = done - steps
+        self.joins += 1
+        self.seq[r.id] = self.joins
+        heapq.heappush(self.finishing, (steps + r.output_len - done, self.joins, r))
+        self.tokens.enter(r.id)
+        return done
+
+    def _unrow(self, r: Request) -> int:
+        """``r`` leaves the rows (finished, or preempted); returns the tokens it emitted."""
+        done = self.emitted[r.id] = self.offset.pop(r.id) + self.tokens.steps
+        del self.seq[r.id]
+        self.tokens.leave(r.id)
+        return done
+
+    def _emitted(self, r: Request) -> int:
+        """The tokens row ``r`` has emitted."""
+        return self.offset[r.id] + self.tokens.steps
+
+    def _next_finish(self) -> int:
+        """The step at which the next row finishes (stale entries, of rows preempted since
+        they joined, dropped)."""
+        heap, seq = self.finishing, self.seq
+        while seq.get(heap[0][2].id) != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][0]
+
     # -- what the next iteration holds -------------------------------------------------------
     def compose(self, now: Any) -> Plan | None:
         if self.joining:
             for r in self.joining:
-                self.kv_running += r.prompt_len + self.emitted[r.id]
+                self.kv_running += r.prompt_len + self._row(r)
             self.running.extend(self.joining)
             self.joining = []
             self.row_ids = tuple([r.id for r in self.running])
@@ -225,7 +216,7 @@ class PagedWorker(BaseWorker):
             ids, kv = self.row_ids, self.kv_running
         else:
             ids = tuple([r.id for r in rows])
-            kv = sum([r.prompt_len + self.emitted[r.id] for r in rows])
+            kv = sum([r.prompt_len + self._emitted(r) for r in rows])
         context = sum([done for _, done, _ in pieces])
         plan = _new_tuple(Plan, (tuple(pieces), ids, kv, context, tuple(completed)))
         self.current = plan
@@ -239,7 +230,7 @@ class PagedWorker(BaseWorker):
         i = 0
         while i < len(rows):
             r = rows[i]
-            if self._grab(r, r.prompt_len + self.emitted[r.id]):
+            if self._grab(r, r.prompt_len + self._emitted(r)):
                 i += 1
                 continue
             victim = self._preempt(now)
@@ -390,23 +381,27 @@ class PagedWorker(BaseWorker):
 
     def _emit_rows(self, plan: Plan, end: int, steps: int, first: int, growth: int) -> None:
         """Each row emits a token at the end of each step (a run ends at the next finish at
-        the latest); a run's later steps take the blocks they fill (planned to fit)."""
-        start = self.started
-        ends = [run_step_start(start, first, growth, j) for j in range(1, steps)]
-        ends.append(end)
-        rows = self.rows_now
-        self.tokens.run(rows, ends, first, growth)
-        emitted, gone = self.emitted, []
+        the latest); a run's later steps take the blocks they fill (planned to fit), row by
+        row, a finished row's blocks freed before the next row's are taken."""
+        rows, book = self.rows_now, self.tokens
+        book.emit(self.started, end, steps, first, growth, len(rows))
         self.kv_running += len(rows) * steps
-        for r in rows:
-            if steps > 1 and not self.unbounded:
-                taken = self._grab(r, r.prompt_len + emitted[r.id] + steps - 1)
-                assert taken, "a decode run outgrew its blocks"
-            emitted[r.id] += steps
-            if emitted[r.id] == r.output_len:
-                self.tokens.finish[r.id] = end
-                self._release(r)
+        heap, seq, now, gone = self.finishing, self.seq, book.steps, []
+        while heap and heap[0][0] <= now:
+            _, k, r = heapq.heappop(heap)
+            if seq.get(r.id) == k:  # else preempted since: stale
                 gone.append(r)
+        if steps > 1 and not self.unbounded:
+            leaving = {r.id for r in gone}
+            for r in rows:
+                before = self.offset[r.id] + now - steps
+                taken = self._grab(r, r.prompt_len + before + steps - 1)
+                assert taken, "a decode run outgrew its blocks"
+                if r.id in leaving:
+                    self._finished(r, end)
+        else:
+            for r in gone:
+                self._finished(r, end)
         if gone:
             self.unfinished -= len(gone)
             if self.leaving is not None:
@@ -415,6 +410,12 @@ class PagedWorker(BaseWorker):
             self.running = [x for x in self.running if x.id not in ids]
             self.row_ids = tuple([x.id for x in self.running])
             self.kv_running -= sum([r.prompt_len + r.output_len for r in gone])
+
+    def _finished(self, r: Request, end: int) -> None:
+        """Row ``r`` emitted its last token at ``end``: it leaves, its blocks freed."""
+        self.tokens.finish[r.id] = end
+        self._unrow(r)
+        self._release(r)
 
     # -- how far the rows may decode unchanged ---------------------------------------------
     def steady_steps(self) -> int:
@@ -427,7 +428,7 @@ class PagedWorker(BaseWorker):
         """Decode steps up to the next finish, as many as the rows' blocks allow (at each
         step the rules would admit no one new: their room only shrinks)."""
         rows = self.running
-        most = min(r.output_len - self.emitted[r.id] for r in rows)
+        most = self._next_finish() - self.tokens.steps
         if math.isinf(self.pool.capacity) or most == 1:
             return most
         pool = self.pool
@@ -439,7 +440,8 @@ class PagedWorker(BaseWorker):
         room = pool.capacity - pool.used if still else pool.room()
 
         def extra(steps: int) -> int:
-            return sum(self._need(r, r.prompt_len + self.emitted[r.id] + steps - 1) for r in rows)
+            now = self.tokens.steps + steps - 1
+            return sum(self._need(r, r.prompt_len + self.offset[r.id] + now) for r in rows)
 
         if extra(most) <= room:
             return most

@@ -170,3 +170,124 @@ class TokenBook:
                         break
             i += 1
         return times
+
+
+class RowBook:
+    """The tokens of a paged worker's requests (:mod:`.paged_worker`), kept implicit as
+    :class:`TokenBook` keeps them: a request emits one token at each step of the decode-bearing
+    iterations it is a row of, so its tokens are stretches of the worker's steps (``steps``
+    counts them), one stretch per stay among the rows (a preemption ends one), with single
+    tokens between them at known times (a completed prompt's under the ``prefill`` rule).
+    Times are read off on demand; first tokens, finishes and the gaps are kept as they happen
+    (what a run's stop and summary read). The worker says who joins the rows (:meth:`enter`),
+    who leaves them (:meth:`leave`), each single token (:meth:`add`) and each decode-bearing
+    iteration's end (:meth:`emit`)."""
+
+    __slots__ = (
+        "steps",
+        "first_token",
+        "finish",
+        "gaps",
+        "gap_runs",
+        "last_end",
+        "entries",
+        "entry_index",
+        "parts",
+        "entered",
+        "last",
+        "newcomers",
+    )
+
+    def __init__(self) -> None:
+        self.steps = 0  # decode steps so far
+        self.first_token: dict[str, Any] = {}
+        self.finish: dict[str, Any] = {}
+        self.gaps: dict[Any, int] = {}  # token gap -> how many tokens followed such a gap
+        self.gap_runs: list[GapRun] = []
+        self.last_end: Any = None  # end of the last decode-bearing iteration
+        # The decode-bearing iterations, each (start, first step, growth, steps, end), and the
+        # index of each one's first step.
+        self.entries: list[tuple[Any, Any, Any, int, Any]] = []
+        self.entry_index: list[int] = []
+        self.parts: dict[str, list[Any]] = {}  # request -> its tokens: times, (from, to) steps
+        self.entered: dict[str, int] = {}  # a row -> the step index it joined at
+        self.last: dict[str, Any] = {}  # not a row -> its last token's time
+        self.newcomers: list[str] = []  # joined since the last decode-bearing iteration
+
+    def add(self, rid: str, t: Any) -> None:
+        """One token of ``rid`` (not a row) at ``t``."""
+        parts = self.parts.get(rid)
+        if parts is None:
+            self.parts[rid] = [t]
+            self.first_token[rid] = t
+        else:
+            gap = t - self.last[rid]
+            self.gaps[gap] = self.gaps.get(gap, 0) + 1
+            parts.append(t)
+        self.last[rid] = t
+
+    def enter(self, rid: str) -> None:
+        """``rid`` joins the rows at this boundary."""
+        self.entered[rid] = self.steps
+        self.newcomers.append(rid)
+
+    def leave(self, rid: str) -> None:
+        """``rid`` leaves the rows (finished, or preempted) at this boundary."""
+        since = self.entered.pop(rid)
+        if since == self.steps:  # not a step among them this time
+            self.newcomers.remove(rid)
+            return
+        self.parts.setdefault(rid, []).append((since, self.steps))
+        self.last[rid] = self.last_end
+
+    def emit(self, start: Any, end: Any, steps: int, first: Any, growth: Any, rows: int) -> None:
+        """A decode-bearing iteration of ``rows`` rows ended at ``end``: ``steps`` steps from
+        ``start``, the first lasting ``first``, each next one ``growth`` longer."""
+        first_end = end if steps == 1 else start + first
+        gaps = self.gaps
+        newcomers = self.newcomers
+        continuing = rows - len(newcomers)
+        if continuing and self.last_end is not None:
+            gap = first_end - self.last_end
+            gaps[gap] = gaps.get(gap, 0) + continuing
+        if newcomers:
+            last = self.last
+            for rid in newcomers:
+                before = last.pop(rid, None)
+                if before is None:
+                    self.first_token[rid] = first_end
+                else:
+                    gap = first_end - before
+                    gaps[gap] = gaps.get(gap, 0) + 1
+            newcomers.clear()
+        if steps > 1:
+            if growth:
+                self.gap_runs.append(_new_tuple(GapRun, (first + growth, growth, steps - 1, rows)))
+            else:
+                gaps[first] = gaps.get(first, 0) + (steps - 1) * rows
+        self.entries.append((start, first, growth, steps, end))
+        self.entry_index.append(self.steps)
+        self.steps += steps
+        self.last_end = end
+
+    def token_times(self, request: Request) -> list[Any]:
+        """Every token time of ``request``, decoded here."""
+        times: list[Any] = []
+        for part in self.parts.get(request.id, ()):
+            if isinstance(part, tuple):
+                self._stretch(part[0], part[1], times)
+            else:
+                times.append(part)
+        return times
+
+    def _stretch(self, since: int, until: int, times: list[Any]) -> None:
+        """Append the token times of steps ``since`` to ``until`` (not included)."""
+        i = bisect.bisect_right(self.entry_index, since) - 1
+        entries, index = self.entries, self.entry_index
+        while since < until:
+            start, first, growth, steps, end = entries[i]
+            stop = min(steps, until - index[i])
+            for j in range(since - index[i], stop):
+                times.append(end if j == steps - 1 else run_step_start(start, first, growth, j + 1))
+            since = index[i] + stop
+            i += 1
