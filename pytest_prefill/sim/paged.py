@@ -85,6 +85,8 @@ class BlockPool:
 
     def share(self, blocks: Sequence[Hashable]) -> None:
         """A request shares these cached blocks (off the eviction queue)."""
+        if self.capacity == math.inf:  # nothing is ever evicted: who shares what is moot
+            return
         refs, lru = self.refs, self.lru
         for b in blocks:
             if refs[b] == 0:
@@ -94,6 +96,8 @@ class BlockPool:
     def unshare(self, blocks: Sequence[Hashable]) -> None:
         """A request stops sharing these blocks: any now shared by none become evictable,
         the last of them first."""
+        if self.capacity == math.inf:  # nothing is ever evicted: who shares what is moot
+            return
         refs, lru = self.refs, self.lru
         for b in reversed(blocks):
             refs[b] -= 1
