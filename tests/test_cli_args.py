@@ -13,6 +13,7 @@ from cli_errors import usage_error
 
 from pytest_prefill.cli import COMMANDS, main
 from pytest_prefill.commands import _measure_args
+from pytest_prefill.commands._measure_args import load as _measure_args_load
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.timeline import check_window, render_text
 from pytest_prefill.report.timeline_svg import render_svg
@@ -90,12 +91,21 @@ def test_a_text_width_is_bounded(capsys):
 
 @pytest.fixture
 def no_measuring(monkeypatch):
-    """Fail the test if a command gets as far as loading a model."""
+    """Fail the test if a command gets as far as loading a model. The commands bind ``load``
+    when first imported (``from ._measure_args import load``), and the CLI imports only the
+    command typed: so import every command first, with the real ``load``, and patch it where
+    each one bound it — patching ``_measure_args`` alone would leak the fake into a command
+    first imported during this test, and fail later tests that measure."""
+    import importlib
 
     def load(args):
         raise AssertionError("the command started measuring before checking its --json path")
 
+    modules = [importlib.import_module(name) for name in COMMANDS.values()]
     monkeypatch.setattr(_measure_args, "load", load)
+    for module in modules:
+        if getattr(module, "load", None) is _measure_args_load:
+            monkeypatch.setattr(module, "load", load)
 
 
 @pytest.mark.parametrize("command", ["calibrate", "demo", "fidelity", "simulate"])
