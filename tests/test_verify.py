@@ -353,9 +353,9 @@ def test_equal_leading_hash_ids_give_equal_leading_tokens_and_the_rest_is_salted
     assert words == "".join(WORDS.words[WORDS.ids.index(i)] for i in a)
 
 
-def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
-    from pytest_prefill.cli import main
-
+def _two_runs_written(tmp_path):
+    """Two verify documents, one flag set each (≤128: knees 2 and 2; ≤512: 4 and 4.2), as
+    files; the runs and their paths."""
     runs = [
         VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(128), 2, 2),), "vllm"),
         VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(512), 4, 4.2),), "vllm"),
@@ -365,6 +365,13 @@ def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
         path = tmp_path / f"v{i}.json"
         path.write_text(json.dumps(result.to_dict()))
         paths.append(str(path))
+    return runs, paths
+
+
+def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
+    from pytest_prefill.cli import main
+
+    _, paths = _two_runs_written(tmp_path)
     assert main(["verify", "--rank", *paths]) == 0
     out = capsys.readouterr().out
     assert "ranking: predicted ≤512 tok > ≤128 tok" in out and "agrees" in out
@@ -405,15 +412,7 @@ def test_probes_are_sized_long_enough_for_their_own_predicted_knee():
 def test_rank_save_archives_each_runs_document_without_its_records(tmp_path, capsys):
     from pytest_prefill.cli import main
 
-    runs = [
-        VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(128), 2, 2),), "vllm"),
-        VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(512), 4, 4.2),), "vllm"),
-    ]
-    paths = []
-    for i, result in enumerate(runs):
-        path = tmp_path / f"v{i}.json"
-        path.write_text(json.dumps(result.to_dict()))
-        paths.append(str(path))
+    runs, paths = _two_runs_written(tmp_path)
     results = tmp_path / "results"
     argv = ["verify", "--rank", *paths, "--save", "--results", str(results)]
     assert main([*argv, "--machine", "box"]) == 0
