@@ -323,6 +323,19 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
             "tokens=N",
         ),
         (["verify", "--flags", "tokens=256", "--slo", "ttft:1s"], "--url"),
+        (
+            [
+                "verify",
+                "--url",
+                "http://127.0.0.1:9",
+                "--flags",
+                "tokens=8",
+                "--slo",
+                "ttft:1s",
+                "--no-pin",
+            ],
+            "--no-pin go with --launch",
+        ),
     ],
 )
 def test_the_command_line_refuses_what_it_can_before_starting_anything(argv, needle, capsys):

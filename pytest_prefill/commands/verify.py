@@ -79,6 +79,12 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="--launch llama.cpp: the llama-server binary; vllm: the Python of vLLM's venv",
     )
+    group.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="--launch: leave CPU placement to the OS (default: the server's compute on a core "
+        "of its own, its other processes and this load generator on the rest; Linux)",
+    )
     add_kv_tokens_argument(group, "the launcher's, a running server's unbounded")
     group.add_argument("--engine", choices=ENGINES, help="what the server is (default: it says)")
     group.add_argument(
@@ -214,8 +220,8 @@ def check(args: argparse.Namespace) -> None:
         args.slo = SLO.parse(args.slo)
     if args.launch is not None and args.model is None:
         raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
-    if args.url is not None and (args.model or args.program):
-        raise ValueError("--model and --program go with --launch, not --url")
+    if args.url is not None and (args.model or args.program or args.no_pin):
+        raise ValueError("--model, --program and --no-pin go with --launch, not --url")
 
 
 def _load(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
@@ -252,7 +258,7 @@ def _server(args: argparse.Namespace, block: int | None) -> Server:
             prefix_block_tokens=block,
         )
     kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
-    launcher = Launcher(args.launch, args.model, args.program, **kv)
+    launcher = Launcher(args.launch, args.model, args.program, pin=not args.no_pin, **kv)
     folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
     return Server(
         launcher=launcher,

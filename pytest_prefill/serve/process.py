@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.pinning import Pinning
 
 READY_POLL = 0.25
 STOP_GRACE = 10.0
@@ -34,12 +35,14 @@ def free_port() -> int:
 
 @dataclasses.dataclass
 class ServerProcess:
-    """A server this process started: its command, PID, URL and log file."""
+    """A server this process started: its command, PID, URL and log file; ``pinning``: where
+    it and this process run, when a launcher pinned them (undone for this process on stop)."""
 
     argv: tuple[str, ...]
     process: subprocess.Popen[bytes]
     url: Url
     log: str
+    pinning: Pinning | None = None
 
     @property
     def pid(self) -> int:
@@ -65,6 +68,8 @@ class ServerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.pinning is not None:
+            self.pinning.release()
         return self.process.returncode
 
 

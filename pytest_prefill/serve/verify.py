@@ -122,7 +122,8 @@ class FlagSetResult:
     scheduling simulated, the predicted and measured knees, and ``ended``: the one line saying
     why it stopped early (None when it did not); ``requests``: what each probe sent, of
     ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
-    the goal the predicted knee is judged against (±)."""
+    the goal the predicted knee is judged against (±); ``pinning``: where a launched server
+    and the load generator ran (``serve.pinning``'s sentence)."""
 
     flags: FlagSet
     command: tuple[str, ...] = ()
@@ -135,6 +136,7 @@ class FlagSetResult:
     requests: int = 0
     wanted: int = 0
     within: float = 0.10
+    pinning: str | None = None
 
     @property
     def ratio(self) -> float:
@@ -171,6 +173,7 @@ class FlagSetResult:
             "attainment_at_predicted": self.attainment_at_predicted,
             "ended": self.ended,
             "exit_status": self.exit_status,
+            "pinning": self.pinning,
         }
 
 
@@ -434,8 +437,11 @@ def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None)
     except ServerError as err:
         line = f"{flags.label}: the server did not start: {str(err).splitlines()[0][:200]}"
         return FlagSetResult(flags, ended=line)
+    pinning = process.pinning.sentence() if process.pinning is not None else None
+    if progress is not None and pinning is not None:
+        progress(f"{flags.label}: {pinning}")
     try:
         result = asyncio.run(_check_flag_set(server, process.url, process, flags, plan, progress))
     finally:
         status = process.stop()
-    return dataclasses.replace(result, exit_status=status)
+    return dataclasses.replace(result, exit_status=status, pinning=pinning)
