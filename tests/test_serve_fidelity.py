@@ -15,15 +15,22 @@ import pytest
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.calibration_fit import RequestOverhead, ttft_alone
 from pytest_prefill.serve.fidelity import (
+    SEPARATION,
+    THRESHOLD,
+    TTFT_THRESHOLD,
+    Cell,
+    CounterCheck,
     Judgement,
     cells_of,
+    counter_check,
+    discriminating,
     judge,
     knob,
     other_engine,
     run_server_fidelity,
     wrong_schedulings,
 )
-from pytest_prefill.serve.fidelity_interval import Interval
+from pytest_prefill.serve.fidelity_interval import Interval, interval_of
 from pytest_prefill.serve.records import BenchRun, ServerRecord
 from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
 from pytest_prefill.sim import PROFILES, CostModel, EngineProfile, Request
@@ -118,8 +125,27 @@ def test_runs_the_simulator_made_are_predicted_exactly_and_the_wrong_rules_fail(
     late = Judgement.of(cells_of(runs, _calibration(), right.replace(first_token="decode")))
     assert late.ttft_error > 0.1 and late.verdict == "FAILS"
     assert set(result.wrong) == set(wrong_schedulings(right)) and all(
-        j.ttft_error >= result.judgement.ttft_error for j in result.wrong.values()
+        c.overall.ttft_error >= result.judgement.ttft_error for c in result.wrong.values()
     )
+
+
+def test_prompts_alone_tell_the_first_token_rule_apart_on_their_ttfts():
+    """Each alone, a 100-140-token prompt's first token is one pass (0.05-0.06 s); at the next
+    decode step it is a step (0.025 s) later: over 20% apart on the TTFT cells only."""
+    right = _scheduling()
+    alone = [Request(f"a{i}", 2.0 * i, 100 + 20 * (i % 3), 12) for i in range(10)]
+    runs = {"w": [_measured(alone, right), _measured(alone, right, 1.001)]}
+    result = judge(_calibration(), right, [], runs)
+    rule = result.wrong["first token at decode"]
+    assert rule.cells == (("w", "ttft", "median"), ("w", "ttft", "p90"))
+    assert rule.verdict == "FAILS" and rule.right is not None and rule.right.verdict == "HOLDS"
+    assert result.verdict == "HOLDS" and "the first-token rule" not in result.cannot_tell()
+    from pytest_prefill.report.server_fidelity import summary_lines
+
+    (line,) = [x for x in summary_lines(result) if x.startswith("  first token at decode")]
+    judged = sum(c.judged for c in result.cells)
+    assert f"on 2 of {judged} judged cells (w TTFT median, TTFT p90): " in line
+    assert "the right profile" in line and line.endswith(")") and "-> FAILS (" in line
 
 
 def test_a_run_with_no_judged_cell_fails_and_its_document_is_strict_json():
@@ -201,7 +227,9 @@ def test_a_counter_check_that_does_not_fail_where_the_right_one_holds_is_named()
     exact = {"w": [_measured(LOAD, right), _measured(LOAD, right, 1.001)]}
     result = judge(_calibration(), right, [], exact)
     passing = Judgement(0.01, 0.01, interval=Interval(0.0, 0.02), ttft_interval=Interval(0.0, 0.02))
-    tied = dataclasses.replace(result, wrong={**result.wrong, "budget 4,096": passing})
+    tied = dataclasses.replace(
+        result, wrong={**result.wrong, "budget 4,096": CounterCheck(passing, (), 0.01)}
+    )
     assert "the token budget" in tied.cannot_tell()
     assert all(
         knob(label) not in result.cannot_tell()
@@ -252,3 +280,88 @@ def test_a_single_run_and_a_scheduling_the_server_cannot_have_are_refused():
         Scheduling(EngineProfile("lab"))
     with pytest.raises(ValueError, match="kv_capacity_tokens"):
         Scheduling(server_profile("vllm", 256), 0)
+
+
+def _cells(errors: list[float], scale: list[float] | None = None) -> list[Cell]:
+    """One judged cell per error (its simulation that far from a measured 1.0, twice), a TTFT
+    cell every other one; ``scale`` multiplies each simulation."""
+    scale = scale or [1.0] * len(errors)
+    return [
+        Cell(f"w{i}", "ttft" if i % 2 else "e2el", "median", ((1 + e) * k,) * 2, (1.0, 1.0))
+        for i, (e, k) in enumerate(zip(errors, scale))
+    ]
+
+
+def _draws(cells: list[Cell], spread: float = 0.01) -> list[dict]:
+    """Resampled |errors|: each cell's own, moved by up to ``spread`` from draw to draw."""
+    return [{c.key: abs(c.error) + spread * (d % 5 - 2) / 2 for c in cells} for d in range(100)]
+
+
+def test_a_counter_check_far_off_on_two_cells_fails_there_though_it_matches_elsewhere():
+    right = _cells([0.02] * 20)
+    far = [1.4 if i in (3, 8) else 1.0 for i in range(20)]  # 40% apart on two cells
+    other = _cells([0.02] * 20, far)
+    check = counter_check(right, other, _draws(right), _draws(other))
+    assert check.cells == (right[3].key, right[8].key)
+    assert check.overall.verdict == "HOLDS"  # the median over every cell hides the two
+    assert check.judgement is not None and check.judgement.error == pytest.approx(1.02 * 1.4 - 1)
+    assert check.verdict == "FAILS" and check.apart == pytest.approx(0.4)
+    assert check.right is not None and check.right.error == pytest.approx(0.02)
+    assert check.right.verdict == "HOLDS"  # the right one holds where the wrong one fails
+
+
+def test_a_counter_check_that_predicts_alike_everywhere_cannot_be_told_apart():
+    right = _cells([0.02] * 8)
+    near = _cells([0.02] * 8, [1.05] * 8)  # 5% apart: under every cell's threshold
+    check = counter_check(right, near, _draws(right), _draws(near))
+    assert check.cells == () and check.judgement is None and check.verdict == "UNDECIDED"
+    assert check.apart == pytest.approx(0.05)
+    runs = {"w": [_measured(LOAD, _scheduling()), _measured(LOAD, _scheduling(), 1.001)]}
+    result = judge(_calibration(), _scheduling(), [], runs)
+    untold = dataclasses.replace(result, wrong={**result.wrong, "budget 4,096": check})
+    assert result.verdict == "HOLDS" and "the token budget" in untold.cannot_tell()
+    from pytest_prefill.report.server_fidelity import summary_lines
+
+    text = "\n".join(summary_lines(untold))
+    assert "cannot tell the token budget apart: its predictions differ" in text
+    assert "by at most 5.0%" in text
+    document = json.loads(json.dumps(untold.to_dict(), allow_nan=False))
+    assert document["wrong_scheduling"]["budget 4,096"]["cells"] == []
+
+
+def test_the_cells_a_counter_check_is_judged_on_ignore_the_measurement():
+    right = _cells([0.0] * 8)
+    limits = [SEPARATION * (TTFT_THRESHOLD if c.metric == "ttft" else THRESHOLD) for c in right]
+    # just over its cell's limit on cells 0, 1, 4, 5; just under on the others
+    other = _cells([0.0] * 8, [1 + x * (1.01 if i % 4 < 2 else 0.99) for i, x in enumerate(limits)])
+    chosen = discriminating(right, other)
+    assert chosen == [right[i].key for i in (0, 1, 4, 5)]
+    for factor in (0.5, 3.0):  # the same simulations against other measurements, as quiet
+        moved = [dataclasses.replace(c, measured=(factor, factor)) for c in right]
+        assert discriminating(moved, other) == chosen
+
+
+def test_a_counter_checks_interval_is_the_middle_of_its_cells_median_over_the_same_draws():
+    right = _cells([0.01] * 6)
+    other = _cells([0.01] * 6, [1.0, 1.5, 1.0, 1.5, 1.0, 1.0])
+    rng = __import__("random").Random(1)
+    draws = [{c.key: abs(c.error) + rng.uniform(-0.05, 0.05) for c in other} for _ in range(200)]
+    check = counter_check(right, other, _draws(right), draws)
+    keys = [other[1].key, other[3].key]
+    assert check.cells == tuple(keys)
+    medians = sorted((d[keys[0]] + d[keys[1]]) / 2 for d in draws)  # median of two: their mean
+    from pytest_prefill.sim import linear_percentile
+
+    expected = (linear_percentile(medians, 5), linear_percentile(medians, 95))
+    assert check.judgement is not None and check.judgement.interval is not None
+    assert (check.judgement.interval.low, check.judgement.interval.high) == pytest.approx(expected)
+    assert interval_of(draws, keys) == check.judgement.interval
+    # one TTFT cell and one other: the TTFT figure is that cell's alone, against 10%
+    assert check.judgement.ttft_error == pytest.approx(abs(other[1].error))
+
+
+def test_a_counter_checks_judgement_needs_no_ttft_cell():
+    alone = Judgement(0.4, math.nan, interval=Interval(0.3, 0.5), ttft_required=False)
+    assert alone.verdict == "FAILS"
+    assert dataclasses.replace(alone, error=0.05, interval=Interval(0.02, 0.08)).verdict == "HOLDS"
+    assert dataclasses.replace(alone, ttft_required=True, error=0.05).verdict == "FAILS"

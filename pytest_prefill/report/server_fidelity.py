@@ -1,14 +1,16 @@
 """Fidelity against a running server, for a person: the table of simulated against measured
-serving metrics per held-out workload, the judged median error beside the noise floor, what a
-wrong first-token rule or budget would have scored on the same runs, and the verdict."""
+serving metrics per held-out workload, the judged median error beside the noise floor, each
+counter-check on the cells where it predicts differently, and the verdict."""
 
 from __future__ import annotations
 
 from tabulate import tabulate
 
-from pytest_prefill.serve.fidelity import ServerFidelity
+from pytest_prefill.serve.fidelity import SEPARATION, CounterCheck, ServerFidelity, knob
 from pytest_prefill.serve.fidelity_interval import Interval
 from pytest_prefill.units import ms
+
+MAX_NAMED = 4  # a counter-check's cells are named up to this many, counted beyond
 
 
 def _pct(value: float) -> str:
@@ -48,6 +50,40 @@ def _within(value: float, interval: Interval | None) -> str:
     return f"{value:.1%} [{interval.low:.1%}, {interval.high:.1%}]"
 
 
+def _cells(check: CounterCheck, judged: int) -> str:
+    """The discriminating cells: named (a workload's once) when few, else counted by workload."""
+    by: dict[str, list[str]] = {}
+    for workload, metric, stat in check.cells:
+        by.setdefault(workload, []).append(f"{metric.upper()} {stat}")
+    if len(check.cells) <= MAX_NAMED:
+        named = "; ".join(f"{w} {', '.join(cells)}" for w, cells in by.items())
+    else:
+        named = ", ".join(f"{w} {len(cells)}" for w, cells in by.items())
+    return f"{len(check.cells)} of {judged} judged cells ({named})"
+
+
+def counter_line(label: str, check: CounterCheck, judged: int) -> str:
+    """One counter-check: its verdict where it predicts differently, beside the right
+    scheduling's figures on the same cells, and its figures over every judged cell."""
+    every = f"every judged cell: {check.overall.error:.1%}, TTFT {check.overall.ttft_error:.1%}"
+    wrong, right = check.judgement, check.right
+    if wrong is None or right is None:
+        return (
+            f"  {label}: no judged cell where it predicts over {SEPARATION:g}x the threshold "
+            f"apart (at most {check.apart:.1%}) -> {check.verdict} ({every})"
+        )
+    ttft = ""  # the TTFT figure, where it is not the same cells' as the first
+    if (
+        any(metric != "ttft" for _, metric, _ in check.cells)
+        and wrong.ttft_error == wrong.ttft_error
+    ):
+        ttft = f", TTFT {_within(wrong.ttft_error, wrong.ttft_interval)}"
+    return (
+        f"  {label}: on {_cells(check, judged)}: {_within(wrong.error, wrong.interval)}{ttft}, "
+        f"the right profile {_within(right.error, right.interval)} -> {check.verdict} ({every})"
+    )
+
+
 def summary_lines(result: ServerFidelity) -> list[str]:
     j = result.judgement
     judged = sum(c.judged for c in result.cells)
@@ -63,14 +99,21 @@ def summary_lines(result: ServerFidelity) -> list[str]:
         f"{j.threshold:.0%}); over the TTFT cells: {_within(j.ttft_error, j.ttft_interval)} "
         f"(threshold {j.ttft_threshold:.0%}); noise floor (the measured runs' spread): median "
         f"{result.noise:.1%}{how}",
+        f"counter-checks, each judged on the judged cells where its prediction is over "
+        f"{SEPARATION:g}x the cell's threshold from the right profile's:",
     ]
-    for label, wrong in result.wrong.items():
-        lines.append(
-            f"  the same runs simulated with {label}: {_within(wrong.error, wrong.interval)}, "
-            f"TTFT {_within(wrong.ttft_error, wrong.ttft_interval)} -> {wrong.verdict}"
+    lines += [counter_line(label, c, judged) for label, c in result.wrong.items()]
+    untold = result.cannot_tell()
+    for label, check in result.wrong.items():
+        if knob(label) not in untold:
+            continue
+        why = (
+            f"its predictions differ from the right profile's by at most {check.apart:.1%} on "
+            f"any judged cell"
+            if not check.cells
+            else "where it predicts differently, its wrong setting does not FAIL"
         )
-    for knob in result.cannot_tell():
-        lines.append(f"  this run cannot tell {knob} apart: its wrong setting does not FAIL")
+        lines.append(f"  this run cannot tell {knob(label)} apart: {why}")
     if result.fallback:
         lines.append(f"WARNING: {result.fallback}")
     sentence = (

@@ -6,16 +6,18 @@ run-to-run spread of the measured figures is the noise floor printed beside the 
 verdict reads the median error over the judged cells with its bootstrap interval over requests
 and runs (``fidelity_interval``): HOLDS when the interval is within the threshold, FAILS when it
 is over, UNDECIDED when it straddles it. The same measurements are also judged under three
-counter-checks — the other first-token rule, a 16x budget, another engine's profile — and a
-counter-check that does not FAIL where the server's scheduling HOLDS means the run cannot tell
-that knob apart. Standard library only (the calibration's fit needs numpy)."""
+counter-checks — the other first-token rule, a 16x budget, another engine's profile — each on
+the cells where its prediction differs from the right one's (``discriminating``: a knob that
+moves a few cells is not hidden by the many it leaves alone), with its interval from the same
+draws; a counter-check that does not FAIL where the server's scheduling HOLDS means the run
+cannot tell that knob apart. Standard library only (the calibration's fit needs numpy)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
@@ -28,7 +30,14 @@ from pytest_prefill.serve.calibration import (
     fit_server,
     server_provenance,
 )
-from pytest_prefill.serve.fidelity_interval import Interval, Paired, bootstrap, paired_runs
+from pytest_prefill.serve.fidelity_interval import (
+    CellKey,
+    Interval,
+    Paired,
+    interval_of,
+    paired_runs,
+    resample,
+)
 from pytest_prefill.serve.held_out import ServerWorkload, held_out_workloads
 from pytest_prefill.serve.loadgen import Bounds, Target, run_load
 from pytest_prefill.serve.records import BenchRun
@@ -56,6 +65,10 @@ MAX_NOISE = TTFT_THRESHOLD
 DEFAULT_RUNS = 2
 RIGHT = "the server's scheduling"
 DEFAULT_COUNT = 16
+# A counter-check is judged on the cells where its prediction is over SEPARATION x the cell's
+# threshold from the right one's: where the right one is within its threshold of the
+# measurement, a prediction that far from it cannot be (2: the least that guarantees it).
+SEPARATION = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +104,10 @@ class Cell:
     @property
     def judged(self) -> bool:
         return math.isfinite(self.error) and self.noise <= MAX_NOISE
+
+    @property
+    def key(self) -> CellKey:
+        return (self.workload, self.metric, self.stat)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -160,7 +177,8 @@ class Judgement:
     the judged TTFT cells, each with its bootstrap interval (``fidelity_interval``; None: not
     resampled). With intervals: HOLDS when both intervals' tops are within their thresholds,
     FAILS when either's bottom is over its threshold, UNDECIDED otherwise; without, the point
-    figures decide HOLDS or FAILS."""
+    figures decide HOLDS or FAILS. No judged cell FAILS, and so does no judged TTFT cell unless
+    ``ttft_required`` is False (a counter-check's cells): then the one figure decides."""
 
     error: float
     ttft_error: float
@@ -168,6 +186,7 @@ class Judgement:
     ttft_threshold: float = TTFT_THRESHOLD
     interval: Interval | None = None
     ttft_interval: Interval | None = None
+    ttft_required: bool = True
 
     @classmethod
     def of(
@@ -189,20 +208,27 @@ class Judgement:
 
     @property
     def verdict(self) -> str:
-        pairs = ((self.interval, self.threshold), (self.ttft_interval, self.ttft_threshold))
-        if not (math.isfinite(self.error) and math.isfinite(self.ttft_error)):
+        if not math.isfinite(self.error):
             return "FAILS"  # no cell judged: nothing supports the claim
-        if self.interval is None or self.ttft_interval is None:
-            ok = self.error <= self.threshold and self.ttft_error <= self.ttft_threshold
-            return "HOLDS" if ok else "FAILS"
-        if any(i.low > limit for i, limit in pairs if i is not None):
+        figures = [(self.error, self.interval, self.threshold)]
+        if math.isfinite(self.ttft_error):
+            figures.append((self.ttft_error, self.ttft_interval, self.ttft_threshold))
+        elif self.ttft_required:
+            return "FAILS"  # no TTFT cell judged
+        if any(i is None for _, i, _ in figures):
+            return "HOLDS" if all(e <= limit for e, _, limit in figures) else "FAILS"
+        if any(i is not None and i.low > limit for _, i, limit in figures):
             return "FAILS"
-        if all(i is not None and i.high <= limit for i, limit in pairs):
+        if all(i is not None and i.high <= limit for _, i, limit in figures):
             return "HOLDS"
         return "UNDECIDED"
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if "interval" not in k}
+        out = {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if "interval" not in k and k != "ttft_required"
+        }
         for name in ("interval", "ttft_interval"):
             value = getattr(self, name)
             out[name] = value.to_dict() if value is not None else None
@@ -215,11 +241,68 @@ def noise_floor(cells: Sequence[Cell]) -> float:
     return statistics.median(spreads) if spreads else math.nan
 
 
+def apart(right: Cell, other: Cell) -> float:
+    """How far ``other``'s simulated value is from ``right``'s, relative to ``right``'s: the
+    two predictions only, never the measurement (NaN where ``right`` predicts 0)."""
+    r = right.simulated_value
+    return abs(other.simulated_value - r) / r if r > 0 else math.nan
+
+
+def discriminating(
+    right: Sequence[Cell],
+    other: Sequence[Cell],
+    *,
+    threshold: float = THRESHOLD,
+    ttft_threshold: float = TTFT_THRESHOLD,
+) -> list[CellKey]:
+    """The cells judged under ``right`` where ``other`` predicts differently: over
+    ``SEPARATION`` x the cell's threshold apart (``apart``), so that where the right
+    prediction is within its threshold of the measurement the other cannot be. Which cells
+    these are depends on the two simulations and on which cells are judged (the measured runs'
+    spread), never on either's error."""
+    return [
+        r.key
+        for r, o in zip(right, other)
+        if r.judged
+        and apart(r, o) > SEPARATION * (ttft_threshold if r.metric == "ttft" else threshold)
+    ]  # NaN is never over
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterCheck:
+    """A wrong scheduling judged where it predicts differently from the right one: on its
+    ``discriminating`` cells, its median |error| with its interval (``judgement``) and the
+    right scheduling's on the same cells and draws (``right``); both None without such a cell.
+    ``apart``: the largest difference of the two predictions over the judged cells;
+    ``overall``: its judgement over every judged cell, for context only."""
+
+    overall: Judgement
+    cells: tuple[CellKey, ...]
+    apart: float
+    judgement: Judgement | None = None
+    right: Judgement | None = None
+
+    @property
+    def verdict(self) -> str:
+        """The judgement's verdict; UNDECIDED where no cell tells the two apart."""
+        return self.judgement.verdict if self.judgement is not None else "UNDECIDED"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "cells": [list(c) for c in self.cells],
+            "apart": self.apart,
+            "judgement": self.judgement.to_dict() if self.judgement is not None else None,
+            "right": self.right.to_dict() if self.right is not None else None,
+            "overall": self.overall.to_dict(),
+        }
+
+
 @dataclasses.dataclass(frozen=True)
 class ServerFidelity:
     """A fidelity run against a server: the calibration, the held-out workloads and their
     measured runs, the cells under the server's scheduling, and the judged error the same runs
-    give under each wrong scheduling (``wrong``: label -> error)."""
+    give under each wrong scheduling (``wrong``: label -> its counter-check)."""
 
     calibration: ServerCalibration
     scheduling: Scheduling
@@ -227,7 +310,7 @@ class ServerFidelity:
     runs: dict[str, list[BenchRun]]
     cells: tuple[Cell, ...]
     judgement: Judgement
-    wrong: dict[str, Judgement]
+    wrong: dict[str, CounterCheck]
 
     @property
     def error(self) -> float:
@@ -261,12 +344,12 @@ class ServerFidelity:
     def _document(self) -> dict[str, Any]:
         return {
             "kind": "pytest-prefill/server-fidelity",
-            "schema_version": 1,
+            "schema_version": 2,
             "verdict": self.verdict,
             "judgement": self.judgement.to_dict(),
             "noise_floor": self.noise,
             "scheduling": self.scheduling.to_dict(),
-            "wrong_scheduling": {label: j.to_dict() for label, j in self.wrong.items()},
+            "wrong_scheduling": {label: c.to_dict() for label, c in self.wrong.items()},
             "cannot_tell": self.cannot_tell(),
             "workload_fallback": self.fallback,
             "cells": [c.to_dict() for c in self.cells],
@@ -358,6 +441,57 @@ async def run_server_fidelity(
     return judge(calibration, scheduling, workloads, measured)
 
 
+def judged_on(
+    cells: Sequence[Cell],
+    draws: Sequence[Mapping[CellKey, float]],
+    *,
+    required: bool = True,
+    threshold: float = THRESHOLD,
+    ttft_threshold: float = TTFT_THRESHOLD,
+) -> Judgement:
+    """The judgement over ``cells`` (their judged ones), its intervals from ``draws`` (one
+    scheduling's resampled cell errors, ``fidelity_interval.resample``); ``required``: whether
+    a TTFT cell must be among them."""
+    keys = [c.key for c in cells if c.judged]
+    ttft = [k for k in keys if k[1] == "ttft"]
+    intervals = (interval_of(draws, keys), interval_of(draws, ttft))
+    found = Judgement.of(cells, threshold, ttft_threshold, intervals)
+    return dataclasses.replace(found, ttft_required=required)
+
+
+def counter_check(
+    right: Sequence[Cell],
+    other: Sequence[Cell],
+    right_draws: Sequence[Mapping[CellKey, float]],
+    other_draws: Sequence[Mapping[CellKey, float]],
+    *,
+    threshold: float = THRESHOLD,
+    ttft_threshold: float = TTFT_THRESHOLD,
+) -> CounterCheck:
+    """``other`` (the same cells under a wrong scheduling) judged on the cells where it
+    predicts differently from ``right`` (``discriminating``), beside ``right`` on the same
+    cells; ``*_draws``: each one's resampled cell errors, from the same draws."""
+    keys = set(discriminating(right, other, threshold=threshold, ttft_threshold=ttft_threshold))
+    gaps = [g for r, o in zip(right, other) if r.judged and math.isfinite(g := apart(r, o))]
+    check = CounterCheck(
+        judged_on(other, other_draws, threshold=threshold, ttft_threshold=ttft_threshold),
+        tuple(c.key for c in right if c.key in keys),
+        max(gaps, default=0.0),
+    )
+    if not keys:
+        return check
+
+    def on(cells: Sequence[Cell], draws: Sequence[Mapping[CellKey, float]]) -> Judgement:
+        chosen = [c for c in cells if c.key in keys]
+        return judged_on(
+            chosen, draws, required=False, threshold=threshold, ttft_threshold=ttft_threshold
+        )
+
+    return dataclasses.replace(
+        check, judgement=on(other, other_draws), right=on(right, right_draws)
+    )
+
+
 def judge(
     calibration: ServerCalibration,
     scheduling: Scheduling,
@@ -367,20 +501,28 @@ def judge(
     threshold: float = THRESHOLD,
     ttft_threshold: float = TTFT_THRESHOLD,
 ) -> ServerFidelity:
-    """The cells of ``measured`` under ``scheduling`` and the verdicts, also under each wrong
-    scheduling, each with its bootstrap interval (over the cells judged under ``scheduling``)."""
+    """The cells of ``measured`` under ``scheduling`` and the verdict, with its bootstrap
+    interval over the judged cells; then each wrong scheduling's counter-check on the cells
+    where it predicts differently, its interval and the right one's from the same draws."""
     cells, paired = replay(measured, calibration, scheduling)
     others = {
         label: replay(measured, calibration, other)
         for label, other in wrong_schedulings(scheduling).items()
     }
-    judged = [(c.workload, c.metric, c.stat) for c in cells if c.judged]
-    intervals = bootstrap({RIGHT: paired, **{label: p for label, (_, p) in others.items()}}, judged)
+    judged = [c.key for c in cells if c.judged]
+    drawn = resample({RIGHT: paired, **{label: p for label, (_, p) in others.items()}}, judged)
     wrong = {
-        label: Judgement.of(c, threshold, ttft_threshold, intervals[label])
-        for label, (c, _) in others.items()
+        label: counter_check(
+            cells,
+            other,
+            drawn[RIGHT],
+            drawn[label],
+            threshold=threshold,
+            ttft_threshold=ttft_threshold,
+        )
+        for label, (other, _) in others.items()
     }
-    judgement = Judgement.of(cells, threshold, ttft_threshold, intervals[RIGHT])
+    judgement = judged_on(cells, drawn[RIGHT], threshold=threshold, ttft_threshold=ttft_threshold)
     return ServerFidelity(
         calibration, scheduling, tuple(workloads), measured, tuple(cells), judgement, wrong
     )

@@ -1,9 +1,10 @@
-"""How sure a fidelity verdict is: a bootstrap over requests and runs. Each resample draws, per
-held-out workload, its runs with replacement and within each drawn run its requests with
-replacement — the same draw for the measured requests and their simulated twins, and for every
-scheduling judged — recomputes every judged cell (median over the drawn runs of each run's
-median or p90) and the judged median |error|. The interval is the middle ``LEVEL`` of those
-errors. Standard library only."""
+"""How sure a fidelity verdict is: a bootstrap over requests and runs. Each resample
+(``resample``) draws, per held-out workload, its runs with replacement and within each drawn
+run its requests with replacement — the same draw for the measured requests and their
+simulated twins, and for every scheduling judged — and recomputes every judged cell's |error|
+(median over the drawn runs of each run's median or p90). ``interval_of`` takes the median
+|error| over a set of those cells in each resample — every judged cell, the TTFT ones, or a
+counter-check's — and gives the middle ``LEVEL`` of those medians. Standard library only."""
 
 from __future__ import annotations
 
@@ -106,18 +107,22 @@ def _draw(paired: Paired, rng: random.Random) -> list[list[tuple[Values, Values]
     return [[run[rng.randrange(len(run))] for _ in run] for run in runs if run]
 
 
-def bootstrap(
+CellKey = tuple[str, str, str]  # (workload, metric, stat)
+# Per scheduling label, per resample: each judged cell's |error| on that resample's draw.
+Resampled = dict[str, list[dict[CellKey, float]]]
+
+
+def resample(
     schedulings: Mapping[str, Mapping[str, Paired]],
-    judged: Sequence[tuple[str, str, str]],
+    judged: Sequence[CellKey],
     *,
     resamples: int = RESAMPLES,
-    level: float = LEVEL,
     seed: int = SEED,
-) -> dict[str, tuple[Interval, Interval]]:
-    """Per scheduling label, the intervals of the judged median |error| and of its TTFT
-    cells' (NaN bounds when no cell is judged). ``schedulings``: label -> workload -> paired
-    runs; ``judged``: the (workload, metric, stat) cells the verdict reads."""
-    errors: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in schedulings}
+) -> Resampled:
+    """Per scheduling label, ``resamples`` draws of every judged cell's |error| — the same
+    draw of runs and requests for every scheduling. ``schedulings``: label -> workload ->
+    paired runs; ``judged``: the (workload, metric, stat) cells to recompute."""
+    out: Resampled = {k: [] for k in schedulings}
     rng = random.Random(seed)
     workloads = sorted({w for w, _, _ in judged})
     groups: dict[tuple[str, str], list[str]] = {}
@@ -128,23 +133,25 @@ def bootstrap(
         for label, by_workload in schedulings.items():
             rng.setstate(state)  # the same draw for every scheduling
             draws = {w: _draw(by_workload[w], rng) for w in workloads}
-            cells = []
+            cells = {}
             for (w, metric), stats in groups.items():
                 if draws[w]:
                     found = _errors(draws[w], metric, stats)
-                    cells += [(metric, abs(found[stat])) for stat in stats]
-            every = [e for _, e in cells if math.isfinite(e)]
-            ttft = [e for m, e in cells if m == "ttft" and math.isfinite(e)]
-            errors[label][0].append(statistics.median(every) if every else math.nan)
-            errors[label][1].append(statistics.median(ttft) if ttft else math.nan)
-    tail = (1 - level) / 2 * 100
-    out = {}
-    for label, (every, ttft) in errors.items():
-        out[label] = (
-            _interval(every, tail, level, resamples),
-            _interval(ttft, tail, level, resamples),
-        )
+                    cells.update({(w, metric, stat): abs(found[stat]) for stat in stats})
+            out[label].append(cells)
     return out
+
+
+def interval_of(
+    draws: Sequence[Mapping[CellKey, float]], cells: Sequence[CellKey], level: float = LEVEL
+) -> Interval:
+    """The middle ``level`` of the median |error| over ``cells`` across the resamples (NaN
+    bounds when no cell is finite in any)."""
+    medians = []
+    for draw in draws:
+        found = [e for c in cells if math.isfinite(e := draw.get(c, math.nan))]
+        medians.append(statistics.median(found) if found else math.nan)
+    return _interval(medians, (1 - level) / 2 * 100, level, len(draws))
 
 
 def _interval(values: Sequence[float], tail: float, level: float, resamples: int) -> Interval:

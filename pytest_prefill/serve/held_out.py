@@ -32,6 +32,10 @@ LONG_TIMES = (4, 6, 8)  # the long prompts, in budgets
 ALONE_PROMPTS = (24, 40, 56)  # the short prompts sent alone (not the calibration's lengths)
 ALONE_OUTPUT = 8
 ALONE_SPACING = 2.0  # each arrives this many times its own service time after the one before
+# ... and this many times the other workloads' requests: its TTFT cells are where a wrong
+# first-token rule shows (one decode step on a short pass), and the p90 of 16 requests moves
+# with one or two of them; each takes tens of milliseconds
+ALONE_TIMES = 3
 SOURCES = ("azure-conv", "mix")
 MIX = "prompts 64-512, outputs 8-32"
 
@@ -122,8 +126,8 @@ def held_out_workloads(
 ) -> list[ServerWorkload]:
     """Poisson arrivals at ``LOADS`` (requests per mean service time), prompts of
     ``LONG_TIMES`` budgets (capped at ``max_prompt``) among the short ones at the lower load,
-    a burst, and (with the trace) a window of its own arrival times rescaled to the higher
-    load; ``count`` requests each."""
+    a burst, short prompts each alone, and (with the trace) a window of its own arrival times
+    rescaled to the higher load; ``count`` requests each (``ALONE_TIMES`` x that alone)."""
     pairs, what, path, fallback = lengths(source, max_prompt, count, seed)
     service = service_time(calibration, pairs)
     budget = calibration.sweep.budget
@@ -151,7 +155,7 @@ def held_out_workloads(
     )
     burst = tuple(Request(f"burst-{i}", 0.0, p, o) for i, (p, o) in enumerate(pairs))
     out.append(ServerWorkload("burst", burst, f"{count} requests at once; {what}", None, fallback))
-    out.append(_alone(calibration, count))
+    out.append(_alone(calibration, count * ALONE_TIMES))
     if path is not None:
         out.append(_azure_window(path, count, max_prompt, max(LOADS) / service))
     return out
