@@ -395,31 +395,13 @@ def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
 
 
 def test_the_search_stops_rising_once_its_probe_is_a_burst():
-    rule = ProbeRule(max_probes=8)
+    rule = ProbeRule(max_probes=8, step=1.5)
     search = KneeSearch(rule, 1.0, max_scale=3.0)
     while (scale := search.next_scale()) is not None:
         search.observe(_fake_probe(scale, knee=100.0))
     scales = [p.scale for p in search.probes]
     assert scales == [1.0, 1.5, 2.25, 3.0] and search.result().status == "never missed"
     assert KneeSearch(rule, 10.0, max_scale=3.0).next_scale() == 3.0
-
-
-def test_probes_are_sized_long_enough_for_their_own_predicted_knee():
-    from pytest_prefill.serve.knee import predict_sized
-
-    load = _poisson(300, rate=4.0)
-    rule = ProbeRule(margin=0.1, tolerance=0.1)
-    slo = SLO(ttft=0.5, tpot=0.06)
-    scheduling = Scheduling(server_profile("vllm", 256, 8))
-    none = RequestOverhead(0.0, 0.0, 0.0, "test")
-    sent, predicted = predict_sized(load, LAB_LAPTOP, none, scheduling, slo, rule)
-    assert [r.id for r in sent] == [r.id for r in load[: len(sent)]]
-    assert predicted.rate > 0
-    assert len(sent) >= rule.requests_at(predicted.rate, slo) > rule.requests  # rule 2 binds
-    again = predict_knee(sent, LAB_LAPTOP, none, scheduling, slo, rule.target)
-    assert again.rate == pytest.approx(predicted.rate)  # predicted on exactly what is sent
-    short, _ = predict_sized(load[:40], LAB_LAPTOP, none, scheduling, slo, rule)
-    assert len(short) == 40  # the workload is shorter than rule 2 asks: all of it
 
 
 def test_rank_save_archives_each_runs_document_without_its_records(tmp_path, capsys):

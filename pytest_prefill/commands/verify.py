@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from pytest_prefill._io import read_json, write_json_atomic
 from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
-from pytest_prefill.commands._args import output_path, positive_int
+from pytest_prefill.commands._args import non_negative_int, output_path, positive_int
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_timeout_arguments,
@@ -25,6 +25,7 @@ from pytest_prefill.commands._serve_args import (
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     check_workload_args,
+    positive_float,
     workload_from_args,
     workload_lines,
 )
@@ -102,21 +103,37 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         help="attainment's standard error at the target per probe is at most this (0.05)",
     )
     probes.add_argument(
-        "--tolerance", type=fraction_type, default=0.10, help="bisection stops within (0.10)"
+        "--tolerance", type=fraction_type, default=0.05, help="bisection stops within (0.05)"
     )
-    probes.add_argument("--max-probes", type=positive_int, default=6, help="per flag set (6)")
+    probes.add_argument("--max-probes", type=positive_int, default=7, help="per flag set (7)")
     probes.add_argument(
         "--short-probes",
         action="store_true",
-        help="probes of the binomial length only, not also long enough for a --tolerance "
-        "overload to build a queue of one TTFT bound (a burst's knee, not a sustained rate's)",
+        help="probes of the binomial length only, not also long enough for a --within "
+        "overload to build a queue of one TTFT bound and to miss the target in the simulator "
+        "(a burst's knee, not a sustained rate's)",
+    )
+    probes.add_argument(
+        "--max-probe-seconds",
+        type=positive_float,
+        default=45.0,
+        metavar="S",
+        help="probes are lengthened until a --within overload is predicted to miss the target "
+        "by --margin, while a probe lasts at most this at the predicted knee (45)",
+    )
+    probes.add_argument(
+        "--probe-start",
+        type=non_negative_int,
+        default=0,
+        metavar="K",
+        help="probes skip the workload's first K requests (0)",
     )
     probes.add_argument(
         "--probe-requests",
         type=positive_int,
         metavar="N",
-        help="every probe sends the workload's first N requests (at least the binomial rule's; "
-        "default: the first flag set sizes them for all, so separate runs may differ)",
+        help="every probe sends the workload's first N requests after --probe-start (at least "
+        "rule 1's; default: the first flag set sizes them for all, so separate runs may differ)",
     )
     probes.add_argument(
         "--within",
@@ -124,6 +141,9 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.10,
         help="the goal: the predicted knee within this of the measured one (0.10)",
     )
+
+
+def _calibration_arguments(parser: argparse.ArgumentParser) -> None:
     cal = parser.add_argument_group("calibration")
     cal.add_argument("--cost", metavar="JSON", help="reuse this server calibration for all")
     cal.add_argument(
@@ -174,6 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="divide the workload's prompt and output lengths (e.g. 4:8 for a small model)",
     )
     _probe_arguments(parser)
+    _calibration_arguments(parser)
     parser.add_argument("--json", type=output_path, metavar="PATH", help="write the result JSON")
     parser.add_argument("--save", action="store_true", help="archive it as a run")
     add_archive_arguments(parser)
@@ -299,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
         max_probes=args.max_probes,
         sustained=not args.short_probes,
         within=args.within,
+        max_seconds=args.max_probe_seconds,
+        start=args.probe_start,
     )
     load, description, block = _load(args)
     calibration = None

@@ -62,6 +62,15 @@ def _measured(r: FlagSetResult) -> str:
     return f"{_rate(m.rate)} ({m.status})"
 
 
+def _sharp(r: FlagSetResult) -> str:
+    """The simulated attainment just above and just below the predicted knee, flagged when an
+    overload of the goal's size is not predicted to miss the target by the margin."""
+    s = r.sharpness
+    if s is None or not (math.isfinite(s.above) and math.isfinite(s.below)):
+        return "-"
+    return f"{s.above:.0%} / {s.below:.0%}" + ("" if s.decisive else " NOT decisive")
+
+
 def knee_table(result: VerifyResult) -> str:
     """One row per flag set."""
     rows = []
@@ -72,11 +81,12 @@ def knee_table(result: VerifyResult) -> str:
         if r.predicted is not None and r.predicted.status == "never missed":
             predicted = ">= " + predicted
         within = f"predicted/measured [90%], ±{r.within:.0%}"
-        row = [r.flags.label, predicted, _knee(r), _measured(r), _ratio(r), at, r.requests or "-"]
-        rows.append(row + [r.ended and "ended" or ""])
+        row = [r.flags.label, predicted, _sharp(r), _knee(r), _measured(r), _ratio(r), at]
+        rows.append(row + [str(r.requests or "-"), r.ended and "ended" or ""])
     headers = [
         "flag set",
         "predicted knee req/s",
+        f"simulated at x{1 + result.rule.within:g} / at /{1 + result.rule.within:g}",
         "measured knee [90%]",
         "met < missed req/s",
         within if result.results else "predicted/measured",
@@ -142,6 +152,9 @@ def verify_report(result: VerifyResult) -> str:
         "",
     ]
     lines += [r.ended for r in result.results if r.ended is not None]
+    for r in result.results:
+        if r.sharpness is not None and not r.sharpness.decisive:
+            lines.append(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")
     lines.append(ranking_line(result))
     return "\n".join(lines)
 

@@ -4,17 +4,21 @@ which SLO attainment stays at or above a target. Predicted by the capacity searc
 bounded probes: the predicted rate first, then steps out until the knee is bracketed, then
 geometric bisection (DESIGN.md, "Checking the answer on a server").
 
-How long a probe is, two rules, the longer wins. (1) Attainment measured over n requests has a
-binomial standard error ``sqrt(a (1 - a) / n)``; at the target ``t`` this is at most the
-decision margin ``m`` when ``n >= t (1 - t) / m**2`` (t = 0.9, m = 0.05: 36 requests).
-(2) A rate ``tolerance`` above what the server sustains builds its queue by ``tolerance``
-seconds a second, so a probe must keep arriving for ``bound / tolerance`` seconds (``bound``:
-the SLO's TTFT, else E2EL) before that overload can show as missed bounds; shorter, and the
-knee measured is how large a burst the server absorbs, not the rate it sustains, and a small
-error in speed moves it further. At the predicted rate ``R`` that is ``R x bound / tolerance``
-requests (vLLM's CPU build at 20 req/s, TTFT 1 s, 10%: 200). Every probe of a flag set sends
-the same first n requests of the workload, which is also what the prediction simulates. A
-request that fails counts as missing the SLO. Standard library only."""
+How long a probe is, three rules, the longest wins (``serve.knee_sizing`` applies them).
+(1) Attainment measured over n requests has a binomial standard error ``sqrt(a (1 - a) / n)``;
+at the target ``t`` this is at most the decision margin ``m`` when ``n >= t (1 - t) / m**2``
+(t = 0.9, m = 0.05: 36 requests). (2) A rate ``within`` (the goal, 10%) above what the server
+sustains builds its queue by ``within`` seconds a second, so a probe must keep arriving for
+``bound / within`` seconds (``bound``: the SLO's TTFT, else E2EL) before that overload can show
+as missed bounds: ``R x bound / within`` requests at the predicted rate ``R``. (3) The knee is
+decisive: on the probe's own requests the simulator predicts attainment at ``R x (1 +
+within)`` at least ``m`` below the target, so that an overload the size of the goal shows on
+the server as a clear miss and not as a point or two on a flat stretch (a window that ends in a
+burst is flat: how much of one burst the server absorbs). Rule 3 lengthens the probe step by
+step while a probe's arrivals at ``R`` last at most ``max_seconds``; where that cap binds the
+knee is not decisive by the rule, and the run says so. Every probe of a flag set sends the
+same requests of the workload, the first after ``start``, which is also what the prediction
+simulates. A request that fails counts as missing the SLO. Standard library only."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from pytest_prefill.plan import rate_search
 from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
@@ -57,22 +62,28 @@ class ProbeRule:
     (each probe is long enough that attainment's standard error at the target is at most
     this); stop when the highest pass and the lowest miss are within ``tolerance`` (relative);
     at most ``max_probes`` probes; rates stepped by ``step`` until the knee is bracketed;
-    ``sustained``: probes also long enough for an overload of ``tolerance`` to show (the
-    module's rule 2); ``within``: the goal the predicted knee is judged against (±).
+    ``sustained``: probes also long enough for an overload of ``within`` to build a queue and
+    to show (the module's rules 2 and 3); ``within``: the goal the predicted knee is judged
+    against (±); ``max_seconds``: rule 3 lengthens a probe only while its arrivals at the
+    predicted knee last at most this; ``start``: probes skip the workload's first ``start``
+    requests.
 
     Raises:
         ValueError: naming the field, for a target or margin outside (0, 1), a tolerance,
-            step or within that is not > 0 (step > 1), or fewer than 2 probes.
+            step, within or max_seconds that is not > 0 (step > 1), fewer than 2 probes, or a
+            start below 0.
     """
 
     target: float = 0.9
     margin: float = 0.05
-    tolerance: float = 0.10
-    max_probes: int = 6
-    step: float = 1.5
+    tolerance: float = 0.05
+    max_probes: int = 7
+    step: float = 1.2
     min_requests: int = 8
     sustained: bool = True
     within: float = 0.10
+    max_seconds: float = 45.0
+    start: int = 0
 
     def __post_init__(self) -> None:
         _fraction("target", self.target, 0.0, 1.0)
@@ -80,7 +91,8 @@ class ProbeRule:
         _fraction("tolerance", self.tolerance, 0.0, 10.0)
         _fraction("step", self.step, 1.0, 100.0)
         _fraction("within", self.within, 0.0, 1.0)
-        for field, least in (("max_probes", 2), ("min_requests", 1)):
+        _fraction("max_seconds", self.max_seconds, 0.0, math.inf)
+        for field, least in (("max_probes", 2), ("min_requests", 1), ("start", 0)):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
@@ -94,11 +106,11 @@ class ProbeRule:
 
     def requests_at(self, rate: float, slo: SLO) -> int:
         """Requests per probe at ``rate`` req/s: rule 1, or rule 2 when ``sustained`` and
-        longer (``rate x bound / tolerance``; no TTFT or E2EL bound: rule 1 alone)."""
+        longer (``rate x bound / within``; no TTFT or E2EL bound: rule 1 alone)."""
         bound = slo.ttft if slo.ttft is not None else slo.e2el
         if not self.sustained or bound is None or not (math.isfinite(rate) and rate > 0):
             return self.requests
-        return max(self.requests, math.ceil(rate * bound / self.tolerance - 1e-9))
+        return max(self.requests, math.ceil(rate * bound / self.within - 1e-9))
 
     def standard_error(self, attainment: float, n: int) -> float:
         return math.sqrt(max(attainment * (1 - attainment), 0.0) / max(n, 1))
@@ -111,13 +123,20 @@ class ProbeRule:
             f"{self.standard_error(self.target, n):.3f}, is at most the margin {self.margin:g}"
         )
         if self.sustained:
+            over = f"{self.within:.0%}"
             text += (
-                f", and arrives for the SLO's TTFT / {self.tolerance:g} at the predicted rate, so "
-                f"that a {self.tolerance:.0%} overload builds a queue of one TTFT bound"
+                f", arrives for the SLO's TTFT / {self.within:g} at the predicted rate R, so "
+                f"that a {over} overload builds a queue of one TTFT bound, and is long enough "
+                f"that the simulator, on the same requests, puts attainment at R x {1 + self.within:g} "
+                f"at most {self.target - self.margin:.0%} (a {over} overload shows), lengthened "
+                f"while a probe lasts at most {self.max_seconds:g} s"
             )
+        if self.start:
+            text += f"; probes skip the workload's first {self.start} requests"
         return (
-            f"{text}; bisection stops within {self.tolerance:.0%} or after {self.max_probes} "
-            f"probes; the predicted knee's goal is within ±{self.within:.0%} of the measured"
+            f"{text}; rates step by {self.step:g}x to a bracket, bisected to within "
+            f"{self.tolerance:.0%} or {self.max_probes} probes; the predicted knee's goal is "
+            f"within ±{self.within:.0%} of the measured"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,11 +198,7 @@ def predict_knee(
     held = engine_slo(slo, overhead)
     if held is None:
         return Predicted(None, None, f"the request's overhead {overhead.total:.3g} s breaks {slo}")
-    profile = scheduling.profile
-    deployment = Deployment(
-        "chunked", 1, max_batched_tokens=profile.max_batched_tokens, max_seqs=profile.max_seqs
-    )
-    model = dataclasses.replace(cost, kv_capacity_tokens=scheduling.kv_capacity_tokens)
+    deployment, model = _simulated(cost, scheduling)
     result = capacity(
         list(load),
         model,
@@ -193,52 +208,48 @@ def predict_knee(
         deployments=[deployment],
         tolerance=PREDICTION_TOLERANCE,
         executor=InlineExecutor(),
-        engine=profile,
+        engine=scheduling.profile,
     )
     return Predicted(result.results[0], held)
 
 
-def predict_sized(
+def _simulated(cost: CostModel, scheduling: Scheduling) -> tuple[Deployment, CostModel]:
+    """The one colocated deployment at the server's budget and cap, and the cost model with
+    its KV cache."""
+    profile = scheduling.profile
+    deployment = Deployment(
+        "chunked", 1, max_batched_tokens=profile.max_batched_tokens, max_seqs=profile.max_seqs
+    )
+    return deployment, dataclasses.replace(cost, kv_capacity_tokens=scheduling.kv_capacity_tokens)
+
+
+def simulated_attainment(
     load: Sequence[Request],
     cost: CostModel,
     overhead: RequestOverhead,
     scheduling: Scheduling,
     slo: SLO,
-    rule: ProbeRule,
-) -> tuple[list[Request], Predicted]:
-    """What the probes send and the knee predicted on exactly those requests: the fewest of
-    ``load``'s first requests (at least rule 1's) that rule 2 asks for at the rate predicted on
-    them — a longer probe predicts a lower knee, which asks for fewer requests, so this is the
-    smallest length that is long enough for its own knee (bisected to within 5%); the whole
-    workload when even that is too short.
+    rate: float,
+) -> float:
+    """The simulated attainment of ``load`` with its arrivals scaled to ``rate`` req/s, as
+    :func:`predict_knee` simulates each rate (0 when the overhead alone breaks the SLO).
 
     Raises:
-        ValueError: as :func:`probe_load`.
+        ValueError: for a rate that is not a positive number, or a load with no rate.
     """
-
-    def at(n: int) -> tuple[list[Request], Predicted]:
-        sent = probe_load(load, rule, n)
-        return sent, predict_knee(sent, cost, overhead, scheduling, slo, rule.target)
-
-    def enough(sent: list[Request], predicted: Predicted) -> bool:
-        return rule.requests_at(predicted.rate, slo) <= len(sent)
-
-    short, predicted = at(rule.requests)
-    if enough(short, predicted):
-        return short, predicted
-    low = len(short)
-    sent, predicted = at(min(rule.requests_at(predicted.rate, slo), len(load)))
-    if not enough(sent, predicted):
-        return sent, predicted  # the workload is shorter than rule 2 asks
-    high = len(sent)
-    while high - low > max(1, high // 20):
-        middle = (low + high) // 2
-        candidate = at(middle)
-        if enough(*candidate):
-            high, (sent, predicted) = middle, candidate
-        else:
-            low = middle
-    return sent, predicted
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive number, got {rate!r}")
+    base = arrival_rate(load)
+    if not math.isfinite(base):
+        raise ValueError("the load's requests arrive at once: no rate to scale")
+    held = engine_slo(slo, overhead)
+    if held is None:
+        return 0.0
+    deployment, model = _simulated(cost, scheduling)
+    found = rate_search.probe(
+        load, model, held, deployment, rate / base, base, engine=scheduling.profile
+    )
+    return found.attainment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,24 +435,29 @@ class KneeSearch:
 
 
 def probe_load(load: Sequence[Request], rule: ProbeRule, count: int | None = None) -> list[Request]:
-    """The first ``count`` (default ``rule.requests``, at least that) of ``load`` by arrival,
-    or all of it when it is shorter than ``count``: what every probe sends.
+    """``count`` (default ``rule.requests``, at least that) of ``load`` by arrival, the first
+    after ``rule.start``, or all that are left when fewer, their arrivals shifted to begin at 0:
+    what every probe sends.
 
     Raises:
-        ValueError: when ``load`` has fewer than ``rule.requests``, or its arrivals have no
-            rate to scale.
+        ValueError: when ``load`` has fewer than ``rule.requests`` after ``rule.start``, or
+            their arrivals have no rate to scale.
     """
     count = max(rule.requests, count or 0)
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[:count]
+    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[rule.start : rule.start + count]
     if len(ordered) < rule.requests:
+        after = f" after the first {rule.start}" if rule.start else ""
         raise ValueError(
-            f"the workload has {len(ordered)} requests; each probe needs {rule.requests} "
-            f"(target {rule.target:g}, margin {rule.margin:g}): give a longer workload or a "
-            "wider margin"
+            f"the workload has {len(ordered)} requests{after}; each probe needs "
+            f"{rule.requests} (target {rule.target:g}, margin {rule.margin:g}): give a longer "
+            "workload, a wider margin or a smaller probe start"
         )
     if not math.isfinite(arrival_rate(ordered)):
         raise ValueError("the workload's first requests arrive at once: no rate to scale")
-    return ordered
+    origin = ordered[0].arrival
+    return (
+        [dataclasses.replace(r, arrival=r.arrival - origin) for r in ordered] if origin else ordered
+    )
 
 
 async def measure_knee(

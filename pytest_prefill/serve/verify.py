@@ -29,10 +29,10 @@ from pytest_prefill.serve.knee import (
     ProbeRule,
     measure_knee,
     predict_knee,
-    predict_sized,
     probe_load,
 )
 from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
+from pytest_prefill.serve.knee_sizing import Sharpness, predict_sized, sharpness
 from pytest_prefill.serve.launchers import Launcher, exited
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
@@ -123,7 +123,8 @@ class FlagSetResult:
     why it stopped early (None when it did not); ``requests``: what each probe sent, of
     ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
     the goal the predicted knee is judged against (±); ``pinning``: where a launched server
-    and the load generator ran (``serve.pinning``'s sentence)."""
+    and the load generator ran (``serve.pinning``'s sentence); ``sharpness``: the simulated
+    attainment on either side of the predicted knee, on what the probes send (rule 3)."""
 
     flags: FlagSet
     command: tuple[str, ...] = ()
@@ -137,6 +138,7 @@ class FlagSetResult:
     wanted: int = 0
     within: float = 0.10
     pinning: str | None = None
+    sharpness: Sharpness | None = None
 
     @property
     def ratio(self) -> float:
@@ -171,6 +173,7 @@ class FlagSetResult:
             "requests": self.requests,
             "wanted": self.wanted,
             "attainment_at_predicted": self.attainment_at_predicted,
+            "sharpness": self.sharpness.to_dict() if self.sharpness is not None else None,
             "ended": self.ended,
             "exit_status": self.exit_status,
             "pinning": self.pinning,
@@ -307,11 +310,11 @@ async def _check_flag_set(
         why = await _alive(url, process) or "calibration failed"
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
     scheduling = _scheduling(server, target.identity.engine, flags)
-    load, wanted, predicted = _predicted(plan, calibration, scheduling)
+    load, wanted, predicted, sharp = _predicted(plan, calibration, scheduling)
     if progress is not None:
         progress(
             f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status}); "
-            f"{len(load)} requests a probe"
+            f"{len(load)} requests a probe; {sharp.sentence()}"
         )
     start = _start_scale(predicted, load)
     measured = await measure_knee(
@@ -326,6 +329,7 @@ async def _check_flag_set(
     )
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
+    sizes["sharpness"] = sharp
     return FlagSetResult(
         flags, command, calibration, scheduling, predicted, measured, ended, **sizes
     )
@@ -343,19 +347,25 @@ def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
 
 def _predicted(
     plan: _Plan, calibration: ServerCalibration, scheduling: Scheduling
-) -> tuple[list[Request], int, Predicted]:
-    """What the probes send, how many the probe rule wants at the knee predicted on them, and
-    that knee. The first flag set sizes the probes (:func:`~pytest_prefill.serve.knee.
-    predict_sized`) unless a count was given; every later one sends the same requests, so that
-    the knees rank flag sets on one workload (the rule's want is reported beside it)."""
+) -> tuple[list[Request], int, Predicted, Sharpness]:
+    """What the probes send, how many rule 2 wants at the knee predicted on them, that knee,
+    and how sharp the simulator predicts it. The first flag set sizes the probes
+    (:func:`~pytest_prefill.serve.knee_sizing.predict_sized`) unless a count was given; every
+    later one sends the same requests, so that the knees rank flag sets on one workload (the
+    rules' want and sharpness are reported beside each)."""
     cost, overhead, slo, rule = calibration.cost, calibration.overhead, plan.slo, plan.rule
     if plan.count is None:
-        load, predicted = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
+        sized = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
+        load, predicted, sharp = sized.requests, sized.predicted, sized.sharpness
         plan.count = len(load)
     else:
         load = probe_load(plan.load, rule, plan.count)
         predicted = predict_knee(load, cost, overhead, scheduling, slo, rule.target)
-    return load, rule.requests_at(predicted.rate, slo), predicted
+        sharp = sharpness(load, cost, overhead, scheduling, slo, rule, predicted)
+        if not sharp.decisive and sharp.capped is None:
+            why = "the probes' length was fixed before (--probe-requests, or the first flag set's)"
+            sharp = dataclasses.replace(sharp, capped=why)
+    return load, rule.requests_at(predicted.rate, slo), predicted, sharp
 
 
 def _start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
