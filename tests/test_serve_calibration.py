@@ -135,7 +135,10 @@ def test_a_server_calibration_round_trips_through_json_and_reads_as_a_cost():
     document = result.to_dict()
     again = ServerCalibration.from_dict(document)
     assert again.cost == result.cost and again.overhead == result.overhead
+    assert again.sweep == result.sweep
     assert cost_from_json(document, "test") == result.cost
+    del document["server"]["sweep"]["warmup"]  # written before the warm-up existed: it had none
+    assert ServerCalibration.from_dict(document).sweep.warmup == 0
     with pytest.raises(ValueError, match="server"):
         ServerCalibration.from_dict({"kind": "pytest-prefill/calibration"})
 
@@ -150,6 +153,8 @@ def test_a_server_calibration_round_trips_through_json_and_reads_as_a_cost():
         ("decode_tokens", 2),
         ("ramp_rows", 1),
         ("ramp_rows", -2),
+        ("warmup", -1),
+        ("warmup", True),
     ],
 )
 def test_a_bad_sweep_names_its_field(field, value):
@@ -220,7 +225,11 @@ def test_a_calibration_rounds_progress_counts_the_rounds_that_run(monkeypatch):
     lines: list[str] = []
     asyncio.run(calibration.calibration_round(None, sweep, Samples(), 1, lines.append, rounds=2))
     asyncio.run(calibration.calibration_round(None, sweep, Samples(), 0, lines.append))
-    assert lines == ["calibration round 2/2 done", f"calibration round 1/{sweep.repeats} done"]
+    assert lines == [
+        "calibration round 2/2 done",
+        f"calibration warm-up done ({sweep.warmup} pass of its traffic, dropped)",
+        f"calibration round 1/{sweep.repeats} done",
+    ]
 
 
 def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_absent():
@@ -268,11 +277,43 @@ def test_a_ramp_sends_its_rows_at_once_and_keeps_their_decode_points(monkeypatch
         monkeypatch.setattr(calibration, name, nothing)
     monkeypatch.setattr(calibration, "traffic", traffic)
     samples = Samples()
-    sweep = ServerSweep(256, ramp_rows=8)
+    sweep = ServerSweep(256, ramp_rows=8, warmup=0)
     asyncio.run(calibration.calibration_round(None, sweep, samples, 0))
     assert [len(p) for p, _, _ in sent] == [len(sweep.traffic_prompts), 8]
     assert sent[1][1] < sweep.stream_spacing  # the ramp's requests go at once
     assert sorted(s.rows for s in samples.decode) == sorted([len(sweep.traffic_prompts), 8])
     sent.clear()
-    asyncio.run(calibration.calibration_round(None, ServerSweep(256), Samples(), 0))
+    asyncio.run(calibration.calibration_round(None, ServerSweep(256, warmup=0), Samples(), 0))
     assert len(sent) == 1  # no ramp by default
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_the_warm_up_sends_the_traffic_and_ramp_before_the_first_round_and_drops_them(
+    monkeypatch, warmup
+):
+    import asyncio
+
+    import pytest_prefill.serve.calibration as calibration
+    from pytest_prefill.serve.experiments import DecodeSample
+
+    async def nothing(*args, **kwargs):
+        return 0.0
+
+    sent: list[str] = []
+
+    async def traffic(target, prompts, tokens, spacing, budget, key):
+        sent.append(key)
+        return [DecodeSample(len(prompts), 100, 0.01)], []
+
+    for name in ("_round_trip", "prompt_alone", "prompt_amid_streams"):
+        monkeypatch.setattr(calibration, name, nothing)
+    monkeypatch.setattr(calibration, "traffic", traffic)
+    sweep = ServerSweep(256, ramp_rows=4, warmup=warmup)
+    samples = Samples()
+    for index in range(2):
+        asyncio.run(calibration.calibration_round(None, sweep, samples, index))
+    kept = 2 * 2  # traffic and ramp, in each of the two rounds
+    assert len(sent) == 2 * warmup + kept
+    assert all(key.startswith("warm") for key in sent[: 2 * warmup])
+    assert not any(key.startswith("warm") for key in sent[2 * warmup :])
+    assert len(samples.decode) == kept  # the warm-up's samples are dropped

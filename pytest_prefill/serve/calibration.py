@@ -90,7 +90,11 @@ class ServerSweep:
     ``ramp_rows`` short requests sent at once (0: none), whose decode iterations are the
     decode points at that many rows (spaced traffic reaches 1 or 2: a per-row cost fitted
     there is extrapolated to the rows a loaded server runs); ``repeats`` rounds of all of it
-    (each round visits every point, so drift hits all)."""
+    (each round visits every point, so drift hits all); ``warmup``: times the traffic (and the
+    ramp) is sent before the first round, its times dropped. A server's first passes of each
+    shape are slow (vLLM's CPU build compiles them; short warm-up prompts do not reach them):
+    here, right after a start, the first round's 255-token passes amid a stream took 63.9,
+    92.6, 53.0 and 71.1 ms and the second round's 50.6-51.4 ms."""
 
     budget: int
     prompt_lens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048)
@@ -101,6 +105,7 @@ class ServerSweep:
     stream_spacing: float = 0.4
     repeats: int = 3
     ramp_rows: int = 0
+    warmup: int = 1
 
     def __post_init__(self) -> None:
         for field in ("budget", "live_rows", "decode_tokens", "repeats"):
@@ -129,6 +134,8 @@ class ServerSweep:
         rows = self.ramp_rows
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 or rows == 1:
             raise ValueError(f"ramp_rows must be 0 (none) or an integer >= 2, got {rows!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if self.budget <= self.live_rows:
             raise ValueError(f"budget {self.budget} leaves no room beside {self.live_rows} rows")
 
@@ -173,20 +180,11 @@ async def _round_trip(target: Target) -> float:
     return time.perf_counter() - start
 
 
-async def calibration_round(
-    target: Target,
-    sweep: ServerSweep,
-    samples: Samples,
-    index: int,
-    progress: Progress | None = None,
-    rounds: int | None = None,
-) -> None:
-    """One round of every experiment, added to ``samples``: round ``index`` of ``rounds``
-    (default the sweep's repeats), as its progress line says."""
-    key = f"cal{index}"
-    samples.round_trips.append(await _round_trip(target))
-    for p in sweep.prompt_lens:
-        samples.ttft.setdefault(p, []).append(await prompt_alone(target, p, f"{key}-alone{p}"))
+async def _traffic_and_ramp(
+    target: Target, sweep: ServerSweep, key: str
+) -> tuple[list[DecodeSample], list[StallSample]]:
+    """The sweep's traffic, then its ramp (when it has one): their decode samples and the
+    traffic's prompts amid the streams."""
     decode, stalls = await traffic(
         target,
         sweep.traffic_prompts,
@@ -199,6 +197,29 @@ async def calibration_round(
         prompts = (RAMP_PROMPT,) * sweep.ramp_rows
         tokens, spacing = sweep.decode_tokens, RAMP_SPACING
         decode += (await traffic(target, prompts, tokens, spacing, sweep.budget, f"{key}-r"))[0]
+    return decode, stalls
+
+
+async def calibration_round(
+    target: Target,
+    sweep: ServerSweep,
+    samples: Samples,
+    index: int,
+    progress: Progress | None = None,
+    rounds: int | None = None,
+) -> None:
+    """One round of every experiment, added to ``samples``: round ``index`` of ``rounds``
+    (default the sweep's repeats), as its progress line says."""
+    key = f"cal{index}"
+    if index == 0:
+        for warm in range(sweep.warmup):
+            await _traffic_and_ramp(target, sweep, f"warm{warm}")
+        if sweep.warmup and progress is not None:
+            progress(f"calibration warm-up done ({sweep.warmup} pass of its traffic, dropped)")
+    samples.round_trips.append(await _round_trip(target))
+    for p in sweep.prompt_lens:
+        samples.ttft.setdefault(p, []).append(await prompt_alone(target, p, f"{key}-alone{p}"))
+    decode, stalls = await _traffic_and_ramp(target, sweep, key)
     samples.decode += [dataclasses.replace(s, round=index) for s in decode]
     samples.traffic_stalls += stalls
     step = statistics.median([s.seconds for s in samples.decode] or [0.01])
@@ -256,7 +277,8 @@ class ServerCalibration:
             raise ValueError("not a server calibration: it has no 'server' block")
         try:
             fields: dict[str, Any] = {
-                k: tuple(v) if isinstance(v, list) else v for k, v in server["sweep"].items()
+                "warmup": 0,  # calibrations from before the warm-up had none
+                **{k: tuple(v) if isinstance(v, list) else v for k, v in server["sweep"].items()},
             }
             sweep = ServerSweep(**fields)
             chunking = tuple(
@@ -394,7 +416,7 @@ def server_provenance(target: Target, sweep: ServerSweep, **extra: Any) -> dict[
         "endpoint": target.endpoint,
         "budget": sweep.budget,
         "repeats": sweep.repeats,
-        "warmup": 0,
+        "warmup": sweep.warmup,
         "dry_run": False,
         "prefill_points": "TTFT alone over HTTP: the request's overhead plus ceil(P / budget) passes",
         "pytest_prefill": __version__,
