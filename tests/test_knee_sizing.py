@@ -159,3 +159,26 @@ def test_the_report_says_loudly_when_a_knee_is_not_decisive():
     warnings = [line for line in text.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1 and "≤128 tok" in warnings[0] and "the workload ends" in warnings[0]
     assert "88% / 93% NOT decisive" in text and "60% / 93%" in text
+
+
+def test_a_probe_replayed_in_the_simulator_as_it_ran_there_attains_what_it_measured():
+    from pytest_prefill.serve.knee import probe_of, replayed_attainment
+    from pytest_prefill.serve.records import BenchRun, ServerRecord
+    from pytest_prefill.serve.simulated import simulate_records
+
+    rate = 60.0  # loaded: some requests miss, some meet the SLO
+    load, slo = _poisson(60, rate=rate), SLO_
+
+    def record(r: Request, times: tuple[float, ...]) -> ServerRecord:
+        ones = (1,) * len(times)
+        return ServerRecord(r.id, r.arrival, r.arrival, r.prompt_len, len(times), times, ones)
+
+    sent = [record(r, (r.arrival + 1.0,) * r.output_len) for r in load]
+    simulated = simulate_records(sent, LAB_LAPTOP, NONE, SCHEDULING)
+    as_simulated = [record(r, s.token_times) for r, s in zip(load, simulated)]
+    run = BenchRun(tuple(as_simulated), {}, {}, "now")
+    probe = probe_of(run, slo, 1.0, rate, [r.id for r in load])
+    replayed = replayed_attainment(probe, LAB_LAPTOP, NONE, SCHEDULING, slo)
+    assert 0 < probe.attainment < 1 and replayed == pytest.approx(probe.attainment)
+    empty = probe_of(BenchRun((), {}, {}, "now"), slo, 1.0, rate)
+    assert math.isnan(replayed_attainment(empty, LAB_LAPTOP, NONE, SCHEDULING, slo))

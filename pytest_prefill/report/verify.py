@@ -98,10 +98,12 @@ def knee_table(result: VerifyResult) -> str:
 
 
 def probe_table(result: VerifyResult) -> str:
-    """Every probe run on the server."""
+    """Every probe run on the server, with the simulator's attainment on its requests replayed
+    at their measured arrivals."""
     rows = []
     for r in result.results:
         for i, p in enumerate(r.measured.probes if r.measured is not None else ()):
+            replay = r.replayed[i] if i < len(r.replayed) else math.nan
             ttft = p.metrics.ttft.percentile(90.0) if p.metrics is not None else math.nan
             tpot = p.metrics.tpot.percentile(90.0) if p.metrics is not None else math.nan
             rows.append(
@@ -111,12 +113,14 @@ def probe_table(result: VerifyResult) -> str:
                     _rate(p.rate),
                     f"{p.good}/{p.sent}",
                     f"{p.attainment:.0%} ± {p.standard_error:.0%}",
+                    f"{replay:.0%}" if math.isfinite(replay) else "-",
                     f"{ttft * 1e3:.0f}" if math.isfinite(ttft) else "-",
                     f"{tpot * 1e3:.1f}" if math.isfinite(tpot) else "-",
                     p.failed or "",
                 ]
             )
-    headers = ["flag set", "probe", "req/s", "good/sent", "attainment", "p90 TTFT ms"]
+    headers = ["flag set", "probe", "req/s", "good/sent", "attainment", "replayed"]
+    headers += ["p90 TTFT ms"]
     headers += ["p90 TPOT ms", "failed"]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 

@@ -39,7 +39,7 @@ from pytest_prefill.serve.knee_interval import KneeEstimate, estimate_knee
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.records import BenchRun
 from pytest_prefill.serve.server_metrics import run_counted
-from pytest_prefill.serve.simulated import Scheduling
+from pytest_prefill.serve.simulated import Scheduling, simulate_records
 from pytest_prefill.sim import CostModel, Request, meets, slo_values
 
 Progress = Callable[[str], object]
@@ -311,6 +311,25 @@ def probe_of(
     outcomes = tuple(met.get(i, False) for i in order)
     sent = len(run.records)
     return MeasuredProbe(scale, rate, sent, good, len(run.failed), metrics, run, outcomes)
+
+
+def replayed_attainment(
+    probe: MeasuredProbe,
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+    slo: SLO,
+) -> float:
+    """The simulator's attainment on a probe's completed requests replayed at their measured
+    arrivals (``serve.simulated``): beside the measured attainment, it says whether a miss is
+    the model's (the replay meets the target where the server did not) or the search's (both
+    agree); NaN when nothing completed."""
+    completed = probe.run.completed
+    if not completed:
+        return math.nan
+    replayed = simulate_records(completed, cost, overhead, scheduling)
+    good = sum(_meets(slo, r.token_times, r.arrival) for r in replayed if r.token_times)
+    return good / len(completed)
 
 
 def _meets(slo: SLO, times: Sequence[float], arrival: float) -> bool:

@@ -30,6 +30,7 @@ from pytest_prefill.serve.knee import (
     measure_knee,
     predict_knee,
     probe_load,
+    replayed_attainment,
 )
 from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
 from pytest_prefill.serve.knee_sizing import Sharpness, predict_sized, sharpness
@@ -124,7 +125,9 @@ class FlagSetResult:
     ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
     the goal the predicted knee is judged against (±); ``pinning``: where a launched server
     and the load generator ran (``serve.pinning``'s sentence); ``sharpness``: the simulated
-    attainment on either side of the predicted knee, on what the probes send (rule 3)."""
+    attainment on either side of the predicted knee, on what the probes send (rule 3);
+    ``replayed``: per probe, the simulator's attainment on its requests replayed at their
+    measured arrivals (``knee.replayed_attainment``)."""
 
     flags: FlagSet
     command: tuple[str, ...] = ()
@@ -139,6 +142,7 @@ class FlagSetResult:
     within: float = 0.10
     pinning: str | None = None
     sharpness: Sharpness | None = None
+    replayed: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -174,6 +178,7 @@ class FlagSetResult:
             "wanted": self.wanted,
             "attainment_at_predicted": self.attainment_at_predicted,
             "sharpness": self.sharpness.to_dict() if self.sharpness is not None else None,
+            "replayed": list(self.replayed),
             "ended": self.ended,
             "exit_status": self.exit_status,
             "pinning": self.pinning,
@@ -330,6 +335,10 @@ async def _check_flag_set(
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
     sizes["sharpness"] = sharp
+    sizes["replayed"] = tuple(
+        replayed_attainment(p, calibration.cost, calibration.overhead, scheduling, plan.slo)
+        for p in measured.probes
+    )
     return FlagSetResult(
         flags, command, calibration, scheduling, predicted, measured, ended, **sizes
     )
