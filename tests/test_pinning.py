@@ -43,11 +43,11 @@ def test_fewer_than_two_cores_cannot_be_split(cores):
         split_cores(cores)
 
 
-def test_vllms_compute_is_its_worker_and_one_process_servers_are_their_leader():
+def test_vllms_compute_is_its_worker_and_one_process_servers_have_none_apart():
     processes = [(10, "python"), (11, "python"), (12, "VLLM::EngineCor"), (13, "VLLM::Worker")]
-    assert compute_processes("vllm", processes, 10) == [(13, "VLLM::Worker")]
-    assert compute_processes("transformers", processes, 10) == [(10, "python")]
-    assert compute_processes("vllm", processes[:3], 10) == []
+    assert compute_processes("vllm", processes) == [(13, "VLLM::Worker")]
+    assert compute_processes("transformers", processes) == []
+    assert compute_processes("vllm", processes[:3]) == []
 
 
 def test_the_vllm_command_binds_its_openmp_thread_only_when_asked():
@@ -76,25 +76,25 @@ def test_nothing_pinned_says_why_and_gives_back_nothing():
 
 @two_cores
 def test_a_server_group_is_pinned_apart_and_this_process_gets_its_cores_back():
-    # a leader that starts a child: the leader computes (one-process engines), the child is
-    # one of the server's other processes
-    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    # a leader (the frontend) that starts a child naming itself as vLLM's worker does
+    worker = "open('/proc/self/comm', 'w').write('VLLM::Worker'); import time; time.sleep(30)"
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+    code += "time.sleep(30)"
     leader = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     before = os.sched_getaffinity(0)
     try:
         for _ in range(200):
             processes = group_processes(leader.pid)
-            if len(processes) == 2:
+            if len(processes) == 2 and processes[1][1] == "VLLM::Worker":
                 break
             subprocess.run(["sleep", "0.05"], check=True)
         assert len(processes) == 2 and processes[0][0] == leader.pid
-        pinning = pin_server("transformers", leader.pid)
+        pinning = pin_server("vllm", leader.pid)
         assert pinning.pinned, pinning.why_not
         mine, rest = split_cores(sorted(before))
         assert pinning.engine_cores == mine and pinning.other_cores == rest
-        assert _threads_cores(leader.pid) == {frozenset(mine)}
-        child = processes[1][0]
-        assert _threads_cores(child) == {frozenset(rest)}
+        assert _threads_cores(processes[1][0]) == {frozenset(mine)}
+        assert _threads_cores(leader.pid) == {frozenset(rest)}
         assert _threads_cores(os.getpid()) == {frozenset(rest)}
         assert f"alone on core(s) {mine[0]};" in pinning.sentence()
         pinning.release()
@@ -106,12 +106,16 @@ def test_a_server_group_is_pinned_apart_and_this_process_gets_its_cores_back():
 
 
 @two_cores
-def test_a_server_with_no_compute_process_is_left_as_it_is():
+@pytest.mark.parametrize(
+    "engine,why",
+    [("vllm", "no vllm compute process"), ("transformers", "one process"), ("llama.cpp", "one")],
+)
+def test_a_server_with_no_compute_process_apart_is_left_as_it_is(engine, why):
     leader = subprocess.Popen(["sleep", "30"], start_new_session=True)
     before = os.sched_getaffinity(0)
     try:
-        pinning = pin_server("vllm", leader.pid)
-        assert not pinning.pinned and "no vllm compute process" in (pinning.why_not or "")
+        pinning = pin_server(engine, leader.pid)
+        assert not pinning.pinned and why in (pinning.why_not or "")
         assert os.sched_getaffinity(0) == before
         assert _threads_cores(leader.pid) == {frozenset(before)}
     finally:
@@ -128,9 +132,10 @@ def test_stopping_a_pinned_server_gives_this_process_its_cores_back():
     before = os.sched_getaffinity(0)
     server = start_server(argv, port, env=env, timeout=30)
     try:
-        server.pinning = pin_server("transformers", server.pid)
-        assert server.pinning.pinned
-        assert os.sched_getaffinity(0) == set(server.pinning.other_cores)
+        mine, rest = split_cores(sorted(before))
+        os.sched_setaffinity(0, rest)  # as pin_server leaves this process
+        server.pinning = Pinning(mine, rest, client_before=tuple(sorted(before)))
+        assert os.sched_getaffinity(0) == set(rest)
     finally:
         server.stop()
     assert _threads_cores(os.getpid()) == {frozenset(before)}
