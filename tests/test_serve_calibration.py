@@ -236,7 +236,7 @@ def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_ab
     """Engines that run the batch's attention as one masked operation (transformers serve,
     llama.cpp) make a chunk beside decode rows cost more with the rows' cached tokens: the fit
     finds that term where the fused iterations show it, and records ~0 (or refuses it) where
-    they do not."""
+    they do not; for vLLM it is not fitted at all."""
     true = dataclasses.replace(TRUE, batch_attention_per_pair=2e-7)
     rng = random.Random(1)
     samples = _samples(256)
@@ -254,6 +254,13 @@ def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_ab
             )
     found = fit_server(samples, ServerSweep(256), {"source": "synthetic"}).cost
     assert found.batch_attention_per_pair == pytest.approx(2e-7, rel=0.25)
+    # vLLM's paged attention reads each request's own blocks: the term is not fitted there
+    vllm = fit_server(
+        samples, ServerSweep(256), {"source": "synthetic", "server": {"engine": "vllm"}}
+    )
+    assert vllm.cost.batch_attention_per_pair == 0.0
+    why = [r.reason for r in vllm.calibration.refusals if r.constant == "batch_attention_per_pair"]
+    assert len(why) == 1 and "paged attention" in why[0]
     plain = fit_server(_samples(256), ServerSweep(256), {"source": "synthetic"}).cost
     assert plain.batch_attention_per_pair < 2e-8  # a tenth of the term the first run had
 

@@ -67,6 +67,13 @@ LIVE_TAIL = 24
 RAMP_PROMPT = 32  # tokens: the ramp's requests are all in their first pass or two
 RAMP_SPACING = 0.005  # seconds between the ramp's requests: at once, as a client sends them
 
+# Engines whose attention kernel reads each request's own KV blocks (vLLM's paged attention),
+# so a chunk beside decode rows costs nothing for the rows' cached tokens: the batch-attention
+# term is not fitted for them (a fit of it there reads noise: 8e-8 s a pair on one vLLM
+# start, which halved the knee predicted at 512 tokens, 7.5 req/s against 15.0 measured).
+PER_REQUEST_ATTENTION = ("vllm",)
+PER_REQUEST_WHY = "not fitted: this engine's paged attention reads each request's own KV only"
+
 
 def _lengths(field: str, values: Any, minimum: int = 1) -> tuple[int, ...]:
     ok = isinstance(values, (tuple, list)) and all(
@@ -308,16 +315,17 @@ def _to_engine(stalls: Sequence[StallSample]) -> float:
     return statistics.median(ways) if ways else math.nan
 
 
-def _pass_constants(fit: Any) -> tuple[dict[str, float], float, list[Refusal]]:
+def _pass_constants(
+    fit: Any, batch_why: str | None = None
+) -> tuple[dict[str, float], float, list[Refusal]]:
     """The prefill constants (the batch-attention term with them) and the fusion penalty of
     the joint fit (capped at 1), and the refusals to report (the overhead is not a cost-model
-    constant)."""
+    constant); ``batch_why``: why the batch-attention term was left out of the fit."""
     values = {name: fit.values.get(name, 0.0) for name in (*PREFILL_TERMS, BATCH_TERM)}
     refusals = [r for r in refusals_of(fit) if r.constant != OVERHEAD]
     if BATCH_TERM not in fit.values:
-        refusals.append(
-            Refusal(BATCH_TERM, "not measured: no fused iteration beside cached tokens read", {})
-        )
+        why = batch_why or "not measured: no fused iteration beside cached tokens read"
+        refusals.append(Refusal(BATCH_TERM, why, {}))
     penalty = fit.values.get("fusion_penalty", 0.0)
     if "fusion_penalty" not in fit.values:
         refusals.append(Refusal("fusion_penalty", "not measured: no fused iteration was read", {}))
@@ -357,7 +365,9 @@ def fit_server(
     every_stall = samples.stalls + samples.traffic_stalls
     fused = fused_points(every_stall, sweep.budget)
     steps = tuple(_decode_step(decode, p.rows, p.kv_tokens) for p in fused)
-    data = PassData(tuple(lengths), tuple(alone), tuple(fused), steps, sweep.budget)
+    engine = (provenance.get("server") or {}).get("engine")
+    batch = engine not in PER_REQUEST_ATTENTION
+    data = PassData(tuple(lengths), tuple(alone), tuple(fused), steps, sweep.budget, batch)
     to_engine = _to_engine(every_stall)
     pass_fit = fit_passes(data, per_kv)
     # the part of a TTFT alone no pass explains; never less than the way in read beside streams
@@ -368,7 +378,7 @@ def fit_server(
         if total == fitted_overhead
         else "the way in read beside live streams (the fit could not see more)"
     )
-    prefill, penalty, more = _pass_constants(pass_fit)
+    prefill, penalty, more = _pass_constants(pass_fit, None if batch else PER_REQUEST_WHY)
     cost = CostModel(**prefill, **decode, fusion_penalty=penalty, **_memory(provenance))
     prompts = [Point("prefill", p, m) for p, m in zip(lengths, alone)]
     fitted = {p.x: ttft_alone(cost, total, p.x, sweep.budget) for p in prompts}

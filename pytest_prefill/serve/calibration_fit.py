@@ -39,6 +39,7 @@ class PassData:
     fused: tuple[Point, ...]
     decode: tuple[float, ...]
     budget: int
+    batch_term: bool = True  # False: the engine's attention reads each request's own KV only
 
     def without(self, length: int) -> PassData:
         keep = [i for i, x in enumerate(self.lengths) if x != length]
@@ -98,12 +99,14 @@ def fit_passes(data: PassData, per_kv: float) -> TermFit:
     """The prefill terms, the fusion penalty and the request's overhead, fitted together by
     relative least squares to the prompts' TTFTs alone and the fused iterations, refusing what
     the scatter cannot support. A term that never varies (no fused iteration: the penalty) is
-    left out, and reported so by its absence."""
+    left out, and reported so by its absence; so is the batch-attention term where
+    ``data.batch_term`` is off."""
     columns, ys, spreads, read = pass_design(data)
     kept = {
         k: v
         for k, v in columns.items()
         if any(v) and (k == "prefill_pass_overhead" or len(set(v)) > 1)
+        if k != BATCH_TERM or data.batch_term
     }
     return fit_terms(kept, ys, spreads, offset=[per_kv * r for r in read])
 
