@@ -79,6 +79,20 @@ def test_decode_iterations_count_rows_and_skip_prompts_in_flight():
     assert len(samples) == 17 - 3 + 2
 
 
+def test_decode_iterations_skip_gaps_into_and_out_of_a_late_read():
+    step = 0.01
+    times = [0.05 + step * i for i in range(30)]
+    # the client read tokens 10-14 late, all at once when token 14 came
+    late = [times[14]] * 5
+    a = _record("a", 0.0, times[:10] + late + times[15:])
+    samples = decode_iterations([a])
+    assert all(s.seconds == pytest.approx(step) for s in samples)
+    # 29 gaps less the first two tokens', the 4 inside the read, the one into it and out of it
+    assert len(samples) == 29 - 2 - 4 - 2
+    whole = decode_iterations([_record("a", 0.0, times)])
+    assert len(whole) == 29 - 2
+
+
 def _samples(budget: int, seed: int = 0) -> Samples:
     """Samples a server running ``TRUE`` would give, with 0.5% multiplicative jitter."""
     rng = random.Random(seed)
@@ -286,9 +300,13 @@ def test_a_ramp_sends_its_rows_at_once_and_keeps_their_decode_points(monkeypatch
     samples = Samples()
     sweep = ServerSweep(256, ramp_rows=8, warmup=0)
     asyncio.run(calibration.calibration_round(None, sweep, samples, 0))
-    assert [len(p) for p, _, _ in sent] == [len(sweep.traffic_prompts), 8]
-    assert sent[1][1] < sweep.stream_spacing  # the ramp's requests go at once
-    assert sorted(s.rows for s in samples.decode) == sorted([len(sweep.traffic_prompts), 8])
+    assert [len(p) for p, _, _ in sent] == [len(sweep.traffic_prompts), 8, 8]
+    assert all(spacing < sweep.stream_spacing for _, spacing, _ in sent[1:])  # at once
+    # one ramp of short prompts, one of the traffic's median prompt (its rows read more)
+    short, long = (p[0] for p, _, _ in sent[1:])
+    assert short == calibration.RAMP_PROMPT < long
+    assert long == sorted(sweep.traffic_prompts)[(len(sweep.traffic_prompts) - 1) // 2]
+    assert sorted(s.rows for s in samples.decode) == sorted([len(sweep.traffic_prompts), 8, 8])
     sent.clear()
     asyncio.run(calibration.calibration_round(None, ServerSweep(256, warmup=0), Samples(), 0))
     assert len(sent) == 1  # no ramp by default
@@ -319,8 +337,67 @@ def test_the_warm_up_sends_the_traffic_and_ramp_before_the_first_round_and_drops
     samples = Samples()
     for index in range(2):
         asyncio.run(calibration.calibration_round(None, sweep, samples, index))
-    kept = 2 * 2  # traffic and ramp, in each of the two rounds
-    assert len(sent) == 2 * warmup + kept
-    assert all(key.startswith("warm") for key in sent[: 2 * warmup])
-    assert not any(key.startswith("warm") for key in sent[2 * warmup :])
+    kept = 2 * 3  # traffic and two ramps, in each of the two rounds
+    assert len(sent) == 3 * warmup + kept
+    assert all(key.startswith("warm") for key in sent[: 3 * warmup])
+    assert not any(key.startswith("warm") for key in sent[3 * warmup :])
     assert len(samples.decode) == kept  # the warm-up's samples are dropped
+
+
+@pytest.mark.parametrize("per_seq,per_kv", [(3e-4, 0.0), (0.0, 1.2e-6)], ids=["rows", "cached"])
+def test_the_two_ramps_tell_a_cost_per_row_from_one_per_cached_token(per_seq, per_kv):
+    """Spaced traffic decodes one or two rows over a few hundred cached tokens, where either
+    term is a few percent of a step and drowns in an 8% scatter; the ramps decode the cap's
+    rows over short prompts and over the traffic's median one, so the step a loaded server
+    runs (the cap's rows over that median) is measured, not extrapolated."""
+    from pytest_prefill.measure.calibration_fit import decode_constants
+    from pytest_prefill.serve.calibration_fit import decode_points
+
+    true = dataclasses.replace(
+        TRUE, decode_step_base=0.005, decode_per_seq=per_seq, decode_per_kv_token=per_kv
+    )
+    sweep = ServerSweep(256, ramp_rows=8, warmup=0)
+    rng = random.Random(1)
+
+    def sample(rows: int, context: int, noise: float, index: int) -> DecodeSample:
+        step = true.decode_step(rows, rows * context)
+        return DecodeSample(rows, context, step * (1 + rng.uniform(-noise, noise)), index % 2)
+
+    traffic = [
+        sample(rows, context, 0.08, i)
+        for i in range(6)
+        for rows in (1, 2)
+        for context in (120, 260, 410, 540)
+    ]
+    half = sweep.decode_tokens // 2
+    ramps = [sample(8, p + half, 0.02, i) for p in sweep.ramp_prompts for i in range(6)]
+    values = decode_constants(decode_points(traffic + ramps))[1]
+    loaded = 8 * (max(sweep.ramp_prompts) + half)
+    fitted = dataclasses.replace(true, **values).decode_step(8, loaded)
+    assert len(sweep.ramp_prompts) == 2
+    assert fitted == pytest.approx(true.decode_step(8, loaded), rel=0.05)
+
+
+def test_a_ramp_that_misses_its_rows_is_sent_again(monkeypatch):
+    import asyncio
+
+    import pytest_prefill.serve.calibration as calibration
+
+    sweep = ServerSweep(256, ramp_rows=8, warmup=0)
+    sent: list[str] = []
+
+    def fake(rows_by_try):
+        async def traffic(target, prompts, tokens, spacing, budget, key):
+            sent.append(key)
+            return [DecodeSample(rows_by_try[len(sent) - 1], 100, 0.01)], []
+
+        return traffic
+
+    # the first try reached 3 rows (the client sent the rest late), the second all 8
+    monkeypatch.setattr(calibration, "traffic", fake([3, 8]))
+    samples = asyncio.run(calibration._ramp(None, sweep, 32, "k"))
+    assert len(sent) == 2 and [s.rows for s in samples] == [3, 8]
+    sent.clear()
+    monkeypatch.setattr(calibration, "traffic", fake([2] * 10))
+    samples = asyncio.run(calibration._ramp(None, sweep, 32, "k"))
+    assert len(sent) == calibration.RAMP_TRIES == len(samples)

@@ -64,8 +64,9 @@ from pytest_prefill.sim import CostModel
 Progress = Callable[[str], object]
 # Tokens the live streams keep decoding after the long prompt's chunks (a generous margin).
 LIVE_TAIL = 24
-RAMP_PROMPT = 32  # tokens: the ramp's requests are all in their first pass or two
+RAMP_PROMPT = 32  # tokens: the short ramp's requests are all in their first pass or two
 RAMP_SPACING = 0.005  # seconds between the ramp's requests: at once, as a client sends them
+RAMP_TRIES = 3  # a ramp is sent at most this many times while its decode points miss its rows
 
 # Engines whose attention kernel reads each request's own KV blocks (vLLM's paged attention),
 # so a chunk beside decode rows costs nothing for the rows' cached tokens: the batch-attention
@@ -94,9 +95,12 @@ class ServerSweep:
     iterations are the decode points (rows joining and leaving, contexts growing) and whose
     prompts, each landing amid the streams already decoding, give fused iterations and the way
     in; a prompt of each of ``stall_prompts`` amid ``live_rows`` streams (the chunking check);
-    ``ramp_rows`` short requests sent at once (0: none), whose decode iterations are the
-    decode points at that many rows (spaced traffic reaches 1 or 2: a per-row cost fitted
-    there is extrapolated to the rows a loaded server runs); ``repeats`` rounds of all of it
+    ``ramp_rows`` requests sent at once (0: none), whose decode iterations are the decode
+    points at that many rows (spaced traffic reaches 1 or 2: a per-row cost fitted there is
+    extrapolated to the rows a loaded server runs), once with short prompts and once with the
+    traffic's median prompt (:attr:`ramp_prompts`), so that at those rows the cached tokens
+    read vary as much as the rows do and a cost per row is told apart from a cost per cached
+    token; ``repeats`` rounds of all of it
     (each round visits every point, so drift hits all); ``warmup``: times the traffic (and the
     ramp) is sent before the first round, its times dropped. A server's first passes of each
     shape are slow (vLLM's CPU build compiles them; short warm-up prompts do not reach them):
@@ -149,6 +153,19 @@ class ServerSweep:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def ramp_prompts(self) -> tuple[int, ...]:
+        """The ramp's prompt lengths, one ramp each: ``RAMP_PROMPT`` tokens, and the traffic's
+        median prompt (the lower middle one) when it is longer: with ``ramp_rows`` rows
+        decoding, the second reads ``ramp_rows`` x that many cached tokens, as a loaded
+        server's rows do, where short prompts' rows read a few hundred. On a vLLM CPU server
+        (budget 256, 8 seqs) the decode steps of a loaded run grew with the cached tokens they
+        read (a fit over them gave 1.2 us a cached token), which short rows cannot show."""
+        if not self.ramp_rows:
+            return ()
+        middle = sorted(self.traffic_prompts)[(len(self.traffic_prompts) - 1) // 2]
+        return (RAMP_PROMPT, middle) if middle > RAMP_PROMPT else (RAMP_PROMPT,)
+
     def within(self, max_prompt: int) -> ServerSweep:
         """This sweep without prompts longer than ``max_prompt`` tokens (the longest kept if
         none is that short)."""
@@ -190,7 +207,7 @@ async def _round_trip(target: Target) -> float:
 async def _traffic_and_ramp(
     target: Target, sweep: ServerSweep, key: str
 ) -> tuple[list[DecodeSample], list[StallSample]]:
-    """The sweep's traffic, then its ramp (when it has one): their decode samples and the
+    """The sweep's traffic, then its ramps (when it has them): their decode samples and the
     traffic's prompts amid the streams."""
     decode, stalls = await traffic(
         target,
@@ -200,11 +217,28 @@ async def _traffic_and_ramp(
         sweep.budget,
         f"{key}-t",
     )
-    if sweep.ramp_rows:
-        prompts = (RAMP_PROMPT,) * sweep.ramp_rows
-        tokens, spacing = sweep.decode_tokens, RAMP_SPACING
-        decode += (await traffic(target, prompts, tokens, spacing, sweep.budget, f"{key}-r"))[0]
+    for prompt in sweep.ramp_prompts:
+        decode += await _ramp(target, sweep, prompt, f"{key}-r{prompt}")
     return decode, stalls
+
+
+async def _ramp(target: Target, sweep: ServerSweep, prompt: int, key: str) -> list[DecodeSample]:
+    """``sweep.ramp_rows`` requests of ``prompt`` tokens sent at once: the decode samples of
+    every try, sent again (at most ``RAMP_TRIES`` in all) while none has the ramp's rows. On a
+    vLLM CPU server (pinned, 256/8; busy) 3 of 7 ramps had none: the load generator, on the
+    core the server's frontend uses, sent the first request and then nothing until it had
+    finished (0.32-0.49 s late), and in two of them read every later token in one piece."""
+    rows, tokens = sweep.ramp_rows, sweep.decode_tokens
+    samples: list[DecodeSample] = []
+    for attempt in range(RAMP_TRIES):
+        prompts = (prompt,) * rows
+        found = await traffic(
+            target, prompts, tokens, RAMP_SPACING, sweep.budget, f"{key}.{attempt}"
+        )
+        samples += found[0]
+        if any(s.rows == rows for s in found[0]):
+            break
+    return samples
 
 
 async def calibration_round(

@@ -131,17 +131,33 @@ async def traffic(
     return decode_iterations(records), stalls
 
 
+def _clean_gaps(times: Sequence[float]) -> list[tuple[float, float]]:
+    """The gaps between a stream's tokens (after its first ``SKIP_TOKENS``) that time one
+    iteration each: neither end in a read that brought several tokens at once. When the
+    client reads late, the tokens of several iterations arrive together: the gap into such a
+    read spans all of them and the gap out of it is cut short."""
+    together = [False] * len(times)
+    for i in range(1, len(times)):
+        if times[i] - times[i - 1] < SAME_TIME:
+            together[i - 1] = together[i] = True
+    return [
+        (times[i], times[i + 1])
+        for i in range(SKIP_TOKENS, len(times) - 1)
+        if not (together[i] or together[i + 1])
+    ]
+
+
 def decode_iterations(records: Sequence[ServerRecord]) -> list[DecodeSample]:
     """The iterations of decode rows only that ``records``' token times show: a gap between two
     tokens of a stream while no prompt was in flight (none sent and still without its first
-    token), its rows the streams decoding across it, each iteration counted once (by its end)."""
+    token), neither of its tokens read together with others (:func:`_clean_gaps`), its rows
+    the streams decoding across it, each iteration counted once (by its end)."""
     spans = [(r.arrival, r.chunk_times[0], r.chunk_times[-1], r) for r in records]
     seen: list[float] = []
     out = []
     for r in records:
-        times = r.token_times
-        for a, b in zip(times[SKIP_TOKENS:], times[SKIP_TOKENS + 1 :]):
-            if b - a < SAME_TIME or any(abs(b - end) < SAME_TIME * 10 for end in seen):
+        for a, b in _clean_gaps(r.token_times):
+            if any(abs(b - end) < SAME_TIME * 10 for end in seen):
                 continue
             if any(sent < b and first > a + SAME_TIME for sent, first, _, _ in spans):
                 continue  # a prompt may have been in this iteration
