@@ -773,6 +773,38 @@ def test_an_interrupted_pool_stops_its_workers_at_once():
     assert time.perf_counter() - began < 10
 
 
+def test_a_pool_interrupted_while_it_finishes_stops_its_workers_at_once():
+    """A Ctrl-C while the block's normal end waits for the pool's last tasks (the workers
+    ignore SIGINT: waiting on them kept capacity alive for more than 30 s under load)."""
+
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    workers = []
+
+    def interrupted_at_the_end():
+        with local_executor(2) as pool:
+            futures = [pool.submit(_sleep, 30) for _ in range(2)]
+            time.sleep(0.5)  # both running
+            assert not any(f.done() for f in futures)
+            workers.extend(p for p in multiprocessing.active_children() if p not in before)
+            finish = pool.shutdown
+
+            def shutdown(wait: bool = True, **kwargs):
+                if wait:  # the Ctrl-C arrives while the block's end waits for its tasks
+                    raise KeyboardInterrupt
+                finish(wait=wait, **kwargs)
+
+            pool.shutdown = shutdown  # type: ignore[method-assign]
+
+    began = time.perf_counter()
+    assert isinstance(finishes_within(15, interrupted_at_the_end), KeyboardInterrupt)
+    assert time.perf_counter() - began < 10
+    # none left running (asked of the OS: the pool's own thread may have reaped a worker, and
+    # then its Process object cannot tell)
+    assert len(workers) == 2 and not any(_running(w.pid) for w in workers)
+
+
 def test_ctrl_c_during_capacity_exits_at_once_without_tracebacks(tmp_path):
     """10, end to end: SIGINT to the command's process group (what a terminal's Ctrl-C does)."""
     import signal
@@ -807,6 +839,15 @@ def test_ctrl_c_during_capacity_exits_at_once_without_tracebacks(tmp_path):
     text = err.decode()
     assert child.returncode == 130, text
     assert "Traceback" not in text and "interrupted" in text
+
+
+def _running(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _parent(pid: str) -> int:
