@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from pytest_prefill.cli import main
+from pytest_prefill.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
