@@ -821,6 +821,9 @@ def test_ctrl_c_during_capacity_exits_at_once_without_tracebacks(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        # as in a terminal: a runner started in the background (`cmd &` in a script) ignores
+        # SIGINT, and a child inherits an ignored signal across exec
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 30
