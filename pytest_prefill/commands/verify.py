@@ -126,7 +126,15 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=0,
         metavar="K",
-        help="probes skip the workload's first K requests (0)",
+        help="probes skip the workload's first K requests (0); when K >= 30 they are the load "
+        "check's (--no-load-check)",
+    )
+    probes.add_argument(
+        "--no-load-check",
+        action="store_true",
+        help="predict from the calibration alone: do not first send the requests the probes "
+        "skip (--probe-start) at the predicted knee and scale the cost model to the speed the "
+        "server shows under that load",
     )
     probes.add_argument(
         "--probe-requests",
@@ -340,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
         workload=description,
         progress=progress,
         probe_requests=args.probe_requests,
+        load_check=not args.no_load_check,
     )
     text = verify_report(result)
     print(text)
@@ -348,13 +357,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def slim(document: dict[str, Any]) -> dict[str, Any]:
-    """A verify document without its probes' per-request records (each probe keeps its
-    summary and its outcomes, enough to recompute the knee and its interval): what an archive
-    keeps of a run whose records run to megabytes."""
+    """A verify document without the per-request records of its probes and load checks (each
+    probe keeps its summary and its outcomes, enough to recompute the knee and its interval):
+    what an archive keeps of a run whose records run to megabytes."""
     out = json.loads(json.dumps(document))
     for flag_set in out.get("flag_sets") or []:
         for probe in (flag_set.get("measured") or {}).get("probes") or []:
             probe.pop("records", None)
+        for run in (flag_set.get("load_check") or {}).get("runs") or []:
+            run.pop("records", None)
     return cast(dict[str, Any], out)
 
 

@@ -71,6 +71,17 @@ def _sharp(r: FlagSetResult) -> str:
     return f"{s.above:.0%} / {s.below:.0%}" + ("" if s.decisive else " NOT decisive")
 
 
+def _load(r: FlagSetResult) -> str:
+    """The load check's factor on the calibration's cost, and the knee it moved from."""
+    c = r.load_check
+    if c is None or not c.runs:
+        return "-"
+    fit = c.runs[-1].fit
+    if not fit.kept:
+        return "x1 (refused)"
+    return f"x{fit.estimate:.3g} [{fit.low:.3g}, {fit.high:.3g}] from {_rate(c.predicted_before)}"
+
+
 def knee_table(result: VerifyResult) -> str:
     """One row per flag set."""
     rows = []
@@ -81,10 +92,12 @@ def knee_table(result: VerifyResult) -> str:
         if r.predicted is not None and r.predicted.status == "never missed":
             predicted = ">= " + predicted
         within = f"predicted/measured [90%], ±{r.within:.0%}"
-        row = [r.flags.label, predicted, _sharp(r), _knee(r), _measured(r), _ratio(r), at]
+        row = [r.flags.label, _load(r), predicted, _sharp(r), _knee(r), _measured(r), _ratio(r)]
+        row.append(at)
         rows.append(row + [str(r.requests or "-"), r.ended and "ended" or ""])
     headers = [
         "flag set",
+        "cost under load [90%]",
         "predicted knee req/s",
         f"simulated at x{1 + result.rule.within:g} / at /{1 + result.rule.within:g}",
         "measured knee [90%]",
@@ -149,6 +162,16 @@ def verify_report(result: VerifyResult) -> str:
     lines = [
         f"verify on {result.engine or 'a server'}: {result.workload}",
         f"SLO {result.slo}, attainment target {result.rule.target:.0%}; {result.rule.sentence()}",
+    ]
+    if any(r.load_check is not None for r in result.results):
+        lines.append(
+            f"cost under load: the workload's first {result.rule.start} requests (the probes "
+            "skip them) sent at the knee the calibration predicts, and again at the knee their "
+            f"factor predicts when it moved by more than {result.rule.tolerance:.0%}; the factor "
+            "on every cost puts the simulated mean latency at the measured one, kept when its "
+            "90% interval leaves out 1, and the knee is predicted with it"
+        )
+    lines += [
         "",
         knee_table(result),
         "",
@@ -156,6 +179,9 @@ def verify_report(result: VerifyResult) -> str:
         "",
     ]
     lines += [r.ended for r in result.results if r.ended is not None]
+    for r in result.results:
+        if r.load_check is not None:
+            lines.append(f"load check, {r.flags.label}: {r.load_check.sentence()}")
     for r in result.results:
         if r.sharpness is not None and not r.sharpness.decisive:
             lines.append(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")

@@ -21,6 +21,7 @@ from typing import Any
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
+from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.experiments import warm_up
 from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
 from pytest_prefill.serve.knee import (
@@ -35,10 +36,17 @@ from pytest_prefill.serve.knee import (
 from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
 from pytest_prefill.serve.knee_sizing import Sharpness, predict_sized, sharpness
 from pytest_prefill.serve.launchers import Launcher, exited
+from pytest_prefill.serve.load_check import (
+    MIN_REQUESTS,
+    LoadCheck,
+    LoadRun,
+    run_load_check,
+    scaled_cost,
+)
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
 from pytest_prefill.serve.simulated import Scheduling, server_profile
-from pytest_prefill.sim import Request, simulated_engine
+from pytest_prefill.sim import CostModel, Request, simulated_engine
 
 Progress = Callable[[str], object]
 ALIVE_TIMEOUT = 5.0
@@ -127,7 +135,9 @@ class FlagSetResult:
     and the load generator ran (``serve.pinning``'s sentence); ``sharpness``: the simulated
     attainment on either side of the predicted knee, on what the probes send (rule 3);
     ``replayed``: per probe, the simulator's attainment on its requests replayed at their
-    measured arrivals (``knee.replayed_attainment``)."""
+    measured arrivals (``knee.replayed_attainment``); ``load_check``: the server's speed under
+    load against the calibration's (``serve.load_check``), whose factor scales the cost model
+    the knee is predicted with (None: not run)."""
 
     flags: FlagSet
     command: tuple[str, ...] = ()
@@ -143,6 +153,7 @@ class FlagSetResult:
     pinning: str | None = None
     sharpness: Sharpness | None = None
     replayed: tuple[float, ...] = ()
+    load_check: LoadCheck | None = None
 
     @property
     def ratio(self) -> float:
@@ -179,6 +190,7 @@ class FlagSetResult:
             "attainment_at_predicted": self.attainment_at_predicted,
             "sharpness": self.sharpness.to_dict() if self.sharpness is not None else None,
             "replayed": list(self.replayed),
+            "load_check": self.load_check.to_dict() if self.load_check is not None else None,
             "ended": self.ended,
             "exit_status": self.exit_status,
             "pinning": self.pinning,
@@ -279,6 +291,7 @@ class _Plan:
     sweep: ServerSweep | None
     calibration: ServerCalibration | None
     count: int | None = None  # requests a probe, once fixed: every flag set sends the same
+    check: list[Request] = dataclasses.field(default_factory=list)  # the load check's requests
 
 
 async def _check_flag_set(
@@ -296,26 +309,21 @@ async def _check_flag_set(
         f", seqs {flags.max_seqs}" if flags.max_seqs else ""
     )
     try:
-        target: Target = await open_target(
-            url,
-            engine=server.engine,
-            tokenizer=server.tokenizer,
-            flags=flagged,
-            timeouts=server.timeouts,
-        )
-        target = dataclasses.replace(target, prefix_block_tokens=server.prefix_block_tokens)
-        await warm_up(target, f"{flags.budget}-")
-        calibration = plan.calibration
-        if calibration is None:
-            assert plan.sweep is not None
-            rows = min(flags.max_seqs or RAMP_ROWS, RAMP_ROWS) if flags.max_seqs != 1 else 0
-            sweep = dataclasses.replace(plan.sweep, budget=flags.budget, ramp_rows=rows)
-            calibration = await calibrate_server(target, sweep, progress, verify=label)
+        target, calibration = await _calibrated(server, url, flags, flagged, plan, progress)
     except (ServerError, ValueError) as err:
         why = await _alive(url, process) or "calibration failed"
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
     scheduling = _scheduling(server, target.identity.engine, flags)
-    load, wanted, predicted, sharp = _predicted(plan, calibration, scheduling)
+    check = None
+    if plan.check:
+        try:
+            check = await _load_check(target, plan, calibration, scheduling, flags, progress)
+        except (ServerError, ValueError) as err:
+            why = await _alive(url, process) or "the load check failed"
+            line = f"{label}: {why}: {str(err)[:160]}"
+            return FlagSetResult(flags, command, calibration, scheduling, ended=line)
+    cost = scaled_cost(calibration.cost, check.factor if check is not None else 1.0)
+    load, wanted, predicted, sharp = _predicted(plan, cost, calibration.overhead, scheduling)
     if progress is not None:
         progress(
             f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status}); "
@@ -336,12 +344,35 @@ async def _check_flag_set(
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
     sizes["sharpness"] = sharp
     sizes["replayed"] = tuple(
-        replayed_attainment(p, calibration.cost, calibration.overhead, scheduling, plan.slo)
+        replayed_attainment(p, cost, calibration.overhead, scheduling, plan.slo)
         for p in measured.probes
     )
+    sizes["load_check"] = check
     return FlagSetResult(
         flags, command, calibration, scheduling, predicted, measured, ended, **sizes
     )
+
+
+async def _calibrated(
+    server: Server, url: Url, flags: FlagSet, flagged: str, plan: _Plan, progress: Progress | None
+) -> tuple[Target, ServerCalibration]:
+    """The server at ``url`` opened and warmed up, and its calibration: the plan's, else one
+    measured now at the flag set's budget, its ramps at its cap."""
+    target: Target = await open_target(
+        url,
+        engine=server.engine,
+        tokenizer=server.tokenizer,
+        flags=flagged,
+        timeouts=server.timeouts,
+    )
+    target = dataclasses.replace(target, prefix_block_tokens=server.prefix_block_tokens)
+    await warm_up(target, f"{flags.budget}-")
+    if plan.calibration is not None:
+        return target, plan.calibration
+    assert plan.sweep is not None
+    rows = min(flags.max_seqs or RAMP_ROWS, RAMP_ROWS) if flags.max_seqs != 1 else 0
+    sweep = dataclasses.replace(plan.sweep, budget=flags.budget, ramp_rows=rows)
+    return target, await calibrate_server(target, sweep, progress, verify=flags.label)
 
 
 def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
@@ -354,15 +385,61 @@ def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
     return Scheduling(profile, server.kv_capacity)
 
 
+async def _load_check(
+    target: Target,
+    plan: _Plan,
+    calibration: ServerCalibration,
+    scheduling: Scheduling,
+    flags: FlagSet,
+    progress: Progress | None,
+) -> LoadCheck:
+    """The load check (``serve.load_check``): the requests the probes skip, sent at the knee
+    the calibration alone predicts, and again at the knee the factor fitted on them predicts
+    when that moved by more than the probes' tolerance, the factor then fitted on both runs:
+    a server's factor grows with its load (vLLM 256/8 here: 1.10 at 13 req/s, 1.01 at 11.8),
+    and the knee lies between the two loads."""
+    cost, overhead = calibration.cost, calibration.overhead
+    before = _guess(plan, cost, overhead, scheduling)
+    runs: list[LoadRun] = []
+    rate = before
+    while rate > 0:
+        tag = f"b{flags.budget}s{flags.max_seqs or 0}-load{len(runs)}-"
+        found = await run_load_check(
+            target, plan.check, rate, cost, overhead, scheduling, tag, runs
+        )
+        runs.append(found)
+        if progress is not None:
+            progress(f"load check {len(runs)}: {found.rate:.3g} req/s: {found.fit.sentence()}")
+        if not found.fit.kept or len(runs) == 2:
+            break
+        moved = _guess(plan, scaled_cost(cost, found.fit.factor), overhead, scheduling)
+        if abs(moved / rate - 1) <= plan.rule.tolerance:
+            break
+        rate = moved
+    return LoadCheck(before, tuple(runs))
+
+
+def _guess(
+    plan: _Plan, cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
+) -> float:
+    """The knee predicted on what the probes will send (their count, once fixed; else as
+    the first flag set sizes them), without fixing anything."""
+    if plan.count is None:
+        sized = predict_sized(plan.load, cost, overhead, scheduling, plan.slo, plan.rule)
+        return sized.predicted.rate
+    load = probe_load(plan.load, plan.rule, plan.count)
+    return predict_knee(load, cost, overhead, scheduling, plan.slo, plan.rule.target).rate
+
+
 def _predicted(
-    plan: _Plan, calibration: ServerCalibration, scheduling: Scheduling
+    plan: _Plan, cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
 ) -> tuple[list[Request], int, Predicted, Sharpness]:
     """What the probes send, how many rule 2 wants at the knee predicted on them, that knee,
     and how sharp the simulator predicts it. The first flag set sizes the probes
     (:func:`~pytest_prefill.serve.knee_sizing.predict_sized`) unless a count was given; every
     later one sends the same requests, so that the knees rank flag sets on one workload (the
     rules' want and sharpness are reported beside each)."""
-    cost, overhead, slo, rule = calibration.cost, calibration.overhead, plan.slo, plan.rule
+    slo, rule = plan.slo, plan.rule
     if plan.count is None:
         sized = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
         load, predicted, sharp = sized.requests, sized.predicted, sized.sharpness
@@ -401,11 +478,15 @@ def verify(
     workload: str = "",
     progress: Progress | None = None,
     probe_requests: int | None = None,
+    load_check: bool = True,
 ) -> VerifyResult:
     """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
     it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
     one's calibration for all). ``probe_requests``: every probe sends this many (at least rule
-    1's), else the first flag set sizes them for all.
+    1's), else the first flag set sizes them for all. ``load_check``: before the probes, the
+    workload's requests they skip (``rule.start``, when at least ``load_check.MIN_REQUESTS``)
+    are sent at the predicted knee and the cost model scaled to the speed they show
+    (``serve.load_check``); off, or with fewer skipped, the calibration alone predicts.
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
@@ -432,6 +513,10 @@ def verify(
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
     ordered = sorted(load, key=lambda r: (r.arrival, r.id))
     plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests)
+    if load_check and rule.start >= MIN_REQUESTS:
+        skipped = ordered[: rule.start]
+        origin = skipped[0].arrival
+        plan.check = [dataclasses.replace(r, arrival=r.arrival - origin) for r in skipped]
     results = []
     for flags in flag_sets:
         result = _one(server, flags, plan, progress)

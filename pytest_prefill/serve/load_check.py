@@ -1,0 +1,288 @@
+"""The server's speed under load against its calibration's: the requests the probes skip, sent
+at the predicted knee, replayed in the simulator with every cost scaled by a factor k, and k
+fitted so that the simulated mean latency is the measured one, with a bootstrap interval. A
+factor whose interval holds 1 is refused (the calibration's speed stands); one that does not
+scales the cost model the knee is predicted with.
+
+Why: a calibration times passes and steps with a few streams live. Under a probe's load the
+server does more beside them (vLLM's CPU build: its API server, its engine loop and the load
+generator share one core, and each step waits on that core), and on this box its knee came
+out 8-35% below the one predicted from the calibration alone while the same calibration
+predicted the probes' requests' latencies within 2-9% at light load. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
+from pytest_prefill.serve.records import BenchRun, ServerRecord
+from pytest_prefill.serve.server_metrics import run_counted
+from pytest_prefill.serve.simulated import Scheduling, simulate_records
+from pytest_prefill.sim import CostModel, Request
+
+# The cost model's terms in seconds (a factor scales these; sizes and ratios stay).
+TIME_TERMS = (
+    "prefill_pass_overhead",
+    "prefill_per_token",
+    "decode_step_base",
+    "decode_per_seq",
+    "decode_per_kv_token",
+    "prefill_per_pair",
+    "batch_attention_per_pair",
+    "link_latency",
+)
+FACTORS = tuple(round(0.5 + 0.02 * i, 2) for i in range(101))  # 0.5 .. 2.5, the fitted range
+MIN_REQUESTS = 30  # fewer completed requests than this: no factor is fitted
+BLOCK = 20  # requests a resampled block: requests queued together move together
+
+
+def scaled_cost(cost: CostModel, factor: float) -> CostModel:
+    """``cost`` with every term in seconds (:data:`TIME_TERMS`) times ``factor``.
+
+    Raises:
+        ValueError: for a factor that is not a positive finite number.
+    """
+    ok = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+    if not (ok and math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
+    if factor == 1:
+        return cost
+    return dataclasses.replace(cost, **{t: getattr(cost, t) * factor for t in TIME_TERMS})
+
+
+def latencies(records: Sequence[Any]) -> list[float]:
+    """Each request's latency, arrival to last token (seconds): a measured run's records or
+    their simulated twins (anything with ``arrival`` and ``token_times``)."""
+    return [r.token_times[-1] - r.arrival for r in records]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadFactor:
+    """The factor k on the calibration's costs that puts the simulated mean latency of
+    measured runs' requests at the measured one: ``estimate`` with its ``low``-``high``
+    bootstrap interval at ``level`` (``resamples`` resamplings of blocks of requests);
+    ``kept`` when the interval leaves out 1, else ``factor`` is 1 and ``reason`` says why;
+    the measured and simulated (k = 1) mean latencies, seconds, over ``requests``."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    resamples: int
+    measured_latency: float
+    simulated_latency: float
+    requests: int
+    reason: str = ""
+
+    @property
+    def kept(self) -> bool:
+        return not self.reason
+
+    @property
+    def factor(self) -> float:
+        return self.estimate if self.kept else 1.0
+
+    def sentence(self) -> str:
+        head = (
+            f"mean latency {self.measured_latency:.3g} s measured, "
+            f"{self.simulated_latency:.3g} s simulated on {self.requests} requests"
+        )
+        if math.isnan(self.estimate):
+            return f"{head}; no factor: {self.reason}"
+        fitted = (
+            f"the server ran at x{self.estimate:.2f} [{self.low:.2f}, {self.high:.2f}] the "
+            "calibration's cost"
+        )
+        return f"{head}: {fitted}, " + ("kept" if self.kept else f"refused: {self.reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "kept": self.kept,
+            "factor": self.factor,
+            "sentence": self.sentence(),
+        }
+
+
+def fit_load_factor(
+    runs: Sequence[Sequence[ServerRecord]],
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+    *,
+    level: float = 0.9,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> LoadFactor:
+    """The factor on ``cost`` that makes the simulator's mean latency of the requests of
+    ``runs`` (each the records of one measured run, replayed at their measured arrivals:
+    ``serve.simulated``; failed ones left out) the measured mean, searched over
+    :data:`FACTORS`. Its interval resamples blocks of :data:`BLOCK` requests in the order
+    sent (a request's simulated latency at each factor kept with it): requests queued together
+    are not independent. It cannot see a server whose speed moves between runs.
+
+    Raises:
+        ValueError: for a level outside (0, 1) or resamples below 100.
+    """
+    if not (isinstance(level, float) and 0 < level < 1):
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
+        raise ValueError(f"resamples must be an integer >= 100, got {resamples!r}")
+    done = [sorted((r for r in run if r.ok), key=lambda r: r.arrival) for run in runs]
+    measured = [x for run in done for x in latencies(run)]
+    if len(measured) < MIN_REQUESTS:
+        mean = statistics.fmean(measured) if measured else math.nan
+        why = f"{len(measured)} completed requests, fewer than {MIN_REQUESTS}"
+        count = len(measured)
+        return LoadFactor(math.nan, math.nan, math.nan, level, 0, mean, math.nan, count, why)
+    simulated = [
+        [
+            x
+            for run in done
+            for x in latencies(simulate_records(run, scaled_cost(cost, k), overhead, scheduling))
+        ]
+        for k in FACTORS
+    ]
+    everyone = list(range(len(measured)))
+    blocks, start = [], 0
+    for run in done:
+        blocks += [
+            everyone[i : min(i + BLOCK, start + len(run))]
+            for i in range(start, start + len(run), BLOCK)
+        ]
+        start += len(run)
+    estimate = _crossing(simulated, measured, everyone)
+    rng = random.Random(seed)
+    draws = sorted(
+        _crossing(simulated, measured, [i for b in rng.choices(blocks, k=len(blocks)) for i in b])
+        for _ in range(resamples)
+    )
+    tail = (1 - level) / 2
+    low, high = draws[int(tail * (resamples - 1))], draws[int((1 - tail) * (resamples - 1))]
+    mean, at_one = statistics.fmean(measured), statistics.fmean(simulated[FACTORS.index(1.0)])
+    fit = LoadFactor(estimate, low, high, level, resamples, mean, at_one, len(measured))
+    return dataclasses.replace(fit, reason=_refusal(fit))
+
+
+def _refusal(fit: LoadFactor) -> str:
+    edge = f"outside the factors searched ({FACTORS[0]:g}-{FACTORS[-1]:g})"
+    if fit.estimate <= FACTORS[0] or fit.estimate >= FACTORS[-1]:
+        return f"{edge}: the server's speed under load is not a scaled calibration"
+    if fit.low <= 1 <= fit.high:
+        return "its interval holds 1: the calibration's speed stands"
+    return ""
+
+
+def _crossing(
+    simulated: Sequence[Sequence[float]], measured: Sequence[float], pick: Sequence[int]
+) -> float:
+    """Where the mean over ``pick`` of the simulated latencies (one list per factor, in the
+    order of :data:`FACTORS`) crosses the measured mean: interpolated between neighbouring
+    factors, found by bisection (the mean grows with the factor, as every cost does); the
+    first or last factor when it never crosses."""
+
+    def gap(j: int) -> float:
+        return _mean_at(simulated[j], pick) - _mean_at(measured, pick)
+
+    lo, hi = 0, len(FACTORS) - 1
+    if gap(lo) >= 0:
+        return FACTORS[lo]
+    if gap(hi) <= 0:
+        return FACTORS[hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
+    below, above = gap(lo), gap(hi)
+    return FACTORS[lo] + (FACTORS[hi] - FACTORS[lo]) * (-below / (above - below))
+
+
+def _mean_at(values: Sequence[float], pick: Sequence[int]) -> float:
+    return math.fsum(values[i] for i in pick) / len(pick)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadRun:
+    """One run of the load check: its requests sent at ``rate`` req/s, and the factor fitted
+    on them and the earlier runs' together."""
+
+    rate: float
+    fit: LoadFactor
+    run: BenchRun
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "fit": self.fit.to_dict(),
+            "run": self.run.to_dict(),
+            "records": [r.to_dict() for r in self.run.records],
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadCheck:
+    """What the load check found: the knee predicted from the calibration alone
+    (``predicted_before``, req/s), each run (at that knee, then at the knee its factor
+    predicts when that moved by more than the probes' tolerance), and the factor the knee is
+    predicted with (the last run's; 1 when refused)."""
+
+    predicted_before: float
+    runs: tuple[LoadRun, ...]
+
+    @property
+    def factor(self) -> float:
+        return self.runs[-1].fit.factor if self.runs else 1.0
+
+    def sentence(self) -> str:
+        parts = [
+            f"{len(r.run.records)} requests at {r.rate:.3g} req/s: {r.fit.sentence()}"
+            for r in self.runs
+        ]
+        return "; then ".join(parts) or "not run"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "predicted_before": self.predicted_before,
+            "factor": self.factor,
+            "runs": [r.to_dict() for r in self.runs],
+            "sentence": self.sentence(),
+        }
+
+
+async def run_load_check(
+    target: Target,
+    requests: Sequence[Request],
+    rate: float,
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+    tag: str,
+    earlier: Sequence[LoadRun] = (),
+) -> LoadRun:
+    """``requests`` sent at ``rate`` req/s (their arrivals scaled, salted afresh: a cold prefix
+    cache), and the factor fitted on them and the ``earlier`` runs' (:func:`fit_load_factor`).
+
+    Raises:
+        ValueError: for a rate that is not a positive number, or requests with no rate.
+    """
+    from pytest_prefill.plan.workloads import arrival_rate
+
+    base = arrival_rate(requests)
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive number, got {rate!r}")
+    if not math.isfinite(base) or base <= 0:
+        raise ValueError("the load check's requests arrive at once: no rate to scale")
+    renamed = [dataclasses.replace(r, id=f"{tag}{r.id}") for r in requests]
+    run = await run_counted(
+        dataclasses.replace(target, salt=f"{target.salt}-{tag}"),
+        renamed,
+        schedule=Schedule("trace", rate_scale=rate / base),
+        bounds=Bounds(warmup=0),
+    )
+    runs = [e.run.records for e in earlier] + [run.records]
+    return LoadRun(rate, fit_load_factor(runs, cost, overhead, scheduling), run)
