@@ -9,6 +9,7 @@ import dataclasses
 import math
 
 import pytest
+from poisson_load import poisson_load
 
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration_fit import RequestOverhead
@@ -23,14 +24,8 @@ SLO_ = SLO(ttft=0.5, tpot=0.06)
 SCHEDULING = Scheduling(server_profile("vllm", 256, 8))
 
 
-def _poisson(n: int, rate: float = 4.0, prompt: int = 64, output: int = 8) -> list[Request]:
-    import random
-
-    rng, t, load = random.Random(3), 0.0, []
-    for i in range(n):
-        load.append(Request(f"r{i}", t, prompt + 16 * (i % 4), output))
-        t += rng.expovariate(rate)
-    return load
+def _poisson(n: int, rate: float = 4.0, **lengths: int) -> list[Request]:
+    return poisson_load(n, rate, **lengths)
 
 
 def _ends_in_a_burst(calm: int = 30, burst: int = 6, after: int = 400) -> list[Request]:

@@ -12,6 +12,7 @@ import math
 
 import pytest
 from cli_errors import usage_error
+from poisson_load import poisson_load
 
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration_fit import RequestOverhead
@@ -41,14 +42,8 @@ WORDS = Prompts(
 )
 
 
-def _poisson(n: int, rate: float = 2.0, prompt: int = 64, output: int = 8) -> list[Request]:
-    import random
-
-    rng, t, load = random.Random(3), 0.0, []
-    for i in range(n):
-        load.append(Request(f"r{i}", t, prompt + 16 * (i % 4), output))
-        t += rng.expovariate(rate)
-    return load
+def _poisson(n: int, rate: float = 2.0, **lengths: int) -> list[Request]:
+    return poisson_load(n, rate, **lengths)
 
 
 def test_a_flag_set_reads_as_a_capacity_deployment_writes_it():

@@ -126,15 +126,14 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=0,
         metavar="K",
-        help="probes skip the workload's first K requests (0); when K >= 30 they are the load "
-        "check's (--no-load-check)",
+        help="probes skip the workload's first K requests (0)",
     )
     probes.add_argument(
         "--no-load-check",
         action="store_true",
-        help="predict from the calibration alone: do not first send the requests the probes "
-        "skip (--probe-start) at the predicted knee and scale the cost model to the speed the "
-        "server shows under that load",
+        help="predict from the calibration alone: do not first send as many requests as a "
+        "probe, those after the probes', at the predicted knee and scale the cost model to the "
+        "speed the server shows under that load",
     )
     probes.add_argument(
         "--probe-requests",

@@ -165,11 +165,12 @@ def verify_report(result: VerifyResult) -> str:
     ]
     if any(r.load_check is not None for r in result.results):
         lines.append(
-            f"cost under load: the workload's first {result.rule.start} requests (the probes "
-            "skip them) sent at the knee the calibration predicts, and again at the knee their "
-            f"factor predicts when it moved by more than {result.rule.tolerance:.0%}; the factor "
-            "on every cost puts the simulated mean latency at the measured one, kept when its "
-            "90% interval leaves out 1, and the knee is predicted with it"
+            "cost under load: as many requests as a probe, the ones after the probes' (no probe "
+            "sends them), sent at the knee the calibration predicts, and again at the knee the "
+            f"last run's factor predicts while it moves by more than {result.rule.tolerance:.0%} "
+            "(3 runs at most); the factor on every cost puts the simulated mean latency at the "
+            "measured one, kept when its 90% interval leaves out 1, and the knee is predicted "
+            "with the last run's"
         )
     lines += [
         "",
@@ -213,9 +214,12 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 ratio += judged["verdict"]
             at = r.get("attainment_at_predicted")
             label = r["flags"]["label"]
+            check = r.get("load_check") or {}
+            factor = f"x{check['factor']:.2f}" if check.get("runs") else "-"
             rows.append(
                 [
                     label,
+                    factor,
                     _rate(p),
                     f"{shown}{interval} ({status})",
                     ratio,
@@ -226,7 +230,8 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 labels.append(label)
                 predicted.append(p)
                 measured.append(m)
-    headers = ["flag set", "predicted knee", "measured knee [90%]", "predicted/measured [90%]"]
+    headers = ["flag set", "cost under load", "predicted knee", "measured knee [90%]"]
+    headers.append("predicted/measured [90%]")
     headers.append("attainment at predicted")
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     if len(labels) < 2:

@@ -209,7 +209,7 @@ def _mean_at(values: Sequence[float], pick: Sequence[int]) -> float:
 @dataclasses.dataclass(frozen=True)
 class LoadRun:
     """One run of the load check: its requests sent at ``rate`` req/s, and the factor fitted
-    on them and the earlier runs' together."""
+    on them."""
 
     rate: float
     fit: LoadFactor
@@ -227,9 +227,9 @@ class LoadRun:
 @dataclasses.dataclass(frozen=True)
 class LoadCheck:
     """What the load check found: the knee predicted from the calibration alone
-    (``predicted_before``, req/s), each run (at that knee, then at the knee its factor
-    predicts when that moved by more than the probes' tolerance), and the factor the knee is
-    predicted with (the last run's; 1 when refused)."""
+    (``predicted_before``, req/s), each run (at that knee, then at the knee the last run's
+    factor predicts while that moved by more than the probes' tolerance), and the factor the
+    knee is predicted with (the last run's; 1 when refused)."""
 
     predicted_before: float
     runs: tuple[LoadRun, ...]
@@ -262,10 +262,9 @@ async def run_load_check(
     overhead: RequestOverhead,
     scheduling: Scheduling,
     tag: str,
-    earlier: Sequence[LoadRun] = (),
 ) -> LoadRun:
     """``requests`` sent at ``rate`` req/s (their arrivals scaled, salted afresh: a cold prefix
-    cache), and the factor fitted on them and the ``earlier`` runs' (:func:`fit_load_factor`).
+    cache), and the factor fitted on them (:func:`fit_load_factor`).
 
     Raises:
         ValueError: for a rate that is not a positive number, or requests with no rate.
@@ -284,5 +283,4 @@ async def run_load_check(
         schedule=Schedule("trace", rate_scale=rate / base),
         bounds=Bounds(warmup=0),
     )
-    runs = [e.run.records for e in earlier] + [run.records]
-    return LoadRun(rate, fit_load_factor(runs, cost, overhead, scheduling), run)
+    return LoadRun(rate, fit_load_factor([run.records], cost, overhead, scheduling), run)

@@ -20,6 +20,7 @@ from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.experiments import warm_up
@@ -51,6 +52,7 @@ from pytest_prefill.sim import CostModel, Request, simulated_engine
 Progress = Callable[[str], object]
 ALIVE_TIMEOUT = 5.0
 RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
+CHECK_RUNS = 3  # the load check's runs, at most
 FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
 
 
@@ -291,7 +293,7 @@ class _Plan:
     sweep: ServerSweep | None
     calibration: ServerCalibration | None
     count: int | None = None  # requests a probe, once fixed: every flag set sends the same
-    check: list[Request] = dataclasses.field(default_factory=list)  # the load check's requests
+    load_check: bool = True
 
 
 async def _check_flag_set(
@@ -315,7 +317,7 @@ async def _check_flag_set(
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
     scheduling = _scheduling(server, target.identity.engine, flags)
     check = None
-    if plan.check:
+    if plan.load_check:
         try:
             check = await _load_check(target, plan, calibration, scheduling, flags, progress)
         except (ServerError, ValueError) as err:
@@ -392,25 +394,39 @@ async def _load_check(
     scheduling: Scheduling,
     flags: FlagSet,
     progress: Progress | None,
-) -> LoadCheck:
-    """The load check (``serve.load_check``): the requests the probes skip, sent at the knee
-    the calibration alone predicts, and again at the knee the factor fitted on them predicts
-    when that moved by more than the probes' tolerance, the factor then fitted on both runs:
-    a server's factor grows with its load (vLLM 256/8 here: 1.10 at 13 req/s, 1.01 at 11.8),
-    and the knee lies between the two loads."""
+) -> LoadCheck | None:
+    """The load check (``serve.load_check``): the requests that follow the probes' (as many),
+    sent at the knee the calibration alone predicts, and again — at most :data:`CHECK_RUNS`
+    runs — at the knee each run's factor predicts while that moves by more than the probes'
+    tolerance: a server's factor grows with its load (vLLM 256/8 here: 1.10 at 13 req/s, 1.01
+    at 11.8), so the one kept is the last run's, nearest the knee. None, said in the progress,
+    when the workload has too few requests after the probes'. Fixes the probes' count (sized
+    on the calibration alone) when no flag set has yet."""
     cost, overhead = calibration.cost, calibration.overhead
+    if plan.count is None:
+        sized = predict_sized(plan.load, cost, overhead, scheduling, plan.slo, plan.rule)
+        plan.count = len(sized.requests)
+    first = plan.rule.start + plan.count
+    requests = plan.load[first : first + plan.count]  # plan.load is in arrival order
+    if len(requests) < MIN_REQUESTS or not math.isfinite(arrival_rate(requests)):
+        if progress is not None:
+            progress(
+                f"{flags.label}: no load check: the workload has {len(requests)} requests after "
+                f"the probes' (at least {MIN_REQUESTS} that do not all arrive at once needed)"
+            )
+        return None
+    origin = requests[0].arrival
+    requests = [dataclasses.replace(r, arrival=r.arrival - origin) for r in requests]
     before = _guess(plan, cost, overhead, scheduling)
     runs: list[LoadRun] = []
     rate = before
-    while rate > 0:
+    while rate > 0 and len(runs) < CHECK_RUNS:
         tag = f"b{flags.budget}s{flags.max_seqs or 0}-load{len(runs)}-"
-        found = await run_load_check(
-            target, plan.check, rate, cost, overhead, scheduling, tag, runs
-        )
+        found = await run_load_check(target, requests, rate, cost, overhead, scheduling, tag)
         runs.append(found)
         if progress is not None:
             progress(f"load check {len(runs)}: {found.rate:.3g} req/s: {found.fit.sentence()}")
-        if not found.fit.kept or len(runs) == 2:
+        if not found.fit.kept:
             break
         moved = _guess(plan, scaled_cost(cost, found.fit.factor), overhead, scheduling)
         if abs(moved / rate - 1) <= plan.rule.tolerance:
@@ -422,11 +438,7 @@ async def _load_check(
 def _guess(
     plan: _Plan, cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
 ) -> float:
-    """The knee predicted on what the probes will send (their count, once fixed; else as
-    the first flag set sizes them), without fixing anything."""
-    if plan.count is None:
-        sized = predict_sized(plan.load, cost, overhead, scheduling, plan.slo, plan.rule)
-        return sized.predicted.rate
+    """The knee predicted on what the probes will send (their count fixed)."""
     load = probe_load(plan.load, plan.rule, plan.count)
     return predict_knee(load, cost, overhead, scheduling, plan.slo, plan.rule.target).rate
 
@@ -449,7 +461,10 @@ def _predicted(
         predicted = predict_knee(load, cost, overhead, scheduling, slo, rule.target)
         sharp = sharpness(load, cost, overhead, scheduling, slo, rule, predicted)
         if not sharp.decisive and sharp.capped is None:
-            why = "the probes' length was fixed before (--probe-requests, or the first flag set's)"
+            why = (
+                "the probes' length was fixed before (--probe-requests, the first flag set's, "
+                "or sized on the calibration alone for the load check)"
+            )
             sharp = dataclasses.replace(sharp, capped=why)
     return load, rule.requests_at(predicted.rate, slo), predicted, sharp
 
@@ -457,8 +472,6 @@ def _predicted(
 def _start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
     """The first probe's scale: the predicted knee's, else the lowest rate the prediction
     tried (it met the SLO nowhere)."""
-    from pytest_prefill.plan.workloads import arrival_rate
-
     if predicted.rate > 0:
         return predicted.rate / arrival_rate(load)
     probes = predicted.result.probes if predicted.result is not None else ()
@@ -483,10 +496,11 @@ def verify(
     """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
     it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
     one's calibration for all). ``probe_requests``: every probe sends this many (at least rule
-    1's), else the first flag set sizes them for all. ``load_check``: before the probes, the
-    workload's requests they skip (``rule.start``, when at least ``load_check.MIN_REQUESTS``)
+    1's), else the first flag set sizes them for all. ``load_check``: before the probes, as
+    many requests as a probe sends, the ones that follow the probes' (none of them a probe's),
     are sent at the predicted knee and the cost model scaled to the speed they show
-    (``serve.load_check``); off, or with fewer skipped, the calibration alone predicts.
+    (``serve.load_check``); off, or where the workload has fewer than
+    ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts.
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
@@ -512,11 +526,7 @@ def verify(
     rule = rule or ProbeRule()
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
     ordered = sorted(load, key=lambda r: (r.arrival, r.id))
-    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests)
-    if load_check and rule.start >= MIN_REQUESTS:
-        skipped = ordered[: rule.start]
-        origin = skipped[0].arrival
-        plan.check = [dataclasses.replace(r, arrival=r.arrival - origin) for r in skipped]
+    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, load_check)
     results = []
     for flags in flag_sets:
         result = _one(server, flags, plan, progress)
