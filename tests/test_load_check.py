@@ -19,6 +19,10 @@ from pytest_prefill.serve.load_check import (
     FACTORS,
     MIN_REQUESTS,
     TIME_TERMS,
+    LoadCheck,
+    LoadFactor,
+    LoadRun,
+    factor_at,
     fit_load_factor,
     run_load_check,
     scaled_cost,
@@ -162,3 +166,27 @@ def test_a_load_check_against_the_reference_server_keeps_every_request():
     assert len(document["records"]) == len(load) and document["fit"]["requests"] == len(load)
     with pytest.raises(ValueError, match="rate"):
         asyncio.run(run_load_check(None, load, 0.0, COST, WAY, SCHEDULING, "x"))  # type: ignore[arg-type]
+
+
+def _run_at(rate: float, factor: float) -> LoadRun:
+    fit = LoadFactor(factor, factor - 0.01, factor + 0.01, 0.9, 100, 1.0, 1.0, 40)
+    return LoadRun(rate, fit, None)  # type: ignore[arg-type]
+
+
+def test_the_factor_between_two_runs_is_linear_in_log_rate_and_flat_beyond():
+    runs = [_run_at(8.0, 1.4), _run_at(2.0, 1.0)]
+    assert factor_at(runs, 4.0) == pytest.approx(1.2)  # halfway in log rate
+    assert factor_at(runs, 1.0) == 1.0 and factor_at(runs, 16.0) == 1.4
+    assert factor_at([], 3.0) == 1.0
+    refused = dataclasses.replace(runs[0].fit, low=0.9, high=1.5, reason="its interval holds 1")
+    assert factor_at([dataclasses.replace(runs[0], fit=refused), runs[1]], 8.0) == 1.0
+
+
+def test_a_load_check_says_its_runs_and_the_factor_the_knee_is_predicted_with():
+    check = LoadCheck(10.0, (_run_at(10.0, 1.2), _run_at(8.0, 1.1)), 1.15)
+    text = check.sentence()
+    assert "at 10 req/s" in text and "at 8 req/s" in text and text.endswith("x1.15")
+    assert json.loads(json.dumps({"f": check.factor}))["f"] == 1.15
+    for bad in (0.0, math.nan, -1.0):
+        with pytest.raises(ValueError, match="factor"):
+            LoadCheck(10.0, (), bad)

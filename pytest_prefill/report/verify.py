@@ -76,10 +76,15 @@ def _load(r: FlagSetResult) -> str:
     c = r.load_check
     if c is None or not c.runs:
         return "-"
-    fit = c.runs[-1].fit
-    if not fit.kept:
-        return "x1 (refused)"
-    return f"x{fit.estimate:.3g} [{fit.low:.3g}, {fit.high:.3g}] from {_rate(c.predicted_before)}"
+    if len(c.runs) == 1:
+        fit = c.runs[0].fit
+        if not fit.kept:
+            return "x1 (refused)"
+        return (
+            f"x{fit.estimate:.2f} [{fit.low:.2f}, {fit.high:.2f}] from {_rate(c.predicted_before)}"
+        )
+    measured = ", ".join(f"x{r.fit.factor:.2f} at {_rate(r.rate)}" for r in c.runs)
+    return f"x{c.factor:.2f} ({measured}) from {_rate(c.predicted_before)}"
 
 
 def knee_table(result: VerifyResult) -> str:
@@ -167,10 +172,11 @@ def verify_report(result: VerifyResult) -> str:
         lines.append(
             "cost under load: as many requests as a probe, the ones after the probes' (no probe "
             "sends them), sent at the knee the calibration predicts, and again at the knee the "
-            f"last run's factor predicts while it moves by more than {result.rule.tolerance:.0%} "
-            "(3 runs at most); the factor on every cost puts the simulated mean latency at the "
-            "measured one, kept when its 90% interval leaves out 1, and the knee is predicted "
-            "with the last run's"
+            f"runs settle on while it moves by more than {result.rule.tolerance:.0%} (3 runs at "
+            "most); a run's factor on every cost puts the simulated mean latency at the "
+            "measured one, kept when its 90% interval leaves out 1; the knee is predicted with "
+            "the factor, interpolated in log rate between the runs, at the rate whose factor "
+            "predicts that rate"
         )
     lines += [
         "",

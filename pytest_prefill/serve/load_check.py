@@ -227,23 +227,22 @@ class LoadRun:
 @dataclasses.dataclass(frozen=True)
 class LoadCheck:
     """What the load check found: the knee predicted from the calibration alone
-    (``predicted_before``, req/s), each run (at that knee, then at the knee the last run's
-    factor predicts while that moved by more than the probes' tolerance), and the factor the
-    knee is predicted with (the last run's; 1 when refused)."""
+    (``predicted_before``, req/s), each run (at that knee, then at the knee the runs settled
+    on while that moved by more than the probes' tolerance), and the ``factor`` the knee is
+    predicted with (the runs' at the knee they settle on; 1 where refused)."""
 
     predicted_before: float
     runs: tuple[LoadRun, ...]
+    factor: float = 1.0
 
-    @property
-    def factor(self) -> float:
-        return self.runs[-1].fit.factor if self.runs else 1.0
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise ValueError(f"factor must be a positive number, got {self.factor!r}")
 
     def sentence(self) -> str:
-        parts = [
-            f"{len(r.run.records)} requests at {r.rate:.3g} req/s: {r.fit.sentence()}"
-            for r in self.runs
-        ]
-        return "; then ".join(parts) or "not run"
+        parts = [f"at {r.rate:.3g} req/s: {r.fit.sentence()}" for r in self.runs]
+        head = "; then ".join(parts) or "not run"
+        return f"{head}; the knee predicted with x{self.factor:.2f}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -252,6 +251,20 @@ class LoadCheck:
             "runs": [r.to_dict() for r in self.runs],
             "sentence": self.sentence(),
         }
+
+
+def factor_at(runs: Sequence[LoadRun], rate: float) -> float:
+    """The load factor at ``rate`` req/s: each run's (1 where refused), linear in log rate
+    between the runs either side, the nearest run's beyond them."""
+    points = sorted((r.rate, r.fit.factor) for r in runs if not math.isnan(r.fit.estimate))
+    if not points:
+        return 1.0
+    if rate <= points[0][0]:
+        return points[0][1]
+    for (r0, k0), (r1, k1) in zip(points, points[1:]):
+        if rate <= r1:
+            return k0 + (k1 - k0) * math.log(rate / r0) / math.log(r1 / r0)
+    return points[-1][1]
 
 
 async def run_load_check(

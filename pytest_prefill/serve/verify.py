@@ -41,6 +41,7 @@ from pytest_prefill.serve.load_check import (
     MIN_REQUESTS,
     LoadCheck,
     LoadRun,
+    factor_at,
     run_load_check,
     scaled_cost,
 )
@@ -397,9 +398,10 @@ async def _load_check(
 ) -> LoadCheck | None:
     """The load check (``serve.load_check``): the requests that follow the probes' (as many),
     sent at the knee the calibration alone predicts, and again — at most :data:`CHECK_RUNS`
-    runs — at the knee each run's factor predicts while that moves by more than the probes'
-    tolerance: a server's factor grows with its load (vLLM 256/8 here: 1.10 at 13 req/s, 1.01
-    at 11.8), so the one kept is the last run's, nearest the knee. None, said in the progress,
+    runs — at the knee the runs settle on (:func:`_settled`) while that moves by more than the
+    probes' tolerance. A server's factor grows with its load (vLLM 256/8 here: 1.10 at 13
+    req/s, 1.01 at 11.8; `transformers serve` 1.50 at 5.67, 1.00 at 3.33), so the factor kept
+    is the one at the settled knee, between the runs' rates. None, said in the progress,
     when the workload has too few requests after the probes'. Fixes the probes' count (sized
     on the calibration alone) when no flag set has yet."""
     cost, overhead = calibration.cost, calibration.overhead
@@ -419,20 +421,47 @@ async def _load_check(
     requests = [dataclasses.replace(r, arrival=r.arrival - origin) for r in requests]
     before = _guess(plan, cost, overhead, scheduling)
     runs: list[LoadRun] = []
-    rate = before
+    rate, factor = before, 1.0
     while rate > 0 and len(runs) < CHECK_RUNS:
         tag = f"b{flags.budget}s{flags.max_seqs or 0}-load{len(runs)}-"
         found = await run_load_check(target, requests, rate, cost, overhead, scheduling, tag)
         runs.append(found)
         if progress is not None:
             progress(f"load check {len(runs)}: {found.rate:.3g} req/s: {found.fit.sentence()}")
-        if not found.fit.kept:
+        if math.isnan(found.fit.estimate):
             break
-        moved = _guess(plan, scaled_cost(cost, found.fit.factor), overhead, scheduling)
+        moved, factor = _settled(plan, cost, overhead, scheduling, runs)
         if abs(moved / rate - 1) <= plan.rule.tolerance:
             break
         rate = moved
-    return LoadCheck(before, tuple(runs))
+    return LoadCheck(before, tuple(runs), factor)
+
+
+def _settled(
+    plan: _Plan,
+    cost: CostModel,
+    overhead: RequestOverhead,
+    scheduling: Scheduling,
+    runs: Sequence[LoadRun],
+) -> tuple[float, float]:
+    """The knee the load check's runs settle on, and the factor there: the rate R whose
+    factor (:func:`factor_at`) predicts a knee of R, by bisection in log rate between the
+    runs' lowest and highest rates (the end whose own prediction is nearer when none does)."""
+
+    def predicted(rate: float) -> float:
+        return _guess(plan, scaled_cost(cost, factor_at(runs, rate)), overhead, scheduling)
+
+    rates = sorted(r.rate for r in runs)
+    low, high = rates[0], rates[-1]
+    if predicted(low) <= low:
+        return predicted(low), factor_at(runs, low)
+    if predicted(high) >= high:
+        return predicted(high), factor_at(runs, high)
+    while high / low - 1 > plan.rule.tolerance / 4:
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if predicted(middle) > middle else (low, middle)
+    rate = math.sqrt(low * high)
+    return rate, factor_at(runs, rate)
 
 
 def _guess(
