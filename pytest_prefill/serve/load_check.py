@@ -187,8 +187,10 @@ def _crossing(
     factors, found by bisection (the mean grows with the factor, as every cost does); the
     first or last factor when it never crosses."""
 
+    target = _mean_at(measured, pick)
+
     def gap(j: int) -> float:
-        return _mean_at(simulated[j], pick) - _mean_at(measured, pick)
+        return _mean_at(simulated[j], pick) - target
 
     lo, hi = 0, len(FACTORS) - 1
     if gap(lo) >= 0:

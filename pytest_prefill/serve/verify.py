@@ -453,10 +453,12 @@ def _settled(
 
     rates = sorted(r.rate for r in runs)
     low, high = rates[0], rates[-1]
-    if predicted(low) <= low:
-        return predicted(low), factor_at(runs, low)
-    if predicted(high) >= high:
-        return predicted(high), factor_at(runs, high)
+    at_low = predicted(low)
+    if at_low <= low:
+        return at_low, factor_at(runs, low)
+    at_high = at_low if high == low else predicted(high)
+    if at_high >= high:
+        return at_high, factor_at(runs, high)
     while high / low - 1 > plan.rule.tolerance / 4:
         middle = math.sqrt(low * high)
         low, high = (middle, high) if predicted(middle) > middle else (low, middle)
