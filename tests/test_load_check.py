@@ -25,9 +25,11 @@ from pytest_prefill.serve.load_check import (
     factor_at,
     fit_load_factor,
     run_load_check,
+    run_speeds,
     scaled_cost,
+    speed_range,
 )
-from pytest_prefill.serve.records import ServerRecord
+from pytest_prefill.serve.records import BenchRun, ServerRecord
 from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
 from pytest_prefill.sim import CostModel, Request
 
@@ -190,3 +192,20 @@ def test_a_load_check_says_its_runs_and_the_factor_the_knee_is_predicted_with():
     for bad in (0.0, math.nan, -1.0):
         with pytest.raises(ValueError, match="factor"):
             LoadCheck(10.0, (), bad)
+
+
+def _bench(records: list[ServerRecord]) -> BenchRun:
+    return BenchRun(tuple(records), {}, {}, "now")
+
+
+@pytest.mark.parametrize("k", [0.8, 1.3])
+def test_each_probe_is_fitted_to_its_own_speed_and_their_range_spans_them(k):
+    slow, base, few = _made_at(k), _made_at(1.0), _made_at(k)[: MIN_REQUESTS - 1]
+    speeds = run_speeds([_bench(base), _bench(slow), _bench(few)], COST, WAY, SCHEDULING)
+    assert [s.requests for s in speeds] == [len(base), len(slow), len(few)]
+    assert speeds[0].estimate == pytest.approx(1.0, abs=0.02)
+    assert speeds[1].estimate == pytest.approx(k, abs=0.02)
+    assert math.isnan(speeds[2].estimate)  # too few requests: no factor, and not in the range
+    low, high = speed_range(speeds) or (math.nan, math.nan)
+    assert (low, high) == (min(s.estimate for s in speeds[:2]), max(s.estimate for s in speeds[:2]))
+    assert speed_range(speeds[2:]) is None and speed_range(()) is None

@@ -67,6 +67,8 @@ def test_verify_on_two_budgets_reports_both_knees_and_the_ranking(
         for probe in measured.probes:
             assert probe.sent == RULE.requests and not probe.failed
             assert all(record.exact for record in probe.run.records)
+        assert len(r.speeds) == len(measured.probes)  # each probe's own speed: too few to fit
+        assert all(s.requests == RULE.requests and not s.kept for s in r.speeds)
         if measured.low is not None:
             assert measured.low.attainment >= RULE.target
         if measured.high is not None:

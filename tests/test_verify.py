@@ -463,3 +463,35 @@ def test_rank_reads_a_documents_open_interval_kept_as_text():
     document["agreement"]["low"] = 0.0
     text = combined_report([{"flag_sets": [document]}])
     assert "inf]" in text and "≤128 tok" in text
+
+
+def _speeds(*factors: float) -> tuple:
+    from pytest_prefill.serve.load_check import LoadFactor
+
+    return tuple(LoadFactor(k, k - 0.01, k + 0.01, 0.9, 200, 1.0, 1.0, 40) for k in factors)
+
+
+@pytest.mark.parametrize(("factors", "spread"), [((1.0, 1.05), False), ((0.9, 1.2), True)])
+def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_goal(
+    factors, spread
+):
+    from pytest_prefill._io import json_safe
+    from pytest_prefill.report.verify import combined_report, probe_table, speed_line
+    from pytest_prefill.serve.load_check import LoadCheck
+
+    result = dataclasses.replace(_result(FlagSet(256), 4, 4), speeds=_speeds(*factors))
+    line = speed_line(result)
+    low, high = min(factors), max(factors)
+    assert line is not None and f"x{low:.2f}-x{high:.2f}" in line
+    assert ("spread" in line) is spread and (f"{high / low - 1:.0%}" in line) is spread
+    table = probe_table(VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (result,), "vllm"))
+    assert "speed [90%]" in table and f"x{factors[0]:.2f} [" in table
+    assert speed_line(dataclasses.replace(result, speeds=())) is None
+    assert "than the knee was predicted for" not in line  # x1 (no load check): within the range
+    for k, said in ((1.5, "faster"), (0.5, "slower")):
+        check = LoadCheck(4.0, (), k)
+        line = speed_line(dataclasses.replace(result, load_check=check)) or ""
+        assert f"x{k:.2f}" in line and f"ran {said} in its probes" in line
+    document = json.loads(json.dumps(json_safe(result.to_dict())))
+    document["speeds"].append({"estimate": None})  # a probe with too few requests, as written
+    assert f"x{low:.2f}-{high:.2f}" in combined_report([{"flag_sets": [document]}])

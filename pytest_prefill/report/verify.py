@@ -11,6 +11,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_prefill.serve.load_check import speed_range
 from pytest_prefill.serve.verify import FlagSetResult, VerifyResult, ranking
 
 
@@ -87,6 +88,41 @@ def _load(r: FlagSetResult) -> str:
     return f"x{c.factor:.2f} ({measured}) from {_rate(c.predicted_before)}"
 
 
+def _speed(r: FlagSetResult, i: int) -> str:
+    """Probe ``i``'s own factor on the calibration's cost, with its interval."""
+    fit = r.speeds[i] if i < len(r.speeds) else None
+    if fit is None or not math.isfinite(fit.estimate):
+        return "-"
+    return f"x{fit.estimate:.2f} [{fit.low:.2f}, {fit.high:.2f}]"
+
+
+def speed_line(r: FlagSetResult) -> str | None:
+    """The spread of the probes' own factors, against the factor the knee was predicted with
+    (said when it lies outside them all) and the goal (None: no probe had one)."""
+    found = speed_range(r.speeds)
+    if found is None:
+        return None
+    low, high = found
+    used = r.load_check.factor if r.load_check is not None else 1.0
+    line = (
+        f"server speed, {r.flags.label}: each probe's requests replayed need x{low:.2f}-"
+        f"x{high:.2f} the calibration's cost (fitted as the load check's); the knee was "
+        f"predicted with x{used:.2f}"
+    )
+    if used > high or used < low:
+        faster = "faster" if used > high else "slower"
+        line += (
+            f"; that is {'above' if used > high else 'below'} every probe's: the server ran "
+            f"{faster} in its probes than the knee was predicted for"
+        )
+    if high / low - 1 > r.within:
+        line += (
+            f"; the probes' factors spread {high / low - 1:.0%}, more than the ±{r.within:.0%} "
+            "goal: no one factor is within it of every probe's"
+        )
+    return line
+
+
 def knee_table(result: VerifyResult) -> str:
     """One row per flag set."""
     rows = []
@@ -117,7 +153,8 @@ def knee_table(result: VerifyResult) -> str:
 
 def probe_table(result: VerifyResult) -> str:
     """Every probe run on the server, with the simulator's attainment on its requests replayed
-    at their measured arrivals."""
+    at their measured arrivals, and the factor on the calibration's cost that puts the replay's
+    mean latency at the measured one (the probe's speed)."""
     rows = []
     for r in result.results:
         for i, p in enumerate(r.measured.probes if r.measured is not None else ()):
@@ -132,13 +169,14 @@ def probe_table(result: VerifyResult) -> str:
                     f"{p.good}/{p.sent}",
                     f"{p.attainment:.0%} ± {p.standard_error:.0%}",
                     f"{replay:.0%}" if math.isfinite(replay) else "-",
+                    _speed(r, i),
                     f"{ttft * 1e3:.0f}" if math.isfinite(ttft) else "-",
                     f"{tpot * 1e3:.1f}" if math.isfinite(tpot) else "-",
                     p.failed or "",
                 ]
             )
     headers = ["flag set", "probe", "req/s", "good/sent", "attainment", "replayed"]
-    headers += ["p90 TTFT ms"]
+    headers += ["speed [90%]", "p90 TTFT ms"]
     headers += ["p90 TPOT ms", "failed"]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
@@ -189,6 +227,9 @@ def verify_report(result: VerifyResult) -> str:
     for r in result.results:
         if r.load_check is not None:
             lines.append(f"load check, {r.flags.label}: {r.load_check.sentence()}")
+        speed = speed_line(r)
+        if speed is not None:
+            lines.append(speed)
     for r in result.results:
         if r.sharpness is not None and not r.sharpness.decisive:
             lines.append(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")
@@ -222,10 +263,14 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
             label = r["flags"]["label"]
             check = r.get("load_check") or {}
             factor = f"x{check['factor']:.2f}" if check.get("runs") else "-"
+            fits = [x.get("estimate") for x in r.get("speeds") or []]
+            speeds = [float(x) for x in fits if isinstance(x, (int, float)) and math.isfinite(x)]
+            spread = f"x{min(speeds):.2f}-{max(speeds):.2f}" if speeds else "-"
             rows.append(
                 [
                     label,
                     factor,
+                    spread,
                     _rate(p),
                     f"{shown}{interval} ({status})",
                     ratio,
@@ -236,7 +281,8 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 labels.append(label)
                 predicted.append(p)
                 measured.append(m)
-    headers = ["flag set", "cost under load", "predicted knee", "measured knee [90%]"]
+    headers = ["flag set", "cost under load", "probes' speed", "predicted knee"]
+    headers.append("measured knee [90%]")
     headers.append("predicted/measured [90%]")
     headers.append("attainment at predicted")
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)

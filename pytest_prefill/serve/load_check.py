@@ -255,6 +255,24 @@ class LoadCheck:
         }
 
 
+def run_speeds(
+    runs: Sequence[BenchRun], cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
+) -> tuple[LoadFactor, ...]:
+    """Each run's own factor on ``cost`` (:func:`fit_load_factor` on its records alone, 200
+    resamples): how fast the server ran in each probe against the calibration. Their spread is
+    what one factor cannot fit: the server's speed moving between runs, or a cost that grows
+    with the load otherwise than the model's."""
+    return tuple(
+        fit_load_factor([run.records], cost, overhead, scheduling, resamples=200) for run in runs
+    )
+
+
+def speed_range(speeds: Sequence[LoadFactor]) -> tuple[float, float] | None:
+    """The lowest and highest fitted factor of ``speeds`` (None: no run had one)."""
+    found = [s.estimate for s in speeds if math.isfinite(s.estimate)]
+    return (min(found), max(found)) if found else None
+
+
 def factor_at(runs: Sequence[LoadRun], rate: float) -> float:
     """The load factor at ``rate`` req/s: each run's (1 where refused), linear in log rate
     between the runs either side, the nearest run's beyond them."""

@@ -40,9 +40,11 @@ from pytest_prefill.serve.launchers import Launcher, exited
 from pytest_prefill.serve.load_check import (
     MIN_REQUESTS,
     LoadCheck,
+    LoadFactor,
     LoadRun,
     factor_at,
     run_load_check,
+    run_speeds,
     scaled_cost,
 )
 from pytest_prefill.serve.loadgen import Target, open_target
@@ -140,7 +142,8 @@ class FlagSetResult:
     ``replayed``: per probe, the simulator's attainment on its requests replayed at their
     measured arrivals (``knee.replayed_attainment``); ``load_check``: the server's speed under
     load against the calibration's (``serve.load_check``), whose factor scales the cost model
-    the knee is predicted with (None: not run)."""
+    the knee is predicted with (None: not run); ``speeds``: per probe, its own factor
+    (``load_check.run_speeds``)."""
 
     flags: FlagSet
     command: tuple[str, ...] = ()
@@ -157,6 +160,7 @@ class FlagSetResult:
     sharpness: Sharpness | None = None
     replayed: tuple[float, ...] = ()
     load_check: LoadCheck | None = None
+    speeds: tuple[LoadFactor, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -194,6 +198,7 @@ class FlagSetResult:
             "sharpness": self.sharpness.to_dict() if self.sharpness is not None else None,
             "replayed": list(self.replayed),
             "load_check": self.load_check.to_dict() if self.load_check is not None else None,
+            "speeds": [s.to_dict() for s in self.speeds],
             "ended": self.ended,
             "exit_status": self.exit_status,
             "pinning": self.pinning,
@@ -351,6 +356,8 @@ async def _check_flag_set(
         for p in measured.probes
     )
     sizes["load_check"] = check
+    runs = [p.run for p in measured.probes]
+    sizes["speeds"] = run_speeds(runs, calibration.cost, calibration.overhead, scheduling)
     return FlagSetResult(
         flags, command, calibration, scheduling, predicted, measured, ended, **sizes
     )
