@@ -97,8 +97,10 @@ def _speed(r: FlagSetResult, i: int) -> str:
 
 
 def speed_line(r: FlagSetResult) -> str | None:
-    """The spread of the probes' own factors, against the factor the knee was predicted with
-    (said when it lies outside them all) and the goal (None: no probe had one)."""
+    """The range of the probes' own factors, against the factor the knee was predicted with
+    (said when it lies outside them all) and the goal (said when no one factor is within it of
+    every probe's: the highest over the lowest above (1 + goal) / (1 - goal)); None: no probe
+    had one."""
     found = speed_range(r.speeds)
     if found is None:
         return None
@@ -106,20 +108,17 @@ def speed_line(r: FlagSetResult) -> str | None:
     used = r.load_check.factor if r.load_check is not None else 1.0
     line = (
         f"server speed, {r.flags.label}: each probe's requests replayed need x{low:.2f}-"
-        f"x{high:.2f} the calibration's cost (fitted as the load check's); the knee was "
-        f"predicted with x{used:.2f}"
+        f"x{high:.2f} the calibration's cost (fitted as the load check's; {high / low - 1:.0%} "
+        f"apart); the knee was predicted with x{used:.2f}"
     )
     if used > high or used < low:
         faster = "faster" if used > high else "slower"
         line += (
-            f"; that is {'above' if used > high else 'below'} every probe's: the server ran "
+            f", {'above' if used > high else 'below'} every probe's: the server ran "
             f"{faster} in its probes than the knee was predicted for"
         )
-    if high / low - 1 > r.within:
-        line += (
-            f"; the probes' factors spread {high / low - 1:.0%}, more than the ±{r.within:.0%} "
-            "goal: no one factor is within it of every probe's"
-        )
+    if high * (1 - r.within) > low * (1 + r.within):
+        line += f"; no one factor is within ±{r.within:.0%} of every probe's"
     return line
 
 
