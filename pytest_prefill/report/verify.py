@@ -236,6 +236,13 @@ def verify_report(result: VerifyResult) -> str:
     return "\n".join(lines)
 
 
+def _speeds_of(document: Mapping[str, Any]) -> str:
+    """A flag set document's probes' speeds as a range ("-": none, or an older document)."""
+    fits = [x.get("estimate") for x in document.get("speeds") or []]
+    speeds = [float(x) for x in fits if isinstance(x, (int, float)) and math.isfinite(x)]
+    return f"x{min(speeds):.2f}-{max(speeds):.2f}" if speeds else "-"
+
+
 def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     """The flag sets of several verify runs (their JSON documents: one server start each, say)
     in one table, and whether their measured ranking agrees with the predicted one."""
@@ -262,14 +269,11 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
             label = r["flags"]["label"]
             check = r.get("load_check") or {}
             factor = f"x{check['factor']:.2f}" if check.get("runs") else "-"
-            fits = [x.get("estimate") for x in r.get("speeds") or []]
-            speeds = [float(x) for x in fits if isinstance(x, (int, float)) and math.isfinite(x)]
-            spread = f"x{min(speeds):.2f}-{max(speeds):.2f}" if speeds else "-"
             rows.append(
                 [
                     label,
                     factor,
-                    spread,
+                    _speeds_of(r),
                     _rate(p),
                     f"{shown}{interval} ({status})",
                     ratio,
