@@ -498,3 +498,35 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
     document = json.loads(json.dumps(json_safe(result.to_dict())))
     document["speeds"].append({"estimate": None})  # a probe with too few requests, as written
     assert f"x{low:.2f}-{high:.2f}" in combined_report([{"flag_sets": [document]}])
+
+
+def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
+    from pytest_prefill.report.verify import combined_report, ranking_line
+    from pytest_prefill.serve.knee import PREDICTION_TOLERANCE as TIE
+
+    a, b, c = FlagSet(128), FlagSet(256), FlagSet(512)
+    tied = VerifyResult(
+        "w",
+        SLO(ttft=1.0),
+        ProbeRule(),
+        (_result(a, 4.61, 4.86), _result(b, 4.05, 4.46), _result(c, 4.61 * (1 - TIE / 2), 5.07)),
+        "transformers",
+    )
+    # the first listed predicts highest, the last measures highest: within the search's
+    # bracket the prediction named both, so the best and the order agree
+    assert tied.predicted_order[0] == 0 and tied.measured_order[0] == 2
+    assert tied.predicted_best == (0, 2) and tied.same_best and tied.same_order
+    line = ranking_line(tied)
+    assert "predicted ≤128 tok = ≤512 tok > ≤256 tok" in line and "a tie" in line
+    assert "NOT" not in line and tied.to_dict()["predicted_best"] == ["≤128 tok", "≤512 tok"]
+    told = VerifyResult(  # the same knees predicted 3% apart: told apart, and swapped
+        "w",
+        SLO(ttft=1.0),
+        ProbeRule(),
+        (_result(a, 4.61 * (1 + 1.5 * TIE), 4.86), _result(c, 4.61, 5.07)),
+        "transformers",
+    )
+    assert told.predicted_best == (0,) and told.same_best is False and not told.same_order
+    assert "NOT" in ranking_line(told) and "a tie" not in ranking_line(told)
+    for result in (tied, told):  # the documents ranked again say the same
+        assert combined_report([result.to_dict()]).splitlines()[-1] == ranking_line(result)

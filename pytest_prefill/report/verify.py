@@ -11,8 +11,10 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_prefill.serve.knee import PREDICTION_TOLERANCE
 from pytest_prefill.serve.load_check import speed_range
-from pytest_prefill.serve.verify import FlagSetResult, VerifyResult, ranking
+from pytest_prefill.serve.ranking import agrees, order_text, ranking, tied_best
+from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
 
 
 def _rate(value: float | None) -> str:
@@ -24,6 +26,13 @@ def _bound(value: float | str) -> str:
     if math.isinf(value):
         return "inf"
     return f"{value:.3g}" if value > 0 else "0"
+
+
+def _interval(estimate: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    """A document's knee interval as numbers (None: no estimate, or a bound that is null)."""
+    if not estimate or estimate.get("low") is None or estimate.get("high") is None:
+        return None
+    return float(estimate["low"]), float(estimate["high"])
 
 
 def _knee(r: FlagSetResult) -> str:
@@ -185,19 +194,45 @@ def ranking_line(result: VerifyResult) -> str:
     if len(compared) < 2:
         return "ranking: one flag set measured, nothing to rank"
     labels = [r.flags.label for r in compared]
-    predicted = " > ".join(labels[i] for i in result.predicted_order)
-    measured = " > ".join(labels[i] for i in result.measured_order)
-    if result.same_order:
+    predicted, measured = result.knees
+    verdict = ranking_verdict(labels, predicted, measured, result.best_separable)
+    return (
+        f"ranking: predicted {order_text(labels, predicted, PREDICTION_TOLERANCE)}; measured "
+        f"{order_text(labels, measured, 0.0)}: {verdict}"
+    )
+
+
+def ranking_verdict(
+    labels: Sequence[str],
+    predicted: Sequence[float],
+    measured: Sequence[float],
+    separable: bool | None,
+) -> str:
+    """What the measured knees say of the predicted order: it agrees where every pair the
+    prediction tells apart comes out the same (``serve.ranking``), else whether the measured
+    best is a predicted best; a predicted tie and measured best knees whose intervals overlap
+    (``separable`` False) are said."""
+    tie = PREDICTION_TOLERANCE
+    best, order = tied_best(predicted, tie), ranking(measured)
+    if agrees(predicted, measured, tie):
         verdict = "the measured ranking agrees with the predicted one"
-    elif result.same_best:
+    elif order[0] in best:
         verdict = "the same best flag set; the rest are ordered differently"
     else:
         verdict = "the measured best flag set is NOT the predicted one"
-    if result.best_separable is False:
-        first, second = (labels[i] for i in result.measured_order[:2])
-        verdict += f" (but the measured knees of {first} and {second} overlap: the probes "
-        verdict += "cannot tell which is best)"
-    return f"ranking: predicted {predicted}; measured {measured}: {verdict}"
+    notes = []
+    if len(best) > 1:
+        tied = " and ".join(labels[i] for i in best)
+        notes.append(f"{tied} predicted within the search's {tie:.0%}: a tie, no one best")
+    if separable is False:
+        first, second = (labels[i] for i in order[:2])
+        notes.append(
+            f"the measured knees of {first} and {second} overlap: the probes cannot tell which "
+            "is best"
+        )
+    if notes:
+        verdict += f" ({'; '.join(notes)})"
+    return verdict
 
 
 def verify_report(result: VerifyResult) -> str:
@@ -247,6 +282,7 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     """The flag sets of several verify runs (their JSON documents: one server start each, say)
     in one table, and whether their measured ranking agrees with the predicted one."""
     rows, predicted, measured, labels = [], [], [], []
+    intervals: list[tuple[float, float] | None] = []
     for doc in documents:
         for r in doc.get("flag_sets", []):
             p = (r.get("predicted") or {}).get("rate") or 0.0
@@ -284,6 +320,7 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 labels.append(label)
                 predicted.append(p)
                 measured.append(m)
+                intervals.append(_interval(estimate))
     headers = ["flag set", "cost under load", "probes' speed", "predicted knee"]
     headers.append("measured knee [90%]")
     headers.append("predicted/measured [90%]")
@@ -291,16 +328,12 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     if len(labels) < 2:
         return table + "\nranking: fewer than two flag sets measured, nothing to rank"
-    p_order, m_order = ranking(predicted), ranking(measured)
-    agree = (
-        "the measured ranking agrees with the predicted one"
-        if p_order == m_order
-        else "the same best flag set; the rest are ordered differently"
-        if p_order[0] == m_order[0]
-        else "the measured best flag set is NOT the predicted one"
-    )
+    order = ranking(measured)
+    first, second = (intervals[i] for i in order[:2])
+    separable = first[0] > second[1] if first and second else None
     line = (
-        f"ranking: predicted {' > '.join(labels[i] for i in p_order)}; measured "
-        f"{' > '.join(labels[i] for i in m_order)}: {agree}"
+        f"ranking: predicted {order_text(labels, predicted, PREDICTION_TOLERANCE)}; measured "
+        f"{order_text(labels, measured, 0.0)}: "
+        f"{ranking_verdict(labels, predicted, measured, separable)}"
     )
     return f"{table}\n{line}"

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
 from pytest_prefill.serve.pinning import engine_core, pin_server
 from pytest_prefill.serve.process import (
     ONE_THREAD,
@@ -163,3 +164,21 @@ def exited(server: ServerProcess) -> str | None:
     """Why ``server`` is gone (its exit status), or None while it runs."""
     status = server.process.poll()
     return None if status is None else f"the server exited with status {status}"
+
+
+ALIVE_TIMEOUT = 5.0  # seconds a server has to answer whether it still runs
+
+
+async def alive(url: Url, server: ServerProcess | None) -> str | None:
+    """Why the server at ``url`` (``server``: the process we started, if any) no longer
+    serves: its exit status, no answer, or an HTTP status other than 200 to ``GET
+    /v1/models``; None while it serves."""
+    if server is not None and (why := exited(server)) is not None:
+        return why
+    try:
+        status, _ = await request_json(
+            url, "GET", "/v1/models", timeouts=Timeouts(ALIVE_TIMEOUT, ALIVE_TIMEOUT)
+        )
+    except ServerError as err:
+        return f"the server stopped answering ({str(err)[:80]})"
+    return None if status == 200 else f"the server answered GET /v1/models with HTTP {status}"

@@ -24,8 +24,9 @@ from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.experiments import warm_up
-from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.http import ServerError, Timeouts, Url
 from pytest_prefill.serve.knee import (
+    PREDICTION_TOLERANCE,
     MeasuredKnee,
     Predicted,
     ProbeRule,
@@ -36,7 +37,7 @@ from pytest_prefill.serve.knee import (
 )
 from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
 from pytest_prefill.serve.knee_sizing import Sharpness, predict_sized, sharpness
-from pytest_prefill.serve.launchers import Launcher, exited
+from pytest_prefill.serve.launchers import Launcher, alive
 from pytest_prefill.serve.load_check import (
     MIN_REQUESTS,
     LoadCheck,
@@ -49,11 +50,11 @@ from pytest_prefill.serve.load_check import (
 )
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
+from pytest_prefill.serve.ranking import agrees, ranking, tied_best
 from pytest_prefill.serve.simulated import Scheduling, server_profile
 from pytest_prefill.sim import CostModel, Request, simulated_engine
 
 Progress = Callable[[str], object]
-ALIVE_TIMEOUT = 5.0
 RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
 CHECK_RUNS = 3  # the load check's runs, at most
 FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
@@ -205,11 +206,6 @@ class FlagSetResult:
         }
 
 
-def ranking(values: Sequence[float]) -> list[int]:
-    """Indices by value, highest first (ties keep the given order)."""
-    return sorted(range(len(values)), key=lambda i: -values[i])
-
-
 @dataclasses.dataclass(frozen=True)
 class VerifyResult:
     """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
@@ -227,18 +223,29 @@ class VerifyResult:
         return tuple(r for r in self.results if r.predicted is not None and r.measured is not None)
 
     @property
+    def knees(self) -> tuple[list[float], list[float]]:
+        """The compared flag sets' predicted and measured knees, req/s."""
+        predicted = [r.predicted.rate for r in self.compared if r.predicted is not None]
+        return predicted, [r.measured.knee for r in self.compared if r.measured is not None]
+
+    @property
     def predicted_order(self) -> list[int]:
-        return ranking([r.predicted.rate for r in self.compared if r.predicted is not None])
+        return ranking(self.knees[0])
 
     @property
     def measured_order(self) -> list[int]:
-        return ranking([r.measured.knee for r in self.compared if r.measured is not None])
+        return ranking(self.knees[1])
+
+    @property
+    def predicted_best(self) -> tuple[int, ...]:
+        """The flag sets (in ``compared``) whose predicted knee the search cannot tell from the
+        highest (``serve.ranking``): a tie names no one best."""
+        return tied_best(self.knees[0], PREDICTION_TOLERANCE)
 
     @property
     def same_best(self) -> bool | None:
-        if len(self.compared) < 2:
-            return None
-        return self.predicted_order[0] == self.measured_order[0]
+        """Whether the measured best is a predicted best (None: fewer than two)."""
+        return self.measured_order[0] in self.predicted_best if len(self.compared) > 1 else None
 
     @property
     def best_separable(self) -> bool | None:
@@ -254,9 +261,8 @@ class VerifyResult:
 
     @property
     def same_order(self) -> bool | None:
-        if len(self.compared) < 2:
-            return None
-        return self.predicted_order == self.measured_order
+        """Whether the measured order keeps every pair the prediction tells apart."""
+        return agrees(*self.knees, PREDICTION_TOLERANCE) if len(self.compared) > 1 else None
 
     def to_dict(self) -> dict[str, Any]:
         labels = [r.flags.label for r in self.compared]
@@ -270,6 +276,7 @@ class VerifyResult:
                 "probe_rule": self.rule.to_dict(),
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
+                "predicted_best": [labels[i] for i in self.predicted_best],
                 "same_best": self.same_best,
                 "best_separable": self.best_separable,
                 "same_order": self.same_order,
@@ -277,18 +284,6 @@ class VerifyResult:
             },
             "verify",
         )
-
-
-async def _alive(url: Url, server: ServerProcess | None) -> str | None:
-    if server is not None and (why := exited(server)) is not None:
-        return why
-    try:
-        status, _ = await request_json(
-            url, "GET", "/v1/models", timeouts=Timeouts(ALIVE_TIMEOUT, ALIVE_TIMEOUT)
-        )
-    except ServerError as err:
-        return f"the server stopped answering ({str(err)[:80]})"
-    return None if status == 200 else f"the server answered GET /v1/models with HTTP {status}"
 
 
 @dataclasses.dataclass
@@ -319,7 +314,7 @@ async def _check_flag_set(
     try:
         target, calibration = await _calibrated(server, url, flags, flagged, plan, progress)
     except (ServerError, ValueError) as err:
-        why = await _alive(url, process) or "calibration failed"
+        why = await alive(url, process) or "calibration failed"
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
     scheduling = _scheduling(server, target.identity.engine, flags)
     check = None
@@ -327,7 +322,7 @@ async def _check_flag_set(
         try:
             check = await _load_check(target, plan, calibration, scheduling, flags, progress)
         except (ServerError, ValueError) as err:
-            why = await _alive(url, process) or "the load check failed"
+            why = await alive(url, process) or "the load check failed"
             line = f"{label}: {why}: {str(err)[:160]}"
             return FlagSetResult(flags, command, calibration, scheduling, ended=line)
     cost = scaled_cost(calibration.cost, check.factor if check is not None else 1.0)
@@ -344,7 +339,7 @@ async def _check_flag_set(
         plan.slo,
         plan.rule,
         start,
-        alive=lambda: _alive(url, process),
+        alive=lambda: alive(url, process),
         progress=progress,
         tag=f"b{flags.budget}s{flags.max_seqs or 0}-",
     )

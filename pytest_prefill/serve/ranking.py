@@ -1,0 +1,74 @@
+"""Ranking flag sets by their knees, and ties the prediction cannot break.
+
+The simulated capacity search brackets each predicted knee to within its tolerance
+(``knee.PREDICTION_TOLERANCE``, 2%): two flag sets whose predicted knees are that close are
+ordered by the search's grid, not by the model (run O here: `transformers serve` at budgets 128
+and 512 both predicted 4.61 req/s, and the first listed was called the predicted best). So the
+predicted best is every flag set within the tolerance of the highest knee, and an order agrees
+with the predicted one when every pair the prediction does tell apart (more than the tolerance
+between them) comes out the same way. Standard library only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def _check(values: Sequence[float], tolerance: float) -> None:
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
+    if not all(isinstance(v, (int, float)) and v == v for v in values):
+        raise ValueError(f"values must be numbers, got {list(values)!r}")
+
+
+def ranking(values: Sequence[float]) -> list[int]:
+    """Indices by value, highest first (ties keep the given order)."""
+    return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+def apart(a: float, b: float, tolerance: float) -> bool:
+    """Whether ``a`` and ``b`` differ by more than ``tolerance`` of the smaller."""
+    low, high = sorted((a, b))
+    return high > low * (1 + tolerance)
+
+
+def tied_best(values: Sequence[float], tolerance: float) -> tuple[int, ...]:
+    """The indices whose value is within ``tolerance`` of the highest (highest first; empty
+    for no values).
+
+    Raises:
+        ValueError: for a negative or non-finite tolerance, or a value that is not a number.
+    """
+    _check(values, tolerance)
+    order = ranking(values)
+    return tuple(i for i in order if not apart(values[i], values[order[0]], tolerance))
+
+
+def agrees(predicted: Sequence[float], measured: Sequence[float], tolerance: float) -> bool:
+    """Whether ``measured`` orders every pair that ``predicted`` tells apart (more than
+    ``tolerance``) the same way (a measured tie, equal values, breaks such a pair).
+
+    Raises:
+        ValueError: for lists of different lengths, or as :func:`tied_best`.
+    """
+    _check(predicted, tolerance)
+    if len(predicted) != len(measured):
+        raise ValueError(f"{len(predicted)} predicted values against {len(measured)} measured")
+    pairs = [(i, j) for i in range(len(predicted)) for j in range(len(predicted))]
+    told = [(i, j) for i, j in pairs if predicted[i] > predicted[j]]
+    return all(
+        measured[i] > measured[j] for i, j in told if apart(predicted[i], predicted[j], tolerance)
+    )
+
+
+def order_text(labels: Sequence[str], values: Sequence[float], tolerance: float) -> str:
+    """``labels`` highest value first, joined by " > ", or " = " where the next is within
+    ``tolerance`` of the one before it."""
+    _check(values, tolerance)
+    order = ranking(values)
+    if not order:
+        return ""
+    text = labels[order[0]]
+    for before, i in zip(order, order[1:]):
+        text += (" > " if apart(values[before], values[i], tolerance) else " = ") + labels[i]
+    return text

@@ -1,0 +1,62 @@
+"""Ranking flag sets with ties the prediction cannot break: the best within the tolerance of
+the highest, an order that agrees where the prediction tells pairs apart, and the order
+written with "=" for a tie; bad input named."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from pytest_prefill.serve.ranking import agrees, apart, order_text, ranking, tied_best
+
+TOL = 0.02
+
+
+def test_two_values_are_apart_only_beyond_the_tolerance_of_the_smaller():
+    assert not apart(100.0, 100.0 * (1 + TOL), TOL)  # exactly at the tolerance: a tie
+    assert apart(100.0, 100.0 * (1 + TOL) * 1.001, TOL)
+    assert apart(5.0, 4.0, TOL) == apart(4.0, 5.0, TOL)  # symmetric
+    assert not apart(0.0, 0.0, TOL) and apart(0.0, 1e-9, TOL)
+
+
+def test_the_predicted_best_is_every_value_within_the_tolerance_of_the_highest():
+    values = [4.61, 4.05, 4.61 * (1 - TOL / 2), 4.61 / (1 + 2 * TOL)]
+    assert tied_best(values, TOL) == (0, 2)  # highest first, the 4% lower one out
+    assert tied_best([3.0, 5.0], TOL) == (1,)
+    assert tied_best([], TOL) == ()
+    assert tied_best([2.0, 2.0, 2.0], 0.0) == (0, 1, 2)  # equal values tie at any tolerance
+
+
+def test_an_order_agrees_when_every_pair_told_apart_comes_out_the_same_way():
+    predicted = [4.61, 4.05, 4.61]  # the first and last tie
+    assert agrees(predicted, [4.86, 4.46, 5.07], TOL)  # the tie broken either way
+    assert agrees(predicted, [5.07, 4.46, 4.86], TOL)
+    assert not agrees(predicted, [4.40, 4.46, 5.07], TOL)  # a pair told apart, swapped
+    assert not agrees([5.0, 4.0], [4.5, 4.5], TOL)  # a measured tie breaks a told pair
+    # with no tolerance, agreement is the same strict order
+    for measured in itertools.permutations([1.0, 2.0, 3.0]):
+        strict = ranking([3.0, 2.0, 1.0]) == ranking(list(measured))
+        assert agrees([3.0, 2.0, 1.0], list(measured), 0.0) == strict
+
+
+def test_the_order_is_written_with_an_equals_sign_for_a_tie():
+    labels = ["a", "b", "c"]
+    assert order_text(labels, [4.61, 4.05, 4.61], TOL) == "a = c > b"
+    assert order_text(labels, [1.0, 2.0, 3.0], TOL) == "c > b > a"
+    assert order_text(labels, [4.61, 4.05, 4.61], 0.0) == "a = c > b"  # equal is a tie
+    assert order_text([], [], TOL) == ""
+
+
+@pytest.mark.parametrize("tolerance", [-0.01, math.nan, math.inf, "2%"])
+def test_a_bad_tolerance_is_named(tolerance):
+    with pytest.raises(ValueError, match="tolerance"):
+        tied_best([1.0, 2.0], tolerance)
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="values"):
+        tied_best([1.0, math.nan], TOL)
+    with pytest.raises(ValueError, match="measured"):
+        agrees([1.0, 2.0], [1.0], TOL)
