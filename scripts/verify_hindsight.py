@@ -1,0 +1,75 @@
+"""Offline, from verify documents (``prefill-bench verify --json``): the knee the simulator puts
+each flag set at when it is given the server's own speed in the probes either side of the
+measured knee (the geometric mean of their fitted factors), beside the knee it predicted.
+Hindsight, not a prediction: it asks whether the scheduling model accounts for the knee once
+the server's speed in those minutes is known.
+
+    PYTHONPATH=. python scripts/verify_hindsight.py RUN.json --slo ttft:1s,tpot:150ms \\
+        --workload azure-conv --max-model-len 8192 --lengths-divided-by 4:8 --probe-start 200
+
+The workload options must be the run's own."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import sys
+
+from pytest_prefill.commands import verify as command
+from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.serve.calibration import ServerCalibration
+from pytest_prefill.serve.knee import ProbeRule, predict_knee, probe_load
+from pytest_prefill.serve.load_check import scaled_cost
+from pytest_prefill.serve.simulated import Scheduling, server_profile
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("document")
+    command.add_arguments(parser)
+    args = parser.parse_args(["--url", "http://unused", "--flags", "tokens=2", *argv])
+    with contextlib.redirect_stdout(io.StringIO()):
+        load, _, _ = command._load(args)
+    slo = SLO.parse(args.slo) if isinstance(args.slo, str) else args.slo
+    with open(args.document, encoding="utf-8") as f:
+        document = json.load(f)
+    for fs in document["flag_sets"]:
+        measured, speeds = fs["measured"], fs.get("speeds") or []
+        if not measured or not speeds or fs["predicted"] is None:
+            print(f"{fs['flags']['label']}: no measured knee or no probe speeds")
+            continue
+        either_side = [
+            s["estimate"]
+            for probe, s in zip(measured["probes"], speeds)
+            if s and math.isfinite(s["estimate"] or math.nan)
+            and probe["rate"] in (measured["rate"], measured.get("high"))
+        ]
+        if not either_side:
+            print(f"{fs['flags']['label']}: no fitted speed either side of the knee")
+            continue
+        k = math.exp(sum(map(math.log, either_side)) / len(either_side))
+        s = fs["scheduling"]
+        seqs = s["max_seqs"] if s["engine"] == "vllm" else None
+        scheduling = Scheduling(
+            server_profile(s["engine"], s["max_batched_tokens"], seqs),
+            float(s["kv_capacity_tokens"]),
+        )
+        calibration = ServerCalibration.from_dict(fs["calibration"])
+        requests = probe_load(load, ProbeRule(start=args.probe_start), fs["requests"])
+        cost = scaled_cost(calibration.cost, k)
+        at = predict_knee(requests, cost, calibration.overhead, scheduling, slo, 0.9).rate
+        knee, predicted = measured["knee"], fs["predicted"]["rate"]
+        print(
+            f"{fs['flags']['label']}: predicted {predicted:.3g} ({predicted / knee:.2f} of the "
+            f"measured {knee:.3g}); at the speed of the probes either side of it "
+            f"(x{' and x'.join(f'{x:.2f}' for x in either_side)}: x{k:.2f}) the simulator "
+            f"puts it at {at:.3g} ({at / knee:.2f})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
