@@ -5,9 +5,10 @@ Hindsight, not a prediction: it asks whether the scheduling model accounts for t
 the server's speed in those minutes is known.
 
     PYTHONPATH=. python scripts/verify_hindsight.py RUN.json --slo ttft:1s,tpot:150ms \\
-        --workload azure-conv --max-model-len 8192 --lengths-divided-by 4:8 --probe-start 200
+        --workload azure-conv --max-model-len 8192 --lengths-divided-by 4:8
 
-The workload options must be the run's own."""
+The SLO and workload options must be the run's own; the probe start and target come from the
+document."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(["--url", "http://unused", "--flags", "tokens=2", *argv])
     with contextlib.redirect_stdout(io.StringIO()):
         load, _, _ = command._load(args)
-    slo = SLO.parse(args.slo) if isinstance(args.slo, str) else args.slo
     with open(args.document, encoding="utf-8") as f:
         document = json.load(f)
+    slo = SLO.parse(args.slo) if isinstance(args.slo, str) else args.slo
+    kept = document["probe_rule"]  # the run's own probe start and attainment target
+    rule = ProbeRule(target=kept["target"], start=kept["start"])
     for fs in document["flag_sets"]:
         measured, speeds = fs["measured"], fs.get("speeds") or []
         if not measured or not speeds or fs["predicted"] is None:
@@ -44,7 +47,8 @@ def main(argv: list[str]) -> int:
         either_side = [
             s["estimate"]
             for probe, s in zip(measured["probes"], speeds)
-            if s and math.isfinite(s["estimate"] or math.nan)
+            if s
+            and math.isfinite(s["estimate"] or math.nan)
             and probe["rate"] in (measured["rate"], measured.get("high"))
         ]
         if not either_side:
@@ -58,9 +62,9 @@ def main(argv: list[str]) -> int:
             float(s["kv_capacity_tokens"]),
         )
         calibration = ServerCalibration.from_dict(fs["calibration"])
-        requests = probe_load(load, ProbeRule(start=args.probe_start), fs["requests"])
+        requests = probe_load(load, rule, fs["requests"])
         cost = scaled_cost(calibration.cost, k)
-        at = predict_knee(requests, cost, calibration.overhead, scheduling, slo, 0.9).rate
+        at = predict_knee(requests, cost, calibration.overhead, scheduling, slo, rule.target).rate
         knee, predicted = measured["knee"], fs["predicted"]["rate"]
         print(
             f"{fs['flags']['label']}: predicted {predicted:.3g} ({predicted / knee:.2f} of the "

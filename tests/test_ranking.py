@@ -60,3 +60,15 @@ def test_bad_values_are_named():
         tied_best([1.0, math.nan], TOL)
     with pytest.raises(ValueError, match="measured"):
         agrees([1.0, 2.0], [1.0], TOL)
+
+
+def test_the_best_is_separable_only_when_its_interval_clears_the_runner_ups():
+    from pytest_prefill.serve.ranking import best_separable
+
+    measured = [4.47, 4.74, 4.31]  # the best is index 1, the runner-up index 0
+    clear = [(4.42, 4.62), (4.69, 4.91), (4.26, 4.46)]
+    assert best_separable(measured, clear) is True
+    touching = [(4.42, 4.69), (4.69, 4.91), (4.26, 4.46)]  # low == high: not above it
+    assert best_separable(measured, touching) is False
+    assert best_separable(measured, [None, (4.69, 4.91), None]) is None
+    assert best_separable([4.0], [(3.9, 4.1)]) is None

@@ -13,7 +13,7 @@ from tabulate import tabulate
 
 from pytest_prefill.serve.knee import PREDICTION_TOLERANCE
 from pytest_prefill.serve.load_check import speed_range
-from pytest_prefill.serve.ranking import agrees, order_text, ranking, tied_best
+from pytest_prefill.serve.ranking import agrees, best_separable, order_text, ranking, tied_best
 from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
 
 
@@ -190,15 +190,23 @@ def probe_table(result: VerifyResult) -> str:
 
 
 def ranking_line(result: VerifyResult) -> str:
-    compared = result.compared
-    if len(compared) < 2:
+    if len(result.compared) < 2:
         return "ranking: one flag set measured, nothing to rank"
-    labels = [r.flags.label for r in compared]
-    predicted, measured = result.knees
-    verdict = ranking_verdict(labels, predicted, measured, result.best_separable)
+    labels = [r.flags.label for r in result.compared]
+    return ranking_text(labels, *result.knees, result.best_separable)
+
+
+def ranking_text(
+    labels: Sequence[str],
+    predicted: Sequence[float],
+    measured: Sequence[float],
+    separable: bool | None,
+) -> str:
+    """The ranking line: both orders (a predicted tie with "=") and :func:`ranking_verdict`."""
     return (
         f"ranking: predicted {order_text(labels, predicted, PREDICTION_TOLERANCE)}; measured "
-        f"{order_text(labels, measured, 0.0)}: {verdict}"
+        f"{order_text(labels, measured, 0.0)}: "
+        f"{ranking_verdict(labels, predicted, measured, separable)}"
     )
 
 
@@ -328,12 +336,5 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     if len(labels) < 2:
         return table + "\nranking: fewer than two flag sets measured, nothing to rank"
-    order = ranking(measured)
-    first, second = (intervals[i] for i in order[:2])
-    separable = first[0] > second[1] if first and second else None
-    line = (
-        f"ranking: predicted {order_text(labels, predicted, PREDICTION_TOLERANCE)}; measured "
-        f"{order_text(labels, measured, 0.0)}: "
-        f"{ranking_verdict(labels, predicted, measured, separable)}"
-    )
+    line = ranking_text(labels, predicted, measured, best_separable(measured, intervals))
     return f"{table}\n{line}"

@@ -54,11 +54,24 @@ def agrees(predicted: Sequence[float], measured: Sequence[float], tolerance: flo
     _check(predicted, tolerance)
     if len(predicted) != len(measured):
         raise ValueError(f"{len(predicted)} predicted values against {len(measured)} measured")
-    pairs = [(i, j) for i in range(len(predicted)) for j in range(len(predicted))]
-    told = [(i, j) for i, j in pairs if predicted[i] > predicted[j]]
+    n = len(predicted)
     return all(
-        measured[i] > measured[j] for i, j in told if apart(predicted[i], predicted[j], tolerance)
+        measured[i] > measured[j]
+        for i in range(n)
+        for j in range(n)
+        if predicted[i] > predicted[j] and apart(predicted[i], predicted[j], tolerance)
     )
+
+
+def best_separable(
+    measured: Sequence[float], intervals: Sequence[tuple[float, float] | None]
+) -> bool | None:
+    """Whether the highest measured value's interval (low, high) lies above the runner-up's
+    (None: fewer than two values, or either interval unknown)."""
+    if len(measured) < 2:
+        return None
+    first, second = (intervals[i] for i in ranking(measured)[:2])
+    return first[0] > second[1] if first is not None and second is not None else None
 
 
 def order_text(labels: Sequence[str], values: Sequence[float], tolerance: float) -> str:

@@ -50,7 +50,7 @@ from pytest_prefill.serve.load_check import (
 )
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
-from pytest_prefill.serve.ranking import agrees, ranking, tied_best
+from pytest_prefill.serve.ranking import agrees, best_separable, ranking, tied_best
 from pytest_prefill.serve.simulated import Scheduling, server_profile
 from pytest_prefill.sim import CostModel, Request, simulated_engine
 
@@ -251,13 +251,9 @@ class VerifyResult:
     def best_separable(self) -> bool | None:
         """Whether the measured best's knee interval lies above the runner-up's (None: fewer
         than two, or no interval)."""
-        order = self.measured_order
-        if len(order) < 2:
-            return None
-        first, second = (self.compared[i].measured for i in order[:2])
-        if first is None or second is None or first.estimate is None or second.estimate is None:
-            return None
-        return first.estimate.low > second.estimate.high
+        estimates = [r.measured.estimate if r.measured else None for r in self.compared]
+        intervals = [(e.low, e.high) if e is not None else None for e in estimates]
+        return best_separable(self.knees[1], intervals)
 
     @property
     def same_order(self) -> bool | None:
