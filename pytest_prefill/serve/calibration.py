@@ -102,7 +102,14 @@ class ServerSweep:
     read vary as much as the rows do and a cost per row is told apart from a cost per cached
     token; ``repeats`` rounds of all of it
     (each round visits every point, so drift hits all); ``warmup``: times the traffic (and the
-    ramp) is sent before the first round, its times dropped. A server's first passes of each
+    ramp) is sent before the first round, its times dropped; ``loaded_rows`` (0: none): each
+    stall prompt again amid that many streams of the ramp's longer prompt, so that the fused
+    iterations' rows read as many cached tokens as a loaded server's do and a chunk's attention
+    over the batch's KV (``batch_attention_per_pair``) is told apart from the rest (amid 2 short
+    streams it is a few percent of the iteration, within the fit's noise: on transformers serve
+    here, refused at 6.3e-8 +/- 4.4e-8 s a pair, the probes' own speeds then rose with the
+    load, x1.01 at 5 requests in flight to x1.45 at 26; with 1.2e-7 they stayed within
+    0.89-1.09). A server's first passes of each
     shape are slow (vLLM's CPU build compiles them; short warm-up prompts do not reach them):
     here, right after a start, the first round's 255-token passes amid a stream took 63.9,
     92.6, 53.0 and 71.1 ms and the second round's 50.6-51.4 ms."""
@@ -117,6 +124,7 @@ class ServerSweep:
     repeats: int = 3
     ramp_rows: int = 0
     warmup: int = 1
+    loaded_rows: int = 0
 
     def __post_init__(self) -> None:
         for field in ("budget", "live_rows", "decode_tokens", "repeats"):
@@ -149,6 +157,14 @@ class ServerSweep:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if self.budget <= self.live_rows:
             raise ValueError(f"budget {self.budget} leaves no room beside {self.live_rows} rows")
+        loaded = self.loaded_rows
+        if isinstance(loaded, bool) or not isinstance(loaded, int) or loaded < 0:
+            raise ValueError(f"loaded_rows must be 0 (none) or an integer >= 1, got {loaded!r}")
+        if loaded and not (self.ramp_rows and loaded < self.budget):
+            raise ValueError(
+                f"loaded_rows {loaded} needs a ramp (ramp_rows >= 2, got {self.ramp_rows}) for "
+                f"its streams' prompt and a budget above it (got {self.budget})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,6 +207,7 @@ class Samples:
     decode: list[DecodeSample] = dataclasses.field(default_factory=list)
     stalls: list[StallSample] = dataclasses.field(default_factory=list)
     traffic_stalls: list[StallSample] = dataclasses.field(default_factory=list)
+    loaded_stalls: list[StallSample] = dataclasses.field(default_factory=list)
     round_trips: list[float] = dataclasses.field(default_factory=list)
 
 
@@ -271,8 +288,34 @@ async def calibration_round(
             target, p, sweep.live_rows, sweep.budget, live_tokens, f"{key}-s{p}"
         )
         samples.stalls.append(stall)
+    for p in sweep.stall_prompts if sweep.loaded_rows else ():
+        samples.loaded_stalls.append(await _loaded_stall(target, sweep, samples, p, f"{key}-l{p}"))
     if progress is not None:
         progress(f"calibration round {index + 1}/{rounds or sweep.repeats} done")
+
+
+async def _loaded_stall(
+    target: Target, sweep: ServerSweep, samples: Samples, prompt: int, key: str
+) -> StallSample:
+    """``prompt`` amid ``sweep.loaded_rows`` streams of the ramp's longer prompt, sent once
+    their prompts are prefilled (a prompt of all their tokens alone takes as long, from the
+    longest TTFT alone measured, scaled; half as long again for the rows decoding beside) and
+    their streams long enough, at the decode step the ramp measured at that many rows, to
+    outlast its chunks."""
+    rows, live_prompt = sweep.loaded_rows, sweep.ramp_prompts[-1]
+    longest = max(samples.ttft, default=0)
+    prefill = (
+        statistics.median(samples.ttft[longest]) * rows * live_prompt / longest if longest else 0.0
+    )
+    lead = LIVE_LEAD + 1.5 * prefill
+    steps = [s.seconds for s in samples.decode if s.rows >= rows] or [
+        s.seconds for s in samples.decode
+    ]
+    step = statistics.median(steps or [0.01])
+    live_tokens = int(lead / step) + len(chunks_of(prompt, sweep.budget, rows)) + LIVE_TAIL
+    return await prompt_amid_streams(
+        target, prompt, rows, sweep.budget, live_tokens, key, live_prompt=live_prompt, lead=lead
+    )
 
 
 async def measure_server(
@@ -397,7 +440,7 @@ def fit_server(
     decode_fit, decode, refusals = decode_constants(decoded)
     per_kv = decode["decode_per_kv_token"]
     every_stall = samples.stalls + samples.traffic_stalls
-    fused = fused_points(every_stall, sweep.budget)
+    fused = fused_points(every_stall + samples.loaded_stalls, sweep.budget)
     steps = tuple(_decode_step(decode, p.rows, p.kv_tokens) for p in fused)
     engine = (provenance.get("server") or {}).get("engine")
     batch = engine not in PER_REQUEST_ATTENTION

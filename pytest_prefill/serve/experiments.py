@@ -175,11 +175,20 @@ def decode_iterations(records: Sequence[ServerRecord]) -> list[DecodeSample]:
 
 
 async def prompt_amid_streams(
-    target: Target, prompt_len: int, rows: int, budget: int, live_tokens: int, key: str
+    target: Target,
+    prompt_len: int,
+    rows: int,
+    budget: int,
+    live_tokens: int,
+    key: str,
+    *,
+    live_prompt: int = STREAM_PROMPT,
+    lead: float = LIVE_LEAD,
 ) -> StallSample:
-    """``rows`` live streams, and a ``prompt_len`` prompt sent ``LIVE_LEAD`` s after them."""
-    load = [Request(f"{key}-live{i}", 0.0, STREAM_PROMPT, live_tokens) for i in range(rows)]
-    load.append(Request(f"{key}-long", LIVE_LEAD, prompt_len, 2))
+    """``rows`` live streams of ``live_prompt`` tokens, and a ``prompt_len`` prompt sent
+    ``lead`` seconds after them (time for their prompts to be prefilled and decoding)."""
+    load = [Request(f"{key}-live{i}", 0.0, live_prompt, live_tokens) for i in range(rows)]
+    load.append(Request(f"{key}-long", lead, prompt_len, 2))
     run = await run_load(target, load, bounds=Bounds(warmup=0))
     records = [_checked(r) for r in run.records]
     long = next(r for r in records if r.id.endswith("-long"))

@@ -21,7 +21,12 @@ from typing import Any
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
-from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
+from pytest_prefill.serve.calibration import (
+    PER_REQUEST_ATTENTION,
+    ServerCalibration,
+    ServerSweep,
+    calibrate_server,
+)
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.experiments import warm_up
 from pytest_prefill.serve.http import ServerError, Timeouts, Url
@@ -372,7 +377,10 @@ async def _calibrated(
         return target, plan.calibration
     assert plan.sweep is not None
     rows = min(flags.max_seqs or RAMP_ROWS, RAMP_ROWS) if flags.max_seqs != 1 else 0
-    sweep = dataclasses.replace(plan.sweep, budget=flags.budget, ramp_rows=rows)
+    engine = target.identity.engine  # as the server named itself
+    batch_wide = engine not in PER_REQUEST_ATTENTION and rows - 1 > plan.sweep.live_rows
+    loaded = rows - 1 if batch_wide else 0  # the stall prompt joins them within the cap
+    sweep = dataclasses.replace(plan.sweep, budget=flags.budget, ramp_rows=rows, loaded_rows=loaded)
     return target, await calibrate_server(target, sweep, progress, verify=flags.label)
 
 
