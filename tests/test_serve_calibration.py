@@ -401,3 +401,109 @@ def test_a_ramp_that_misses_its_rows_is_sent_again(monkeypatch):
     monkeypatch.setattr(calibration, "traffic", fake([2] * 10))
     samples = asyncio.run(calibration._ramp(None, sweep, 32, "k"))
     assert len(sent) == calibration.RAMP_TRIES == len(samples)
+
+
+@pytest.mark.parametrize(
+    "fields,named",
+    [
+        ({"loaded_rows": -1}, "loaded_rows must be"),
+        ({"loaded_rows": True, "ramp_rows": 8}, "loaded_rows must be"),
+        ({"loaded_rows": 7}, "needs a ramp"),  # no ramp: no streams' prompt to send
+        ({"loaded_rows": 256, "ramp_rows": 16}, "needs a ramp"),  # not below the budget
+    ],
+)
+def test_a_loaded_stall_needs_a_ramp_and_room_in_the_budget(fields, named):
+    with pytest.raises(ValueError, match=named):
+        ServerSweep(256, **fields)
+    assert ServerSweep(256, ramp_rows=16, loaded_rows=15).loaded_rows == 15
+
+
+def test_the_loaded_stall_sends_the_stall_prompt_amid_the_ramps_rows_once_they_decode(
+    monkeypatch,
+):
+    """Each stall prompt is sent again amid ``loaded_rows`` streams of the ramp's longer
+    prompt, after a lead that covers their prefill (from the TTFT alone measured, scaled to
+    all their tokens) and with streams that outlast the lead and the prompt's chunks at the
+    step the ramp measured at those rows; not at all without ``loaded_rows``."""
+    import asyncio
+
+    import pytest_prefill.serve.calibration as calibration
+
+    async def ttft(target, prompt_len, key):
+        return 0.001 * prompt_len  # a millisecond a token, alone
+
+    step = 0.05  # the ramp's decode step at its rows; spaced traffic's is 0.01
+
+    async def traffic(target, prompts, tokens, spacing, budget, key):
+        rows = len(prompts) if spacing < 0.1 else 2
+        return [DecodeSample(rows, 100, step if rows >= 15 else 0.01)], []
+
+    sent: list[dict] = []
+
+    async def amid(target, prompt_len, rows, budget, live_tokens, key, **live):
+        sent.append({"prompt": prompt_len, "rows": rows, "tokens": live_tokens, **live})
+        return StallSample(prompt_len, rows, 0, 1, 1, (0.1,), 0.01, 0.0)
+
+    async def nothing(*args, **kwargs):
+        return 0.0
+
+    monkeypatch.setattr(calibration, "_round_trip", nothing)
+    monkeypatch.setattr(calibration, "prompt_alone", ttft)
+    monkeypatch.setattr(calibration, "traffic", traffic)
+    monkeypatch.setattr(calibration, "prompt_amid_streams", amid)
+    sweep = ServerSweep(128, ramp_rows=16, loaded_rows=15, warmup=0)
+    samples = Samples()
+    asyncio.run(calibration.calibration_round(None, sweep, samples, 0))
+    plain, loaded = sent  # the chunking check amid 2 short streams, then the loaded one
+    assert plain["rows"] == sweep.live_rows and "live_prompt" not in plain
+    assert loaded["rows"] == 15 and loaded["live_prompt"] == sweep.ramp_prompts[-1]
+    longest = max(sweep.prompt_lens)
+    prefill = 0.001 * longest * 15 * sweep.ramp_prompts[-1] / longest
+    assert loaded["lead"] == pytest.approx(calibration.LIVE_LEAD + 1.5 * prefill)
+    chunks = len(chunks_of(sweep.stall_prompts[0], 128, 15))
+    assert loaded["tokens"] * step >= loaded["lead"] + chunks * step
+    assert len(samples.loaded_stalls) == 1 and len(samples.stalls) == 1
+    sent.clear()
+    asyncio.run(calibration.calibration_round(None, ServerSweep(128, warmup=0), Samples(), 0))
+    assert len(sent) == 1
+
+
+def _batch_stalls(
+    true: CostModel, rows: int, row_context: int, seed: int, way_in: float
+) -> list[StallSample]:
+    """Three rounds of a 1,024-token prompt amid ``rows`` streams of ``row_context`` tokens on
+    a server running ``true``, each iteration with 3% multiplicative noise, its way in read
+    as ``way_in`` seconds."""
+    rng = random.Random(seed)
+    pieces = chunks_of(1024, 256, rows)
+    stalls = []
+    for _ in range(3):
+        fused = tuple(
+            true.iteration([(t, c)], rows, rows * (row_context + j))
+            * (1 + rng.uniform(-0.03, 0.03))
+            for j, (t, c) in enumerate(pieces)
+        )
+        stalls.append(
+            StallSample(1024, rows, row_context, len(pieces), len(pieces), fused, way_in, 0.0)
+        )
+    return stalls
+
+
+def test_a_loaded_stall_tells_the_batchs_attention_apart_and_leaves_the_way_in_alone():
+    """Amid 2 short streams a chunk's attention over the batch's KV is a sliver of the
+    iteration and 3% noise hides it; amid 15 streams of 300 tokens it is most of it: the fit
+    finds the term there, with a standard error a third or less of the one amid 2 streams.
+    The loaded stalls' way in (sent into a busy server) is not the request's: it is not read."""
+    true = dataclasses.replace(TRUE, batch_attention_per_pair=1.5e-7)
+    samples = _samples(256)
+    samples.stalls = _batch_stalls(true, 2, 40, seed=1, way_in=0.006)
+    alone = fit_server(samples, ServerSweep(256), {"source": "synthetic"})
+    samples.loaded_stalls = _batch_stalls(true, 15, 300, seed=2, way_in=0.5)
+    both = fit_server(samples, ServerSweep(256), {"source": "synthetic"})
+
+    def stderr(cal: ServerCalibration) -> float:
+        return cal.calibration.fits["passes"].stderrs["batch_attention_per_pair"]
+
+    assert both.cost.batch_attention_per_pair == pytest.approx(1.5e-7, rel=0.2)
+    assert stderr(both) < stderr(alone) / 3
+    assert both.overhead.to_engine == alone.overhead.to_engine < 0.5
