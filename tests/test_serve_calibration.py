@@ -252,20 +252,12 @@ def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_ab
     finds that term where the fused iterations show it, and records ~0 (or refuses it) where
     they do not; for vLLM it is not fitted at all."""
     true = dataclasses.replace(TRUE, batch_attention_per_pair=2e-7)
-    rng = random.Random(1)
     samples = _samples(256)
-    samples.stalls = []
-    for p, row_context in ((512, 200), (1024, 900), (2048, 500)):  # a context per chunking
-        pieces = chunks_of(p, 256, 2)
-        for _ in range(3):
-            fused = tuple(
-                true.iteration([(t, c)], 2, 2 * (row_context + j))
-                * (1 + rng.uniform(-0.005, 0.005))
-                for j, (t, c) in enumerate(pieces)
-            )
-            samples.stalls.append(
-                StallSample(p, 2, row_context, len(pieces), len(pieces), fused, 0.006, 0.0)
-            )
+    samples.stalls = [
+        stall
+        for seed, (p, row_context) in enumerate(((512, 200), (1024, 900), (2048, 500)))
+        for stall in _batch_stalls(true, 2, row_context, seed, 0.006, prompt=p, noise=0.005)
+    ]  # a context per chunking
     found = fit_server(samples, ServerSweep(256), {"source": "synthetic"}).cost
     assert found.batch_attention_per_pair == pytest.approx(2e-7, rel=0.25)
     # vLLM's paged attention reads each request's own blocks: the term is not fitted there
@@ -469,22 +461,28 @@ def test_the_loaded_stall_sends_the_stall_prompt_amid_the_ramps_rows_once_they_d
 
 
 def _batch_stalls(
-    true: CostModel, rows: int, row_context: int, seed: int, way_in: float
+    true: CostModel,
+    rows: int,
+    row_context: int,
+    seed: int,
+    way_in: float,
+    prompt: int = 1024,
+    noise: float = 0.03,
 ) -> list[StallSample]:
-    """Three rounds of a 1,024-token prompt amid ``rows`` streams of ``row_context`` tokens on
-    a server running ``true``, each iteration with 3% multiplicative noise, its way in read
-    as ``way_in`` seconds."""
+    """Three rounds of a ``prompt``-token prompt amid ``rows`` streams of ``row_context``
+    tokens on a server running ``true`` at budget 256, each iteration with ``noise``
+    multiplicative noise, its way in read as ``way_in`` seconds."""
     rng = random.Random(seed)
-    pieces = chunks_of(1024, 256, rows)
+    pieces = chunks_of(prompt, 256, rows)
     stalls = []
     for _ in range(3):
         fused = tuple(
             true.iteration([(t, c)], rows, rows * (row_context + j))
-            * (1 + rng.uniform(-0.03, 0.03))
+            * (1 + rng.uniform(-noise, noise))
             for j, (t, c) in enumerate(pieces)
         )
         stalls.append(
-            StallSample(1024, rows, row_context, len(pieces), len(pieces), fused, way_in, 0.0)
+            StallSample(prompt, rows, row_context, len(pieces), len(pieces), fused, way_in, 0.0)
         )
     return stalls
 

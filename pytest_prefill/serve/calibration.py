@@ -308,10 +308,8 @@ async def _loaded_stall(
         statistics.median(samples.ttft[longest]) * rows * live_prompt / longest if longest else 0.0
     )
     lead = LIVE_LEAD + 1.5 * prefill
-    steps = [s.seconds for s in samples.decode if s.rows >= rows] or [
-        s.seconds for s in samples.decode
-    ]
-    step = statistics.median(steps or [0.01])
+    at_rows = [s.seconds for s in samples.decode if s.rows >= rows]
+    step = statistics.median(at_rows or [s.seconds for s in samples.decode] or [0.01])
     live_tokens = int(lead / step) + len(chunks_of(prompt, sweep.budget, rows)) + LIVE_TAIL
     return await prompt_amid_streams(
         target, prompt, rows, sweep.budget, live_tokens, key, live_prompt=live_prompt, lead=lead
