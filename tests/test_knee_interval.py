@@ -16,6 +16,7 @@ from pytest_prefill.serve.knee_interval import (
     KneeEstimate,
     agreement,
     crossing,
+    deciding_scale,
     estimate_knee,
     non_increasing,
 )
@@ -107,6 +108,76 @@ def test_the_prediction_is_judged_against_the_measured_knees_interval(low, high,
     assert judged.low <= judged.high
     if math.isfinite(high):
         assert judged.low == pytest.approx(20.0 / high)
+
+
+def _even(n: int, attainment: float) -> list[bool]:
+    """n outcomes, round(attainment x n) met, the misses spread evenly."""
+    misses = n - round(attainment * n)
+    return [not (misses and (i * misses) // n != ((i + 1) * misses) // n) for i in range(n)]
+
+
+def _probes(n: int, points: list[tuple[float, float]]) -> list[tuple[float, list[bool]]]:
+    return [(rate, _even(n, attainment)) for rate, attainment in points]
+
+
+# (probes' rates and attainments, requests each, the predicted knee): each UNDECIDED
+OPEN_ABOVE = ([(5.72, 0.82), (4.77, 0.98), (5.22, 0.93), (5.47, 0.98)], 250, 5.72)  # run V
+RISING = ([(3.41, 0.98), (3.57, 0.61), (3.73, 0.31), (4.09, 0.77)], 150, 3.41)  # run T
+PAST_ABOVE = ([(10.0, 1.0), (13.0, 0.2)], 100, 9.5)
+PAST_BELOW = ([(9.0, 1.0), (12.0, 0.1)], 100, 11.5)
+NEAR_BOUND = ([(10.0, 1.0), (10.5, 0.88), (13.0, 0.2)], 100, 9.5)  # 10.5: 0.5% under 9.5 / 0.9
+
+
+@pytest.mark.parametrize(
+    "case,where",
+    [
+        (OPEN_ABOVE, 5.72 * 1.05),  # a step past the highest probe: the interval is open
+        (RISING, 4.09),  # the higher of the pair that rose (equal requests): again
+        (PAST_ABOVE, 9.5 / 0.9),  # no probe near the bound the interval reaches past
+        (PAST_BELOW, 11.5 / 1.1),
+        (NEAR_BOUND, 10.5),  # missed, within half a step under the bound: again
+        (([(10.0, 1.0), (10.5, 0.93), (13.0, 0.2)], 100, 9.5), 10.5 * 1.05),  # met: past it
+    ],
+)
+def test_one_more_probe_goes_where_it_decides_an_undecided_verdict(case, where):
+    points, n, judged = case
+    probes = _probes(n, points)
+    assert agreement(judged, estimate_knee(probes, 0.9)).verdict == "UNDECIDED"
+    assert deciding_scale(probes, 0.9, judged, step=1.05) == pytest.approx(where)
+
+
+def test_the_deciding_probe_stops_once_decided_and_steps_past_a_bound_probe_that_points_on():
+    points, n, judged = OPEN_ABOVE
+    closed = _probes(n, [*points, (5.72 * 1.05, 0.3)])
+    assert agreement(judged, estimate_knee(closed, 0.9)).verdict == "HOLDS"
+    assert deciding_scale(closed, 0.9, judged) is None
+    assert deciding_scale(_probes(n, points), 0.9, judged, highest=5.72) is None  # a burst
+    for points, n, judged in (PAST_ABOVE, PAST_BELOW):
+        bound = deciding_scale(_probes(n, points), 0.9, judged, step=1.05)
+        assert bound is not None
+        near, far = (0.5, 1.0) if bound > judged else (1.0, 0.5)  # the bound's near side first
+        held = _probes(n, [*points, (bound, near)])
+        assert agreement(judged, estimate_knee(held, 0.9)).verdict == "HOLDS"
+        past = _probes(n, [*points, (bound, far)])  # the other side: only a step past decides
+        beyond = bound * 1.05 if bound > judged else bound / 1.05
+        assert deciding_scale(past, 0.9, judged, step=1.05) == pytest.approx(beyond)
+        fails = _probes(n, [*points, (bound, far), (beyond, far)])
+        assert agreement(judged, estimate_knee(fails, 0.9)).verdict == "FAILS"
+        assert deciding_scale(fails, 0.9, judged) is None
+    rose = [(1.0, 1.0), (1.05, 0.99), (1.1, 0.86), (1.16, 0.9), (1.3, 0.2)]  # 1.16 met more
+    assert deciding_scale(_probes(200, rose), 0.9, 1.0) == 1.16  # equal requests: the higher
+    again = _probes(200, [*rose, (1.16, 0.9)])  # now the higher has twice the requests
+    assert agreement(1.0, estimate_knee(again, 0.9)).verdict == "UNDECIDED"
+    assert deciding_scale(again, 0.9, 1.0) == 1.1
+
+
+def test_a_deciding_probe_is_refused_a_bad_prediction_or_step():
+    probes = _probes(100, PAST_ABOVE[0])
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="judged"):
+            deciding_scale(probes, 0.9, bad)
+    with pytest.raises(ValueError, match="step"):
+        deciding_scale(probes, 0.9, 9.5, step=1.0)
 
 
 def test_a_probe_is_long_enough_for_an_overload_to_build_a_queue_of_one_ttft_bound():

@@ -27,6 +27,7 @@ from pytest_prefill.serve.knee import (
     predict_knee,
     probe_load,
 )
+from pytest_prefill.serve.knee_interval import agreement
 from pytest_prefill.serve.launchers import Launcher
 from pytest_prefill.serve.loadgen import Target
 from pytest_prefill.serve.prompts import Prompts
@@ -530,3 +531,37 @@ def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     assert "NOT" in ranking_line(told) and "a tie" not in ranking_line(told)
     for result in (tied, told):  # the documents ranked again say the same
         assert combined_report([result.to_dict()]).splitlines()[-1] == ranking_line(result)
+
+
+def test_an_undecided_verdict_gets_the_probes_left_where_they_decide_it():
+    rule = ProbeRule(target=0.9, margin=0.05, tolerance=0.05, max_probes=7, step=1.2)
+
+    steps = [(0.9, 0.98), (0.94, 0.93), (0.99, 0.98), (1.02, 0.82), (math.inf, 0.3)]
+
+    def server(scale: float) -> float:  # run V's vLLM ≤128 tok: 5.22 req/s met less than 5.47
+        return next(attainment for below, attainment in steps if scale < below)
+
+    def probe(scale: float) -> MeasuredProbe:
+        run = BenchRun((), {}, {}, "now")
+        return MeasuredProbe(scale, scale, 250, round(server(scale) * 250), 0, None, run)
+
+    searches = {}
+    for judged in (None, 1.0):
+        search = KneeSearch(rule, 1.0, judged=judged)
+        while (scale := search.next_scale()) is not None:
+            search.observe(probe(scale))
+        searches[judged] = search
+    plain, deciding = searches[None], searches[1.0]
+    assert len(plain.probes) == 4  # bracketed within 5%, both sides clear of the target
+    assert agreement(1.0, plain.result().estimate).verdict == "UNDECIDED"  # open above
+    assert [p.scale for p in deciding.probes[:4]] == [p.scale for p in plain.probes]
+    assert [p.scale for p in deciding.probes[4:]] == [pytest.approx(1.05)]  # past the highest
+    assert agreement(1.0, deciding.result().estimate).verdict == "HOLDS"
+    stubborn = KneeSearch(rule, 1.0, judged=1.0)  # a server at the target at every rate
+    while (scale := stubborn.next_scale()) is not None:
+        run = BenchRun((), {}, {}, "now")
+        good = 36 - len(stubborn.probes) % 2
+        stubborn.observe(MeasuredProbe(scale, scale, 40, good, 0, None, run))
+    assert len(stubborn.probes) == rule.max_probes
+    with pytest.raises(ValueError, match="judged"):
+        KneeSearch(rule, 1.0, judged=0.0)

@@ -2,7 +2,8 @@
 which SLO attainment stays at or above a target. Predicted by the capacity search
 (``plan.capacity``) over the simulator with the server's calibration; measured on the server by
 bounded probes: the predicted rate first, then steps out until the knee is bracketed, then
-geometric bisection (DESIGN.md, "Checking the answer on a server").
+geometric bisection, then, while the verdict on the prediction is UNDECIDED, probes where one
+decides it (DESIGN.md, "Checking the answer on a server").
 
 How long a probe is, three rules, the longest wins (``serve.knee_sizing`` applies them).
 (1) Attainment measured over n requests has a binomial standard error ``sqrt(a (1 - a) / n)``;
@@ -35,7 +36,7 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.knee_interval import KneeEstimate, estimate_knee
+from pytest_prefill.serve.knee_interval import KneeEstimate, deciding_scale, estimate_knee
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.records import BenchRun
 from pytest_prefill.serve.server_metrics import run_counted
@@ -135,8 +136,10 @@ class ProbeRule:
             text += f"; probes skip the workload's first {self.start} requests"
         return (
             f"{text}; rates step by {self.step:g}x to a bracket, bisected to within "
-            f"{self.tolerance:.0%} or {self.max_probes} probes; the predicted knee's goal is "
-            f"within ±{self.within:.0%} of the measured"
+            f"{self.tolerance:.0%}, then, while the predicted knee's verdict is UNDECIDED, "
+            "probed where one probe decides it (past an open interval, again where a higher "
+            f"rate met more, or at the ±{self.within:.0%} bound), {self.max_probes} probes "
+            f"at most; the predicted knee's goal is within ±{self.within:.0%} of the measured"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -397,14 +400,26 @@ class KneeSearch:
     midpoint of the bracket until it is within ``tolerance``; then, with probes left, an
     anchor on each side whose nearest probe is not clear of the target by the ``margin``
     (``tolerance`` below the highest pass, or above the lowest miss), so that the knee's
-    interval has a probe that clearly met it and one that clearly missed it; never more than
-    ``max_probes``; never above ``max_scale`` (where the probe's requests all arrive at once: a
-    burst, which a higher rate cannot make heavier)."""
+    interval has a probe that clearly met it and one that clearly missed it; then, given the
+    ``judged`` scale (the predicted knee's), while its verdict against the measured knee is
+    UNDECIDED, a probe where it decides (:func:`deciding_scale`): the probes' noise, not their
+    number, then leaves it undecided; never more than ``max_probes``; never above ``max_scale``
+    (where the probe's requests all arrive at once: a burst, which a higher rate cannot make
+    heavier)."""
 
-    def __init__(self, rule: ProbeRule, start: float, max_scale: float = math.inf) -> None:
+    def __init__(
+        self,
+        rule: ProbeRule,
+        start: float,
+        max_scale: float = math.inf,
+        judged: float | None = None,
+    ) -> None:
         if not (math.isfinite(start) and start > 0):
             raise ValueError(f"start scale must be a positive number, got {start!r}")
+        if judged is not None and not (math.isfinite(judged) and judged > 0):
+            raise ValueError(f"judged scale must be a positive number, got {judged!r}")
         self.rule, self.start, self.max_scale = rule, min(start, max_scale), max_scale
+        self.judged = judged
         self.probes: list[MeasuredProbe] = []
         self.low: MeasuredProbe | None = None
         self.high: MeasuredProbe | None = None
@@ -423,7 +438,8 @@ class KneeSearch:
         if low is None:
             return high.scale / self.rule.step
         if high.scale <= low.scale * (1 + self.rule.tolerance) + 1e-12:
-            return self._anchor()
+            anchor = self._anchor()
+            return anchor if anchor is not None else self._decide()
         return math.sqrt(low.scale * high.scale)
 
     def _anchor(self) -> float | None:
@@ -437,6 +453,15 @@ class KneeSearch:
         if not clear_missed and self.high is not None:
             return min(max(p.scale for p in self.probes) * step, self.max_scale)
         return None
+
+    def _decide(self) -> float | None:
+        sent = [(p.scale, p.per_request) for p in self.probes if p.sent]
+        if self.judged is None or not sent:
+            return None
+        rule, step = self.rule, 1 + self.rule.tolerance
+        return deciding_scale(
+            sent, rule.target, self.judged, within=rule.within, step=step, highest=self.max_scale
+        )
 
     def observe(self, probe: MeasuredProbe) -> None:
         self.probes.append(probe)
@@ -489,13 +514,14 @@ async def measure_knee(
     alive: Alive,
     progress: Progress | None = None,
     tag: str = "",
+    judged: float | None = None,
 ) -> MeasuredKnee:
     """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
-    :class:`KneeSearch` says. After a probe with failed requests ``alive`` is asked: a server
+    :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided). After a probe with failed requests ``alive`` is asked: a server
     that is gone or not answering ends the search with one line, keeping the probes run."""
     base = arrival_rate(load)
     span = max(r.arrival for r in load) - min(r.arrival for r in load)
-    search = KneeSearch(rule, start, span / BURST_SPAN)
+    search = KneeSearch(rule, start, span / BURST_SPAN, judged)
     while (scale := search.next_scale()) is not None:
         index = len(search.probes)
         renamed = [dataclasses.replace(r, id=f"{tag}p{index}-{r.id}") for r in load]

@@ -213,3 +213,62 @@ def agreement(predicted: float, knee: KneeEstimate, within: float = 0.10) -> Kne
     else:
         verdict = "UNDECIDED"
     return KneeAgreement(ratio, low, high, within, verdict)
+
+
+def deciding_scale(
+    probes: Sequence[tuple[float, Sequence[bool]]],
+    target: float,
+    judged: float,
+    *,
+    within: float = 0.10,
+    step: float = 1.05,
+    highest: float = math.inf,
+) -> float | None:
+    """Where one more probe would best decide the verdict on ``judged`` (the predicted knee, in
+    the probes' own units) while it is UNDECIDED; None once it is HOLDS or FAILS. In order:
+    (1) the interval is open, so past the probes: ``step`` above the highest (never above
+    ``highest``, where the probes are a burst) or below the lowest; (2) the probes rise with the
+    rate (a higher rate met more, a server's moment rather than the rate): the pair's member
+    with fewer requests sent again, the higher on a tie, so that the fit leans on more of them;
+    (3) else at the bound the interval reaches past (``judged / (1 - within)`` above,
+    ``judged / (1 + within)`` below, a hair inside), where one probe decides that side; where a probe is
+    already within half a ``step`` of it, that probe again when it came out on the bound's
+    near side, else a ``step`` beyond it.
+
+    Raises:
+        ValueError: as :func:`estimate_knee`; for a ``judged`` that is not positive, or a
+            ``step`` that is not > 1.
+    """
+    if not (math.isfinite(judged) and judged > 0):
+        raise ValueError(f"judged must be a positive number, got {judged!r}")
+    if not (math.isfinite(step) and step > 1):
+        raise ValueError(f"step must be a number > 1, got {step!r}")
+    knee = estimate_knee(probes, target)
+    if agreement(judged, knee, within).verdict != "UNDECIDED":
+        return None
+    pooled = _pooled(probes)
+    if math.isinf(knee.high):
+        top = pooled[-1][0]
+        return min(top * step, highest) if top < highest else None
+    if knee.low <= 0:
+        return pooled[0][0] / step
+    rising = [
+        (pooled[i], pooled[i + 1])
+        for i in range(len(pooled) - 1)
+        if pooled[i + 1][1] / pooled[i + 1][2] > pooled[i][1] / pooled[i][2]
+    ]
+    if rising:
+        lower, upper = max(
+            rising, key=lambda pair: pair[1][1] / pair[1][2] - pair[0][1] / pair[0][2]
+        )
+        return lower[0] if lower[2] < upper[2] else upper[0]
+    above = judged / knee.high < 1 - within  # the knee may lie past judged / (1 - within)
+    # a hair inside the goal, so that a probe there coming out on the near side decides HOLDS
+    bound = judged / (1 - within) * (1 - 1e-9) if above else judged / (1 + within) * (1 + 1e-9)
+    rate, good, sent = min(pooled, key=lambda p: abs(math.log(p[0] / bound)))
+    if abs(math.log(rate / bound)) > math.log(step) / 2:
+        return min(bound, highest)
+    if (good / sent >= target) == above:  # it points past the bound: a step beyond decides
+        beyond = rate * step if above else rate / step
+        return min(beyond, highest) if rate < highest or not above else None
+    return rate

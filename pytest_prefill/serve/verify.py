@@ -343,6 +343,7 @@ async def _check_flag_set(
         alive=lambda: alive(url, process),
         progress=progress,
         tag=f"b{flags.budget}s{flags.max_seqs or 0}-",
+        judged=start if predicted.rate > 0 else None,
     )
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
