@@ -62,13 +62,22 @@ def test_bad_values_are_named():
         agrees([1.0, 2.0], [1.0], TOL)
 
 
-def test_the_best_is_separable_only_when_its_interval_clears_the_runner_ups():
-    from pytest_prefill.serve.ranking import best_separable
+def test_the_predicted_best_holds_fails_or_is_undecided_on_the_measured_intervals():
+    from pytest_prefill.serve.ranking import best_verdict
 
-    measured = [4.47, 4.74, 4.31]  # the best is index 1, the runner-up index 0
+    predicted = [4.0, 5.0, 3.0]  # the predicted best is index 1
     clear = [(4.42, 4.62), (4.69, 4.91), (4.26, 4.46)]
-    assert best_separable(measured, clear) is True
+    assert best_verdict(predicted, clear, TOL) == ("HOLDS", (1,))
     touching = [(4.42, 4.69), (4.69, 4.91), (4.26, 4.46)]  # low == high: not above it
-    assert best_separable(measured, touching) is False
-    assert best_separable(measured, [None, (4.69, 4.91), None]) is None
-    assert best_separable([4.0], [(3.9, 4.1)]) is None
+    assert best_verdict(predicted, touching, TOL) == ("UNDECIDED", (0,))
+    beaten = [(4.95, 5.2), (4.69, 4.91), (4.26, 4.46)]  # index 0 clears the predicted best
+    assert best_verdict(predicted, beaten, TOL) == ("FAILS", (0,))
+    unknown = [None, (4.69, 4.91), (4.26, 4.46)]  # no interval: it may lie anywhere
+    assert best_verdict(predicted, unknown, TOL) == ("UNDECIDED", (0,))
+    tied = [5.0, 4.0, 5.0 * (1 - TOL / 2)]  # 0 and 2 tied: either clearing the rest holds
+    assert best_verdict(tied, [(4.0, 4.2), (4.3, 4.5), (4.6, 4.8)], TOL) == ("HOLDS", (2,))
+    assert best_verdict(tied, [(4.0, 4.2), (4.3, 4.5), (4.4, 4.8)], TOL)[0] == "UNDECIDED"
+    assert best_verdict(tied, [(4.6, 4.8), (4.85, 5.0), (4.0, 4.5)], TOL) == ("FAILS", (1,))
+    assert best_verdict([4.0, 4.0], [(3.0, 3.1), (5.0, 5.1)], TOL)[0] == "UNDECIDED"  # no claim
+    with pytest.raises(ValueError, match="intervals"):
+        best_verdict(predicted, clear[:2], TOL)

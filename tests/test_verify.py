@@ -265,13 +265,16 @@ def test_the_report_says_whether_the_measured_ranking_agrees():
         (_result(a, 2, 2), _result(b, 4, 4.2), _result(c, 3, 2.9)),
         "vllm",
     )
-    assert agree.same_order and agree.same_best
+    assert agree.same_order and agree.same_best and agree.best_verdict == "HOLDS"
     text = verify_report(agree)
     assert "agrees" in text and "≤256 tok, ≤4 seqs > ≤512 tok > ≤128 tok" in text
     swapped = VerifyResult(
         "w", SLO(ttft=1.0), ProbeRule(), (_result(a, 2, 5), _result(b, 4, 4)), "vllm"
     )
-    assert swapped.same_best is False and "NOT" in verify_report(swapped)
+    assert swapped.same_best is False and swapped.best_verdict == "FAILS"
+    assert "best FAILS (≤128 tok's measured knee lies above ≤256 tok, ≤4 seqs's)" in verify_report(
+        swapped
+    )
     ratio = agree.results[1].ratio
     measured = agree.results[1].measured
     assert measured is not None and measured.rate <= measured.knee  # interpolated above the pass
@@ -519,7 +522,7 @@ def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     assert tied.predicted_best == (0, 2) and tied.same_best and tied.same_order
     line = ranking_line(tied)
     assert "predicted ≤128 tok = ≤512 tok > ≤256 tok" in line and "a tie" in line
-    assert "NOT" not in line and tied.to_dict()["predicted_best"] == ["≤128 tok", "≤512 tok"]
+    assert "best HOLDS" in line and tied.to_dict()["predicted_best"] == ["≤128 tok", "≤512 tok"]
     told = VerifyResult(  # the same knees predicted 3% apart: told apart, and swapped
         "w",
         SLO(ttft=1.0),
@@ -528,7 +531,8 @@ def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
         "transformers",
     )
     assert told.predicted_best == (0,) and told.same_best is False and not told.same_order
-    assert "NOT" in ranking_line(told) and "a tie" not in ranking_line(told)
+    assert told.best_verdict != "HOLDS" and "a tie" not in ranking_line(told)
+    assert f"best {told.best_verdict}" in ranking_line(told)
     for result in (tied, told):  # the documents ranked again say the same
         assert combined_report([result.to_dict()]).splitlines()[-1] == ranking_line(result)
 

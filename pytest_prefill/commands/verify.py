@@ -380,7 +380,8 @@ def _save_ranking(args: argparse.Namespace, documents: list[Any], text: str) -> 
                 line += f"±{float(judged['within']):.0%}"
                 verdicts.append((f"knee {r['flags']['label']}", judged["verdict"], line))
     line = text.splitlines()[-1]
-    verdicts.append(("verify ranking", "FAILS" if "NOT" in line else "HOLDS", line))
+    found = re.search(r"best (HOLDS|FAILS|UNDECIDED)", line)
+    verdicts.append(("verify ranking", found.group(1) if found else "UNDECIDED", line))
     data = {"runs": [slim(doc) for doc in documents], "files": list(args.rank)}
     provenance = {"device": "server", "threads": None}
     path = save_tables(args, provenance, [("verify ranking", text, data)], verdicts)
@@ -395,11 +396,11 @@ def _write(args: argparse.Namespace, result: VerifyResult, text: str) -> None:
     if args.save:
         provenance = {"device": "server", "threads": None}
         line = text.splitlines()[-1]
-        verdict = "HOLDS" if result.same_best in (True, None) else "FAILS"
+        verdict = result.best_verdict  # None: one flag set, no ranking to judge
         path = save_tables(
             args,
             provenance,
             [("verify on " + (result.engine or "a server"), text, document)],
-            [("verify ranking", verdict, line)],
+            [("verify ranking", verdict, line)] if verdict is not None else [],
         )
         print(f"archived: {path}")

@@ -52,9 +52,8 @@ class Verifier:
         result = verify(server, flag_sets, load, slo, **options)
         text = verify_report(result)
         self.report.table(title or f"verify: {slo}", text, result.to_dict())
-        if result.same_best is not None:
-            verdict = "HOLDS" if result.same_best else "FAILS"
-            self.report.verdict("verify ranking", verdict, ranking_line(result))
+        if result.best_verdict is not None:
+            self.report.verdict("verify ranking", result.best_verdict, ranking_line(result))
         return result
 
 

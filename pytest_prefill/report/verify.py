@@ -13,7 +13,7 @@ from tabulate import tabulate
 
 from pytest_prefill.serve.knee import PREDICTION_TOLERANCE
 from pytest_prefill.serve.load_check import speed_range
-from pytest_prefill.serve.ranking import agrees, best_separable, order_text, ranking, tied_best
+from pytest_prefill.serve.ranking import agrees, best_verdict, order_text, ranking, tied_best
 from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
 
 
@@ -193,20 +193,20 @@ def ranking_line(result: VerifyResult) -> str:
     if len(result.compared) < 2:
         return "ranking: one flag set measured, nothing to rank"
     labels = [r.flags.label for r in result.compared]
-    return ranking_text(labels, *result.knees, result.best_separable)
+    return ranking_text(labels, *result.knees, result.intervals)
 
 
 def ranking_text(
     labels: Sequence[str],
     predicted: Sequence[float],
     measured: Sequence[float],
-    separable: bool | None,
+    intervals: Sequence[tuple[float, float] | None],
 ) -> str:
     """The ranking line: both orders (a predicted tie with "=") and :func:`ranking_verdict`."""
     return (
         f"ranking: predicted {order_text(labels, predicted, PREDICTION_TOLERANCE)}; measured "
         f"{order_text(labels, measured, 0.0)}: "
-        f"{ranking_verdict(labels, predicted, measured, separable)}"
+        f"{ranking_verdict(labels, predicted, measured, intervals)}"
     )
 
 
@@ -214,33 +214,33 @@ def ranking_verdict(
     labels: Sequence[str],
     predicted: Sequence[float],
     measured: Sequence[float],
-    separable: bool | None,
+    intervals: Sequence[tuple[float, float] | None],
 ) -> str:
-    """What the measured knees say of the predicted order: it agrees where every pair the
-    prediction tells apart comes out the same (``serve.ranking``), else whether the measured
-    best is a predicted best; a predicted tie and measured best knees whose intervals overlap
-    (``separable`` False) are said."""
+    """ "best HOLDS / FAILS / UNDECIDED" (``serve.ranking.best_verdict``: the predicted best
+    judged on the measured knees' intervals) and why; then whether the measured order keeps
+    every pair the prediction tells apart (on the knees' points)."""
     tie = PREDICTION_TOLERANCE
-    best, order = tied_best(predicted, tie), ranking(measured)
-    if agrees(predicted, measured, tie):
-        verdict = "the measured ranking agrees with the predicted one"
-    elif order[0] in best:
-        verdict = "the same best flag set; the rest are ordered differently"
+    best = tied_best(predicted, tie)
+    verdict, which = best_verdict(predicted, intervals, tie)
+    names = " and ".join(labels[i] for i in best)
+    if verdict == "HOLDS":
+        text = f"best HOLDS ({labels[which[0]]}'s measured knee lies above every other's)"
+    elif verdict == "FAILS":
+        text = f"best FAILS ({labels[which[0]]}'s measured knee lies above {names}'s)"
+    elif len(best) == len(predicted):
+        text = f"best UNDECIDED ({names} predicted within the search's {tie:.0%}: no claim)"
     else:
-        verdict = "the measured best flag set is NOT the predicted one"
-    notes = []
-    if len(best) > 1:
-        tied = " and ".join(labels[i] for i in best)
-        notes.append(f"{tied} predicted within the search's {tie:.0%}: a tie, no one best")
-    if separable is False:
-        first, second = (labels[i] for i in order[:2])
-        notes.append(
-            f"the measured knees of {first} and {second} overlap: the probes cannot tell which "
-            "is best"
+        reach = " and ".join(labels[i] for i in which)
+        text = (
+            f"best UNDECIDED (the measured knees of {names} and {reach} overlap: the probes "
+            "cannot tell which is best)"
         )
-    if notes:
-        verdict += f" ({'; '.join(notes)})"
-    return verdict
+    if len(best) > 1 and len(best) < len(predicted):
+        text += f"; {names} predicted within the search's {tie:.0%}: a tie"
+    if agrees(predicted, measured, tie):
+        return text + "; the measured order agrees with the predicted one"
+    same = ranking(measured)[0] in best
+    return text + ("; the rest are ordered differently" if same else "; the order differs")
 
 
 def verify_report(result: VerifyResult) -> str:
@@ -336,5 +336,5 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     if len(labels) < 2:
         return table + "\nranking: fewer than two flag sets measured, nothing to rank"
-    line = ranking_text(labels, predicted, measured, best_separable(measured, intervals))
+    line = ranking_text(labels, predicted, measured, intervals)
     return f"{table}\n{line}"

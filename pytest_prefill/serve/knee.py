@@ -478,6 +478,15 @@ class KneeSearch:
         return MeasuredKnee(tuple(self.probes), low, high, tolerance, ended, estimate)
 
 
+def start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
+    """The first probe's scale: the predicted knee's, else the lowest rate the prediction
+    tried (it met the SLO nowhere)."""
+    if predicted.rate > 0:
+        return predicted.rate / arrival_rate(load)
+    probes = predicted.result.probes if predicted.result is not None else ()
+    return min((p.scale for p in probes), default=1.0)
+
+
 def probe_load(load: Sequence[Request], rule: ProbeRule, count: int | None = None) -> list[Request]:
     """``count`` (default ``rule.requests``, at least that) of ``load`` by arrival, the first
     after ``rule.start``, or all that are left when fewer, their arrivals shifted to begin at 0:

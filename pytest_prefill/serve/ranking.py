@@ -63,15 +63,35 @@ def agrees(predicted: Sequence[float], measured: Sequence[float], tolerance: flo
     )
 
 
-def best_separable(
-    measured: Sequence[float], intervals: Sequence[tuple[float, float] | None]
-) -> bool | None:
-    """Whether the highest measured value's interval (low, high) lies above the runner-up's
-    (None: fewer than two values, or either interval unknown)."""
-    if len(measured) < 2:
-        return None
-    first, second = (intervals[i] for i in ranking(measured)[:2])
-    return first[0] > second[1] if first is not None and second is not None else None
+def best_verdict(
+    predicted: Sequence[float],
+    intervals: Sequence[tuple[float, float] | None],
+    tolerance: float,
+) -> tuple[str, tuple[int, ...]]:
+    """The claim "the predicted best sustains the most" judged on the measured knees'
+    intervals (low, high; None: unknown, taken as (0, inf)): HOLDS when a predicted best's
+    interval lies above every other flag set's, FAILS when another's lies above every
+    predicted best's, else UNDECIDED (also when the prediction ties them all: nothing to
+    refute). With it, the flag sets that decided it (the one above, HOLDS or FAILS) or those
+    whose intervals reach a predicted best's (UNDECIDED).
+
+    Raises:
+        ValueError: for lists of different lengths, or as :func:`tied_best`.
+    """
+    if len(predicted) != len(intervals):
+        raise ValueError(f"{len(predicted)} predicted values against {len(intervals)} intervals")
+    best = tied_best(predicted, tolerance)
+    spans = [span if span is not None else (0.0, math.inf) for span in intervals]
+    others = [j for j in range(len(predicted)) if j not in best]
+    if not others:
+        return "UNDECIDED", best
+    for b in best:
+        if all(spans[b][0] > spans[j][1] for j in others):
+            return "HOLDS", (b,)
+    for j in others:
+        if all(spans[j][0] > spans[b][1] for b in best):
+            return "FAILS", (j,)
+    return "UNDECIDED", tuple(j for j in others if spans[j][1] >= spans[best[0]][0])
 
 
 def order_text(labels: Sequence[str], values: Sequence[float], tolerance: float) -> str:

@@ -39,6 +39,7 @@ from pytest_prefill.serve.knee import (
     predict_knee,
     probe_load,
     replayed_attainment,
+    start_scale,
 )
 from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
 from pytest_prefill.serve.knee_sizing import Sharpness, predict_sized, sharpness
@@ -55,7 +56,7 @@ from pytest_prefill.serve.load_check import (
 )
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
-from pytest_prefill.serve.ranking import agrees, best_separable, ranking, tied_best
+from pytest_prefill.serve.ranking import agrees, best_verdict, ranking, tied_best
 from pytest_prefill.serve.simulated import Scheduling, server_profile
 from pytest_prefill.sim import CostModel, Request, simulated_engine
 
@@ -253,12 +254,18 @@ class VerifyResult:
         return self.measured_order[0] in self.predicted_best if len(self.compared) > 1 else None
 
     @property
-    def best_separable(self) -> bool | None:
-        """Whether the measured best's knee interval lies above the runner-up's (None: fewer
-        than two, or no interval)."""
+    def intervals(self) -> list[tuple[float, float] | None]:
+        """The compared flag sets' measured knee intervals (None: no estimate)."""
         estimates = [r.measured.estimate if r.measured else None for r in self.compared]
-        intervals = [(e.low, e.high) if e is not None else None for e in estimates]
-        return best_separable(self.knees[1], intervals)
+        return [(e.low, e.high) if e is not None else None for e in estimates]
+
+    @property
+    def best_verdict(self) -> str | None:
+        """The predicted best judged on the measured intervals (``serve.ranking.best_verdict``;
+        None: fewer than two)."""
+        if len(self.compared) < 2:
+            return None
+        return best_verdict(self.knees[0], self.intervals, PREDICTION_TOLERANCE)[0]
 
     @property
     def same_order(self) -> bool | None:
@@ -279,7 +286,7 @@ class VerifyResult:
                 "measured_ranking": [labels[i] for i in self.measured_order],
                 "predicted_best": [labels[i] for i in self.predicted_best],
                 "same_best": self.same_best,
-                "best_separable": self.best_separable,
+                "best_verdict": self.best_verdict,
                 "same_order": self.same_order,
                 "flag_sets": [r.to_dict() for r in self.results],
             },
@@ -333,7 +340,7 @@ async def _check_flag_set(
             f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status}); "
             f"{len(load)} requests a probe; {sharp.sentence()}"
         )
-    start = _start_scale(predicted, load)
+    start = start_scale(predicted, load)
     measured = await measure_knee(
         target,
         load,
@@ -505,15 +512,6 @@ def _predicted(
             )
             sharp = dataclasses.replace(sharp, capped=why)
     return load, rule.requests_at(predicted.rate, slo), predicted, sharp
-
-
-def _start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
-    """The first probe's scale: the predicted knee's, else the lowest rate the prediction
-    tried (it met the SLO nowhere)."""
-    if predicted.rate > 0:
-        return predicted.rate / arrival_rate(load)
-    probes = predicted.result.probes if predicted.result is not None else ()
-    return min((p.scale for p in probes), default=1.0)
 
 
 def verify(
