@@ -125,6 +125,7 @@ OPEN_ABOVE = ([(5.72, 0.82), (4.77, 0.98), (5.22, 0.93), (5.47, 0.98)], 250, 5.7
 RISING = ([(3.41, 0.98), (3.57, 0.61), (3.73, 0.31), (4.09, 0.77)], 150, 3.41)  # run T
 PAST_ABOVE = ([(10.0, 1.0), (13.0, 0.2)], 100, 9.5)
 PAST_BELOW = ([(9.0, 1.0), (12.0, 0.1)], 100, 11.5)
+PAST_BOUND = ([(3.48, 0.59), (2.9, 0.98), (3.18, 0.7), (3.04, 0.95)], 150, 3.48)  # run X
 NEAR_BOUND = ([(10.0, 1.0), (10.5, 0.88), (13.0, 0.2)], 100, 9.5)  # 10.5: 0.5% under 9.5 / 0.9
 
 
@@ -135,8 +136,8 @@ NEAR_BOUND = ([(10.0, 1.0), (10.5, 0.88), (13.0, 0.2)], 100, 9.5)  # 10.5: 0.5% 
         (RISING, 4.09),  # the higher of the pair that rose (equal requests): again
         (PAST_ABOVE, 9.5 / 0.9),  # no probe near the bound the interval reaches past
         (PAST_BELOW, 11.5 / 1.1),
-        (NEAR_BOUND, 10.5),  # missed, within half a step under the bound: again
-        (([(10.0, 1.0), (10.5, 0.93), (13.0, 0.2)], 100, 9.5), 10.5 * 1.05),  # met: past it
+        (NEAR_BOUND, 9.5 / 0.9),  # a probe half a percent off the bound does not decide it
+        (PAST_BOUND, 3.48 / 1.1),  # not a step under 3.18, missed: a pass there decides nothing
     ],
 )
 def test_one_more_probe_goes_where_it_decides_an_undecided_verdict(case, where):
@@ -159,7 +160,7 @@ def test_the_deciding_probe_stops_once_decided_and_steps_past_a_bound_probe_that
         held = _probes(n, [*points, (bound, near)])
         assert agreement(judged, estimate_knee(held, 0.9)).verdict == "HOLDS"
         past = _probes(n, [*points, (bound, far)])  # the other side: only a step past decides
-        beyond = bound * 1.05 if bound > judged else bound / 1.05
+        beyond = bound * 1.05**0.5 if bound > judged else bound / 1.05**0.5
         assert deciding_scale(past, 0.9, judged, step=1.05) == pytest.approx(beyond)
         fails = _probes(n, [*points, (bound, far), (beyond, far)])
         assert agreement(judged, estimate_knee(fails, 0.9)).verdict == "FAILS"

@@ -231,9 +231,10 @@ def deciding_scale(
     rate (a higher rate met more, a server's moment rather than the rate): the pair's member
     with fewer requests sent again, the higher on a tie, so that the fit leans on more of them;
     (3) else at the bound the interval reaches past (``judged / (1 - within)`` above,
-    ``judged / (1 + within)`` below, a hair inside), where one probe decides that side; where a probe is
-    already within half a ``step`` of it, that probe again when it came out on the bound's
-    near side, else a ``step`` beyond it.
+    ``judged / (1 + within)`` below, a hair inside), where a probe on the near side decides
+    HOLDS; once one is there and came out on the far side (the knee lies at the bound or
+    past it), half a ``step`` past it, where a probe on the far side decides FAILS; a probe
+    already at the spot that still left it undecided is sent again (more requests there).
 
     Raises:
         ValueError: as :func:`estimate_knee`; for a ``judged`` that is not positive, or a
@@ -265,10 +266,8 @@ def deciding_scale(
     above = judged / knee.high < 1 - within  # the knee may lie past judged / (1 - within)
     # a hair inside the goal, so that a probe there coming out on the near side decides HOLDS
     bound = judged / (1 - within) * (1 - 1e-9) if above else judged / (1 + within) * (1 + 1e-9)
-    rate, good, sent = min(pooled, key=lambda p: abs(math.log(p[0] / bound)))
-    if abs(math.log(rate / bound)) > math.log(step) / 2:
-        return min(bound, highest)
-    if (good / sent >= target) == above:  # it points past the bound: a step beyond decides
-        beyond = rate * step if above else rate / step
-        return min(beyond, highest) if rate < highest or not above else None
-    return rate
+    beyond = bound * math.sqrt(step) if above else bound / math.sqrt(step)
+    there = [good / sent for rate, good, sent in pooled if abs(rate / bound - 1) < 1e-6]
+    if there and (there[0] >= target) == above:  # the far side: only a probe past it decides
+        bound = beyond
+    return bound if bound <= highest else None  # (again, where a probe left it undecided)
