@@ -235,7 +235,7 @@ def ranking_verdict(
             f"best UNDECIDED (the measured knees of {names} and {reach} overlap: the probes "
             "cannot tell which is best)"
         )
-    if len(best) > 1 and len(best) < len(predicted):
+    if 1 < len(best) < len(predicted):
         text += f"; {names} predicted within the search's {tie:.0%}: a tie"
     if agrees(predicted, measured, tie):
         return text + "; the measured order agrees with the predicted one"

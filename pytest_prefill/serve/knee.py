@@ -457,7 +457,7 @@ class KneeSearch:
     def _decide(self) -> float | None:
         sent = [(p.scale, p.per_request) for p in self.probes if p.sent]
         if self.judged is None or not sent:
-            return None
+            return None  # nothing to judge, or nothing measured to judge it on
         rule, step = self.rule, 1 + self.rule.tolerance
         return deciding_scale(
             sent, rule.target, self.judged, within=rule.within, step=step, highest=self.max_scale
@@ -526,8 +526,9 @@ async def measure_knee(
     judged: float | None = None,
 ) -> MeasuredKnee:
     """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
-    :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided). After a probe with failed requests ``alive`` is asked: a server
-    that is gone or not answering ends the search with one line, keeping the probes run."""
+    :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided).
+    After a probe with failed requests ``alive`` is asked: a server that is gone or not
+    answering ends the search with one line, keeping the probes run."""
     base = arrival_rate(load)
     span = max(r.arrival for r in load) - min(r.arrival for r in load)
     search = KneeSearch(rule, start, span / BURST_SPAN, judged)

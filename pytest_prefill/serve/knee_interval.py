@@ -253,21 +253,17 @@ def deciding_scale(
         return min(top * step, highest) if top < highest else None
     if knee.low <= 0:
         return pooled[0][0] / step
-    rising = [
-        (pooled[i], pooled[i + 1])
-        for i in range(len(pooled) - 1)
-        if pooled[i + 1][1] / pooled[i + 1][2] > pooled[i][1] / pooled[i][2]
-    ]
-    if rising:
-        lower, upper = max(
-            rising, key=lambda pair: pair[1][1] / pair[1][2] - pair[0][1] / pair[0][2]
-        )
+    shares = [good / sent for _, good, sent in pooled]
+    rises = [(shares[i + 1] - shares[i], i) for i in range(len(pooled) - 1)]
+    rise, i = max(rises, key=lambda r: r[0], default=(0.0, 0))  # the first, on a tie
+    if rise > 0:  # the pair that rose most: its member with fewer requests (the higher on a tie)
+        lower, upper = pooled[i], pooled[i + 1]
         return lower[0] if lower[2] < upper[2] else upper[0]
     above = judged / knee.high < 1 - within  # the knee may lie past judged / (1 - within)
     # a hair inside the goal, so that a probe there coming out on the near side decides HOLDS
     bound = judged / (1 - within) * (1 - 1e-9) if above else judged / (1 + within) * (1 + 1e-9)
     beyond = bound * math.sqrt(step) if above else bound / math.sqrt(step)
-    there = [good / sent for rate, good, sent in pooled if abs(rate / bound - 1) < 1e-6]
+    there = [share for (rate, _, _), share in zip(pooled, shares) if abs(rate / bound - 1) < 1e-6]
     if there and (there[0] >= target) == above:  # the far side: only a probe past it decides
         bound = beyond
     return bound if bound <= highest else None  # (again, where a probe left it undecided)
