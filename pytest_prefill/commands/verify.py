@@ -32,6 +32,7 @@ from pytest_prefill.commands._workload_args import (
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.api import ENGINES
 from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.host_steal import QuietHost
 from pytest_prefill.serve.knee import ProbeRule
 from pytest_prefill.serve.launchers import LAUNCHED, Launcher
 from pytest_prefill.serve.verify import FlagSet, Server, VerifyResult, verify
@@ -150,6 +151,25 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _host_arguments(parser: argparse.ArgumentParser) -> None:
+    host = parser.add_argument_group("the host (a VM's CPU steal)")
+    host.add_argument(
+        "--max-steal",
+        type=fraction_type,
+        default=0.02,
+        metavar="F",
+        help="a probe or load-check run during which the host took more than this fraction of "
+        "the CPU (a VM's hypervisor running other guests: /proc/stat's steal) is redone, at "
+        "most twice, and each first waits for 5 s in which it took at most half of it, at "
+        "most 120 s (0.02)",
+    )
+    host.add_argument(
+        "--ignore-steal",
+        action="store_true",
+        help="do not watch the host's CPU steal: every run at once, kept whatever it took",
+    )
+
+
 def _calibration_arguments(parser: argparse.ArgumentParser) -> None:
     cal = parser.add_argument_group("calibration")
     cal.add_argument("--cost", metavar="JSON", help="reuse this server calibration for all")
@@ -201,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="divide the workload's prompt and output lengths (e.g. 4:8 for a small model)",
     )
     _probe_arguments(parser)
+    _host_arguments(parser)
     _calibration_arguments(parser)
     parser.add_argument("--json", type=output_path, metavar="PATH", help="write the result JSON")
     parser.add_argument("--save", action="store_true", help="archive it as a run")
@@ -348,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         probe_requests=args.probe_requests,
         load_check=not args.no_load_check,
+        quiet=None if args.ignore_steal else QuietHost(args.max_steal),
     )
     text = verify_report(result)
     print(text)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.serve.knee import PREDICTION_TOLERANCE
+from pytest_prefill.serve.knee import PREDICTION_TOLERANCE, MeasuredProbe
 from pytest_prefill.serve.load_check import speed_range
 from pytest_prefill.serve.ranking import agrees, best_verdict, order_text, ranking, tied_best
 from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
@@ -162,10 +162,12 @@ def knee_table(result: VerifyResult) -> str:
 def probe_table(result: VerifyResult) -> str:
     """Every probe run on the server, with the simulator's attainment on its requests replayed
     at their measured arrivals, and the factor on the calibration's cost that puts the replay's
-    mean latency at the measured one (the probe's speed)."""
+    mean latency at the measured one (the probe's speed); the host's CPU steal during each
+    where it was watched (``serve.host_steal``)."""
     rows = []
+    watched = any(p.run.host is not None for r in result.results for p in _probes(r))
     for r in result.results:
-        for i, p in enumerate(r.measured.probes if r.measured is not None else ()):
+        for i, p in enumerate(_probes(r)):
             replay = r.replayed[i] if i < len(r.replayed) else math.nan
             ttft = p.metrics.ttft.percentile(90.0) if p.metrics is not None else math.nan
             tpot = p.metrics.tpot.percentile(90.0) if p.metrics is not None else math.nan
@@ -182,11 +184,16 @@ def probe_table(result: VerifyResult) -> str:
                     f"{tpot * 1e3:.1f}" if math.isfinite(tpot) else "-",
                     p.failed or "",
                 ]
+                + ([p.run.host.text() if p.run.host is not None else "-"] if watched else [])
             )
     headers = ["flag set", "probe", "req/s", "good/sent", "attainment", "replayed"]
     headers += ["speed [90%]", "p90 TTFT ms"]
-    headers += ["p90 TPOT ms", "failed"]
+    headers += ["p90 TPOT ms", "failed"] + (["host steal"] if watched else [])
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def _probes(result: FlagSetResult) -> tuple[MeasuredProbe, ...]:
+    return result.measured.probes if result.measured is not None else ()
 
 
 def ranking_line(result: VerifyResult) -> str:
@@ -248,6 +255,8 @@ def verify_report(result: VerifyResult) -> str:
         f"verify on {result.engine or 'a server'}: {result.workload}",
         f"SLO {result.slo}, attainment target {result.rule.target:.0%}; {result.rule.sentence()}",
     ]
+    if result.quiet:
+        lines.append(f"quiet host: {result.quiet}")
     if any(r.load_check is not None for r in result.results):
         lines.append(
             "cost under load: as many requests as a probe, the ones after the probes' (no probe "

@@ -36,6 +36,7 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.host_steal import QuietHost, quietly
 from pytest_prefill.serve.knee_interval import KneeEstimate, deciding_scale, estimate_knee
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.records import BenchRun
@@ -46,6 +47,7 @@ from pytest_prefill.sim import CostModel, Request, meets, slo_values
 Progress = Callable[[str], object]
 # Probes a server restart cannot answer: asks the server whether it still runs (None: it does).
 Alive = Callable[[], Awaitable[str | None]]
+_Sent = tuple[BenchRun, list[str]]  # a probe's run and its requests' ids in the order sent
 PREDICTION_TOLERANCE = 0.02  # the simulated search's bracket: finer than any probe can tell
 BURST_SPAN = 1e-3  # seconds: a probe whose arrivals span less is a burst
 
@@ -524,29 +526,40 @@ async def measure_knee(
     progress: Progress | None = None,
     tag: str = "",
     judged: float | None = None,
+    quiet: QuietHost | None = None,
 ) -> MeasuredKnee:
     """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
-    :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided).
-    After a probe with failed requests ``alive`` is asked: a server that is gone or not
-    answering ends the search with one line, keeping the probes run."""
+    :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided;
+    ``quiet``: each probe run on a quiet host, ``serve.host_steal``). After a probe with
+    failed requests ``alive`` is asked: a server that is gone or not answering ends the
+    search with one line, keeping the probes run."""
     base = arrival_rate(load)
     span = max(r.arrival for r in load) - min(r.arrival for r in load)
     search = KneeSearch(rule, start, span / BURST_SPAN, judged)
     while (scale := search.next_scale()) is not None:
         index = len(search.probes)
-        renamed = [dataclasses.replace(r, id=f"{tag}p{index}-{r.id}") for r in load]
-        run = await run_counted(
-            dataclasses.replace(target, salt=f"{target.salt}-p{index}"),  # each probe starts cold
-            renamed,
-            schedule=Schedule("trace", rate_scale=scale),
-            bounds=Bounds(warmup=0),
-        )
-        probe = probe_of(run, slo, scale, base * scale, [r.id for r in renamed])
+        named = f"{tag}p{index}"
+
+        async def once(attempt: int, scale: float = scale, named: str = named) -> _Sent:
+            again = f"r{attempt}" if attempt else ""  # each probe, and each redo, starts cold
+            renamed = [dataclasses.replace(r, id=f"{named}{again}-{r.id}") for r in load]
+            run = await run_counted(
+                dataclasses.replace(target, salt=f"{target.salt}-{named}{again}"),
+                renamed,
+                schedule=Schedule("trace", rate_scale=scale),
+                bounds=Bounds(warmup=0),
+            )
+            return run, [r.id for r in renamed]
+
+        (run, order), host = await quietly(quiet, once, f"probe {index + 1}", progress)
+        run = dataclasses.replace(run, host=host)
+        probe = probe_of(run, slo, scale, base * scale, order)
         search.observe(probe)
         if progress is not None:
             progress(
                 f"probe {index + 1}: {probe.rate:.3g} req/s, attainment {probe.attainment:.0%} "
                 f"({probe.good}/{probe.sent}{f', {probe.failed} failed' if probe.failed else ''})"
+                + (f", host steal {host.text()}" if host is not None else "")
             )
         if probe.failed:
             why = await alive()

@@ -16,10 +16,11 @@ import dataclasses
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.serve.calibration_fit import RequestOverhead
+from pytest_prefill.serve.host_steal import QuietHost, quietly
 from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.records import BenchRun, ServerRecord
 from pytest_prefill.serve.server_metrics import run_counted
@@ -242,7 +243,7 @@ class LoadCheck:
             raise ValueError(f"factor must be a positive number, got {self.factor!r}")
 
     def sentence(self) -> str:
-        parts = [f"at {r.rate:.3g} req/s: {r.fit.sentence()}" for r in self.runs]
+        parts = [f"at {r.rate:.3g} req/s{_steal(r.run)}: {r.fit.sentence()}" for r in self.runs]
         head = "; then ".join(parts) or "not run"
         return f"{head}; the knee predicted with x{self.factor:.2f}"
 
@@ -253,6 +254,11 @@ class LoadCheck:
             "runs": [r.to_dict() for r in self.runs],
             "sentence": self.sentence(),
         }
+
+
+def _steal(run: BenchRun | None) -> str:
+    host = run.host if run is not None else None
+    return f" (host steal {host.text()})" if host is not None else ""
 
 
 def run_speeds(
@@ -295,9 +301,12 @@ async def run_load_check(
     overhead: RequestOverhead,
     scheduling: Scheduling,
     tag: str,
+    quiet: QuietHost | None = None,
+    progress: Callable[[str], object] | None = None,
 ) -> LoadRun:
     """``requests`` sent at ``rate`` req/s (their arrivals scaled, salted afresh: a cold prefix
-    cache), and the factor fitted on them (:func:`fit_load_factor`).
+    cache), and the factor fitted on them (:func:`fit_load_factor`); ``quiet``: run on a
+    quiet host (``serve.host_steal``).
 
     Raises:
         ValueError: for a rate that is not a positive number, or requests with no rate.
@@ -309,11 +318,16 @@ async def run_load_check(
         raise ValueError(f"rate must be a positive number, got {rate!r}")
     if not math.isfinite(base) or base <= 0:
         raise ValueError("the load check's requests arrive at once: no rate to scale")
-    renamed = [dataclasses.replace(r, id=f"{tag}{r.id}") for r in requests]
-    run = await run_counted(
-        dataclasses.replace(target, salt=f"{target.salt}-{tag}"),
-        renamed,
-        schedule=Schedule("trace", rate_scale=rate / base),
-        bounds=Bounds(warmup=0),
-    )
+
+    async def once(attempt: int) -> BenchRun:
+        named = f"{tag}r{attempt}" if attempt else tag  # each redo salted afresh too
+        return await run_counted(
+            dataclasses.replace(target, salt=f"{target.salt}-{named}"),
+            [dataclasses.replace(r, id=f"{named}{r.id}") for r in requests],
+            schedule=Schedule("trace", rate_scale=rate / base),
+            bounds=Bounds(warmup=0),
+        )
+
+    run, host = await quietly(quiet, once, f"load check at {rate:.3g} req/s", progress)
+    run = dataclasses.replace(run, host=host)
     return LoadRun(rate, fit_load_factor([run.records], cost, overhead, scheduling), run)

@@ -13,6 +13,7 @@ from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics
 
 if TYPE_CHECKING:
     from pytest_prefill.serve.counters import ServerCounters
+    from pytest_prefill.serve.host_steal import HostSteal
 
 # Tokens a server may count in a prompt beyond those asked for: a chat template's and a BOS
 # token's. More is a tokenizer that is not the server's (the prompt was not the length asked).
@@ -124,7 +125,8 @@ class BenchRun:
     is the seconds from the first send to the last token; ``stopped`` says why the run ended
     early (a time bound, an interruption), or is None; ``interrupted``: the run was cut off
     (Ctrl-C) and holds what it had measured by then; ``server_counters`` is what the server's
-    own ``/metrics`` said before and after (None: it has none, or was not asked)."""
+    own ``/metrics`` said before and after (None: it has none, or was not asked); ``host``
+    what the host's CPU steal was during it (``serve.host_steal``; None: not watched)."""
 
     records: tuple[ServerRecord, ...]
     server: Mapping[str, Any]
@@ -134,6 +136,7 @@ class BenchRun:
     stopped: str | None = None
     server_counters: ServerCounters | None = None
     interrupted: bool = False
+    host: HostSteal | None = None
 
     @property
     def completed(self) -> tuple[ServerRecord, ...]:
@@ -189,6 +192,7 @@ class BenchRun:
             "server_counters": (
                 self.server_counters.to_dict() if self.server_counters is not None else None
             ),
+            "host": self.host.to_dict() if self.host is not None else None,
         }
 
     def records_jsonl(self) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +28,8 @@ from pytest_prefill.serve.calibration import (
 )
 from pytest_prefill.serve.calibration_fit import RequestOverhead
 from pytest_prefill.serve.experiments import warm_up
+from pytest_prefill.serve.flag_sets import FlagSet
+from pytest_prefill.serve.host_steal import QuietHost
 from pytest_prefill.serve.http import ServerError, Timeouts, Url
 from pytest_prefill.serve.knee import (
     PREDICTION_TOLERANCE,
@@ -63,50 +64,6 @@ from pytest_prefill.sim import CostModel, Request, simulated_engine
 Progress = Callable[[str], object]
 RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
 CHECK_RUNS = 3  # the load check's runs, at most
-FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
-
-
-@dataclasses.dataclass(frozen=True)
-class FlagSet:
-    """What a server is started with: ``budget`` tokens an iteration, decode rows included
-    (vLLM ``--max-num-batched-tokens``, ``transformers serve --cb-max-batch-tokens``,
-    llama.cpp ``-b``) and the sequence cap ``max_seqs`` (vLLM ``--max-num-seqs``, llama.cpp
-    ``-np``; None: the engine's default).
-
-    Raises:
-        ValueError: naming the field, for a budget below 2 or a cap below 1.
-    """
-
-    budget: int
-    max_seqs: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 2:
-            raise ValueError(f"flag set budget must be an integer >= 2, got {self.budget!r}")
-        seqs = self.max_seqs
-        if seqs is not None and (isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1):
-            raise ValueError(f"flag set max_seqs must be an integer >= 1, got {seqs!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> FlagSet:
-        """``tokens=256`` or ``tokens=256,seqs=8`` (a capacity deployment's settings).
-
-        Raises:
-            ValueError: for anything else.
-        """
-        match = FLAGS.match(str(text).strip())
-        if match is None:
-            raise ValueError(f"a flag set is tokens=N or tokens=N,seqs=N, got {text!r}")
-        seqs = match.group(2)
-        return cls(int(match.group(1)), int(seqs) if seqs is not None else None)
-
-    @property
-    def label(self) -> str:
-        seqs = f", ≤{self.max_seqs} seqs" if self.max_seqs is not None else ""
-        return f"≤{self.budget} tok{seqs}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"budget": self.budget, "max_seqs": self.max_seqs, "label": self.label}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,13 +172,14 @@ class FlagSetResult:
 @dataclasses.dataclass(frozen=True)
 class VerifyResult:
     """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
-    in the order given."""
+    in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched)."""
 
     workload: str
     slo: SLO
     rule: ProbeRule
     results: tuple[FlagSetResult, ...]
     engine: str
+    quiet: str = ""
 
     @property
     def compared(self) -> tuple[FlagSetResult, ...]:
@@ -282,6 +240,7 @@ class VerifyResult:
                 "engine": self.engine,
                 "slo": self.slo.to_dict(),
                 "probe_rule": self.rule.to_dict(),
+                "quiet_host": self.quiet or None,
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
                 "predicted_best": [labels[i] for i in self.predicted_best],
@@ -303,6 +262,7 @@ class _Plan:
     calibration: ServerCalibration | None
     count: int | None = None  # requests a probe, once fixed: every flag set sends the same
     load_check: bool = True
+    quiet: QuietHost | None = None
 
 
 async def _check_flag_set(
@@ -351,6 +311,7 @@ async def _check_flag_set(
         progress=progress,
         tag=f"b{flags.budget}s{flags.max_seqs or 0}-",
         judged=start if predicted.rate > 0 else None,
+        quiet=plan.quiet,
     )
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
@@ -438,7 +399,9 @@ async def _load_check(
     rate, factor = before, 1.0
     while rate > 0 and len(runs) < CHECK_RUNS:
         tag = f"b{flags.budget}s{flags.max_seqs or 0}-load{len(runs)}-"
-        found = await run_load_check(target, requests, rate, cost, overhead, scheduling, tag)
+        found = await run_load_check(
+            target, requests, rate, cost, overhead, scheduling, tag, plan.quiet, progress
+        )
         runs.append(found)
         if progress is not None:
             progress(f"load check {len(runs)}: {found.rate:.3g} req/s: {found.fit.sentence()}")
@@ -528,6 +491,7 @@ def verify(
     progress: Progress | None = None,
     probe_requests: int | None = None,
     load_check: bool = True,
+    quiet: QuietHost | None = None,
 ) -> VerifyResult:
     """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
     it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
@@ -536,7 +500,8 @@ def verify(
     many requests as a probe sends, the ones that follow the probes' (none of them a probe's),
     are sent at the predicted knee and the cost model scaled to the speed they show
     (``serve.load_check``); off, or where the workload has fewer than
-    ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts.
+    ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts. ``quiet``:
+    each probe and load-check run on a quiet host (``serve.host_steal``; None: not watched).
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
@@ -562,7 +527,7 @@ def verify(
     rule = rule or ProbeRule()
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
     ordered = sorted(load, key=lambda r: (r.arrival, r.id))
-    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, load_check)
+    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, load_check, quiet)
     results = []
     for flags in flag_sets:
         result = _one(server, flags, plan, progress)
@@ -572,7 +537,8 @@ def verify(
         if calibrate_once and plan.calibration is None and result.calibration is not None:
             plan.calibration = result.calibration
     engine = server.engine or (server.launcher.engine if server.launcher is not None else "")
-    return VerifyResult(workload, slo, rule, tuple(results), engine)
+    host = quiet.sentence() if quiet is not None else ""
+    return VerifyResult(workload, slo, rule, tuple(results), engine, host)
 
 
 def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None) -> FlagSetResult:
