@@ -153,15 +153,16 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
     host = parser.add_argument_group("the host (a VM's CPU steal)")
+    rule = QuietHost()  # the defaults the help states
     host.add_argument(
         "--max-steal",
         type=fraction_type,
-        default=0.02,
+        default=rule.max_steal,
         metavar="F",
         help="a probe or load-check run during which the host took more than this fraction of "
         "the CPU (a VM's hypervisor running other guests: /proc/stat's steal) is redone, at "
-        "most twice, and each first waits for 5 s in which it took at most half of it, at "
-        "most 120 s (0.02)",
+        f"most {rule.redo} times, and each first waits for {rule.window:g} s in which it took "
+        f"at most half of it, at most {rule.max_wait:g} s ({rule.max_steal:g})",
     )
     host.add_argument(
         "--ignore-steal",
