@@ -81,3 +81,52 @@ def test_the_predicted_best_holds_fails_or_is_undecided_on_the_measured_interval
     assert best_verdict([4.0, 4.0], [(3.0, 3.1), (5.0, 5.1)], TOL)[0] == "UNDECIDED"  # no claim
     with pytest.raises(ValueError, match="intervals"):
         best_verdict(predicted, clear[:2], TOL)
+
+
+def test_the_claimed_tolerance_is_the_closest_knee_claims_can_order():
+    from pytest_prefill.serve.ranking import claimed_apart
+
+    for within in (0.0, 0.05, 0.10, 0.25):
+        tie = claimed_apart(within)
+        assert tie == pytest.approx((1 + within) / (1 - within) - 1)
+        low = 4.0  # the lower predicted knee at its highest claimed measurement ...
+        high = low * (1 + tie)  # ... meets the higher one at its lowest
+        assert high / (1 + within) == pytest.approx(low / (1 - within))
+    for bad in (-0.1, 1.0, 1.5, math.nan, math.inf, True, "0.1", None):
+        with pytest.raises(ValueError, match="within"):
+            claimed_apart(bad)  # type: ignore[arg-type]
+
+
+def _held(rng, within: float, n: int) -> tuple[list[float], list[tuple[float, float]]]:
+    """Predicted knees and measured intervals such that every knee's claim HOLDS: each
+    interval inside [p / (1 + within), p / (1 - within)]."""
+    predicted = [rng.uniform(1.0, 10.0) for _ in range(n)]
+    intervals = []
+    for p in predicted:
+        a, b = sorted(rng.uniform(p / (1 + within), p / (1 - within)) for _ in range(2))
+        intervals.append((a, b))
+    return predicted, intervals
+
+
+def test_when_every_knee_holds_the_claimed_ranking_cannot_fail():
+    import random
+
+    from pytest_prefill.serve.ranking import best_verdict, claimed_apart
+
+    rng = random.Random(27)
+    within = 0.10
+    tie = claimed_apart(within)
+    decided = failed_on_grid = 0
+    for _ in range(3000):
+        predicted, intervals = _held(rng, within, rng.randint(2, 4))
+        points = [rng.uniform(a, b) for a, b in intervals]
+        verdict, _ = best_verdict(predicted, intervals, tie)
+        assert verdict != "FAILS"
+        best = tied_best(predicted, tie)
+        if len(best) < len(predicted):  # the prediction names a best: every knee held it up
+            assert verdict == "HOLDS"
+            decided += 1
+        assert agrees(predicted, points, tie)
+        failed_on_grid += best_verdict(predicted, intervals, TOL)[0] == "FAILS"
+    assert decided > 100  # the property was exercised, not vacuous
+    assert failed_on_grid > 0  # at the search's 2% the same knees, each holding, fail a best

@@ -506,28 +506,34 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
 
 def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     from pytest_prefill.report.verify import combined_report, ranking_line
-    from pytest_prefill.serve.knee import PREDICTION_TOLERANCE as TIE
+    from pytest_prefill.serve.knee import PREDICTION_TOLERANCE
+    from pytest_prefill.serve.ranking import claimed_apart
 
     a, b, c = FlagSet(128), FlagSet(256), FlagSet(512)
+    rule = ProbeRule()
+    tie = claimed_apart(rule.within)  # 22% at the goal's ±10%
     tied = VerifyResult(
         "w",
         SLO(ttft=1.0),
-        ProbeRule(),
-        (_result(a, 4.61, 4.86), _result(b, 4.05, 4.46), _result(c, 4.61 * (1 - TIE / 2), 5.07)),
+        rule,
+        (_result(a, 4.61, 4.86), _result(b, 3.0, 3.1), _result(c, 4.61 / (1 + tie / 2), 5.07)),
         "transformers",
     )
-    # the first listed predicts highest, the last measures highest: within the search's
-    # bracket the prediction named both, so the best and the order agree
+    assert tied.tolerance == pytest.approx(tie)
+    # the first listed predicts highest, the last measures highest: closer than knee claims
+    # can order, the prediction named both, so the best and the order agree
     assert tied.predicted_order[0] == 0 and tied.measured_order[0] == 2
     assert tied.predicted_best == (0, 2) and tied.same_best and tied.same_order
     line = ranking_line(tied)
     assert "predicted ≤128 tok = ≤512 tok > ≤256 tok" in line and "a tie" in line
+    assert f"within {tie:.0%}" in line and "±10%" in line
     assert "best HOLDS" in line and tied.to_dict()["predicted_best"] == ["≤128 tok", "≤512 tok"]
-    told = VerifyResult(  # the same knees predicted 3% apart: told apart, and swapped
+    assert tied.to_dict()["ranking_tolerance"] == pytest.approx(tie)
+    told = VerifyResult(  # the same knees predicted further apart than that: told, swapped
         "w",
         SLO(ttft=1.0),
-        ProbeRule(),
-        (_result(a, 4.61 * (1 + 1.5 * TIE), 4.86), _result(c, 4.61, 5.07)),
+        rule,
+        (_result(a, 4.61 * (1 + 1.5 * tie), 4.86), _result(c, 4.61, 5.07)),
         "transformers",
     )
     assert told.predicted_best == (0,) and told.same_best is False and not told.same_order
@@ -535,6 +541,12 @@ def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     assert f"best {told.best_verdict}" in ranking_line(told)
     for result in (tied, told):  # the documents ranked again say the same
         assert combined_report([result.to_dict()]).splitlines()[-1] == ranking_line(result)
+    # the tie follows the goal the knees are judged against, never under the search's bracket
+    looser = dataclasses.replace(tied, rule=ProbeRule(within=0.05))
+    assert looser.tolerance == pytest.approx(1.05 / 0.95 - 1)
+    assert dataclasses.replace(tied, rule=ProbeRule(within=0.001)).tolerance == PREDICTION_TOLERANCE
+    all_tied = VerifyResult("w", SLO(ttft=1.0), rule, tied.results[::2], "transformers")
+    assert all_tied.best_verdict == "UNDECIDED" and "no claim" in ranking_line(all_tied)
 
 
 def test_an_undecided_verdict_gets_the_probes_left_where_they_decide_it():

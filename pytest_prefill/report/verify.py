@@ -11,10 +11,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.serve.knee import PREDICTION_TOLERANCE, MeasuredProbe
+from pytest_prefill.serve.knee import MeasuredProbe
 from pytest_prefill.serve.load_check import speed_range
 from pytest_prefill.serve.ranking import agrees, best_verdict, order_text, ranking, tied_best
-from pytest_prefill.serve.verify import FlagSetResult, VerifyResult
+from pytest_prefill.serve.verify import FlagSetResult, VerifyResult, ranking_tolerance
 
 
 def _rate(value: float | None) -> str:
@@ -200,7 +200,7 @@ def ranking_line(result: VerifyResult) -> str:
     if len(result.compared) < 2:
         return "ranking: one flag set measured, nothing to rank"
     labels = [r.flags.label for r in result.compared]
-    return ranking_text(labels, *result.knees, result.intervals)
+    return ranking_text(labels, *result.knees, result.intervals, result.rule.within)
 
 
 def ranking_text(
@@ -208,12 +208,17 @@ def ranking_text(
     predicted: Sequence[float],
     measured: Sequence[float],
     intervals: Sequence[tuple[float, float] | None],
+    within: float = 0.10,
 ) -> str:
-    """The ranking line: both orders (a predicted tie with "=") and :func:`ranking_verdict`."""
+    """The ranking line: both orders (a predicted tie, within
+    :func:`~pytest_prefill.serve.verify.ranking_tolerance` of ``within``, with "=") and
+    :func:`ranking_verdict`."""
+    tie = ranking_tolerance(within)
     return (
-        f"ranking: predicted {order_text(labels, predicted, PREDICTION_TOLERANCE)}; measured "
+        f"ranking: predicted {order_text(labels, predicted, tie)} (= within {tie:.0%}: knees "
+        f"each claimed to ±{within:.0%} order no closer); measured "
         f"{order_text(labels, measured, 0.0)}: "
-        f"{ranking_verdict(labels, predicted, measured, intervals)}"
+        f"{ranking_verdict(labels, predicted, measured, intervals, within)}"
     )
 
 
@@ -222,11 +227,12 @@ def ranking_verdict(
     predicted: Sequence[float],
     measured: Sequence[float],
     intervals: Sequence[tuple[float, float] | None],
+    within: float = 0.10,
 ) -> str:
     """ "best HOLDS / FAILS / UNDECIDED" (``serve.ranking.best_verdict``: the predicted best
     judged on the measured knees' intervals) and why; then whether the measured order keeps
     every pair the prediction tells apart (on the knees' points)."""
-    tie = PREDICTION_TOLERANCE
+    tie = ranking_tolerance(within)
     best = tied_best(predicted, tie)
     verdict, which = best_verdict(predicted, intervals, tie)
     names = " and ".join(labels[i] for i in best)
@@ -235,7 +241,7 @@ def ranking_verdict(
     elif verdict == "FAILS":
         text = f"best FAILS ({labels[which[0]]}'s measured knee lies above {names}'s)"
     elif len(best) == len(predicted):
-        text = f"best UNDECIDED ({names} predicted within the search's {tie:.0%}: no claim)"
+        text = f"best UNDECIDED ({names} predicted within {tie:.0%} of one another: no claim)"
     else:
         reach = " and ".join(labels[i] for i in which)
         text = (
@@ -243,7 +249,7 @@ def ranking_verdict(
             "cannot tell which is best)"
         )
     if 1 < len(best) < len(predicted):
-        text += f"; {names} predicted within the search's {tie:.0%}: a tie"
+        text += f"; {names} predicted within {tie:.0%}: a tie"
     if agrees(predicted, measured, tie):
         return text + "; the measured order agrees with the predicted one"
     same = ranking(measured)[0] in best
@@ -345,5 +351,7 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     if len(labels) < 2:
         return table + "\nranking: fewer than two flag sets measured, nothing to rank"
-    line = ranking_text(labels, predicted, measured, intervals)
+    rules = [doc.get("probe_rule") or {} for doc in documents]
+    within = max(float(rule.get("within", 0.10)) for rule in rules)  # the loosest claim
+    line = ranking_text(labels, predicted, measured, intervals, within)
     return f"{table}\n{line}"

@@ -1,12 +1,16 @@
 """Ranking flag sets by their knees, and ties the prediction cannot break.
 
-The simulated capacity search brackets each predicted knee to within its tolerance
-(``knee.PREDICTION_TOLERANCE``, 2%): two flag sets whose predicted knees are that close are
-ordered by the search's grid, not by the model (run O here: `transformers serve` at budgets 128
-and 512 both predicted 4.61 req/s, and the first listed was called the predicted best). So the
-predicted best is every flag set within the tolerance of the highest knee, and an order agrees
-with the predicted one when every pair the prediction does tell apart (more than the tolerance
-between them) comes out the same way. Standard library only."""
+Two predicted knees closer than a tolerance are a tie: the predicted best is every flag set
+within the tolerance of the highest knee, and an order agrees with the predicted one when every
+pair the prediction does tell apart (more than the tolerance between them) comes out the same
+way. Verify's tolerance (:func:`claimed_apart`) is the closest two knees can be predicted and
+still be ordered by the claims made of each knee, within ±``within`` of its measured one: 22%
+at ±10%. Closer than that both knee claims can hold with the knees either way round (run AB
+here: `transformers serve` ≤128 tok predicted 4.47 req/s and ≤512 tok 3.92, 14% apart; both
+held, at 1.07 and 0.91, and ≤512 measured the higher), so a best claimed there was a claim
+stronger than the model's. Never below the simulated search's own bracket
+(``knee.PREDICTION_TOLERANCE``, 2%: run O's budgets 128 and 512 both predicted 4.61 req/s).
+Standard library only."""
 
 from __future__ import annotations
 
@@ -19,6 +23,25 @@ def _check(values: Sequence[float], tolerance: float) -> None:
         raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     if not all(isinstance(v, (int, float)) and v == v for v in values):
         raise ValueError(f"values must be numbers, got {list(values)!r}")
+
+
+def claimed_apart(within: float) -> float:
+    """How far apart (relative, of the lower) two predicted knees must be for claims each
+    within ±``within`` of its measured knee to order the measured ones: the higher measures at
+    least ``p_a / (1 + within)``, the lower at most ``p_b / (1 - within)``, so
+    ``(1 + within) / (1 - within) - 1`` (0.222 at 0.10).
+
+    Raises:
+        ValueError: for a ``within`` that is not in [0, 1).
+    """
+    if not (
+        isinstance(within, (int, float))
+        and not isinstance(within, bool)
+        and math.isfinite(within)
+        and 0 <= within < 1
+    ):
+        raise ValueError(f"within must be a number in [0, 1), got {within!r}")
+    return (1 + within) / (1 - within) - 1
 
 
 def ranking(values: Sequence[float]) -> list[int]:

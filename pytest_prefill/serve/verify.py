@@ -57,7 +57,7 @@ from pytest_prefill.serve.load_check import (
 )
 from pytest_prefill.serve.loadgen import Target, open_target
 from pytest_prefill.serve.process import ServerProcess
-from pytest_prefill.serve.ranking import agrees, best_verdict, ranking, tied_best
+from pytest_prefill.serve.ranking import agrees, best_verdict, claimed_apart, ranking, tied_best
 from pytest_prefill.serve.simulated import Scheduling, server_profile
 from pytest_prefill.sim import CostModel, Request, simulated_engine
 
@@ -169,6 +169,12 @@ class FlagSetResult:
         }
 
 
+def ranking_tolerance(within: float) -> float:
+    """The tie between predicted knees when each knee is claimed within ±``within``
+    (``serve.ranking.claimed_apart``), never below the search's bracket."""
+    return max(PREDICTION_TOLERANCE, claimed_apart(within))
+
+
 @dataclasses.dataclass(frozen=True)
 class VerifyResult:
     """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
@@ -201,10 +207,16 @@ class VerifyResult:
         return ranking(self.knees[1])
 
     @property
+    def tolerance(self) -> float:
+        """Predicted knees closer than this are a tie (``serve.ranking``): closer than claims
+        each within the rule's ±``within`` can order, and never below the search's bracket."""
+        return ranking_tolerance(self.rule.within)
+
+    @property
     def predicted_best(self) -> tuple[int, ...]:
-        """The flag sets (in ``compared``) whose predicted knee the search cannot tell from the
-        highest (``serve.ranking``): a tie names no one best."""
-        return tied_best(self.knees[0], PREDICTION_TOLERANCE)
+        """The flag sets (in ``compared``) whose predicted knee is within :attr:`tolerance` of
+        the highest (``serve.ranking``): a tie names no one best."""
+        return tied_best(self.knees[0], self.tolerance)
 
     @property
     def same_best(self) -> bool | None:
@@ -223,12 +235,12 @@ class VerifyResult:
         None: fewer than two)."""
         if len(self.compared) < 2:
             return None
-        return best_verdict(self.knees[0], self.intervals, PREDICTION_TOLERANCE)[0]
+        return best_verdict(self.knees[0], self.intervals, self.tolerance)[0]
 
     @property
     def same_order(self) -> bool | None:
         """Whether the measured order keeps every pair the prediction tells apart."""
-        return agrees(*self.knees, PREDICTION_TOLERANCE) if len(self.compared) > 1 else None
+        return agrees(*self.knees, self.tolerance) if len(self.compared) > 1 else None
 
     def to_dict(self) -> dict[str, Any]:
         labels = [r.flags.label for r in self.compared]
@@ -243,6 +255,7 @@ class VerifyResult:
                 "quiet_host": self.quiet or None,
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
+                "ranking_tolerance": self.tolerance,
                 "predicted_best": [labels[i] for i in self.predicted_best],
                 "same_best": self.same_best,
                 "best_verdict": self.best_verdict,
