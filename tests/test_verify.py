@@ -581,3 +581,15 @@ def test_an_undecided_verdict_gets_the_probes_left_where_they_decide_it():
     assert len(stubborn.probes) == rule.max_probes
     with pytest.raises(ValueError, match="judged"):
         KneeSearch(rule, 1.0, judged=0.0)
+
+
+def test_a_flag_sets_ended_line_keeps_the_errors_first_line_whole_or_says_it_was_cut():
+    from pytest_prefill.serve.verify import one_line
+
+    advice = "the server sent nothing for 60 s mid-response (stalled; raise the stall timeout)"
+    said = "calibration request cal0-l1024-live0 failed: POST http://127.0.0.1:1/v1: " + advice
+    assert one_line(ValueError(said + "\nthe server's log:\nlines")) == said  # whole, first line
+    long = "x" * 1000
+    cut = one_line(ValueError(long), limit=100)
+    assert len(cut) == 100 and cut.endswith("…") and cut[:-1] == long[:99]
+    assert one_line(ValueError("")) == "ValueError"  # an empty error still says what it was

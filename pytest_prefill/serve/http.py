@@ -246,12 +246,12 @@ class _Exchange(asyncio.Protocol):
             (
                 t.stall - (now - self.last),
                 f"the server sent nothing for {t.stall:g} s mid-response (stalled; raise the "
-                "stall timeout if it is only slow)",
+                "stall timeout, --stall-timeout, if it is only slow)",
             ),
             (
                 t.request - (now - self.sent),
                 f"the request took over {t.request:g} s in all (a response that does not end; "
-                "raise the request timeout if it is only long)",
+                "raise the request timeout, --request-timeout, if it is only long)",
             ),
         ]
         if self.first is not None and self.head_end is None:

@@ -169,6 +169,14 @@ class FlagSetResult:
         }
 
 
+def one_line(err: BaseException, limit: int = 400) -> str:
+    """An error's first line for a flag set's one ended line, whole up to ``limit``
+    characters, else cut there with "…" (never silently)."""
+    lines = str(err).strip().splitlines()
+    line = lines[0] if lines else type(err).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def ranking_tolerance(within: float) -> float:
     """The tie between predicted knees when each knee is claimed within ±``within``
     (``serve.ranking.claimed_apart``), never below the search's bracket."""
@@ -296,7 +304,7 @@ async def _check_flag_set(
         target, calibration = await _calibrated(server, url, flags, flagged, plan, progress)
     except (ServerError, ValueError) as err:
         why = await alive(url, process) or "calibration failed"
-        return FlagSetResult(flags, command, ended=f"{label}: {why}: {str(err)[:160]}")
+        return FlagSetResult(flags, command, ended=f"{label}: {why}: {one_line(err)}")
     scheduling = _scheduling(server, target.identity.engine, flags)
     check = None
     if plan.load_check:
@@ -304,7 +312,7 @@ async def _check_flag_set(
             check = await _load_check(target, plan, calibration, scheduling, flags, progress)
         except (ServerError, ValueError) as err:
             why = await alive(url, process) or "the load check failed"
-            line = f"{label}: {why}: {str(err)[:160]}"
+            line = f"{label}: {why}: {one_line(err)}"
             return FlagSetResult(flags, command, calibration, scheduling, ended=line)
     cost = scaled_cost(calibration.cost, check.factor if check is not None else 1.0)
     load, wanted, predicted, sharp = _predicted(plan, cost, calibration.overhead, scheduling)
@@ -564,7 +572,7 @@ def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None)
     try:
         process = server.launcher.start(flags.budget, flags.max_seqs)
     except ServerError as err:
-        line = f"{flags.label}: the server did not start: {str(err).splitlines()[0][:200]}"
+        line = f"{flags.label}: the server did not start: {one_line(err)}"
         return FlagSetResult(flags, ended=line)
     pinning = process.pinning.sentence() if process.pinning is not None else None
     if progress is not None and pinning is not None:
