@@ -393,6 +393,43 @@ def test_rank_puts_several_runs_flag_sets_in_one_ranking(tmp_path, capsys):
     )
 
 
+def test_rank_never_ranks_flag_sets_of_different_engines_together(tmp_path, capsys):
+    from pytest_prefill.cli import main
+    from pytest_prefill.report.verify import combined_rankings
+
+    runs, paths = _two_runs_written(tmp_path)
+    other = VerifyResult(  # transformers: its best predicted low, measured high
+        "w",
+        SLO(ttft=1.0),
+        ProbeRule(),
+        (_result(FlagSet(128), 9.0, 3.0), _result(FlagSet(512), 3.0, 9.0)),
+        "transformers",
+    )
+    path = tmp_path / "tf.json"
+    path.write_text(json.dumps(other.to_dict()))
+    documents = [r.to_dict() for r in runs] + [other.to_dict()]
+    rankings = combined_rankings(documents)
+    together = (runs[0].results[0], runs[1].results[0])
+    vllm = VerifyResult("w", SLO(ttft=1.0), ProbeRule(), together, "vllm")
+    assert [(engine, verdict) for engine, verdict, _ in rankings] == [
+        ("vllm", vllm.best_verdict),
+        ("transformers", other.best_verdict),
+    ]
+    assert other.best_verdict == "FAILS" and rankings[0][1] == "HOLDS"
+    assert rankings[0][2].startswith("ranking, vllm: predicted ≤512 tok > ≤128 tok")
+    assert rankings[1][2].startswith("ranking, transformers: predicted ≤128 tok > ≤512 tok")
+    results = tmp_path / "results"
+    argv = ["verify", "--rank", *paths, str(path), "--save", "--results", str(results)]
+    assert main([*argv, "--machine", "box"]) == 0
+    out = capsys.readouterr().out
+    assert "engine" in out and "ranking, vllm:" in out and "ranking, transformers:" in out
+    (archived,) = [p for p in (results / "box").glob("0*.json")]
+    verdicts = {v["name"]: v["verdict"] for v in json.loads(archived.read_text())["verdicts"]}
+    assert verdicts["verify ranking vllm"] == "HOLDS"
+    assert verdicts["verify ranking transformers"] == "FAILS"
+    assert "knee transformers ≤512 tok" in verdicts and "verify ranking" not in verdicts
+
+
 def test_the_search_stops_rising_once_its_probe_is_a_burst():
     rule = ProbeRule(max_probes=8, step=1.5)
     search = KneeSearch(rule, 1.0, max_scale=3.0)

@@ -392,19 +392,26 @@ def slim(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save_ranking(args: argparse.Namespace, documents: list[Any], text: str) -> None:
-    """Archive ``--rank``'s table and ranking, with each run's document (slim)."""
+    """Archive ``--rank``'s table and rankings (one per engine), with each run's document
+    (slim)."""
+    from pytest_prefill.report.verify import combined_rankings
+
+    rankings = combined_rankings(documents)
+    several = len(rankings) > 1
     verdicts = []
     for doc in documents:
+        engine = f"{doc.get('engine') or 'a server'} " if several else ""
         for r in doc.get("flag_sets", []):
             judged = r.get("agreement")
             if judged:
                 ratio, low, high = (float(judged[k]) for k in ("ratio", "low", "high"))
                 line = f"predicted/measured {ratio:.3g} [{low:.3g}, {high:.3g}] against "
                 line += f"±{float(judged['within']):.0%}"
-                verdicts.append((f"knee {r['flags']['label']}", judged["verdict"], line))
-    line = text.splitlines()[-1]
-    found = re.search(r"best (HOLDS|FAILS|UNDECIDED)", line)
-    verdicts.append(("verify ranking", found.group(1) if found else "UNDECIDED", line))
+                verdicts.append((f"knee {engine}{r['flags']['label']}", judged["verdict"], line))
+    for engine, verdict, line in rankings:
+        if verdict is not None:  # one flag set: no ranking to judge
+            name = f"verify ranking {engine}" if several else "verify ranking"
+            verdicts.append((name, verdict, line))
     data = {"runs": [slim(doc) for doc in documents], "files": list(args.rank)}
     provenance = {"device": "server", "threads": None}
     path = save_tables(args, provenance, [("verify ranking", text, data)], verdicts)

@@ -301,11 +301,16 @@ def _speeds_of(document: Mapping[str, Any]) -> str:
     return f"x{min(speeds):.2f}-{max(speeds):.2f}" if speeds else "-"
 
 
+def _engine(document: Mapping[str, Any]) -> str:
+    return str(document.get("engine") or "a server")
+
+
 def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     """The flag sets of several verify runs (their JSON documents: one server start each, say)
-    in one table, and whether their measured ranking agrees with the predicted one."""
-    rows, predicted, measured, labels = [], [], [], []
-    intervals: list[tuple[float, float] | None] = []
+    in one table, and per engine whether their measured ranking agrees with the predicted one
+    (:func:`combined_rankings`: flag sets of different engines are never ranked together)."""
+    engines = list(dict.fromkeys(_engine(doc) for doc in documents))
+    rows = []
     for doc in documents:
         for r in doc.get("flag_sets", []):
             p = (r.get("predicted") or {}).get("rate") or 0.0
@@ -325,33 +330,53 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
                 ratio = f"{ratio} [{_bound(judged['low'])}, {_bound(judged['high'])}] "
                 ratio += judged["verdict"]
             at = r.get("attainment_at_predicted")
-            label = r["flags"]["label"]
             check = r.get("load_check") or {}
             factor = f"x{check['factor']:.2f}" if check.get("runs") else "-"
-            rows.append(
-                [
-                    label,
-                    factor,
-                    _speeds_of(r),
-                    _rate(p),
-                    f"{shown}{interval} ({status})",
-                    ratio,
-                    f"{at:.0%}" if isinstance(at, (int, float)) else "-",
-                ]
-            )
-            if r.get("predicted") and r.get("measured") and not r.get("ended"):
-                labels.append(label)
-                predicted.append(p)
-                measured.append(m)
-                intervals.append(_interval(estimate))
-    headers = ["flag set", "cost under load", "probes' speed", "predicted knee"]
+            row = [] if len(engines) == 1 else [_engine(doc)]
+            row += [r["flags"]["label"], factor, _speeds_of(r), _rate(p)]
+            row.append(f"{shown}{interval} ({status})")
+            row.append(ratio)
+            row.append(f"{at:.0%}" if isinstance(at, (int, float)) else "-")
+            rows.append(row)
+    headers = [] if len(engines) == 1 else ["engine"]
+    headers += ["flag set", "cost under load", "probes' speed", "predicted knee"]
     headers.append("measured knee [90%]")
     headers.append("predicted/measured [90%]")
     headers.append("attainment at predicted")
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-    if len(labels) < 2:
-        return table + "\nranking: fewer than two flag sets measured, nothing to rank"
-    rules = [doc.get("probe_rule") or {} for doc in documents]
-    within = max(float(rule.get("within", 0.10)) for rule in rules)  # the loosest claim
-    line = ranking_text(labels, predicted, measured, intervals, within)
-    return f"{table}\n{line}"
+    lines = [line for _, _, line in combined_rankings(documents)]
+    return "\n".join([table, *lines])
+
+
+def combined_rankings(
+    documents: Sequence[Mapping[str, Any]],
+) -> list[tuple[str, str | None, str]]:
+    """Per engine, in the order the documents name them: (engine, the best's verdict — None
+    with fewer than two flag sets measured —, the ranking line; prefixed with the engine when
+    the documents hold several)."""
+    engines = list(dict.fromkeys(_engine(doc) for doc in documents))
+    out: list[tuple[str, str | None, str]] = []
+    for engine in engines:
+        mine = [doc for doc in documents if _engine(doc) == engine]
+        labels, predicted, measured = [], [], []
+        intervals: list[tuple[float, float] | None] = []
+        for doc in mine:
+            for r in doc.get("flag_sets", []):
+                if r.get("predicted") and r.get("measured") and not r.get("ended"):
+                    measured_doc = r["measured"]
+                    labels.append(r["flags"]["label"])
+                    predicted.append(r["predicted"].get("rate") or 0.0)
+                    measured.append(measured_doc.get("knee") or measured_doc.get("rate") or 0.0)
+                    intervals.append(_interval(measured_doc.get("estimate")))
+        head = "ranking" if len(engines) == 1 else f"ranking, {engine}"
+        if len(labels) < 2:
+            line = f"{head}: fewer than two flag sets measured, nothing to rank"
+            out.append((engine, None, line))
+            continue
+        rules = [doc.get("probe_rule") or {} for doc in mine]
+        within = max(float(rule.get("within", 0.10)) for rule in rules)  # the loosest claim
+        line = ranking_text(labels, predicted, measured, intervals, within)
+        tie = ranking_tolerance(within)
+        verdict = best_verdict(predicted, intervals, tie)[0]
+        out.append((engine, verdict, head + line[len("ranking") :]))
+    return out
