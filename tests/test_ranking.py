@@ -47,6 +47,9 @@ def test_the_order_is_written_with_an_equals_sign_for_a_tie():
     assert order_text(labels, [1.0, 2.0, 3.0], TOL) == "c > b > a"
     assert order_text(labels, [4.61, 4.05, 4.61], 0.0) == "a = c > b"  # equal is a tie
     assert order_text([], [], TOL) == ""
+    # a run of ties is measured from its first: 4.47 = 3.84 (16%), 3.41 is 31% below 4.47
+    assert order_text(labels, [3.84, 4.47, 3.41], 0.22) == "b = a > c"
+    assert order_text(labels, [3.84, 4.47, 3.41], 0.32) == "b = a = c"
 
 
 @pytest.mark.parametrize("tolerance", [-0.01, math.nan, math.inf, "2%"])
