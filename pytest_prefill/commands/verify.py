@@ -394,13 +394,13 @@ def slim(document: dict[str, Any]) -> dict[str, Any]:
 def _save_ranking(args: argparse.Namespace, documents: list[Any], text: str) -> None:
     """Archive ``--rank``'s table and rankings (one per engine), with each run's document
     (slim)."""
-    from pytest_prefill.report.verify import combined_rankings
+    from pytest_prefill.report.verify import combined_rankings, engine_of
 
     rankings = combined_rankings(documents)
     several = len(rankings) > 1
     verdicts = []
     for doc in documents:
-        engine = f"{doc.get('engine') or 'a server'} " if several else ""
+        engine = f"{engine_of(doc)} " if several else ""
         for r in doc.get("flag_sets", []):
             judged = r.get("agreement")
             if judged:

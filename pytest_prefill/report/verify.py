@@ -209,13 +209,14 @@ def ranking_text(
     measured: Sequence[float],
     intervals: Sequence[tuple[float, float] | None],
     within: float = 0.10,
+    head: str = "ranking",
 ) -> str:
-    """The ranking line: both orders (a predicted tie, within
+    """The ranking line, starting ``head``: both orders (a predicted tie, within
     :func:`~pytest_prefill.serve.verify.ranking_tolerance` of ``within``, with "=") and
     :func:`ranking_verdict`."""
     tie = ranking_tolerance(within)
     return (
-        f"ranking: predicted {order_text(labels, predicted, tie)} (= within {tie:.0%}: knees "
+        f"{head}: predicted {order_text(labels, predicted, tie)} (= within {tie:.0%}: knees "
         f"each claimed to ±{within:.0%} order no closer); measured "
         f"{order_text(labels, measured, 0.0)}: "
         f"{ranking_verdict(labels, predicted, measured, intervals, within)}"
@@ -301,21 +302,28 @@ def _speeds_of(document: Mapping[str, Any]) -> str:
     return f"x{min(speeds):.2f}-{max(speeds):.2f}" if speeds else "-"
 
 
-def _engine(document: Mapping[str, Any]) -> str:
+def engine_of(document: Mapping[str, Any]) -> str:
+    """The engine a verify document names ("a server" when it names none)."""
     return str(document.get("engine") or "a server")
+
+
+def _knees_of(flag_set: Mapping[str, Any]) -> tuple[float, float]:
+    """A flag set document's predicted and measured knee, req/s (0: none)."""
+    measured = flag_set.get("measured") or {}
+    predicted = (flag_set.get("predicted") or {}).get("rate") or 0.0
+    return predicted, measured.get("knee") or measured.get("rate") or 0.0
 
 
 def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
     """The flag sets of several verify runs (their JSON documents: one server start each, say)
     in one table, and per engine whether their measured ranking agrees with the predicted one
     (:func:`combined_rankings`: flag sets of different engines are never ranked together)."""
-    engines = list(dict.fromkeys(_engine(doc) for doc in documents))
+    engines = list(dict.fromkeys(engine_of(doc) for doc in documents))
     rows = []
     for doc in documents:
         for r in doc.get("flag_sets", []):
-            p = (r.get("predicted") or {}).get("rate") or 0.0
+            p, m = _knees_of(r)
             measured_doc = r.get("measured") or {}
-            m = measured_doc.get("knee") or measured_doc.get("rate") or 0.0
             status = measured_doc.get("status", "-")
             estimate, judged = measured_doc.get("estimate"), r.get("agreement")
             interval = (
@@ -332,7 +340,7 @@ def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
             at = r.get("attainment_at_predicted")
             check = r.get("load_check") or {}
             factor = f"x{check['factor']:.2f}" if check.get("runs") else "-"
-            row = [] if len(engines) == 1 else [_engine(doc)]
+            row = [] if len(engines) == 1 else [engine_of(doc)]
             row += [r["flags"]["label"], factor, _speeds_of(r), _rate(p)]
             row.append(f"{shown}{interval} ({status})")
             row.append(ratio)
@@ -354,20 +362,20 @@ def combined_rankings(
     """Per engine, in the order the documents name them: (engine, the best's verdict — None
     with fewer than two flag sets measured —, the ranking line; prefixed with the engine when
     the documents hold several)."""
-    engines = list(dict.fromkeys(_engine(doc) for doc in documents))
+    engines = list(dict.fromkeys(engine_of(doc) for doc in documents))
     out: list[tuple[str, str | None, str]] = []
     for engine in engines:
-        mine = [doc for doc in documents if _engine(doc) == engine]
+        mine = [doc for doc in documents if engine_of(doc) == engine]
         labels, predicted, measured = [], [], []
         intervals: list[tuple[float, float] | None] = []
         for doc in mine:
             for r in doc.get("flag_sets", []):
                 if r.get("predicted") and r.get("measured") and not r.get("ended"):
-                    measured_doc = r["measured"]
+                    p, m = _knees_of(r)
                     labels.append(r["flags"]["label"])
-                    predicted.append(r["predicted"].get("rate") or 0.0)
-                    measured.append(measured_doc.get("knee") or measured_doc.get("rate") or 0.0)
-                    intervals.append(_interval(measured_doc.get("estimate")))
+                    predicted.append(p)
+                    measured.append(m)
+                    intervals.append(_interval(r["measured"].get("estimate")))
         head = "ranking" if len(engines) == 1 else f"ranking, {engine}"
         if len(labels) < 2:
             line = f"{head}: fewer than two flag sets measured, nothing to rank"
@@ -375,8 +383,7 @@ def combined_rankings(
             continue
         rules = [doc.get("probe_rule") or {} for doc in mine]
         within = max(float(rule.get("within", 0.10)) for rule in rules)  # the loosest claim
-        line = ranking_text(labels, predicted, measured, intervals, within)
-        tie = ranking_tolerance(within)
-        verdict = best_verdict(predicted, intervals, tie)[0]
-        out.append((engine, verdict, head + line[len("ranking") :]))
+        line = ranking_text(labels, predicted, measured, intervals, within, head)
+        verdict = best_verdict(predicted, intervals, ranking_tolerance(within))[0]
+        out.append((engine, verdict, line))
     return out
