@@ -19,7 +19,12 @@ from pytest_prefill.sim import Request
 
 pytestmark = pytest.mark.server
 
-BUDGETS = ("tokens=128", "tokens=512")
+# The first under a sequence cap (serve/transformers_capped.py: the CLI has no flag for it).
+BUDGETS = ("tokens=128,seqs=2", "tokens=512")
+CAP = 2
+# Client-side slack on a stream's end: the next request's first token needs a forward pass after
+# the last one's final token, so a true overlap is longer than this.
+SLACK = 0.005
 # 8 requests a probe (the rule's floor: the margin is wide, the run small), at most 3 probes.
 RULE = ProbeRule(target=0.9, margin=0.15, max_probes=3, min_requests=8)
 SWEEP = ServerSweep(
@@ -38,6 +43,16 @@ def _load() -> list[Request]:
         load.append(Request(f"v{i}", t, rng.choice((128, 192, 256)), 16))
         t += rng.expovariate(1.0)
     return load
+
+
+def _most_streaming(records) -> int:
+    """The most requests streaming at once, counted at each first token: those whose first
+    token came before it and whose last came after (less :data:`SLACK`), and itself."""
+    spans = [(r.chunk_times[0], r.chunk_times[-1]) for r in records if r.ok]
+    return max(
+        (1 + sum(1 for s, e in spans if s < start and e - SLACK > start) for start, _ in spans),
+        default=0,
+    )
 
 
 def test_verify_on_two_budgets_reports_both_knees_and_the_ranking(
@@ -75,6 +90,10 @@ def test_verify_on_two_budgets_reports_both_knees_and_the_ranking(
             assert measured.high.attainment < RULE.target
         if measured.low is not None and measured.high is not None:
             assert measured.high.rate > measured.low.rate
+    capped = result.results[0].measured
+    assert capped is not None
+    assert max(_most_streaming(p.run.records) for p in capped.probes) <= CAP
+    assert "--max-requests-per-batch" in result.results[0].command
     assert result.results[1].calibration is result.results[0].calibration  # calibrated once
     assert result.same_best is not None and result.best_verdict in ("HOLDS", "FAILS", "UNDECIDED")
     assert sorted(result.measured_order) == sorted(result.predicted_order) == [0, 1]

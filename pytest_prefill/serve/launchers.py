@@ -95,13 +95,12 @@ class Launcher:
     ) -> tuple[list[str], dict[str, str]]:
         """The engine's command line for this flag set."""
         if self.engine == "transformers":
-            if max_seqs is not None:
-                raise ValueError(
-                    "transformers serve has no sequence-cap flag (max_requests_per_batch is "
-                    "in-process only): give flag sets without seqs"
-                )
             return transformers_serve(
-                self.model, port, max_batch_tokens=budget, num_blocks=self.kv_blocks
+                self.model,
+                port,
+                max_batch_tokens=budget,
+                num_blocks=self.kv_blocks,
+                max_requests=max_seqs,
             )
         if self.engine == "llama.cpp":
             assert self.program is not None

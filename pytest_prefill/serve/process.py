@@ -142,11 +142,30 @@ def running_server(argv: Sequence[str], port: int, **kwargs: object) -> Iterator
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
+def _script_python(executable: str) -> str:
+    """The Python a console script runs under (its ``#!`` line)."""
+    with open(executable, "rb") as f:
+        first = f.readline(4096).decode(errors="replace").strip()
+    if not first.startswith("#!") or "python" not in first:
+        raise ServerError(f"{executable} is not a Python script: cannot set a sequence cap")
+    return first[2:].split()[0]
+
+
 def transformers_serve(
-    model: str, port: int, *, max_batch_tokens: int = 256, num_blocks: int = 64
+    model: str,
+    port: int,
+    *,
+    max_batch_tokens: int = 256,
+    num_blocks: int = 64,
+    max_requests: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command (and environment) of ``transformers serve --continuous-batching`` on the CPU
-    with one thread: decodes first, then prompt tokens up to ``max_batch_tokens`` a batch."""
+    with one thread: decodes first, then prompt tokens up to ``max_batch_tokens`` a batch;
+    ``max_requests``: at most this many requests a batch (and so running), set by
+    ``serve/transformers_capped.py`` since the CLI has no flag for it (None: its default,
+    1024)."""
+    if max_requests is not None and max_requests < 1:
+        raise ValueError(f"max_requests must be at least 1, got {max_requests}")
     executable = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which(
         "transformers"
     )
@@ -154,7 +173,18 @@ def transformers_serve(
         raise ServerError(
             "transformers serve is not installed here (pip install 'transformers[serving]')"
         )
-    argv = [executable, "serve", os.path.abspath(model), "--continuous-batching"]
+    argv = [executable]
+    if max_requests is not None:
+        capped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformers_capped.py")
+        # -I: not the script's folder on sys.path (serve/http.py would hide the standard http)
+        argv = [
+            _script_python(executable),
+            "-I",
+            capped,
+            "--max-requests-per-batch",
+            str(max_requests),
+        ]
+    argv += ["serve", os.path.abspath(model), "--continuous-batching"]
     argv += ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--cb-max-batch-tokens", str(max_batch_tokens), "--cb-num-blocks", str(num_blocks)]
     return argv, dict(ONE_THREAD)

@@ -17,7 +17,8 @@ from pytest_prefill.serve.identity import ServerIdentity
 
 # Each engine's flags for a fact (first spelling wins); values are integers. Read from the
 # engines' own argument parsers: vLLM vllm/engine/arg_utils.py, SGLang server_args.py,
-# llama.cpp common/arg.cpp, transformers cli/serve.py.
+# llama.cpp common/arg.cpp, transformers cli/serve.py (its sequence cap is no CLI flag:
+# serve/transformers_capped.py takes --max-requests-per-batch before the command).
 FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {
         "tp": ("--tensor-parallel-size", "-tp"),
@@ -36,6 +37,7 @@ FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
         "kv_capacity_tokens": ("-c", "--ctx-size"),
     },
     "transformers": {
+        "max_seqs": ("--max-requests-per-batch",),
         "kv_blocks": ("--cb-num-blocks",),
         "kv_block_tokens": ("--cb-block-size",),
     },
