@@ -56,9 +56,8 @@ def main(argv: list[str]) -> int:
             continue
         k = math.exp(sum(map(math.log, either_side)) / len(either_side))
         s = fs["scheduling"]
-        seqs = s["max_seqs"] if s["engine"] == "vllm" else None
-        scheduling = Scheduling(
-            server_profile(s["engine"], s["max_batched_tokens"], seqs),
+        scheduling = Scheduling(  # the cap the server ran with (its profile's when uncapped)
+            server_profile(s["engine"], s["max_batched_tokens"], s["max_seqs"]),
             float(s["kv_capacity_tokens"]),
         )
         calibration = ServerCalibration.from_dict(fs["calibration"])
