@@ -173,10 +173,10 @@ def transformers_serve(
         raise ServerError(
             "transformers serve is not installed here (pip install 'transformers[serving]')"
         )
-    argv = [executable]
-    if max_requests is not None:
+    if max_requests is None:
+        argv = [executable]
+    else:  # -I: not the script's folder on sys.path (serve/http.py would hide the standard http)
         capped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformers_capped.py")
-        # -I: not the script's folder on sys.path (serve/http.py would hide the standard http)
         argv = [
             _script_python(executable),
             "-I",
