@@ -17,6 +17,7 @@ from pytest_prefill.serve.experiments import (
     chunks_of,
     decode_iterations,
     read_stall,
+    traffic_stalls,
 )
 from pytest_prefill.serve.records import ServerRecord
 from pytest_prefill.sim import CostModel
@@ -282,7 +283,7 @@ def test_a_ramp_sends_its_rows_at_once_and_keeps_their_decode_points(monkeypatch
 
     sent: list[tuple] = []
 
-    async def traffic(target, prompts, tokens, spacing, budget, key):
+    async def traffic(target, prompts, tokens, spacing, budget, key, max_seqs=0):
         sent.append((tuple(prompts), spacing, key))
         return [DecodeSample(len(prompts), 100, 0.01)], []
 
@@ -318,7 +319,7 @@ def test_the_warm_up_sends_the_traffic_and_ramp_before_the_first_round_and_drops
 
     sent: list[str] = []
 
-    async def traffic(target, prompts, tokens, spacing, budget, key):
+    async def traffic(target, prompts, tokens, spacing, budget, key, max_seqs=0):
         sent.append(key)
         return [DecodeSample(len(prompts), 100, 0.01)], []
 
@@ -379,7 +380,7 @@ def test_a_ramp_that_misses_its_rows_is_sent_again(monkeypatch):
     sent: list[str] = []
 
     def fake(rows_by_try):
-        async def traffic(target, prompts, tokens, spacing, budget, key):
+        async def traffic(target, prompts, tokens, spacing, budget, key, max_seqs=0):
             sent.append(key)
             return [DecodeSample(rows_by_try[len(sent) - 1], 100, 0.01)], []
 
@@ -426,7 +427,7 @@ def test_the_loaded_stall_sends_the_stall_prompt_amid_the_ramps_rows_once_they_d
 
     step = 0.05  # the ramp's decode step at its rows; spaced traffic's is 0.01
 
-    async def traffic(target, prompts, tokens, spacing, budget, key):
+    async def traffic(target, prompts, tokens, spacing, budget, key, max_seqs=0):
         rows = len(prompts) if spacing < 0.1 else 2
         return [DecodeSample(rows, 100, step if rows >= 15 else 0.01)], []
 
@@ -505,3 +506,73 @@ def test_a_loaded_stall_tells_the_batchs_attention_apart_and_leaves_the_way_in_a
     assert both.cost.batch_attention_per_pair == pytest.approx(1.5e-7, rel=0.2)
     assert stderr(both) < stderr(alone) / 3
     assert both.overhead.to_engine == alone.overhead.to_engine < 0.5
+
+
+def test_a_traffic_prompt_that_waited_for_a_slot_under_the_cap_is_not_read():
+    """Under a sequence cap a prompt sent while that many requests are in flight waits for one
+    to finish: its way in would hold the wait (and its chunks ran beside fewer rows than were
+    live), so it is left out; without a cap, or with room under it, it is read."""
+    step = 0.02
+    a = _record("a", 0.0, [0.05 + step * i for i in range(40)])  # decodes 0.05-0.83
+    # b decodes from 0.15; c, sent at 0.3 amid a and b, gets its first token only after a has
+    # finished, its chunks slowing b's steps
+    slow = [0.85 + 0.04 * i for i in range(3)]
+    b_times = [0.15 + step * i for i in range(35)] + slow + [0.97 + step * i for i in range(5)]
+    b = _record("b", 0.1, b_times)
+    c = _record("c", 0.3, [slow[-1], slow[-1] + step], prompt_len=512)
+    uncapped = traffic_stalls([a, b, c], budget=256)
+    assert [s.prompt_len for s in uncapped] == [32, 512]  # b amid a, c amid b
+    way_in = uncapped[-1].way_in
+    assert way_in > 0.5  # the wait for a's slot, read as the way in
+    assert [s.prompt_len for s in traffic_stalls([a, b, c], budget=256, max_seqs=2)] == [32]
+    assert len(traffic_stalls([a, b, c], budget=256, max_seqs=3)) == 2  # room under the cap
+
+
+@pytest.mark.parametrize(
+    "cap,stall_rows,ramp,loaded",
+    [(0, 2, 8, 7), (16, 2, 8, 7), (4, 2, 4, 3), (2, 1, 2, 1), (1, 0, 0, 0)],
+)
+def test_a_sweep_under_a_cap_keeps_its_rows_within_it(cap, stall_rows, ramp, loaded):
+    sweep = ServerSweep(256, ramp_rows=8, loaded_rows=7).capped(cap)
+    assert sweep.max_seqs == cap
+    assert (sweep.stall_rows, sweep.ramp_rows, sweep.loaded_rows) == (stall_rows, ramp, loaded)
+    assert ServerSweep(256).capped(None) == ServerSweep(256)
+
+
+@pytest.mark.parametrize(
+    "fields", [{"max_seqs": -1}, {"max_seqs": True}, {"max_seqs": 4, "ramp_rows": 8}]
+)
+def test_a_sweep_beyond_its_cap_names_the_field(fields):
+    with pytest.raises(ValueError, match="max_seqs"):
+        ServerSweep(256, **fields)
+
+
+@pytest.mark.parametrize("cap,rows", [(0, 2), (2, 1), (1, None)])
+def test_the_chunking_checks_prompt_joins_the_streams_within_the_cap(monkeypatch, cap, rows):
+    import asyncio
+
+    import pytest_prefill.serve.calibration as calibration
+
+    async def nothing(*args, **kwargs):
+        return 0.0
+
+    caps: list[int] = []
+
+    async def traffic(target, prompts, tokens, spacing, budget, key, max_seqs=0):
+        caps.append(max_seqs)
+        return [DecodeSample(1, 100, 0.01)], []
+
+    sent: list[int] = []
+
+    async def amid(target, prompt_len, rows, budget, live_tokens, key, **live):
+        sent.append(rows)
+        return StallSample(prompt_len, rows, 0, 1, 1, (0.1,), 0.01, 0.0)
+
+    monkeypatch.setattr(calibration, "_round_trip", nothing)
+    monkeypatch.setattr(calibration, "prompt_alone", nothing)
+    monkeypatch.setattr(calibration, "traffic", traffic)
+    monkeypatch.setattr(calibration, "prompt_amid_streams", amid)
+    sweep = ServerSweep(128, warmup=0).capped(cap)
+    asyncio.run(calibration.calibration_round(None, sweep, Samples(), 0))
+    assert caps == [cap]  # the traffic knows the cap
+    assert sent == ([] if rows is None else [rows])

@@ -100,7 +100,10 @@ class ServerSweep:
     extrapolated to the rows a loaded server runs), once with short prompts and once with the
     traffic's median prompt (:attr:`ramp_prompts`), so that at those rows the cached tokens
     read vary as much as the rows do and a cost per row is told apart from a cost per cached
-    token; ``repeats`` rounds of all of it
+    token; ``max_seqs``: the server's sequence cap (0: none known), under which a prompt sent
+    while that many requests are in flight waits for a slot: such traffic prompts are not read
+    (:func:`~pytest_prefill.serve.experiments.traffic_stalls`) and the chunking check's prompt
+    joins fewer live streams (:attr:`stall_rows`); ``repeats`` rounds of all of it
     (each round visits every point, so drift hits all); ``warmup``: times the traffic (and the
     ramp) is sent before the first round, its times dropped; ``loaded_rows`` (0: none): each
     stall prompt again amid that many streams of the ramp's longer prompt, so that the fused
@@ -125,6 +128,7 @@ class ServerSweep:
     ramp_rows: int = 0
     warmup: int = 1
     loaded_rows: int = 0
+    max_seqs: int = 0
 
     def __post_init__(self) -> None:
         for field in ("budget", "live_rows", "decode_tokens", "repeats"):
@@ -155,6 +159,14 @@ class ServerSweep:
             raise ValueError(f"ramp_rows must be 0 (none) or an integer >= 2, got {rows!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        cap = self.max_seqs
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"max_seqs must be 0 (no cap) or an integer >= 1, got {cap!r}")
+        if cap and (self.ramp_rows > cap or self.loaded_rows >= cap):
+            raise ValueError(
+                f"ramp_rows {self.ramp_rows} and loaded_rows {self.loaded_rows} must fit the "
+                f"server's cap of max_seqs {cap} (ramp_rows at most {cap}, loaded_rows below it)"
+            )
         if self.budget <= self.live_rows:
             raise ValueError(f"budget {self.budget} leaves no room beside {self.live_rows} rows")
         loaded = self.loaded_rows
@@ -181,6 +193,21 @@ class ServerSweep:
             return ()
         middle = sorted(self.traffic_prompts)[(len(self.traffic_prompts) - 1) // 2]
         return (RAMP_PROMPT, middle) if middle > RAMP_PROMPT else (RAMP_PROMPT,)
+
+    @property
+    def stall_rows(self) -> int:
+        """The live streams the chunking check's prompt is sent amid: ``live_rows``, fewer
+        under the cap (the prompt must join them, not wait for a slot); 0: none can."""
+        return min(self.live_rows, self.max_seqs - 1) if self.max_seqs else self.live_rows
+
+    def capped(self, max_seqs: int | None) -> ServerSweep:
+        """This sweep on a server that runs at most ``max_seqs`` requests at once (None or 0:
+        no cap known): its ramps cut to the cap and its loaded stall's rows below it."""
+        if not max_seqs:
+            return self
+        ramp = min(self.ramp_rows, max_seqs) if max_seqs >= 2 else 0
+        loaded = min(self.loaded_rows, max_seqs - 1) if ramp else 0
+        return dataclasses.replace(self, max_seqs=max_seqs, ramp_rows=ramp, loaded_rows=loaded)
 
     def within(self, max_prompt: int) -> ServerSweep:
         """This sweep without prompts longer than ``max_prompt`` tokens (the longest kept if
@@ -233,6 +260,7 @@ async def _traffic_and_ramp(
         sweep.stream_spacing,
         sweep.budget,
         f"{key}-t",
+        sweep.max_seqs,
     )
     for prompt in sweep.ramp_prompts:
         decode += await _ramp(target, sweep, prompt, f"{key}-r{prompt}")
@@ -281,11 +309,11 @@ async def calibration_round(
     samples.decode += [dataclasses.replace(s, round=index) for s in decode]
     samples.traffic_stalls += stalls
     step = statistics.median([s.seconds for s in samples.decode] or [0.01])
-    for p in sweep.stall_prompts:
-        chunks = len(chunks_of(p, sweep.budget, sweep.live_rows))
+    for p in sweep.stall_prompts if sweep.stall_rows else ():
+        chunks = len(chunks_of(p, sweep.budget, sweep.stall_rows))
         live_tokens = int(LIVE_LEAD / step) + chunks + LIVE_TAIL
         stall = await prompt_amid_streams(
-            target, p, sweep.live_rows, sweep.budget, live_tokens, f"{key}-s{p}"
+            target, p, sweep.stall_rows, sweep.budget, live_tokens, f"{key}-s{p}"
         )
         samples.stalls.append(stall)
     for p in sweep.stall_prompts if sweep.loaded_rows else ():
@@ -513,6 +541,8 @@ def server_provenance(target: Target, sweep: ServerSweep, **extra: Any) -> dict[
 async def calibrate_server(
     target: Target, sweep: ServerSweep, progress: Progress | None = None, **provenance: Any
 ) -> ServerCalibration:
-    """Measure ``sweep`` against ``target`` and fit it."""
+    """Measure ``sweep`` against ``target`` and fit it, under the sequence cap the server's
+    command states (:meth:`ServerSweep.capped`)."""
+    sweep = sweep.capped(server_facts(target.identity).max_seqs)
     samples = await measure_server(target, sweep, progress)
     return fit_server(samples, sweep, server_provenance(target, sweep, **provenance))

@@ -109,17 +109,39 @@ def _checked(record: ServerRecord) -> ServerRecord:
 
 
 async def traffic(
-    target: Target, prompts: Sequence[int], tokens: int, spacing: float, budget: int, key: str
+    target: Target,
+    prompts: Sequence[int],
+    tokens: int,
+    spacing: float,
+    budget: int,
+    key: str,
+    max_seqs: int = 0,
 ) -> tuple[list[DecodeSample], list[StallSample]]:
     """Requests of ``prompts`` tokens (``tokens`` each) sent ``spacing`` seconds apart, as
     traffic arrives: rows join and leave, contexts differ, each prompt lands amid the streams
     already decoding. Every decode-only iteration, and each later prompt's chunks read off the
-    earliest stream decoding across them."""
+    earliest stream decoding across them (:func:`traffic_stalls`, under the server's sequence
+    cap ``max_seqs``)."""
     load = [Request(f"{key}-{i}", i * spacing, p, tokens) for i, p in enumerate(prompts)]
     run = await run_load(target, load, bounds=Bounds(warmup=0))
     records = [_checked(r) for r in run.records]
+    return decode_iterations(records), traffic_stalls(records, budget, max_seqs)
+
+
+def traffic_stalls(
+    records: Sequence[ServerRecord], budget: int, max_seqs: int = 0
+) -> list[StallSample]:
+    """Each prompt of ``records`` (after the first) that landed amid streams already decoding,
+    its chunks read off the earliest of them. Under a sequence cap (``max_seqs``, 0: none) a
+    prompt sent while that many requests were in flight is left out: it waited for one to
+    finish, so its way in would hold the wait and its chunks ran beside fewer rows than were
+    live when it was sent (transformers serve capped at 2 here: a way in of 0.126 s read,
+    against 0.011-0.013 s at caps 4 and 16, which the simulator then added to every TTFT)."""
     stalls = []
     for r in records[1:]:
+        in_flight = sum(1 for o in records if o.arrival < r.arrival < o.chunk_times[-1])
+        if max_seqs and in_flight >= max_seqs:
+            continue
         live = [
             o
             for o in records
@@ -128,7 +150,7 @@ async def traffic(
         if live:
             expected = len(chunks_of(r.prompt_len, budget, len(live)))
             stalls.append(read_stall(r, live[0], expected, r.prompt_len, len(live)))
-    return decode_iterations(records), stalls
+    return stalls
 
 
 def _clean_gaps(times: Sequence[float]) -> list[tuple[float, float]]:

@@ -371,6 +371,7 @@ async def _calibrated(
     batch_wide = engine not in PER_REQUEST_ATTENTION and rows - 1 > plan.sweep.live_rows
     loaded = rows - 1 if batch_wide else 0  # the stall prompt joins them within the cap
     sweep = dataclasses.replace(plan.sweep, budget=flags.budget, ramp_rows=rows, loaded_rows=loaded)
+    sweep = sweep.capped(flags.max_seqs)  # the flag set's cap, where the server's command hides it
     return target, await calibrate_server(target, sweep, progress, verify=flags.label)
 
 
