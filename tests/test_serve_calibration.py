@@ -576,3 +576,39 @@ def test_the_chunking_checks_prompt_joins_the_streams_within_the_cap(monkeypatch
     asyncio.run(calibration.calibration_round(None, sweep, Samples(), 0))
     assert caps == [cap]  # the traffic knows the cap
     assert sent == ([] if rows is None else [rows])
+
+
+@pytest.mark.parametrize(
+    "given,flags,cap", [(None, None, 0), (2, None, 2), (None, "-np 3", 3), (4, "-np 3", 4)]
+)
+def test_calibrate_server_runs_under_the_cap_given_else_the_servers_own(
+    monkeypatch, given, flags, cap
+):
+    """``calibrate-server --max-seqs N`` caps its sweep; without it the cap the server's command
+    states (here llama.cpp's ``-np``) does; with neither the sweep is uncapped."""
+    import argparse
+    import asyncio
+    import types
+
+    import pytest_prefill.serve.calibration as calibration
+    from pytest_prefill.commands.server_calibration import sweep_from_args
+    from pytest_prefill.serve.identity import ServerIdentity
+
+    swept: list[ServerSweep] = []
+
+    async def measure(target, sweep, progress=None):
+        swept.append(sweep)
+        return Samples()
+
+    monkeypatch.setattr(calibration, "measure_server", measure)
+    monkeypatch.setattr(calibration, "fit_server", lambda samples, sweep, provenance: sweep)
+    monkeypatch.setattr(calibration, "server_provenance", lambda *args, **kwargs: {})
+    args = argparse.Namespace(budget=256, repeats=2, max_prompt=2048, max_seqs=given)
+    identity = ServerIdentity("http://x", ("m",), "llama.cpp", "given", flags=flags)
+    asyncio.run(
+        calibration.calibrate_server(
+            types.SimpleNamespace(identity=identity), sweep_from_args(args)
+        )
+    )
+    assert swept[0].max_seqs == cap
+    assert swept[0].stall_rows == (min(2, cap - 1) if cap else 2)

@@ -57,8 +57,10 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def sweep_from_args(args: argparse.Namespace) -> ServerSweep:
-    """The default sweep at ``--budget`` and ``--repeats``, cut to ``--max-prompt``."""
-    return ServerSweep(args.budget, repeats=args.repeats).within(args.max_prompt)
+    """The default sweep at ``--budget`` and ``--repeats``, cut to ``--max-prompt``, under the
+    ``--max-seqs`` cap when given (else the cap the server's command states, if any)."""
+    sweep = ServerSweep(args.budget, repeats=args.repeats).within(args.max_prompt)
+    return sweep.capped(getattr(args, "max_seqs", None))
 
 
 def check_profiled_engine(args: argparse.Namespace, required: bool = False) -> None:

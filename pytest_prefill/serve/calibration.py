@@ -541,8 +541,9 @@ def server_provenance(target: Target, sweep: ServerSweep, **extra: Any) -> dict[
 async def calibrate_server(
     target: Target, sweep: ServerSweep, progress: Progress | None = None, **provenance: Any
 ) -> ServerCalibration:
-    """Measure ``sweep`` against ``target`` and fit it, under the sequence cap the server's
-    command states (:meth:`ServerSweep.capped`)."""
-    sweep = sweep.capped(server_facts(target.identity).max_seqs)
+    """Measure ``sweep`` against ``target`` and fit it; a sweep with no cap of its own runs
+    under the one the server's command states (:meth:`ServerSweep.capped`)."""
+    if not sweep.max_seqs:
+        sweep = sweep.capped(server_facts(target.identity).max_seqs)
     samples = await measure_server(target, sweep, progress)
     return fit_server(samples, sweep, server_provenance(target, sweep, **provenance))
