@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefill.serve.reference import timestamp_errors
+from pytest_prefill.serve.launch.reference import timestamp_errors
 from pytest_prefill.units import us
 
 pytestmark = pytest.mark.sim

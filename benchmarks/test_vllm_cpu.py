@@ -33,7 +33,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     pytest.importorskip("transformers")
-    from pytest_prefill.serve.model_folder import make_model
+    from pytest_prefill.serve.launch.model_folder import make_model
 
     folder = tmp_path_factory.mktemp("vllm") / "small"
     make_model("small", folder)
@@ -41,7 +41,7 @@ def model(tmp_path_factory):
 
 
 def _load(count: int, seed: int = 3):
-    from pytest_prefill.serve.held_out import lengths
+    from pytest_prefill.serve.fidelity.held_out import lengths
     from pytest_prefill.sim import Request
 
     pairs, _, _, _ = lengths(None, 1024, count, seed)
@@ -53,9 +53,9 @@ def _load(count: int, seed: int = 3):
 
 
 def test_verify_three_flag_sets_on_vllm(model, prefill_verify):
-    from pytest_prefill.serve.calibration import ServerSweep
-    from pytest_prefill.serve.knee import ProbeRule
-    from pytest_prefill.serve.launchers import Launcher
+    from pytest_prefill.serve.calibration.calibration import ServerSweep
+    from pytest_prefill.serve.launch.launchers import Launcher
+    from pytest_prefill.verify.knee import ProbeRule
 
     rule = ProbeRule(margin=0.07, max_probes=5)
     result = prefill_verify(
@@ -77,7 +77,7 @@ def test_verify_three_flag_sets_on_vllm(model, prefill_verify):
 
 
 def test_mooncake_prefix_cache_on_vllm(model, prefill_report):
-    from pytest_prefill.serve.mooncake import mooncake_path, scaled_window
+    from pytest_prefill.serve.load.mooncake import mooncake_path, scaled_window
 
     path = mooncake_path()
     if path is None:
@@ -95,10 +95,10 @@ def test_mooncake_prefix_cache_on_vllm(model, prefill_report):
 
 async def _measure(url, model, window, calibration):
     """Warm the server up, calibrate it unless ``calibration`` is given, run the window."""
-    from pytest_prefill.serve.calibration import ServerSweep, calibrate_server
-    from pytest_prefill.serve.experiments import prompt_alone
-    from pytest_prefill.serve.loadgen import Bounds, open_target
-    from pytest_prefill.serve.server_metrics import run_counted
+    from pytest_prefill.serve.calibration.calibration import ServerSweep, calibrate_server
+    from pytest_prefill.serve.calibration.experiments import prompt_alone
+    from pytest_prefill.serve.load.loadgen import Bounds, open_target
+    from pytest_prefill.serve.load.server_metrics import run_counted
 
     target = await open_target(url, engine="vllm", tokenizer=model)
     target = dataclasses.replace(target, prefix_block_tokens=window.block_tokens)
@@ -114,9 +114,9 @@ async def _measure(url, model, window, calibration):
 def _prefix_runs(model, window):
     """Under vLLM with its prefix cache on, then off: the window's run and its prefix check
     (calibrated once, on the first server)."""
-    from pytest_prefill.serve.launchers import Launcher
-    from pytest_prefill.serve.prefix_check import prefix_check
-    from pytest_prefill.serve.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.fidelity.prefix_check import prefix_check
+    from pytest_prefill.serve.launch.launchers import Launcher
     from pytest_prefill.sim import simulated_engine
 
     calibration, checks = None, []

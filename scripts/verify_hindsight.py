@@ -21,10 +21,10 @@ import sys
 
 from pytest_prefill.commands import verify as command
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration import ServerCalibration
-from pytest_prefill.serve.knee import ProbeRule, predict_knee, probe_load
-from pytest_prefill.serve.load_check import scaled_cost
-from pytest_prefill.serve.simulated import Scheduling, server_profile
+from pytest_prefill.serve.calibration.calibration import ServerCalibration
+from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+from pytest_prefill.verify.knee import ProbeRule, predict_knee, probe_load
+from pytest_prefill.verify.load_check import scaled_cost
 
 
 def main(argv: list[str]) -> int:

@@ -60,8 +60,8 @@ def transformers_server(tmp_path_factory):
     reason = _serving_missing()
     if reason:
         pytest.skip(reason)
-    from pytest_prefill.serve.model_folder import make_model
-    from pytest_prefill.serve.process import free_port, running_server, transformers_serve
+    from pytest_prefill.serve.launch.model_folder import make_model
+    from pytest_prefill.serve.launch.process import free_port, running_server, transformers_serve
 
     folder = tmp_path_factory.mktemp("served") / SERVED_PRESET
     make_model(SERVED_PRESET, folder)

@@ -10,16 +10,16 @@ import dataclasses
 import pytest
 from poisson_load import poisson_load
 
-from pytest_prefill.serve.host_steal import (
+from pytest_prefill.measure.host_steal import (
     HostSteal,
     QuietHost,
     cpu_times,
     quietly,
     steal_between,
 )
-from pytest_prefill.serve.identity import identify
-from pytest_prefill.serve.loadgen import Target
-from pytest_prefill.serve.prompts import Prompts
+from pytest_prefill.serve.client.identity import identify
+from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.load.loadgen import Target
 
 WORDS = Prompts(
     tuple(f" w{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(80)), tuple(range(80)), "test"
@@ -167,9 +167,9 @@ def test_where_nothing_can_be_read_nothing_is_waited_for():
 def test_a_probe_redone_for_steal_is_sent_afresh_and_the_report_says_so():
     from pytest_prefill.plan.metrics import SLO
     from pytest_prefill.report.verify import probe_table
-    from pytest_prefill.serve.knee import ProbeRule, measure_knee, probe_load
-    from pytest_prefill.serve.reference import Behaviour, running
-    from pytest_prefill.serve.verify import FlagSet, FlagSetResult, VerifyResult
+    from pytest_prefill.serve.launch.reference import Behaviour, running
+    from pytest_prefill.verify.knee import ProbeRule, measure_knee, probe_load
+    from pytest_prefill.verify.verification import FlagSet, FlagSetResult, VerifyResult
 
     rule = ProbeRule(margin=0.15, max_probes=2, min_requests=4)
     load = probe_load(poisson_load(20, 20.0), rule)

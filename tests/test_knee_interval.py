@@ -1,4 +1,4 @@
-"""The measured knee's estimate and interval (``serve.knee_interval``): the non-increasing fit,
+"""The measured knee's estimate and interval (``verify.knee_interval``): the non-increasing fit,
 the crossing by log-linear interpolation, the overdispersed parametric bootstrap, the verdict
 against the goal, and the probe rule's second length (a probe long enough for an overload to show)."""
 
@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.knee import ProbeRule, probe_load
-from pytest_prefill.serve.knee_interval import (
+from pytest_prefill.sim import Request
+from pytest_prefill.verify.knee import ProbeRule, probe_load
+from pytest_prefill.verify.knee_interval import (
     KneeEstimate,
     agreement,
     crossing,
@@ -20,7 +21,6 @@ from pytest_prefill.serve.knee_interval import (
     estimate_knee,
     non_increasing,
 )
-from pytest_prefill.sim import Request
 
 fractions = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8)
 

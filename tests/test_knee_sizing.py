@@ -1,4 +1,4 @@
-"""How long a probe is (``serve.knee_sizing``): rules 1 and 2 (long enough for the knee
+"""How long a probe is (``verify.knee_sizing``): rules 1 and 2 (long enough for the knee
 predicted on the probe), rule 3 (long enough that the simulator predicts a miss by the margin at
 an overload of the goal's size, within a wall-time cap, said loudly when the cap binds), the
 probe window's start, and the report's line for a knee that is not decisive."""
@@ -12,11 +12,11 @@ import pytest
 from poisson_load import poisson_load
 
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.knee import ProbeRule, predict_knee, probe_load, simulated_attainment
-from pytest_prefill.serve.knee_sizing import GROWTH, Sharpness, predict_sized, sharpness
-from pytest_prefill.serve.simulated import Scheduling, server_profile
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
 from pytest_prefill.sim import PRESETS, Request
+from pytest_prefill.verify.knee import ProbeRule, predict_knee, probe_load, simulated_attainment
+from pytest_prefill.verify.knee_sizing import GROWTH, Sharpness, predict_sized, sharpness
 
 LAB_LAPTOP = PRESETS["lab-laptop"].cost
 NONE = RequestOverhead(0.0, 0.0, 0.0, "test")
@@ -142,7 +142,7 @@ def test_the_command_line_sets_the_probe_start_and_cap_and_refuses_bad_ones(caps
 
 def test_the_report_says_loudly_when_a_knee_is_not_decisive():
     from pytest_prefill.report.verify import verify_report
-    from pytest_prefill.serve.verify import FlagSet, FlagSetResult, VerifyResult
+    from pytest_prefill.verify.verification import FlagSet, FlagSetResult, VerifyResult
 
     flat = Sharpness(10.0, 101, 0.88, 0.93, 0.9, 0.05, 0.1, capped="the workload ends")
     steep = dataclasses.replace(flat, above=0.6, capped=None)
@@ -157,9 +157,9 @@ def test_the_report_says_loudly_when_a_knee_is_not_decisive():
 
 
 def test_a_probe_replayed_in_the_simulator_as_it_ran_there_attains_what_it_measured():
-    from pytest_prefill.serve.knee import probe_of, replayed_attainment
-    from pytest_prefill.serve.records import BenchRun, ServerRecord
-    from pytest_prefill.serve.simulated import simulate_records
+    from pytest_prefill.serve.calibration.simulated import simulate_records
+    from pytest_prefill.serve.load.records import BenchRun, ServerRecord
+    from pytest_prefill.verify.knee import probe_of, replayed_attainment
 
     rate = 60.0  # loaded: some requests miss, some meet the SLO
     load, slo = _poisson(60, rate=rate), SLO_

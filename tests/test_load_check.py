@@ -14,8 +14,11 @@ import random
 
 import pytest
 
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.load_check import (
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile, simulate_records
+from pytest_prefill.serve.load.records import BenchRun, ServerRecord
+from pytest_prefill.sim import CostModel, Request
+from pytest_prefill.verify.load_check import (
     FACTORS,
     MIN_REQUESTS,
     TIME_TERMS,
@@ -29,9 +32,6 @@ from pytest_prefill.serve.load_check import (
     scaled_cost,
     speed_range,
 )
-from pytest_prefill.serve.records import BenchRun, ServerRecord
-from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
-from pytest_prefill.sim import CostModel, Request
 
 COST = CostModel(
     prefill_pass_overhead=0.01,
@@ -147,10 +147,10 @@ def test_the_fit_refuses_bad_options_naming_them(field, options):
 
 
 def test_a_load_check_against_the_reference_server_keeps_every_request():
-    from pytest_prefill.serve.identity import identify
-    from pytest_prefill.serve.loadgen import Target
-    from pytest_prefill.serve.prompts import Prompts
-    from pytest_prefill.serve.reference import Behaviour, running
+    from pytest_prefill.serve.client.identity import identify
+    from pytest_prefill.serve.client.prompts import Prompts
+    from pytest_prefill.serve.launch.reference import Behaviour, running
+    from pytest_prefill.serve.load.loadgen import Target
 
     words = Prompts(tuple(f" w{chr(97 + i % 26)}{i}" for i in range(80)), tuple(range(80)), "t")
     load = [dataclasses.replace(r, output_len=4) for r in _load(MIN_REQUESTS + 5)]

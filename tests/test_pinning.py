@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pytest_prefill.serve.launchers import Launcher, vllm_server
-from pytest_prefill.serve.pinning import (
+from pytest_prefill.serve.launch.launchers import Launcher, vllm_server
+from pytest_prefill.serve.launch.pinning import (
     Pinning,
     available_cores,
     compute_processes,
@@ -125,7 +125,7 @@ def test_a_server_with_no_compute_process_apart_is_left_as_it_is(engine, why):
 
 @two_cores
 def test_stopping_a_pinned_server_gives_this_process_its_cores_back():
-    from pytest_prefill.serve.process import free_port, reference_server, start_server
+    from pytest_prefill.serve.launch.process import free_port, reference_server, start_server
 
     port = free_port()
     argv, env = reference_server(port, 0.01, 0.002)

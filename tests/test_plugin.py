@@ -828,7 +828,7 @@ def test_verify_in_a_test_prints_its_progress_only_with_v(monkeypatch, verbose):
     """Issue 29, item 2: the verify fixture's progress ('probe 1: …') landed between the test
     dots; like the capacity fixture's, it shows only with -v."""
     from pytest_prefill.plugin.verify_fixture import Verifier
-    from pytest_prefill.serve import verify as verify_module
+    from pytest_prefill.verify import verification as verify_module
 
     seen = {}
 

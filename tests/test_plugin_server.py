@@ -21,7 +21,7 @@ USES_THE_FIXTURE = """
     import asyncio
     import pytest
     from pytest_prefill.sim import Request
-    from pytest_prefill.serve.loadgen import run_load
+    from pytest_prefill.serve.load.loadgen import run_load
 
     @pytest.mark.server
     def test_bench(prefill_server):
@@ -48,7 +48,7 @@ def reference_url(tmp_path):
     words.mkdir()
     listed = [f" w{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(80)]
     (words / "prefill-words.json").write_text(json.dumps({"words": listed, "ids": list(range(80))}))
-    argv = [sys.executable, "-m", "pytest_prefill.serve.reference", "--gap", "0.002"]
+    argv = [sys.executable, "-m", "pytest_prefill.serve.launch.reference", "--gap", "0.002"]
     server = subprocess.Popen(
         [*argv, "--model", str(words)],
         stdout=subprocess.PIPE,

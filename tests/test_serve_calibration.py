@@ -9,9 +9,14 @@ import random
 
 import pytest
 
-from pytest_prefill.serve.calibration import Samples, ServerCalibration, ServerSweep, fit_server
-from pytest_prefill.serve.calibration_fit import ttft_alone
-from pytest_prefill.serve.experiments import (
+from pytest_prefill.serve.calibration.calibration import (
+    Samples,
+    ServerCalibration,
+    ServerSweep,
+    fit_server,
+)
+from pytest_prefill.serve.calibration.calibration_fit import ttft_alone
+from pytest_prefill.serve.calibration.experiments import (
     DecodeSample,
     StallSample,
     chunks_of,
@@ -19,7 +24,7 @@ from pytest_prefill.serve.experiments import (
     read_stall,
     traffic_stalls,
 )
-from pytest_prefill.serve.records import ServerRecord
+from pytest_prefill.serve.load.records import ServerRecord
 from pytest_prefill.sim import CostModel
 
 pytest.importorskip("numpy")
@@ -179,7 +184,7 @@ def test_a_bad_sweep_names_its_field(field, value):
 
 def test_the_engine_profile_recorded_is_printed_with_what_the_server_changed():
     from pytest_prefill.report.server_calibration import server_calibration_report
-    from pytest_prefill.serve.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
 
     profile = server_profile("llama.cpp", 256, 8)
     provenance = {"source": "synthetic", "engine_profile": Scheduling(profile).to_dict()}
@@ -225,7 +230,7 @@ def test_the_constants_print_in_units_a_person_reads_and_a_capped_term_says_so()
 def test_a_calibration_rounds_progress_counts_the_rounds_that_run(monkeypatch):
     import asyncio
 
-    import pytest_prefill.serve.calibration as calibration
+    import pytest_prefill.serve.calibration.calibration as calibration
 
     async def nothing(*args, **kwargs):
         return 0.0
@@ -275,8 +280,8 @@ def test_the_fit_recovers_a_chunk_attending_over_the_batchs_kv_and_refuses_it_ab
 def test_a_ramp_sends_its_rows_at_once_and_keeps_their_decode_points(monkeypatch):
     import asyncio
 
-    import pytest_prefill.serve.calibration as calibration
-    from pytest_prefill.serve.experiments import DecodeSample
+    import pytest_prefill.serve.calibration.calibration as calibration
+    from pytest_prefill.serve.calibration.experiments import DecodeSample
 
     async def nothing(*args, **kwargs):
         return 0.0
@@ -311,8 +316,8 @@ def test_the_warm_up_sends_the_traffic_and_ramp_before_the_first_round_and_drops
 ):
     import asyncio
 
-    import pytest_prefill.serve.calibration as calibration
-    from pytest_prefill.serve.experiments import DecodeSample
+    import pytest_prefill.serve.calibration.calibration as calibration
+    from pytest_prefill.serve.calibration.experiments import DecodeSample
 
     async def nothing(*args, **kwargs):
         return 0.0
@@ -344,7 +349,7 @@ def test_the_two_ramps_tell_a_cost_per_row_from_one_per_cached_token(per_seq, pe
     rows over short prompts and over the traffic's median one, so the step a loaded server
     runs (the cap's rows over that median) is measured, not extrapolated."""
     from pytest_prefill.measure.calibration_fit import decode_constants
-    from pytest_prefill.serve.calibration_fit import decode_points
+    from pytest_prefill.serve.calibration.calibration_fit import decode_points
 
     true = dataclasses.replace(
         TRUE, decode_step_base=0.005, decode_per_seq=per_seq, decode_per_kv_token=per_kv
@@ -374,7 +379,7 @@ def test_the_two_ramps_tell_a_cost_per_row_from_one_per_cached_token(per_seq, pe
 def test_a_ramp_that_misses_its_rows_is_sent_again(monkeypatch):
     import asyncio
 
-    import pytest_prefill.serve.calibration as calibration
+    import pytest_prefill.serve.calibration.calibration as calibration
 
     sweep = ServerSweep(256, ramp_rows=8, warmup=0)
     sent: list[str] = []
@@ -420,7 +425,7 @@ def test_the_loaded_stall_sends_the_stall_prompt_amid_the_ramps_rows_once_they_d
     step the ramp measured at those rows; not at all without ``loaded_rows``."""
     import asyncio
 
-    import pytest_prefill.serve.calibration as calibration
+    import pytest_prefill.serve.calibration.calibration as calibration
 
     async def ttft(target, prompt_len, key):
         return 0.001 * prompt_len  # a millisecond a token, alone
@@ -551,7 +556,7 @@ def test_a_sweep_beyond_its_cap_names_the_field(fields):
 def test_the_chunking_checks_prompt_joins_the_streams_within_the_cap(monkeypatch, cap, rows):
     import asyncio
 
-    import pytest_prefill.serve.calibration as calibration
+    import pytest_prefill.serve.calibration.calibration as calibration
 
     async def nothing(*args, **kwargs):
         return 0.0
@@ -590,9 +595,9 @@ def test_calibrate_server_runs_under_the_cap_given_else_the_servers_own(
     import asyncio
     import types
 
-    import pytest_prefill.serve.calibration as calibration
+    import pytest_prefill.serve.calibration.calibration as calibration
     from pytest_prefill.commands.server_calibration import sweep_from_args
-    from pytest_prefill.serve.identity import ServerIdentity
+    from pytest_prefill.serve.client.identity import ServerIdentity
 
     swept: list[ServerSweep] = []
 

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from pytest_prefill.serve.api import parse_chunk, request_body
-from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json, stream_events
-from pytest_prefill.serve.identity import identify
-from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
-from pytest_prefill.serve.prompts import Prompts
-from pytest_prefill.serve.reference import Behaviour, running
+from pytest_prefill.serve.client.api import parse_chunk, request_body
+from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, request_json, stream_events
+from pytest_prefill.serve.client.identity import identify
+from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.launch.reference import Behaviour, running
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.sim import Request
 
 WORDS = Prompts(
@@ -213,7 +213,7 @@ def test_the_bench_command_reports_vllm_metrics_and_writes_records(tmp_path, cap
         [
             sys.executable,
             "-m",
-            "pytest_prefill.serve.reference",
+            "pytest_prefill.serve.launch.reference",
             "--ttft",
             "0.01",
             "--gap",

@@ -36,11 +36,11 @@ from hostile import (
 )
 
 from pytest_prefill.cli import main
-from pytest_prefill.serve import http
-from pytest_prefill.serve.http import ServerError, Timeouts, Url
-from pytest_prefill.serve.identity import identify
-from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, most_tokens, run_load
-from pytest_prefill.serve.prompts import TokenizerError, prompts_from_folder
+from pytest_prefill.serve.client import http
+from pytest_prefill.serve.client.http import ServerError, Timeouts, Url
+from pytest_prefill.serve.client.identity import identify
+from pytest_prefill.serve.client.prompts import TokenizerError, prompts_from_folder
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, most_tokens, run_load
 from pytest_prefill.sim import Request
 
 ROOT = Path(__file__).resolve().parent.parent

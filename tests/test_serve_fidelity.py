@@ -12,9 +12,10 @@ import math
 
 import pytest
 
-from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.calibration_fit import RequestOverhead, ttft_alone
-from pytest_prefill.serve.fidelity import (
+from pytest_prefill.serve.calibration.calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead, ttft_alone
+from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile, simulate_records
+from pytest_prefill.serve.fidelity.fidelity import (
     SEPARATION,
     THRESHOLD,
     TTFT_THRESHOLD,
@@ -30,9 +31,8 @@ from pytest_prefill.serve.fidelity import (
     run_server_fidelity,
     wrong_schedulings,
 )
-from pytest_prefill.serve.fidelity_interval import Interval, interval_of
-from pytest_prefill.serve.records import BenchRun, ServerRecord
-from pytest_prefill.serve.simulated import Scheduling, server_profile, simulate_records
+from pytest_prefill.serve.fidelity.fidelity_interval import Interval, interval_of
+from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import PROFILES, CostModel, EngineProfile, Request
 
 COST = CostModel(
@@ -246,7 +246,7 @@ def test_a_counter_check_that_does_not_fail_where_the_right_one_holds_is_named()
 
 
 def test_held_out_workloads_hold_long_prompts_and_a_burst_and_the_fallback_is_loud(monkeypatch):
-    from pytest_prefill.serve import held_out
+    from pytest_prefill.serve.fidelity import held_out
 
     monkeypatch.setattr(held_out, "azure_trace_path", lambda name: None)
     workloads = held_out.held_out_workloads(_calibration(), count=12)

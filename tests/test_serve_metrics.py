@@ -10,16 +10,16 @@ import math
 
 import pytest
 
-from pytest_prefill.serve.identity import identify
-from pytest_prefill.serve.loadgen import Bounds, Target
-from pytest_prefill.serve.prompts import Prompts
-from pytest_prefill.serve.reference import Behaviour, running
+from pytest_prefill.serve.client.identity import identify
+from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.launch.reference import Behaviour, running
+from pytest_prefill.serve.load.loadgen import Bounds, Target
 from pytest_prefill.sim import Request
 
 pytest.importorskip("prometheus_client")
 
-from pytest_prefill.serve.counters import ServerCounters  # noqa: E402
-from pytest_prefill.serve.server_metrics import parse_metrics, run_counted  # noqa: E402
+from pytest_prefill.serve.client.counters import ServerCounters  # noqa: E402
+from pytest_prefill.serve.load.server_metrics import parse_metrics, run_counted  # noqa: E402
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -100,11 +100,11 @@ def test_a_prefix_check_sets_the_servers_hit_rate_beside_the_simulated_one():
     import dataclasses
 
     from pytest_prefill.measure.calibrate import Calibration
-    from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
-    from pytest_prefill.serve.calibration_fit import RequestOverhead
-    from pytest_prefill.serve.prefix_check import prefix_check
-    from pytest_prefill.serve.records import BenchRun, ServerRecord
-    from pytest_prefill.serve.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.calibration import ServerCalibration, ServerSweep
+    from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.fidelity.prefix_check import prefix_check
+    from pytest_prefill.serve.load.records import BenchRun, ServerRecord
     from pytest_prefill.sim import CostModel, simulated_engine
 
     cost = CostModel(prefill_pass_overhead=0.01, prefill_per_token=1e-4, decode_step_base=0.01)

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from pytest_prefill.serve import model_folder
-from pytest_prefill.serve.model_folder import build_vocabulary, make_model, silent_ids
-from pytest_prefill.serve.prompts import prompts_from_folder
+from pytest_prefill.serve.client.prompts import prompts_from_folder
+from pytest_prefill.serve.launch import model_folder
+from pytest_prefill.serve.launch.model_folder import build_vocabulary, make_model, silent_ids
 
 
 def test_every_word_of_the_vocabulary_is_one_token():

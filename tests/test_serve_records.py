@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pytest_prefill.plan.metrics import SLO, serving_metrics_of
-from pytest_prefill.serve.prompts import Prompts, prompts_from_folder
-from pytest_prefill.serve.records import BenchRun, ServerRecord
+from pytest_prefill.serve.client.prompts import Prompts, prompts_from_folder
+from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 
 
 def _record(rid: str, arrival: float, times: list[float], counts: list[int], **kw) -> ServerRecord:

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from pytest_prefill.serve.calibration import ServerSweep, calibrate_server
-from pytest_prefill.serve.experiments import prompt_alone
-from pytest_prefill.serve.fidelity import run_server_fidelity
-from pytest_prefill.serve.loadgen import Bounds, Schedule, open_target, run_load
+from pytest_prefill.serve.calibration.calibration import ServerSweep, calibrate_server
+from pytest_prefill.serve.calibration.experiments import prompt_alone
+from pytest_prefill.serve.fidelity.fidelity import run_server_fidelity
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, open_target, run_load
 from pytest_prefill.sim import Request
 
 pytestmark = pytest.mark.server
@@ -73,8 +73,8 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     10-25% low from run to run (docs/fidelity.md, "Fidelity against a server"), the size of the one decode
     step a wrong first-token rule adds, and the sign of that bias changes from run to run."""
     from pytest_prefill.report.server_fidelity import fidelity_report
-    from pytest_prefill.serve.fidelity import METRICS, STATS, cells_of, wrong_schedulings
-    from pytest_prefill.serve.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.fidelity.fidelity import METRICS, STATS, cells_of, wrong_schedulings
 
     served = transformers_server
     profile = server_profile("transformers", served.budget)

@@ -12,14 +12,14 @@ import random
 
 import pytest
 
-from pytest_prefill.serve.calibration import ServerSweep
-from pytest_prefill.serve.knee import ProbeRule
-from pytest_prefill.serve.launchers import Launcher
+from pytest_prefill.serve.calibration.calibration import ServerSweep
+from pytest_prefill.serve.launch.launchers import Launcher
 from pytest_prefill.sim import Request
+from pytest_prefill.verify.knee import ProbeRule
 
 pytestmark = pytest.mark.server
 
-# The first under a sequence cap (serve/transformers_capped.py: the CLI has no flag for it).
+# The first under a sequence cap (serve/launch/transformers_capped.py: the CLI has no flag for it).
 BUDGETS = ("tokens=128,seqs=2", "tokens=512")
 CAP = 2
 # Client-side slack on a stream's end: the next request's first token needs a forward pass after

@@ -11,6 +11,7 @@ that no longer occurs fails the test, so whoever fixes one deletes it)."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import sys
 import tokenize
@@ -31,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan", "__init__"),  # traffic and planning; the facade re-exports sim and plan
     ("measure",),
     ("lab", "serve"),
+    ("verify",),  # a capacity answer checked on a server: knees, the load check, the ranking
     ("archive",),
     ("report",),
     # the hardware suite (tests shipped with the package: pytest --pyargs pytest_prefill.suite)
@@ -52,8 +54,21 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
+    """Every module of the package, globbed once per test session."""
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@functools.cache
+def source(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """Each module parsed once per test session (the tests below all read the same trees)."""
+    return ast.parse(source(path), str(path))
 
 
 def place(module: str) -> str:
@@ -101,9 +116,8 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
 
 def imports(module: str, path: Path) -> Iterator[tuple[str, str | None, int, bool]]:
     """(imported module, imported name or None, line, typing only) for each import."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     known = modules()
-    for node, typing_only in _walk(tree):
+    for node, typing_only in _walk(syntax_tree(path)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, None, node.lineno, typing_only
@@ -117,6 +131,7 @@ def imports(module: str, path: Path) -> Iterator[tuple[str, str | None, int, boo
                     yield source, alias.name, node.lineno, typing_only
 
 
+@functools.cache
 def internal_edges() -> list[tuple[str, str, str | None, int, bool]]:
     known = modules()
     edges = []
@@ -236,8 +251,7 @@ def test_sim_and_plan_import_only_the_standard_library_at_module_level():
     for module, path in modules().items():
         if place(module) not in STDLIB_ONLY:
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in tree.body:  # module level only: a lazy optional import is allowed
+        for node in syntax_tree(path).body:  # module level only: a lazy optional import is allowed
             names = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -261,7 +275,7 @@ def test_sim_imports_nothing_outside_its_folder():
 
 
 def long_modules() -> dict[str, int]:
-    sizes = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in modules().items()}
+    sizes = {m: len(source(p).splitlines()) for m, p in modules().items()}
     return {m: n for m, n in sizes.items() if n > MAX_MODULE_LINES}
 
 
@@ -303,11 +317,9 @@ def code_lines(source: str, node: ast.AST) -> int:
 def long_functions() -> dict[str, int]:
     found = {}
     for module, path in modules().items():
-        source = path.read_text(encoding="utf-8")
-        tree = ast.parse(source)
-        for node in ast.walk(tree):
+        for node in ast.walk(syntax_tree(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                n = code_lines(source, node)
+                n = code_lines(source(path), node)
                 if n > MAX_FUNCTION_LINES:
                     found[f"{module}:{node.name}"] = n
     return found
@@ -370,7 +382,7 @@ def class_bases() -> Iterator[tuple[str, str, str, int]]:
     whose base is a class defined in the package (found by name among the modules it imports
     from, or its own)."""
     defined: dict[str, dict[str, str]] = {}  # module -> class name -> module defining it
-    trees = {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in modules().items()}
+    trees = {m: syntax_tree(p) for m, p in modules().items()}
     for module, tree in trees.items():
         defined[module] = {n.name: module for n in tree.body if isinstance(n, ast.ClassDef)}
     for module, path in modules().items():
@@ -415,7 +427,7 @@ def test_no_formatter_is_switched_off():
     found = [
         f"{module}:{number}"
         for module, path in modules().items()
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        for number, line in enumerate(source(path).splitlines(), start=1)
         if "#" in line and any(mark in line.split("#", 1)[1] for mark in marks)
     ]
     assert not found, f"formatter switched off at: {found}"

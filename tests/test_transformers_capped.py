@@ -1,6 +1,6 @@
 """``transformers serve`` under a sequence cap: its CLI has no flag for the scheduler's
 ``max_requests_per_batch``, so a flag set with ``seqs`` runs the same CLI through
-``serve/transformers_capped.py``, which sets that field's default. Asserted here without a
+``serve/launch/transformers_capped.py``, which sets that field's default. Asserted here without a
 server: the command a launcher builds, the cap read back as the server's fact, the cap reaching
 ``ContinuousBatchingConfig``, bad usage refused. That the server then runs no more than the cap
 at once is asserted against a real one in ``test_serve_verify.py``."""
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_prefill.serve import transformers_capped
-from pytest_prefill.serve.identity import ServerIdentity
-from pytest_prefill.serve.launchers import Launcher
-from pytest_prefill.serve.process import transformers_serve
-from pytest_prefill.serve.server_facts import server_facts
+from pytest_prefill.serve.client.identity import ServerIdentity
+from pytest_prefill.serve.launch import transformers_capped
+from pytest_prefill.serve.launch.launchers import Launcher
+from pytest_prefill.serve.launch.process import transformers_serve
+from pytest_prefill.serve.launch.server_facts import server_facts
 
 pytestmark = pytest.mark.sim  # no server, no hardware (the last test imports transformers)
 

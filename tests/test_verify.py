@@ -15,10 +15,16 @@ from cli_errors import usage_error
 from poisson_load import poisson_load
 
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.http import Url
-from pytest_prefill.serve.identity import identify
-from pytest_prefill.serve.knee import (
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+from pytest_prefill.serve.client.http import Url
+from pytest_prefill.serve.client.identity import identify
+from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.launch.launchers import Launcher
+from pytest_prefill.serve.load.loadgen import Target
+from pytest_prefill.serve.load.records import BenchRun
+from pytest_prefill.sim import PRESETS, Request
+from pytest_prefill.verify.knee import (
     KneeSearch,
     MeasuredProbe,
     ProbeRule,
@@ -27,14 +33,8 @@ from pytest_prefill.serve.knee import (
     predict_knee,
     probe_load,
 )
-from pytest_prefill.serve.knee_interval import agreement
-from pytest_prefill.serve.launchers import Launcher
-from pytest_prefill.serve.loadgen import Target
-from pytest_prefill.serve.prompts import Prompts
-from pytest_prefill.serve.records import BenchRun
-from pytest_prefill.serve.simulated import Scheduling, server_profile
-from pytest_prefill.serve.verify import FlagSet, FlagSetResult, Server, VerifyResult, verify
-from pytest_prefill.sim import PRESETS, Request
+from pytest_prefill.verify.knee_interval import agreement
+from pytest_prefill.verify.verification import FlagSet, FlagSetResult, Server, VerifyResult, verify
 
 LAB_LAPTOP = PRESETS["lab-laptop"].cost
 
@@ -131,7 +131,7 @@ async def _target(url: Url) -> Target:
 
 
 def test_probes_against_the_reference_server_keep_every_request():
-    from pytest_prefill.serve.reference import Behaviour, running
+    from pytest_prefill.serve.launch.reference import Behaviour, running
 
     rule = ProbeRule(margin=0.15, max_probes=3, min_requests=4)
     load = probe_load(_poisson(20, rate=20.0), rule)
@@ -156,7 +156,7 @@ def test_probes_against_the_reference_server_keep_every_request():
 
 
 def test_a_server_that_dies_mid_search_ends_it_in_one_line_keeping_the_probes():
-    from pytest_prefill.serve.process import free_port, reference_server, start_server
+    from pytest_prefill.serve.launch.process import free_port, reference_server, start_server
 
     port = free_port()
     argv, env = reference_server(port, 0.01, 0.002)
@@ -193,7 +193,7 @@ def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
     server = Server(launcher=launcher, engine="llama.cpp")
     with pytest.raises(ValueError, match="sweep"):
         verify(server, [FlagSet(256)], _poisson(40), SLO(ttft=1.0), rule=ProbeRule(margin=0.1))
-    from pytest_prefill.serve.calibration import ServerSweep
+    from pytest_prefill.serve.calibration.calibration import ServerSweep
 
     result = verify(
         server,
@@ -211,7 +211,7 @@ def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
 
 
 def test_a_running_server_runs_one_flag_set():
-    from pytest_prefill.serve.calibration import ServerSweep
+    from pytest_prefill.serve.calibration.calibration import ServerSweep
 
     server = Server(url=Url.parse("http://127.0.0.1:9"))
     with pytest.raises(ValueError, match="launcher"):
@@ -237,7 +237,7 @@ def test_a_running_server_runs_one_flag_set():
 
 
 def _result(flags: FlagSet, predicted: float, measured_knee: float) -> FlagSetResult:
-    from pytest_prefill.serve.knee import MeasuredKnee, Predicted
+    from pytest_prefill.verify.knee import MeasuredKnee, Predicted
 
     search = KneeSearch(ProbeRule(max_probes=8), predicted / 2.0)
     while (scale := search.next_scale()) is not None:
@@ -342,7 +342,7 @@ def test_the_command_line_refuses_what_it_can_before_starting_anything(argv, nee
 
 
 def test_equal_leading_hash_ids_give_equal_leading_tokens_and_the_rest_is_salted():
-    from pytest_prefill.serve.identity import ServerIdentity
+    from pytest_prefill.serve.client.identity import ServerIdentity
 
     identity = ServerIdentity("http://127.0.0.1:9", ("m",), "vllm", "given")
     target = Target(Url.parse("http://127.0.0.1:9"), identity, WORDS, token_ids=True)
@@ -507,7 +507,7 @@ def test_rank_reads_a_documents_open_interval_kept_as_text():
 
 
 def _speeds(*factors: float) -> tuple:
-    from pytest_prefill.serve.load_check import LoadFactor
+    from pytest_prefill.verify.load_check import LoadFactor
 
     return tuple(LoadFactor(k, k - 0.01, k + 0.01, 0.9, 200, 1.0, 1.0, 40) for k in factors)
 
@@ -520,7 +520,7 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
 ):
     from pytest_prefill._io import json_safe
     from pytest_prefill.report.verify import combined_report, probe_table, speed_line
-    from pytest_prefill.serve.load_check import LoadCheck
+    from pytest_prefill.verify.load_check import LoadCheck
 
     result = dataclasses.replace(_result(FlagSet(256), 4, 4), speeds=_speeds(*factors))
     line = speed_line(result)
@@ -543,8 +543,8 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
 
 def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     from pytest_prefill.report.verify import combined_report, ranking_line
-    from pytest_prefill.serve.knee import PREDICTION_TOLERANCE
-    from pytest_prefill.serve.ranking import claimed_apart
+    from pytest_prefill.verify.knee import PREDICTION_TOLERANCE
+    from pytest_prefill.verify.ranking import claimed_apart
 
     a, b, c = FlagSet(128), FlagSet(256), FlagSet(512)
     rule = ProbeRule()
@@ -621,7 +621,7 @@ def test_an_undecided_verdict_gets_the_probes_left_where_they_decide_it():
 
 
 def test_a_flag_sets_ended_line_keeps_the_errors_first_line_whole_or_says_it_was_cut():
-    from pytest_prefill.serve.verify import one_line
+    from pytest_prefill.verify.verification import one_line
 
     advice = "the server sent nothing for 60 s mid-response (stalled; raise the stall timeout)"
     said = "calibration request cal0-l1024-live0 failed: POST http://127.0.0.1:1/v1: " + advice

@@ -20,7 +20,7 @@ from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, load_model_spec
 from pytest_prefill.report.assumptions import PRESET_MODEL
-from pytest_prefill.serve.server_facts import ServerFacts
+from pytest_prefill.serve.launch.server_facts import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made

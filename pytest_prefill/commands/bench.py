@@ -31,9 +31,9 @@ from pytest_prefill.commands._workload_args import (
 )
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.report.bench import bench_text, max_concurrency_of
-from pytest_prefill.serve.loadgen import Bounds, Schedule
-from pytest_prefill.serve.records import BenchRun
-from pytest_prefill.serve.server_metrics import run_counted
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule
+from pytest_prefill.serve.load.records import BenchRun
+from pytest_prefill.serve.load.server_metrics import run_counted
 
 HELP = "replay a workload against a running server and report vLLM's serving metrics"
 

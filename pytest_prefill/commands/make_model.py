@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_prefill.serve.model_folder import make_model
+    from pytest_prefill.serve.launch.model_folder import make_model
 
     made = make_model(args.preset, args.folder, gguf=args.gguf, overwrite=args.overwrite)
     print(

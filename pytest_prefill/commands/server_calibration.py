@@ -13,10 +13,14 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._archive_args import add_output_arguments, save_calibration
 from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
-from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep, calibrate_server
-from pytest_prefill.serve.experiments import warm_up
-from pytest_prefill.serve.loadgen import Target
-from pytest_prefill.serve.simulated import PROFILED_ENGINES, Scheduling, server_profile
+from pytest_prefill.serve.calibration.calibration import (
+    ServerCalibration,
+    ServerSweep,
+    calibrate_server,
+)
+from pytest_prefill.serve.calibration.experiments import warm_up
+from pytest_prefill.serve.calibration.simulated import PROFILED_ENGINES, Scheduling, server_profile
+from pytest_prefill.serve.load.loadgen import Target
 from pytest_prefill.sim import EngineProfile
 
 HELP = "fit a cost model to a running server (black box, over HTTP)"

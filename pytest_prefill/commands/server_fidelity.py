@@ -29,15 +29,15 @@ from pytest_prefill.commands.server_calibration import (
     sweep_from_args,
 )
 from pytest_prefill.plan.traces import azure_trace_path
-from pytest_prefill.serve.experiments import warm_up
-from pytest_prefill.serve.fidelity import (
+from pytest_prefill.serve.calibration.experiments import warm_up
+from pytest_prefill.serve.calibration.simulated import PROFILED_ENGINES, Scheduling
+from pytest_prefill.serve.fidelity.fidelity import (
     DEFAULT_COUNT,
     DEFAULT_RUNS,
     ServerFidelity,
     run_server_fidelity,
 )
-from pytest_prefill.serve.held_out import SOURCES, lengths
-from pytest_prefill.serve.simulated import PROFILED_ENGINES, Scheduling
+from pytest_prefill.serve.fidelity.held_out import SOURCES, lengths
 
 HELP = (
     "check the simulator against a running server on held-out workloads (HOLDS, FAILS or UNDECIDED)"

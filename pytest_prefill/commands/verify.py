@@ -29,14 +29,14 @@ from pytest_prefill.commands._workload_args import (
     workload_from_args,
     workload_lines,
 )
+from pytest_prefill.measure.host_steal import QuietHost
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.api import ENGINES
-from pytest_prefill.serve.calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.host_steal import QuietHost
-from pytest_prefill.serve.knee import ProbeRule
-from pytest_prefill.serve.launchers import LAUNCHED, Launcher
-from pytest_prefill.serve.verify import FlagSet, Server, VerifyResult, verify
+from pytest_prefill.serve.calibration.calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.client.api import ENGINES
+from pytest_prefill.serve.launch.launchers import LAUNCHED, Launcher
 from pytest_prefill.sim import Request
+from pytest_prefill.verify.knee import ProbeRule
+from pytest_prefill.verify.verification import FlagSet, Server, VerifyResult, verify
 
 HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
 DIVISORS = re.compile(r"^(\d+):(\d+)$")

@@ -218,13 +218,13 @@ def prefill_capacity(
 @pytest.fixture(scope="session")
 def prefill_server(pytestconfig: pytest.Config) -> Any:
     """The server ``--prefill-server URL`` names, identified, with prompts of exact lengths: a
-    ``serve.loadgen.Target`` for ``serve.loadgen.run_load``, ``serve.calibration`` and
-    ``serve.fidelity``. Skips without the option; fails with one line when it is unreachable or
+    ``serve.load.loadgen.Target`` for ``serve.load.loadgen.run_load``, ``serve.calibration.calibration`` and
+    ``serve.fidelity.fidelity``. Skips without the option; fails with one line when it is unreachable or
     not an OpenAI-compatible server."""
     import asyncio
 
-    from pytest_prefill.serve.http import ServerError, Url
-    from pytest_prefill.serve.loadgen import open_target
+    from pytest_prefill.serve.client.http import ServerError, Url
+    from pytest_prefill.serve.load.loadgen import open_target
 
     url = state_of(pytestconfig).settings.server
     if url is None:

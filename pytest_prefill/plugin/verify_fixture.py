@@ -1,6 +1,6 @@
-"""The ``prefill_verify`` fixture: :func:`~pytest_prefill.serve.verify.verify` on the server
+"""The ``prefill_verify`` fixture: :func:`~pytest_prefill.verify.verification.verify` on the server
 ``--prefill-server`` names (one flag set: the one it runs) or under a launcher
-(``serve.launchers.Launcher``: restarted under each flag set), its table and the ranking's
+(``serve.launch.launchers.Launcher``: restarted under each flag set), its table and the ranking's
 verdict added to the run's report. Imports nothing heavy until called."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pytest_prefill.plugin.session import state_of
 class Verifier:
     """``prefill_verify(flags, load, slo, launcher=None, **options)``: ``flags`` are
     ``FlagSet`` values or their text (``"tokens=256,seqs=8"``), ``slo`` an ``SLO`` or its text;
-    ``options`` go to ``serve.verify.verify`` (``rule``, ``sweep``, ``calibration``,
+    ``options`` go to ``verify.verification.verify`` (``rule``, ``sweep``, ``calibration``,
     ``calibrate_once``, ``workload``). Returns the ``VerifyResult``."""
 
     def __init__(self, report: Any, url: str | None, verbose: bool = False) -> None:
@@ -35,8 +35,8 @@ class Verifier:
     ) -> Any:
         from pytest_prefill.plan.metrics import SLO
         from pytest_prefill.report.verify import ranking_line, verify_report
-        from pytest_prefill.serve.http import Url
-        from pytest_prefill.serve.verify import FlagSet, Server, verify
+        from pytest_prefill.serve.client.http import Url
+        from pytest_prefill.verify.verification import FlagSet, Server, verify
 
         if launcher is None and self.url is None:
             pytest.skip("no server to verify on: give --prefill-server URL (or a launcher)")

@@ -5,7 +5,7 @@ server's identity, failed requests, lengths the server's usage does not confirm.
 from __future__ import annotations
 
 from pytest_prefill.plan.metrics import Distribution, ServingMetrics
-from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.units import ms
 
 WIDTH = 50

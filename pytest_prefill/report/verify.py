@@ -11,10 +11,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_prefill.serve.knee import MeasuredProbe
-from pytest_prefill.serve.load_check import speed_range
-from pytest_prefill.serve.ranking import agrees, best_verdict, order_text, ranking, tied_best
-from pytest_prefill.serve.verify import FlagSetResult, VerifyResult, ranking_tolerance
+from pytest_prefill.verify.knee import MeasuredProbe
+from pytest_prefill.verify.load_check import speed_range
+from pytest_prefill.verify.ranking import agrees, best_verdict, order_text, ranking, tied_best
+from pytest_prefill.verify.verification import FlagSetResult, VerifyResult, ranking_tolerance
 
 
 def _rate(value: float | None) -> str:
@@ -163,7 +163,7 @@ def probe_table(result: VerifyResult) -> str:
     """Every probe run on the server, with the simulator's attainment on its requests replayed
     at their measured arrivals, and the factor on the calibration's cost that puts the replay's
     mean latency at the measured one (the probe's speed); the host's CPU steal during each
-    where it was watched (``serve.host_steal``)."""
+    where it was watched (``measure.host_steal``)."""
     rows = []
     watched = any(p.run.host is not None for r in result.results for p in _probes(r))
     for r in result.results:
@@ -212,7 +212,7 @@ def ranking_text(
     head: str = "ranking",
 ) -> str:
     """The ranking line, starting ``head``: both orders (a predicted tie, within
-    :func:`~pytest_prefill.serve.verify.ranking_tolerance` of ``within``, with "=") and
+    :func:`~pytest_prefill.verify.verification.ranking_tolerance` of ``within``, with "=") and
     :func:`ranking_verdict`."""
     tie = ranking_tolerance(within)
     return (
@@ -230,7 +230,7 @@ def ranking_verdict(
     intervals: Sequence[tuple[float, float] | None],
     within: float = 0.10,
 ) -> str:
-    """ "best HOLDS / FAILS / UNDECIDED" (``serve.ranking.best_verdict``: the predicted best
+    """ "best HOLDS / FAILS / UNDECIDED" (``verify.ranking.best_verdict``: the predicted best
     judged on the measured knees' intervals) and why; then whether the measured order keeps
     every pair the prediction tells apart (on the knees' points)."""
     tie = ranking_tolerance(within)

@@ -1,11 +1,10 @@
-"""Running servers of other engines reached over HTTP: the load generator, calibration from a
-server, and fidelity against it; and a random-weight model folder such a server can serve.
+"""Running servers of other engines reached over HTTP, one concept a folder.
 
-Reading order: ``http`` (the streaming client), ``api`` (what each engine is sent, how its
-chunks are counted), ``prompts`` (exact token lengths), ``identity`` (which server a URL is),
-``loadgen`` (replaying a workload against a URL), ``records`` (what a run measured, and its
-serving metrics), ``reference`` (a server with known token times: the client's own error),
-``process`` (starting and stopping a local server), ``model_folder`` (a servable model, made
-offline); then ``experiments`` (what the calibration sends, and what token times say about
-the iterations behind them), ``calibration_fit`` and ``calibration`` (the difference method
-over HTTP), ``simulated`` (a measured run replayed in the simulator) and ``fidelity``."""
+Reading order: ``client`` (the streaming HTTP client, what each engine is sent, prompts of exact
+token lengths, which server a URL is, its counters' names), ``load`` (replaying a workload
+against a URL, what a run measured, a run with the server's own counters), ``launch`` (starting
+and stopping a local server, the launchers a verification restarts, pinning, a servable model
+folder, the reference server with known token times, what a server runs with), ``calibration``
+(what the calibration sends, the difference method over HTTP, a measured run replayed in the
+simulator) and ``fidelity`` (held-out workloads measured and simulated, and how sure the verdict
+is). Checking a capacity answer on a server sits one layer up, in ``pytest_prefill.verify``."""

@@ -127,7 +127,7 @@ class EngineProfile:
         for them: vLLM ``--max-num-batched-tokens`` / ``--max-num-seqs``, SGLang
         ``--chunked-prefill-size`` / ``--max-running-requests``, llama.cpp ``-b`` / ``-np``,
         ``transformers serve`` ``--cb-max-batch-tokens`` (its request cap is no CLI flag:
-        ``serve/transformers_capped.py`` sets it).
+        ``serve/launch/transformers_capped.py`` sets it).
         Knobs left unbounded are left out (a sequence cap is typed no higher than the token
         budget, as vLLM requires); a profile of another name gives none."""
         tokens_flag, seqs_flag = ENGINE_FLAGS.get(self.name, (None, None))
@@ -312,7 +312,7 @@ PROFILES: dict[str, EngineProfile] = {
                     "max_seqs",
                     f"{_HF}: max_requests_per_batch None -> 1024 (initialization.py "
                     "FALLBACK_DEFAULTS; generate_batch lowers it to the number of requests); "
-                    "no CLI flag (serve/transformers_capped.py sets it)",
+                    "no CLI flag (serve/launch/transformers_capped.py sets it)",
                 ),
                 (
                     "kv",

@@ -1,8 +1,8 @@
 """Checking a capacity answer on a server (DESIGN.md, "Checking the answer on a server"): for
 each flag set (the engine's token budget and sequence cap) the server runs it — restarted by a
-launcher (``serve.launchers``), or running and said to run it — is calibrated (or a calibration
+launcher (``serve.launch.launchers``), or running and said to run it — is calibrated (or a calibration
 is reused), its knee predicted by the capacity search with that calibration, and then measured
-(``serve.knee``). Reported: the predicted and measured knee, their ratio, the attainment at the
+(``verify.knee``). Reported: the predicted and measured knee, their ratio, the attainment at the
 predicted rate, and whether the measured ranking of the flag sets agrees with the predicted one.
 
 A server that dies or stalls ends its flag set with one line; what was measured is kept, and
@@ -18,20 +18,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
+from pytest_prefill.measure.host_steal import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
-from pytest_prefill.serve.calibration import (
+from pytest_prefill.serve.calibration.calibration import (
     PER_REQUEST_ATTENTION,
     ServerCalibration,
     ServerSweep,
     calibrate_server,
 )
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.experiments import warm_up
-from pytest_prefill.serve.flag_sets import FlagSet
-from pytest_prefill.serve.host_steal import QuietHost
-from pytest_prefill.serve.http import ServerError, Timeouts, Url
-from pytest_prefill.serve.knee import (
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.experiments import warm_up
+from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+from pytest_prefill.serve.client.http import ServerError, Timeouts, Url
+from pytest_prefill.serve.launch.launchers import Launcher, alive
+from pytest_prefill.serve.launch.process import ServerProcess
+from pytest_prefill.serve.load.loadgen import Target, open_target
+from pytest_prefill.sim import CostModel, Request, simulated_engine
+from pytest_prefill.verify.flag_sets import FlagSet
+from pytest_prefill.verify.knee import (
     PREDICTION_TOLERANCE,
     MeasuredKnee,
     Predicted,
@@ -42,10 +47,9 @@ from pytest_prefill.serve.knee import (
     replayed_attainment,
     start_scale,
 )
-from pytest_prefill.serve.knee_interval import KneeAgreement, agreement
-from pytest_prefill.serve.knee_sizing import Sharpness, predict_sized, sharpness
-from pytest_prefill.serve.launchers import Launcher, alive
-from pytest_prefill.serve.load_check import (
+from pytest_prefill.verify.knee_interval import KneeAgreement, agreement
+from pytest_prefill.verify.knee_sizing import Sharpness, predict_sized, sharpness
+from pytest_prefill.verify.load_check import (
     MIN_REQUESTS,
     LoadCheck,
     LoadFactor,
@@ -55,11 +59,7 @@ from pytest_prefill.serve.load_check import (
     run_speeds,
     scaled_cost,
 )
-from pytest_prefill.serve.loadgen import Target, open_target
-from pytest_prefill.serve.process import ServerProcess
-from pytest_prefill.serve.ranking import agrees, best_verdict, claimed_apart, ranking, tied_best
-from pytest_prefill.serve.simulated import Scheduling, server_profile
-from pytest_prefill.sim import CostModel, Request, simulated_engine
+from pytest_prefill.verify.ranking import agrees, best_verdict, claimed_apart, ranking, tied_best
 
 Progress = Callable[[str], object]
 RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
@@ -101,11 +101,11 @@ class FlagSetResult:
     why it stopped early (None when it did not); ``requests``: what each probe sent, of
     ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
     the goal the predicted knee is judged against (±); ``pinning``: where a launched server
-    and the load generator ran (``serve.pinning``'s sentence); ``sharpness``: the simulated
+    and the load generator ran (``serve.launch.pinning``'s sentence); ``sharpness``: the simulated
     attainment on either side of the predicted knee, on what the probes send (rule 3);
     ``replayed``: per probe, the simulator's attainment on its requests replayed at their
     measured arrivals (``knee.replayed_attainment``); ``load_check``: the server's speed under
-    load against the calibration's (``serve.load_check``), whose factor scales the cost model
+    load against the calibration's (``verify.load_check``), whose factor scales the cost model
     the knee is predicted with (None: not run); ``speeds``: per probe, its own factor
     (``load_check.run_speeds``)."""
 
@@ -179,7 +179,7 @@ def one_line(err: BaseException, limit: int = 400) -> str:
 
 def ranking_tolerance(within: float) -> float:
     """The tie between predicted knees when each knee is claimed within ±``within``
-    (``serve.ranking.claimed_apart``), never below the search's bracket."""
+    (``verify.ranking.claimed_apart``), never below the search's bracket."""
     return max(PREDICTION_TOLERANCE, claimed_apart(within))
 
 
@@ -216,14 +216,14 @@ class VerifyResult:
 
     @property
     def tolerance(self) -> float:
-        """Predicted knees closer than this are a tie (``serve.ranking``): closer than claims
+        """Predicted knees closer than this are a tie (``verify.ranking``): closer than claims
         each within the rule's ±``within`` can order, and never below the search's bracket."""
         return ranking_tolerance(self.rule.within)
 
     @property
     def predicted_best(self) -> tuple[int, ...]:
         """The flag sets (in ``compared``) whose predicted knee is within :attr:`tolerance` of
-        the highest (``serve.ranking``): a tie names no one best."""
+        the highest (``verify.ranking``): a tie names no one best."""
         return tied_best(self.knees[0], self.tolerance)
 
     @property
@@ -239,7 +239,7 @@ class VerifyResult:
 
     @property
     def best_verdict(self) -> str | None:
-        """The predicted best judged on the measured intervals (``serve.ranking.best_verdict``;
+        """The predicted best judged on the measured intervals (``verify.ranking.best_verdict``;
         None: fewer than two)."""
         if len(self.compared) < 2:
             return None
@@ -393,7 +393,7 @@ async def _load_check(
     flags: FlagSet,
     progress: Progress | None,
 ) -> LoadCheck | None:
-    """The load check (``serve.load_check``): the requests that follow the probes' (as many),
+    """The load check (``verify.load_check``): the requests that follow the probes' (as many),
     sent at the knee the calibration alone predicts, and again — at most :data:`CHECK_RUNS`
     runs — at the knee the runs settle on (:func:`_settled`) while that moves by more than the
     probes' tolerance. A server's factor grows with its load (vLLM 256/8 here: 1.10 at 13
@@ -478,7 +478,7 @@ def _predicted(
 ) -> tuple[list[Request], int, Predicted, Sharpness]:
     """What the probes send, how many rule 2 wants at the knee predicted on them, that knee,
     and how sharp the simulator predicts it. The first flag set sizes the probes
-    (:func:`~pytest_prefill.serve.knee_sizing.predict_sized`) unless a count was given; every
+    (:func:`~pytest_prefill.verify.knee_sizing.predict_sized`) unless a count was given; every
     later one sends the same requests, so that the knees rank flag sets on one workload (the
     rules' want and sharpness are reported beside each)."""
     slo, rule = plan.slo, plan.rule
@@ -521,9 +521,9 @@ def verify(
     1's), else the first flag set sizes them for all. ``load_check``: before the probes, as
     many requests as a probe sends, the ones that follow the probes' (none of them a probe's),
     are sent at the predicted knee and the cost model scaled to the speed they show
-    (``serve.load_check``); off, or where the workload has fewer than
+    (``verify.load_check``); off, or where the workload has fewer than
     ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts. ``quiet``:
-    each probe and load-check run on a quiet host (``serve.host_steal``; None: not watched).
+    each probe and load-check run on a quiet host (``measure.host_steal``; None: not watched).
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep

@@ -14,9 +14,9 @@ from typing import Any
 
 from pytest_prefill._io import json_number
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, serving_metrics_of
-from pytest_prefill.serve.api import ENGINES
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.records import ServerRecord
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.client.api import ENGINES
+from pytest_prefill.serve.load.records import ServerRecord
 from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, Trace, simulate
 
 # The engines a server can be that have a profile (a plain "openai" server has none).

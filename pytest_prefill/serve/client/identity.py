@@ -10,8 +10,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_prefill.serve.api import ENGINES
-from pytest_prefill.serve.http import DEFAULT_TIMEOUTS, ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.client.api import ENGINES
+from pytest_prefill.serve.client.http import (
+    DEFAULT_TIMEOUTS,
+    ServerError,
+    Timeouts,
+    Url,
+    request_json,
+)
 
 # Probes of the optional endpoints wait at most this long: a server without them must not
 # slow every run down.

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics, serving_metrics_of
 
 if TYPE_CHECKING:
-    from pytest_prefill.serve.counters import ServerCounters
-    from pytest_prefill.serve.host_steal import HostSteal
+    from pytest_prefill.measure.host_steal import HostSteal
+    from pytest_prefill.serve.client.counters import ServerCounters
 
 # Tokens a server may count in a prompt beyond those asked for: a chat template's and a BOS
 # token's. More is a tokenizer that is not the server's (the prompt was not the length asked).
@@ -126,7 +126,7 @@ class BenchRun:
     early (a time bound, an interruption), or is None; ``interrupted``: the run was cut off
     (Ctrl-C) and holds what it had measured by then; ``server_counters`` is what the server's
     own ``/metrics`` said before and after (None: it has none, or was not asked); ``host``
-    what the host's CPU steal was during it (``serve.host_steal``; None: not watched)."""
+    what the host's CPU steal was during it (``measure.host_steal``; None: not watched)."""
 
     records: tuple[ServerRecord, ...]
     server: Mapping[str, Any]

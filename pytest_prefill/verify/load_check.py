@@ -19,12 +19,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.host_steal import QuietHost, quietly
-from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
-from pytest_prefill.serve.records import BenchRun, ServerRecord
-from pytest_prefill.serve.server_metrics import run_counted
-from pytest_prefill.serve.simulated import Scheduling, simulate_records
+from pytest_prefill.measure.host_steal import QuietHost, quietly
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.simulated import Scheduling, simulate_records
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
+from pytest_prefill.serve.load.records import BenchRun, ServerRecord
+from pytest_prefill.serve.load.server_metrics import run_counted
 from pytest_prefill.sim import CostModel, Request
 
 # The cost model's terms in seconds (a factor scales these; sizes and ratios stay).
@@ -123,7 +123,7 @@ def fit_load_factor(
 ) -> LoadFactor:
     """The factor on ``cost`` that makes the simulator's mean latency of the requests of
     ``runs`` (each the records of one measured run, replayed at their measured arrivals:
-    ``serve.simulated``; failed ones left out) the measured mean, searched over
+    ``serve.calibration.simulated``; failed ones left out) the measured mean, searched over
     :data:`FACTORS`. Its interval resamples blocks of :data:`BLOCK` requests in the order
     sent (a request's simulated latency at each factor kept with it): requests queued together
     are not independent. It cannot see a server whose speed moves between runs.
@@ -306,7 +306,7 @@ async def run_load_check(
 ) -> LoadRun:
     """``requests`` sent at ``rate`` req/s (their arrivals scaled, salted afresh: a cold prefix
     cache), and the factor fitted on them (:func:`fit_load_factor`); ``quiet``: run on a
-    quiet host (``serve.host_steal``).
+    quiet host (``measure.host_steal``).
 
     Raises:
         ValueError: for a rate that is not a positive number, or requests with no rate.

@@ -20,9 +20,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from pytest_prefill.serve.http import ServerError
-from pytest_prefill.serve.loadgen import Bounds, Schedule, Target, run_load
-from pytest_prefill.serve.records import ServerRecord
+from pytest_prefill.serve.client.http import ServerError
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, run_load
+from pytest_prefill.serve.load.records import ServerRecord
 from pytest_prefill.sim import Request
 
 STREAM_PROMPT = 32  # prompt tokens of a decoding stream

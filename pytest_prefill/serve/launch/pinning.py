@@ -155,7 +155,7 @@ def pin_server(engine: str, leader: int) -> Pinning:
     if engine not in COMPUTE_NAMES:
         return Pinning(
             why_not=f"{engine} serves HTTP and computes in one process: on one core its frontend "
-            "would take the compute's time (see serve/pinning.py)"
+            "would take the compute's time (see serve/launch/pinning.py)"
         )
     mine, rest = split_cores(cores)
     processes = group_processes(leader)

@@ -1,4 +1,4 @@
-"""The fit of a server's calibration (``serve.calibration``'s samples in, a cost model and the
+"""The fit of a server's calibration (``serve.calibration.calibration``'s samples in, a cost model and the
 request's overhead out), through the project's own fits and refusals: ``measure.fitting``'s
 relative least squares for the prefill terms, the fusion penalty and the request's overhead
 together, ``measure.calibration_fit``'s decode fit. numpy (through those fits)."""
@@ -15,7 +15,7 @@ from pytest_prefill.measure.calibration_fit import held_out_lengths
 from pytest_prefill.measure.calibration_points import PREFILL_TERMS, Point
 from pytest_prefill.measure.fitting import TermFit, fit_terms
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.serve.experiments import DecodeSample, StallSample, chunks_of
+from pytest_prefill.serve.calibration.experiments import DecodeSample, StallSample, chunks_of
 from pytest_prefill.sim import CostModel, attention_pairs
 
 OVERHEAD = "request_overhead"

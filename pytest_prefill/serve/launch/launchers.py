@@ -1,6 +1,6 @@
 """Servers a verification restarts under each flag set: ``transformers serve``, llama.cpp's
 ``llama-server`` and vLLM's CPU build, each started on 127.0.0.1 with one thread by
-``serve.process`` and stopped by its PID. A :class:`Launcher` turns a flag set (the token budget,
+``serve.launch.process`` and stopped by its PID. A :class:`Launcher` turns a flag set (the token budget,
 the sequence cap) into the engine's own command line and says the KV cache that command gives.
 Standard library only."""
 
@@ -12,9 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
-from pytest_prefill.serve.pinning import engine_core, pin_server
-from pytest_prefill.serve.process import (
+from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.launch.pinning import engine_core, pin_server
+from pytest_prefill.serve.launch.process import (
     ONE_THREAD,
     ServerProcess,
     free_port,
@@ -68,7 +68,7 @@ class Launcher:
     file for llama.cpp); ``kv_blocks`` (transformers ``--cb-num-blocks``) or ``kv_tokens``
     (llama.cpp ``-c``) size the KV cache; ``prefix_caching`` (vLLM) says whether its prefix
     cache is on; ``pin``: keep the server's compute on a core of its own, apart from its other
-    processes and the load generator (``serve.pinning``; False: the OS places everything)."""
+    processes and the load generator (``serve.launch.pinning``; False: the OS places everything)."""
 
     engine: str
     model: str

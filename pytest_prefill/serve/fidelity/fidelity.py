@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.metrics import serving_metrics_of
-from pytest_prefill.serve.calibration import (
+from pytest_prefill.serve.calibration.calibration import (
     Samples,
     ServerCalibration,
     ServerSweep,
@@ -30,7 +30,12 @@ from pytest_prefill.serve.calibration import (
     fit_server,
     server_provenance,
 )
-from pytest_prefill.serve.fidelity_interval import (
+from pytest_prefill.serve.calibration.simulated import (
+    Scheduling,
+    server_profile,
+    simulate_records,
+)
+from pytest_prefill.serve.fidelity.fidelity_interval import (
     CellKey,
     Interval,
     Paired,
@@ -38,14 +43,9 @@ from pytest_prefill.serve.fidelity_interval import (
     paired_runs,
     resample,
 )
-from pytest_prefill.serve.held_out import ServerWorkload, held_out_workloads
-from pytest_prefill.serve.loadgen import Bounds, Target, run_load
-from pytest_prefill.serve.records import BenchRun
-from pytest_prefill.serve.simulated import (
-    Scheduling,
-    server_profile,
-    simulate_records,
-)
+from pytest_prefill.serve.fidelity.held_out import ServerWorkload, held_out_workloads
+from pytest_prefill.serve.load.loadgen import Bounds, Target, run_load
+from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import PROFILES
 
 Progress = Callable[[str], object]

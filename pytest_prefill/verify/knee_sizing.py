@@ -1,4 +1,4 @@
-"""How long a probe is: the probe rule's three rules (``serve.knee``) applied to a workload with
+"""How long a probe is: the probe rule's three rules (``verify.knee``) applied to a workload with
 the server's calibration, and how sharp the simulator predicts the knee on what is sent.
 
 Rules 1 and 2 give the fewest requests that are long enough for the knee predicted on them (a
@@ -19,16 +19,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.knee import (
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.simulated import Scheduling
+from pytest_prefill.sim import CostModel, Request
+from pytest_prefill.verify.knee import (
     Predicted,
     ProbeRule,
     predict_knee,
     probe_load,
     simulated_attainment,
 )
-from pytest_prefill.serve.simulated import Scheduling
-from pytest_prefill.sim import CostModel, Request
 
 GROWTH = 1.25  # rule 3 lengthens a probe by this factor a step
 
@@ -118,12 +118,12 @@ def predict_sized(
     slo: SLO,
     rule: ProbeRule,
 ) -> Sized:
-    """What the probes send (:func:`~pytest_prefill.serve.knee.probe_load`), sized by the
+    """What the probes send (:func:`~pytest_prefill.verify.knee.probe_load`), sized by the
     three rules (the module's docstring; rule 1 alone when ``rule.sustained`` is off), the knee
     predicted on it and how sharp.
 
     Raises:
-        ValueError: as :func:`~pytest_prefill.serve.knee.probe_load`.
+        ValueError: as :func:`~pytest_prefill.verify.knee.probe_load`.
     """
 
     def at(n: int) -> tuple[list[Request], Predicted]:

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_prefill.serve.prompts import WORDS_FILE
+from pytest_prefill.serve.client.prompts import WORDS_FILE
 
 EOS_TOKEN = "<|endoftext|>"
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.serve.api import (
+from pytest_prefill.serve.client.api import (
     ENDPOINTS,
     TAKES_TOKEN_IDS,
     check_choice,
     parse_chunk,
     request_body,
 )
-from pytest_prefill.serve.http import (
+from pytest_prefill.serve.client.http import (
     DEFAULT_TIMEOUTS,
     ServerError,
     StreamEvent,
@@ -31,9 +31,9 @@ from pytest_prefill.serve.http import (
     Url,
     stream_events,
 )
-from pytest_prefill.serve.identity import ServerIdentity
-from pytest_prefill.serve.prompts import Prompts
-from pytest_prefill.serve.records import BenchRun, ServerRecord
+from pytest_prefill.serve.client.identity import ServerIdentity
+from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import Request, validate_load
 
 ARRIVALS = ("trace", "poisson", "gamma", "burst")
@@ -471,8 +471,8 @@ async def open_target(
             with no way to find one-token words.
         ServerError: when the server cannot be reached or is not OpenAI-compatible.
     """
-    from pytest_prefill.serve.identity import identify
-    from pytest_prefill.serve.prompts import prompts_from_folder, prompts_from_server
+    from pytest_prefill.serve.client.identity import identify
+    from pytest_prefill.serve.client.prompts import prompts_from_folder, prompts_from_server
 
     headers = dict(headers or {})
     identity = await identify(url, engine=engine, flags=flags, timeouts=timeouts, headers=headers)

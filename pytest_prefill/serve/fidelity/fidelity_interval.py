@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import linear_percentile
 from pytest_prefill.sim.percentiles import linear_rank
 

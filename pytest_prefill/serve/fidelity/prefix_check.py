@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.plan.metrics import serving_metrics, serving_metrics_of
-from pytest_prefill.serve.calibration import ServerCalibration
-from pytest_prefill.serve.records import BenchRun
-from pytest_prefill.serve.simulated import Scheduling, simulate_run
+from pytest_prefill.serve.calibration.calibration import ServerCalibration
+from pytest_prefill.serve.calibration.simulated import Scheduling, simulate_run
+from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request
 
 

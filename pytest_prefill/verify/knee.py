@@ -5,7 +5,7 @@ bounded probes: the predicted rate first, then steps out until the knee is brack
 geometric bisection, then, while the verdict on the prediction is UNDECIDED, probes where one
 decides it (DESIGN.md, "Checking the answer on a server").
 
-How long a probe is, three rules, the longest wins (``serve.knee_sizing`` applies them).
+How long a probe is, three rules, the longest wins (``verify.knee_sizing`` applies them).
 (1) Attainment measured over n requests has a binomial standard error ``sqrt(a (1 - a) / n)``;
 at the target ``t`` this is at most the decision margin ``m`` when ``n >= t (1 - t) / m**2``
 (t = 0.9, m = 0.05: 36 requests). (2) A rate ``within`` (the goal, 10%) above what the server
@@ -28,6 +28,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from pytest_prefill.measure.host_steal import QuietHost, quietly
 from pytest_prefill.plan import rate_search
 from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
@@ -35,14 +36,13 @@ from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
-from pytest_prefill.serve.calibration_fit import RequestOverhead
-from pytest_prefill.serve.host_steal import QuietHost, quietly
-from pytest_prefill.serve.knee_interval import KneeEstimate, deciding_scale, estimate_knee
-from pytest_prefill.serve.loadgen import Bounds, Schedule, Target
-from pytest_prefill.serve.records import BenchRun
-from pytest_prefill.serve.server_metrics import run_counted
-from pytest_prefill.serve.simulated import Scheduling, simulate_records
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.simulated import Scheduling, simulate_records
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
+from pytest_prefill.serve.load.records import BenchRun
+from pytest_prefill.serve.load.server_metrics import run_counted
 from pytest_prefill.sim import CostModel, Request, meets, slo_values
+from pytest_prefill.verify.knee_interval import KneeEstimate, deciding_scale, estimate_knee
 
 Progress = Callable[[str], object]
 # Probes a server restart cannot answer: asks the server whether it still runs (None: it does).
@@ -326,7 +326,7 @@ def replayed_attainment(
     slo: SLO,
 ) -> float:
     """The simulator's attainment on a probe's completed requests replayed at their measured
-    arrivals (``serve.simulated``): beside the measured attainment, it says whether a miss is
+    arrivals (``serve.calibration.simulated``): beside the measured attainment, it says whether a miss is
     the model's (the replay meets the target where the server did not) or the search's (both
     agree); NaN when nothing completed."""
     completed = probe.run.completed
@@ -530,7 +530,7 @@ async def measure_knee(
 ) -> MeasuredKnee:
     """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
     :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided;
-    ``quiet``: each probe run on a quiet host, ``serve.host_steal``). After a probe with
+    ``quiet``: each probe run on a quiet host, ``measure.host_steal``). After a probe with
     failed requests ``alive`` is asked: a server that is gone or not answering ends the
     search with one line, keeping the probes run."""
     base = arrival_rate(load)

@@ -12,10 +12,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.serve.counters import PREFIXES, ServerCounters
-from pytest_prefill.serve.http import ServerError, Timeouts, Url, exchange
-from pytest_prefill.serve.loadgen import Bounds, Target, run_load, send_one
-from pytest_prefill.serve.records import BenchRun
+from pytest_prefill.serve.client.counters import PREFIXES, ServerCounters
+from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, exchange
+from pytest_prefill.serve.load.loadgen import Bounds, Target, run_load, send_one
+from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request
 
 SCRAPE_TIMEOUT = 5.0

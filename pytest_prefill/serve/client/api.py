@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.serve.http import NestingError, loads
+from pytest_prefill.serve.client.http import NestingError, loads
 
 ENDPOINTS = {
     "completions": "/v1/completions",

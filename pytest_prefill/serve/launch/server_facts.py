@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill.plan.model_spec import CONFIG_FILE, load_model_spec
-from pytest_prefill.serve.identity import ServerIdentity
+from pytest_prefill.serve.client.identity import ServerIdentity
 
 # Each engine's flags for a fact (first spelling wins); values are integers. Read from the
 # engines' own argument parsers: vLLM vllm/engine/arg_utils.py, SGLang server_args.py,
 # llama.cpp common/arg.cpp, transformers cli/serve.py (its sequence cap is no CLI flag:
-# serve/transformers_capped.py takes --max-requests-per-batch before the command).
+# serve/launch/transformers_capped.py takes --max-requests-per-batch before the command).
 FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {
         "tp": ("--tensor-parallel-size", "-tp"),

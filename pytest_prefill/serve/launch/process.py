@@ -18,8 +18,8 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from pytest_prefill.serve.http import ServerError, Timeouts, Url, request_json
-from pytest_prefill.serve.pinning import Pinning
+from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.launch.pinning import Pinning
 
 READY_POLL = 0.25
 STOP_GRACE = 10.0
@@ -162,7 +162,7 @@ def transformers_serve(
     """The command (and environment) of ``transformers serve --continuous-batching`` on the CPU
     with one thread: decodes first, then prompt tokens up to ``max_batch_tokens`` a batch;
     ``max_requests``: at most this many requests a batch (and so running), set by
-    ``serve/transformers_capped.py`` since the CLI has no flag for it (None: its default,
+    ``serve/launch/transformers_capped.py`` since the CLI has no flag for it (None: its default,
     1024)."""
     if max_requests is not None and max_requests < 1:
         raise ValueError(f"max_requests must be at least 1, got {max_requests}")
@@ -175,7 +175,7 @@ def transformers_serve(
         )
     if max_requests is None:
         argv = [executable]
-    else:  # -I: not the script's folder on sys.path (serve/http.py would hide the standard http)
+    else:  # -I: not the script's folder on sys.path (serve/client/http.py would hide the standard http)
         capped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformers_capped.py")
         argv = [
             _script_python(executable),
@@ -208,8 +208,8 @@ def llama_server(
 
 
 def reference_server(port: int, ttft: float, gap: float) -> tuple[list[str], dict[str, str]]:
-    """The command of the reference server (``serve.reference``) in its own process."""
-    argv = [sys.executable, "-m", "pytest_prefill.serve.reference", "--port", str(port)]
+    """The command of the reference server (``serve.launch.reference``) in its own process."""
+    argv = [sys.executable, "-m", "pytest_prefill.serve.launch.reference", "--port", str(port)]
     argv += ["--ttft", repr(ttft), "--gap", repr(gap)]
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.environ.get("PYTHONPATH")

@@ -34,7 +34,7 @@ from pytest_prefill.measure.calibration_points import (
     predict,
 )
 from pytest_prefill.measure.timing import Measurement
-from pytest_prefill.serve.calibration_fit import (
+from pytest_prefill.serve.calibration.calibration_fit import (
     BATCH_TERM,
     OVERHEAD,
     Chunking,
@@ -47,7 +47,7 @@ from pytest_prefill.serve.calibration_fit import (
     held_out,
     ttft_alone,
 )
-from pytest_prefill.serve.experiments import (
+from pytest_prefill.serve.calibration.experiments import (
     LIVE_LEAD,
     DecodeSample,
     StallSample,
@@ -56,9 +56,9 @@ from pytest_prefill.serve.experiments import (
     prompt_amid_streams,
     traffic,
 )
-from pytest_prefill.serve.http import request_json
-from pytest_prefill.serve.loadgen import Target
-from pytest_prefill.serve.server_facts import ServerFacts, server_facts
+from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.launch.server_facts import ServerFacts, server_facts
+from pytest_prefill.serve.load.loadgen import Target
 from pytest_prefill.sim import CostModel
 
 Progress = Callable[[str], object]
@@ -102,7 +102,7 @@ class ServerSweep:
     read vary as much as the rows do and a cost per row is told apart from a cost per cached
     token; ``max_seqs``: the server's sequence cap (0: none known), under which a prompt sent
     while that many requests are in flight waits for a slot: such traffic prompts are not read
-    (:func:`~pytest_prefill.serve.experiments.traffic_stalls`) and the chunking check's prompt
+    (:func:`~pytest_prefill.serve.calibration.experiments.traffic_stalls`) and the chunking check's prompt
     joins fewer live streams (:attr:`stall_rows`); ``repeats`` rounds of all of it
     (each round visits every point, so drift hits all); ``warmup``: times the traffic (and the
     ramp) is sent before the first round, its times dropped; ``loaded_rows`` (0: none): each

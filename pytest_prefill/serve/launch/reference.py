@@ -6,7 +6,7 @@ each chunk with the monotonic time just before it was written. It can also misbe
 (stall mid-stream, answer every path with 404) so the client's failures can be tested.
 
 Run it in its own process so its work is not the client's: ``python -m
-pytest_prefill.serve.reference --port 8100 --ttft 0.02 --gap 0.01``."""
+pytest_prefill.serve.launch.reference --port 8100 --ttft 0.02 --gap 0.01``."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pytest_prefill.serve.api import request_body
-from pytest_prefill.serve.http import Timeouts, Url, stream_events
-from pytest_prefill.serve.loadgen import tally
+from pytest_prefill.serve.client.api import request_body
+from pytest_prefill.serve.client.http import Timeouts, Url, stream_events
+from pytest_prefill.serve.load.loadgen import tally
 from pytest_prefill.sim import percentile
 
 MODEL = "reference"
@@ -225,7 +225,7 @@ def timestamp_errors(
 ) -> list[TimestampError]:
     """:func:`measure_timestamp_error` at each count of concurrent streams, against a reference
     server started in its own process (and stopped by its PID)."""
-    from pytest_prefill.serve.process import free_port, reference_server, running_server
+    from pytest_prefill.serve.launch.process import free_port, reference_server, running_server
 
     port = free_port()
     argv, env = reference_server(port, ttft, gap)
@@ -234,7 +234,7 @@ def timestamp_errors(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_prefill.serve.reference")
+    parser = argparse.ArgumentParser(prog="python -m pytest_prefill.serve.launch.reference")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ttft", type=float, default=0.02)
     parser.add_argument("--gap", type=float, default=0.01)
