@@ -53,7 +53,7 @@ def _load(count: int, seed: int = 3):
 
 
 def test_verify_three_flag_sets_on_vllm(model, prefill_verify):
-    from pytest_prefill.serve.calibration.calibration import ServerSweep
+    from pytest_prefill.serve.calibration.server_calibration import ServerSweep
     from pytest_prefill.serve.launch.launchers import Launcher
     from pytest_prefill.verify.knee import ProbeRule
 
@@ -95,8 +95,9 @@ def test_mooncake_prefix_cache_on_vllm(model, prefill_report):
 
 async def _measure(url, model, window, calibration):
     """Warm the server up, calibrate it unless ``calibration`` is given, run the window."""
-    from pytest_prefill.serve.calibration.calibration import ServerSweep, calibrate_server
+    from pytest_prefill.serve.calibration.calibration import calibrate_server
     from pytest_prefill.serve.calibration.experiments import prompt_alone
+    from pytest_prefill.serve.calibration.server_calibration import ServerSweep
     from pytest_prefill.serve.load.loadgen import Bounds, open_target
     from pytest_prefill.serve.load.server_metrics import run_counted
 
@@ -114,7 +115,7 @@ async def _measure(url, model, window, calibration):
 def _prefix_runs(model, window):
     """Under vLLM with its prefix cache on, then off: the window's run and its prefix check
     (calibrated once, on the first server)."""
-    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.server_model import Scheduling, server_profile
     from pytest_prefill.serve.fidelity.prefix_check import prefix_check
     from pytest_prefill.serve.launch.launchers import Launcher
     from pytest_prefill.sim import simulated_engine

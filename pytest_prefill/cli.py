@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from pytest_prefill import __version__
 from pytest_prefill.plan.executors import ExecutorLost
-from pytest_prefill.serve.client.http import ServerError
+from pytest_prefill.serve.client.wire import ServerError
 
 # name -> module; the order is the order of ``prefill-bench --help``.
 COMMANDS = {

@@ -21,10 +21,14 @@ import sys
 
 from pytest_prefill.commands import verify as command
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration.calibration import ServerCalibration
-from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
+from pytest_prefill.serve.calibration.server_model import (
+    Scheduling,
+    ServerModel,
+    scaled_cost,
+    server_profile,
+)
 from pytest_prefill.verify.knee import ProbeRule, predict_knee, probe_load
-from pytest_prefill.verify.load_check import scaled_cost
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +67,9 @@ def main(argv: list[str]) -> int:
         calibration = ServerCalibration.from_dict(fs["calibration"])
         requests = probe_load(load, rule, fs["requests"])
         cost = scaled_cost(calibration.cost, k)
-        at = predict_knee(requests, cost, calibration.overhead, scheduling, slo, rule.target).rate
+        at = predict_knee(
+            requests, ServerModel(cost, calibration.overhead, scheduling), slo, rule.target
+        ).rate
         knee, predicted = measured["knee"], fs["predicted"]["rate"]
         print(
             f"{fs['flags']['label']}: predicted {predicted:.3g} ({predicted / knee:.2f} of the "

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from pytest_prefill.serve.client.http import Url
 from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.client.wire import Url
 
 Handler = Callable[[str, str, Any, asyncio.StreamWriter], Awaitable[None]]
 MOST_SECONDS = 30.0  # no handler misbehaves for longer than this

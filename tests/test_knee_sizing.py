@@ -13,7 +13,7 @@ from poisson_load import poisson_load
 
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
 from pytest_prefill.sim import PRESETS, Request
 from pytest_prefill.verify.knee import ProbeRule, predict_knee, probe_load, simulated_attainment
 from pytest_prefill.verify.knee_sizing import GROWTH, Sharpness, predict_sized, sharpness
@@ -77,30 +77,30 @@ def test_decisive_means_an_overload_of_the_goal_misses_the_target_by_the_margin(
 def test_sharpness_is_the_simulated_attainment_either_side_of_the_predicted_knee():
     rule = ProbeRule(margin=0.1)
     sent = probe_load(_poisson(120), rule, 120)
-    predicted = predict_knee(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rule.target)
-    sharp = sharpness(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rule, predicted)
+    predicted = predict_knee(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rule.target)
+    sharp = sharpness(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rule, predicted)
     rate = predicted.rate
     assert rate > 0 and sharp.rate == rate and sharp.requests == len(sent)
-    above = simulated_attainment(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rate * 1.1)
-    below = simulated_attainment(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rate / 1.1)
+    above = simulated_attainment(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rate * 1.1)
+    below = simulated_attainment(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rate / 1.1)
     assert (sharp.above, sharp.below) == (above, below)
-    at_knee = simulated_attainment(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rate)
+    at_knee = simulated_attainment(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rate)
     assert at_knee >= rule.target  # the predicted knee is a rate the search saw meet it
     with pytest.raises(ValueError, match="rate"):
-        simulated_attainment(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, 0.0)
+        simulated_attainment(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, 0.0)
 
 
 def test_probes_are_long_enough_for_their_own_knee_and_decisive_or_say_why_not():
     load = _poisson(600)
     rule = ProbeRule(margin=0.1, max_seconds=1e6)
-    sized = predict_sized(load, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rule)
+    sized = predict_sized(load, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rule)
     sent, predicted, sharp = sized.requests, sized.predicted, sized.sharpness
     assert [r.id for r in sent] == [r.id for r in load[: len(sent)]]
     assert len(sent) >= rule.requests_at(predicted.rate, SLO_)  # rule 2
-    again = predict_knee(sent, LAB_LAPTOP, NONE, SCHEDULING, SLO_, rule.target)
+    again = predict_knee(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rule.target)
     assert again.rate == pytest.approx(predicted.rate)  # predicted on exactly what is sent
     assert sharp.decisive or sharp.capped == "the workload ends"
-    short = predict_sized(load[:40], LAB_LAPTOP, NONE, SCHEDULING, SLO_, rule)
+    short = predict_sized(load[:40], ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rule)
     assert len(short.requests) == 40  # the workload is shorter than the rules ask: all of it
 
 
@@ -108,12 +108,12 @@ def test_rule_three_lengthens_a_window_that_ends_in_a_burst_unless_the_cap_binds
     load, slo = _ends_in_a_burst(), SLO(ttft=0.1, tpot=0.06)  # rule 1 binds: 36 requests
     rule = ProbeRule(margin=0.05, max_seconds=1e6)
     capped = dataclasses.replace(rule, max_seconds=1e-3)
-    tight = predict_sized(load, LAB_LAPTOP, NONE, SCHEDULING, slo, capped)
+    tight = predict_sized(load, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), slo, capped)
     assert len(tight.requests) == rule.requests == 36  # rules 1 and 2 alone: into the burst
     assert not tight.sharpness.decisive and tight.sharpness.above > rule.target - rule.margin
     assert "over 0.001 s" in (tight.sharpness.capped or "")
     assert "NOT decisive" in tight.sharpness.sentence()
-    free = predict_sized(load, LAB_LAPTOP, NONE, SCHEDULING, slo, rule)
+    free = predict_sized(load, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), slo, rule)
     assert free.sharpness.decisive and free.sharpness.capped is None
     assert len(free.requests) > len(tight.requests)  # lengthened past the burst
     walk = [len(tight.requests)]
@@ -124,7 +124,7 @@ def test_rule_three_lengthens_a_window_that_ends_in_a_burst_unless_the_cap_binds
 
 def test_short_probes_take_rule_one_alone():
     rule = ProbeRule(margin=0.1, sustained=False)
-    sized = predict_sized(_poisson(300), LAB_LAPTOP, NONE, SCHEDULING, SLO_, rule)
+    sized = predict_sized(_poisson(300), ServerModel(LAB_LAPTOP, NONE, SCHEDULING), SLO_, rule)
     assert len(sized.requests) == rule.requests
 
 
@@ -169,11 +169,11 @@ def test_a_probe_replayed_in_the_simulator_as_it_ran_there_attains_what_it_measu
         return ServerRecord(r.id, r.arrival, r.arrival, r.prompt_len, len(times), times, ones)
 
     sent = [record(r, (r.arrival + 1.0,) * r.output_len) for r in load]
-    simulated = simulate_records(sent, LAB_LAPTOP, NONE, SCHEDULING)
+    simulated = simulate_records(sent, ServerModel(LAB_LAPTOP, NONE, SCHEDULING))
     as_simulated = [record(r, s.token_times) for r, s in zip(load, simulated)]
     run = BenchRun(tuple(as_simulated), {}, {}, "now")
     probe = probe_of(run, slo, 1.0, rate, [r.id for r in load])
-    replayed = replayed_attainment(probe, LAB_LAPTOP, NONE, SCHEDULING, slo)
+    replayed = replayed_attainment(probe, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), slo)
     assert 0 < probe.attainment < 1 and replayed == pytest.approx(probe.attainment)
     empty = probe_of(BenchRun((), {}, {}, "now"), slo, 1.0, rate)
-    assert math.isnan(replayed_attainment(empty, LAB_LAPTOP, NONE, SCHEDULING, slo))
+    assert math.isnan(replayed_attainment(empty, ServerModel(LAB_LAPTOP, NONE, SCHEDULING), slo))

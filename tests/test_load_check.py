@@ -15,13 +15,19 @@ import random
 import pytest
 
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile, simulate_records
+from pytest_prefill.serve.calibration.server_model import (
+    TIME_TERMS,
+    Scheduling,
+    ServerModel,
+    scaled_cost,
+    server_profile,
+)
+from pytest_prefill.serve.calibration.simulated import simulate_records
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import CostModel, Request
 from pytest_prefill.verify.load_check import (
     FACTORS,
     MIN_REQUESTS,
-    TIME_TERMS,
     LoadCheck,
     LoadFactor,
     LoadRun,
@@ -29,7 +35,6 @@ from pytest_prefill.verify.load_check import (
     fit_load_factor,
     run_load_check,
     run_speeds,
-    scaled_cost,
     speed_range,
 )
 
@@ -44,6 +49,7 @@ COST = CostModel(
 )
 WAY = RequestOverhead(0.004, 0.003, 0.001, "test")
 SCHEDULING = Scheduling(server_profile("vllm", 256, 8))
+MODEL = ServerModel(COST, WAY, SCHEDULING)
 
 
 def _load(n: int, rate: float = 12.0) -> list[Request]:
@@ -61,7 +67,7 @@ def _made_at(factor: float, n: int = 60) -> list[ServerRecord]:
         for r in _load(n)
     ]
     skeletons = [dataclasses.replace(s, chunk_tokens=(1,) * s.output_len) for s in skeletons]
-    made = simulate_records(skeletons, scaled_cost(COST, factor), WAY, SCHEDULING)
+    made = simulate_records(skeletons, MODEL.scaled(factor))
     return [
         dataclasses.replace(s, chunk_times=m.token_times, output_tokens=s.output_len)
         for s, m in zip(skeletons, made)
@@ -89,7 +95,7 @@ def test_a_factor_must_be_a_positive_number(bad):
 
 @pytest.mark.parametrize("k", [0.8, 1.2, 1.5])
 def test_a_run_made_with_the_costs_times_k_is_fitted_back_to_k_and_kept(k):
-    fit = fit_load_factor([_made_at(k)], COST, WAY, SCHEDULING, resamples=200)
+    fit = fit_load_factor([_made_at(k)], MODEL, resamples=200)
     assert fit.estimate == pytest.approx(k, abs=0.005)
     assert fit.low <= k + 0.005 and fit.high >= k - 0.005
     assert fit.kept and fit.factor == fit.estimate
@@ -98,23 +104,23 @@ def test_a_run_made_with_the_costs_times_k_is_fitted_back_to_k_and_kept(k):
 
 
 def test_a_run_at_the_calibrations_speed_is_refused_and_leaves_the_cost_alone():
-    fit = fit_load_factor([_made_at(1.0)], COST, WAY, SCHEDULING, resamples=200)
+    fit = fit_load_factor([_made_at(1.0)], MODEL, resamples=200)
     assert fit.estimate == pytest.approx(1.0, abs=0.005)
     assert not fit.kept and fit.factor == 1.0 and "holds 1" in fit.reason
     assert fit.measured_latency == pytest.approx(fit.simulated_latency)
 
 
 def test_a_server_slower_than_any_factor_searched_is_refused_loudly():
-    fit = fit_load_factor([_made_at(FACTORS[-1] * 1.4)], COST, WAY, SCHEDULING, resamples=200)
+    fit = fit_load_factor([_made_at(FACTORS[-1] * 1.4)], MODEL, resamples=200)
     assert fit.estimate == FACTORS[-1] and not fit.kept and fit.factor == 1.0
     assert "outside the factors searched" in fit.reason
 
 
 def test_two_runs_are_fitted_together_between_their_own_factors():
     slow, fast = _made_at(1.4), _made_at(1.0, n=50)
-    both = fit_load_factor([slow, fast], COST, WAY, SCHEDULING, resamples=200)
+    both = fit_load_factor([slow, fast], MODEL, resamples=200)
     assert 1.0 < both.estimate < 1.4 and both.requests == len(slow) + len(fast)
-    alone = [fit_load_factor([run], COST, WAY, SCHEDULING, resamples=200) for run in (slow, fast)]
+    alone = [fit_load_factor([run], MODEL, resamples=200) for run in (slow, fast)]
     assert alone[1].estimate < both.estimate < alone[0].estimate
 
 
@@ -125,14 +131,14 @@ def test_the_interval_widens_with_the_requests_own_scatter():
         jitter = 1 + rng.uniform(-0.3, 0.3)
         times = tuple(r.arrival + (t - r.arrival) * jitter for t in r.chunk_times)
         noisy.append(dataclasses.replace(r, chunk_times=times))
-    fit = fit_load_factor([noisy], COST, WAY, SCHEDULING, resamples=300)
+    fit = fit_load_factor([noisy], MODEL, resamples=300)
     assert fit.low < fit.estimate < fit.high
-    exact = fit_load_factor([_made_at(1.3)], COST, WAY, SCHEDULING, resamples=300)
+    exact = fit_load_factor([_made_at(1.3)], MODEL, resamples=300)
     assert exact.high - exact.low < fit.high - fit.low
 
 
 def test_too_few_requests_fit_nothing_and_say_so():
-    fit = fit_load_factor([_made_at(1.2, n=MIN_REQUESTS - 1)], COST, WAY, SCHEDULING)
+    fit = fit_load_factor([_made_at(1.2, n=MIN_REQUESTS - 1)], MODEL)
     assert math.isnan(fit.estimate) and not fit.kept and fit.factor == 1.0
     assert f"fewer than {MIN_REQUESTS}" in fit.reason and "no factor" in fit.sentence()
     json.dumps(fit.to_dict())
@@ -143,7 +149,7 @@ def test_too_few_requests_fit_nothing_and_say_so():
 )
 def test_the_fit_refuses_bad_options_naming_them(field, options):
     with pytest.raises(ValueError, match=field):
-        fit_load_factor([_made_at(1.0)], COST, WAY, SCHEDULING, **options)
+        fit_load_factor([_made_at(1.0)], MODEL, **options)
 
 
 def test_a_load_check_against_the_reference_server_keeps_every_request():
@@ -158,7 +164,7 @@ def test_a_load_check_against_the_reference_server_keeps_every_request():
     async def go():
         async with running(Behaviour(ttft=0.01, gap=0.002)) as url:
             target = Target(url, await identify(url, engine="openai"), words)
-            return await run_load_check(target, load, 40.0, COST, WAY, SCHEDULING, "lc-")
+            return await run_load_check(target, load, 40.0, MODEL, "lc-")
 
     found = asyncio.run(go())
     assert found.rate == 40.0 and len(found.run.records) == len(load)
@@ -167,7 +173,7 @@ def test_a_load_check_against_the_reference_server_keeps_every_request():
     document = json.loads(json.dumps(found.to_dict()))
     assert len(document["records"]) == len(load) and document["fit"]["requests"] == len(load)
     with pytest.raises(ValueError, match="rate"):
-        asyncio.run(run_load_check(None, load, 0.0, COST, WAY, SCHEDULING, "x"))  # type: ignore[arg-type]
+        asyncio.run(run_load_check(None, load, 0.0, MODEL, "x"))  # type: ignore[arg-type]
 
 
 def _run_at(rate: float, factor: float) -> LoadRun:
@@ -201,7 +207,7 @@ def _bench(records: list[ServerRecord]) -> BenchRun:
 @pytest.mark.parametrize("k", [0.8, 1.3])
 def test_each_probe_is_fitted_to_its_own_speed_and_their_range_spans_them(k):
     slow, base, few = _made_at(k), _made_at(1.0), _made_at(k)[: MIN_REQUESTS - 1]
-    speeds = run_speeds([_bench(base), _bench(slow), _bench(few)], COST, WAY, SCHEDULING)
+    speeds = run_speeds([_bench(base), _bench(slow), _bench(few)], MODEL)
     assert [s.requests for s in speeds] == [len(base), len(slow), len(few)]
     assert speeds[0].estimate == pytest.approx(1.0, abs=0.02)
     assert speeds[1].estimate == pytest.approx(k, abs=0.02)

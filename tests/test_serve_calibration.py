@@ -9,12 +9,7 @@ import random
 
 import pytest
 
-from pytest_prefill.serve.calibration.calibration import (
-    Samples,
-    ServerCalibration,
-    ServerSweep,
-    fit_server,
-)
+from pytest_prefill.serve.calibration.calibration import Samples, fit_server
 from pytest_prefill.serve.calibration.calibration_fit import ttft_alone
 from pytest_prefill.serve.calibration.experiments import (
     DecodeSample,
@@ -23,6 +18,11 @@ from pytest_prefill.serve.calibration.experiments import (
     decode_iterations,
     read_stall,
     traffic_stalls,
+)
+from pytest_prefill.serve.calibration.server_calibration import (
+    RAMP_PROMPT,
+    ServerCalibration,
+    ServerSweep,
 )
 from pytest_prefill.serve.load.records import ServerRecord
 from pytest_prefill.sim import CostModel
@@ -184,7 +184,7 @@ def test_a_bad_sweep_names_its_field(field, value):
 
 def test_the_engine_profile_recorded_is_printed_with_what_the_server_changed():
     from pytest_prefill.report.server_calibration import server_calibration_report
-    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.server_model import Scheduling, server_profile
 
     profile = server_profile("llama.cpp", 256, 8)
     provenance = {"source": "synthetic", "engine_profile": Scheduling(profile).to_dict()}
@@ -302,7 +302,7 @@ def test_a_ramp_sends_its_rows_at_once_and_keeps_their_decode_points(monkeypatch
     assert all(spacing < sweep.stream_spacing for _, spacing, _ in sent[1:])  # at once
     # one ramp of short prompts, one of the traffic's median prompt (its rows read more)
     short, long = (p[0] for p, _, _ in sent[1:])
-    assert short == calibration.RAMP_PROMPT < long
+    assert short == RAMP_PROMPT < long
     assert long == sorted(sweep.traffic_prompts)[(len(sweep.traffic_prompts) - 1) // 2]
     assert sorted(s.rows for s in samples.decode) == sorted([len(sweep.traffic_prompts), 8, 8])
     sent.clear()

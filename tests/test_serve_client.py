@@ -13,9 +13,10 @@ import time
 import pytest
 
 from pytest_prefill.serve.client.api import parse_chunk, request_body
-from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, request_json, stream_events
+from pytest_prefill.serve.client.http import request_json, stream_events
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.reference import Behaviour, running
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.sim import Request

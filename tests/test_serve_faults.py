@@ -36,11 +36,12 @@ from hostile import (
 )
 
 from pytest_prefill.cli import main
-from pytest_prefill.serve.client import http
-from pytest_prefill.serve.client.http import ServerError, Timeouts, Url
+from pytest_prefill.serve.client import http, wire
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.client.prompts import TokenizerError, prompts_from_folder
-from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, most_tokens, run_load
+from pytest_prefill.serve.client.stream_tally import most_tokens
+from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
+from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.sim import Request
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,7 +220,7 @@ def test_an_event_nested_deep_fails_its_request_and_bench_still_writes(tmp_path,
         assert main(argv) == 1  # nothing completed
     printed = capsys.readouterr()
     assert "Traceback" not in printed.err
-    assert f"deeper than {http.MAX_JSON_DEPTH} levels" in printed.out
+    assert f"deeper than {wire.MAX_JSON_DEPTH} levels" in printed.out
     assert json.loads(out.read_text())["failed"] == 2
     lines = [json.loads(line) for line in records.read_text().splitlines()]
     assert len(lines) == 3 and all("deeper than" in r["error"] for r in lines)
@@ -255,8 +256,8 @@ def test_a_model_list_nested_deep_is_one_line_and_exit_1(capsys):
 
 
 def test_nesting_is_counted_outside_strings_only():
-    assert not http.json_depth_over('{"a": "' + "[" * 500 + '"}')
-    assert http.json_depth_over("[" * 65 + "]" * 65) and not http.json_depth_over(
+    assert not wire.json_depth_over('{"a": "' + "[" * 500 + '"}')
+    assert wire.json_depth_over("[" * 65 + "]" * 65) and not wire.json_depth_over(
         "[" * 64 + "]" * 64
     )
 

@@ -12,19 +12,13 @@ import math
 
 import pytest
 
-from pytest_prefill.serve.calibration.calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead, ttft_alone
-from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile, simulate_records
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
+from pytest_prefill.serve.calibration.simulated import simulate_records
 from pytest_prefill.serve.fidelity.fidelity import (
-    SEPARATION,
-    THRESHOLD,
-    TTFT_THRESHOLD,
-    Cell,
-    CounterCheck,
-    Judgement,
     cells_of,
     counter_check,
-    discriminating,
     judge,
     knob,
     other_engine,
@@ -32,6 +26,15 @@ from pytest_prefill.serve.fidelity.fidelity import (
     wrong_schedulings,
 )
 from pytest_prefill.serve.fidelity.fidelity_interval import Interval, interval_of
+from pytest_prefill.serve.fidelity.judgement import (
+    SEPARATION,
+    THRESHOLD,
+    TTFT_THRESHOLD,
+    Cell,
+    CounterCheck,
+    Judgement,
+    discriminating,
+)
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import PROFILES, CostModel, EngineProfile, Request
 
@@ -60,7 +63,7 @@ def _measured(load: list[Request], scheduling: Scheduling, stretch: float = 1.0)
     """A run the simulator makes under ``scheduling``, its times after arrival stretched."""
     records = []
     for skeleton, sim in zip(
-        _skeleton(load), simulate_records(_skeleton(load), COST, NONE, scheduling)
+        _skeleton(load), simulate_records(_skeleton(load), ServerModel(COST, NONE, scheduling))
     ):
         times = tuple(skeleton.arrival + (t - skeleton.arrival) * stretch for t in sim.token_times)
         records.append(dataclasses.replace(skeleton, chunk_times=times, output_tokens=len(times)))
@@ -75,10 +78,12 @@ def _scheduling(budget: int = 256, max_seqs: int | None = None, **knobs) -> Sche
 
 
 def test_the_prefill_rule_emits_the_first_token_at_the_prompts_last_pass():
-    (sim,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, _scheduling())
+    (sim,) = simulate_records(_skeleton(LOAD[:1]), ServerModel(COST, NONE, _scheduling()))
     assert sim.token_times[0] == pytest.approx(COST.prefill_pass(100))
     assert len(sim.token_times) == 12
-    (late,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, _scheduling(first_token="decode"))
+    (late,) = simulate_records(
+        _skeleton(LOAD[:1]), ServerModel(COST, NONE, _scheduling(first_token="decode"))
+    )
     assert len(late.token_times) == 12
     assert late.token_times[0] - sim.token_times[0] == pytest.approx(COST.decode_step(1, 101))
 
@@ -86,7 +91,7 @@ def test_the_prefill_rule_emits_the_first_token_at_the_prompts_last_pass():
 def test_a_prompt_alone_takes_the_passes_the_budget_gives_as_the_calibration_counts_them():
     for budget in (64, 256, 1000):
         (sim,) = simulate_records(
-            _skeleton([Request("long", 0.0, 600, 2)]), COST, NONE, _scheduling(budget)
+            _skeleton([Request("long", 0.0, 600, 2)]), ServerModel(COST, NONE, _scheduling(budget))
         )
         passes = math.ceil(600 / budget)
         expected = passes * COST.prefill_pass_overhead + 600 * COST.prefill_per_token
@@ -96,17 +101,17 @@ def test_a_prompt_alone_takes_the_passes_the_budget_gives_as_the_calibration_cou
 
 def test_the_overhead_delays_arrivals_and_tokens_by_its_two_parts():
     way = RequestOverhead(0.03, 0.01, 0.0, "test")
-    (plain,) = simulate_records(_skeleton(LOAD[:1]), COST, NONE, _scheduling())
-    (late,) = simulate_records(_skeleton(LOAD[:1]), COST, way, _scheduling())
+    (plain,) = simulate_records(_skeleton(LOAD[:1]), ServerModel(COST, NONE, _scheduling()))
+    (late,) = simulate_records(_skeleton(LOAD[:1]), ServerModel(COST, way, _scheduling()))
     shift = way.arrival_delay + way.from_engine
     assert late.token_times == pytest.approx([t + shift for t in plain.token_times])
 
 
 def test_the_sequence_cap_holds_a_request_until_one_leaves():
     load = [Request("a", 0.0, 64, 6), Request("b", 0.0, 64, 6)]
-    a, b = simulate_records(_skeleton(load), COST, NONE, _scheduling(max_seqs=1))
+    a, b = simulate_records(_skeleton(load), ServerModel(COST, NONE, _scheduling(max_seqs=1)))
     assert b.token_times[0] > a.token_times[-1]
-    a2, b2 = simulate_records(_skeleton(load), COST, NONE, _scheduling())
+    a2, b2 = simulate_records(_skeleton(load), ServerModel(COST, NONE, _scheduling()))
     assert b2.token_times[0] < a2.token_times[-1]
 
 
@@ -122,7 +127,9 @@ def test_runs_the_simulator_made_are_predicted_exactly_and_the_wrong_rules_fail(
     runs = {"w": [_measured(LOAD, right), _measured(LOAD, right, 1.001)]}
     result = judge(_calibration(), right, [], runs)
     assert result.verdict == "HOLDS" and result.error < 0.002 and result.noise < 0.001
-    late = Judgement.of(cells_of(runs, _calibration(), right.replace(first_token="decode")))
+    late = Judgement.of(
+        cells_of(runs, ServerModel.of(_calibration(), right.replace(first_token="decode")))
+    )
     assert late.ttft_error > 0.1 and late.verdict == "FAILS"
     assert set(result.wrong) == set(wrong_schedulings(right)) and all(
         c.overall.ttft_error >= result.judgement.ttft_error for c in result.wrong.values()

@@ -100,9 +100,9 @@ def test_a_prefix_check_sets_the_servers_hit_rate_beside_the_simulated_one():
     import dataclasses
 
     from pytest_prefill.measure.calibrate import Calibration
-    from pytest_prefill.serve.calibration.calibration import ServerCalibration, ServerSweep
     from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
+    from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
+    from pytest_prefill.serve.calibration.server_model import Scheduling, server_profile
     from pytest_prefill.serve.fidelity.prefix_check import prefix_check
     from pytest_prefill.serve.load.records import BenchRun, ServerRecord
     from pytest_prefill.sim import CostModel, simulated_engine

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from pytest_prefill.serve.calibration.calibration import ServerSweep, calibrate_server
+from pytest_prefill.serve.calibration.calibration import calibrate_server
 from pytest_prefill.serve.calibration.experiments import prompt_alone
+from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 from pytest_prefill.serve.fidelity.fidelity import run_server_fidelity
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, open_target, run_load
 from pytest_prefill.sim import Request
@@ -73,8 +74,13 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     10-25% low from run to run (docs/fidelity.md, "Fidelity against a server"), the size of the one decode
     step a wrong first-token rule adds, and the sign of that bias changes from run to run."""
     from pytest_prefill.report.server_fidelity import fidelity_report
-    from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
-    from pytest_prefill.serve.fidelity.fidelity import METRICS, STATS, cells_of, wrong_schedulings
+    from pytest_prefill.serve.calibration.server_model import (
+        Scheduling,
+        ServerModel,
+        server_profile,
+    )
+    from pytest_prefill.serve.fidelity.fidelity import cells_of, wrong_schedulings
+    from pytest_prefill.serve.fidelity.judgement import METRICS, STATS
 
     served = transformers_server
     profile = server_profile("transformers", served.budget)
@@ -99,7 +105,7 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     own = {(c.workload, c.stat): c.simulated_value for c in result.cells if c.metric == "ttft"}
     fewer = {
         (c.workload, c.stat): c.simulated_value
-        for c in cells_of(result.runs, result.calibration, wide)
+        for c in cells_of(result.runs, ServerModel.of(result.calibration, wide))
         if c.metric == "ttft"
     }
     assert fewer.keys() == own.keys() and fewer != own, text

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from pytest_prefill.serve.calibration.calibration import ServerSweep
+from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 from pytest_prefill.serve.launch.launchers import Launcher
 from pytest_prefill.sim import Request
 from pytest_prefill.verify.knee import ProbeRule

@@ -11,7 +11,8 @@ from test_serve_calibration import _samples
 
 from pytest_prefill.cli import main
 from pytest_prefill.plan.model_spec import TINY, load_model_spec
-from pytest_prefill.serve.calibration.calibration import ServerSweep, fit_server
+from pytest_prefill.serve.calibration.calibration import fit_server
+from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 from pytest_prefill.serve.client.identity import ServerIdentity
 from pytest_prefill.serve.launch.server_facts import ServerFacts, flag_values, server_facts
 

@@ -16,10 +16,10 @@ from poisson_load import poisson_load
 
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
-from pytest_prefill.serve.client.http import Url
+from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.client.prompts import Prompts
+from pytest_prefill.serve.client.wire import Url
 from pytest_prefill.serve.launch.launchers import Launcher
 from pytest_prefill.serve.load.loadgen import Target
 from pytest_prefill.serve.load.records import BenchRun
@@ -108,12 +108,12 @@ def test_the_overhead_only_lowers_the_predicted_knee():
     slo = SLO(ttft=0.5, tpot=0.06)
     none = RequestOverhead(0.0, 0.0, 0.0, "test")
     some = RequestOverhead(0.1, 0.05, 0.0, "test")
-    free = predict_knee(load, LAB_LAPTOP, none, scheduling, slo, 0.9)
-    paid = predict_knee(load, LAB_LAPTOP, some, scheduling, slo, 0.9)
+    free = predict_knee(load, ServerModel(LAB_LAPTOP, none, scheduling), slo, 0.9)
+    paid = predict_knee(load, ServerModel(LAB_LAPTOP, some, scheduling), slo, 0.9)
     assert free.rate > 0 and free.result is not None
     assert paid.rate <= free.rate * (1 + 0.02)
     unreachable = predict_knee(
-        load, LAB_LAPTOP, RequestOverhead(1, 0.5, 0, "t"), scheduling, slo, 0.9
+        load, ServerModel(LAB_LAPTOP, RequestOverhead(1, 0.5, 0, "t"), scheduling), slo, 0.9
     )
     assert unreachable.rate == 0 and "overhead" in (unreachable.reason or "")
 
@@ -193,7 +193,7 @@ def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
     server = Server(launcher=launcher, engine="llama.cpp")
     with pytest.raises(ValueError, match="sweep"):
         verify(server, [FlagSet(256)], _poisson(40), SLO(ttft=1.0), rule=ProbeRule(margin=0.1))
-    from pytest_prefill.serve.calibration.calibration import ServerSweep
+    from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 
     result = verify(
         server,
@@ -211,7 +211,7 @@ def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
 
 
 def test_a_running_server_runs_one_flag_set():
-    from pytest_prefill.serve.calibration.calibration import ServerSweep
+    from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 
     server = Server(url=Url.parse("http://127.0.0.1:9"))
     with pytest.raises(ValueError, match="launcher"):

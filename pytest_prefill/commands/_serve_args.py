@@ -10,8 +10,8 @@ import os
 from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._workload_args import positive_float
 from pytest_prefill.serve.client.api import ENDPOINTS, ENGINES
-from pytest_prefill.serve.client.http import DEFAULT_TIMEOUTS, Timeouts, Url
 from pytest_prefill.serve.client.prompts import TokenizerError
+from pytest_prefill.serve.client.wire import DEFAULT_TIMEOUTS, Timeouts, Url
 from pytest_prefill.serve.load.loadgen import Target, open_target
 
 

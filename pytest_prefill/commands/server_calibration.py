@@ -13,13 +13,14 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._archive_args import add_output_arguments, save_calibration
 from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
-from pytest_prefill.serve.calibration.calibration import (
-    ServerCalibration,
-    ServerSweep,
-    calibrate_server,
-)
+from pytest_prefill.serve.calibration.calibration import calibrate_server
 from pytest_prefill.serve.calibration.experiments import warm_up
-from pytest_prefill.serve.calibration.simulated import PROFILED_ENGINES, Scheduling, server_profile
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.server_model import (
+    PROFILED_ENGINES,
+    Scheduling,
+    server_profile,
+)
 from pytest_prefill.serve.load.loadgen import Target
 from pytest_prefill.sim import EngineProfile
 

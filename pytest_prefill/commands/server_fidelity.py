@@ -30,7 +30,7 @@ from pytest_prefill.commands.server_calibration import (
 )
 from pytest_prefill.plan.traces import azure_trace_path
 from pytest_prefill.serve.calibration.experiments import warm_up
-from pytest_prefill.serve.calibration.simulated import PROFILED_ENGINES, Scheduling
+from pytest_prefill.serve.calibration.server_model import PROFILED_ENGINES, Scheduling
 from pytest_prefill.serve.fidelity.fidelity import (
     DEFAULT_COUNT,
     DEFAULT_RUNS,

@@ -31,7 +31,7 @@ from pytest_prefill.commands._workload_args import (
 )
 from pytest_prefill.measure.host_steal import QuietHost
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration.calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.client.api import ENGINES
 from pytest_prefill.serve.launch.launchers import LAUNCHED, Launcher
 from pytest_prefill.sim import Request

@@ -223,7 +223,7 @@ def prefill_server(pytestconfig: pytest.Config) -> Any:
     not an OpenAI-compatible server."""
     import asyncio
 
-    from pytest_prefill.serve.client.http import ServerError, Url
+    from pytest_prefill.serve.client.wire import ServerError, Url
     from pytest_prefill.serve.load.loadgen import open_target
 
     url = state_of(pytestconfig).settings.server

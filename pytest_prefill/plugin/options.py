@@ -419,7 +419,7 @@ def _engine(config: pytest.Config, opt: _Option) -> str:
 
 def _server(config: pytest.Config, opt: _Option) -> str | None:
     """The server's URL, checked (a bad one is a UsageError naming the option)."""
-    from pytest_prefill.serve.client.http import Url
+    from pytest_prefill.serve.client.wire import Url
 
     value, name, _ = _value(config, opt)
     if value is None:

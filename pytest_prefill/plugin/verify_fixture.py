@@ -35,7 +35,7 @@ class Verifier:
     ) -> Any:
         from pytest_prefill.plan.metrics import SLO
         from pytest_prefill.report.verify import ranking_line, verify_report
-        from pytest_prefill.serve.client.http import Url
+        from pytest_prefill.serve.client.wire import Url
         from pytest_prefill.verify.verification import FlagSet, Server, verify
 
         if launcher is None and self.url is None:

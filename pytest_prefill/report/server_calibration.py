@@ -6,7 +6,7 @@ and the chunking its long prompts showed against the stated budget."""
 from __future__ import annotations
 
 from pytest_prefill.report.calibration import calibration_report
-from pytest_prefill.serve.calibration.calibration import ServerCalibration
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
 from pytest_prefill.units import ms
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from pytest_prefill.serve.fidelity.fidelity import SEPARATION, CounterCheck, ServerFidelity, knob
+from pytest_prefill.serve.fidelity.fidelity import ServerFidelity, knob
 from pytest_prefill.serve.fidelity.fidelity_interval import Interval
+from pytest_prefill.serve.fidelity.judgement import SEPARATION, CounterCheck
 from pytest_prefill.units import ms
 
 MAX_NAMED = 4  # a counter-check's cells are named up to this many, counted beyond

@@ -37,11 +37,12 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.simulated import Scheduling, simulate_records
+from pytest_prefill.serve.calibration.server_model import ServerModel
+from pytest_prefill.serve.calibration.simulated import simulate_records
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.serve.load.server_metrics import run_counted
-from pytest_prefill.sim import CostModel, Request, meets, slo_values
+from pytest_prefill.sim import Request, meets, slo_values
 from pytest_prefill.verify.knee_interval import KneeEstimate, deciding_scale, estimate_knee
 
 Progress = Callable[[str], object]
@@ -191,48 +192,42 @@ class Predicted:
 
 def predict_knee(
     load: Sequence[Request],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     slo: SLO,
     target: float,
 ) -> Predicted:
     """The capacity search for one colocated deployment at the server's budget and sequence
     cap, under its engine profile and KV cache, with the request's overhead taken off the SLO
     (:func:`engine_slo`)."""
-    held = engine_slo(slo, overhead)
+    held = engine_slo(slo, server_model.overhead)
     if held is None:
-        return Predicted(None, None, f"the request's overhead {overhead.total:.3g} s breaks {slo}")
-    deployment, model = _simulated(cost, scheduling)
+        why = f"the request's overhead {server_model.overhead.total:.3g} s breaks {slo}"
+        return Predicted(None, None, why)
     result = capacity(
         list(load),
-        model,
+        server_model.simulated_cost,
         held,
         1,
         target=target,
-        deployments=[deployment],
+        deployments=[_deployment(server_model)],
         tolerance=PREDICTION_TOLERANCE,
         executor=InlineExecutor(),
-        engine=scheduling.profile,
+        engine=server_model.scheduling.profile,
     )
     return Predicted(result.results[0], held)
 
 
-def _simulated(cost: CostModel, scheduling: Scheduling) -> tuple[Deployment, CostModel]:
-    """The one colocated deployment at the server's budget and cap, and the cost model with
-    its KV cache."""
-    profile = scheduling.profile
-    deployment = Deployment(
+def _deployment(server_model: ServerModel) -> Deployment:
+    """The one colocated deployment at the server's budget and cap."""
+    profile = server_model.scheduling.profile
+    return Deployment(
         "chunked", 1, max_batched_tokens=profile.max_batched_tokens, max_seqs=profile.max_seqs
     )
-    return deployment, dataclasses.replace(cost, kv_capacity_tokens=scheduling.kv_capacity_tokens)
 
 
 def simulated_attainment(
     load: Sequence[Request],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     slo: SLO,
     rate: float,
 ) -> float:
@@ -247,12 +242,17 @@ def simulated_attainment(
     base = arrival_rate(load)
     if not math.isfinite(base):
         raise ValueError("the load's requests arrive at once: no rate to scale")
-    held = engine_slo(slo, overhead)
+    held = engine_slo(slo, server_model.overhead)
     if held is None:
         return 0.0
-    deployment, model = _simulated(cost, scheduling)
     found = rate_search.probe(
-        load, model, held, deployment, rate / base, base, engine=scheduling.profile
+        load,
+        server_model.simulated_cost,
+        held,
+        _deployment(server_model),
+        rate / base,
+        base,
+        engine=server_model.scheduling.profile,
     )
     return found.attainment
 
@@ -320,9 +320,7 @@ def probe_of(
 
 def replayed_attainment(
     probe: MeasuredProbe,
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     slo: SLO,
 ) -> float:
     """The simulator's attainment on a probe's completed requests replayed at their measured
@@ -332,7 +330,7 @@ def replayed_attainment(
     completed = probe.run.completed
     if not completed:
         return math.nan
-    replayed = simulate_records(completed, cost, overhead, scheduling)
+    replayed = simulate_records(completed, server_model)
     good = sum(_meets(slo, r.token_times, r.arrival) for r in replayed if r.token_times)
     return good / len(completed)
 

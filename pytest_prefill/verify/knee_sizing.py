@@ -19,9 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.simulated import Scheduling
-from pytest_prefill.sim import CostModel, Request
+from pytest_prefill.serve.calibration.server_model import ServerModel
+from pytest_prefill.sim import Request
 from pytest_prefill.verify.knee import (
     Predicted,
     ProbeRule,
@@ -92,9 +91,7 @@ class Sized:
 
 def sharpness(
     load: Sequence[Request],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     slo: SLO,
     rule: ProbeRule,
     predicted: Predicted,
@@ -104,17 +101,15 @@ def sharpness(
     rate, step = predicted.rate, 1 + rule.within
     above = below = math.nan
     if 0 < rate < math.inf:
-        above = simulated_attainment(load, cost, overhead, scheduling, slo, rate * step)
-        below = simulated_attainment(load, cost, overhead, scheduling, slo, rate / step)
+        above = simulated_attainment(load, server_model, slo, rate * step)
+        below = simulated_attainment(load, server_model, slo, rate / step)
     capped = None if 0 < rate < math.inf else "no knee predicted"
     return Sharpness(rate, len(load), above, below, rule.target, rule.margin, rule.within, capped)
 
 
 def predict_sized(
     load: Sequence[Request],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     slo: SLO,
     rule: ProbeRule,
 ) -> Sized:
@@ -128,10 +123,10 @@ def predict_sized(
 
     def at(n: int) -> tuple[list[Request], Predicted]:
         sent = probe_load(load, rule, n)
-        return sent, predict_knee(sent, cost, overhead, scheduling, slo, rule.target)
+        return sent, predict_knee(sent, server_model, slo, rule.target)
 
     sent, predicted = _rule_two(at, len(load) - rule.start, slo, rule)
-    sharp = sharpness(sent, cost, overhead, scheduling, slo, rule, predicted)
+    sharp = sharpness(sent, server_model, slo, rule, predicted)
     while rule.sustained and not sharp.decisive and sharp.capped is None:
         if rule.start + len(sent) >= len(load):
             sharp = dataclasses.replace(sharp, capped="the workload ends")
@@ -143,7 +138,7 @@ def predict_sized(
             sharp = dataclasses.replace(sharp, capped=why)
             break
         sent, predicted = longer, again
-        sharp = sharpness(sent, cost, overhead, scheduling, slo, rule, predicted)
+        sharp = sharpness(sent, server_model, slo, rule, predicted)
     return Sized(sent, predicted, sharp)
 
 

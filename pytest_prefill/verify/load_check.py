@@ -20,41 +20,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.measure.host_steal import QuietHost, quietly
-from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.simulated import Scheduling, simulate_records
+from pytest_prefill.serve.calibration.server_model import ServerModel
+from pytest_prefill.serve.calibration.simulated import simulate_records
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.serve.load.server_metrics import run_counted
-from pytest_prefill.sim import CostModel, Request
+from pytest_prefill.sim import Request
 
-# The cost model's terms in seconds (a factor scales these; sizes and ratios stay).
-TIME_TERMS = (
-    "prefill_pass_overhead",
-    "prefill_per_token",
-    "decode_step_base",
-    "decode_per_seq",
-    "decode_per_kv_token",
-    "prefill_per_pair",
-    "batch_attention_per_pair",
-    "link_latency",
-)
 FACTORS = tuple(round(0.5 + 0.02 * i, 2) for i in range(101))  # 0.5 .. 2.5, the fitted range
 MIN_REQUESTS = 30  # fewer completed requests than this: no factor is fitted
 BLOCK = 20  # requests a resampled block: requests queued together move together
-
-
-def scaled_cost(cost: CostModel, factor: float) -> CostModel:
-    """``cost`` with every term in seconds (:data:`TIME_TERMS`) times ``factor``.
-
-    Raises:
-        ValueError: for a factor that is not a positive finite number.
-    """
-    ok = isinstance(factor, (int, float)) and not isinstance(factor, bool)
-    if not (ok and math.isfinite(factor) and factor > 0):
-        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
-    if factor == 1:
-        return cost
-    return dataclasses.replace(cost, **{t: getattr(cost, t) * factor for t in TIME_TERMS})
 
 
 def latencies(records: Sequence[Any]) -> list[float]:
@@ -113,15 +88,13 @@ class LoadFactor:
 
 def fit_load_factor(
     runs: Sequence[Sequence[ServerRecord]],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     *,
     level: float = 0.9,
     resamples: int = 1000,
     seed: int = 0,
 ) -> LoadFactor:
-    """The factor on ``cost`` that makes the simulator's mean latency of the requests of
+    """The factor on ``server_model``'s cost that makes the simulator's mean latency of the requests of
     ``runs`` (each the records of one measured run, replayed at their measured arrivals:
     ``serve.calibration.simulated``; failed ones left out) the measured mean, searched over
     :data:`FACTORS`. Its interval resamples blocks of :data:`BLOCK` requests in the order
@@ -143,11 +116,7 @@ def fit_load_factor(
         count = len(measured)
         return LoadFactor(math.nan, math.nan, math.nan, level, 0, mean, math.nan, count, why)
     simulated = [
-        [
-            x
-            for run in done
-            for x in latencies(simulate_records(run, scaled_cost(cost, k), overhead, scheduling))
-        ]
+        [x for run in done for x in latencies(simulate_records(run, server_model.scaled(k)))]
         for k in FACTORS
     ]
     everyone = list(range(len(measured)))
@@ -261,16 +230,12 @@ def _steal(run: BenchRun | None) -> str:
     return f" (host steal {host.text()})" if host is not None else ""
 
 
-def run_speeds(
-    runs: Sequence[BenchRun], cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
-) -> tuple[LoadFactor, ...]:
-    """Each run's own factor on ``cost`` (:func:`fit_load_factor` on its records alone, 200
+def run_speeds(runs: Sequence[BenchRun], server_model: ServerModel) -> tuple[LoadFactor, ...]:
+    """Each run's own factor on ``server_model``'s cost (:func:`fit_load_factor` on its records alone, 200
     resamples): how fast the server ran in each probe against the calibration. Their spread is
     what one factor cannot fit: the server's speed moving between runs, or a cost that grows
     with the load otherwise than the model's."""
-    return tuple(
-        fit_load_factor([run.records], cost, overhead, scheduling, resamples=200) for run in runs
-    )
+    return tuple(fit_load_factor([run.records], server_model, resamples=200) for run in runs)
 
 
 def speed_range(speeds: Sequence[LoadFactor]) -> tuple[float, float] | None:
@@ -297,9 +262,7 @@ async def run_load_check(
     target: Target,
     requests: Sequence[Request],
     rate: float,
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     tag: str,
     quiet: QuietHost | None = None,
     progress: Callable[[str], object] | None = None,
@@ -330,4 +293,4 @@ async def run_load_check(
 
     run, host = await quietly(quiet, once, f"load check at {rate:.3g} req/s", progress)
     run = dataclasses.replace(run, host=host)
-    return LoadRun(rate, fit_load_factor([run.records], cost, overhead, scheduling), run)
+    return LoadRun(rate, fit_load_factor([run.records], server_model), run)

@@ -21,20 +21,15 @@ from pytest_prefill._io import json_safe
 from pytest_prefill.measure.host_steal import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
-from pytest_prefill.serve.calibration.calibration import (
-    PER_REQUEST_ATTENTION,
-    ServerCalibration,
-    ServerSweep,
-    calibrate_server,
-)
-from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.calibration import PER_REQUEST_ATTENTION, calibrate_server
 from pytest_prefill.serve.calibration.experiments import warm_up
-from pytest_prefill.serve.calibration.simulated import Scheduling, server_profile
-from pytest_prefill.serve.client.http import ServerError, Timeouts, Url
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
+from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.launchers import Launcher, alive
 from pytest_prefill.serve.launch.process import ServerProcess
 from pytest_prefill.serve.load.loadgen import Target, open_target
-from pytest_prefill.sim import CostModel, Request, simulated_engine
+from pytest_prefill.sim import Request, simulated_engine
 from pytest_prefill.verify.flag_sets import FlagSet
 from pytest_prefill.verify.knee import (
     PREDICTION_TOLERANCE,
@@ -57,7 +52,6 @@ from pytest_prefill.verify.load_check import (
     factor_at,
     run_load_check,
     run_speeds,
-    scaled_cost,
 )
 from pytest_prefill.verify.ranking import agrees, best_verdict, claimed_apart, ranking, tied_best
 
@@ -306,16 +300,17 @@ async def _check_flag_set(
         why = await alive(url, process) or "calibration failed"
         return FlagSetResult(flags, command, ended=f"{label}: {why}: {one_line(err)}")
     scheduling = _scheduling(server, target.identity.engine, flags)
+    calibrated = ServerModel.of(calibration, scheduling)
     check = None
     if plan.load_check:
         try:
-            check = await _load_check(target, plan, calibration, scheduling, flags, progress)
+            check = await _load_check(target, plan, calibrated, flags, progress)
         except (ServerError, ValueError) as err:
             why = await alive(url, process) or "the load check failed"
             line = f"{label}: {why}: {one_line(err)}"
             return FlagSetResult(flags, command, calibration, scheduling, ended=line)
-    cost = scaled_cost(calibration.cost, check.factor if check is not None else 1.0)
-    load, wanted, predicted, sharp = _predicted(plan, cost, calibration.overhead, scheduling)
+    under_load = calibrated.scaled(check.factor if check is not None else 1.0)
+    load, wanted, predicted, sharp = _predicted(plan, under_load)
     if progress is not None:
         progress(
             f"{label}: predicted knee {predicted.rate:.3g} req/s ({predicted.status}); "
@@ -337,13 +332,10 @@ async def _check_flag_set(
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
     sizes["sharpness"] = sharp
-    sizes["replayed"] = tuple(
-        replayed_attainment(p, cost, calibration.overhead, scheduling, plan.slo)
-        for p in measured.probes
-    )
+    sizes["replayed"] = tuple(replayed_attainment(p, under_load, plan.slo) for p in measured.probes)
     sizes["load_check"] = check
     runs = [p.run for p in measured.probes]
-    sizes["speeds"] = run_speeds(runs, calibration.cost, calibration.overhead, scheduling)
+    sizes["speeds"] = run_speeds(runs, calibrated)
     return FlagSetResult(
         flags, command, calibration, scheduling, predicted, measured, ended, **sizes
     )
@@ -388,8 +380,7 @@ def _scheduling(server: Server, engine: str, flags: FlagSet) -> Scheduling:
 async def _load_check(
     target: Target,
     plan: _Plan,
-    calibration: ServerCalibration,
-    scheduling: Scheduling,
+    server_model: ServerModel,
     flags: FlagSet,
     progress: Progress | None,
 ) -> LoadCheck | None:
@@ -401,9 +392,8 @@ async def _load_check(
     is the one at the settled knee, between the runs' rates. None, said in the progress,
     when the workload has too few requests after the probes'. Fixes the probes' count (sized
     on the calibration alone) when no flag set has yet."""
-    cost, overhead = calibration.cost, calibration.overhead
     if plan.count is None:
-        sized = predict_sized(plan.load, cost, overhead, scheduling, plan.slo, plan.rule)
+        sized = predict_sized(plan.load, server_model, plan.slo, plan.rule)
         plan.count = len(sized.requests)
     first = plan.rule.start + plan.count
     requests = plan.load[first : first + plan.count]  # plan.load is in arrival order
@@ -416,20 +406,20 @@ async def _load_check(
         return None
     origin = requests[0].arrival
     requests = [dataclasses.replace(r, arrival=r.arrival - origin) for r in requests]
-    before = _guess(plan, cost, overhead, scheduling)
+    before = _guess(plan, server_model)
     runs: list[LoadRun] = []
     rate, factor = before, 1.0
     while rate > 0 and len(runs) < CHECK_RUNS:
         tag = f"b{flags.budget}s{flags.max_seqs or 0}-load{len(runs)}-"
         found = await run_load_check(
-            target, requests, rate, cost, overhead, scheduling, tag, plan.quiet, progress
+            target, requests, rate, server_model, tag, plan.quiet, progress
         )
         runs.append(found)
         if progress is not None:
             progress(f"load check {len(runs)}: {found.rate:.3g} req/s: {found.fit.sentence()}")
         if math.isnan(found.fit.estimate):
             break
-        moved, factor = _settled(plan, cost, overhead, scheduling, runs)
+        moved, factor = _settled(plan, server_model, runs)
         if abs(moved / rate - 1) <= plan.rule.tolerance:
             break
         rate = moved
@@ -437,18 +427,14 @@ async def _load_check(
 
 
 def _settled(
-    plan: _Plan,
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
-    runs: Sequence[LoadRun],
+    plan: _Plan, server_model: ServerModel, runs: Sequence[LoadRun]
 ) -> tuple[float, float]:
     """The knee the load check's runs settle on, and the factor there: the rate R whose
     factor (:func:`factor_at`) predicts a knee of R, by bisection in log rate between the
     runs' lowest and highest rates (the end whose own prediction is nearer when none does)."""
 
     def predicted(rate: float) -> float:
-        return _guess(plan, scaled_cost(cost, factor_at(runs, rate)), overhead, scheduling)
+        return _guess(plan, server_model.scaled(factor_at(runs, rate)))
 
     rates = sorted(r.rate for r in runs)
     low, high = rates[0], rates[-1]
@@ -465,16 +451,14 @@ def _settled(
     return rate, factor_at(runs, rate)
 
 
-def _guess(
-    plan: _Plan, cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
-) -> float:
+def _guess(plan: _Plan, server_model: ServerModel) -> float:
     """The knee predicted on what the probes will send (their count fixed)."""
     load = probe_load(plan.load, plan.rule, plan.count)
-    return predict_knee(load, cost, overhead, scheduling, plan.slo, plan.rule.target).rate
+    return predict_knee(load, server_model, plan.slo, plan.rule.target).rate
 
 
 def _predicted(
-    plan: _Plan, cost: CostModel, overhead: RequestOverhead, scheduling: Scheduling
+    plan: _Plan, server_model: ServerModel
 ) -> tuple[list[Request], int, Predicted, Sharpness]:
     """What the probes send, how many rule 2 wants at the knee predicted on them, that knee,
     and how sharp the simulator predicts it. The first flag set sizes the probes
@@ -483,13 +467,13 @@ def _predicted(
     rules' want and sharpness are reported beside each)."""
     slo, rule = plan.slo, plan.rule
     if plan.count is None:
-        sized = predict_sized(plan.load, cost, overhead, scheduling, slo, rule)
+        sized = predict_sized(plan.load, server_model, slo, rule)
         load, predicted, sharp = sized.requests, sized.predicted, sized.sharpness
         plan.count = len(load)
     else:
         load = probe_load(plan.load, rule, plan.count)
-        predicted = predict_knee(load, cost, overhead, scheduling, slo, rule.target)
-        sharp = sharpness(load, cost, overhead, scheduling, slo, rule, predicted)
+        predicted = predict_knee(load, server_model, slo, rule.target)
+        sharp = sharpness(load, server_model, slo, rule, predicted)
         if not sharp.decisive and sharp.capped is None:
             why = (
                 "the probes' length was fixed before (--probe-requests, the first flag set's, "

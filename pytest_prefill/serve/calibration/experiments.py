@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from pytest_prefill.serve.client.http import ServerError
+from pytest_prefill.serve.client.wire import ServerError
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.serve.load.records import ServerRecord
 from pytest_prefill.sim import Request

@@ -1,5 +1,5 @@
-"""A measured run replayed in the simulator: the same requests, sent when the client sent them
-(plus the calibration's way into the engine), under the server's scheduling — its engine
+"""A measured run replayed in the simulator (a :class:`ServerModel`): the same requests, sent when
+the client sent them (plus the calibration's way into the engine), under the server's scheduling — its engine
 profile (``sim.profiles``: the first-token rule, and the token budget and sequence cap the
 server was started with) and its KV cache — and each simulated token delayed by the way back
 out. The result has the shape of a measured run's records, so both go through one
@@ -8,87 +8,12 @@ out. The result has the shape of a measured run's records, so both go through on
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from pytest_prefill._io import json_number
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, ServingMetrics, serving_metrics_of
-from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.client.api import ENGINES
+from pytest_prefill.serve.calibration.server_model import ServerModel
 from pytest_prefill.serve.load.records import ServerRecord
-from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, Trace, simulate
-
-# The engines a server can be that have a profile (a plain "openai" server has none).
-PROFILED_ENGINES = tuple(e for e in ENGINES if e in PROFILES)
-
-
-def server_profile(engine: str, budget: int, max_seqs: int | None = None) -> EngineProfile:
-    """``engine``'s profile as the server runs it: its ``budget`` (tokens an iteration, decode
-    rows included: vLLM ``--max-num-batched-tokens``, llama.cpp ``-b``, ``transformers serve
-    --cb-max-batch-tokens``) and, when given, its sequence cap (vLLM ``--max-num-seqs``,
-    llama.cpp ``-np``; else the profile's default).
-
-    Raises:
-        ValueError: naming the field, for an engine without a profile (listing those with
-            one), a budget below 2 or a cap below 1.
-    """
-    if engine not in PROFILED_ENGINES:
-        raise ValueError(
-            f"engine {engine!r} has no engine profile to simulate it with; allowed: "
-            f"{', '.join(PROFILED_ENGINES)}"
-        )
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
-        raise ValueError(f"budget must be an integer >= 2, got {budget!r}")
-    base = PROFILES[engine]
-    seqs = base.max_seqs if max_seqs is None else max_seqs
-    return dataclasses.replace(base, max_batched_tokens=budget, max_seqs=seqs)
-
-
-@dataclasses.dataclass(frozen=True)
-class Scheduling:
-    """The server's scheduling as the simulator plays it: its engine ``profile`` (with a
-    token budget: :func:`server_profile`) and its KV cache in tokens (``kv_capacity_tokens``:
-    ``transformers serve`` ``--cb-num-blocks`` x 256, llama.cpp ``-c``; inf: unbounded)."""
-
-    profile: EngineProfile
-    kv_capacity_tokens: float = math.inf
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.profile, EngineProfile):
-            raise ValueError(f"profile must be an EngineProfile, got {type(self.profile).__name__}")
-        if self.profile.max_batched_tokens is None:
-            raise ValueError(
-                f"profile {self.profile.name!r} has no token budget (max_batched_tokens); a "
-                "server's scheduling needs the one it runs with"
-            )
-        kv = self.kv_capacity_tokens
-        if isinstance(kv, bool) or not isinstance(kv, (int, float)) or not kv > 0:
-            raise ValueError(f"kv_capacity_tokens must be > 0 (inf: unbounded), got {kv!r}")
-
-    @property
-    def budget(self) -> int:
-        return int(self.profile.max_batched_tokens or 0)
-
-    def replace(self, **knobs: Any) -> Scheduling:
-        """This scheduling with the profile's ``knobs`` replaced (its name kept)."""
-        return dataclasses.replace(self, profile=dataclasses.replace(self.profile, **knobs))
-
-    def label(self) -> str:
-        kv = self.kv_capacity_tokens
-        cache = "unbounded KV" if math.isinf(kv) else f"KV {kv:,.0f} tokens"
-        return f"{self.profile.label()}; {cache}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the engine, every knob, those changed from its profile, the KV tokens
-        ("inf": unbounded)."""
-        p, kv = self.profile, self.kv_capacity_tokens
-        return {
-            "engine": p.name,
-            **{k: getattr(p, k) for k in KNOBS},
-            "changed": list(p.changed()),
-            "kv_capacity_tokens": json_number(float(kv)),
-        }
+from pytest_prefill.sim import Request, Trace, simulate
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,15 +28,13 @@ class SimulatedRequest:
 
 def simulate_run(
     records: Sequence[ServerRecord],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    model: ServerModel,
     blocks: Mapping[str, Sequence[int | str]] | None = None,
 ) -> tuple[list[SimulatedRequest], Trace]:
     """:func:`simulate_records`, and the simulation's trace (its prefix cache's hits and its
     preemptions); ``blocks``: request id -> the prompt's hash ids, for a workload that shares
     prefixes (sent as shared blocks: ``loadgen.Target.prefix_block_tokens``)."""
-    delay, back = overhead.arrival_delay, overhead.from_engine
+    delay, back = model.overhead.arrival_delay, model.overhead.from_engine
     shared = blocks or {}
     load = [
         Request(
@@ -123,8 +46,7 @@ def simulate_run(
         )
         for r in records
     ]
-    model = dataclasses.replace(cost, kv_capacity_tokens=scheduling.kv_capacity_tokens)
-    trace = simulate("chunked", load, model, engine=scheduling.profile)
+    trace = simulate("chunked", load, model.simulated_cost, engine=model.scheduling.profile)
     out = []
     for r in records:
         times = trace.requests[r.id].token_times[: len(r.token_times)]
@@ -136,26 +58,19 @@ def simulate_run(
     return out, trace
 
 
-def simulate_records(
-    records: Sequence[ServerRecord],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
-) -> list[SimulatedRequest]:
+def simulate_records(records: Sequence[ServerRecord], model: ServerModel) -> list[SimulatedRequest]:
     """The simulator's version of ``records`` (the completed requests of a measured run):
     ``chunked`` under the server's profile (decode rows first, prompt tokens FCFS in what the
     budget leaves, at most the sequence cap admitted; the first token where the profile's rule
     puts it), each request as long as the server made it."""
-    return simulate_run(records, cost, overhead, scheduling)[0]
+    return simulate_run(records, model)[0]
 
 
 def simulated_metrics(
     records: Sequence[ServerRecord],
-    cost: CostModel,
-    overhead: RequestOverhead,
-    scheduling: Scheduling,
+    model: ServerModel,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> ServingMetrics:
     """vLLM's serving metrics of the simulated run, by the definitions of the measured one."""
-    simulated = simulate_records(records, cost, overhead, scheduling)
+    simulated = simulate_records(records, model)
     return serving_metrics_of(simulated, percentiles=percentiles)

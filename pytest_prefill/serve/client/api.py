@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.serve.client.http import NestingError, loads
+from pytest_prefill.serve.client.wire import NestingError, loads
 
 ENDPOINTS = {
     "completions": "/v1/completions",
@@ -103,7 +103,7 @@ def parse_chunk(endpoint: str, data: str, counted: int) -> Chunk:
 
     Raises:
         ValueError: naming the problem, for data that is not a JSON object of the endpoint's
-            shape (or nests deeper than ``http.MAX_JSON_DEPTH``), or an error object the
+            shape (or nests deeper than ``wire.MAX_JSON_DEPTH``), or an error object the
             server streamed.
     """
     try:

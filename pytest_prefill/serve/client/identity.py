@@ -11,13 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_prefill.serve.client.api import ENGINES
-from pytest_prefill.serve.client.http import (
-    DEFAULT_TIMEOUTS,
-    ServerError,
-    Timeouts,
-    Url,
-    request_json,
-)
+from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.wire import DEFAULT_TIMEOUTS, ServerError, Timeouts, Url
 
 # Probes of the optional endpoints wait at most this long: a server without them must not
 # slow every run down.

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import read_json
-from pytest_prefill.serve.client.http import Timeouts, Url, request_json
+from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.wire import Timeouts, Url
 
 WORDS_FILE = "prefill-words.json"
 MIN_WORDS = 64

@@ -20,8 +20,8 @@ from pytest_prefill.plan.traces import (
     azure_trace_path,
     load_azure,
 )
-from pytest_prefill.serve.calibration.calibration import ServerCalibration
 from pytest_prefill.serve.calibration.calibration_fit import ttft_alone
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
 from pytest_prefill.sim import Request
 
 PROMPT_SCALE = 4  # Azure conv prompts (median ~1,000 tokens) divided by this

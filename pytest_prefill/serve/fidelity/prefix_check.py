@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.plan.metrics import serving_metrics, serving_metrics_of
-from pytest_prefill.serve.calibration.calibration import ServerCalibration
-from pytest_prefill.serve.calibration.simulated import Scheduling, simulate_run
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
+from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel
+from pytest_prefill.serve.calibration.simulated import simulate_run
 from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request
 
@@ -63,9 +64,7 @@ def prefix_check(
     ``load``'s hash ids (the profile's prefix cache at the trace's block size)."""
     blocks = {r.id: r.prefix_blocks for r in load if r.prefix_blocks}
     completed = run.completed
-    twins, trace = simulate_run(
-        completed, calibration.cost, calibration.overhead, scheduling, blocks
-    )
+    twins, trace = simulate_run(completed, ServerModel.of(calibration, scheduling), blocks)
     simulated = serving_metrics(trace)
     measured = serving_metrics_of(completed)
     twin_metrics = serving_metrics_of(twins)

@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.pinning import engine_core, pin_server
 from pytest_prefill.serve.launch.process import (
     ONE_THREAD,

@@ -18,7 +18,8 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, request_json
+from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.pinning import Pinning
 
 READY_POLL = 0.25

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill.serve.client.counters import PREFIXES, ServerCounters
-from pytest_prefill.serve.client.http import ServerError, Timeouts, Url, exchange
+from pytest_prefill.serve.client.http import exchange
+from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.load.loadgen import Bounds, Target, run_load, send_one
 from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request

@@ -1,0 +1,149 @@
+"""What a calibrated server is to the simulator (:class:`ServerModel`): its cost model, the
+request's way into the engine and back out (``RequestOverhead``), and its scheduling (the engine
+profile at the budget and sequence cap it was started with, and its KV cache). Standard library
+only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from pytest_prefill._io import json_number
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
+from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
+from pytest_prefill.serve.client.api import ENGINES
+from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile
+
+# The cost model's terms in seconds (a factor scales these; sizes and ratios stay).
+TIME_TERMS = (
+    "prefill_pass_overhead",
+    "prefill_per_token",
+    "decode_step_base",
+    "decode_per_seq",
+    "decode_per_kv_token",
+    "prefill_per_pair",
+    "batch_attention_per_pair",
+    "link_latency",
+)
+
+# The engines a server can be that have a profile (a plain "openai" server has none).
+PROFILED_ENGINES = tuple(e for e in ENGINES if e in PROFILES)
+
+
+def server_profile(engine: str, budget: int, max_seqs: int | None = None) -> EngineProfile:
+    """``engine``'s profile as the server runs it: its ``budget`` (tokens an iteration, decode
+    rows included: vLLM ``--max-num-batched-tokens``, llama.cpp ``-b``, ``transformers serve
+    --cb-max-batch-tokens``) and, when given, its sequence cap (vLLM ``--max-num-seqs``,
+    llama.cpp ``-np``; else the profile's default).
+
+    Raises:
+        ValueError: naming the field, for an engine without a profile (listing those with
+            one), a budget below 2 or a cap below 1.
+    """
+    if engine not in PROFILED_ENGINES:
+        raise ValueError(
+            f"engine {engine!r} has no engine profile to simulate it with; allowed: "
+            f"{', '.join(PROFILED_ENGINES)}"
+        )
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
+        raise ValueError(f"budget must be an integer >= 2, got {budget!r}")
+    base = PROFILES[engine]
+    seqs = base.max_seqs if max_seqs is None else max_seqs
+    return dataclasses.replace(base, max_batched_tokens=budget, max_seqs=seqs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheduling:
+    """The server's scheduling as the simulator plays it: its engine ``profile`` (with a
+    token budget: :func:`server_profile`) and its KV cache in tokens (``kv_capacity_tokens``:
+    ``transformers serve`` ``--cb-num-blocks`` x 256, llama.cpp ``-c``; inf: unbounded)."""
+
+    profile: EngineProfile
+    kv_capacity_tokens: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.profile, EngineProfile):
+            raise ValueError(f"profile must be an EngineProfile, got {type(self.profile).__name__}")
+        if self.profile.max_batched_tokens is None:
+            raise ValueError(
+                f"profile {self.profile.name!r} has no token budget (max_batched_tokens); a "
+                "server's scheduling needs the one it runs with"
+            )
+        kv = self.kv_capacity_tokens
+        if isinstance(kv, bool) or not isinstance(kv, (int, float)) or not kv > 0:
+            raise ValueError(f"kv_capacity_tokens must be > 0 (inf: unbounded), got {kv!r}")
+
+    @property
+    def budget(self) -> int:
+        return int(self.profile.max_batched_tokens or 0)
+
+    def replace(self, **knobs: Any) -> Scheduling:
+        """This scheduling with the profile's ``knobs`` replaced (its name kept)."""
+        return dataclasses.replace(self, profile=dataclasses.replace(self.profile, **knobs))
+
+    def label(self) -> str:
+        kv = self.kv_capacity_tokens
+        cache = "unbounded KV" if math.isinf(kv) else f"KV {kv:,.0f} tokens"
+        return f"{self.profile.label()}; {cache}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the engine, every knob, those changed from its profile, the KV tokens
+        ("inf": unbounded)."""
+        p, kv = self.profile, self.kv_capacity_tokens
+        return {
+            "engine": p.name,
+            **{k: getattr(p, k) for k in KNOBS},
+            "changed": list(p.changed()),
+            "kv_capacity_tokens": json_number(float(kv)),
+        }
+
+
+def scaled_cost(cost: CostModel, factor: float) -> CostModel:
+    """``cost`` with every term in seconds (:data:`TIME_TERMS`) times ``factor``.
+
+    Raises:
+        ValueError: for a factor that is not a positive finite number.
+    """
+    ok = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+    if not (ok and math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
+    if factor == 1:
+        return cost
+    return dataclasses.replace(cost, **{t: getattr(cost, t) * factor for t in TIME_TERMS})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerModel:
+    """A calibrated server as the simulator sees it: its ``cost`` model, the request's
+    ``overhead`` outside the engine (kept apart from the cost model), and its ``scheduling``.
+    Every prediction and replay against a server takes one."""
+
+    cost: CostModel
+    overhead: RequestOverhead
+    scheduling: Scheduling
+
+    def __post_init__(self) -> None:
+        for name, kind in (
+            ("cost", CostModel),
+            ("overhead", RequestOverhead),
+            ("scheduling", Scheduling),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+
+    @classmethod
+    def of(cls, calibration: ServerCalibration, scheduling: Scheduling) -> ServerModel:
+        """The server ``calibration`` measured, under ``scheduling``."""
+        return cls(calibration.cost, calibration.overhead, scheduling)
+
+    def scaled(self, factor: float) -> ServerModel:
+        """This server running at ``factor`` x its cost model's times (:func:`scaled_cost`)."""
+        return dataclasses.replace(self, cost=scaled_cost(self.cost, factor))
+
+    @property
+    def simulated_cost(self) -> CostModel:
+        """The cost model with the server's KV cache, as the simulator runs it."""
+        kv = self.scheduling.kv_capacity_tokens
+        return dataclasses.replace(self.cost, kv_capacity_tokens=kv)
