@@ -15,20 +15,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import math
 import sys
 
 from pytest_prefill.commands import verify as command
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
-from pytest_prefill.serve.calibration.server_model import (
-    Scheduling,
-    ServerModel,
-    scaled_cost,
-    server_profile,
-)
-from pytest_prefill.verify.knee import ProbeRule, predict_knee, probe_load
+from pytest_prefill.serve.calibration.server_model import ServerModel
+from pytest_prefill.verify.knee import predict_knee
+from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
+from pytest_prefill.verify.result import FlagSetResult, read_verify
+
+
+def either_side(r: FlagSetResult) -> list[float]:
+    """The fitted speeds of the probes either side of the measured knee."""
+    m = r.measured
+    if m is None:
+        return []
+    ends = [p for p in (m.low, m.high) if p is not None]
+    return [
+        s.estimate
+        for probe, s in zip(m.probes, r.speeds)
+        if any(probe is end for end in ends) and math.isfinite(s.estimate)
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -37,45 +45,29 @@ def main(argv: list[str]) -> int:
     command.add_arguments(parser)
     args = parser.parse_args(["--url", "http://unused", "--flags", "tokens=2", *argv])
     with contextlib.redirect_stdout(io.StringIO()):
-        load, _, _ = command._load(args)
-    with open(args.document, encoding="utf-8") as f:
-        document = json.load(f)
-    slo = SLO.parse(args.slo) if isinstance(args.slo, str) else args.slo
-    kept = document["probe_rule"]  # the run's own probe start and attainment target
-    rule = ProbeRule(target=kept["target"], start=kept["start"])
-    for fs in document["flag_sets"]:
-        measured, speeds = fs["measured"], fs.get("speeds") or []
-        if not measured or not speeds or fs["predicted"] is None:
-            print(f"{fs['flags']['label']}: no measured knee or no probe speeds")
+        load, _, _ = command.workload_of(args)
+    result = read_verify(args.document)
+    slo = SLO.parse(args.slo) if args.slo else result.slo
+    rule = ProbeRule(target=result.rule.target, start=result.rule.start)  # the run's own
+    for r in result.results:
+        label = r.flags.label
+        speeds = either_side(r)
+        if r.measured is None or r.predicted is None or r.calibration is None:
+            print(f"{label}: no measured knee or no calibration")
             continue
-        either_side = [
-            s["estimate"]
-            for probe, s in zip(measured["probes"], speeds)
-            if s
-            and math.isfinite(s["estimate"] or math.nan)
-            and probe["rate"] in (measured["rate"], measured.get("high"))
-        ]
-        if not either_side:
-            print(f"{fs['flags']['label']}: no fitted speed either side of the knee")
+        if not speeds or r.scheduling is None:
+            print(f"{label}: no fitted speed either side of the knee")
             continue
-        k = math.exp(sum(map(math.log, either_side)) / len(either_side))
-        s = fs["scheduling"]
-        scheduling = Scheduling(  # the cap the server ran with (its profile's when uncapped)
-            server_profile(s["engine"], s["max_batched_tokens"], s["max_seqs"]),
-            float(s["kv_capacity_tokens"]),
-        )
-        calibration = ServerCalibration.from_dict(fs["calibration"])
-        requests = probe_load(load, rule, fs["requests"])
-        cost = scaled_cost(calibration.cost, k)
-        at = predict_knee(
-            requests, ServerModel(cost, calibration.overhead, scheduling), slo, rule.target
-        ).rate
-        knee, predicted = measured["knee"], fs["predicted"]["rate"]
+        k = math.exp(sum(map(math.log, speeds)) / len(speeds))
+        server_model = ServerModel.of(r.calibration, r.scheduling).scaled(k)
+        requests = probe_load(load, rule, r.requests)
+        at = predict_knee(requests, server_model, slo, rule.target).rate
+        knee, predicted = r.measured.knee, r.predicted.rate
         print(
-            f"{fs['flags']['label']}: predicted {predicted:.3g} ({predicted / knee:.2f} of the "
-            f"measured {knee:.3g}); at the speed of the probes either side of it "
-            f"(x{' and x'.join(f'{x:.2f}' for x in either_side)}: x{k:.2f}) the simulator "
-            f"puts it at {at:.3g} ({at / knee:.2f})"
+            f"{label}: predicted {predicted:.3g} ({predicted / knee:.2f} of the measured "
+            f"{knee:.3g}); at the speed of the probes either side of it "
+            f"(x{' and x'.join(f'{x:.2f}' for x in speeds)}: x{k:.2f}) the simulator puts it at "
+            f"{at:.3g} ({at / knee:.2f})"
         )
     return 0
 

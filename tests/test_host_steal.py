@@ -168,8 +168,10 @@ def test_a_probe_redone_for_steal_is_sent_afresh_and_the_report_says_so():
     from pytest_prefill.plan.metrics import SLO
     from pytest_prefill.report.verify import probe_table
     from pytest_prefill.serve.launch.reference import Behaviour, running
-    from pytest_prefill.verify.knee import ProbeRule, measure_knee, probe_load
-    from pytest_prefill.verify.verification import FlagSet, FlagSetResult, VerifyResult
+    from pytest_prefill.verify.knee import measure_knee
+    from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
+    from pytest_prefill.verify.result import FlagSetResult, VerifyResult
+    from pytest_prefill.verify.verification import FlagSet
 
     rule = ProbeRule(margin=0.15, max_probes=2, min_requests=4)
     load = probe_load(poisson_load(20, 20.0), rule)

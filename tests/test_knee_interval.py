@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.sim import Request
-from pytest_prefill.verify.knee import ProbeRule, probe_load
 from pytest_prefill.verify.knee_interval import (
     KneeEstimate,
     agreement,
@@ -21,6 +20,7 @@ from pytest_prefill.verify.knee_interval import (
     estimate_knee,
     non_increasing,
 )
+from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
 
 fractions = st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8)
 

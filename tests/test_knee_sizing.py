@@ -15,8 +15,9 @@ from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
 from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
 from pytest_prefill.sim import PRESETS, Request
-from pytest_prefill.verify.knee import ProbeRule, predict_knee, probe_load, simulated_attainment
+from pytest_prefill.verify.knee import predict_knee, simulated_attainment
 from pytest_prefill.verify.knee_sizing import GROWTH, Sharpness, predict_sized, sharpness
+from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
 
 LAB_LAPTOP = PRESETS["lab-laptop"].cost
 NONE = RequestOverhead(0.0, 0.0, 0.0, "test")
@@ -142,7 +143,8 @@ def test_the_command_line_sets_the_probe_start_and_cap_and_refuses_bad_ones(caps
 
 def test_the_report_says_loudly_when_a_knee_is_not_decisive():
     from pytest_prefill.report.verify import verify_report
-    from pytest_prefill.verify.verification import FlagSet, FlagSetResult, VerifyResult
+    from pytest_prefill.verify.result import FlagSetResult, VerifyResult
+    from pytest_prefill.verify.verification import FlagSet
 
     flat = Sharpness(10.0, 101, 0.88, 0.93, 0.9, 0.05, 0.1, capped="the workload ends")
     steep = dataclasses.replace(flat, above=0.6, capped=None)

@@ -15,7 +15,7 @@ import pytest
 from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 from pytest_prefill.serve.launch.launchers import Launcher
 from pytest_prefill.sim import Request
-from pytest_prefill.verify.knee import ProbeRule
+from pytest_prefill.verify.probe_rule import ProbeRule
 
 pytestmark = pytest.mark.server
 

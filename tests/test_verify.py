@@ -27,14 +27,14 @@ from pytest_prefill.sim import PRESETS, Request
 from pytest_prefill.verify.knee import (
     KneeSearch,
     MeasuredProbe,
-    ProbeRule,
     engine_slo,
     measure_knee,
     predict_knee,
-    probe_load,
 )
 from pytest_prefill.verify.knee_interval import agreement
-from pytest_prefill.verify.verification import FlagSet, FlagSetResult, Server, VerifyResult, verify
+from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
+from pytest_prefill.verify.result import FlagSetResult, VerifyResult
+from pytest_prefill.verify.verification import FlagSet, Server, verify
 
 LAB_LAPTOP = PRESETS["lab-laptop"].cost
 
@@ -110,7 +110,7 @@ def test_the_overhead_only_lowers_the_predicted_knee():
     some = RequestOverhead(0.1, 0.05, 0.0, "test")
     free = predict_knee(load, ServerModel(LAB_LAPTOP, none, scheduling), slo, 0.9)
     paid = predict_knee(load, ServerModel(LAB_LAPTOP, some, scheduling), slo, 0.9)
-    assert free.rate > 0 and free.result is not None
+    assert free.rate > 0 and free.search is not None
     assert paid.rate <= free.rate * (1 + 0.02)
     unreachable = predict_knee(
         load, ServerModel(LAB_LAPTOP, RequestOverhead(1, 0.5, 0, "t"), scheduling), slo, 0.9
@@ -243,13 +243,7 @@ def _result(flags: FlagSet, predicted: float, measured_knee: float) -> FlagSetRe
     while (scale := search.next_scale()) is not None:
         search.observe(_fake_probe(scale, measured_knee / 2.0))
 
-    class Found:
-        max_rate, status, probes = predicted, "found", ()
-
-        def to_dict(self):
-            return {}
-
-    prediction = Predicted(Found(), SLO(ttft=1.0))  # type: ignore[arg-type]
+    prediction = Predicted(predicted, "found", SLO(ttft=1.0))
     knee: MeasuredKnee = search.result()
     return FlagSetResult(flags, predicted=prediction, measured=knee)
 
@@ -407,8 +401,7 @@ def test_rank_never_ranks_flag_sets_of_different_engines_together(tmp_path, caps
     )
     path = tmp_path / "tf.json"
     path.write_text(json.dumps(other.to_dict()))
-    documents = [r.to_dict() for r in runs] + [other.to_dict()]
-    rankings = combined_rankings(documents)
+    rankings = combined_rankings([*runs, other])
     together = (runs[0].results[0], runs[1].results[0])
     vllm = VerifyResult("w", SLO(ttft=1.0), ProbeRule(), together, "vllm")
     assert [(engine, verdict) for engine, verdict, _ in rankings] == [
@@ -499,10 +492,10 @@ def test_a_knee_below_every_probe_reads_as_open_not_as_zero():
 def test_rank_reads_a_documents_open_interval_kept_as_text():
     from pytest_prefill.report.verify import combined_report
 
-    document = json.loads(json.dumps(_result(FlagSet(128), 2, 2).to_dict()))
-    document["measured"]["estimate"]["high"] = "inf"  # as json_safe writes inf
-    document["agreement"]["low"] = 0.0
-    text = combined_report([{"flag_sets": [document]}])
+    run = VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (_result(FlagSet(128), 2, 2),), "vllm")
+    document = json.loads(json.dumps(run.to_dict()))
+    document["flag_sets"][0]["measured"]["estimate"]["high"] = "inf"  # as json_safe writes inf
+    text = combined_report([VerifyResult.from_dict(document)])
     assert "inf]" in text and "≤128 tok" in text
 
 
@@ -520,7 +513,7 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
 ):
     from pytest_prefill._io import json_safe
     from pytest_prefill.report.verify import combined_report, probe_table, speed_line
-    from pytest_prefill.verify.load_check import LoadCheck
+    from pytest_prefill.verify.load_check import LoadCheck, LoadFactor
 
     result = dataclasses.replace(_result(FlagSet(256), 4, 4), speeds=_speeds(*factors))
     line = speed_line(result)
@@ -536,9 +529,11 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
         check = LoadCheck(4.0, (), k)
         line = speed_line(dataclasses.replace(result, load_check=check)) or ""
         assert f"x{k:.2f}" in line and f"ran {said} in its probes" in line
-    document = json.loads(json.dumps(json_safe(result.to_dict())))
-    document["speeds"].append({"estimate": None})  # a probe with too few requests, as written
-    assert f"x{low:.2f}-{high:.2f}" in combined_report([{"flag_sets": [document]}])
+    unfitted = LoadFactor(math.nan, math.nan, math.nan, 0.9, 200, 1.0, 1.0, 3, "too few")
+    run = VerifyResult("w", SLO(ttft=1.0), ProbeRule(), (result,), "vllm")
+    document = json.loads(json.dumps(run.to_dict()))
+    document["flag_sets"][0]["speeds"].append(json_safe(unfitted.to_dict()))  # as written
+    assert f"x{low:.2f}-{high:.2f}" in combined_report([VerifyResult.from_dict(document)])
 
 
 def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
@@ -577,7 +572,8 @@ def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     assert told.best_verdict != "HOLDS" and "a tie" not in ranking_line(told)
     assert f"best {told.best_verdict}" in ranking_line(told)
     for result in (tied, told):  # the documents ranked again say the same
-        assert combined_report([result.to_dict()]).splitlines()[-1] == ranking_line(result)
+        again = VerifyResult.from_dict(json.loads(json.dumps(result.to_dict())))
+        assert combined_report([again]).splitlines()[-1] == ranking_line(result)
     # the tie follows the goal the knees are judged against, never under the search's bracket
     looser = dataclasses.replace(tied, rule=ProbeRule(within=0.05))
     assert looser.tolerance == pytest.approx(1.05 / 0.95 - 1)
@@ -621,7 +617,7 @@ def test_an_undecided_verdict_gets_the_probes_left_where_they_decide_it():
 
 
 def test_a_flag_sets_ended_line_keeps_the_errors_first_line_whole_or_says_it_was_cut():
-    from pytest_prefill.verify.verification import one_line
+    from pytest_prefill.verify.result import one_line
 
     advice = "the server sent nothing for 60 s mid-response (stalled; raise the stall timeout)"
     said = "calibration request cal0-l1024-live0 failed: POST http://127.0.0.1:1/v1: " + advice

@@ -35,8 +35,9 @@ from pytest_prefill.serve.calibration.server_calibration import ServerCalibratio
 from pytest_prefill.serve.client.api import ENGINES
 from pytest_prefill.serve.launch.launchers import LAUNCHED, Launcher
 from pytest_prefill.sim import Request
-from pytest_prefill.verify.knee import ProbeRule
-from pytest_prefill.verify.verification import FlagSet, Server, VerifyResult, verify
+from pytest_prefill.verify.probe_rule import ProbeRule
+from pytest_prefill.verify.result import VerifyResult, read_verify
+from pytest_prefill.verify.verification import FlagSet, Server, verify
 
 HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
 DIVISORS = re.compile(r"^(\d+):(\d+)$")
@@ -97,16 +98,42 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     probes = parser.add_argument_group("probes")
+    rule = ProbeRule()  # the defaults the help states
     probes.add_argument(
         "--margin",
         type=fraction_type,
-        default=0.05,
-        help="attainment's standard error at the target per probe is at most this (0.05)",
+        default=rule.margin,
+        help=f"attainment's standard error at the target per probe is at most this ({rule.margin:g})",
     )
     probes.add_argument(
-        "--tolerance", type=fraction_type, default=0.05, help="bisection stops within (0.05)"
+        "--tolerance",
+        type=fraction_type,
+        default=rule.tolerance,
+        help=f"bisection stops within ({rule.tolerance:g})",
     )
-    probes.add_argument("--max-probes", type=positive_int, default=7, help="per flag set (7)")
+    probes.add_argument(
+        "--max-probes",
+        type=positive_int,
+        default=rule.max_probes,
+        help=f"per flag set ({rule.max_probes})",
+    )
+    _probe_length_arguments(probes, rule)
+    probes.add_argument(
+        "--no-load-check",
+        action="store_true",
+        help="predict from the calibration alone: do not first send as many requests as a "
+        "probe, those after the probes', at the predicted knee and scale the cost model to the "
+        "speed the server shows under that load",
+    )
+    probes.add_argument(
+        "--within",
+        type=fraction_type,
+        default=rule.within,
+        help=f"the goal: the predicted knee within this of the measured one ({rule.within:.2f})",
+    )
+
+
+def _probe_length_arguments(probes: argparse._ArgumentGroup, rule: ProbeRule) -> None:
     probes.add_argument(
         "--short-probes",
         action="store_true",
@@ -117,24 +144,17 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     probes.add_argument(
         "--max-probe-seconds",
         type=positive_float,
-        default=45.0,
+        default=rule.max_seconds,
         metavar="S",
         help="probes are lengthened until a --within overload is predicted to miss the target "
-        "by --margin, while a probe lasts at most this at the predicted knee (45)",
+        f"by --margin, while a probe lasts at most this at the predicted knee ({rule.max_seconds:g})",
     )
     probes.add_argument(
         "--probe-start",
         type=non_negative_int,
-        default=0,
+        default=rule.start,
         metavar="K",
-        help="probes skip the workload's first K requests (0)",
-    )
-    probes.add_argument(
-        "--no-load-check",
-        action="store_true",
-        help="predict from the calibration alone: do not first send as many requests as a "
-        "probe, those after the probes', at the predicted knee and scale the cost model to the "
-        "speed the server shows under that load",
+        help=f"probes skip the workload's first K requests ({rule.start})",
     )
     probes.add_argument(
         "--probe-requests",
@@ -142,12 +162,6 @@ def _probe_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="every probe sends the workload's first N requests after --probe-start (at least "
         "rule 1's; default: the first flag set sizes them for all, so separate runs may differ)",
-    )
-    probes.add_argument(
-        "--within",
-        type=fraction_type,
-        default=0.10,
-        help="the goal: the predicted knee within this of the measured one (0.10)",
     )
 
 
@@ -213,7 +227,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in one table, and their ranking",
     )
     what.add_argument("--slo", metavar="BOUNDS", help="e.g. ttft:2s,tpot:200ms (else the answer's)")
-    what.add_argument("--target", type=fraction_type, help="attainment target (default 0.9)")
+    what.add_argument(
+        "--target",
+        type=fraction_type,
+        help=f"attainment target (default {ProbeRule().target:g})",
+    )
     add_workload_arguments(parser, default="poisson")
     parser.add_argument(
         "--lengths-divided-by",
@@ -267,14 +285,14 @@ def check(args: argparse.Namespace) -> None:
     if args.answer is None and args.slo is None:
         raise ValueError("--slo is needed without --answer")
     if args.slo is not None:
-        args.slo = SLO.parse(args.slo)
+        SLO.parse(args.slo)  # refused here, read in run
     if args.launch is not None and args.model is None:
         raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
     if args.url is not None and (args.model or args.program or args.no_pin):
         raise ValueError("--model, --program and --no-pin go with --launch, not --url")
 
 
-def _load(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
+def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
     """The workload's requests (lengths divided as asked), its description, and its hash-id
     block size (divided as the prompts are)."""
     workload = workload_from_args(args)
@@ -323,54 +341,86 @@ def progress(line: str) -> None:
     print(f"  {line}", file=sys.stderr, flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifyCall:
+    """What the command line asks ``verify`` for, read from the Namespace once: the flag sets,
+    the SLO, the probe rule, the calibration to reuse (or the sweep to measure one), and the
+    rest of :func:`~pytest_prefill.verify.verification.verify`'s options."""
+
+    flags: tuple[FlagSet, ...]
+    slo: SLO
+    rule: ProbeRule
+    sweep: ServerSweep
+    calibration: ServerCalibration | None
+    calibrate_once: bool
+    probe_requests: int | None
+    load_check: bool
+    quiet: QuietHost | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> VerifyCall:
+        """Raises: ValueError naming the file, for an answer or a calibration that is not one."""
+        flags, target = list(args.flags or []), args.target
+        slo = SLO.parse(args.slo) if args.slo is not None else None
+        if args.answer is not None:
+            answered, answer_slo, answer_target = answer_of(args.answer)
+            flags = flags or answered
+            slo, target = slo or answer_slo, target or answer_target
+        assert slo is not None  # check(): --slo is needed without --answer
+        rule = ProbeRule(
+            target=target or ProbeRule().target,
+            margin=args.margin,
+            tolerance=args.tolerance,
+            max_probes=args.max_probes,
+            sustained=not args.short_probes,
+            within=args.within,
+            max_seconds=args.max_probe_seconds,
+            start=args.probe_start,
+        )
+        calibration = None
+        if args.cost is not None:
+            calibration = ServerCalibration.from_dict(read_json(args.cost, "server calibration"))
+        sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
+        quiet = None if args.ignore_steal else QuietHost(args.max_steal)
+        return cls(
+            tuple(flags),
+            slo,
+            rule,
+            sweep,
+            calibration,
+            args.calibrate_once,
+            args.probe_requests,
+            not args.no_load_check,
+            quiet,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from pytest_prefill.report.verify import combined_report, verify_report
 
     if args.rank:
-        documents = [read_json(path, "verify result") for path in args.rank]
-        for path, doc in zip(args.rank, documents):
-            if not isinstance(doc, dict) or doc.get("kind") != "pytest-prefill/verify":
-                raise ValueError(f"--rank {path}: not a verify result (verify --json)")
-        text = combined_report(documents)
+        runs = [read_verify(path) for path in args.rank]
+        text = combined_report(runs)
         print(text)
         if args.save:
-            _save_ranking(args, documents, text)
+            _save_ranking(args, runs, text)
         return 0
-
-    flags, slo, target = list(args.flags or []), args.slo, args.target
-    if args.answer is not None:
-        answered, answer_slo, answer_target = answer_of(args.answer)
-        flags = flags or answered
-        slo, target = slo or answer_slo, target or answer_target
-    rule = ProbeRule(
-        target=target or 0.9,
-        margin=args.margin,
-        tolerance=args.tolerance,
-        max_probes=args.max_probes,
-        sustained=not args.short_probes,
-        within=args.within,
-        max_seconds=args.max_probe_seconds,
-        start=args.probe_start,
-    )
-    load, description, block = _load(args)
-    calibration = None
-    if args.cost is not None:
-        calibration = ServerCalibration.from_dict(read_json(args.cost, "server calibration"))
-    sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
+    call = VerifyCall.from_args(args)
+    load, description, block = workload_of(args)
     result = verify(
         _server(args, block),
-        flags,
+        call.flags,
         load,
-        slo,
-        rule=rule,
-        sweep=sweep,
-        calibration=calibration,
-        calibrate_once=args.calibrate_once,
+        call.slo,
+        rule=call.rule,
+        sweep=call.sweep,
+        calibration=call.calibration,
+        calibrate_once=call.calibrate_once,
         workload=description,
         progress=progress,
-        probe_requests=args.probe_requests,
-        load_check=not args.no_load_check,
-        quiet=None if args.ignore_steal else QuietHost(args.max_steal),
+        probe_requests=call.probe_requests,
+        load_check=call.load_check,
+        quiet=call.quiet,
     )
     text = verify_report(result)
     print(text)
@@ -391,28 +441,27 @@ def slim(document: dict[str, Any]) -> dict[str, Any]:
     return cast(dict[str, Any], out)
 
 
-def _save_ranking(args: argparse.Namespace, documents: list[Any], text: str) -> None:
+def _save_ranking(args: argparse.Namespace, runs: list[VerifyResult], text: str) -> None:
     """Archive ``--rank``'s table and rankings (one per engine), with each run's document
     (slim)."""
     from pytest_prefill.report.verify import combined_rankings, engine_of
 
-    rankings = combined_rankings(documents)
+    rankings = combined_rankings(runs)
     several = len(rankings) > 1
     verdicts = []
-    for doc in documents:
-        engine = f"{engine_of(doc)} " if several else ""
-        for r in doc.get("flag_sets", []):
-            judged = r.get("agreement")
-            if judged:
-                ratio, low, high = (float(judged[k]) for k in ("ratio", "low", "high"))
-                line = f"predicted/measured {ratio:.3g} [{low:.3g}, {high:.3g}] against "
-                line += f"±{float(judged['within']):.0%}"
-                verdicts.append((f"knee {engine}{r['flags']['label']}", judged["verdict"], line))
+    for result in runs:
+        engine = f"{engine_of(result)} " if several else ""
+        for r in result.results:
+            judged = r.agreement
+            if judged is not None:
+                line = f"predicted/measured {judged.ratio:.3g} [{judged.low:.3g}, "
+                line += f"{judged.high:.3g}] against ±{judged.within:.0%}"
+                verdicts.append((f"knee {engine}{r.flags.label}", judged.verdict, line))
     for engine, verdict, line in rankings:
         if verdict is not None:  # one flag set: no ranking to judge
             name = f"verify ranking {engine}" if several else "verify ranking"
             verdicts.append((name, verdict, line))
-    data = {"runs": [slim(doc) for doc in documents], "files": list(args.rank)}
+    data = {"runs": [slim(r.to_dict()) for r in runs], "files": list(args.rank)}
     provenance = {"device": "server", "threads": None}
     path = save_tables(args, provenance, [("verify ranking", text, data)], verdicts)
     print(f"archived: {path}")

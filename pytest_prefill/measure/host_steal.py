@@ -3,10 +3,9 @@
 On a virtual machine the hypervisor runs other guests on the same cores; the time it takes
 from ours is counted as *steal* (the eighth field of ``/proc/stat``'s ``cpu`` line). On this
 project's 2-vCPU VM it came in bursts of 5-20% of all CPU time lasting tens of seconds, with
-quiet stretches between, and a `transformers serve` probe's speed followed it: run X, budget
-256, probes at 0.2-0.9% steal ran at x0.82-0.90 the calibration's cost, one at 2.3% at x0.98,
-the load check at 4.5% at x1.10 — a 30% swing in the server's speed, where the goal is a knee
-within 10%. A timing taken while another guest runs is no more a figure than one taken while a
+quiet stretches between, and a `transformers serve` probe's speed followed it (probes at
+0.2-0.9% steal ran at x0.82-0.90 the calibration's cost, a load check at 4.5% at x1.10): a 30%
+swing in the server's speed, where the goal is a knee within 10%. A timing taken while another guest runs is no more a figure than one taken while a
 test suite runs beside it.
 
 So a :class:`QuietHost` waits, before each run, for a window in which the host stole at most
@@ -21,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 STAT = "/proc/stat"
@@ -92,6 +91,23 @@ class HostSteal:
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "redone": list(self.redone), "over": self.over}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> HostSteal:
+        """Raises: ValueError for anything but the steal :meth:`to_dict` wrote."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"host must be an object, got {type(data).__name__}")
+        try:
+            steal = data["steal"]
+            return cls(
+                None if steal is None else float(steal),
+                float(data["limit"]),
+                float(data.get("waited", 0.0)),
+                bool(data.get("quiet", True)),
+                tuple(float(s) for s in data.get("redone") or ()),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"host lacks or mangles {err!s}") from None
 
 
 @dataclasses.dataclass(frozen=True)

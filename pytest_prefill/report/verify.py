@@ -6,15 +6,14 @@ predicted one, and whether the measurement separates the best from the next."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from tabulate import tabulate
 
 from pytest_prefill.verify.knee import MeasuredProbe
 from pytest_prefill.verify.load_check import speed_range
 from pytest_prefill.verify.ranking import agrees, best_verdict, order_text, ranking, tied_best
-from pytest_prefill.verify.verification import FlagSetResult, VerifyResult, ranking_tolerance
+from pytest_prefill.verify.result import FlagSetResult, VerifyResult, ranking_tolerance
 
 
 def _rate(value: float | None) -> str:
@@ -26,13 +25,6 @@ def _bound(value: float | str) -> str:
     if math.isinf(value):
         return "inf"
     return f"{value:.3g}" if value > 0 else "0"
-
-
-def _interval(estimate: Mapping[str, Any] | None) -> tuple[float, float] | None:
-    """A document's knee interval as numbers (None: no estimate, or a bound that is null)."""
-    if not estimate or estimate.get("low") is None or estimate.get("high") is None:
-        return None
-    return float(estimate["low"]), float(estimate["high"])
 
 
 def _knee(r: FlagSetResult) -> str:
@@ -197,10 +189,9 @@ def _probes(result: FlagSetResult) -> tuple[MeasuredProbe, ...]:
 
 
 def ranking_line(result: VerifyResult) -> str:
-    if len(result.compared) < 2:
-        return "ranking: one flag set measured, nothing to rank"
-    labels = [r.flags.label for r in result.compared]
-    return ranking_text(labels, *result.knees, result.intervals, result.rule.within)
+    """The run's ranking line: :func:`combined_rankings` of it alone (one code path, so a run
+    ranks the same in its own report and under ``verify --rank``)."""
+    return combined_rankings([result])[0][2]
 
 
 def ranking_text(
@@ -295,95 +286,83 @@ def verify_report(result: VerifyResult) -> str:
     return "\n".join(lines)
 
 
-def _speeds_of(document: Mapping[str, Any]) -> str:
-    """A flag set document's probes' speeds as a range ("-": none, or an older document)."""
-    fits = [x.get("estimate") for x in document.get("speeds") or []]
-    speeds = [float(x) for x in fits if isinstance(x, (int, float)) and math.isfinite(x)]
-    return f"x{min(speeds):.2f}-{max(speeds):.2f}" if speeds else "-"
+def engine_of(result: VerifyResult) -> str:
+    """The engine a verification names ("a server" when it names none)."""
+    return result.engine or "a server"
 
 
-def engine_of(document: Mapping[str, Any]) -> str:
-    """The engine a verify document names ("a server" when it names none)."""
-    return str(document.get("engine") or "a server")
+def _speeds(r: FlagSetResult) -> str:
+    """The range of a flag set's probes' own factors ("-": none)."""
+    found = speed_range(r.speeds)
+    return f"x{found[0]:.2f}-{found[1]:.2f}" if found is not None else "-"
 
 
-def _knees_of(flag_set: Mapping[str, Any]) -> tuple[float, float]:
-    """A flag set document's predicted and measured knee, req/s (0: none)."""
-    measured = flag_set.get("measured") or {}
-    predicted = (flag_set.get("predicted") or {}).get("rate") or 0.0
-    return predicted, measured.get("knee") or measured.get("rate") or 0.0
+def _combined_row(r: FlagSetResult) -> list[str]:
+    p = r.predicted.rate if r.predicted is not None else 0.0
+    m = r.measured.knee if r.measured is not None else 0.0
+    status = r.measured.status if r.measured is not None else "-"
+    estimate = r.measured.estimate if r.measured is not None else None
+    interval = f" [{_bound(estimate.low)}, {_bound(estimate.high)}]" if estimate else ""
+    ratio = f"{p / m:.2f}" if p > 0 and m > 0 else "-"
+    shown = _rate(m)
+    rates = [probe.rate for probe in _probes(r)]
+    if estimate is not None and estimate.rate <= 0 and rates:  # below every probe
+        shown, ratio = f"< {_rate(min(rates))}", "-"
+    judged = r.agreement
+    if judged is not None:
+        ratio = f"{ratio} [{_bound(judged.low)}, {_bound(judged.high)}] {judged.verdict}"
+    check = r.load_check
+    factor = f"x{check.factor:.2f}" if check is not None and check.runs else "-"
+    at = r.attainment_at_predicted
+    row = [r.flags.label, factor, _speeds(r), _rate(p), f"{shown}{interval} ({status})", ratio]
+    return row + [f"{at:.0%}" if math.isfinite(at) else "-"]
 
 
-def combined_report(documents: Sequence[Mapping[str, Any]]) -> str:
-    """The flag sets of several verify runs (their JSON documents: one server start each, say)
-    in one table, and per engine whether their measured ranking agrees with the predicted one
+def combined_report(results: Sequence[VerifyResult]) -> str:
+    """The flag sets of several verify runs (one server start each, say) in one table, and
+    per engine whether their measured ranking agrees with the predicted one
     (:func:`combined_rankings`: flag sets of different engines are never ranked together)."""
-    engines = list(dict.fromkeys(engine_of(doc) for doc in documents))
+    engines = list(dict.fromkeys(engine_of(result) for result in results))
     rows = []
-    for doc in documents:
-        for r in doc.get("flag_sets", []):
-            p, m = _knees_of(r)
-            measured_doc = r.get("measured") or {}
-            status = measured_doc.get("status", "-")
-            estimate, judged = measured_doc.get("estimate"), r.get("agreement")
-            interval = (
-                f" [{_bound(estimate['low'])}, {_bound(estimate['high'])}]" if estimate else ""
-            )
-            ratio = f"{p / m:.2f}" if p > 0 and m > 0 else "-"
-            rates = [float(x["rate"]) for x in measured_doc.get("probes") or []]
-            shown = _rate(m)
-            if estimate and float(estimate["rate"]) <= 0 and rates:  # below every probe
-                shown, ratio = f"< {_rate(min(rates))}", "-"
-            if judged:
-                ratio = f"{ratio} [{_bound(judged['low'])}, {_bound(judged['high'])}] "
-                ratio += judged["verdict"]
-            at = r.get("attainment_at_predicted")
-            check = r.get("load_check") or {}
-            factor = f"x{check['factor']:.2f}" if check.get("runs") else "-"
-            row = [] if len(engines) == 1 else [engine_of(doc)]
-            row += [r["flags"]["label"], factor, _speeds_of(r), _rate(p)]
-            row.append(f"{shown}{interval} ({status})")
-            row.append(ratio)
-            row.append(f"{at:.0%}" if isinstance(at, (int, float)) else "-")
-            rows.append(row)
+    for result in results:
+        for r in result.results:
+            row = [] if len(engines) == 1 else [engine_of(result)]
+            rows.append(row + _combined_row(r))
     headers = [] if len(engines) == 1 else ["engine"]
     headers += ["flag set", "cost under load", "probes' speed", "predicted knee"]
-    headers.append("measured knee [90%]")
-    headers.append("predicted/measured [90%]")
-    headers.append("attainment at predicted")
+    headers += ["measured knee [90%]", "predicted/measured [90%]", "attainment at predicted"]
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-    lines = [line for _, _, line in combined_rankings(documents)]
+    lines = [line for _, _, line in combined_rankings(results)]
     return "\n".join([table, *lines])
 
 
-def combined_rankings(
-    documents: Sequence[Mapping[str, Any]],
-) -> list[tuple[str, str | None, str]]:
-    """Per engine, in the order the documents name them: (engine, the best's verdict — None
-    with fewer than two flag sets measured —, the ranking line; prefixed with the engine when
-    the documents hold several)."""
-    engines = list(dict.fromkeys(engine_of(doc) for doc in documents))
+def combined_rankings(results: Sequence[VerifyResult]) -> list[tuple[str, str | None, str]]:
+    """Per engine, in the order the runs name them: (engine, the best's verdict — None with
+    fewer than two flag sets compared —, the ranking line; prefixed with the engine when the
+    runs hold several). The flag sets compared are each run's :attr:`VerifyResult.compared`,
+    so one run ranks here as in its own report."""
+    engines = list(dict.fromkeys(engine_of(result) for result in results))
     out: list[tuple[str, str | None, str]] = []
     for engine in engines:
-        mine = [doc for doc in documents if engine_of(doc) == engine]
-        labels, predicted, measured = [], [], []
-        intervals: list[tuple[float, float] | None] = []
-        for doc in mine:
-            for r in doc.get("flag_sets", []):
-                if r.get("predicted") and r.get("measured") and not r.get("ended"):
-                    p, m = _knees_of(r)
-                    labels.append(r["flags"]["label"])
-                    predicted.append(p)
-                    measured.append(m)
-                    intervals.append(_interval(r["measured"].get("estimate")))
+        mine = [result for result in results if engine_of(result) == engine]
+        compared = [r for result in mine for r in result.compared]
         head = "ranking" if len(engines) == 1 else f"ranking, {engine}"
-        if len(labels) < 2:
-            line = f"{head}: fewer than two flag sets measured, nothing to rank"
-            out.append((engine, None, line))
+        if len(compared) < 2:
+            out.append(
+                (engine, None, f"{head}: fewer than two flag sets measured, nothing to rank")
+            )
             continue
-        rules = [doc.get("probe_rule") or {} for doc in mine]
-        within = max(float(rule.get("within", 0.10)) for rule in rules)  # the loosest claim
+        labels = [r.flags.label for r in compared]
+        predicted = [r.predicted.rate for r in compared if r.predicted is not None]
+        measured = [r.measured.knee for r in compared if r.measured is not None]
+        intervals = [_interval_of(r) for r in compared]
+        within = max(result.rule.within for result in mine)  # the loosest claim
         line = ranking_text(labels, predicted, measured, intervals, within, head)
         verdict = best_verdict(predicted, intervals, ranking_tolerance(within))[0]
         out.append((engine, verdict, line))
     return out
+
+
+def _interval_of(r: FlagSetResult) -> tuple[float, float] | None:
+    e = r.measured.estimate if r.measured is not None else None
+    return (e.low, e.high) if e is not None else None

@@ -7,6 +7,8 @@ import dataclasses
 import re
 from typing import Any
 
+from pytest_prefill.verify.fields import Fields
+
 FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
 
 
@@ -51,3 +53,11 @@ class FlagSet:
 
     def to_dict(self) -> dict[str, Any]:
         return {"budget": self.budget, "max_seqs": self.max_seqs, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, fields: Fields) -> FlagSet:
+        """Raises: ValueError naming the field, for one missing, of the wrong type or out of
+        range."""
+        budget, seqs = fields.integer("budget"), fields.optional_integer("max_seqs")
+        flags: FlagSet = fields.build(cls, budget, seqs)
+        return flags

@@ -3,31 +3,18 @@ which SLO attainment stays at or above a target. Predicted by the capacity searc
 (``plan.capacity``) over the simulator with the server's calibration; measured on the server by
 bounded probes: the predicted rate first, then steps out until the knee is bracketed, then
 geometric bisection, then, while the verdict on the prediction is UNDECIDED, probes where one
-decides it (DESIGN.md, "Checking the answer on a server").
-
-How long a probe is, three rules, the longest wins (``verify.knee_sizing`` applies them).
-(1) Attainment measured over n requests has a binomial standard error ``sqrt(a (1 - a) / n)``;
-at the target ``t`` this is at most the decision margin ``m`` when ``n >= t (1 - t) / m**2``
-(t = 0.9, m = 0.05: 36 requests). (2) A rate ``within`` (the goal, 10%) above what the server
-sustains builds its queue by ``within`` seconds a second, so a probe must keep arriving for
-``bound / within`` seconds (``bound``: the SLO's TTFT, else E2EL) before that overload can show
-as missed bounds: ``R x bound / within`` requests at the predicted rate ``R``. (3) The knee is
-decisive: on the probe's own requests the simulator predicts attainment at ``R x (1 +
-within)`` at least ``m`` below the target, so that an overload the size of the goal shows on
-the server as a clear miss and not as a point or two on a flat stretch (a window that ends in a
-burst is flat: how much of one burst the server absorbs). Rule 3 lengthens the probe step by
-step while a probe's arrivals at ``R`` last at most ``max_seconds``; where that cap binds the
-knee is not decisive by the rule, and the run says so. Every probe of a flag set sends the
-same requests of the workload, the first after ``start``, which is also what the prediction
-simulates. A request that fails counts as missing the SLO. Standard library only."""
+decides it (DESIGN.md, "Checking the answer on a server"). How long a probe is and what it
+sends: ``verify.probe_rule``. A request that fails counts as missing the SLO. Standard library
+only."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from pytest_prefill._io import json_safe
 from pytest_prefill.measure.host_steal import QuietHost, quietly
 from pytest_prefill.plan import rate_search
 from pytest_prefill.plan.capacity import capacity
@@ -43,7 +30,9 @@ from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.serve.load.server_metrics import run_counted
 from pytest_prefill.sim import Request, meets, slo_values
+from pytest_prefill.verify.fields import Fields
 from pytest_prefill.verify.knee_interval import KneeEstimate, deciding_scale, estimate_knee
+from pytest_prefill.verify.probe_rule import ProbeRule
 
 Progress = Callable[[str], object]
 # Probes a server restart cannot answer: asks the server whether it still runs (None: it does).
@@ -51,102 +40,6 @@ Alive = Callable[[], Awaitable[str | None]]
 _Sent = tuple[BenchRun, list[str]]  # a probe's run and its requests' ids in the order sent
 PREDICTION_TOLERANCE = 0.02  # the simulated search's bracket: finer than any probe can tell
 BURST_SPAN = 1e-3  # seconds: a probe whose arrivals span less is a burst
-
-
-def _fraction(field: str, value: Any, low: float, high: float) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and low < value < high):
-        raise ValueError(f"{field} must be a number in ({low:g}, {high:g}), got {value!r}")
-    return float(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeRule:
-    """How the measured knee is searched: the attainment ``target``; the decision ``margin``
-    (each probe is long enough that attainment's standard error at the target is at most
-    this); stop when the highest pass and the lowest miss are within ``tolerance`` (relative);
-    at most ``max_probes`` probes; rates stepped by ``step`` until the knee is bracketed;
-    ``sustained``: probes also long enough for an overload of ``within`` to build a queue and
-    to show (the module's rules 2 and 3); ``within``: the goal the predicted knee is judged
-    against (±); ``max_seconds``: rule 3 lengthens a probe only while its arrivals at the
-    predicted knee last at most this; ``start``: probes skip the workload's first ``start``
-    requests.
-
-    Raises:
-        ValueError: naming the field, for a target or margin outside (0, 1), a tolerance,
-            step, within or max_seconds that is not > 0 (step > 1), fewer than 2 probes, or a
-            start below 0.
-    """
-
-    target: float = 0.9
-    margin: float = 0.05
-    tolerance: float = 0.05
-    max_probes: int = 7
-    step: float = 1.2
-    min_requests: int = 8
-    sustained: bool = True
-    within: float = 0.10
-    max_seconds: float = 45.0
-    start: int = 0
-
-    def __post_init__(self) -> None:
-        _fraction("target", self.target, 0.0, 1.0)
-        _fraction("margin", self.margin, 0.0, 1.0)
-        _fraction("tolerance", self.tolerance, 0.0, 10.0)
-        _fraction("step", self.step, 1.0, 100.0)
-        _fraction("within", self.within, 0.0, 1.0)
-        _fraction("max_seconds", self.max_seconds, 0.0, math.inf)
-        for field, least in (("max_probes", 2), ("min_requests", 1), ("start", 0)):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
-
-    @property
-    def requests(self) -> int:
-        """Requests per probe by rule 1: the fewest whose standard error at the target is
-        <= margin."""
-        need = self.target * (1 - self.target) / self.margin**2
-        return max(self.min_requests, math.ceil(need - 1e-9))
-
-    def requests_at(self, rate: float, slo: SLO) -> int:
-        """Requests per probe at ``rate`` req/s: rule 1, or rule 2 when ``sustained`` and
-        longer (``rate x bound / within``; no TTFT or E2EL bound: rule 1 alone)."""
-        bound = slo.ttft if slo.ttft is not None else slo.e2el
-        if not self.sustained or bound is None or not (math.isfinite(rate) and rate > 0):
-            return self.requests
-        return max(self.requests, math.ceil(rate * bound / self.within - 1e-9))
-
-    def standard_error(self, attainment: float, n: int) -> float:
-        return math.sqrt(max(attainment * (1 - attainment), 0.0) / max(n, 1))
-
-    def sentence(self) -> str:
-        n = self.requests
-        text = (
-            f"each probe sends at least {n} requests: the binomial standard error of attainment "
-            f"at the target, sqrt({self.target:g} x {1 - self.target:.2g} / {n}) = "
-            f"{self.standard_error(self.target, n):.3f}, is at most the margin {self.margin:g}"
-        )
-        if self.sustained:
-            over = f"{self.within:.0%}"
-            text += (
-                f", arrives for the SLO's TTFT / {self.within:g} at the predicted rate R, so "
-                f"that a {over} overload builds a queue of one TTFT bound, and is long enough "
-                f"that the simulator, on the same requests, puts attainment at R x {1 + self.within:g} "
-                f"at most {self.target - self.margin:.0%} (a {over} overload shows), lengthened "
-                f"while a probe lasts at most {self.max_seconds:g} s"
-            )
-        if self.start:
-            text += f"; probes skip the workload's first {self.start} requests"
-        return (
-            f"{text}; rates step by {self.step:g}x to a bracket, bisected to within "
-            f"{self.tolerance:.0%}, then, while the predicted knee's verdict is UNDECIDED, "
-            "probed where one probe decides it (past an open interval, again where a higher "
-            f"rate met more, or at the ±{self.within:.0%} bound), {self.max_probes} probes "
-            f"at most; the predicted knee's goal is within ±{self.within:.0%} of the measured"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "requests": self.requests, "rule": self.sentence()}
 
 
 def engine_slo(slo: SLO, overhead: RequestOverhead) -> SLO | None:
@@ -165,20 +58,24 @@ def engine_slo(slo: SLO, overhead: RequestOverhead) -> SLO | None:
 
 @dataclasses.dataclass(frozen=True)
 class Predicted:
-    """The simulated knee: the capacity search's result for the one deployment (None with
-    ``reason`` when nothing could be searched), and the SLO the engine was held to."""
+    """The simulated knee: its ``rate`` (req/s; 0: none) and the search's ``status``, the SLO
+    the engine was held to (None with ``reason`` when nothing could be searched), the lowest
+    scale the search tried (where the first probe starts when the SLO was met nowhere), and the
+    search's own document (``search``: JSON data, kept as written)."""
 
-    result: DeploymentResult | None
+    rate: float
+    status: str
     slo: SLO | None
     reason: str | None = None
+    lowest_scale: float = 1.0
+    search: Mapping[str, Any] | None = None
 
-    @property
-    def rate(self) -> float:
-        return self.result.max_rate if self.result is not None else 0.0
-
-    @property
-    def status(self) -> str:
-        return self.result.status if self.result is not None else "never met"
+    @classmethod
+    def of(cls, result: DeploymentResult, slo: SLO) -> Predicted:
+        """The capacity search's ``result`` for the one deployment, under ``slo``."""
+        lowest = min((p.scale for p in result.probes), default=1.0)
+        search = json_safe(result.to_dict(), "search")
+        return cls(result.max_rate, result.status, slo, None, lowest, search)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,8 +83,34 @@ class Predicted:
             "status": self.status,
             "reason": self.reason,
             "engine_slo": self.slo.to_dict() if self.slo is not None else None,
-            "search": self.result.to_dict() if self.result is not None else None,
+            "lowest_scale": self.lowest_scale,
+            "search": self.search,
         }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "predicted") -> Predicted:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        fields = Fields(data, where)
+        bounds = fields.child("engine_slo")
+        slo = fields.build(SLO, **bounds.data) if bounds is not None else None
+        search = fields.raw("search")
+        lowest = fields.number("lowest_scale", _lowest_scale(search))
+        return cls(
+            fields.number("rate"),
+            fields.text("status"),
+            slo,
+            fields.optional_text("reason"),
+            lowest,
+            search,
+        )
+
+
+def _lowest_scale(search: Any) -> float:
+    """The lowest scale a search document's probes tried (1: none), for documents written
+    before ``lowest_scale`` was."""
+    probes = search.get("probes") if isinstance(search, Mapping) else None
+    scales = [p.get("scale") for p in probes or [] if isinstance(p, Mapping)]
+    return min((float(s) for s in scales if isinstance(s, (int, float))), default=1.0)
 
 
 def predict_knee(
@@ -202,7 +125,7 @@ def predict_knee(
     held = engine_slo(slo, server_model.overhead)
     if held is None:
         why = f"the request's overhead {server_model.overhead.total:.3g} s breaks {slo}"
-        return Predicted(None, None, why)
+        return Predicted(0.0, "never met", None, why)
     result = capacity(
         list(load),
         server_model.simulated_cost,
@@ -214,7 +137,7 @@ def predict_knee(
         executor=InlineExecutor(),
         engine=server_model.scheduling.profile,
     )
-    return Predicted(result.results[0], held)
+    return Predicted.of(result.results[0], held)
 
 
 def _deployment(server_model: ServerModel) -> Deployment:
@@ -269,7 +192,7 @@ class MeasuredProbe:
     sent: int
     good: int
     failed: int
-    metrics: ServingMetrics | None
+    metrics: ServingMetrics | None = dataclasses.field(compare=False)  # of run, under the SLO
     run: BenchRun
     outcomes: tuple[bool, ...] = ()
 
@@ -301,6 +224,30 @@ class MeasuredProbe:
             "run": self.run.to_dict(),
             "records": [r.to_dict() for r in self.run.records],
         }
+
+    @classmethod
+    def from_dict(cls, data: Any, slo: SLO, where: str = "probe") -> MeasuredProbe:
+        """The probe :meth:`to_dict` wrote; its metrics recomputed from its records under
+        ``slo`` (None: a slim document, without records).
+
+        Raises:
+            ValueError: naming the field, for one missing or of the wrong type.
+        """
+        fields = Fields(data, where)
+        run = BenchRun.from_dict(fields.raw("run"), fields.items("records"), f"{where}.run")
+        outcomes = fields.text("outcomes", "")
+        if set(outcomes) - {"0", "1"}:
+            raise fields.fail("outcomes", "a string of 0s and 1s", outcomes)
+        return cls(
+            fields.number("scale"),
+            fields.number("rate"),
+            fields.integer("sent"),
+            fields.integer("good"),
+            fields.integer("failed"),
+            run.metrics(slo=slo) if run.completed else None,
+            run,
+            tuple(o == "1" for o in outcomes),
+        )
 
 
 def probe_of(
@@ -390,8 +337,57 @@ class MeasuredKnee:
             "status": self.status,
             "high": self.high.rate if self.high is not None else None,
             "ended": self.ended,
+            "low_probe": _index(self.probes, self.low),
+            "high_probe": _index(self.probes, self.high),
+            "tolerance": self.tolerance,
             "probes": [p.to_dict() for p in self.probes],
         }
+
+    @classmethod
+    def from_dict(
+        cls, data: Any, slo: SLO, tolerance: float, where: str = "measured"
+    ) -> MeasuredKnee:
+        """The search :meth:`to_dict` wrote (``slo`` and ``tolerance``: the run's, for a
+        document written without its own).
+
+        Raises:
+            ValueError: naming the field, for one missing or of the wrong type.
+        """
+        fields = Fields(data, where)
+        probes = tuple(
+            MeasuredProbe.from_dict(p.data, slo, p.where)
+            for p in fields.children("probes")
+            if p is not None
+        )
+        low = _probe_at(fields, "low_probe", probes, fields.number("rate", 0.0))
+        high_rate = fields.raw("high")
+        high = _probe_at(fields, "high_probe", probes, fields.number("high") if high_rate else 0.0)
+        estimate = fields.child("estimate")
+        return cls(
+            probes,
+            low,
+            high,
+            fields.number("tolerance", tolerance),
+            fields.optional_text("ended"),
+            KneeEstimate.from_dict(estimate) if estimate is not None else None,
+        )
+
+
+def _index(probes: Sequence[MeasuredProbe], probe: MeasuredProbe | None) -> int | None:
+    return next((i for i, p in enumerate(probes) if p is probe), None)
+
+
+def _probe_at(
+    fields: Fields, key: str, probes: Sequence[MeasuredProbe], rate: float
+) -> MeasuredProbe | None:
+    """The probe a document names by index, else (an older document) the first at ``rate``
+    (None: 0, no such probe)."""
+    index = fields.optional_integer(key)
+    if index is not None:
+        if not 0 <= index < len(probes):
+            raise fields.fail(key, f"an index into the {len(probes)} probes", index)
+        return probes[index]
+    return next((p for p in probes if rate > 0 and p.rate == rate), None)
 
 
 class KneeSearch:
@@ -483,34 +479,7 @@ def start_scale(predicted: Predicted, load: Sequence[Request]) -> float:
     tried (it met the SLO nowhere)."""
     if predicted.rate > 0:
         return predicted.rate / arrival_rate(load)
-    probes = predicted.result.probes if predicted.result is not None else ()
-    return min((p.scale for p in probes), default=1.0)
-
-
-def probe_load(load: Sequence[Request], rule: ProbeRule, count: int | None = None) -> list[Request]:
-    """``count`` (default ``rule.requests``, at least that) of ``load`` by arrival, the first
-    after ``rule.start``, or all that are left when fewer, their arrivals shifted to begin at 0:
-    what every probe sends.
-
-    Raises:
-        ValueError: when ``load`` has fewer than ``rule.requests`` after ``rule.start``, or
-            their arrivals have no rate to scale.
-    """
-    count = max(rule.requests, count or 0)
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[rule.start : rule.start + count]
-    if len(ordered) < rule.requests:
-        after = f" after the first {rule.start}" if rule.start else ""
-        raise ValueError(
-            f"the workload has {len(ordered)} requests{after}; each probe needs "
-            f"{rule.requests} (target {rule.target:g}, margin {rule.margin:g}): give a longer "
-            "workload, a wider margin or a smaller probe start"
-        )
-    if not math.isfinite(arrival_rate(ordered)):
-        raise ValueError("the workload's first requests arrive at once: no rate to scale")
-    origin = ordered[0].arrival
-    return (
-        [dataclasses.replace(r, arrival=r.arrival - origin) for r in ordered] if origin else ordered
-    )
+    return predicted.lowest_scale
 
 
 async def measure_knee(

@@ -31,6 +31,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_prefill.verify.fields import Fields
+
 LEVEL = 0.90
 RESAMPLES = 1000
 SEED = 20261202
@@ -104,6 +106,18 @@ class KneeEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: Fields) -> KneeEstimate:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        return cls(
+            fields.number("rate"),
+            fields.number("low"),
+            fields.number("high"),
+            fields.number("level", LEVEL),
+            fields.integer("resamples", RESAMPLES),
+            fields.number("dispersion", 1.0),
+        )
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:

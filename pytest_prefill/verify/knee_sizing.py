@@ -21,13 +21,9 @@ from typing import Any
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_model import ServerModel
 from pytest_prefill.sim import Request
-from pytest_prefill.verify.knee import (
-    Predicted,
-    ProbeRule,
-    predict_knee,
-    probe_load,
-    simulated_attainment,
-)
+from pytest_prefill.verify.fields import Fields
+from pytest_prefill.verify.knee import Predicted, predict_knee, simulated_attainment
+from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
 
 GROWTH = 1.25  # rule 3 lengthens a probe by this factor a step
 
@@ -78,6 +74,20 @@ class Sharpness:
             "decisive": self.decisive,
             "sentence": self.sentence(),
         }
+
+    @classmethod
+    def from_dict(cls, fields: Fields) -> Sharpness:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        return cls(
+            fields.number("rate"),
+            fields.integer("requests"),
+            fields.number("above"),
+            fields.number("below"),
+            fields.number("target"),
+            fields.number("margin"),
+            fields.number("within"),
+            fields.optional_text("capped"),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

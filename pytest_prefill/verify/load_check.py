@@ -26,6 +26,7 @@ from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.serve.load.server_metrics import run_counted
 from pytest_prefill.sim import Request
+from pytest_prefill.verify.fields import Fields
 
 FACTORS = tuple(round(0.5 + 0.02 * i, 2) for i in range(101))  # 0.5 .. 2.5, the fitted range
 MIN_REQUESTS = 30  # fewer completed requests than this: no factor is fitted
@@ -84,6 +85,21 @@ class LoadFactor:
             "factor": self.factor,
             "sentence": self.sentence(),
         }
+
+    @classmethod
+    def from_dict(cls, fields: Fields) -> LoadFactor:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        return cls(
+            fields.number("estimate"),
+            fields.number("low"),
+            fields.number("high"),
+            fields.number("level"),
+            fields.integer("resamples"),
+            fields.number("measured_latency"),
+            fields.number("simulated_latency"),
+            fields.integer("requests"),
+            fields.text("reason", ""),
+        )
 
 
 def fit_load_factor(
@@ -195,6 +211,15 @@ class LoadRun:
             "records": [r.to_dict() for r in self.run.records],
         }
 
+    @classmethod
+    def from_dict(cls, fields: Fields) -> LoadRun:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        fit = fields.child("fit")
+        if fit is None:
+            raise ValueError(f"{fields.where}: missing 'fit'")
+        run = BenchRun.from_dict(fields.raw("run"), fields.items("records"), f"{fields.where}.run")
+        return cls(fields.number("rate"), LoadFactor.from_dict(fit), run)
+
 
 @dataclasses.dataclass(frozen=True)
 class LoadCheck:
@@ -223,6 +248,13 @@ class LoadCheck:
             "runs": [r.to_dict() for r in self.runs],
             "sentence": self.sentence(),
         }
+
+    @classmethod
+    def from_dict(cls, fields: Fields) -> LoadCheck:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        runs = tuple(LoadRun.from_dict(r) for r in fields.children("runs") if r is not None)
+        before = fields.number("predicted_before")
+        return fields.build(cls, before, runs, fields.number("factor", 1.0))
 
 
 def _steal(run: BenchRun | None) -> str:

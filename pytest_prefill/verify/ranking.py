@@ -5,12 +5,10 @@ within the tolerance of the highest knee, and an order agrees with the predicted
 pair the prediction does tell apart (more than the tolerance between them) comes out the same
 way. Verify's tolerance (:func:`claimed_apart`) is the closest two knees can be predicted and
 still be ordered by the claims made of each knee, within ±``within`` of its measured one: 22%
-at ±10%. Closer than that both knee claims can hold with the knees either way round (run AB
-here: `transformers serve` ≤128 tok predicted 4.47 req/s and ≤512 tok 3.92, 14% apart; both
-held, at 1.07 and 0.91, and ≤512 measured the higher), so a best claimed there was a claim
-stronger than the model's. Never below the simulated search's own bracket
-(``knee.PREDICTION_TOLERANCE``, 2%: run O's budgets 128 and 512 both predicted 4.61 req/s).
-Standard library only."""
+at ±10%. Closer than that both knee claims can hold with the knees either way round (two knees
+predicted 14% apart can both hold, at 1.07 and 0.91, and measure in the other order), so a best
+claimed there would be a claim stronger than the model's. Never below the simulated search's
+own bracket (``knee.PREDICTION_TOLERANCE``, 2%). Standard library only."""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill._io import json_safe
 from pytest_prefill.measure.host_steal import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
@@ -32,28 +31,23 @@ from pytest_prefill.serve.load.loadgen import Target, open_target
 from pytest_prefill.sim import Request, simulated_engine
 from pytest_prefill.verify.flag_sets import FlagSet
 from pytest_prefill.verify.knee import (
-    PREDICTION_TOLERANCE,
-    MeasuredKnee,
     Predicted,
-    ProbeRule,
     measure_knee,
     predict_knee,
-    probe_load,
     replayed_attainment,
     start_scale,
 )
-from pytest_prefill.verify.knee_interval import KneeAgreement, agreement
 from pytest_prefill.verify.knee_sizing import Sharpness, predict_sized, sharpness
 from pytest_prefill.verify.load_check import (
     MIN_REQUESTS,
     LoadCheck,
-    LoadFactor,
     LoadRun,
     factor_at,
     run_load_check,
     run_speeds,
 )
-from pytest_prefill.verify.ranking import agrees, best_verdict, claimed_apart, ranking, tied_best
+from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
+from pytest_prefill.verify.result import FlagSetResult, VerifyResult, one_line
 
 Progress = Callable[[str], object]
 RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
@@ -86,186 +80,6 @@ class Server:
         if self.kv_tokens is not None:
             return float(self.kv_tokens)
         return self.launcher.kv_capacity() if self.launcher is not None else math.inf
-
-
-@dataclasses.dataclass(frozen=True)
-class FlagSetResult:
-    """One flag set's check: the command it ran (launched), the calibration used, the
-    scheduling simulated, the predicted and measured knees, and ``ended``: the one line saying
-    why it stopped early (None when it did not); ``requests``: what each probe sent, of
-    ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
-    the goal the predicted knee is judged against (±); ``pinning``: where a launched server
-    and the load generator ran (``serve.launch.pinning``'s sentence); ``sharpness``: the simulated
-    attainment on either side of the predicted knee, on what the probes send (rule 3);
-    ``replayed``: per probe, the simulator's attainment on its requests replayed at their
-    measured arrivals (``knee.replayed_attainment``); ``load_check``: the server's speed under
-    load against the calibration's (``verify.load_check``), whose factor scales the cost model
-    the knee is predicted with (None: not run); ``speeds``: per probe, its own factor
-    (``load_check.run_speeds``)."""
-
-    flags: FlagSet
-    command: tuple[str, ...] = ()
-    calibration: ServerCalibration | None = None
-    scheduling: Scheduling | None = None
-    predicted: Predicted | None = None
-    measured: MeasuredKnee | None = None
-    ended: str | None = None
-    exit_status: int | None = None
-    requests: int = 0
-    wanted: int = 0
-    within: float = 0.10
-    pinning: str | None = None
-    sharpness: Sharpness | None = None
-    replayed: tuple[float, ...] = ()
-    load_check: LoadCheck | None = None
-    speeds: tuple[LoadFactor, ...] = ()
-
-    @property
-    def ratio(self) -> float:
-        """Predicted over measured knee (NaN when either is missing or 0)."""
-        if self.predicted is None or self.measured is None:
-            return math.nan
-        p, m = self.predicted.rate, self.measured.knee
-        return p / m if p > 0 and m > 0 else math.nan
-
-    @property
-    def agreement(self) -> KneeAgreement | None:
-        """The ratio with its interval, judged against ±``within`` (None: nothing to judge)."""
-        if self.predicted is None or self.measured is None or self.measured.estimate is None:
-            return None
-        return agreement(self.predicted.rate, self.measured.estimate, self.within)
-
-    @property
-    def attainment_at_predicted(self) -> float:
-        first = self.measured.at_first if self.measured is not None else None
-        return first.attainment if first is not None else math.nan
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "flags": self.flags.to_dict(),
-            "command": list(self.command),
-            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
-            "scheduling": self.scheduling.to_dict() if self.scheduling is not None else None,
-            "predicted": self.predicted.to_dict() if self.predicted is not None else None,
-            "measured": self.measured.to_dict() if self.measured is not None else None,
-            "ratio": self.ratio,
-            "agreement": self.agreement.to_dict() if self.agreement is not None else None,
-            "requests": self.requests,
-            "wanted": self.wanted,
-            "attainment_at_predicted": self.attainment_at_predicted,
-            "sharpness": self.sharpness.to_dict() if self.sharpness is not None else None,
-            "replayed": list(self.replayed),
-            "load_check": self.load_check.to_dict() if self.load_check is not None else None,
-            "speeds": [s.to_dict() for s in self.speeds],
-            "ended": self.ended,
-            "exit_status": self.exit_status,
-            "pinning": self.pinning,
-        }
-
-
-def one_line(err: BaseException, limit: int = 400) -> str:
-    """An error's first line for a flag set's one ended line, whole up to ``limit``
-    characters, else cut there with "…" (never silently)."""
-    lines = str(err).strip().splitlines()
-    line = lines[0] if lines else type(err).__name__
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def ranking_tolerance(within: float) -> float:
-    """The tie between predicted knees when each knee is claimed within ±``within``
-    (``verify.ranking.claimed_apart``), never below the search's bracket."""
-    return max(PREDICTION_TOLERANCE, claimed_apart(within))
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyResult:
-    """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
-    in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched)."""
-
-    workload: str
-    slo: SLO
-    rule: ProbeRule
-    results: tuple[FlagSetResult, ...]
-    engine: str
-    quiet: str = ""
-
-    @property
-    def compared(self) -> tuple[FlagSetResult, ...]:
-        """The flag sets with both knees (a flag set that ended early has no measured knee)."""
-        return tuple(r for r in self.results if r.predicted is not None and r.measured is not None)
-
-    @property
-    def knees(self) -> tuple[list[float], list[float]]:
-        """The compared flag sets' predicted and measured knees, req/s."""
-        predicted = [r.predicted.rate for r in self.compared if r.predicted is not None]
-        return predicted, [r.measured.knee for r in self.compared if r.measured is not None]
-
-    @property
-    def predicted_order(self) -> list[int]:
-        return ranking(self.knees[0])
-
-    @property
-    def measured_order(self) -> list[int]:
-        return ranking(self.knees[1])
-
-    @property
-    def tolerance(self) -> float:
-        """Predicted knees closer than this are a tie (``verify.ranking``): closer than claims
-        each within the rule's ±``within`` can order, and never below the search's bracket."""
-        return ranking_tolerance(self.rule.within)
-
-    @property
-    def predicted_best(self) -> tuple[int, ...]:
-        """The flag sets (in ``compared``) whose predicted knee is within :attr:`tolerance` of
-        the highest (``verify.ranking``): a tie names no one best."""
-        return tied_best(self.knees[0], self.tolerance)
-
-    @property
-    def same_best(self) -> bool | None:
-        """Whether the measured best is a predicted best (None: fewer than two)."""
-        return self.measured_order[0] in self.predicted_best if len(self.compared) > 1 else None
-
-    @property
-    def intervals(self) -> list[tuple[float, float] | None]:
-        """The compared flag sets' measured knee intervals (None: no estimate)."""
-        estimates = [r.measured.estimate if r.measured else None for r in self.compared]
-        return [(e.low, e.high) if e is not None else None for e in estimates]
-
-    @property
-    def best_verdict(self) -> str | None:
-        """The predicted best judged on the measured intervals (``verify.ranking.best_verdict``;
-        None: fewer than two)."""
-        if len(self.compared) < 2:
-            return None
-        return best_verdict(self.knees[0], self.intervals, self.tolerance)[0]
-
-    @property
-    def same_order(self) -> bool | None:
-        """Whether the measured order keeps every pair the prediction tells apart."""
-        return agrees(*self.knees, self.tolerance) if len(self.compared) > 1 else None
-
-    def to_dict(self) -> dict[str, Any]:
-        labels = [r.flags.label for r in self.compared]
-        return json_safe(
-            {
-                "kind": "pytest-prefill/verify",
-                "schema_version": 1,
-                "workload": self.workload,
-                "engine": self.engine,
-                "slo": self.slo.to_dict(),
-                "probe_rule": self.rule.to_dict(),
-                "quiet_host": self.quiet or None,
-                "predicted_ranking": [labels[i] for i in self.predicted_order],
-                "measured_ranking": [labels[i] for i in self.measured_order],
-                "ranking_tolerance": self.tolerance,
-                "predicted_best": [labels[i] for i in self.predicted_best],
-                "same_best": self.same_best,
-                "best_verdict": self.best_verdict,
-                "same_order": self.same_order,
-                "flag_sets": [r.to_dict() for r in self.results],
-            },
-            "verify",
-        )
 
 
 @dataclasses.dataclass

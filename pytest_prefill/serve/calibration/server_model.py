@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
-from pytest_prefill._io import json_number
+from pytest_prefill._io import json_number, number_from_json
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
 from pytest_prefill.serve.client.api import ENGINES
@@ -97,6 +98,30 @@ class Scheduling:
             "changed": list(p.changed()),
             "kv_capacity_tokens": json_number(float(kv)),
         }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Scheduling:
+        """The scheduling :meth:`to_dict` wrote: the engine's profile with every knob as
+        written, and the KV cache.
+
+        Raises:
+            ValueError: naming the field, for an engine without a profile, a knob missing,
+                or a KV capacity that is not a positive number.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"scheduling must be an object, got {type(data).__name__}")
+        engine = data.get("engine")
+        if engine not in PROFILES:
+            raise ValueError(f"scheduling.engine: no engine profile {engine!r}")
+        missing = [k for k in KNOBS if k not in data]
+        if missing:
+            raise ValueError(f"scheduling: missing {', '.join(missing)}")
+        try:
+            profile = dataclasses.replace(PROFILES[engine], **{k: data[k] for k in KNOBS})
+            kv = number_from_json(data.get("kv_capacity_tokens", "inf"), "kv_capacity_tokens")
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"scheduling: {err}") from None
+        return cls(profile, kv)
 
 
 def scaled_cost(cost: CostModel, factor: float) -> CostModel:

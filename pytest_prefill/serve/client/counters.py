@@ -101,3 +101,13 @@ class ServerCounters:
 
     def to_dict(self) -> dict[str, Any]:
         return {"before": dict(self.before), "after": dict(self.after), "summary": self.summary()}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ServerCounters:
+        """Raises: ValueError for anything but the counters :meth:`to_dict` wrote."""
+        ok = isinstance(data, Mapping) and all(
+            isinstance(data.get(side), Mapping) for side in ("before", "after")
+        )
+        if not ok:
+            raise ValueError("server_counters must hold 'before' and 'after' objects")
+        return cls(dict(data["before"]), dict(data["after"]))

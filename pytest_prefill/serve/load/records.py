@@ -195,6 +195,34 @@ class BenchRun:
             "host": self.host.to_dict() if self.host is not None else None,
         }
 
+    @classmethod
+    def from_dict(cls, data: Any, records: Sequence[Any] = (), where: str = "run") -> BenchRun:
+        """The run :meth:`to_dict` wrote, with its ``records`` (their documents; none: a
+        document kept without them). Warm-up requests are not written, so none is read.
+
+        Raises:
+            ValueError: naming ``where``, for a field missing or of the wrong type.
+        """
+        from pytest_prefill.measure.host_steal import HostSteal
+        from pytest_prefill.serve.client.counters import ServerCounters
+
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: must be an object, got {type(data).__name__}")
+        try:
+            counters, host = data.get("server_counters"), data.get("host")
+            return cls(
+                tuple(ServerRecord.from_dict(r) for r in records),
+                dict(data["server"]),
+                dict(data["settings"]),
+                str(data["started"]),
+                stopped=data.get("stopped"),
+                server_counters=ServerCounters.from_dict(counters) if counters else None,
+                interrupted=bool(data.get("incomplete", False)),
+                host=HostSteal.from_dict(host) if host else None,
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{where}: lacks or mangles {err!s}") from None
+
     def records_jsonl(self) -> str:
         """One JSON object per request (warm-up ones marked), a line each."""
         lines = [json.dumps({"warmup": True, **r.to_dict()}) for r in self.warmup]
