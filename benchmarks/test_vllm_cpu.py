@@ -55,7 +55,7 @@ def _load(count: int, seed: int = 3):
 def test_verify_three_flag_sets_on_vllm(model, prefill_verify):
     from pytest_prefill.serve.calibration.server_calibration import ServerSweep
     from pytest_prefill.serve.launch.launchers import Launcher
-    from pytest_prefill.verify.knee import ProbeRule
+    from pytest_prefill.verify.probe_rule import ProbeRule
 
     rule = ProbeRule(margin=0.07, max_probes=5)
     result = prefill_verify(
