@@ -10,6 +10,7 @@ import math
 import pytest
 from strategies import V2, scenario
 
+from pytest_prefill.plan.engine_commands import engine_flags, flags_text
 from pytest_prefill.sim import (
     KNOBS,
     LAB,
@@ -109,17 +110,17 @@ def test_the_sequence_cap_never_exceeds_the_token_budget():
 
 
 def test_the_flags_are_in_each_engines_own_terms():
-    assert get_profile("vllm").engine_flags() == {
+    assert engine_flags(get_profile("vllm")) == {
         "--max-num-batched-tokens": 2048,
         "--max-num-seqs": 256,
     }
-    assert get_profile("vllm").flags_text() == "--max-num-batched-tokens 2048 --max-num-seqs 256"
-    assert get_profile("llama.cpp").engine_flags() == {"-b": 2048, "-np": 4}
-    assert get_profile("transformers").engine_flags() == {"--cb-max-batch-tokens": 8192}
-    assert get_profile("sglang").engine_flags() == {"--chunked-prefill-size": 8192}
-    assert LAB.engine_flags() == {} and get_profile("distserve").engine_flags() == {}
+    assert flags_text(get_profile("vllm")) == "--max-num-batched-tokens 2048 --max-num-seqs 256"
+    assert engine_flags(get_profile("llama.cpp")) == {"-b": 2048, "-np": 4}
+    assert engine_flags(get_profile("transformers")) == {"--cb-max-batch-tokens": 8192}
+    assert engine_flags(get_profile("sglang")) == {"--chunked-prefill-size": 8192}
+    assert engine_flags(LAB) == {} and engine_flags(get_profile("distserve")) == {}
     # a vLLM token budget below its sequence cap is typed as vLLM accepts it
-    assert dataclasses.replace(get_profile("vllm"), max_batched_tokens=128).engine_flags() == {
+    assert engine_flags(dataclasses.replace(get_profile("vllm"), max_batched_tokens=128)) == {
         "--max-num-batched-tokens": 128,
         "--max-num-seqs": 128,
     }

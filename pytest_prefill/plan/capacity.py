@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
-from pytest_prefill.plan.engine_commands import splits
+from pytest_prefill.plan.engine_commands import engine_flags, splits
 from pytest_prefill.plan.executors import ShippedLoad, search_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import (
@@ -266,7 +266,7 @@ def engine_document(engine: EngineProfile) -> dict[str, Any]:
         "max_seqs": engine.max_seqs,
         "kv": engine.kv,
         "prefix_caching": engine.prefix_caching,
-        "flags": engine.engine_flags(),
+        "flags": engine_flags(engine),
     }
 
 

@@ -1,11 +1,13 @@
-"""What a capacity answer tells a user to type: how each engine is started, which flags make an
-instance one side of a prefill:decode split (for the engines that have one), and the one line
-for a deployment under an engine profile. The profile's own flags come from
-:meth:`~pytest_prefill.sim.EngineProfile.engine_flags`. Standard library only."""
+"""The one table of what each engine is on its command line: how it is started, the flags its
+token budget and sequence cap are typed as, which flags make an instance one side of a
+prefill:decode split, which flags of a running server to read back (its facts), and its paged
+cache's default block; and the one line a capacity answer tells a user to type. The simulator's
+profiles (``sim.profiles``) keep only the scheduling knobs. Standard library only."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_prefill.sim import PRESETS, CostModel, EngineProfile, Request, simulate
@@ -24,7 +26,11 @@ class EngineCommand:
     (``kinds``): ``budgets`` (token budgets), ``shared``, ``chunks`` (chunk sizes and a time
     budget: the lab's own knobs); ``tp_flag`` sets an instance's tensor-parallel size and
     ``memory_flag`` the fraction of each device's memory it takes and ``length_flag`` the longest
-    sequence it serves (None: the engine has none)."""
+    sequence it serves (None: the engine has none); ``budget_flag`` and ``seqs_flag`` the token
+    budget and sequence cap as typed (None: no flag); ``read_back``: per fact of a running
+    server (``tp``, ``max_seqs``, ``kv_block_tokens``, ``kv_blocks``, ``kv_capacity_tokens``)
+    the flags that show it, first spelling wins, read from the engine's own argument parser;
+    ``kv_block_tokens``: its paged cache's block when no flag sets it (None: not known)."""
 
     start: str | None
     split: tuple[str, str] | None
@@ -35,6 +41,10 @@ class EngineCommand:
     tp_flag: str | None = None
     memory_flag: str | None = None
     length_flag: str | None = None
+    budget_flag: str | None = None
+    seqs_flag: str | None = None
+    read_back: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    kv_block_tokens: int | None = None
 
     def router_of(self, split: bool) -> str:
         """What routes requests across the instances of a split (``split``) or colocated ones."""
@@ -61,6 +71,14 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         tp_flag="--tensor-parallel-size",
         memory_flag="--gpu-memory-utilization",
         length_flag="--max-model-len",
+        budget_flag="--max-num-batched-tokens",
+        seqs_flag="--max-num-seqs",
+        read_back={  # vllm/engine/arg_utils.py
+            "tp": ("--tensor-parallel-size", "-tp"),
+            "max_seqs": ("--max-num-seqs",),
+            "kv_block_tokens": ("--block-size",),
+            "kv_blocks": ("--num-gpu-blocks-override",),
+        },
     ),
     "sglang": EngineCommand(
         f"python -m sglang.launch_server --model-path {MODEL} --enable-mixed-chunk",
@@ -73,18 +91,40 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         tp_flag="--tp",
         memory_flag="--mem-fraction-static",
         length_flag="--context-length",
+        budget_flag="--chunked-prefill-size",
+        seqs_flag="--max-running-requests",
+        read_back={  # python/sglang/srt/server_args.py
+            "tp": ("--tp", "--tp-size", "--tensor-parallel-size"),
+            "max_seqs": ("--max-running-requests",),
+            "kv_block_tokens": ("--page-size",),
+            "kv_capacity_tokens": ("--max-total-tokens",),
+        },
     ),
     "llama.cpp": EngineCommand(
         f"llama-server -m {MODEL}.gguf",
         None,
         "a least-loaded load balancer in front of the servers",
         "llama.cpp tools/server/README.md (no prefill/decode split)",
+        budget_flag="-b",
+        seqs_flag="-np",
+        read_back={  # common/arg.cpp
+            "max_seqs": ("-np", "--parallel"),
+            "kv_capacity_tokens": ("-c", "--ctx-size"),
+        },
     ),
     "transformers": EngineCommand(
         f"transformers serve {MODEL} --continuous-batching",
         None,
         "a least-loaded load balancer in front of the servers",
         "transformers cli/serve.py (--continuous-batching, --cb-max-batch-tokens; no split)",
+        budget_flag="--cb-max-batch-tokens",
+        read_back={  # cli/serve.py; its sequence cap is no CLI flag: serve/launch/
+            # transformers_capped.py takes --max-requests-per-batch before the command
+            "max_seqs": ("--max-requests-per-batch",),
+            "kv_blocks": ("--cb-num-blocks",),
+            "kv_block_tokens": ("--cb-block-size",),
+        },
+        kv_block_tokens=256,  # its paged cache's block when --cb-block-size is unset
     ),
     "distserve": EngineCommand(
         None,
@@ -105,6 +145,28 @@ def engine_command(profile: EngineProfile) -> EngineCommand:
         return known
     kinds = ("budgets",) if profile.max_batched_tokens is not None else ("shared", "chunks")
     return EngineCommand(None, ("", ""), "a least-loaded router", "a profile of your own", kinds)
+
+
+def engine_flags(profile: EngineProfile) -> dict[str, int]:
+    """``profile``'s knobs in its engine's command-line terms (vLLM ``--max-num-batched-tokens``
+    / ``--max-num-seqs``, SGLang ``--chunked-prefill-size`` / ``--max-running-requests``,
+    llama.cpp ``-b`` / ``-np``, ``transformers serve`` ``--cb-max-batch-tokens``). Knobs left
+    unbounded are left out (a sequence cap is typed no higher than the token budget, as vLLM
+    requires); an engine without flags gives none."""
+    known = ENGINE_COMMANDS.get(profile.name)
+    flags: dict[str, int] = {}
+    if known is None:
+        return flags
+    if known.budget_flag is not None and profile.max_batched_tokens is not None:
+        flags[known.budget_flag] = profile.max_batched_tokens
+    if known.seqs_flag is not None and profile.max_seqs is not None:
+        flags[known.seqs_flag] = min(profile.max_seqs, profile.seq_cap or profile.max_seqs)
+    return flags
+
+
+def flags_text(profile: EngineProfile) -> str:
+    """:func:`engine_flags` as they are typed: ``--max-num-batched-tokens 2048 ...``."""
+    return " ".join(f"{flag} {value}" for flag, value in engine_flags(profile).items())
 
 
 def splits(profile: EngineProfile) -> bool:
@@ -136,7 +198,7 @@ def launch_line(
             sizing.append(f"{command.memory_flag} {memory_fraction:g}")
     if max_model_len is not None and command.length_flag is not None:
         sizing.append(f"{command.length_flag} {max_model_len}")
-    flags = " ".join(part for part in (profile.flags_text(), *sizing) if part)
+    flags = " ".join(part for part in (flags_text(profile), *sizing) if part)
     if tp > 1 and command.tp_flag is None and command.start is not None:
         flags += f"  (tensor parallel over {tp} devices: {profile.name} has no flag for it)"
     if command.start is None:

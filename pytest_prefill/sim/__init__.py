@@ -62,7 +62,6 @@ from .prefill_pool import PrefillPool, PrefillSide, PrefillTimes
 from .prefill_worker import Link, PrefillWorker
 from .presets import PRESETS, Preset, get_preset
 from .profiles import (
-    ENGINE_FLAGS,
     FIRST_TOKEN_RULES,
     KNOBS,
     KV_RULES,
@@ -110,7 +109,6 @@ __all__ = [
     "check_percentile",
     "run_step_start",
     "run_first_step",
-    "ENGINE_FLAGS",
     "FIRST_TOKEN_RULES",
     "KINDS",
     "KNOBS",

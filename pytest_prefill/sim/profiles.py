@@ -122,33 +122,6 @@ class EngineProfile:
         note = f" (changed: {', '.join(changed)})" if changed else ""
         return f"engine {self.name}{note}: first token {rule}; {budget}; {seqs}"
 
-    def engine_flags(self) -> dict[str, int]:
-        """The knobs in the engine's own command-line terms, for the engines that have flags
-        for them: vLLM ``--max-num-batched-tokens`` / ``--max-num-seqs``, SGLang
-        ``--chunked-prefill-size`` / ``--max-running-requests``, llama.cpp ``-b`` / ``-np``,
-        ``transformers serve`` ``--cb-max-batch-tokens`` (its request cap is no CLI flag:
-        ``serve/launch/transformers_capped.py`` sets it).
-        Knobs left unbounded are left out (a sequence cap is typed no higher than the token
-        budget, as vLLM requires); a profile of another name gives none."""
-        tokens_flag, seqs_flag = ENGINE_FLAGS.get(self.name, (None, None))
-        flags: dict[str, int] = {}
-        if tokens_flag is not None and self.max_batched_tokens is not None:
-            flags[tokens_flag] = self.max_batched_tokens
-        if seqs_flag is not None and self.max_seqs is not None:
-            flags[seqs_flag] = min(self.max_seqs, self.seq_cap or self.max_seqs)
-        return flags
-
-    def flags_text(self) -> str:
-        """:meth:`engine_flags` as they are typed: ``--max-num-batched-tokens 2048 ...``."""
-        return " ".join(f"{flag} {value}" for flag, value in self.engine_flags().items())
-
-
-ENGINE_FLAGS: dict[str, tuple[str | None, str | None]] = {
-    "vllm": ("--max-num-batched-tokens", "--max-num-seqs"),
-    "sglang": ("--chunked-prefill-size", "--max-running-requests"),
-    "llama.cpp": ("-b", "-np"),
-    "transformers": ("--cb-max-batch-tokens", None),
-}
 
 _VLLM = "vLLM (vllm-project/vllm, commit 99d7eb5, the v0.11 line)"
 _SGLANG = "SGLang (sgl-project/sglang main, python/sglang/srt/server_args.py, late 2025)"

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
 from pytest_prefill.serve.client.http import request_json
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.pinning import engine_core, pin_server
@@ -26,7 +27,7 @@ from pytest_prefill.serve.launch.process import (
 
 LAUNCHED = ("transformers", "llama.cpp", "vllm")
 # transformers serve's paged cache holds blocks of this many tokens (--cb-num-blocks x this).
-TRANSFORMERS_BLOCK = 256
+TRANSFORMERS_BLOCK = int(ENGINE_COMMANDS["transformers"].kv_block_tokens or 0)
 VLLM_MAX_MODEL_LEN = 4096
 VLLM_KV_GIB = 1
 VLLM_READY = 420.0  # seconds: its API server, engine core and worker took 87-173 s here
@@ -51,8 +52,9 @@ def vllm_server(
     None: vLLM's own choice)."""
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.path.abspath(model)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
-    argv += ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(budget)]
-    argv += ["--max-num-seqs", str(max_seqs)]
+    vllm = ENGINE_COMMANDS["vllm"]
+    argv += ["--max-model-len", str(max_model_len), str(vllm.budget_flag), str(budget)]
+    argv += [str(vllm.seqs_flag), str(max_seqs)]
     if not prefix_caching:
         argv.append("--no-enable-prefix-caching")
     env = {**ONE_THREAD, "VLLM_CPU_KVCACHE_SPACE": str(kv_gib)}

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
 from pytest_prefill.serve.client.http import request_json
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.pinning import Pinning
@@ -187,7 +188,8 @@ def transformers_serve(
         ]
     argv += ["serve", os.path.abspath(model), "--continuous-batching"]
     argv += ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--cb-max-batch-tokens", str(max_batch_tokens), "--cb-num-blocks", str(num_blocks)]
+    budget_flag = str(ENGINE_COMMANDS["transformers"].budget_flag)
+    argv += [budget_flag, str(max_batch_tokens), "--cb-num-blocks", str(num_blocks)]
     return argv, dict(ONE_THREAD)
 
 
@@ -203,7 +205,9 @@ def llama_server(
     """The command of llama.cpp's ``llama-server`` with one thread: ``-b`` tokens an iteration
     (decode rows included), ``-np`` slots sharing a unified ``-c`` token KV cache."""
     argv = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", str(context)]
-    argv += ["-np", str(slots), "-kvu", "-b", str(batch), "-ub", str(batch), "-t", "1"]
+    llama = ENGINE_COMMANDS["llama.cpp"]
+    argv += [str(llama.seqs_flag), str(slots), "-kvu", str(llama.budget_flag), str(batch)]
+    argv += ["-ub", str(batch), "-t", "1"]
     argv += ["--no-webui", "--metrics"]
     return argv, dict(ONE_THREAD)
 

@@ -12,37 +12,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
 from pytest_prefill.plan.model_spec import CONFIG_FILE, load_model_spec
 from pytest_prefill.serve.client.identity import ServerIdentity
-
-# Each engine's flags for a fact (first spelling wins); values are integers. Read from the
-# engines' own argument parsers: vLLM vllm/engine/arg_utils.py, SGLang server_args.py,
-# llama.cpp common/arg.cpp, transformers cli/serve.py (its sequence cap is no CLI flag:
-# serve/launch/transformers_capped.py takes --max-requests-per-batch before the command).
-FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
-    "vllm": {
-        "tp": ("--tensor-parallel-size", "-tp"),
-        "max_seqs": ("--max-num-seqs",),
-        "kv_block_tokens": ("--block-size",),
-        "kv_blocks": ("--num-gpu-blocks-override",),
-    },
-    "sglang": {
-        "tp": ("--tp", "--tp-size", "--tensor-parallel-size"),
-        "max_seqs": ("--max-running-requests",),
-        "kv_block_tokens": ("--page-size",),
-        "kv_capacity_tokens": ("--max-total-tokens",),
-    },
-    "llama.cpp": {
-        "max_seqs": ("-np", "--parallel"),
-        "kv_capacity_tokens": ("-c", "--ctx-size"),
-    },
-    "transformers": {
-        "max_seqs": ("--max-requests-per-batch",),
-        "kv_blocks": ("--cb-num-blocks",),
-        "kv_block_tokens": ("--cb-block-size",),
-    },
-}
-TRANSFORMERS_BLOCK = 256  # transformers serve's paged cache block when --cb-block-size is unset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +98,9 @@ def server_facts(identity: ServerIdentity) -> ServerFacts:
     """What ``identity``'s flags (given by the user), endpoints and model folder show."""
     found: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for fact, names in FLAGS.get(identity.engine, {}).items():
+    command = ENGINE_COMMANDS.get(identity.engine)
+    read_back = command.read_back if command is not None else {}
+    for fact, names in read_back.items():
         value = flag_values(identity.flags, names)
         if value is not None:
             found[fact], sources[fact] = value, f"the server's {names[0]}"
@@ -135,9 +109,10 @@ def server_facts(identity: ServerIdentity) -> ServerFacts:
         for fact, key in (("max_seqs", "total_slots"), ("kv_capacity_tokens", "n_ctx")):
             if fact not in found and _whole(details.get(key)):
                 found[fact], sources[fact] = details[key], f"GET /props {key}"
-    if identity.engine == "transformers" and "kv_blocks" in found:
-        found.setdefault("kv_block_tokens", TRANSFORMERS_BLOCK)
-        sources.setdefault("kv_block_tokens", "transformers serve's default block")
+    block = command.kv_block_tokens if command is not None else None
+    if block is not None and "kv_blocks" in found:
+        found.setdefault("kv_block_tokens", block)
+        sources.setdefault("kv_block_tokens", f"{identity.engine}'s default block")
     blocks = found.pop("kv_blocks", None)
     if blocks is not None and "kv_block_tokens" in found:
         found["kv_capacity_tokens"] = blocks * found["kv_block_tokens"]
