@@ -10,13 +10,7 @@ import dataclasses
 import pytest
 from poisson_load import poisson_load
 
-from pytest_prefill.measure.host_steal import (
-    HostSteal,
-    QuietHost,
-    cpu_times,
-    quietly,
-    steal_between,
-)
+from pytest_prefill.measure.quiet import HostSteal, QuietHost, cpu_times, quietly, steal_between
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.client.prompts import Prompts
 from pytest_prefill.serve.load.loadgen import Target

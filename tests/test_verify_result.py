@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_prefill.measure.host_steal import HostSteal
+from pytest_prefill.measure.quiet import HostSteal
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_model import (
     PROFILED_ENGINES,

@@ -29,7 +29,7 @@ from pytest_prefill.commands._workload_args import (
     workload_from_args,
     workload_lines,
 )
-from pytest_prefill.measure.host_steal import QuietHost
+from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.client.api import ENGINES

@@ -155,7 +155,7 @@ def probe_table(result: VerifyResult) -> str:
     """Every probe run on the server, with the simulator's attainment on its requests replayed
     at their measured arrivals, and the factor on the calibration's cost that puts the replay's
     mean latency at the measured one (the probe's speed); the host's CPU steal during each
-    where it was watched (``measure.host_steal``)."""
+    where it was watched (``measure.quiet``)."""
     rows = []
     watched = any(p.run.host is not None for r in result.results for p in _probes(r))
     for r in result.results:

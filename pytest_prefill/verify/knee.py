@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
-from pytest_prefill.measure.host_steal import QuietHost, quietly
+from pytest_prefill.measure.quiet import QuietHost, quietly
 from pytest_prefill.plan import rate_search
 from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
@@ -497,7 +497,7 @@ async def measure_knee(
 ) -> MeasuredKnee:
     """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
     :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided;
-    ``quiet``: each probe run on a quiet host, ``measure.host_steal``). After a probe with
+    ``quiet``: each probe run on a quiet host, ``measure.quiet``). After a probe with
     failed requests ``alive`` is asked: a server that is gone or not answering ends the
     search with one line, keeping the probes run."""
     base = arrival_rate(load)

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.measure.host_steal import QuietHost, quietly
+from pytest_prefill.measure.quiet import QuietHost, quietly
 from pytest_prefill.serve.calibration.server_model import ServerModel
 from pytest_prefill.serve.calibration.simulated import simulate_records
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
@@ -301,7 +301,7 @@ async def run_load_check(
 ) -> LoadRun:
     """``requests`` sent at ``rate`` req/s (their arrivals scaled, salted afresh: a cold prefix
     cache), and the factor fitted on them (:func:`fit_load_factor`); ``quiet``: run on a
-    quiet host (``measure.host_steal``).
+    quiet host (``measure.quiet``).
 
     Raises:
         ValueError: for a rate that is not a positive number, or requests with no rate.

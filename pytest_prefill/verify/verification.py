@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.measure.host_steal import QuietHost
+from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration.calibration import PER_REQUEST_ATTENTION, calibrate_server
@@ -321,7 +321,7 @@ def verify(
     are sent at the predicted knee and the cost model scaled to the speed they show
     (``verify.load_check``); off, or where the workload has fewer than
     ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts. ``quiet``:
-    each probe and load-check run on a quiet host (``measure.host_steal``; None: not watched).
+    each probe and load-check run on a quiet host (``measure.quiet``; None: not watched).
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics, serving_metrics_of
 
 if TYPE_CHECKING:
-    from pytest_prefill.measure.host_steal import HostSteal
+    from pytest_prefill.measure.quiet import HostSteal
     from pytest_prefill.serve.client.counters import ServerCounters
 
 # Tokens a server may count in a prompt beyond those asked for: a chat template's and a BOS
@@ -126,7 +126,7 @@ class BenchRun:
     early (a time bound, an interruption), or is None; ``interrupted``: the run was cut off
     (Ctrl-C) and holds what it had measured by then; ``server_counters`` is what the server's
     own ``/metrics`` said before and after (None: it has none, or was not asked); ``host``
-    what the host's CPU steal was during it (``measure.host_steal``; None: not watched)."""
+    what the host's CPU steal was during it (``measure.quiet``; None: not watched)."""
 
     records: tuple[ServerRecord, ...]
     server: Mapping[str, Any]
@@ -203,7 +203,7 @@ class BenchRun:
         Raises:
             ValueError: naming ``where``, for a field missing or of the wrong type.
         """
-        from pytest_prefill.measure.host_steal import HostSteal
+        from pytest_prefill.measure.quiet import HostSteal
         from pytest_prefill.serve.client.counters import ServerCounters
 
         if not isinstance(data, Mapping):
