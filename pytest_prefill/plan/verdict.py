@@ -27,7 +27,16 @@ from typing import Any
 from pytest_prefill import sim as simulator
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.sim import CostModel, EngineProfile, Request, Trace, simulate
+from pytest_prefill.sim import (
+    CostModel,
+    EngineProfile,
+    Request,
+    Trace,
+    meets,
+    simulate,
+    slo_values,
+    within,
+)
 
 # The simulator's early stop, when it has one (issue 26); else full runs, then the verdict.
 StopRule: Any = getattr(simulator, "StopRule", None)
@@ -60,24 +69,14 @@ def allowed_misses(target: float, requests: int) -> int:
     return m
 
 
-def meets(slo: SLO, ttft: float, tpot: float | None, e2el: float) -> bool:
-    """Whether one request meets every bound of ``slo``: the predicate of
-    :func:`~pytest_prefill.plan.metrics.serving_metrics`' attainment (a bound is met when the
-    value is <= it; a one-token request's TPOT, None, counts as 0, as in vLLM)."""
-    values = {"ttft": ttft, "tpot": tpot if tpot is not None else 0.0, "e2el": e2el}
-    return all(values[name] <= bound for name, bound in slo.bounds)
-
-
 def _values(record: Any) -> tuple[float, float | None, float]:
-    """A finished request's TTFT, TPOT (None for one token) and E2EL."""
-    n = record.output_len
-    tpot = (record.finish - record.first_token) / (n - 1) if n > 1 else None
-    return record.first_token - record.arrival, tpot, record.finish - record.arrival
+    """A finished request's TTFT, TPOT (None for one token) and E2EL (``sim.slo_values``)."""
+    return slo_values(record.arrival, record.first_token, record.finish, record.output_len)
 
 
 def trace_misses(trace: Trace, slo: SLO) -> int:
     """The requests of a full run's ``trace`` that miss ``slo``."""
-    return sum(1 for r in trace.requests.values() if not meets(slo, *_values(r)))
+    return sum(1 for r in trace.requests.values() if not meets(slo.bounds, *_values(r)))
 
 
 def bound_misses(trace: Trace, slo: SLO) -> tuple[tuple[str, int], ...]:
@@ -88,9 +87,9 @@ def bound_misses(trace: Trace, slo: SLO) -> tuple[tuple[str, int], ...]:
         if not (math.isfinite(r.first_token) and math.isfinite(r.finish)):
             continue
         ttft, tpot, e2el = _values(r)
-        values = {"ttft": ttft, "tpot": tpot if tpot is not None else 0.0, "e2el": e2el}
+        values = {"ttft": ttft, "tpot": tpot, "e2el": e2el}
         for name, bound in slo.bounds:
-            counts[name] += values[name] > bound
+            counts[name] += not within(values[name], bound)
     return tuple(counts.items())
 
 
