@@ -32,6 +32,7 @@ from pytest_prefill.sim import (
     EngineProfile,
     Request,
     Trace,
+    in_arrival_order,
     meets,
     simulate,
     slo_values,
@@ -295,7 +296,7 @@ def alone_misses(
     allowed = allowed_misses(target, len(load))
     block = engine.prefix_block_tokens
     cached = shared_prefix_tokens(load, block) if engine.prefix_caching and block else {}
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))
+    ordered = in_arrival_order(load)
     found: dict[tuple[int | None, CostModel], tuple[AloneMiss, ...]] = {}  # same bounds, once
     out = []
     for deployment, cost in deployments:

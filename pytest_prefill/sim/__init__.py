@@ -71,7 +71,7 @@ from .profiles import (
     get_profile,
     resolve_engine,
 )
-from .requests import Request, validate_load
+from .requests import Request, in_arrival_order, validate_load
 from .results import SimResults
 from .router import ROUTERS, LeastLoaded, PrefixRouter
 from .rules import MODES, BaseWorker, Plan, Price, Worker, takes_whole
@@ -184,6 +184,7 @@ __all__ = [
     "to_ticks",
     "token_gaps",
     "validate_load",
+    "in_arrival_order",
     "weighted_percentile",
     "worker_mode",
 ]

@@ -71,4 +71,9 @@ def validate_load(load: Iterable[Request]) -> list[Request]:
         if r.id in seen:
             raise ValueError(f"load[{i}].id {r.id!r} is a duplicate; request ids must be unique")
         seen.add(r.id)
-    return sorted(requests, key=lambda r: (r.arrival, r.id))
+    return in_arrival_order(requests)
+
+
+def in_arrival_order(load: Iterable[Request]) -> list[Request]:
+    """``load`` first come, first served: by arrival, ties by id (the one FCFS order)."""
+    return sorted(load, key=lambda r: (r.arrival, r.id))

@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
-from pytest_prefill.sim import Request
+from pytest_prefill.sim import Request, in_arrival_order
 from pytest_prefill.verify.fields import Fields
 
 
@@ -156,7 +156,7 @@ def probe_load(load: Sequence[Request], rule: ProbeRule, count: int | None = Non
             their arrivals have no rate to scale.
     """
     count = max(rule.requests, count or 0)
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))[rule.start : rule.start + count]
+    ordered = in_arrival_order(load)[rule.start : rule.start + count]
     if len(ordered) < rule.requests:
         after = f" after the first {rule.start}" if rule.start else ""
         raise ValueError(

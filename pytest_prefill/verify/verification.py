@@ -28,7 +28,7 @@ from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.launchers import Launcher, alive
 from pytest_prefill.serve.launch.process import ServerProcess
 from pytest_prefill.serve.load.loadgen import Target, open_target
-from pytest_prefill.sim import Request, simulated_engine
+from pytest_prefill.sim import Request, in_arrival_order, simulated_engine
 from pytest_prefill.verify.flag_sets import FlagSet
 from pytest_prefill.verify.knee import (
     Predicted,
@@ -346,7 +346,7 @@ def verify(
         raise ValueError("give a calibration sweep or a calibration to reuse")
     rule = rule or ProbeRule()
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))
+    ordered = in_arrival_order(load)
     plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, load_check, quiet)
     results = []
     for flags in flag_sets:

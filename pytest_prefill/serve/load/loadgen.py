@@ -297,7 +297,7 @@ async def run_load(
     Raises:
         ValueError: for an invalid load (see ``scheduler.validate_load``) or an empty one.
     """
-    ordered = sorted(validate_load(load), key=lambda r: (r.arrival, r.id))
+    ordered = validate_load(load)
     if bounds.max_requests is not None:
         ordered = ordered[: bounds.max_requests]
     if not ordered:

@@ -17,7 +17,7 @@ from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.load.loadgen import Bounds, Target, run_load, send_one
 from pytest_prefill.serve.load.records import BenchRun
-from pytest_prefill.sim import Request
+from pytest_prefill.sim import Request, in_arrival_order
 
 SCRAPE_TIMEOUT = 5.0
 
@@ -76,7 +76,7 @@ async def run_counted(
     """``loadgen.run_load`` with the server's ``/metrics`` read after the warm-up and after
     the run: the run with ``server_counters`` set when the server has them."""
     bounds = bounds or Bounds()
-    ordered = sorted(load, key=lambda r: (r.arrival, r.id))
+    ordered = in_arrival_order(load)
     warm = []
     for i, request in enumerate(ordered[: bounds.warmup]):
         twin = dataclasses.replace(request, id=f"warmup{i}-{request.id}")
