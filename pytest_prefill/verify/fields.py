@@ -5,6 +5,7 @@ Numbers follow the one convention of the package's documents (``_io.json_number`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -103,6 +104,28 @@ class Fields:
             Fields({f"{key}[{i}]": item}, self.where).number(f"{key}[{i}]")
             for i, item in enumerate(self.items(key))
         )
+
+    def values_of(self, cls: Any) -> Any:
+        """An instance of the dataclass ``cls`` with each field read by its type (``float``,
+        ``int``, ``bool``, ``str``, ``str | None``, ``int | None``); a field with a default
+        takes it where the document lacks it."""
+        readers = {
+            "float": self.number,
+            "int": self.integer,
+            "bool": self.flag,
+            "str": self.text,
+        }
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            kind = str(field.type)
+            if kind.endswith(" | None"):
+                value = self._get(field.name, None)
+                read = readers[kind.removesuffix(" | None")]
+                values[field.name] = None if value is None else read(field.name)
+                continue
+            default = field.default if field.default is not dataclasses.MISSING else _REQUIRED
+            values[field.name] = readers[kind](field.name, default)
+        return self.build(cls, **values)
 
     def build(self, make: Any, *args: Any, **kwargs: Any) -> Any:
         """``make(*args, **kwargs)``, its ValueError prefixed with where this object sits."""

@@ -58,6 +58,5 @@ class FlagSet:
     def from_dict(cls, fields: Fields) -> FlagSet:
         """Raises: ValueError naming the field, for one missing, of the wrong type or out of
         range."""
-        budget, seqs = fields.integer("budget"), fields.optional_integer("max_seqs")
-        flags: FlagSet = fields.build(cls, budget, seqs)
+        flags: FlagSet = fields.values_of(cls)
         return flags

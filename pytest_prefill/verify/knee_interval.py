@@ -110,14 +110,8 @@ class KneeEstimate:
     @classmethod
     def from_dict(cls, fields: Fields) -> KneeEstimate:
         """Raises: ValueError naming the field, for one missing or of the wrong type."""
-        return cls(
-            fields.number("rate"),
-            fields.number("low"),
-            fields.number("high"),
-            fields.number("level", LEVEL),
-            fields.integer("resamples", RESAMPLES),
-            fields.number("dispersion", 1.0),
-        )
+        estimate: KneeEstimate = fields.values_of(cls)
+        return estimate
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:

@@ -78,16 +78,8 @@ class Sharpness:
     @classmethod
     def from_dict(cls, fields: Fields) -> Sharpness:
         """Raises: ValueError naming the field, for one missing or of the wrong type."""
-        return cls(
-            fields.number("rate"),
-            fields.integer("requests"),
-            fields.number("above"),
-            fields.number("below"),
-            fields.number("target"),
-            fields.number("margin"),
-            fields.number("within"),
-            fields.optional_text("capped"),
-        )
+        sharpness: Sharpness = fields.values_of(cls)
+        return sharpness
 
 
 @dataclasses.dataclass(frozen=True)

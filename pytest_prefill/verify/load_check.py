@@ -89,17 +89,8 @@ class LoadFactor:
     @classmethod
     def from_dict(cls, fields: Fields) -> LoadFactor:
         """Raises: ValueError naming the field, for one missing or of the wrong type."""
-        return cls(
-            fields.number("estimate"),
-            fields.number("low"),
-            fields.number("high"),
-            fields.number("level"),
-            fields.integer("resamples"),
-            fields.number("measured_latency"),
-            fields.number("simulated_latency"),
-            fields.integer("requests"),
-            fields.text("reason", ""),
-        )
+        factor: LoadFactor = fields.values_of(cls)
+        return factor
 
 
 def fit_load_factor(
