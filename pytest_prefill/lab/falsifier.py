@@ -298,7 +298,11 @@ def _kv_points(
         return tuple(calibration.points("decode_kv"))
     caches = tuple(sorted({min(n, loaded.max_context - 1) for n in sweeps.DEFAULT_CACHE_LENS}))
     runner = ModelRunner(loaded, seed=setup.seed)
-    return tuple(sweeps.measure_decode_kv(runner, caches, **setup.timing, progress=progress))
+    return tuple(
+        sweeps.measure_decode_kv(
+            runner, caches, repeats=setup.repeats, warmup=setup.warmup, progress=progress
+        )
+    )
 
 
 def engine_gaps(
