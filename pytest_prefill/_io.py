@@ -151,7 +151,8 @@ def abandoned(path: str | os.PathLike[str]) -> bool:
 
 
 def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
-    """The parsed JSON document at ``path`` (``what`` it is supposed to be names a missing one).
+    """The parsed JSON document at ``path`` (``what`` it is supposed to be names a missing one;
+    a path ending in ``.gz`` is read through gzip).
 
     Raises:
         ValueError: naming ``path``, when it does not exist, is not a regular file (a folder,
@@ -173,6 +174,8 @@ def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
         raise ValueError(f"{text}: a folder, not a JSON file") from None
     except OSError as err:
         raise ValueError(f"{text}: cannot be read ({err.strerror})") from None
+    if text.endswith(".gz"):
+        raw = _gunzip(raw, text)
     if len(raw) > MAX_JSON_BYTES:
         raise ValueError(
             f"{text}: over {MAX_JSON_BYTES // 2**20} MiB, far more than any "
@@ -188,6 +191,20 @@ def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
         raise ValueError(f"{text}: nests arrays or objects too deeply to read") from None
     except ValueError as err:  # json.JSONDecodeError, or _json_int's refusal
         raise ValueError(f"{text}: not readable JSON ({err})") from None
+
+
+def _gunzip(raw: bytes, text: str) -> bytes:
+    """``raw`` (a gzip file's bytes) decompressed, at most :data:`MAX_JSON_BYTES` + 1 of them
+    (what is over is refused by the caller, never inflated in full)."""
+    import gzip
+    import io
+    import zlib
+
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as unzipped:
+            return unzipped.read(MAX_JSON_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as err:
+        raise ValueError(f"{text}: not a readable gzip file ({err})") from None
 
 
 def _json_int(digits: str) -> int:

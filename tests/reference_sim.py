@@ -97,13 +97,14 @@ class Reference:
         context = sum(c for _, c, _ in pieces)
         # each new token also attends over the decode rows' kv cached tokens (batch attention)
         batch = k.batch_pair * tokens * kv
-        return (
+        terms = (
             k.overhead
             + k.per_token * (tokens + rows)
             + k.per_pair * pairs
             + k.per_kv * context
             + batch
         )
+        return max(k.floor, terms)  # a pass with prompt tokens costs at least the floor
 
     def cost(self, pieces, rows, kv):
         decode = self.k.base + self.k.per_seq * (len(rows) - 1) + self.k.per_kv * kv if rows else 0

@@ -265,3 +265,76 @@ def test_attention_pairs_count_every_new_token_against_the_cache_and_the_new_one
         + V2.decode_per_kv_token * (context + 7),
         rel=1e-12,
     )
+
+
+FLOORED = CostModel(
+    prefill_pass_overhead=1e-3,
+    prefill_per_token=1e-5,
+    decode_step_base=1e-2,
+    decode_per_kv_token=1e-8,
+    prefill_per_pair=1e-10,
+    fusion_penalty=0.5,
+    prefill_floor=4e-3,
+)
+
+
+@given(
+    t=st.integers(1, 10**4),
+    c=st.integers(0, 10**4),
+    n=st.integers(1, 64),
+    k=st.integers(0, 10**5),
+    floor=st.sampled_from([0.0, 4e-3, 2e-2]),
+)
+def test_the_prefill_floor_bounds_every_pass_with_prompt_tokens_from_below(t, c, n, k, floor):
+    cost = dataclasses.replace(FLOORED, prefill_floor=floor)
+    bare = dataclasses.replace(FLOORED, prefill_floor=0.0)
+    assert cost.prefill_pass(t, c) == max(floor, bare.prefill_pass(t, c))
+    assert cost.compute_part(((t, c),), n) == max(floor, bare.compute_part(((t, c),), n))
+    decode = cost.decode_step(n, k)
+    assert decode == bare.decode_step(n, k)  # decode steps never see the floor
+    compute = max(floor, bare.compute_part(((t, c),), n))  # the rows ride as n more tokens
+    fused = max(decode, compute) + cost.fusion_penalty * min(decode, compute)
+    assert cost.fused_iteration(t, n, k, c) == pytest.approx(fused)
+
+
+def test_a_zero_floor_changes_no_cost():
+    bare = dataclasses.replace(FLOORED, prefill_floor=0.0)
+    unfloored = CostModel.from_dict(
+        {k: v for k, v in bare.to_dict().items() if k != "prefill_floor"}
+    )
+    assert unfloored == bare
+    for t, c in ((1, 0), (100, 0), (512, 4096)):
+        assert bare.prefill_pass(t, c) == (
+            bare.prefill_pass_overhead
+            + bare.prefill_per_token * t
+            + bare.prefill_per_pair * attention_pairs(t, c)
+            + bare.decode_per_kv_token * c
+        )
+
+
+def test_chunk_star_under_a_floor_over_the_decode_step_is_a_negative_diagnosis():
+    under = dataclasses.replace(FLOORED, prefill_floor=FLOORED.decode_step_base / 2)
+    assert under.chunk_star() == dataclasses.replace(FLOORED, prefill_floor=0.0).chunk_star()
+    over = dataclasses.replace(FLOORED, prefill_floor=2 * FLOORED.decode_step_base)
+    room = FLOORED.decode_step_base - over.prefill_floor
+    b = FLOORED.prefill_per_token + FLOORED.prefill_per_pair * 0.5
+    assert over.chunk_star() == pytest.approx(room / b)
+    assert over.chunk_star() < 0
+
+
+@pytest.mark.parametrize("value", [-1e-3, math.nan, math.inf, "slow"])
+def test_a_bad_prefill_floor_is_refused_naming_the_field(value):
+    with pytest.raises(ValueError, match="prefill_floor"):
+        CostModel(**{**GOOD, "prefill_floor": value})
+
+
+def test_the_floor_survives_the_cost_document(tmp_path):
+    import json
+
+    from pytest_prefill.plan.cost_document import load_cost
+
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"cost_model": FLOORED.to_dict()}))
+    cost, _ = load_cost(str(path))
+    assert cost.prefill_floor == FLOORED.prefill_floor
+    assert cost == FLOORED

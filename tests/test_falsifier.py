@@ -99,6 +99,8 @@ def test_claim_first_then_tables_then_a_verdict(tiny, monkeypatch):
     assert "upper bound on one fused iteration" in "\n".join(emitted)
     assert "C* = " in "\n".join(emitted)  # the quick calibration's derivation
     assert 1 <= result.chunk <= 64 and "quick calibration" in result.chunk_source
+    # the quick calibration times the packed pass, as every other calibration does
+    assert result.calibration.provenance["runner"] == "engine packed pass"
     document = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert document["kind"] == "pytest-prefill/falsifier" and document["claim"] == CLAIM
     assert set(document["gaps"]) == {"baseline", "shared", "chunked"}

@@ -166,6 +166,18 @@ def test_short_flat_prompts_get_a_named_floor_not_a_negative_overhead():
 def test_no_floor_where_the_shortest_prompts_lie_on_the_terms():
     fit = fit_cost_model(v2_points(TRUE, 1))
     assert fit.floor.knee == 0 and "no floor" in fit.floor.reason
+    assert fit.cost.prefill_floor == 0
+
+
+def test_the_fitted_floor_is_the_cost_models_so_the_simulator_prices_short_prompts_by_it():
+    fit = fit_cost_model(knee_points(60e-3))
+    assert fit.cost.prefill_floor == fit.floor.value > 0
+    for p in fit.predictions:
+        if p.point.kind == "prefill":  # what the simulator computes is what the fit predicted
+            assert fit.cost.prefill_pass(p.point.x) == pytest.approx(p.fitted)
+    shortest = min(p.point.x for p in fit.predictions if p.point.kind == "prefill")
+    assert fit.cost.prefill_pass(shortest) == fit.floor.value
+    assert CostModel.from_dict(fit.cost.to_dict()) == fit.cost
 
 
 def test_held_out_error_is_a_refit_without_each_prompt_length():

@@ -186,3 +186,64 @@ def test_synthetic_cache_holds_its_length_and_room(qwen3):
     cache = PackedRunner(qwen3).synthetic_cache(300, 7)
     assert cache.length == 300 and cache.capacity == 307
     assert torch.isfinite(cache.filled()).all()
+
+
+class _SdpaCalls(torch.overrides.TorchFunctionMode):
+    """Records each SDPA call's (query shape, key shape, mask type, enable_gqa)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            mask = kwargs.get("attn_mask")
+            self.calls.append(
+                (args[0].shape, args[1].shape, type(mask).__name__, kwargs.get("enable_gqa"))
+            )
+        return func(*args, **kwargs)
+
+
+def test_decode_rows_attend_in_one_call_per_layer_and_gqa_copies_no_cache(qwen3, monkeypatch):
+    """Rows of different cache lengths, listed around a prompt piece, give the HF logits; the
+    pass makes one SDPA call per piece and one for all the rows per layer, with SDPA's own GQA
+    (no repeat_interleave of the cache) and the bottom-right causal bias for every piece."""
+    packed = PackedModel(qwen3)
+    lengths = (3, 17, 9, 30)
+    prompts = [_prompt(n, seed) for seed, n in enumerate(lengths)]
+    caches = [packed.new_cache(n + 1) for n in lengths]
+    firsts = packed.forward([Segment(c, p, "last") for c, p in zip(caches, prompts)])  # noqa: B905
+    nexts = [int(f.argmax()) for f in firsts]
+    newcomer = _prompt(12, seed=40)
+    fresh = packed.new_cache(12)
+    segments = [Segment(c, torch.tensor([t]), "last") for c, t in zip(caches, nexts)]  # noqa: B905
+    segments.insert(2, Segment(fresh, newcomer, "all"))
+    monkeypatch.setattr(
+        torch.Tensor, "repeat_interleave", lambda *a, **k: pytest.fail("the cache was copied")
+    )
+    with _SdpaCalls() as spy:
+        out = packed.forward(segments)
+    monkeypatch.undo()
+    layers, heads = qwen3.config.num_hidden_layers, qwen3.config.num_attention_heads
+    kv_heads = qwen3.config.num_key_value_heads
+    assert len(spy.calls) == layers * 2  # the piece, and every row at once
+    piece, rows = spy.calls[:2]
+    assert piece[2] == "CausalBias" and piece[3] is True  # SDPA's own GQA
+    assert rows[2] == "Tensor" and rows[0][:3] == (len(lengths), kv_heads, heads // kv_heads)
+    torch.testing.assert_close(out[2], _reference(qwen3, newcomer), **TOLERANCE)
+    rows = [x for i, x in enumerate(out) if i != 2]
+    for prompt, token, got, cache in zip(prompts, nexts, rows, caches):  # noqa: B905
+        full = torch.cat([prompt, torch.tensor([token])])
+        torch.testing.assert_close(got, _reference(qwen3, full)[-1], **TOLERANCE)
+        assert cache.length == len(full)
+
+
+def test_a_whole_prompt_and_a_chunk_over_a_cache_use_the_same_causal_bias(qwen3):
+    packed = PackedModel(qwen3)
+    cache = packed.new_cache(40)
+    with _SdpaCalls() as spy:
+        packed.forward([Segment(cache, _prompt(24, seed=1), "none")])  # whole prompt
+        packed.forward([Segment(cache, _prompt(16, seed=2), "none")])  # a chunk over 24 cached
+    assert {mask for _, _, mask, _ in spy.calls} == {"CausalBias"}
+    assert len(spy.calls) == 2 * qwen3.config.num_hidden_layers

@@ -48,6 +48,7 @@ def v2_costs(draw: st.DrawFn, *, zero_terms: bool = True) -> CostModel:
         link_latency=term([0.0, 1e-5, 1e-3]),
         prefill_per_pair=term([0.0, 1e-10, 3e-9]),
         fusion_penalty=term([0.0, 0.25, 0.7, 1.0]),
+        prefill_floor=term([0.0, 5e-3, 4e-2]),  # 4e-2: over every decode step drawn
     )
 
 

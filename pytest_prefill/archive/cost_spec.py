@@ -7,11 +7,11 @@ Standard library only."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from pytest_prefill._io import read_json
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.plan.advice import STAR_CONTEXTS, Trust, star_contexts
 from pytest_prefill.plan.cost_document import load_cost, trust_in
@@ -95,8 +95,7 @@ def contexts_in(document: Any) -> tuple[int, ...]:
 def _basis_in_file(path: str) -> tuple[tuple[str, ...], tuple[int, ...], Trust | None]:
     """(refusals, contexts, trust) of a cost file's calibration."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = read_json(path, "cost file")  # a compressed run file (.json.gz) too
     except (OSError, ValueError, RecursionError):
         # load_cost has read it already; a second read failing is not an answer
         return (), STAR_CONTEXTS, None

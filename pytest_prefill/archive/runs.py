@@ -1,6 +1,6 @@
 """The per-machine results archive: ``<results>/<machine-key>/machine.json`` plus one JSON file
-per run, ``NNNN_<commit8>_<YYYYmmdd_HHMMSS>[_dirty].json``; its names, and reading and finding
-runs. Standard library only.
+per run, ``NNNN_<commit8>_<YYYYmmdd_HHMMSS>[_dirty].json`` (or ``.json.gz``, gzip-compressed);
+its names, and reading and finding runs. Standard library only.
 
 Reading skips (and reports through ``warn``) any file that is corrupt or not a pytest-prefill
 run, never crashing on it. Writing (atomic, and concurrent writers never share a run number) is
@@ -28,7 +28,9 @@ from pytest_prefill.sim import CostModel
 
 SCHEMA_VERSION = SCHEMA_VERSIONS[RUN_KIND]
 MACHINE_FILE = "machine.json"
-RUN_NAME = re.compile(r"^(\d{4,9})_([0-9a-z]{8})_(\d{8}_\d{6})(_dirty)?\.json$")
+# A run file may be gzip-compressed (``.json.gz``): the committed archive keeps its long runs so.
+RUN_NAME = re.compile(r"^(\d{4,9})_([0-9a-z]{8})_(\d{8}_\d{6})(_dirty)?\.json(\.gz)?$")
+RUN_SUFFIXES = (".json", ".json.gz")
 NO_COMMIT = "nocommit"  # eight characters, like a short hash, for a tree outside git
 
 Warn = Callable[[str], None]
@@ -97,7 +99,7 @@ def _run_files(folder: Path, warn: Warn) -> list[tuple[int, str]]:
     other ``*.json`` there (but machine.json) is reported through ``warn``."""
     found = []
     for name in os.listdir(folder):
-        if name == MACHINE_FILE or name.startswith(".") or not name.endswith(".json"):
+        if name == MACHINE_FILE or name.startswith(".") or not name.endswith(RUN_SUFFIXES):
             continue
         match = RUN_NAME.match(name)
         if match:
@@ -232,7 +234,7 @@ def resolve_run(
     Raises:
         ValueError: when ``ref`` is neither, or names a machine without runs.
     """
-    if ref.endswith(".json") or os.sep in ref or os.path.exists(ref):
+    if ref.endswith(RUN_SUFFIXES) or os.sep in ref or os.path.exists(ref):
         return read_run(ref)
     if not KEY_PATTERN.match(ref):
         raise ValueError(f"{ref!r} is neither a run file (*.json) nor a machine key")

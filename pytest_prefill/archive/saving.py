@@ -40,9 +40,25 @@ NUMBERED = re.compile(r"^(\d{4,9})_")  # a run file, or an attachment beside it
 STALE_AFTER = 30.0
 
 
+# Where the tree travels without its .git (a copy sent to a lent device), the commit it was
+# copied from: ``<hex>`` or ``<hex>-dirty`` (scripts/device-check.sh sets it).
+COMMIT_VARIABLE = "PYTEST_PREFILL_COMMIT"
+
+
+def commit_from_environment() -> tuple[str, bool] | None:
+    """(short commit, dirty) from ``COMMIT_VARIABLE``, or None when unset or not a commit."""
+    given = os.environ.get(COMMIT_VARIABLE, "").strip().lower()
+    dirty = given.endswith("-dirty")
+    given = given.removesuffix("-dirty")
+    if not re.fullmatch(r"[0-9a-f]{8,40}", given):
+        return None
+    return given[:8], dirty
+
+
 def git_state(root: str | os.PathLike[str]) -> tuple[str, bool]:
     """The checkout's short commit (8 characters) and whether its tracked files are modified;
-    ``("nocommit", False)`` outside a git work tree or without git."""
+    outside a git work tree or without git, the commit ``COMMIT_VARIABLE`` names, else
+    ``("nocommit", False)``."""
 
     def git(*args: str, timeout: float) -> str:
         done = subprocess.run(
@@ -54,9 +70,9 @@ def git_state(root: str | os.PathLike[str]) -> tuple[str, bool]:
         short = git("rev-parse", "--short=8", "HEAD", timeout=10)[:8].lower()
         status = git("status", "--porcelain", "--untracked-files=no", timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return NO_COMMIT, False
+        return commit_from_environment() or (NO_COMMIT, False)
     if not re.fullmatch(r"[0-9a-f]{8}", short):
-        return NO_COMMIT, False
+        return commit_from_environment() or (NO_COMMIT, False)
     return short, bool(status)
 
 

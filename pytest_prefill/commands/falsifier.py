@@ -42,12 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pytest_prefill.lab.falsifier import GivenCost
     from pytest_prefill.report.falsifier import run_falsifier
 
     cost = None
     if args.cost is not None:
         spec = resolve_cost_args(args)
-        cost = spec.cost
+        if spec.cost is not None:  # with its calibration's refusals and trust (the chunk's label)
+            cost = GivenCost(spec.cost, spec.refused, spec.trust)
         progress(f"cost model: {spec.source}")
     apply_threads(args)
     loaded = load(args)

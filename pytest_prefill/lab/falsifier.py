@@ -6,12 +6,12 @@ prints or renders: ``falsifier_report`` states the claim first, then prints the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.plan.advice import FALLBACK_CHUNK as FALLBACK_CHUNK
-from pytest_prefill.plan.advice import choose_chunk
+from pytest_prefill.plan.advice import Trust, choose_chunk, star_text
 from pytest_prefill.plan.advice import chunk_from_cost as chunk_from_cost
 from pytest_prefill.sim import CostModel, check_int
 from pytest_prefill.units import ms
@@ -97,17 +97,30 @@ def verdict(shared: Measurement, chunked: Measurement) -> tuple[str, str]:
     )
 
 
-def _chunk_for(
-    cost: CostModel, prompt_len: int, source: str, usable: bool = True
+def chunk_for(
+    cost: CostModel,
+    prompt_len: int,
+    source: str,
+    refused: Collection[str] = (),
+    trust: Trust | None = None,
 ) -> tuple[int, str]:
     """The chunk to test (the one rule, :func:`advice.choose_chunk`) and a phrase saying
-    where it came from."""
+    where it came from: "C* of ``source``" only when that C* is determined -- the per-token
+    cost not refused, C* >= 1, and the fit's own trust figures without doubts."""
     star = cost.chunk_star()
-    chosen = choose_chunk(cost, prompt_len, () if usable else ("prefill_per_token",))
-    if usable and star >= 1:
-        return chosen.chunk, source
-    why = "its per-token prefill cost was refused" if not usable else f"C* = {star:.0f}"
-    return chosen.chunk, f"fallback: {source} is unusable, {why}"
+    chosen = choose_chunk(cost, prompt_len, refused)
+    if "prefill_per_token" in refused:
+        return chosen.chunk, (
+            f"fallback: C* not determined ({source}: prefill_per_token was refused)"
+        )
+    if not star >= 1:
+        return chosen.chunk, f"fallback: {source} is unusable, C* = {star_text(star)}"
+    doubts = trust.doubts() if trust is not None else ()
+    if doubts:
+        return chosen.chunk, (
+            f"the fit's C*, not determined: {source} is not trusted ({'; '.join(doubts)})"
+        )
+    return chosen.chunk, f"C* of {source}"
 
 
 def check_arguments(loaded: Any, prompt_len: Any, chunk: Any, stream_context: Any) -> None:
@@ -123,28 +136,45 @@ def check_arguments(loaded: Any, prompt_len: Any, chunk: Any, stream_context: An
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class GivenCost:
+    """A cost model the caller gives the falsifier, with what its calibration said of it:
+    the constants it refused, its trust figures, and a phrase naming it."""
+
+    cost: CostModel
+    refused: tuple[str, ...] = ()
+    trust: Trust | None = None
+    source: str = "the given cost model"
+
+
 def pick_chunk(
     loaded: Any,
     prompt_len: int,
     chunk: int | None,
-    cost: CostModel | None,
+    given: GivenCost | None,
     timing: dict[str, Any],
 ) -> tuple[int, str, Any]:
     """The chunk to test, where it came from, and the quick calibration made for it (None when
-    ``chunk`` or ``cost`` was given)."""
+    ``chunk`` or a cost was given). The quick calibration times the engine's packed pass, as
+    every other calibration does."""
+    from pytest_prefill.lab.packed import calibration_runner
     from pytest_prefill.measure import calibrate as cal
 
     if chunk is not None:
         return min(chunk, prompt_len), "given", None
-    if cost is not None:
-        picked, source = _chunk_for(cost, prompt_len, "C* of the given cost model")
+    if given is not None:
+        picked, source = chunk_for(given.cost, prompt_len, given.source, given.refused, given.trust)
         return min(picked, prompt_len), source, None
-    calibration = cal.calibrate(loaded, batch_sizes=(), chunks=(), fused=(), **timing)
-    picked, source = _chunk_for(
+    runner = calibration_runner(loaded, seed=timing.get("seed", 0))
+    calibration = cal.calibrate(
+        loaded, batch_sizes=(), chunks=(), fused=(), runner=runner, **timing
+    )
+    picked, source = chunk_for(
         calibration.cost,
         prompt_len,
-        "C* of a quick calibration made now",
-        usable="prefill_per_token" not in calibration.refused(),
+        "a quick calibration made now",
+        calibration.refused(),
+        calibration.trust(),
     )
     return min(picked, prompt_len), source, calibration
 
@@ -220,7 +250,7 @@ def measure_falsifier(
     *,
     prompt_len: int = DEFAULT_PROMPT_LEN,
     chunk: int | None = None,
-    cost: CostModel | None = None,
+    cost: CostModel | GivenCost | None = None,
     repeats: int | None = None,
     warmup: int | None = None,
     dry_run: bool = False,
@@ -234,8 +264,11 @@ def measure_falsifier(
     Args:
         loaded: a ``models.LoadedModel``.
         prompt_len: the arriving prompt (never shortened, not even by ``dry_run``).
-        chunk: the chunk to test; default C* of ``cost``, or of a quick calibration (prefill
-            and decode-per-KV sweeps, no batch, chunk or fused sweep) made here.
+        chunk: the chunk to test; default C* of ``cost``, or of a quick calibration on the
+            packed pass (prefill and decode-per-KV sweeps, no batch, chunk or fused sweep)
+            made here.
+        cost: a cost model, or a :class:`GivenCost` carrying its calibration's refusals and
+            trust (the chunk is then labelled C* only when that C* is determined).
         repeats, warmup, dry_run: as for ``calibrate.calibrate``.
         progress: receives one line per finished measurement (for stderr).
         stream_context: cached tokens of the live stream.
@@ -254,8 +287,9 @@ def measure_falsifier(
         "dry_run": dry_run,
         "seed": seed,
     }
+    given = GivenCost(cost) if isinstance(cost, CostModel) else cost
     chosen, source, calibration = pick_chunk(
-        loaded, prompt_len, chunk, cost, {**timing, "progress": progress}
+        loaded, prompt_len, chunk, given, {**timing, "progress": progress}
     )
     setup = GapSetup(prompt_len, chosen, stream_context, repeats, warmup, seed)
     baseline, shared, chunked = hf_gaps(loaded, setup, progress)
@@ -298,7 +332,11 @@ def _kv_points(
         return tuple(calibration.points("decode_kv"))
     caches = tuple(sorted({min(n, loaded.max_context - 1) for n in sweeps.DEFAULT_CACHE_LENS}))
     runner = ModelRunner(loaded, seed=setup.seed)
-    return tuple(sweeps.measure_decode_kv(runner, caches, **setup.timing, progress=progress))
+    return tuple(
+        sweeps.measure_decode_kv(
+            runner, caches, repeats=setup.repeats, warmup=setup.warmup, progress=progress
+        )
+    )
 
 
 def engine_gaps(

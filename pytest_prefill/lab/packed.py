@@ -5,7 +5,7 @@ and attention per request over that request's own KV cache. torch is imported la
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Architectures whose decoder layer is: RMSNorm -> attention (q/k/v/o projections, RoPE, GQA,
@@ -125,6 +125,12 @@ class PackedModel:
     def forward(self, segments: Sequence[Segment]) -> list[Any]:
         """One packed pass. Appends each segment's rows to its cache and returns, per segment,
         its logits as asked (``[vocab]`` for ``"last"``, ``[rows, vocab]`` for ``"all"``, None).
+
+        Prompt pieces (segments of two or more tokens) attend one SDPA call each, causal from
+        the bottom right (a whole prompt and a chunk over a cache take the same kernel family);
+        one-token segments (decode rows) attend together in one batched SDPA call per layer
+        (:class:`DecodeBatch`). Grouped-query attention is SDPA's own (``enable_gqa``): the
+        cache is never copied per head.
         """
         import torch
 
@@ -132,28 +138,36 @@ class PackedModel:
             raise ValueError("a packed pass needs at least one segment")
         if len({id(s.cache) for s in segments}) != len(segments):
             raise ValueError("each segment of a pass must have its own cache")
+        # pieces first, then the decode rows: the rows are one contiguous block of the pass
+        order = [i for i, s in enumerate(segments) if s.tokens.numel() > 1]
+        order += [i for i, s in enumerate(segments) if s.tokens.numel() == 1]
         with torch.inference_mode():
-            bounds: list[tuple[int, int, int]] = []  # (first row, rows, cached positions)
+            bounds: dict[int, tuple[int, int, int]] = {}  # (first row, rows, cached positions)
             offset = 0
-            positions = []
-            for s in segments:
+            for i in order:
+                s = segments[i]
                 n = int(s.tokens.numel())
                 s.cache.reserve(s.cache.length + n)
-                bounds.append((offset, n, s.cache.length))
-                positions.append(torch.arange(s.cache.length, s.cache.length + n))
+                bounds[i] = (offset, n, s.cache.length)
                 offset += n
-            ids = torch.cat([s.tokens.to(self.device) for s in segments])
+            pieces = [(segments[i], bounds[i]) for i in order if bounds[i][1] > 1]
+            singles = [segments[i] for i in order if bounds[i][1] == 1]
+            rows = DecodeBatch(self, singles, offset - len(singles))
+            positions = [
+                torch.arange(cached, cached + n, device=self.device) for _, (_, n, cached) in pieces
+            ]
+            ids = torch.cat([segments[i].tokens.to(self.device) for i in order])
             inner = self.model.model
             h = inner.embed_tokens(ids)
-            cos, sin = inner.rotary_emb(h[None], torch.cat(positions).to(self.device)[None])
+            cos, sin = inner.rotary_emb(h[None], torch.cat([*positions, rows.positions])[None])
             rope = (cos[0][:, None, :], sin[0][:, None, :])
-            masks = [self._mask(n, cached) for _, n, cached in bounds]
             for index, layer in enumerate(self.layers):
                 x = layer.input_layernorm(h)
-                h = h + self._attention(index, layer.self_attn, x, rope, segments, bounds, masks)
+                h = h + self._attention(index, layer.self_attn, x, rope, pieces, rows)
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
-            for s, (_, n, _) in zip(segments, bounds):  # noqa: B905
-                s.cache.length += n
+            rows.write_back()
+            for i in order:
+                segments[i].cache.length += bounds[i][1]
             return self._logits(h, segments, bounds)
 
     def _attention(
@@ -162,20 +176,20 @@ class PackedModel:
         attn: Any,
         x: Any,
         rope: tuple[Any, Any],
-        segments: Sequence[Segment],
-        bounds: Sequence[tuple[int, int, int]],
-        masks: Sequence[Any],
+        pieces: Sequence[tuple[Segment, tuple[int, int, int]]],
+        rows: DecodeBatch,
     ) -> Any:
-        """Layer ``index``'s attention output for every row: q/k/v over all rows at once, the
-        new keys and values written into each segment's cache, attention per segment."""
+        """Layer ``index``'s attention output for every row: q/k/v over all rows at once, each
+        prompt piece's keys and values written into its cache and attended per piece, the
+        decode rows' attended together."""
         import torch
         import torch.nn.functional as F
 
-        rows = x.shape[0]
+        total = x.shape[0]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        q = attn.q_proj(x).view(rows, heads, dim)
-        k = attn.k_proj(x).view(rows, kv_heads, dim)
-        v = attn.v_proj(x).view(rows, kv_heads, dim)
+        q = attn.q_proj(x).view(total, heads, dim)
+        k = attn.k_proj(x).view(total, kv_heads, dim)
+        v = attn.v_proj(x).view(total, kv_heads, dim)
         if getattr(attn, "q_norm", None) is not None:
             q = attn.q_norm(q)
             k = attn.k_norm(k)
@@ -183,64 +197,115 @@ class PackedModel:
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         out = torch.empty_like(q)
-        for s, (first, n, cached), mask in zip(segments, bounds, masks):  # noqa: B905
+        for s, (first, n, cached) in pieces:
             kv = s.cache.data[index]
             kv[0, :, cached : cached + n] = k[first : first + n].transpose(0, 1)
             kv[1, :, cached : cached + n] = v[first : first + n].transpose(0, 1)
-            keys = kv[0, :, : cached + n]
-            values = kv[1, :, : cached + n]
-            if heads != kv_heads:
-                keys = keys.repeat_interleave(heads // kv_heads, dim=0)
-                values = values.repeat_interleave(heads // kv_heads, dim=0)
-            query = q[first : first + n].transpose(0, 1)
             # 4-D inputs: with 3-D ones CPU SDPA falls back to its slow math kernel.
             o = F.scaled_dot_product_attention(
-                query[None],
-                keys[None],
-                values[None],
-                attn_mask=mask,
-                is_causal=mask is None and n > 1,
+                q[first : first + n].transpose(0, 1)[None],
+                kv[0, :, : cached + n][None],
+                kv[1, :, : cached + n][None],
+                attn_mask=causal_bias(n, cached + n),
                 scale=self.scaling,
+                enable_gqa=heads != kv_heads,
             )
             out[first : first + n] = o[0].transpose(0, 1)
-        return attn.o_proj(out.reshape(rows, heads * dim))
+        if rows.count:
+            out[rows.first :] = rows.attend(
+                index, q[rows.first :], k[rows.first :], v[rows.first :]
+            )
+        return attn.o_proj(out.reshape(total, heads * dim))
 
     def _logits(
-        self, h: Any, segments: Sequence[Segment], bounds: Sequence[tuple[int, int, int]]
+        self, h: Any, segments: Sequence[Segment], bounds: Mapping[int, tuple[int, int, int]]
     ) -> list[Any]:
-        """Per segment, the logits it asked for (one lm_head call over every row wanted)."""
+        """Per segment, the logits it asked for (one lm_head call over every row wanted; the
+        rows are picked by slicing, so no index crosses from the host)."""
         import torch
 
         wanted = [
-            (i, first + n - 1 if s.logits == "last" else slice(first, first + n))
-            for i, (s, (first, n, _)) in enumerate(zip(segments, bounds))  # noqa: B905
+            (i, bounds[i][0] + bounds[i][1] - 1 if s.logits == "last" else bounds[i][0])
+            for i, s in enumerate(segments)
             if s.logits != "none"
         ]
         results: list[Any] = [None] * len(segments)
         if not wanted:
             return results
-        picked = [
-            torch.arange(sel.start, sel.stop) if isinstance(sel, slice) else torch.tensor([sel])
-            for _, sel in wanted
-        ]
-        logits = self.model.lm_head(self.model.model.norm(h[torch.cat(picked).to(self.device)]))
+        spans = [(at, 1 if segments[i].logits == "last" else bounds[i][1]) for i, at in wanted]
+        picked = torch.cat([h[at : at + n] for at, n in spans])
+        logits = self.model.lm_head(self.model.model.norm(picked))
         at = 0
-        for (i, sel), chosen in zip(wanted, picked):  # noqa: B905
-            block = logits[at : at + len(chosen)]
-            results[i] = block[0] if not isinstance(sel, slice) else block
-            at += len(chosen)
+        for (i, _), (_, n) in zip(wanted, spans):  # noqa: B905
+            block = logits[at : at + n]
+            results[i] = block[0] if segments[i].logits == "last" else block
+            at += n
         return results
 
-    def _mask(self, n: int, cached: int) -> Any:
-        """Boolean attention mask of ``n`` new rows over ``cached + n`` keys (None when SDPA's
-        own causal flag or no mask is exact)."""
-        if n == 1 or cached == 0:
-            return None
+
+def causal_bias(rows: int, keys: int) -> Any:
+    """Causal attention of ``rows`` new rows over ``keys`` keys, aligned at the bottom right
+    (the last row sees every key): SDPA's own bias, so a whole prompt (``rows == keys``) and a
+    chunk over a cache dispatch to the same fused kernels and no mask is materialised."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right(rows, keys)
+
+
+class DecodeBatch:
+    """A pass's decode rows (one-token segments, the pass's last ``count`` rows from ``first``),
+    attended together: each row's filled cache is gathered once per pass into one zero-padded
+    ``[layer, K/V, row, kv_head, position, dim]`` tensor, each layer writes the rows' new keys
+    and values into it with one indexed store and attends with one masked SDPA call, and the
+    new positions are written back to the caches once after the last layer. The gather costs a
+    read of the rows' caches per pass (device memory); it replaces a Python loop of ~8 calls
+    per row per layer (host dispatch, which bounds an eager engine's short passes)."""
+
+    def __init__(self, packed: PackedModel, segments: Sequence[Segment], first: int) -> None:
         import torch
 
-        keys = torch.arange(cached + n, device=self.device)
-        limit = cached + torch.arange(n, device=self.device)
-        return keys[None, :] <= limit[:, None]
+        self.packed = packed
+        self.segments = list(segments)
+        self.count = len(self.segments)
+        self.first = first
+        device = packed.device
+        lengths = [s.cache.length for s in self.segments]
+        self.positions = torch.tensor(lengths, dtype=torch.long, device=device)
+        if not self.count:
+            return
+        keys = max(lengths) + 1
+        shape = (packed.num_layers, 2, self.count, packed.num_kv_heads, keys, packed.head_dim)
+        self.kv = torch.zeros(shape, dtype=packed.dtype, device=device)  # padding must be finite
+        for i, (s, n) in enumerate(zip(self.segments, lengths)):  # noqa: B905
+            if n:
+                self.kv[:, :, i, :, :n] = s.cache.data[:, :, :, :n]
+        self.rows = torch.arange(self.count, device=device)
+        span = torch.arange(keys, device=device)
+        self.mask = (span[None, :] <= self.positions[:, None])[:, None, None, :]
+
+    def attend(self, index: int, q: Any, k: Any, v: Any) -> Any:
+        """Layer ``index``: store the rows' new keys and values, attend; ``[rows, heads, dim]``."""
+        import torch.nn.functional as F
+
+        packed = self.packed
+        layer = self.kv[index]
+        layer[0, self.rows, :, self.positions] = k
+        layer[1, self.rows, :, self.positions] = v
+        # GQA without copying the cache: a row's query heads that share a KV head are that
+        # head's query rows (head h reads KV head h // group), all under the row's one mask;
+        # a masked SDPA call takes no enable_gqa on CUDA's fused kernels, this needs none.
+        group = packed.num_heads // packed.num_kv_heads
+        query = q.reshape(self.count, packed.num_kv_heads, group, packed.head_dim)
+        o = F.scaled_dot_product_attention(
+            query, layer[0], layer[1], attn_mask=self.mask, scale=packed.scaling
+        )
+        return o.reshape(self.count, packed.num_heads, packed.head_dim)
+
+    def write_back(self) -> None:
+        """Each row's new position, every layer's, into its own cache."""
+        for i, s in enumerate(self.segments):
+            n = s.cache.length
+            s.cache.data[:, :, :, n] = self.kv[:, :, i, :, n]
 
 
 class PackedRunner:
@@ -308,10 +373,11 @@ class PackedRunner:
         last piece also computes its next-token logits (``last_chunk``), as the engine does."""
         import torch
 
+        device = self.packed.device  # every input is on the device before anything is timed
         rows = [self.synthetic_cache(n, 1) for n in cache_lengths]
-        row_ids = [torch.tensor([t]) for t in self.tokens(len(rows)).tolist()]
+        row_ids = [torch.tensor([t], device=device) for t in self.tokens(len(rows)).tolist()]
         chunk = self.synthetic_cache(context, tokens) if tokens else None
-        chunk_ids = self.tokens(tokens) if tokens else None
+        chunk_ids = self.tokens(tokens).to(device) if tokens else None
         if chunk is None and not rows:
             raise ValueError("a pass needs prompt tokens or decode rows")
 
@@ -328,8 +394,8 @@ class PackedRunner:
             segments += [Segment(c, t) for c, t in zip(rows, row_ids)]  # noqa: B905
             logits = self.packed.forward(segments)
             picked = [x for x in logits if x is not None]
-            if picked:
-                torch.stack(picked).argmax(dim=-1).tolist()  # the engine reads its tokens
+            if picked:  # the engine's next tokens, picked on the device; the timer's closing
+                torch.stack(picked).argmax(dim=-1)  # sync waits for them (the read is ~us)
 
         return self._measure(one_pass, repeats, warmup, setup)
 
@@ -357,8 +423,8 @@ class PackedRunner:
 
         chunk = min(chunk, prompt_len)
         stream = self.synthetic_cache(stream_context, 1)
-        token = torch.tensor([int(self.tokens(1)[0])])
-        prompt = self.tokens(prompt_len)
+        token = torch.tensor([int(self.tokens(1)[0])], device=self.packed.device)
+        prompt = self.tokens(prompt_len).to(self.packed.device)
 
         def rewind() -> None:
             stream.length = stream_context

@@ -8,7 +8,8 @@ from __future__ import annotations
 import datetime
 import math
 import platform
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.machine import cpu_model
@@ -45,6 +46,62 @@ KV_HEADROOM_FRACTION = 0.10
 NO_LINK = "not measured: infinite bandwidth, zero latency (state your own for disaggregation)"
 
 Progress = Callable[[str], object]
+
+# A calibration is host-bound when the median timed pass spends at least this share of its
+# synchronized wall time enqueueing (the device then waits on the host's Python dispatch).
+HOST_BOUND_SHARE = 0.9
+
+
+def host_share_summary(points: Sequence[Point], device: Any) -> dict[str, Any]:
+    """The host's share of the timed passes (each point's enqueue time over its synchronized
+    wall time): the median over every point and per kind, whether the calibration is
+    host-bound (median >= ``HOST_BOUND_SHARE``) and a line saying what that means."""
+    shares = {p.label(): p.measurement.host_share for p in points}
+    known = [(p, s) for p, s in zip(points, shares.values()) if s is not None]  # noqa: B905
+    if not known:
+        return {"median": None, "host_bound": None, "line": "host share not recorded"}
+    median = statistics.median(s for _, s in known)
+    by_kind = {
+        kind: statistics.median(s for p, s in known if p.kind == kind)
+        for kind in sorted({p.kind for p, _ in known})
+    }
+    bound = median >= HOST_BOUND_SHARE
+    on_cpu = not getattr(device, "type", str(device)).startswith("cuda")
+    if bound:
+        line = (
+            f"HOST-BOUND: the median pass spends {median:.0%} of its wall time being enqueued "
+            f"(>= {HOST_BOUND_SHARE:.0%}): the device waits on the host's Python dispatch, so "
+            "this measures the eager engine on this host, not what the device could do"
+            + (" (on the CPU the host is the device: every pass is host time)" if on_cpu else "")
+        )
+    else:
+        line = (
+            f"device-bound: the median pass spends {median:.0%} of its wall time being "
+            "enqueued; the timings are the device's"
+        )
+    return {
+        "median": median,
+        "max": max(s for _, s in known),
+        "by_kind": by_kind,
+        "host_bound": bound,
+        "threshold": HOST_BOUND_SHARE,
+        "line": line,
+    }
+
+
+def peak_device_memory(device: Any, *, reset: bool = False) -> int | None:
+    """Bytes the device's allocator held at most since the last reset (CUDA; ``reset``
+    starts a new count), else None -- also for a device faked in tests, or gone."""
+    if not getattr(device, "type", str(device)).startswith("cuda"):
+        return None
+    import torch
+
+    try:
+        if reset:
+            torch.cuda.reset_peak_memory_stats(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    except (AssertionError, RuntimeError, AttributeError):
+        return None
 
 
 def device_name(device: Any) -> str:
@@ -196,6 +253,7 @@ def calibrate(
         from pytest_prefill.measure.runner import ModelRunner
 
         runner = ModelRunner(loaded, seed=seed)
+    peak_device_memory(loaded.device, reset=True)
     quiet = settle() if probe else None
     say(progress, quiet.warning if quiet is not None and quiet.warning else "")
     say(
@@ -204,6 +262,8 @@ def calibrate(
         f"{getattr(runner, 'name', 'hf forward')}, {repeats} repeats after {warmup} warmup",
     )
     points, skipped = measure_sweep(runner, plan, repeats=repeats, warmup=warmup, progress=progress)
+    host = host_share_summary(points, loaded.device)
+    say(progress, host["line"])
     fit = fit_cost_model(
         points, kv_bytes_per_token=loaded.kv_bytes_per_token, kv_capacity_tokens=capacity
     )
@@ -220,5 +280,7 @@ def calibrate(
         quiet=quiet.to_dict() if quiet is not None else None,
         link=NO_LINK,
         runner=getattr(runner, "name", "hf forward"),
+        host_share=host,
+        peak_device_memory_bytes=peak_device_memory(loaded.device),
     )
     return Calibration.from_fit(fit, info, points)

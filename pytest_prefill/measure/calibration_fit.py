@@ -264,8 +264,9 @@ def fit_model(
     kv_capacity_tokens: float = math.inf,
 ) -> tuple[CostModel, dict[str, TermFit], list[Refusal], Floor]:
     """The cost model ``points`` support: decode terms first (the prefill pass reads its
-    cached context at ``decode_per_kv_token``), then the prefill terms and floor, then the
-    fusion penalty against the fitted parts. Refused constants are recorded as 0.
+    cached context at ``decode_per_kv_token``), then the prefill terms and floor (carried into
+    the cost model as ``prefill_floor``), then the fusion penalty against the fitted parts.
+    Refused constants are recorded as 0.
 
     Raises:
         ValueError: without two prefill lengths and at least one decode point.
@@ -277,6 +278,7 @@ def fit_model(
         **decode,
         kv_bytes_per_token=kv_bytes_per_token,
         kv_capacity_tokens=kv_capacity_tokens,
+        prefill_floor=floor.value,  # the simulator floors each pass as the fit did
     )
     fusion_fit, penalty, fusion_refusals = fusion_constant(points, cost)
     fits = {"prefill": prefill_fit, "decode": decode_fit}

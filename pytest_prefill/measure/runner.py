@@ -7,11 +7,12 @@ CUDA); inputs are seeded. Works with transformers 4.5x (``past_key_values``) and
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.measure.models import LoadedModel, kv_geometry
-from pytest_prefill.measure.timing import Measurement, measure, perf_counter_timer
+from pytest_prefill.measure.timing import Measurement, measure, wall_and_host_timer
 from pytest_prefill.sim import check_int
 
 # Synthetic caches repeat a random tile of this many positions: timing does not depend on the
@@ -211,21 +212,24 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def timer(self, fn: Callable[[], object]) -> float:
-        """Seconds one call of ``fn`` takes: CUDA events on CUDA, the wall clock elsewhere."""
+    def timer(self, fn: Callable[[], object]) -> tuple[float, float]:
+        """One call of ``fn``: (its seconds, CUDA events on CUDA and the wall clock elsewhere;
+        the host's seconds until ``fn`` returned, the enqueue time)."""
         import torch
 
         if self.device.type != "cuda":
-            return perf_counter_timer(fn)
+            return wall_and_host_timer(fn)
         with torch.cuda.device(self.device):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(self.device)
             start.record()
+            began = time.perf_counter()
             fn()
+            enqueued = time.perf_counter() - began
             end.record()
             end.synchronize()
-            return start.elapsed_time(end) / 1e3
+            return start.elapsed_time(end) / 1e3, enqueued
 
     def measure(
         self,

@@ -188,6 +188,42 @@ def _summary(m: Measurement) -> str:
     return ms_spread(m.median, m.minimum, m.maximum)
 
 
+OUT_OF_MEMORY_ADVICE = (
+    "try shorter prompts or fewer rows (the sweep's lengths), a smaller --prefill-dtype or "
+    "model, or a device with more free memory"
+)
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is the device (or host allocator) running out of memory."""
+    text = str(err)
+    return type(err).__name__ == "OutOfMemoryError" or (
+        isinstance(err, RuntimeError)
+        and ("out of memory" in text or "can't allocate memory" in text)
+    )
+
+
+def time_or_skip(
+    what: str, call: Callable[[], Measurement], skipped: list[str], progress: Progress | None
+) -> Measurement | None:
+    """``call()``; when it runs out of memory, None, with ``what`` failed and what to try said
+    and kept in ``skipped`` (the device's cache is emptied so that the next point can run)."""
+    try:
+        return call()
+    except Exception as err:
+        if not out_of_memory(err):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = f"{what}: out of memory ({first[:160]}); {OUT_OF_MEMORY_ADVICE}"
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        say(progress, reason)
+        skipped.append(reason)
+        return None
+
+
 @dataclasses.dataclass
 class PassSweep:
     """Times a sweep's passes (prefill, chunk, fused) with one runner, one timing and one
@@ -216,6 +252,9 @@ class PassSweep:
             self.skipped.append(what + reason)
         return bool(reason)
 
+    def _time(self, what: str, method: Callable[..., Measurement], *args: Any) -> Any:
+        return time_or_skip(what, lambda: method(*args, **self.timing), self.skipped, self.progress)
+
     def prefill(self, prompt_lens: Sequence[int]) -> list[Point]:
         """Prefill passes into a fresh cache at each prompt length, shortest first."""
         assert self.budget is not None
@@ -223,7 +262,9 @@ class PassSweep:
         for tokens in sorted(prompt_lens):
             if self._skips("prefill ", tokens):
                 continue
-            m = self.runner.time_prefill(tokens, **self.timing)
+            m = self._time(f"prefill {tokens:,} tokens", self.runner.time_prefill, tokens)
+            if m is None:
+                break  # a longer prompt needs more memory still
             self.budget.record(tokens, m.median)
             say(self.progress, f"prefill {tokens:>6} tokens: {_summary(m)}")
             points.append(Point("prefill", tokens, m))
@@ -238,7 +279,11 @@ class PassSweep:
         for tokens, context in chunks:
             if self._skips("chunk ", tokens, context):
                 continue
-            m = self.runner.time_chunk(tokens, context, **self.timing)
+            m = self._time(
+                f"chunk {tokens:,} over {context:,}", self.runner.time_chunk, tokens, context
+            )
+            if m is None:
+                continue
             say(self.progress, f"chunk {tokens:>6} tokens over {context:,} cached: {_summary(m)}")
             points.append(Point("chunk", tokens, m, context=context))
         return points
@@ -251,7 +296,15 @@ class PassSweep:
             if self._skips(f"fused, {rows} decode row(s): ", tokens, context):
                 continue
             rows_context = [row_context] * rows
-            m = self.runner.time_fused(tokens, context, rows_context, **self.timing)
+            m = self._time(
+                f"fused {tokens:,} over {context:,} + {rows} rows",
+                self.runner.time_fused,
+                tokens,
+                context,
+                rows_context,
+            )
+            if m is None:
+                continue
             say(
                 self.progress,
                 f"fused {tokens} tokens over {context:,} + {rows} rows: {_summary(m)}",
@@ -285,11 +338,21 @@ def measure_decode_kv(
     warmup: int,
     progress: Progress | None = None,
     rows: int = 1,
+    skipped: list[str] | None = None,
 ) -> list[Point]:
-    """Decode steps of ``rows`` rows (batch 1 by default), each over a cache of each length."""
+    """Decode steps of ``rows`` rows (batch 1 by default), each over a cache of each length
+    (one that runs out of memory is skipped, its reason added to ``skipped``)."""
     points = []
+    skipped = [] if skipped is None else skipped
     for cached in cache_lens:
-        m = runner.time_decode([cached] * rows, repeats=repeats, warmup=warmup)
+        m = time_or_skip(
+            f"decode, {rows} x {cached:,} cached",
+            lambda: runner.time_decode([cached] * rows, repeats=repeats, warmup=warmup),  # noqa: B023
+            skipped,
+            progress,
+        )
+        if m is None:
+            continue
         point = Point("decode_kv", cached, m, rows=rows if rows > 1 else 0)
         say(progress, f"{point.label()}: {_summary(m)}")
         points.append(point)
@@ -304,11 +367,21 @@ def measure_decode_batch(
     repeats: int,
     warmup: int,
     progress: Progress | None = None,
+    skipped: list[str] | None = None,
 ) -> list[Point]:
-    """Decode steps of each batch size, every sequence holding ``context`` cached tokens."""
+    """Decode steps of each batch size, every sequence holding ``context`` cached tokens (one
+    that runs out of memory is skipped, its reason added to ``skipped``)."""
     points = []
+    skipped = [] if skipped is None else skipped
     for batch in batch_sizes:
-        m = runner.time_decode([context] * batch, repeats=repeats, warmup=warmup)
+        m = time_or_skip(
+            f"decode, batch {batch} x {context:,} cached",
+            lambda: runner.time_decode([context] * batch, repeats=repeats, warmup=warmup),  # noqa: B023
+            skipped,
+            progress,
+        )
+        if m is None:
+            continue
         say(progress, f"decode, batch {batch:>3} x {context} cached: {_summary(m)}")
         points.append(Point("decode_batch", batch, m, context=context))
     return points
@@ -322,10 +395,13 @@ def measure_sweep(
     timing: dict[str, Any] = {"repeats": repeats, "warmup": warmup, "progress": progress}
     passes = PassSweep(runner, budget=Budget(sweep.budget, repeats + warmup), **timing)
     points = passes.prefill(sweep.prompt_lens) + passes.chunks(sweep.chunks)
-    points += measure_decode_kv(runner, sweep.cache_lens, rows=sweep.kv_rows, **timing)
+    skipped = passes.skipped
+    points += measure_decode_kv(
+        runner, sweep.cache_lens, rows=sweep.kv_rows, skipped=skipped, **timing
+    )
     if sweep.batch_sizes:
         points += measure_decode_batch(
-            runner, sweep.batch_sizes, context=sweep.batch_context, **timing
+            runner, sweep.batch_sizes, context=sweep.batch_context, skipped=skipped, **timing
         )
     if sweep.fused and hasattr(runner, "time_fused"):
         points += passes.fused(sweep.fused, sweep.row_context)

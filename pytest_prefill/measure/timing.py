@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,13 +49,19 @@ class Measurement:
     q1: float
     q3: float
     warmup: int
+    host: tuple[float, ...] = ()
 
     @classmethod
-    def from_samples(cls, samples: Sequence[float], *, warmup: int = 0) -> Measurement:
-        """Summarize ``samples`` (seconds, each finite and >= 0).
+    def from_samples(
+        cls, samples: Sequence[float], *, warmup: int = 0, host: Sequence[float] = ()
+    ) -> Measurement:
+        """Summarize ``samples`` (seconds, each finite and >= 0). ``host``: per sample, the
+        seconds the host took to enqueue the work (the call's return, before the device was
+        waited for); empty when not recorded.
 
         Raises:
-            ValueError: for no samples, or a negative, NaN or infinite sample.
+            ValueError: for no samples, a negative, NaN or infinite sample or host time, or
+                host times that do not pair with the samples.
         """
         import numpy as np
 
@@ -63,8 +70,24 @@ class Measurement:
         values = tuple(finite("sample", s) for s in samples)
         if min(values) < 0:
             raise ValueError(f"samples must be >= 0 seconds, got {min(values)!r}")
+        enqueue = tuple(finite("host time", h) for h in host)
+        if enqueue and (len(enqueue) != len(values) or min(enqueue) < 0):
+            raise ValueError(
+                f"host times must be one per sample ({len(values)}), each >= 0 seconds"
+            )
         q1, median, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75]).tolist()
-        return cls(values, median, min(values), max(values), q1, q3, warmup)
+        return cls(values, median, min(values), max(values), q1, q3, warmup, enqueue)
+
+    @property
+    def host_share(self) -> float | None:
+        """The host's share of a timed call: the median of each sample's enqueue time over its
+        synchronized wall time, at most 1 (None when not recorded). Near 1 the device waited
+        on the host: the call is bound by Python dispatch, not by the device."""
+        if not self.host:
+            return None
+        return statistics.median(
+            min(1.0, h / s) if s > 0 else 1.0 for h, s in zip(self.host, self.samples)
+        )
 
     @property
     def repeats(self) -> int:
@@ -105,6 +128,11 @@ class Measurement:
             "warmup": self.warmup,
             "warning": self.warning,
             "samples": list(self.samples),
+            **(
+                {"host_share": self.host_share, "host_samples": list(self.host)}
+                if self.host
+                else {}
+            ),
         }
 
     @classmethod
@@ -112,18 +140,35 @@ class Measurement:
         if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
             raise ValueError(f"a measurement must be an object with 'samples', got {data!r:.80}")
         warmup = data.get("warmup", 0)
-        return cls.from_samples(data["samples"], warmup=check_int("warmup", warmup, minimum=0))
+        host = data.get("host_samples", [])
+        if not isinstance(host, list):
+            raise ValueError(f"a measurement's host_samples must be a list, got {host!r:.80}")
+        return cls.from_samples(
+            data["samples"], warmup=check_int("warmup", warmup, minimum=0), host=host
+        )
 
 
 def perf_counter_timer(fn: Callable[[], object], sync: Callable[[], object] | None = None) -> float:
     """Seconds one call of ``fn`` takes by the wall clock, synchronized before and after."""
+    return wall_and_host_timer(fn, sync)[0]
+
+
+def wall_and_host_timer(
+    fn: Callable[[], object], sync: Callable[[], object] | None = None
+) -> tuple[float, float]:
+    """One call of ``fn``: (seconds by the wall clock, synchronized before and after; seconds
+    until ``fn`` returned, before the device is waited for -- the host's enqueue time)."""
     if sync is not None:
         sync()
     start = time.perf_counter()
     fn()
+    enqueued = time.perf_counter()
     if sync is not None:
         sync()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, enqueued - start
+
+
+Timer = Callable[[Callable[[], object]], "float | tuple[float, float]"]
 
 
 def measure(
@@ -133,7 +178,7 @@ def measure(
     warmup: int,
     sync: Callable[[], object] | None = None,
     setup: Callable[[], object] | None = None,
-    timer: Callable[[Callable[[], object]], float] | None = None,
+    timer: Timer | None = None,
 ) -> Measurement:
     """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
 
@@ -144,8 +189,9 @@ def measure(
         sync: waits for the device (e.g. ``torch.cuda.synchronize``); called around each timed
             call by the default wall-clock timer.
         setup: called before every call, untimed (e.g. to reset a cache to its length).
-        timer: runs ``fn`` once and returns its seconds (e.g. CUDA events); default: the wall
-            clock with ``sync`` around the call.
+        timer: runs ``fn`` once and returns its seconds (e.g. CUDA events), or (seconds, the
+            host's enqueue seconds); default :func:`wall_and_host_timer` with ``sync``. The
+            host times, when given, make the measurement's ``host_share``.
 
     Raises:
         ValueError: for repeats < 1 or warmup < 0.
@@ -153,8 +199,8 @@ def measure(
     check_int("repeats", repeats, minimum=1)
     check_int("warmup", warmup, minimum=0)
 
-    def timed(call: Callable[[], object]) -> float:
-        return timer(call) if timer is not None else perf_counter_timer(call, sync)
+    def timed(call: Callable[[], object]) -> float | tuple[float, float]:
+        return timer(call) if timer is not None else wall_and_host_timer(call, sync)
 
     for _ in range(warmup):
         if setup is not None:
@@ -163,8 +209,16 @@ def measure(
     if sync is not None:
         sync()
     samples: list[float] = []
+    host: list[float] = []
     for _ in range(repeats):
         if setup is not None:
             setup()
-        samples.append(timed(fn))
-    return Measurement.from_samples(samples, warmup=warmup)
+        taken = timed(fn)
+        if isinstance(taken, tuple):
+            samples.append(taken[0])
+            host.append(taken[1])
+        else:
+            samples.append(taken)
+    return Measurement.from_samples(
+        samples, warmup=warmup, host=host if len(host) == len(samples) else ()
+    )

@@ -58,6 +58,7 @@ from pytest_prefill.plugin.session import (
     benchmark_entry,
     device_lock,
     device_unavailable,
+    lock_mode,
     our_skip,
     state_of,
 )
@@ -166,6 +167,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     needs = any("prefill_calibration" in getattr(i, "fixturenames", ()) for i in session.items)
     state.calibrates = needs and device_unavailable(state) is None
     state.measures_server = any(i.get_closest_marker("server") for i in session.items)
+    gpu_tests = any(i.get_closest_marker("gpu") for i in session.items)
+    state.times_device = gpu_tests and device_unavailable(state) is None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -190,11 +193,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     state = item.config.stash.get(STATE, None)
     gpu = item.get_closest_marker("gpu") is not None
     server = item.get_closest_marker("server") is not None
-    timing = state is not None and (state.settings.device == "cpu" or state.measures_server)
-    if state is None or not (gpu or server or timing):
+    mode = None if state is None else lock_mode(state, gpu, server)
+    if state is None or mode is None:
         yield
         return
-    with device_lock(state, exclusive=gpu or server):
+    with device_lock(state, exclusive=mode):
         yield
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_prefill._io import json_safe, write_json_atomic
+from pytest_prefill.plan.advice import Trust
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.plugin.bound import CapacitySearch, PrefillReport, Scheduler
@@ -112,32 +113,49 @@ def prefill_calibration(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def prefill_falsifier(
     prefill_model: Any,
-    prefill_calibration: Any,
     prefill_settings: Settings,
     prefill_report: PrefillReport,
+    request: pytest.FixtureRequest,
 ) -> Callable[..., Any]:
     """The falsifier on the device under test: ``prefill_falsifier(prompt_len=2048)`` states
     its claim before measuring, times a decode step alone, behind a whole prefill and behind
-    one chunk (default: the chunk the session calibration's C* gives), records the stall table
-    and the HOLDS/FAILS verdict in the summary, and returns the result (``.verdict``,
-    ``.verdict_line``, ``.claim``)."""
+    one chunk (default: the chunk C* gives -- of ``--prefill-cost`` when given, else of the
+    session's calibration -- labelled C* only when that calibration determines it), records
+    the stall table and the HOLDS/FAILS verdict in the summary, and returns the result
+    (``.verdict``, ``.verdict_line``, ``.claim``)."""
 
     def falsify(prompt_len: int | None = None, chunk: int | None = None) -> Any:
-        return _falsify(
-            prefill_model,
-            prefill_calibration.cost,
-            prefill_settings,
-            prefill_report,
-            prompt_len,
-            chunk,
-        )
+        given = None if chunk is not None else falsifier_cost(request)
+        return _falsify(prefill_model, given, prefill_settings, prefill_report, prompt_len, chunk)
 
     return falsify
 
 
+def falsifier_cost(request: pytest.FixtureRequest) -> Any:
+    """The cost the falsifier's chunk comes from, with its calibration's refusals and trust:
+    ``--prefill-cost`` when given explicitly, else the session's calibration."""
+    from pytest_prefill.lab.falsifier import GivenCost
+
+    s = state_of(request.config).settings
+    if s.cost_model is not None and s.cost_explicit:
+        return GivenCost(
+            CostModel.from_dict(s.cost_model),
+            tuple(s.cost_refused),
+            Trust.from_dict(s.cost_trust),
+            s.cost_source,
+        )
+    calibration = request.getfixturevalue("prefill_calibration")
+    return GivenCost(
+        calibration.cost,
+        tuple(sorted(calibration.refused())),
+        calibration.trust(),
+        "the session's calibration",
+    )
+
+
 def _falsify(
     model: Any,
-    cost: CostModel,
+    cost: Any,
     s: Settings,
     report: PrefillReport,
     prompt_len: int | None,

@@ -42,6 +42,7 @@ class SessionState:
     lock: DeviceLock | None = None
     calibrates: bool = False  # a collected test needs the calibration (see session_cost)
     measures_server: bool = False  # a collected test is marked server (every test then locks)
+    times_device: bool = False  # a collected gpu test will time an available device
     # the controller's harvest
     order: dict[str, int] = dataclasses.field(default_factory=dict)
     entries: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
@@ -95,6 +96,18 @@ def device_lock(state: SessionState, exclusive: bool = True) -> Iterator[None]:
         state.lock = DeviceLock(os.path.join(state.settings.session_dir, "device.lock"))
     with state.lock.hold(exclusive):
         yield
+
+
+def lock_mode(state: SessionState, gpu: bool, server: bool) -> bool | None:
+    """How a test holds the device lock under xdist: True exclusively (a gpu or server test:
+    it times), False shared (every other test while the session times anything -- gpu tests
+    on any available device, ``--prefill-device cpu``, a server -- so that nothing runs on
+    the host beside a timing: an eager engine's passes are host-bound), None not at all."""
+    if gpu or server:
+        return True
+    if state.settings.device == "cpu" or state.measures_server or state.times_device:
+        return False
+    return None
 
 
 def benchmark_entry(item: pytest.Item, report: pytest.TestReport) -> dict[str, Any] | None:

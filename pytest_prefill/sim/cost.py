@@ -71,6 +71,12 @@ class CostModel:
     ``prefill_per_pair = fusion_penalty = batch_attention_per_pair = 0`` this is the lab's
     linear model exactly.
 
+    ``prefill_floor`` (seconds) is the least a pass with prompt tokens costs: below the compute
+    knee a short prompt's pass is memory-bound and about flat, so a prefill pass costs
+    ``max(prefill_floor, <the terms above>)`` and a fused iteration's compute part likewise
+    (a calibration fits it as the constant through its prompts up to the knee). 0, the
+    default, leaves every cost unchanged.
+
     Every term is finite and >= 0; ``link_bandwidth`` (bytes/s) is > 0 and may be infinite;
     ``fusion_penalty`` is in [0, 1]; ``kv_capacity_tokens`` (tokens of KV cache one compute
     worker holds) is a whole number >= 1 or infinite. A decode step must take time
@@ -90,6 +96,7 @@ class CostModel:
     fusion_penalty: float = 0.0
     kv_capacity_tokens: float = math.inf
     batch_attention_per_pair: float = 0.0
+    prefill_floor: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -126,13 +133,9 @@ class CostModel:
         sum(T*C + T*(T+1)/2), ``context`` = sum(C) (all 0: no prompt piece), and ``rows``
         decode rows reading ``kv_tokens`` cached tokens (0 rows: a prefill pass). The one place
         the formulas of DESIGN.md live; every other cost method goes through it."""
+        compute = self._compute(tokens, pairs, context, rows, kv_tokens if rows else 0)
         if rows == 0:
-            return (
-                self.prefill_pass_overhead
-                + self.prefill_per_token * tokens
-                + self.prefill_per_pair * pairs
-                + self.decode_per_kv_token * context
-            )
+            return compute
         decode = (
             self.decode_step_base
             + self.decode_per_seq * (rows - 1)
@@ -140,14 +143,19 @@ class CostModel:
         )
         if tokens == 0:
             return decode
-        compute = (
+        return max(decode, compute) + self.fusion_penalty * min(decode, compute)
+
+    def _compute(self, tokens: int, pairs: int, context: int, rows: int, kv_tokens: int) -> float:
+        """A pass's compute part: the prefill terms over the pieces' sums, the ``rows`` decode
+        rows riding the linear layers as that many more tokens, never under the floor."""
+        terms = (
             self.prefill_pass_overhead
             + self.prefill_per_token * (tokens + rows)
             + self.prefill_per_pair * pairs
             + self.decode_per_kv_token * context
             + self.batch_attention_per_pair * tokens * kv_tokens
         )
-        return max(decode, compute) + self.fusion_penalty * min(decode, compute)
+        return max(self.prefill_floor, terms)
 
     def prefill_pieces(self, pieces: Iterable[Piece]) -> float:
         """A prefill pass over prompt pieces ``(T, C)``: T new tokens over C cached tokens of
@@ -169,7 +177,8 @@ class CostModel:
         """The compute part of a fused pass: the prefill pass over ``pieces`` with the ``rows``
         decode rows riding its linear layers as that many more tokens."""
         check_int("rows", rows, minimum=0)
-        return self.prefill_pieces(pieces) + self.prefill_per_token * rows
+        tokens, pairs, context = piece_sums(pieces)
+        return self._compute(tokens, pairs, context, rows, 0)
 
     def iteration(self, pieces: Iterable[Piece] = (), rows: int = 0, kv_tokens: int = 0) -> float:
         """One iteration: a prefill pass (no rows), a decode step (no pieces), or a fused pass
@@ -222,6 +231,8 @@ class CostModel:
             + self.prefill_per_pair * (context + 0.5)
             + self.batch_attention_per_pair * (kv_tokens if rows else 0)
         )
+        if self.prefill_floor > decode:  # no pass fits under the step: the floor's diagnosis
+            return (decode - self.prefill_floor) / b if b else -math.inf
         if b == 0:
             return math.inf if room > 0 else -math.inf
         if a == 0 or room <= 0:  # linear, or the diagnosis: the room left at T = 0 in tokens

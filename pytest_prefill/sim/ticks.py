@@ -45,6 +45,7 @@ class TickCost:
         "per_transfer",
         "penalty",
         "batch_pair",
+        "floor",
     )
 
     def __init__(self, cost: CostModel) -> None:
@@ -58,6 +59,7 @@ class TickCost:
         self.per_transfer = to_ticks(cost.kv_bytes_per_token / cost.link_bandwidth)
         self.penalty = cost.fusion_penalty.as_integer_ratio()
         self.batch_pair = to_ticks(cost.batch_attention_per_pair)
+        self.floor = to_ticks(cost.prefill_floor)
 
     def decode(self, rows: int, kv_tokens: int) -> int:
         return self.base + self.per_seq * (rows - 1) + self.per_kv * kv_tokens
@@ -71,6 +73,8 @@ class TickCost:
             + self.per_kv * context
             + self.batch_pair * tokens * kv_tokens
         )
+        if compute < self.floor:
+            compute = self.floor
         if not rows:
             return compute
         decode = self.base + self.per_seq * (rows - 1) + self.per_kv * kv_tokens

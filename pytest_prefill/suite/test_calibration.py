@@ -37,6 +37,21 @@ def test_calibration_tables_and_chunk_star(prefill_calibration, prefill_report):
             "in_sample_median_error": calibration.in_sample_median,
         },
     )
+    host = calibration.provenance.get("host_share") or {}
+    by_kind = ", ".join(f"{k} {v:.0%}" for k, v in (host.get("by_kind") or {}).items())
+    peak = calibration.provenance.get("peak_device_memory_bytes")
+    prefill_report.table(
+        "Calibration: the host's share of each timed pass (enqueue time / synchronized wall time)",
+        "\n".join(
+            [
+                host.get("line", "host share not recorded"),
+                f"median by kind: {by_kind or 'n/a'}",
+                "peak device memory: "
+                + (f"{peak / 2**30:.2f} GiB" if isinstance(peak, int) else "n/a (not CUDA)"),
+            ]
+        ),
+        {"host_share": host, "peak_device_memory_bytes": peak},
+    )
     refused = [r.to_dict() for r in calibration.refusals]
     if refused:
         prefill_report.table(
@@ -64,7 +79,7 @@ def test_calibration_tables_and_chunk_star(prefill_calibration, prefill_report):
     for refusal in calibration.refusals:
         if refusal.constant in {f.name for f in dataclasses.fields(cost)}:
             assert getattr(cost, refusal.constant) == 0 or refusal.constant == "decode_step_base"
-    for key in ("device", "model", "dtype", "repeats"):
+    for key in ("device", "model", "dtype", "repeats", "host_share", "peak_device_memory_bytes"):
         assert key in calibration.provenance
 
 
