@@ -44,10 +44,16 @@ class Efficiency:
 
     ``compute_bins``: ``(upper bound of m, eta_c)`` pairs, m = the tokens (rows) in the GEMM,
     bounds ascending and the last one infinite. A GEMM costs ``gemm_t0 + max(2mnk / (eta_c(m)
-    * P), bytes / (memory_efficiency * W))``; attention reaches ``attention_compute_efficiency``
-    of P per (query, key) pair and ``attention_memory_efficiency`` of W reading the KV cache; an
-    all-reduce of ``b`` bytes costs ``allreduce_latency + b / allreduce_bandwidth`` (bus bytes/s).
-    ``held_out_error``: this table's median relative error on shapes not used to fit it.
+    * P), bytes / (memory_efficiency * W))``, bytes = 2(mk + kn + mn) at bf16. One prefill
+    attention call over ``b`` sequences costs ``attention_t0 + b * prefill_attention_per_sequence
+    + pair FLOPs / (attention_compute_efficiency * P) + Q, K, V, O bytes / (memory_efficiency *
+    W)`` (pair FLOPs 4 * heads * head_dim per causal (query, key) pair); one decode attention
+    call ``attention_t0 + b * heads * decode_attention_per_head + max(pair FLOPs /
+    (attention_compute_efficiency * P), cached K and V bytes / (attention_memory_efficiency *
+    W))``. An all-reduce of ``B`` bytes over ``n`` devices costs ``allreduce_latency + 2(n-1)/n
+    * B / allreduce_bandwidth`` (bus bytes/s). The three attention host terms default to 0 for a
+    table that has none. ``held_out_error``: the largest per-op median relative error of this
+    table on shapes not used to fit it.
 
     Raises:
         ValueError: naming the field, for an empty name, a negative or non-finite time, an
@@ -65,6 +71,9 @@ class Efficiency:
     allreduce_bandwidth: float
     held_out_error: float
     source: str
+    attention_t0: float = 0.0
+    prefill_attention_per_sequence: float = 0.0
+    decode_attention_per_head: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("device", "engine", "source"):
@@ -79,6 +88,9 @@ class Efficiency:
         _finite("allreduce_latency", self.allreduce_latency)
         _finite("allreduce_bandwidth", self.allreduce_bandwidth, open_low=True)
         _finite("held_out_error", self.held_out_error)
+        _finite("attention_t0", self.attention_t0)
+        _finite("prefill_attention_per_sequence", self.prefill_attention_per_sequence)
+        _finite("decode_attention_per_head", self.decode_attention_per_head)
 
     def compute_efficiency(self, m: int) -> float:
         """eta_c for a GEMM of ``m`` rows: the first bin whose upper bound is >= ``m``."""
@@ -142,6 +154,7 @@ TABLE_FIELDS = (
     "held_out_error",
     "source",
 )
+OPTIONAL_FIELDS = ("attention_t0", "prefill_attention_per_sequence", "decode_attention_per_head")
 SOURCE_FIELDS = ("repository", "commit", "path", "licence")
 
 
@@ -167,7 +180,7 @@ def table_from_json(document: Mapping[str, Any], where: str) -> Efficiency:
     bins = document["compute_bins"]
     if not isinstance(bins, list) or any(not isinstance(b, list) or len(b) != 2 for b in bins):
         raise ValueError(f"{where}: compute_bins must be a list of [bound, eta] pairs")
-    values = {name: document[name] for name in TABLE_FIELDS}
+    values = {name: document[name] for name in TABLE_FIELDS + OPTIONAL_FIELDS if name in document}
     values["compute_bins"] = tuple(
         (math.inf if bound is None else bound, eta) for bound, eta in bins
     )
@@ -259,8 +272,9 @@ def efficiency_for(
     transfer_errors: Mapping[str, float] | None = None,
 ) -> EfficiencyChoice:
     """The efficiency table for ``device`` under ``engine``: its own when there is one, else the
-    nearest device (by datasheet) of its architecture, else of the nearest generation; the
-    choice says which, with the error measured for that kind of transfer.
+    nearest device (by datasheet) of its architecture, else of the nearest generation (a custom
+    device: the nearest datasheet of any); the choice says which, with the error measured for
+    that kind of transfer.
 
     ``tables``, ``catalog`` and ``transfer_errors`` default to the shipped ones.
 
@@ -292,13 +306,15 @@ def efficiency_for(
             for pair in known
             if (found := _generation(pair[1].architecture)) is not None
         ]
-        if generation is None or not ranked:
+        if device.architecture == "cpu" or not ranked:
             raise ValueError(
                 f"device {device.key!r} ({device.architecture}) has no {engine} efficiency table "
-                f"and no GPU generation to borrow one from; calibrate it on the device instead"
+                f"and no GPU to borrow one from; calibrate it on the device instead"
             )
-        gap = min(abs(g - generation) for _, g in ranked)
-        kind, pool = "cross_generation", [p for p, g in ranked if abs(g - generation) == gap]
+        # an architecture outside the known generations (a custom device): nearest datasheet
+        gap = 0 if generation is None else min(abs(g - generation) for _, g in ranked)
+        pool = [p for p, g in ranked if generation is None or abs(g - generation) == gap]
+        kind = "cross_generation"
     table, donor = min(pool, key=lambda pair: (_distance(device, pair[1]), pair[1].key))
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
