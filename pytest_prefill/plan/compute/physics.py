@@ -8,31 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Protocol
 
 from pytest_prefill.plan.compute.devices import Device
+from pytest_prefill.plan.compute.efficiency import Efficiency
 from pytest_prefill.plan.model_spec import ModelSpec
 from pytest_prefill.sim.cost import Piece, piece_sums
 
 ACTIVATION_BYTES = 2  # activations stay in bf16 (fp8 quantization scales them per GEMM only)
-
-
-class Efficiency(Protocol):
-    """What the physics reads of an efficiency table (plan/compute/efficiency.py's value)."""
-
-    @property
-    def gemm_t0(self) -> float: ...
-    @property
-    def memory_efficiency(self) -> float: ...
-    @property
-    def attention_compute_efficiency(self) -> float: ...
-    @property
-    def attention_memory_efficiency(self) -> float: ...
-    @property
-    def allreduce_latency(self) -> float: ...
-    @property
-    def allreduce_bandwidth(self) -> float: ...
-    def compute_efficiency(self, m: int) -> float: ...
 
 
 def expected_experts(rows: int, experts: int, per_token: int) -> float:
@@ -148,16 +130,25 @@ class Physics:
         memory = moved / (eff.memory_efficiency * self.device.memory_bandwidth)
         return Op(name, flops, moved, eff.gemm_t0 + max(compute, memory))
 
-    def attention(self, pairs: int, kv_read: int) -> Op:
-        """One layer's attention: ``pairs`` (query, key) pairs at ``4 · heads · d`` FLOPs each
-        (QKᵀ and PV), and ``kv_read`` cached tokens' K and V read from memory."""
-        m, tp = self.model, self.tp
-        eff = self.efficiency
-        flops = 4.0 * (m.attention_heads // tp) * m.head_dim * pairs
-        moved = float(kv_read) * 2 * max(1, m.kv_heads // tp) * m.head_dim * m.kv_dtype_bytes
+    def attention(self, pairs: int, tokens: int, kv_read: int, sequences: int, decode: bool) -> Op:
+        """One layer's attention over ``sequences`` sequences: ``pairs`` (query, key) pairs at
+        ``4 · heads · d`` FLOPs each (QKᵀ and PV) and ``kv_read`` cached tokens' K and V read.
+        Prefill (plan/compute/efficiency.py's form): a fixed and a per-sequence cost, plus the
+        pairs' compute plus Q, K, V and O moved; decode: a fixed and a per-head cost, plus the
+        larger of the pairs' compute and the cache's read."""
+        m, tp, eff = self.model, self.tp, self.efficiency
+        heads, kv_heads = m.attention_heads // tp, max(1, m.kv_heads // tp)
+        flops = 4.0 * heads * m.head_dim * pairs
+        cached = float(kv_read) * 2 * kv_heads * m.head_dim * m.kv_dtype_bytes
         compute = flops / (eff.attention_compute_efficiency * self.device.peak("bf16"))
-        memory = moved / (eff.attention_memory_efficiency * self.device.memory_bandwidth)
-        return Op("attention", flops, moved, eff.gemm_t0 + max(compute, memory))
+        if decode:
+            read = cached / (eff.attention_memory_efficiency * self.device.memory_bandwidth)
+            fixed = eff.attention_t0 + sequences * heads * eff.decode_attention_per_head
+            return Op("attention", flops, cached, fixed + max(compute, read))
+        moved = cached + tokens * m.head_dim * (2 * heads + 2 * kv_heads) * ACTIVATION_BYTES
+        read = moved / (eff.memory_efficiency * self.device.memory_bandwidth)
+        fixed = eff.attention_t0 + sequences * eff.prefill_attention_per_sequence
+        return Op("attention", flops, moved, fixed + compute + read)
 
     def elementwise(self, tokens: int) -> Op:
         """One layer's fused norms and activation (two add+RMSNorms read and write the hidden
@@ -182,13 +173,16 @@ class Physics:
             "allreduce", 0.0, 2 * bus, 2 * (eff.allreduce_latency + bus / eff.allreduce_bandwidth)
         )
 
-    def pass_ops(self, tokens: int, pairs: int, kv_read: int, logits: int) -> list[Op]:
+    def pass_ops(
+        self, tokens: int, pairs: int, kv_read: int, logits: int, decode: bool = False
+    ) -> list[Op]:
         """Every operation of a forward pass over ``tokens`` rows, ``pairs`` attention pairs
-        and ``kv_read`` cached tokens read, with ``logits`` rows through the lm_head."""
+        and ``kv_read`` cached tokens read, for ``logits`` sequences (each makes one row of
+        logits); ``decode``: a decode step (one token per sequence)."""
         m = self.model
         layer = [
             *self.layer_gemms(tokens),
-            self.attention(pairs, kv_read),
+            self.attention(pairs, tokens, kv_read, max(1, logits), decode),
             self.elementwise(tokens),
             self.allreduces(tokens),
         ]
@@ -225,4 +219,6 @@ class Physics:
         cached tokens in all (one new token each: ``rows`` pairs past the cache)."""
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"rows must be an int >= 1, got {rows!r}")
-        return sum(op.seconds for op in self.pass_ops(rows, kv_tokens + rows, kv_tokens, rows))
+        return sum(
+            op.seconds for op in self.pass_ops(rows, kv_tokens + rows, kv_tokens, rows, decode=True)
+        )
