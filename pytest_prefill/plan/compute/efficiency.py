@@ -273,8 +273,8 @@ def efficiency_for(
 ) -> EfficiencyChoice:
     """The efficiency table for ``device`` under ``engine``: its own when there is one, else the
     nearest device (by datasheet) of its architecture, else of the nearest generation (a custom
-    device: the nearest datasheet of any); the choice says which, with the error measured for
-    that kind of transfer.
+    device: the nearest datasheet of any), its all-reduce bandwidth scaled by the two links'
+    ratio; the choice says which, with the error measured for that kind of transfer.
 
     ``tables``, ``catalog`` and ``transfer_errors`` default to the shipped ones.
 
@@ -316,6 +316,10 @@ def efficiency_for(
         pool = [p for p, g in ranked if generation is None or abs(g - generation) == gap]
         kind = "cross_generation"
     table, donor = min(pool, key=lambda pair: (_distance(device, pair[1]), pair[1].key))
+    # efficiencies are fractions and carry over; the all-reduce's bandwidth is absolute, and
+    # goes with the link (NVLink or PCIe) as the data's fit does
+    link_ratio = device.link_bandwidth / donor.link_bandwidth
+    table = dataclasses.replace(table, allreduce_bandwidth=table.allreduce_bandwidth * link_ratio)
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
     label = kind.replace("_", " ")
