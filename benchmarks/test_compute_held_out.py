@@ -28,7 +28,13 @@ import pytest
 from tabulate import tabulate
 
 from pytest_prefill.plan.compute.devices import CATALOG
-from pytest_prefill.plan.compute.efficiency import TABLES, load_tables, load_transfer_errors
+from pytest_prefill.plan.compute.efficiency import (
+    TABLES,
+    Efficiency,
+    efficiency_for,
+    load_tables,
+    load_transfer_errors,
+)
 
 pytestmark = pytest.mark.sim
 
@@ -64,28 +70,14 @@ def _summary(fit, errors: dict[str, list]) -> dict[str, tuple[float, float]]:
 
 
 def _donor(target: str, devices: list[str]) -> str:
-    """The transfer rule of efficiency_for: same architecture, else the nearest generation;
-    the nearest datasheet among those."""
-    from pytest_prefill.plan.compute.efficiency import GENERATIONS
-
-    t = CATALOG[target]
-
-    def distance(key: str) -> float:
-        d = CATALOG[key]
-        return abs(math.log(t.peak_flops["bf16"] / d.peak_flops["bf16"])) + abs(
-            math.log(t.memory_bandwidth / d.memory_bandwidth)
-        )
-
-    same = [k for k in devices if CATALOG[k].architecture == t.architecture]
-    if not same:
-        generation = GENERATIONS.index(t.architecture)
-        gap = min(abs(GENERATIONS.index(CATALOG[k].architecture) - generation) for k in devices)
-        same = [
-            k
-            for k in devices
-            if abs(GENERATIONS.index(CATALOG[k].architecture) - generation) == gap
-        ]
-    return min(same, key=lambda k: (distance(k), k))
+    """The device efficiency_for's transfer rule borrows from for ``target`` among ``devices``."""
+    stubs = [
+        Efficiency(key, "vllm-0", 0.0, ((math.inf, 1.0),), 1, 1, 1, 0, 1, 0, "stub")
+        for key in devices
+    ]
+    choice = efficiency_for(CATALOG[target], tables=stubs, catalog=CATALOG, transfer_errors={})
+    assert choice.transferred_from is not None
+    return choice.transferred_from
 
 
 def test_leave_one_device_out(per_op) -> None:
