@@ -7,8 +7,9 @@ The runs: Qwen2-7B-Instruct on one NVIDIA A100 80GB, vLLM 0.10.1.1 (`vllm serve`
 --max-model-len 16384, chunked prefill at 2048 batched tokens, prefix caching on), `benchmark_serving.py
 --dataset-name random --random-input-len 1024 --random-output-len 1024 --num-prompts N`
 (request rate inf: every request at once), at two KV cache sizes (gpu-memory-utilization 0.25:
-5,867 blocks of 16; 0.5: 29,053 blocks, as the server's logs say). Source:
-github.com/dennislee22/vLLM-benchmarking, README.md (Tests 4 and 5) and log/, commit
+5,867 blocks of 16; 0.5: 29,053 blocks, as the server's logs say); and Qwen2.5-32B on the same
+GPU (Test 7), a model four times larger predicted with the 7B run's host cost. Source:
+github.com/dennislee22/vLLM-benchmarking, README.md (Tests 4, 5 and 7) and log/, commit
 b474d1e053c35c9aef8c02aae4efbc0d8675f033 (the figures are the author's measurements, quoted).
 Caveat: the author ran the sizes one after another with the benchmark's fixed seed, so the
 server's prefix cache held earlier runs' prompts (its logs show 37-54% hit rates); the replay
@@ -53,6 +54,16 @@ QWEN2_7B = {
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
+# Qwen/Qwen2.5-32B's config.json (Apache-2.0)
+QWEN25_32B = {
+    **QWEN2_7B,
+    "hidden_size": 5120,
+    "intermediate_size": 27648,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+}
 
 
 class Run(NamedTuple):
@@ -87,6 +98,14 @@ RUNS = (  # (Test 4: gpu-memory-utilization 0.25; Test 5: 0.5), 1000-prompt runs
 )
 BLOCK_TOKENS = 16
 PROMPT = 1024
+# Test 7: Qwen2.5-32B on the same A100, 9.70 GiB of KV cache (its log is not published: the
+# blocks are 9.70 GiB over the model's 262,144 bytes per token, in whole blocks of 16)
+RUNS_32B = (
+    Run(2483, 10, 10240, 54.96, 2017.23, 51.64),
+    Run(2483, 50, 51200, 160.30, 21486.84, 79.95),
+    Run(2483, 75, 76800, 226.03, 61850.53, 76.73),
+    Run(2483, 100, 102400, 282.30, 97867.77, 77.73),
+)
 
 
 def _replay(run: Run, cost) -> tuple[float, float, float]:
@@ -155,5 +174,13 @@ def test_published_a100_qwen2_7b_runs_replayed() -> None:
     print(f"\nhost per step {host.per_step * 1e3:.2f} ms")
     others = tuple(run for run in RUNS if run is not single)
     hosted = _table(with_host.cost, others, "Derived + host per step from the one-request run")
-    for medians in (device_only, hosted):
+    model_32b = model_from_config(QWEN25_32B, "Qwen2.5-32B", "Qwen/Qwen2.5-32B config.json")
+    assert RUNS_32B[0].kv_blocks == int(9.70 * 2**30 / model_32b.kv_bytes_per_token) // 16
+    derived_32b = derive_cost(model_32b, device, choice, span, host=host)
+    larger = _table(
+        derived_32b.cost,
+        RUNS_32B,
+        "Qwen2.5-32B on the same A100 (Test 7): derived + the 7B run's host per step",
+    )
+    for medians in (device_only, hosted, larger):
         assert all(value >= 0 for value in medians.values())
