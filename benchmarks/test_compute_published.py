@@ -8,8 +8,11 @@ The runs: Qwen2-7B-Instruct on one NVIDIA A100 80GB, vLLM 0.10.1.1 (`vllm serve`
 --dataset-name random --random-input-len 1024 --random-output-len 1024 --num-prompts N`
 (request rate inf: every request at once), at two KV cache sizes (gpu-memory-utilization 0.25:
 5,867 blocks of 16; 0.5: 29,053 blocks, as the server's logs say); and Qwen2.5-32B on the same
-GPU (Test 7), a model four times larger predicted with the 7B run's host cost. Source:
-github.com/dennislee22/vLLM-benchmarking, README.md (Tests 4, 5 and 7) and log/, commit
+GPU (Test 7), a model four times larger, and Qwen2-72B at tensor parallelism 2 on two of them
+(Test 8), both predicted with the 7B run's host cost. Test 8's two GPUs sat in two pods joined
+by Ray, so its all-reduces crossed whatever joins two containers, not the NVLink the catalog
+gives the A100: its table is shown, not a verdict on the derived TP model. Source:
+github.com/dennislee22/vLLM-benchmarking, README.md (Tests 4, 5, 7 and 8) and log/, commit
 b474d1e053c35c9aef8c02aae4efbc0d8675f033 (the figures are the author's measurements, quoted).
 Caveat: the author ran the sizes one after another with the benchmark's fixed seed, so the
 server's prefix cache held earlier runs' prompts (its logs show 37-54% hit rates); the replay
@@ -65,6 +68,16 @@ QWEN25_32B = {
     "max_position_embeddings": 131072,
 }
 
+# Qwen/Qwen2-72B's config.json (Tongyi Qianwen licence; its shapes only)
+QWEN2_72B = {
+    **QWEN2_7B,
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
+
 
 class Run(NamedTuple):
     """One published result block: N prompts of 1024 tokens at once, the tokens generated,
@@ -105,6 +118,15 @@ RUNS_32B = (
     Run(2483, 50, 51200, 160.30, 21486.84, 79.95),
     Run(2483, 75, 76800, 226.03, 61850.53, 76.73),
     Run(2483, 100, 102400, 282.30, 97867.77, 77.73),
+)
+# Test 8: Qwen2-72B at --tensor-parallel-size 2 on two A100s of one node, 6.77 GiB of KV cache
+# each (blocks: 6.77 GiB over half the model's bytes per token, whole blocks of 16)
+RUNS_72B_TP2 = (
+    Run(2772, 1, 1024, 59.43, 93.18, 58.00),
+    Run(2772, 10, 10240, 78.74, 3842.51, 73.04),
+    Run(2772, 30, 30156, 148.43, 10949.72, 104.71),
+    Run(2772, 50, 50373, 209.24, 26588.12, 123.66),
+    Run(2772, 100, 99612, 452.91, 142448.58, 139.24),
 )
 
 
@@ -182,5 +204,15 @@ def test_published_a100_qwen2_7b_runs_replayed() -> None:
         RUNS_32B,
         "Qwen2.5-32B on the same A100 (Test 7): derived + the 7B run's host per step",
     )
-    for medians in (device_only, hosted, larger):
+    model_72b = model_from_config(QWEN2_72B, "Qwen2-72B", "Qwen/Qwen2-72B config.json")
+    per_device = model_72b.kv_bytes_per_token / 2
+    assert RUNS_72B_TP2[0].kv_blocks == int(6.77 * 2**30 / per_device) // 16
+    derived_72b = derive_cost(model_72b, device, choice, span, tp=2, host=host)
+    tp2 = _table(
+        derived_72b.cost,
+        RUNS_72B_TP2,
+        "Qwen2-72B at TP 2 on two A100s in two pods (Test 8; the link is not NVLink there): "
+        "derived + the 7B run's host per step",
+    )
+    for medians in (device_only, hosted, larger, tp2):
         assert all(value >= 0 for value in medians.values())
