@@ -9,9 +9,11 @@ The runs: Qwen2-7B-Instruct on one NVIDIA A100 80GB, vLLM 0.10.1.1 (`vllm serve`
 (request rate inf: every request at once), at two KV cache sizes (gpu-memory-utilization 0.25:
 5,867 blocks of 16; 0.5: 29,053 blocks, as the server's logs say); and Qwen2.5-32B on the same
 GPU (Test 7), a model four times larger, and Qwen2-72B at tensor parallelism 2 on two of them
-(Test 8), both predicted with the 7B run's host cost. Test 8's two GPUs sat in two pods joined
-by Ray, so its all-reduces crossed whatever joins two containers, not the NVLink the catalog
-gives the A100: its table is shown, not a verdict on the derived TP model. Source:
+(Test 8), both predicted with the 7B run's host cost. Test 8's setup had no GPU peer-to-peer
+(the same setup's 7B TP 2 log, log/vllm-7B-2gpuA10080GB-0.5GRAM-same-node.log: "Custom
+allreduce is disabled because your platform lacks GPU P2P capability"), so its all-reduces went
+through the host, not over the NVLink the catalog gives the A100: its table is shown, not a
+verdict on the derived TP model. Source:
 github.com/dennislee22/vLLM-benchmarking, README.md (Tests 4, 5, 7 and 8) and log/, commit
 b474d1e053c35c9aef8c02aae4efbc0d8675f033 (the figures are the author's measurements, quoted).
 Caveat: the author ran the sizes one after another with the benchmark's fixed seed, so the
