@@ -8,7 +8,9 @@ its own datasheet peaks -- and the transfer rule's single donor (same architectu
 nearest generation), each op's median and p90 relative error against the pre-registered target
 (median <= 10%, p90 <= 25%); the named transfers A100 <-> H100 (across a generation) and
 H100 <-> H200 (one architecture) at one vLLM version; and within each device, half the shapes
-predicting the other half. On the shipped tables alone: each table's recorded held-out error
+predicting the other half. On Vidur's GEMM profiles (MIT; another lab, engine and kernels; ``extract-vidur`` to
+``$PREFILL_VIDUR_DATA``, default /work/compute-data/vidur): the shipped tables' prediction of every
+GEMM of eight models' layers at TP 1-8, never fitted on. On the shipped tables alone: each table's recorded held-out error
 and the measured error of each kind of transfer, and an H100 table carried to the H200 by its
 datasheet against the H200's own table on a Llama-3.1-8B layer's GEMMs.
 
@@ -39,6 +41,7 @@ from pytest_prefill.plan.compute.efficiency import (
 pytestmark = pytest.mark.sim
 
 DATA = Path(os.environ.get("PREFILL_COMPUTE_DATA", "/work/compute-data/ops"))
+VIDUR = Path(os.environ.get("PREFILL_VIDUR_DATA", "/work/compute-data/vidur"))
 MEDIAN_TARGET, P90_TARGET = 0.10, 0.25
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fit_efficiency.py"
 
@@ -228,3 +231,40 @@ def test_shipped_h100_table_on_the_h200_datasheet() -> None:
         f"\nH100 table on the H200 datasheet vs the H200's own table, Llama-3.1-8B GEMMs: "
         f"median {errors[len(errors) // 2]:.1%}, max {errors[-1]:.1%}"
     )
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no efficiency tables shipped")
+def test_shipped_tables_predict_vidur_gemms() -> None:
+    """Vidur's A100 and H100 GEMMs (m = 1 to 32k tokens, the layer shapes of eight models at
+    TP 1-8) predicted by the tables fitted on aiconfigurator's data, by m range."""
+    import csv
+    import statistics
+
+    folders = sorted(p for p in VIDUR.glob("*") if (p / "gemm.csv").is_file())
+    if not folders:
+        pytest.skip(f"no Vidur GEMM data at {VIDUR} (scripts/fit_efficiency.py extract-vidur)")
+    rows = []
+    for folder in folders:
+        device = CATALOG[folder.name]
+        table = efficiency_for(device).table
+        by_range: dict[str, list[float]] = {"m <= 64": [], "64 < m <= 1024": [], "m > 1024": []}
+        with (folder / "gemm.csv").open(encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                m, n, k = int(float(row["m"])), int(float(row["n"])), int(float(row["k"]))
+                error = abs(_gemm_seconds(table, device, m, n, k) / float(row["seconds"]) - 1)
+                key = "m <= 64" if m <= 64 else "64 < m <= 1024" if m <= 1024 else "m > 1024"
+                by_range[key].append(error)
+        every = sorted(e for errors in by_range.values() for e in errors)
+        rows.append(
+            (
+                folder.name,
+                table.engine,
+                len(every),
+                f"{statistics.median(every):.1%}",
+                f"{every[int(0.9 * (len(every) - 1))]:.1%}",
+                *(f"{statistics.median(e):.1%}" for e in by_range.values() if e),
+            )
+        )
+    print("\nVidur's GEMMs (never fitted on) predicted by the shipped tables: relative error")
+    header = ("device", "table", "GEMMs", "median", "p90", *("median " + k for k in by_range))
+    print(tabulate(rows, headers=header))

@@ -6,6 +6,9 @@ per-operation measurements, kept OUTSIDE the repository. Two steps:
     #    then CSVs per (device, vLLM version) -- needs pyarrow, nothing else does:
     python scripts/fit_efficiency.py extract --data DIR/systems/data --commit COMMIT \\
         --out /work/compute-data/ops
+    # Vidur's GEMM profiles (MIT), a second lab's data the tables are tested on, never fitted on:
+    python scripts/fit_efficiency.py extract-vidur --data VIDUR/data/profiling/compute \\
+        --commit COMMIT --out /work/compute-data/vidur
     # 2. the tables (numpy) and transfer.json (each kind of device transfer's measured error):
     PYTHONPATH=. python scripts/fit_efficiency.py fit --ops /work/compute-data/ops
 
@@ -120,6 +123,55 @@ def extract(data: Path, commit: str, out: Path) -> None:
             ]
             source = {"repository": REPOSITORY, "commit": commit, "licence": LICENCE}
             (folder / "source.json").write_text(json.dumps(source | {"paths": paths}, indent=1))
+
+
+VIDUR_REPOSITORY = "github.com/microsoft/vidur"
+VIDUR_DEVICES = {"a100": "a100-80", "h100": "h100-sxm"}  # Vidur's profiled GPUs in our catalog
+
+
+def vidur_gemms(row: dict[str, str]) -> list[tuple[str, int, int, int, float]]:
+    """A Vidur mlp.csv row's four GEMMs: (op, m, n, k, seconds by the median time)."""
+    heads, kv_heads = int(row["n_head"]), int(row["n_kv_head"])
+    hidden, expanded = int(row["n_embd"]), int(row["n_expanded_embd"])
+    tp, m = int(row["num_tensor_parallel_workers"]), int(row["num_tokens"])
+    head_dim = hidden // heads
+    up = expanded * (2 if row["use_gated_mlp"] == "True" else 1)
+    shapes = {
+        "attn_pre_proj": ((heads + 2 * kv_heads) * head_dim // tp, hidden),
+        "attn_post_proj": (hidden, heads * head_dim // tp),
+        "mlp_up_proj": (up // tp, hidden),
+        "mlp_down_proj": (hidden, expanded // tp),
+    }
+    return [
+        (op, m, n, k, float(row[f"time_stats.{op}.median"]) / 1e3)
+        for op, (n, k) in shapes.items()
+        if row.get(f"time_stats.{op}.median")
+    ]
+
+
+def extract_vidur(data: Path, commit: str, out: Path) -> None:
+    """Vidur's per-model GEMM profiles (data/profiling/compute/<gpu>/<org>/<model>/mlp.csv, MIT)
+    as one gemm.csv per device: an independent lab's measurements to test the tables on."""
+    for gpu, key in VIDUR_DEVICES.items():
+        rows: list[tuple[float, ...]] = []
+        paths = sorted((data / gpu).glob("*/*/mlp.csv"))
+        for path in paths:
+            with path.open(encoding="utf-8") as f:
+                for row in csv.DictReader(f):
+                    rows += [(m, n, k, seconds) for _, m, n, k, seconds in vidur_gemms(row)]
+        if not rows:
+            continue
+        _write_csv(out / key / "gemm.csv", ("m", "n", "k", "seconds"), rows)
+        source = {
+            "repository": VIDUR_REPOSITORY,
+            "commit": commit,
+            "licence": "MIT",
+            "paths": [
+                f"data/profiling/compute/{gpu}/{p.parent.parent.name}/{p.parent.name}/mlp.csv"
+                for p in paths
+            ],
+        }
+        (out / key / "source.json").write_text(json.dumps(source, indent=1))
 
 
 # ---- the per-op data and the physics (numpy) --------------------------------------------------
@@ -501,12 +553,18 @@ def main(argv: list[str]) -> int:
     ex.add_argument("--data", type=Path, required=True, help="aiconfigurator's systems/data")
     ex.add_argument("--commit", required=True)
     ex.add_argument("--out", type=Path, required=True)
+    vidur = sub.add_parser("extract-vidur")
+    vidur.add_argument("--data", type=Path, required=True, help="Vidur's data/profiling/compute")
+    vidur.add_argument("--commit", required=True)
+    vidur.add_argument("--out", type=Path, required=True)
     fit = sub.add_parser("fit")
     fit.add_argument("--ops", type=Path, required=True)
     fit.add_argument("--out", type=Path, default=TABLES)
     args = parser.parse_args(argv)
     if args.step == "extract":
         extract(args.data, args.commit, args.out)
+    elif args.step == "extract-vidur":
+        extract_vidur(args.data, args.commit, args.out)
     else:
         fit_all(args.ops, args.out)
     return 0
