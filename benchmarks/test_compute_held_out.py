@@ -43,6 +43,7 @@ pytestmark = pytest.mark.sim
 DATA = Path(os.environ.get("PREFILL_COMPUTE_DATA", "/work/compute-data/ops"))
 VIDUR = Path(os.environ.get("PREFILL_VIDUR_DATA", "/work/compute-data/vidur"))
 MEDIAN_TARGET, P90_TARGET = 0.10, 0.25
+REGRESSION_BOUND = 0.30
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fit_efficiency.py"
 
 
@@ -131,8 +132,9 @@ def test_leave_one_device_out(per_op) -> None:
         if m > MEDIAN_TARGET or q > P90_TARGET
     ]
     print("target missed (median/p90): " + (", ".join(misses) if misses else "none"))
-    for m, q in overall.values():
-        assert 0 <= m <= q  # the error distribution is read right; the targets are reported
+    # The targets above are reported; what is asserted is the regression bound: every op's
+    # median within 30% on a device it never saw (the presets this replaces were 3.7-7x off)
+    assert all(m <= REGRESSION_BOUND for m, _ in overall.values()), overall
 
 
 def test_named_transfers_at_one_engine_version(per_op) -> None:

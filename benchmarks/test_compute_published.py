@@ -143,8 +143,8 @@ def _replay(run: Run, cost) -> tuple[float, float, float]:
     return run.prompts / metrics.duration, metrics.ttft.mean, metrics.tpot.mean
 
 
-def _table(cost, runs: tuple[Run, ...], title: str) -> dict[str, float]:
-    """Replay ``runs`` on ``cost``, print each run's error, return the median errors."""
+def _table(cost, runs: tuple[Run, ...], title: str) -> dict[str, list[float]]:
+    """Replay ``runs`` on ``cost``, print each run's error, return the errors by metric."""
     rows, errors = [], {"throughput": [], "ttft": [], "tpot": [], "e2e": []}
     for run in runs:
         throughput, ttft, tpot = _replay(run, cost)
@@ -175,7 +175,7 @@ def _table(cost, runs: tuple[Run, ...], title: str) -> dict[str, float]:
         f"(BLIS {BLIS['ttft']:.1%}), mean TPOT {medians['tpot']:.1%}; throughput within 25%: "
         f"{sum(e <= 0.25 for e in errors['throughput'])} of {len(runs)} runs"
     )
-    return medians
+    return errors
 
 
 def test_published_a100_qwen2_7b_runs_replayed() -> None:
@@ -216,5 +216,8 @@ def test_published_a100_qwen2_7b_runs_replayed() -> None:
         "Qwen2-72B at TP 2 on two A100s in two pods (Test 8; the link is not NVLink there): "
         "derived + the 7B run's host per step",
     )
-    for medians in (device_only, hosted, larger, tp2):
-        assert all(value >= 0 for value in medians.values())
+    # issue 45's bar for these A100 runs (the preset was 2.7-6.9x): throughput within 25%, from
+    # the config and the datasheet alone, and with the host cost one run shows
+    for errors in (device_only, hosted, larger):
+        assert max(errors["throughput"]) <= 0.25, errors["throughput"]
+    assert tp2["throughput"]  # reported only: its link is not the catalog's
