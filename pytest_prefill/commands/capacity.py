@@ -17,6 +17,7 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     check_deployment_tp,
+    derived_spec,
     keep_server_facts,
     measured_model,
     search_deployments,
@@ -124,9 +125,9 @@ def check(args: argparse.Namespace) -> None:
     chunked iterations a run would take where the flags alone decide them), a plot's suffix,
     workers beside a cluster."""
     profile = check_engine(args)
-    args.cost_defaulted = args.cost is None
-    args.cost = args.cost or DEFAULT_COST
-    check_deploy_args(args, args.devices)
+    args.cost_defaulted = args.cost is None and getattr(args, "gpu", None) is None
+    args.cost = DEFAULT_COST if args.cost_defaulted else args.cost
+    check_deploy_args(args, args.devices)  # with --gpu and no --cost: derived
     if args.plot and not args.plot.lower().endswith((".svg", ".png")):
         raise ValueError(f"--plot must name an .svg or a .png file, got {args.plot!r}")
     if args.plot and args.plot.lower().endswith(".png"):
@@ -369,9 +370,17 @@ def _answer_basis(
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "deployments"):
         check(args)
-    spec = resolve_cost_args(args)
-    assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
+    spec = (
+        derived_spec(
+            args,
+            [r.prompt_len for r in workload.requests],
+            [r.output_len for r in workload.requests],
+        )
+        if args.derive
+        else resolve_cost_args(args)
+    )
+    assert spec.cost is not None  # measured by resolve_cost_args
     engine_for(args, workload)
     args.server_facts_line = keep_server_facts(args, spec)
     deployments = search_deployments(args, spec.cost, args.devices, args.deployments)

@@ -246,3 +246,21 @@ def basis_line(
         f"{table.engine}{borrowed} from {table.source}; {choice.error_class}; the cost model "
         f"within {fit_error:.0%} of the physics over the range; host: {host.source}"
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deriver:
+    """``model`` on ``device`` with ``choice``'s efficiencies over ``span``: called with a TP,
+    the cost model derived at that TP (a plain value, so a search can ship it to workers)."""
+
+    model: ModelSpec
+    device: Device
+    choice: EfficiencyChoice
+    span: TokenRange
+    host: HostCost = HostCost()
+
+    def derive(self, tp: int) -> DerivedCost:
+        return derive_cost(self.model, self.device, self.choice, self.span, tp=tp, host=self.host)
+
+    def __call__(self, tp: int) -> CostModel:
+        return self.derive(tp).cost
