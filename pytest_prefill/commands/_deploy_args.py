@@ -9,11 +9,12 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import at_most
+from pytest_prefill.commands._measure_args import resolve_cost_args
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
 from pytest_prefill.plan.compute.derive import Deriver, TokenRange
 from pytest_prefill.plan.compute.devices import Device, device_named
@@ -226,6 +227,15 @@ def derived_spec(
     return CostSpec(
         f"derived:{device.key}", "derived", one.cost, one.basis, label, tuple(sorted(one.refused))
     )
+
+
+def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]]) -> CostSpec:
+    """The cost spec a planning command runs on: derived from --model on --gpu over the token
+    range of ``requests()`` (called only then) when ``args.derive``, else --cost's."""
+    if not args.derive:
+        return resolve_cost_args(args)
+    load = requests()
+    return derived_spec(args, [r.prompt_len for r in load], [r.output_len for r in load])
 
 
 # The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative
