@@ -5,13 +5,16 @@ line (plan/compute/, commands/_deploy_args.py)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from pytest_prefill.cli import main
+from pytest_prefill.plan.capacity import BURST_MARGIN, burst_warning, queueing_horizon
 from pytest_prefill.plan.compute.devices import CATALOG
 from pytest_prefill.plan.device_memory import kv_capacity
+from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.sim import PROFILES
 
@@ -109,3 +112,22 @@ def test_a_custom_gpu_answers_with_its_figures(capsys) -> None:
     spec = "custom:tflops=989,tbs=3.35,gib=79.18,fp8tflops=1979"
     assert main(["simulate", "--gpu", spec, "--model", LLAMA]) == 0
     assert "custom device (tflops=989,tbs=3.35,gib=79.18,fp8tflops=1979)" in capsys.readouterr().out
+
+
+def test_a_burst_is_flagged_with_the_prompts_that_would_show_queueing() -> None:
+    slo = SLO(ttft=2.0)
+    arrivals = [i * 1.0 for i in range(200)]  # 1 req/s for 199 s
+    outputs = [100] * 200
+    assert burst_warning(arrivals, outputs, slo, 1.0, 5.0) is None  # 39.8 s >= 2 s / 0.1
+    line = burst_warning(arrivals, outputs, slo, 1.0, 5900.0)
+    assert line is not None and "burst" in line and "\n" not in line
+    prompts = math.ceil(2.0 / BURST_MARGIN * 5900.0) + 1
+    assert f"about {prompts:,} prompts" in line
+    assert queueing_horizon(SLO(tpot=0.05), 100) == pytest.approx(5.0)
+    assert burst_warning(arrivals, outputs, slo, 1.0, 0.0) is None
+
+
+def test_capacity_warns_when_its_prompts_arrive_as_one_burst(capsys) -> None:
+    argv = [*CAPACITY, "--cost", "datacenter-illustrative"]
+    assert main(argv) == 0
+    assert "the probe measured one burst draining" in capsys.readouterr().out

@@ -50,6 +50,7 @@ from pytest_prefill.plan.capacity import (
     DEFAULT_TOLERANCE,
     MIN_TOLERANCE,
     CapacityResult,
+    burst_warning,
     capacity,
 )
 from pytest_prefill.plan.deployments import (
@@ -414,7 +415,15 @@ def run(args: argparse.Namespace) -> int:
     lines = capacity_text(result, spec.source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
-    extra = [line for line in (capped, *workload.notes, _left_out(args, spec.cost)) if line]
+    burst = burst_warning(
+        [r.arrival for r in workload.requests],
+        [r.output_len for r in workload.requests],
+        args.slo,
+        result.base_rate,
+        result.ranked()[0].max_rate,
+    )
+    notes = (capped, *workload.notes, _left_out(args, spec.cost), burst)
+    extra = [line for line in notes if line]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
