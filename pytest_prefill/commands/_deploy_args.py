@@ -225,7 +225,12 @@ def derived_spec(
         f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
     )
     return CostSpec(
-        f"derived:{device.key}", "derived", one.cost, one.basis, label, tuple(sorted(one.refused))
+        f"derived:{device.key}",
+        "derived",
+        one.cost,
+        f"{one.basis}; each deployment's cost model derived at its own TP",
+        label,
+        tuple(sorted(one.refused)),
     )
 
 

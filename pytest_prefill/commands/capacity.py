@@ -17,9 +17,9 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     check_deployment_tp,
-    derived_spec,
     keep_server_facts,
     measured_model,
+    planning_cost,
     search_deployments,
     served_name,
 )
@@ -35,7 +35,6 @@ from pytest_prefill.commands._measure_args import (
     add_threads_argument,
     add_timing_arguments,
     progress,
-    resolve_cost_args,
 )
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
@@ -368,19 +367,27 @@ def _answer_basis(
     return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short)
 
 
+def _notes(
+    args: argparse.Namespace, workload: Workload, cost: CostModel, result: CapacityResult
+) -> list[str]:
+    """What the workload lost or assumed, a split left out, and a burst the probes measured."""
+    capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
+    burst = burst_warning(
+        [r.arrival for r in workload.requests],
+        [r.output_len for r in workload.requests],
+        args.slo,
+        result.base_rate,
+        result.ranked()[0].max_rate,
+    )
+    notes = (capped, *workload.notes, _left_out(args, cost), burst)
+    return [line for line in notes if line]
+
+
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "deployments"):
         check(args)
     workload = workload_from_args(args)
-    spec = (
-        derived_spec(
-            args,
-            [r.prompt_len for r in workload.requests],
-            [r.output_len for r in workload.requests],
-        )
-        if args.derive
-        else resolve_cost_args(args)
-    )
+    spec = planning_cost(args, lambda: workload.requests)
     assert spec.cost is not None  # measured by resolve_cost_args
     engine_for(args, workload)
     args.server_facts_line = keep_server_facts(args, spec)
@@ -414,16 +421,7 @@ def run(args: argparse.Namespace) -> int:
     basis = _answer_basis(args, spec, result, needed, lengths)
     lines = capacity_text(result, spec.source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
-    burst = burst_warning(
-        [r.arrival for r in workload.requests],
-        [r.output_len for r in workload.requests],
-        args.slo,
-        result.base_rate,
-        result.ranked()[0].max_rate,
-    )
-    notes = (capped, *workload.notes, _left_out(args, spec.cost), burst)
-    extra = [line for line in notes if line]
+    extra = _notes(args, workload, spec.cost, result)
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
