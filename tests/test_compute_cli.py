@@ -131,3 +131,28 @@ def test_capacity_warns_when_its_prompts_arrive_as_one_burst(capsys) -> None:
     argv = [*CAPACITY, "--cost", "datacenter-illustrative"]
     assert main(argv) == 0
     assert "the probe measured one burst draining" in capsys.readouterr().out
+
+
+def test_a_calibrations_host_cost_carries_into_a_derived_answer(tmp_path, capsys) -> None:
+    # a calibration of llama-3.1-8b on an H100 whose decode step is 1 s: far above the device
+    # part, so the host's share is nearly all of it, and the same model and device get it back
+    calibration = {
+        "cost_model": {
+            "prefill_pass_overhead": 0.01,
+            "prefill_per_token": 1e-5,
+            "decode_step_base": 1.0,
+        },
+        "provenance": {"model": "llama-3.1-8b", "device_name": "NVIDIA H100 80GB HBM3"},
+    }
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration))
+    out_json = tmp_path / "out.json"
+    argv = ["simulate", "--gpu", "h100", "--model", "llama-3.1-8b", "--json", str(out_json)]
+    assert main([*argv, "--host-from", str(path)]) == 0
+    assert f"host: from --host-from {path} (llama-3.1-8b on h100-sxm, TP 1): a transfer" in (
+        capsys.readouterr().out
+    )
+    cost = json.loads(out_json.read_text())["cost_model"]
+    assert cost["decode_step_base"] == pytest.approx(1.0)
+    line = usage_error(["simulate", "--model", LLAMA, "--host-from", str(path)], capsys)
+    assert "--host-from carries" in line

@@ -12,11 +12,17 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.archive.cost_spec import CostSpec
+from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
 from pytest_prefill.commands._measure_args import resolve_cost_args
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
-from pytest_prefill.plan.compute.derive import Deriver, TokenRange
+from pytest_prefill.plan.compute.derive import (
+    Deriver,
+    HostCost,
+    TokenRange,
+    derive_cost,
+    host_from_calibration,
+)
 from pytest_prefill.plan.compute.devices import Device, device_named
 from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
 from pytest_prefill.plan.deployments import Deployment, default_deployments
@@ -54,6 +60,14 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         "model is derived from the model's shapes and the device, and the device's memory "
         "sizes the KV cache (--device-memory still wins). Not --device, which picks where "
         "a calibration measures",
+    )
+    group.add_argument(
+        "--host-from",
+        metavar="CALIBRATION.json",
+        help="with --gpu: carry the host cost of this calibration (its decode step beyond the "
+        "compute derived for its own model and device) into the derived answer for --model on "
+        "--gpu: a transfer, said so (its provenance must name a model this tool can read and a "
+        "catalog device)",
     )
     group.add_argument(
         "--quantization",
@@ -147,6 +161,11 @@ def _gpu(args: argparse.Namespace) -> Device | None:
     if not args.derive and getattr(args, "cost", None) is None and hasattr(args, "cost"):
         args.cost = getattr(args, "cost_fallback", None)
     args.gpu_device = None
+    if getattr(args, "host_from", None) and not args.derive:
+        raise ValueError(
+            "--host-from carries a calibration's host cost into a derived answer: give --gpu "
+            "and --model (and no --cost)"
+        )
     if gpu is None:
         return None
     try:
@@ -216,7 +235,8 @@ def derived_spec(
         span = TokenRange.of(prompts, outputs, rows)
     except ValueError as err:
         raise ValueError(f"--gpu: the workload's token range: {err}") from None
-    deriver = Deriver(hardware.model, device, choice, span)
+    host = _host_from(args, span) if getattr(args, "host_from", None) else HostCost()
+    deriver = Deriver(hardware.model, device, choice, span, host)
     one = deriver.derive(1)
     args.hardware = dataclasses.replace(hardware, derived=deriver)
     label = (
@@ -241,6 +261,36 @@ def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]
         return resolve_cost_args(args)
     load = requests()
     return derived_spec(args, [r.prompt_len for r in load], [r.output_len for r in load])
+
+
+def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
+    """The host cost --host-from's calibration implies: its measured decode terms less the
+    compute derived for the model and device its provenance names (at its TP).
+
+    Raises:
+        ValueError: in one line, for a file that is not a calibration, or a model or device
+            its provenance does not name in a form read here.
+    """
+    path = args.host_from
+    spec = resolve_cost(path)
+    document = _document(spec)
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if spec.cost is None or not isinstance(provenance, dict):
+        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
+    facts = server_facts_of(spec)
+    try:
+        model = load_model_spec(str(provenance.get("model")))
+        device = device_named(str(provenance.get("device_name")))
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: its provenance: {err}") from None
+    tp = facts.tp if facts is not None else 1
+    part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
+    return host_from_calibration(
+        spec.cost,
+        part.cost,
+        f"--host-from {path} ({model.name} on {device.key}, TP {tp}): a transfer",
+    )
 
 
 # The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative
