@@ -40,7 +40,12 @@ START = (0.3, 0.6, 0.8, 0.5, 0.5, 0.5, 5e-6, 32.0, 16.0, 5e-4, 1e-4, 3e-5)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
-POINT_KINDS = {"prefill": "prefill", "chunk": "prefill", "decode_kv": "decode", "decode_batch": "decode"}  # fmt: skip
+POINT_KINDS = {
+    "prefill": "prefill",
+    "chunk": "prefill",
+    "decode_kv": "decode",
+    "decode_batch": "decode",
+}
 STATISTICS = ("median", "min")
 DTYPE_PEAKS = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
 
