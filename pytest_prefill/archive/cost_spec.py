@@ -18,7 +18,7 @@ from pytest_prefill.plan.cost_document import load_cost, trust_in
 from pytest_prefill.sim import PRESETS, CostModel
 
 COST_WORDS = ("archive", "measure")
-KINDS = ("preset", "file", "archive", "measure")
+KINDS = ("preset", "file", "archive", "measure", "derived")  # derived: from --gpu and --model
 
 
 def _ignore(_: str) -> None:

@@ -9,16 +9,26 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.archive.cost_spec import CostSpec
+from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
+from pytest_prefill.commands._measure_args import resolve_cost_args
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
+from pytest_prefill.plan.compute.derive import (
+    Deriver,
+    HostCost,
+    TokenRange,
+    derive_cost,
+    host_from_calibration,
+)
+from pytest_prefill.plan.compute.devices import Device, device_named
+from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
 from pytest_prefill.plan.deployments import Deployment, default_deployments
-from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB, default_max_num_seqs
 from pytest_prefill.plan.hardware import Hardware
-from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, load_model_spec
+from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
 from pytest_prefill.report.assumptions import PRESET_MODEL
 from pytest_prefill.serve.launch.server_facts import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
@@ -37,8 +47,40 @@ def utilization_type(text: str) -> float:
 
 
 def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--device-memory --gpu-memory-utilization`` (``--model`` comes with the model flags)."""
+    """``--gpu --device-memory --gpu-memory-utilization --quantization --kv-cache-dtype``
+    (``--model`` comes with the model flags). ``--cost`` left unset falls back to its default
+    only without ``--gpu``: with it, the compute is derived."""
+    parser.set_defaults(cost=None, cost_fallback=parser.get_default("cost"))
     group = parser.add_argument_group("the deployment's devices (with --model)")
+    group.add_argument(
+        "--gpu",
+        metavar="NAME|custom:tflops=…,tbs=…,gib=…",
+        help="the accelerator the deployment runs on, from the catalog (h100, a100-80, h200, "
+        "b200, l4, l40s, mi300x, ...) or your own figures; with --model and no --cost the cost "
+        "model is derived from the model's shapes and the device, and the device's memory "
+        "sizes the KV cache (--device-memory still wins). Not --device, which picks where "
+        "a calibration measures",
+    )
+    group.add_argument(
+        "--host-from",
+        metavar="CALIBRATION.json",
+        help="with --gpu: carry the host cost of this calibration (its decode step beyond the "
+        "compute derived for its own model and device) into the derived answer for --model on "
+        "--gpu: a transfer, said so (its provenance must name a model this tool can read and a "
+        "catalog device)",
+    )
+    group.add_argument(
+        "--quantization",
+        choices=("fp8",),
+        help="as vLLM's flag: fp8 weights for every linear layer (memory and, derived, the fp8 "
+        "peak)",
+    )
+    group.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8"),
+        help="as vLLM's flag: fp8 stores the KV cache in one byte per value (default auto: the "
+        "model's dtype)",
+    )
     group.add_argument(
         "--device-memory",
         type=memory_type,
@@ -74,6 +116,7 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
             KV cache for the model at any TP that divides ``devices``.
     """
     args.hardware = None
+    device = _gpu(args)
     memory, fraction = args.device_memory, args.gpu_memory_utilization
     measure = getattr(args, "cost", None) == "measure"
     if args.model is None or (measure and memory is None):  # only what to calibrate
@@ -83,11 +126,10 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
             )
         _max_model_len(args, None)
         return
-    try:
-        model = load_model_spec(args.model)
-    except ValueError as err:
-        raise ValueError(f"--model: {err}") from None
+    model = _model(args, device)
     recorded = memory_of_cost(getattr(args, "cost", None)) if memory is None else None
+    if memory is None and device is not None:
+        recorded = device.memory_bytes / GiB, f"--gpu {device.key}, as its driver reports"
     if memory is None and recorded is None:
         raise ValueError(
             f"--model {args.model} needs --device-memory GiB (one device's memory) to size its "
@@ -109,6 +151,146 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
         hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
     args.hardware = hardware
     _max_model_len(args, model.max_position_embeddings)
+
+
+def _gpu(args: argparse.Namespace) -> Device | None:
+    """``--gpu``'s device (None: not given), and ``args.derive``: whether the compute is
+    derived (``--gpu`` without ``--cost``); ``--cost`` unset takes its default otherwise."""
+    gpu = getattr(args, "gpu", None)
+    args.derive = gpu is not None and getattr(args, "cost", None) is None
+    if not args.derive and getattr(args, "cost", None) is None and hasattr(args, "cost"):
+        args.cost = getattr(args, "cost_fallback", None)
+    args.gpu_device = None
+    if getattr(args, "host_from", None) and not args.derive:
+        raise ValueError(
+            "--host-from carries a calibration's host cost into a derived answer: give --gpu "
+            "and --model (and no --cost)"
+        )
+    if gpu is None:
+        return None
+    try:
+        args.gpu_device = device_named(gpu)
+    except ValueError as err:
+        raise ValueError(f"--gpu: {err}") from None
+    if args.model is None:
+        raise ValueError(
+            "--gpu needs --model (a config.json or a preset): the compute and the KV cache are "
+            "derived from the model's shapes on that device"
+        )
+    return args.gpu_device
+
+
+def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
+    """--model with --quantization and --kv-cache-dtype applied; fp8 weights on a --gpu
+    without an fp8 peak refused in one line."""
+    try:
+        model = load_model_spec(args.model)
+        changes = {}
+        if getattr(args, "quantization", None):
+            changes["quantization"] = args.quantization
+        if getattr(args, "kv_cache_dtype", None):
+            changes["kv_cache_dtype"] = args.kv_cache_dtype
+        model = dataclasses.replace(model, **changes)
+    except ValueError as err:
+        raise ValueError(f"--model: {err}") from None
+    if device is not None and model.quantization == "fp8" and not device.has_fp8:
+        raise ValueError(
+            f"--quantization fp8: {device.name} has no fp8 peak (fp8 GEMMs need Ada, Hopper, "
+            "Blackwell or CDNA3); drop it or choose another --gpu"
+        )
+    return model
+
+
+def efficiency_of(device: Device, engine: str) -> EfficiencyChoice:
+    """The efficiency table for ``device`` under ``engine``, else vLLM's (the engine with the
+    public per-op data), saying so in its error class.
+
+    Raises:
+        ValueError: in one line, when no shipped table can stand for the device.
+    """
+    try:
+        return efficiency_for(device, engine)
+    except ValueError as err:
+        if engine == "vllm" or "has no efficiency table" not in str(err):
+            raise ValueError(f"--gpu {device.key}: {err}") from None
+    try:
+        choice = efficiency_for(device, "vllm")
+    except ValueError as err:
+        raise ValueError(f"--gpu {device.key}: {err}") from None
+    return dataclasses.replace(
+        choice, error_class=f"{choice.error_class}; vLLM's kernels standing for {engine}'s"
+    )
+
+
+def derived_spec(
+    args: argparse.Namespace, prompts: Sequence[int], outputs: Sequence[int]
+) -> CostSpec:
+    """The cost spec derived from --model on --gpu over the token range of a workload's
+    ``prompts`` and ``outputs`` (their lengths); ``args.hardware`` then derives each TP's."""
+    hardware, device = args.hardware, args.gpu_device
+    assert hardware is not None and device is not None
+    choice = efficiency_of(device, args.profile.name)
+    rows = hardware.max_num_seqs or default_max_num_seqs(hardware.device_memory or 0.0)
+    try:
+        span = TokenRange.of(prompts, outputs, rows)
+    except ValueError as err:
+        raise ValueError(f"--gpu: the workload's token range: {err}") from None
+    host = _host_from(args, span) if getattr(args, "host_from", None) else HostCost()
+    deriver = Deriver(hardware.model, device, choice, span, host)
+    one = deriver.derive(1)
+    args.hardware = dataclasses.replace(hardware, derived=deriver)
+    label = (
+        f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
+        f"{choice.table.engine}: {choice.error_class}; the cost model within "
+        f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
+    )
+    return CostSpec(
+        f"derived:{device.key}",
+        "derived",
+        one.cost,
+        f"{one.basis}; each deployment's cost model derived at its own TP",
+        label,
+        tuple(sorted(one.refused)),
+    )
+
+
+def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]]) -> CostSpec:
+    """The cost spec a planning command runs on: derived from --model on --gpu over the token
+    range of ``requests()`` (called only then) when ``args.derive``, else --cost's."""
+    if not args.derive:
+        return resolve_cost_args(args)
+    load = requests()
+    return derived_spec(args, [r.prompt_len for r in load], [r.output_len for r in load])
+
+
+def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
+    """The host cost --host-from's calibration implies: its measured decode terms less the
+    compute derived for the model and device its provenance names (at its TP).
+
+    Raises:
+        ValueError: in one line, for a file that is not a calibration, or a model or device
+            its provenance does not name in a form read here.
+    """
+    path = args.host_from
+    spec = resolve_cost(path)
+    document = _document(spec)
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if spec.cost is None or not isinstance(provenance, dict):
+        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
+    facts = server_facts_of(spec)
+    try:
+        model = load_model_spec(str(provenance.get("model")))
+        device = device_named(str(provenance.get("device_name")))
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: its provenance: {err}") from None
+    tp = facts.tp if facts is not None else 1
+    part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
+    return host_from_calibration(
+        spec.cost,
+        part.cost,
+        f"--host-from {path} ({model.name} on {device.key}, TP {tp}): a transfer",
+    )
 
 
 # The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative

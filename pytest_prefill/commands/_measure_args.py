@@ -17,7 +17,7 @@ from pytest_prefill.measure.models import DEFAULT_MODEL, DTYPES, MODEL_PRESETS, 
 from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP
 from pytest_prefill.sim import PRESETS
 
-SMALL_PRESETS = ("tiny", "small")  # minutes at most on a CPU (fidelity of small: ~5 min)
+SMALL_PRESETS = ("tiny", "small", "medium")  # minutes at most on a CPU (fidelity of small: 5 min)
 
 
 def device_type(text: str) -> str:

@@ -19,6 +19,7 @@ from pytest_prefill.commands._deploy_args import (
     check_deployment_tp,
     keep_server_facts,
     measured_model,
+    planning_cost,
     search_deployments,
     served_name,
 )
@@ -34,7 +35,6 @@ from pytest_prefill.commands._measure_args import (
     add_threads_argument,
     add_timing_arguments,
     progress,
-    resolve_cost_args,
 )
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
@@ -49,6 +49,7 @@ from pytest_prefill.plan.capacity import (
     DEFAULT_TOLERANCE,
     MIN_TOLERANCE,
     CapacityResult,
+    burst_warning,
     capacity,
 )
 from pytest_prefill.plan.deployments import (
@@ -124,9 +125,9 @@ def check(args: argparse.Namespace) -> None:
     chunked iterations a run would take where the flags alone decide them), a plot's suffix,
     workers beside a cluster."""
     profile = check_engine(args)
-    args.cost_defaulted = args.cost is None
-    args.cost = args.cost or DEFAULT_COST
-    check_deploy_args(args, args.devices)
+    args.cost_defaulted = args.cost is None and getattr(args, "gpu", None) is None
+    args.cost = DEFAULT_COST if args.cost_defaulted else args.cost
+    check_deploy_args(args, args.devices)  # with --gpu and no --cost: derived
     if args.plot and not args.plot.lower().endswith((".svg", ".png")):
         raise ValueError(f"--plot must name an .svg or a .png file, got {args.plot!r}")
     if args.plot and args.plot.lower().endswith(".png"):
@@ -366,12 +367,28 @@ def _answer_basis(
     return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short)
 
 
+def _notes(
+    args: argparse.Namespace, workload: Workload, cost: CostModel, result: CapacityResult
+) -> list[str]:
+    """What the workload lost or assumed, a split left out, and a burst the probes measured."""
+    capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
+    burst = burst_warning(
+        [r.arrival for r in workload.requests],
+        [r.output_len for r in workload.requests],
+        args.slo,
+        result.base_rate,
+        result.ranked()[0].max_rate,
+    )
+    notes = (capped, *workload.notes, _left_out(args, cost), burst)
+    return [line for line in notes if line]
+
+
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "deployments"):
         check(args)
-    spec = resolve_cost_args(args)
-    assert spec.cost is not None  # measured by resolve_cost_args
     workload = workload_from_args(args)
+    spec = planning_cost(args, lambda: workload.requests)
+    assert spec.cost is not None  # measured by resolve_cost_args
     engine_for(args, workload)
     args.server_facts_line = keep_server_facts(args, spec)
     deployments = search_deployments(args, spec.cost, args.devices, args.deployments)
@@ -404,8 +421,7 @@ def run(args: argparse.Namespace) -> int:
     basis = _answer_basis(args, spec, result, needed, lengths)
     lines = capacity_text(result, spec.source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
-    extra = [line for line in (capped, *workload.notes, _left_out(args, spec.cost)) if line]
+    extra = _notes(args, workload, spec.cost, result)
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)

@@ -19,6 +19,7 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     deployed_cost,
+    planning_cost,
 )
 from pytest_prefill.commands._engine_args import check_engine, engine_for
 from pytest_prefill.commands._measure_args import (
@@ -26,7 +27,6 @@ from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_threads_argument,
     add_timing_arguments,
-    resolve_cost_args,
 )
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
@@ -127,6 +127,13 @@ def _load(
     return load, [*workload_lines(workload), "Simulated, not measured."], chunks, scenario
 
 
+def _requests(args: argparse.Namespace) -> list[Request]:
+    """The requests whose token range a derived cost model covers."""
+    if args.workload == "lab":
+        return lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+    return list(workload_from_args(args).requests)
+
+
 def _metrics(
     rows: list[SweepRow],
     load: list[Request],
@@ -144,7 +151,7 @@ def _metrics(
 def run(args: argparse.Namespace) -> int:
     if not hasattr(args, "profile"):
         check(args)
-    spec = resolve_cost_args(args)
+    spec = planning_cost(args, lambda: _requests(args))
     assert spec.cost is not None  # measured by resolve_cost_args
     cost, origin = deployed_cost(args, spec.cost, args.profile), spec.source
     if args.hardware is not None:

@@ -24,6 +24,7 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     deployed_spec,
+    planning_cost,
 )
 from pytest_prefill.commands._engine_args import check_engine
 from pytest_prefill.commands._measure_args import (
@@ -31,7 +32,6 @@ from pytest_prefill.commands._measure_args import (
     add_model_arguments,
     add_threads_argument,
     add_timing_arguments,
-    resolve_cost_args,
 )
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
@@ -209,7 +209,9 @@ def _simulated(args: argparse.Namespace) -> LabTimeline:
     """The lab scenario under the three designs, as the flags ask (checked first)."""
     if not hasattr(args, "profile"):
         check(args)
-    spec = resolve_cost_args(args)
+    spec = planning_cost(
+        args, lambda: lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
+    )
     assert spec.cost is not None  # measured by resolve_cost_args
     spec = deployed_spec(args, spec)
     assert spec.cost is not None

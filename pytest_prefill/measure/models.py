@@ -10,11 +10,12 @@ import re
 from typing import Any
 
 from pytest_prefill.machine import check_device
-from pytest_prefill.plan.model_spec import QWEN3_06B, SMALL, TINY
+from pytest_prefill.plan.model_spec import MEDIUM, QWEN3_06B, SMALL, TINY
 
 # The Qwen3 architecture presets (plan/model_spec holds their shapes), built with random weights.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": QWEN3_06B,
+    "medium": MEDIUM,
     "small": SMALL,
     "tiny": TINY,
 }
@@ -23,6 +24,9 @@ MODEL_PRESET_SOURCES = {
     "qwen3-0.6b": "architecture preset: the exact Qwen3-0.6B shapes (hidden 1024, 28 layers, 16 "
     "attention heads, 8 KV heads, head dim 128, intermediate 3072, vocab 151,936, tied "
     "embeddings), random weights",
+    "medium": "architecture preset: a 6-layer Qwen3 for the CPU's model-size transfer (hidden "
+    "640, 10 attention heads, 5 KV heads, head dim 64, intermediate 1920, vocab 16,384), random "
+    "weights",
     "small": "architecture preset: a 4-layer Qwen3 for CPU fidelity runs (hidden 384, 6 "
     "attention heads, 3 KV heads, head dim 64, intermediate 1152, vocab 8,192), random weights",
     "tiny": "architecture preset: a 2-layer Qwen3 for CI (hidden 64, 4 heads, 2 KV heads, head "

@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,10 @@ DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest mi
 # about 1e-16, 1 + tolerance is 1.0: the bracket could never close).
 MIN_TOLERANCE = 1e-4
 Progress = Callable[[str], None]
+
+# The rate a search tells apart from a deployment's capacity: its default tolerance's order (a
+# probe whose arrivals are too short to show a backlog this much over capacity is a burst).
+BURST_MARGIN = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,3 +480,40 @@ def arrival_bunches(load: Sequence[Request]) -> tuple[int, int]:
 def no_search(deployment: Deployment, target: float) -> DeploymentResult:
     """A deployment that was not searched: no probe, no answer."""
     return DeploymentResult(deployment, float(target), (), None, None)
+
+
+def queueing_horizon(slo: SLO, mean_output: float) -> float:
+    """How long a request may take within ``slo`` before queueing shows as a miss: the TTFT
+    bound (else the end-to-end bound; with TPOT alone, its bound over the mean output)."""
+    if slo.ttft is not None:
+        return slo.ttft
+    if slo.e2el is not None:
+        return slo.e2el
+    assert slo.tpot is not None  # an SLO has at least one bound
+    return slo.tpot * max(1.0, mean_output)
+
+
+def burst_warning(
+    arrivals: Sequence[float], outputs: Sequence[int], slo: SLO, base_rate: float, rate: float
+) -> str | None:
+    """A warning when a probe at ``rate`` (the load's own is ``base_rate``) measured a burst:
+    its ``arrivals`` (seconds, at the load's own rate) span less than the time queueing needs
+    to show. At a rate ``1 + m`` times what a deployment serves, its backlog grows by about
+    ``m`` of the arrival span, and a request misses once the backlog passes the SLO's
+    :func:`queueing_horizon`; to tell a rate the search's ±10% from the one it serves, the
+    arrivals must span ``horizon ÷ 0.1``. None when they do (or no rate was found)."""
+    if rate <= 0 or base_rate <= 0 or len(arrivals) < 2:
+        return None
+    horizon = queueing_horizon(slo, sum(outputs) / max(1, len(outputs)))
+    span = (max(arrivals) - min(arrivals)) * base_rate / rate
+    needed_span = horizon / BURST_MARGIN
+    if span >= needed_span:
+        return None
+    prompts = math.ceil(needed_span * rate) + 1
+    return (
+        f"  warning: at {rate:.3g} req/s the {len(arrivals):,} requests arrive within "
+        f"{span:.3g} s, under the {needed_span:.3g} s a backlog needs to pass the SLO's "
+        f"{horizon:.3g} s when the rate is {BURST_MARGIN:.0%} over what a deployment serves: "
+        f"the probe measured one burst draining, not queueing; about {prompts:,} prompts "
+        "(--num-prompts) would show it at that rate (fewer if the knee is lower)"
+    )

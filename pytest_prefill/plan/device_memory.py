@@ -143,7 +143,7 @@ def kv_capacity(
     weights = model.weight_bytes / tp
     available = math.floor(device_memory * utilization) - weights - held_back
     heads = max(1, model.kv_heads // tp)
-    page = 2 * block_tokens * heads * model.head_dim * model.dtype_bytes  # one layer's block
+    page = 2 * block_tokens * heads * model.head_dim * model.kv_dtype_bytes  # one layer's block
     blocks = int(available // page // model.layers) if available > 0 else 0
     if blocks < 1:
         raise ValueError(

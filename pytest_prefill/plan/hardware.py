@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import (
@@ -34,7 +34,9 @@ class Hardware:
     A cost model measured on a server at ``measured_tp`` is used as it is at that TP (and only
     there, when it is not 1), with the server's own KV capacity ``server_kv_tokens`` when it
     showed one. ``max_num_seqs``: the engine's sequence cap, which sizes vLLM's sampler reserve
-    (None: vLLM's default for the device).
+    (None: vLLM's default for the device). ``derived``: the cost model derived from the model
+    and the device at a TP (plan/compute/derive.py); when given it is used at every TP instead
+    of scaling a TP=1 model by the rule.
 
     Raises:
         ValueError: naming the field, for memory that is not a positive number or a
@@ -49,6 +51,7 @@ class Hardware:
     server_kv_tokens: int | None = None
     memory_source: str = "--device-memory"
     max_num_seqs: int | None = None
+    derived: Callable[[int], CostModel] | None = None
 
     def __post_init__(self) -> None:
         memory = self.device_memory
@@ -87,7 +90,9 @@ class Hardware:
             ValueError: for a TP other than :attr:`measured_tp` when that is not 1.
         """
         assert self.rule is not None
-        if tp == self.measured_tp:
+        if self.derived is not None:
+            scaled = self.derived(tp)
+        elif tp == self.measured_tp:
             scaled = cost
         elif self.measured_tp == 1:
             scaled = cost_at_tp(cost, self.model, tp, self.rule)
@@ -210,7 +215,12 @@ class Hardware:
                     f"only with --max-model-len {short} or less (kv_cache_utils.py "
                     f"check_enough_kv_cache_memory); the command sets it; {fate}"
                 )
-            if tp > 1:
+            if tp > 1 and self.derived is not None:
+                out.append(
+                    f"  compute at TP={tp}: derived at that TP (each GEMM split {tp} ways, two "
+                    "all-reduces per layer at the efficiency table's bus bandwidth)"
+                )
+            elif tp > 1:
                 assert self.rule is not None
                 out.append(f"  compute at TP={tp}: {self.rule.describe(tp)}")
         return out

@@ -66,6 +66,20 @@ SMALL = {
     **QWEN3_FAMILY,
 }
 
+# A 6-layer Qwen3 between `small` and Qwen3-0.6B, for the model-size transfer on a CPU (fit the
+# device's efficiencies on two presets, predict the third): four times `small`'s weights per
+# layer, a calibration of a few minutes on one core. Qwen3's ratios as `small`.
+MEDIUM = {
+    "vocab_size": 16384,
+    "hidden_size": 640,
+    "intermediate_size": 1920,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 10,
+    "num_key_value_heads": 5,
+    "head_dim": 64,
+    **QWEN3_FAMILY,
+}
+
 # Meta-Llama-3-8B's config.json as published (meta-llama/Meta-Llama-3-8B): 8,030,261,248
 # parameters, bf16.
 LLAMA_3_8B = {
@@ -102,6 +116,7 @@ LLAMA_3_1_8B = {
 
 ARCHITECTURES: dict[str, Mapping[str, Any]] = {
     "qwen3-0.6b": {"model_type": "qwen3", "torch_dtype": "bfloat16", **QWEN3_06B},
+    "medium": {"model_type": "qwen3", "torch_dtype": "bfloat16", **MEDIUM},
     "small": {"model_type": "qwen3", "torch_dtype": "bfloat16", **SMALL},
     "tiny": {"model_type": "qwen3", "torch_dtype": "bfloat16", **TINY},
     "llama-3-8b": LLAMA_3_8B,
@@ -132,8 +147,15 @@ REQUIRED = (
 )
 # Model types whose transformers config class defaults tie_word_embeddings to False (a config
 # of another type must say); and those with a norm on each head's queries and keys.
-UNTIED_BY_DEFAULT = ("llama", "mistral", "qwen2", "qwen3")
-QK_NORM = ("qwen3",)
+UNTIED_BY_DEFAULT = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+QK_NORM = ("qwen3", "qwen3_moe")
+# vLLM's names: ``--quantization fp8`` stores every linear layer's weights (attention, MLP,
+# experts; not the embeddings or lm_head) in one byte; ``--kv-cache-dtype fp8`` the KV cache.
+QUANTIZATIONS = ("", "fp8")
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+# A mixture of experts: the config keys that count the routed experts, as each family names
+# them (Mixtral: num_local_experts; Qwen2/3-MoE: num_experts; DeepSeek: n_routed_experts).
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -159,6 +181,13 @@ class ModelSpec:
     tied_embeddings: bool = False
     qk_norm: bool = False
     attention_bias: bool = False
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    dense_layers: int = 0
+    quantization: str = ""
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in (
@@ -186,44 +215,142 @@ class ModelSpec:
                 f"model {self.name}: dtype must be one of {', '.join(DTYPE_BYTES)}, "
                 f"got {self.dtype!r}"
             )
+        self._check_experts()
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"model {self.name}: quantization must be fp8 or none, got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"model {self.name}: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
+
+    def _check_experts(self) -> None:
+        moe = ("experts_per_token", "expert_intermediate_size")
+        for name in (*moe, "experts", "shared_expert_intermediate_size", "dense_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"model {self.name}: {name} must be an integer >= 0, got {value!r}"
+                )
+        if self.experts == 0:
+            if any(getattr(self, name) for name in (*moe, "shared_expert_intermediate_size")):
+                raise ValueError(f"model {self.name}: expert sizes given without experts")
+            return
+        for name in moe:
+            if getattr(self, name) < 1:
+                raise ValueError(f"model {self.name}: a mixture of experts needs {name} >= 1")
+        if self.experts_per_token > self.experts:
+            raise ValueError(
+                f"model {self.name}: experts_per_token ({self.experts_per_token}) exceeds the "
+                f"{self.experts} experts"
+            )
+        if self.dense_layers > self.layers:
+            raise ValueError(f"model {self.name}: dense_layers exceeds the {self.layers} layers")
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def weight_value_bytes(self) -> int:
+        """Bytes of one linear-layer weight: 1 under fp8 quantization, else the dtype's."""
+        return 1 if self.quantization == "fp8" else self.dtype_bytes
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one cached K or V value: the KV cache dtype's, else the model's."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or self.dtype_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over all layers: ``2 · L · H_kv · d · b``."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    @property
+    def sparse_layers(self) -> int:
+        """Layers whose MLP is the experts (the others are dense)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def embedding_parameters(self) -> int:
+        """The embeddings and an untied output head (never quantized)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    def _linear_parameters(self, experts: int) -> int:
+        """Every layer's linear weights, with ``experts`` of the routed experts counted."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.attention_heads * d, self.kv_heads * d
+        attention = h * q + 2 * h * kv + q * h
+        dense = 3 * h * self.intermediate_size
+        sparse = 3 * h * self.expert_intermediate_size * experts + h * self.experts
+        sparse += 3 * h * self.shared_expert_intermediate_size
+        return (
+            self.layers * attention
+            + self.dense_layers * dense
+            + self.sparse_layers * sparse
+            + (0 if self.is_moe else self.layers * dense)
+        )
+
+    @property
+    def _small_parameters(self) -> int:
+        """Biases and norms (kept in the model's dtype)."""
+        h, d = self.hidden_size, self.head_dim
+        per_layer = 2 * h + (2 * d if self.qk_norm else 0)
+        if self.attention_bias:
+            per_layer += (self.attention_heads + 2 * self.kv_heads) * d
+        return self.layers * per_layer + h
 
     @property
     def parameters(self) -> int:
         """Counted from the shapes: embeddings (and an untied output head), per layer the
         attention projections (with their biases and Qwen3's per-head q/k norms), the gated MLP
-        (gate, up, down) and two RMSNorms, and the final norm."""
-        h, d = self.hidden_size, self.head_dim
-        q, kv = self.attention_heads * d, self.kv_heads * d
-        attention = h * q + 2 * h * kv + q * h
-        if self.attention_bias:
-            attention += q + 2 * kv
-        if self.qk_norm:
-            attention += 2 * d
-        layer = attention + 3 * h * self.intermediate_size + 2 * h
-        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
-        return embeddings + self.layers * layer + h
+        (gate, up, down; a mixture of experts: every expert, the router and any shared expert)
+        and two RMSNorms, and the final norm."""
+        return (
+            self.embedding_parameters
+            + self._linear_parameters(self.experts)
+            + self._small_parameters
+        )
+
+    @property
+    def active_parameters(self) -> int:
+        """The parameters one token computes with: :attr:`parameters` with only
+        ``experts_per_token`` of the routed experts."""
+        return (
+            self.embedding_parameters
+            + self._linear_parameters(self.experts_per_token)
+            + self._small_parameters
+        )
 
     @property
     def weight_bytes(self) -> int:
-        return self.parameters * self.dtype_bytes
+        """All weights in memory: linear layers at :attr:`weight_value_bytes`, the rest at
+        the dtype's."""
+        linear = self._linear_parameters(self.experts)
+        return linear * self.weight_value_bytes + (self.parameters - linear) * self.dtype_bytes
 
     def summary(self) -> str:
         """``llama-3-8b: 8.03B parameters bf16 (14.96 GiB), 32 layers, 8 KV heads × 128,
         131,072 bytes of KV per token, context 8,192``."""
+        experts = (
+            f" ({self.experts} experts, {self.experts_per_token} per token: "
+            f"{self.active_parameters / 1e9:.3g}B active)"
+            if self.is_moe
+            else ""
+        )
+        weights = f"{self.dtype}" + (" weights fp8" if self.quantization else "")
+        kv = " (fp8 KV cache)" if self.kv_dtype_bytes != self.dtype_bytes else ""
         return (
-            f"{self.name}: {self.parameters / 1e9:.3g}B parameters {self.dtype} "
+            f"{self.name}: {self.parameters / 1e9:.3g}B parameters{experts} {weights} "
             f"({self.weight_bytes / 2**30:.2f} GiB), {self.layers} layers, {self.kv_heads} KV "
             f"heads × {self.head_dim}, {self.kv_bytes_per_token:,} bytes of KV per "
-            f"token, context {self.max_position_embeddings:,}"
+            f"token{kv}, context {self.max_position_embeddings:,}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -283,12 +410,7 @@ def model_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
     """
     if not isinstance(config, Mapping):
         raise ValueError(f"{name}: a config must be a JSON object, got {type(config).__name__}")
-    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
-        if isinstance(config.get(key), int) and config[key] > 1:
-            raise ValueError(
-                f"{name}: {key}={config[key]}: mixture-of-experts models are not supported "
-                "(their weights are not all read per token)"
-            )
+    experts = _experts(config, name)
     sizes = {key: _size(config, key, name) for key in REQUIRED}
     heads = sizes["num_attention_heads"]
     kv_heads = (
@@ -315,6 +437,70 @@ def model_from_config(config: Mapping[str, Any], name: str, source: str) -> Mode
         tied_embeddings=_tied(config, model_type, name),
         qk_norm=model_type in QK_NORM,
         attention_bias=bool(config.get("attention_bias", False)),
+        quantization=_quantization(config, name),
+        **experts,
+    )
+
+
+def _experts(config: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A mixture of experts' fields as :class:`ModelSpec` names them ({} for a dense model):
+    Mixtral (``num_local_experts``; each expert ``intermediate_size`` wide), Qwen2/3-MoE
+    (``num_experts``, ``moe_intermediate_size``, Qwen2's ``shared_expert_intermediate_size``,
+    ``mlp_only_layers`` / ``decoder_sparse_step``), DeepSeek-MoE (``n_routed_experts``,
+    ``n_shared_experts``, ``first_k_dense_replace``); every one needs ``num_experts_per_tok``.
+
+    Raises:
+        ValueError: in one line naming the field, for an expert field missing, or multi-head
+            latent attention (DeepSeek-V2/V3's ``kv_lora_rank``), which is not modelled.
+    """
+    counted = [k for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int) and config[k] > 1]
+    if not counted:
+        return {}
+    key = counted[0]
+    if config.get("kv_lora_rank") is not None:
+        raise ValueError(
+            f"{where}: kv_lora_rank: multi-head latent attention (DeepSeek-V2/V3) is not "
+            "modelled; only grouped-query attention is"
+        )
+    label = f"{where}: config.json has {key}={config[key]} (a mixture of experts)"
+
+    def need(field: str) -> int:
+        if field not in config or config[field] is None:
+            raise ValueError(f"{label} but no {field!r}, which its compute and memory need")
+        return _size(config, field, where)
+
+    per_token = need("num_experts_per_tok")
+    size = (
+        need("intermediate_size") if key == "num_local_experts" else need("moe_intermediate_size")
+    )
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    shared += int(config.get("n_shared_experts") or 0) * size
+    layers = _size(config, "num_hidden_layers", where)
+    dense = int(config.get("first_k_dense_replace") or 0)
+    only = config.get("mlp_only_layers") or []
+    step = int(config.get("decoder_sparse_step") or 1)
+    if only or step > 1:
+        dense = sum(1 for i in range(layers) if i in only or (i + 1) % step)
+    return {
+        "experts": config[key],
+        "experts_per_token": per_token,
+        "expert_intermediate_size": size,
+        "shared_expert_intermediate_size": shared,
+        "dense_layers": dense,
+    }
+
+
+def _quantization(config: Mapping[str, Any], where: str) -> str:
+    """``fp8`` for a checkpoint its config says is fp8 (``quantization_config.quant_method``),
+    else none; another quantization is refused in one line (its bytes are not modelled)."""
+    quant = config.get("quantization_config")
+    if not quant:
+        return ""
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if method == "fp8":
+        return "fp8"
+    raise ValueError(
+        f"{where}: quantization_config quant_method {method!r} is not modelled (fp8 is)"
     )
 
 
@@ -343,5 +529,7 @@ def load_model_spec(spec: str) -> ModelSpec:
             config = json.load(handle)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise ValueError(f"model {spec!r}: {path} is not readable JSON ({err})") from None
-    name = os.path.basename(os.path.dirname(os.path.abspath(path))) or spec
+    stem = os.path.splitext(os.path.basename(path))[0]
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    name = (folder if os.path.basename(path) == CONFIG_FILE else stem) or spec
     return model_from_config(config, name, f"config.json at {os.path.abspath(path)}")

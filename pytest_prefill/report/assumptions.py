@@ -45,6 +45,8 @@ def origin(spec: CostSpec) -> str:
     """``preset X: not your hardware`` or ``calibrated (file ...), held-out 4.9%``."""
     if spec.kind == "preset":
         return f"preset {spec.spec}: not your hardware"
+    if spec.kind == "derived":
+        return spec.label
     held = spec.trust.held_out if spec.trust is not None else None
     error = (
         f"held-out {held:.1%}"
@@ -78,7 +80,9 @@ def basis(
     else:
         parts.append(f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (the cost model's)")
     tp = deployment.tp if deployment is not None else 1
-    if tp > 1 and hardware is not None and hardware.rule is not None:
+    if tp > 1 and hardware is not None and hardware.derived is not None:
+        parts.append(f"TP{tp} compute derived at that TP, all-reduces included")
+    elif tp > 1 and hardware is not None and hardware.rule is not None:
         parts.append(
             f"TP{tp} compute scaled by Vidur's {hardware.rule.gpu.upper()} profile "
             f"(work {hardware.rule.efficiency(tp):.0%} efficient, "

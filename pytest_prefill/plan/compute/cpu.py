@@ -1,0 +1,373 @@
+"""This machine's CPU as a device whose efficiencies are fitted on its own calibrations: the
+measured prefill passes and decode steps of some model sizes, read through the per-op physics
+(plan/compute/physics), fit the device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention)
+and the host's costs (per pass, per layer, per sequence and layer); the fit then predicts
+another size's measured passes. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pytest_prefill.plan.compute.devices import Device
+from pytest_prefill.plan.compute.efficiency import Efficiency
+from pytest_prefill.plan.compute.physics import Physics
+from pytest_prefill.plan.cost_document import CALIBRATION_KIND
+from pytest_prefill.plan.model_spec import ModelSpec, load_model_spec
+
+# The GEMM row counts eta_c is fitted by: decode rows, short prompts, long prompts.
+COMPUTE_BOUNDS = (16.0, 256.0, math.inf)
+# The fitted values, in the order of the parameter vector: fractions (in (0, 1)) first, then
+# positive numbers (seconds, and the widths at which a kernel reaches half its efficiency).
+FRACTIONS = (
+    *(f"eta_c[m<={b:g}]" for b in COMPUTE_BOUNDS),
+    "eta_m",
+    "attention_eta_c",
+    "attention_eta_m",
+)
+POSITIVES = (
+    "gemm_t0",
+    "gemm_k0",
+    "attention_d0",
+    "host_per_pass",
+    "host_per_layer",
+    "host_per_sequence_layer",
+)
+START = (0.3, 0.6, 0.8, 0.5, 0.5, 0.5, 5e-6, 32.0, 16.0, 5e-4, 1e-4, 3e-5)
+# Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
+# machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
+LOSS_SCALE = 0.1
+POINT_KINDS = {
+    "prefill": "prefill",
+    "chunk": "prefill",
+    "decode_kv": "decode",
+    "decode_batch": "decode",
+}
+STATISTICS = ("median", "min")
+DTYPE_PEAKS = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    """One measured pass of ``model``: ``kind`` ``prefill`` (its ``pieces``: (new tokens,
+    cached tokens)) or ``decode`` (``rows`` sequences reading ``kv_tokens`` cached tokens in
+    all); ``seconds`` the measured median; ``label`` as the calibration names the point."""
+
+    model: ModelSpec
+    kind: str
+    seconds: float
+    label: str
+    pieces: tuple[tuple[int, int], ...] = ()
+    rows: int = 0
+    kv_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("prefill", "decode"):
+            raise ValueError(f"sample kind must be prefill or decode, got {self.kind!r}")
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"sample seconds must be a positive number, got {self.seconds!r}")
+        if self.kind == "decode" and self.rows < 1:
+            raise ValueError(f"a decode sample needs rows >= 1, got {self.rows!r}")
+        if self.kind == "prefill" and not self.pieces:
+            raise ValueError("a prefill sample needs at least one piece")
+
+    @property
+    def sequences(self) -> int:
+        """Sequences in the pass (the packed pass attends per sequence, layer by layer)."""
+        return len(self.pieces) if self.kind == "prefill" else self.rows
+
+
+def samples_of(document: Mapping[str, Any], statistic: str = "median") -> list[Sample]:
+    """The prefill, chunk and decode points of a calibration document (``calibrate --json``)
+    of an architecture preset, in the dtype it ran in (fused passes are left out), each timed
+    by its ``statistic``: ``median`` (the measurement), or ``min`` (the fastest repeat: on a
+    shared machine, the nearest to the hardware's own time).
+
+    Raises:
+        ValueError: for a statistic not in STATISTICS, a document that is not a calibration, of
+            a model that is not a preset, or a malformed point.
+    """
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+    if not isinstance(document, Mapping) or document.get("kind") != CALIBRATION_KIND:
+        raise ValueError(f"not a pytest-prefill calibration (kind must be {CALIBRATION_KIND!r})")
+    provenance = document.get("provenance")
+    if not isinstance(provenance, Mapping):
+        raise ValueError("calibration provenance must be an object")
+    spec = load_model_spec(str(provenance.get("model")))
+    model = dataclasses.replace(spec, dtype=str(provenance.get("dtype", spec.dtype)))
+    try:
+        return [
+            sample
+            for point in document["measurements"]
+            if (sample := _sample(model, point, statistic)) is not None
+        ]
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"calibration of {model.name}: malformed measurement ({err!s})") from None
+
+
+def _sample(model: ModelSpec, point: Mapping[str, Any], statistic: str) -> Sample | None:
+    kind = POINT_KINDS.get(point["kind"])
+    if kind is None:
+        return None
+    x, context, rows = int(point["x"]), int(point["context"]), int(point["rows"])
+    seconds = float(point["measurement"][statistic])
+    label = f"{model.name} {point['kind']} {x}/{context}/{rows}"
+    if kind == "prefill":
+        return Sample(model, kind, seconds, label, pieces=((x, context),))
+    if point["kind"] == "decode_kv":
+        rows = max(1, rows)
+        return Sample(model, kind, seconds, label, rows=rows, kv_tokens=x * rows)
+    return Sample(model, kind, seconds, label, rows=x, kv_tokens=x * context)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostCost:
+    """The host's share of a pass, in seconds: per pass, per layer, per sequence and layer (the
+    packed pass writes each sequence's cache and calls attention per sequence, layer by layer)."""
+
+    per_pass: float
+    per_layer: float
+    per_sequence_layer: float
+
+    def of(self, layers: int, sequences: int) -> float:
+        return self.per_pass + layers * (self.per_layer + sequences * self.per_sequence_layer)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CpuTerms:
+    """What a fit finds. The device's efficiencies at full width: ``compute`` (eta_c per
+    ``COMPUTE_BOUNDS``), ``memory``, ``attention_compute``, ``attention_memory``; how a narrow
+    kernel falls short of them: a GEMM of inner dimension k reaches ``k / (k + gemm_k0)`` of its
+    eta_c, attention of head dim d ``d / (d + attention_d0)`` of its own (a SIMD kernel needs
+    width to fill its registers); ``gemm_t0`` per GEMM; and the host's costs."""
+
+    compute: tuple[float, ...]
+    memory: float
+    attention_compute: float
+    attention_memory: float
+    gemm_t0: float
+    gemm_k0: float
+    attention_d0: float
+    host: HostCost
+
+    @classmethod
+    def from_vector(cls, vector: Sequence[float]) -> CpuTerms:
+        n = len(FRACTIONS)
+        fractions = [1.0 / (1.0 + math.exp(-v)) for v in vector[:n]]
+        t0, k0, d0, *host = (math.exp(v) for v in vector[n:])
+        bins = len(COMPUTE_BOUNDS)
+        memory, attention_c, attention_m = fractions[bins:]
+        return cls(
+            tuple(fractions[:bins]), memory, attention_c, attention_m, t0, k0, d0, HostCost(*host)
+        )
+
+    def values(self) -> dict[str, float]:
+        """Every fitted value by name (``FRACTIONS`` then ``POSITIVES``)."""
+        numbers = (
+            *self.compute,
+            self.memory,
+            self.attention_compute,
+            self.attention_memory,
+            self.gemm_t0,
+            self.gemm_k0,
+            self.attention_d0,
+            self.host.per_pass,
+            self.host.per_layer,
+            self.host.per_sequence_layer,
+        )
+        return dict(zip((*FRACTIONS, *POSITIVES), numbers))  # noqa: B905
+
+    def efficiency(self, device: Device, model: ModelSpec) -> Efficiency:
+        """The efficiency table of ``device`` for ``model``'s widths (B's ``Efficiency``: the
+        attention host terms stay 0, ``host`` holds them)."""
+        gemm = model.hidden_size / (model.hidden_size + self.gemm_k0)
+        attention = model.head_dim / (model.head_dim + self.attention_d0)
+        return Efficiency(
+            device=device.key,
+            engine="pytest-prefill packed pass (torch, eager)",
+            gemm_t0=self.gemm_t0,
+            compute_bins=tuple((b, e * gemm) for b, e in zip(COMPUTE_BOUNDS, self.compute)),  # noqa: B905
+            memory_efficiency=self.memory,
+            attention_compute_efficiency=self.attention_compute * attention,
+            attention_memory_efficiency=self.attention_memory,
+            allreduce_latency=0.0,
+            allreduce_bandwidth=device.link_bandwidth,
+            held_out_error=0.0,
+            source=f"fitted on this machine's calibrations; peaks {device.source}",
+        )
+
+
+def _vector(values: Sequence[float]) -> list[float]:
+    n = len(FRACTIONS)
+    return [math.log(v / (1.0 - v)) for v in values[:n]] + [math.log(v) for v in values[n:]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CpuFit:
+    """The CPU's fitted terms, the models they were fitted on and the fit's median error."""
+
+    device: Device
+    terms: CpuTerms
+    fitted_on: tuple[str, ...]
+    in_sample_median: float
+
+    def predict(self, sample: Sample) -> float:
+        return predict(self.device, self.terms, sample)
+
+
+def linear_device(device: Device, dtype: str) -> Device:
+    """``device`` with the peak of ``dtype`` (the dtype the model ran in) where the physics reads
+    its linear layers' peak (``bf16``): a CPU runs the presets in fp32.
+
+    Raises:
+        ValueError: for a dtype the device has no peak for.
+    """
+    peak = device.peak(DTYPE_PEAKS.get(dtype, dtype))
+    return dataclasses.replace(device, peak_flops={**device.peak_flops, "bf16": peak})
+
+
+def _seconds(physics: Physics, host: HostCost, sample: Sample) -> float:
+    if sample.kind == "prefill":
+        seconds = physics.prefill_pass(sample.pieces)
+    else:
+        seconds = physics.decode_step(sample.rows, sample.kv_tokens)
+    return seconds + host.of(sample.model.layers, sample.sequences)
+
+
+def predict(device: Device, terms: CpuTerms, sample: Sample) -> float:
+    """Seconds the physics and the host costs give ``sample``'s pass on ``device``."""
+    efficiency = terms.efficiency(device, sample.model)
+    physics = Physics(sample.model, linear_device(device, sample.model.dtype), efficiency)
+    return _seconds(physics, terms.host, sample)
+
+
+def _loss(device: Device, samples: Sequence[Sample]) -> Callable[[Sequence[float]], float]:
+    devices = {s.model.dtype: linear_device(device, s.model.dtype) for s in samples}
+    models = {s.model.name: s.model for s in samples}
+
+    def loss(vector: Sequence[float]) -> float:
+        if any(abs(v) > 40 for v in vector):
+            return math.inf
+        terms = CpuTerms.from_vector(vector)
+        tables = {name: terms.efficiency(device, model) for name, model in models.items()}
+        total = 0.0
+        for s in samples:
+            physics = Physics(s.model, devices[s.model.dtype], tables[s.model.name])
+            r = math.log(_seconds(physics, terms.host, s) / s.seconds) / LOSS_SCALE
+            total += math.sqrt(1.0 + r * r) - 1.0
+        return total
+
+    return loss
+
+
+def nelder_mead(
+    f: Callable[[Sequence[float]], float], start: Sequence[float], *, step: float, rounds: int
+) -> list[float]:
+    """A minimum of ``f`` near ``start`` by Nelder and Mead's simplex (standard coefficients),
+    ``rounds`` iterations per restart, restarted from the best point until it stops improving."""
+    best = list(start)
+    best_value = f(best)
+    for _ in range(8):
+        simplex = [best] + [
+            [v + (step if i == j else 0.0) for j, v in enumerate(best)] for i in range(len(best))
+        ]
+        values = [f(p) for p in simplex]
+        for _ in range(rounds):
+            order = sorted(range(len(simplex)), key=values.__getitem__)
+            simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+            simplex, values = _simplex_step(f, simplex, values)
+        point, value = min(zip(simplex, values), key=lambda pv: pv[1])  # noqa: B905
+        improved = value < best_value - 1e-9 * max(1.0, abs(best_value))
+        if value < best_value:
+            best, best_value = point, value
+        if not improved:
+            break
+    return best
+
+
+def _simplex_step(
+    f: Callable[[Sequence[float]], float], simplex: list[list[float]], values: list[float]
+) -> tuple[list[list[float]], list[float]]:
+    n = len(simplex) - 1
+    centre = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+
+    def towards(t: float) -> list[float]:
+        return [c + t * (w - c) for c, w in zip(centre, simplex[-1])]  # noqa: B905
+
+    reflected = towards(-1.0)
+    r = f(reflected)
+    if r < values[0]:
+        expanded = towards(-2.0)
+        e = f(expanded)
+        simplex[-1], values[-1] = (expanded, e) if e < r else (reflected, r)
+    elif r < values[-2]:
+        simplex[-1], values[-1] = reflected, r
+    else:
+        contracted = towards(0.5 if r >= values[-1] else -0.5)
+        c = f(contracted)
+        if c < min(r, values[-1]):
+            simplex[-1], values[-1] = contracted, c
+        else:  # shrink towards the best point
+            best = simplex[0]
+            simplex = [best] + [[b + 0.5 * (v - b) for b, v in zip(best, p)] for p in simplex[1:]]  # noqa: B905
+            values = [values[0]] + [f(p) for p in simplex[1:]]
+    return simplex, values
+
+
+def fit_cpu(device: Device, samples: Sequence[Sample], *, rounds: int = 800) -> CpuFit:
+    """Fit ``device``'s efficiencies and the host costs on ``samples`` (relative errors, soft
+    L1 on their logarithm).
+
+    Raises:
+        ValueError: for fewer samples than fitted values.
+    """
+    count = len(FRACTIONS) + len(POSITIVES)
+    if len(samples) < count:
+        raise ValueError(f"samples must hold at least {count} passes to fit, got {len(samples)}")
+    vector = nelder_mead(_loss(device, samples), _vector(START), step=0.7, rounds=rounds)
+    terms = CpuTerms.from_vector(vector)
+    errors = [abs(predict(device, terms, s) / s.seconds - 1) for s in samples]
+    names = tuple(dict.fromkeys(s.model.name for s in samples))
+    return CpuFit(device, terms, names, statistics.median(errors))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transfer:
+    """A held-out model's measured passes beside a fit on the other models' (relative errors,
+    predicted / measured - 1, by kind)."""
+
+    held_out: str
+    fitted_on: tuple[str, ...]
+    errors: Mapping[str, tuple[float, ...]]
+    fit: CpuFit
+
+    def median(self, kind: str) -> float:
+        return statistics.median(abs(e) for e in self.errors[kind])
+
+    def worst(self, kind: str) -> float:
+        return max(abs(e) for e in self.errors[kind])
+
+
+def transfers(device: Device, samples: Sequence[Sample], *, rounds: int = 800) -> list[Transfer]:
+    """Every way round: for each model in ``samples``, fit on the others, predict it.
+
+    Raises:
+        ValueError: for fewer than two models.
+    """
+    models = list(dict.fromkeys(s.model.name for s in samples))
+    if len(models) < 2:
+        raise ValueError(f"a transfer needs samples of 2 or more models, got {models}")
+    out = []
+    for held in models:
+        fit = fit_cpu(device, [s for s in samples if s.model.name != held], rounds=rounds)
+        errors: dict[str, list[float]] = {"prefill": [], "decode": []}
+        for s in samples:
+            if s.model.name == held:
+                errors[s.kind].append(fit.predict(s) / s.seconds - 1)
+        kept = {k: tuple(v) for k, v in errors.items() if v}
+        out.append(Transfer(held, fit.fitted_on, kept, fit))
+    return out

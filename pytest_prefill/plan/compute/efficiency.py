@@ -1,0 +1,326 @@
+"""How much of a device's datasheet peaks an engine's kernels reach: efficiency tables fitted on
+public per-operation measurements, and the lookup that borrows a near device's table (saying so,
+with that transfer's measured error) when a device has none (DESIGN.md, "Compute from the model
+and the device"). Standard library only."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_prefill.plan.compute.devices import Device
+
+TABLES = Path(__file__).resolve().parent / "tables"
+TRANSFER_FILE = "transfer.json"  # the measured error of each kind of transfer, not a table
+
+# Release order of the architectures the tables may cover: "nearest generation" is nearest here.
+GENERATIONS: tuple[str, ...] = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+
+
+def _finite(name: str, value: object, *, low: float = 0.0, open_low: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and (value > low if open_low else value >= low):  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    bound = f"> {low:g}" if open_low else f">= {low:g}"
+    raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+def _fraction(name: str, value: object) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and 0 < value <= 1:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    raise ValueError(f"{name} must be an efficiency in (0, 1], got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Efficiency:
+    """The fraction of ``device``'s peaks that ``engine``'s kernels reach, fitted on per-op data.
+
+    ``compute_bins``: ``(upper bound of m, eta_c)`` pairs, m = the tokens (rows) in the GEMM,
+    bounds ascending and the last one infinite. A GEMM costs ``gemm_t0 + max(2mnk / (eta_c(m)
+    * P), bytes / (memory_efficiency * W))``, bytes = 2(mk + kn + mn) at bf16. One prefill
+    attention call over ``b`` sequences costs ``attention_t0 + b * prefill_attention_per_sequence
+    + pair FLOPs / (attention_compute_efficiency * P) + Q, K, V, O bytes / (memory_efficiency *
+    W)`` (pair FLOPs 4 * heads * head_dim per causal (query, key) pair); one decode attention
+    call ``attention_t0 + b * heads * decode_attention_per_head + max(pair FLOPs /
+    (attention_compute_efficiency * P), cached K and V bytes / (attention_memory_efficiency *
+    W))``. An all-reduce of ``B`` bytes over ``n`` devices costs ``allreduce_latency + 2(n-1)/n
+    * B / allreduce_bandwidth`` (bus bytes/s). The three attention host terms default to 0 for a
+    table that has none. ``held_out_error``: the largest per-op median relative error of this
+    table on shapes not used to fit it.
+
+    Raises:
+        ValueError: naming the field, for an empty name, a negative or non-finite time, an
+            efficiency outside (0, 1], or bins not ascending to infinity.
+    """
+
+    device: str
+    engine: str
+    gemm_t0: float
+    compute_bins: tuple[tuple[float, float], ...]
+    memory_efficiency: float
+    attention_compute_efficiency: float
+    attention_memory_efficiency: float
+    allreduce_latency: float
+    allreduce_bandwidth: float
+    held_out_error: float
+    source: str
+    attention_t0: float = 0.0
+    prefill_attention_per_sequence: float = 0.0
+    decode_attention_per_head: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("device", "engine", "source"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        _finite("gemm_t0", self.gemm_t0)
+        _check_bins(self.compute_bins)
+        _fraction("memory_efficiency", self.memory_efficiency)
+        _fraction("attention_compute_efficiency", self.attention_compute_efficiency)
+        _fraction("attention_memory_efficiency", self.attention_memory_efficiency)
+        _finite("allreduce_latency", self.allreduce_latency)
+        _finite("allreduce_bandwidth", self.allreduce_bandwidth, open_low=True)
+        _finite("held_out_error", self.held_out_error)
+        _finite("attention_t0", self.attention_t0)
+        _finite("prefill_attention_per_sequence", self.prefill_attention_per_sequence)
+        _finite("decode_attention_per_head", self.decode_attention_per_head)
+
+    def compute_efficiency(self, m: int) -> float:
+        """eta_c for a GEMM of ``m`` rows: the first bin whose upper bound is >= ``m``."""
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"m must be a positive whole number of tokens, got {m!r}")
+        bounds = [bound for bound, _ in self.compute_bins]
+        return self.compute_bins[bisect.bisect_left(bounds, m)][1]
+
+
+def _check_bins(bins: object) -> None:
+    if not isinstance(bins, tuple) or not bins:
+        raise ValueError(f"compute_bins must be a non-empty tuple of (bound, eta), got {bins!r}")
+    previous = 0.0
+    for index, pair in enumerate(bins):
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ValueError(f"compute_bins[{index}] must be a (bound, eta) pair, got {pair!r}")
+        bound, eta = pair
+        ok = isinstance(bound, (int, float)) and not isinstance(bound, bool)
+        if not ok or math.isnan(bound) or bound <= previous:
+            raise ValueError(
+                f"compute_bins[{index}] bound must be above the one before ({previous:g}), "
+                f"got {bound!r}"
+            )
+        _fraction(f"compute_bins[{index}] eta", eta)
+        previous = bound
+    if previous != math.inf:
+        raise ValueError(f"compute_bins' last bound must be inf, got {previous!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EfficiencyChoice:
+    """The table a device's compute uses: its own (``transferred_from`` None) or a near device's
+    (``transferred_from`` its catalog key), with the error class measured for that choice."""
+
+    table: Efficiency
+    transferred_from: str | None
+    error_class: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, Efficiency):
+            raise ValueError(f"table must be an Efficiency, got {type(self.table).__name__}")
+        if self.transferred_from is not None and self.transferred_from != self.table.device:
+            raise ValueError(
+                f"transferred_from must be the table's device {self.table.device!r} or None, "
+                f"got {self.transferred_from!r}"
+            )
+        if not isinstance(self.error_class, str) or not self.error_class.strip():
+            raise ValueError(f"error_class must be a non-empty string, got {self.error_class!r}")
+
+
+TABLE_FIELDS = (
+    "device",
+    "engine",
+    "gemm_t0",
+    "compute_bins",
+    "memory_efficiency",
+    "attention_compute_efficiency",
+    "attention_memory_efficiency",
+    "allreduce_latency",
+    "allreduce_bandwidth",
+    "held_out_error",
+    "source",
+)
+OPTIONAL_FIELDS = ("attention_t0", "prefill_attention_per_sequence", "decode_attention_per_head")
+SOURCE_FIELDS = ("repository", "commit", "path", "licence")
+
+
+def table_from_json(document: Mapping[str, Any], where: str) -> Efficiency:
+    """The :class:`Efficiency` a table file holds; ``where`` names the file in every error.
+
+    The file's ``source`` is an object with ``repository``, ``commit``, ``path`` and
+    ``licence``; the last bin's bound is ``null`` (JSON has no infinity).
+
+    Raises:
+        ValueError: ``"<where>: <field> ..."`` for a missing or invalid field.
+    """
+    if not isinstance(document, Mapping):
+        raise ValueError(f"{where}: a table must be a JSON object, got {type(document).__name__}")
+    missing = [name for name in TABLE_FIELDS if name not in document]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    source = document["source"]
+    if not isinstance(source, Mapping) or any(
+        not isinstance(source.get(key), str) or not source.get(key) for key in SOURCE_FIELDS
+    ):
+        raise ValueError(f"{where}: source must be an object with {', '.join(SOURCE_FIELDS)}")
+    bins = document["compute_bins"]
+    if not isinstance(bins, list) or any(not isinstance(b, list) or len(b) != 2 for b in bins):
+        raise ValueError(f"{where}: compute_bins must be a list of [bound, eta] pairs")
+    values = {name: document[name] for name in TABLE_FIELDS + OPTIONAL_FIELDS if name in document}
+    values["compute_bins"] = tuple(
+        (math.inf if bound is None else bound, eta) for bound, eta in bins
+    )
+    values["source"] = (
+        f"{source['repository']}@{source['commit']} {source['path']}, {source['licence']}"
+    )
+    try:
+        return Efficiency(**values)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def load_table(path: Path) -> Efficiency:
+    """Read one table file (see :func:`table_from_json`).
+
+    Raises:
+        ValueError: naming the file, for unreadable JSON or an invalid field.
+    """
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{Path(path).name}: not a readable JSON table ({error})") from None
+    return table_from_json(document, Path(path).name)
+
+
+def load_tables(folder: Path = TABLES) -> tuple[Efficiency, ...]:
+    """Every table in ``folder`` (the shipped ones by default), in file-name order."""
+    if not folder.is_dir():
+        return ()
+    files = sorted(p for p in folder.glob("*.json") if p.name != TRANSFER_FILE)
+    return tuple(load_table(path) for path in files)
+
+
+def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
+    """The measured median error of each transfer kind (``"same_architecture"``,
+    ``"cross_generation"``) from the fit script's leave-one-device-out; {} when not measured."""
+    path = folder / TRANSFER_FILE
+    if not path.is_file():
+        return {}
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{TRANSFER_FILE}: not readable JSON ({error})") from None
+    errors: dict[str, float] = {}
+    for kind in ("same_architecture", "cross_generation"):
+        entry = document.get(kind) if isinstance(document, Mapping) else None
+        if entry is not None:
+            median = entry.get("median") if isinstance(entry, Mapping) else entry
+            errors[kind] = _finite(f"{TRANSFER_FILE}: {kind}.median", median)
+    return errors
+
+
+def _distance(a: Device, b: Device) -> float:
+    """How far apart two devices' datasheets are: log ratios of bf16 peak and bandwidth."""
+    flops_a, flops_b = a.peak_flops.get("bf16"), b.peak_flops.get("bf16")
+    flops = abs(math.log(flops_a / flops_b)) if flops_a and flops_b else 0.0
+    return flops + abs(math.log(a.memory_bandwidth / b.memory_bandwidth))
+
+
+def _generation(architecture: str) -> int | None:
+    return GENERATIONS.index(architecture) if architecture in GENERATIONS else None
+
+
+def _engine_tables(tables: Sequence[Efficiency], engine: str) -> list[Efficiency]:
+    """The tables of ``engine`` ("vllm" matches "vllm-0.8.5"), newest version per device."""
+    if not isinstance(engine, str) or not engine.strip():
+        raise ValueError(f"engine must be a non-empty name, got {engine!r}")
+    matching = [t for t in tables if t.engine == engine or t.engine.startswith(f"{engine}-")]
+    if not matching:
+        engines = sorted({t.engine.split("-")[0] for t in tables}) or ["none shipped"]
+        raise ValueError(f"engine {engine!r} has no efficiency table; tables: {', '.join(engines)}")
+    newest: dict[str, Efficiency] = {}
+    for table in sorted(matching, key=lambda t: _version_key(t.engine)):
+        newest[table.device] = table
+    return list(newest.values())
+
+
+def _version_key(engine: str) -> tuple[int, ...]:
+    version = engine.partition("-")[2]
+    return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
+
+
+def efficiency_for(
+    device: Device,
+    engine: str = "vllm",
+    *,
+    tables: Sequence[Efficiency] | None = None,
+    catalog: Mapping[str, Device] | None = None,
+    transfer_errors: Mapping[str, float] | None = None,
+) -> EfficiencyChoice:
+    """The efficiency table for ``device`` under ``engine``: its own when there is one, else the
+    nearest device (by datasheet) of its architecture, else of the nearest generation (a custom
+    device: the nearest datasheet of any), its all-reduce bandwidth scaled by the two links'
+    ratio; the choice says which, with the error measured for that kind of transfer.
+
+    ``tables``, ``catalog`` and ``transfer_errors`` default to the shipped ones.
+
+    Raises:
+        ValueError: for an engine with no table, or a device whose architecture no table can
+            stand for (a CPU: calibrate it instead).
+    """
+    tables = load_tables() if tables is None else tables
+    if catalog is None:
+        from pytest_prefill.plan.compute.devices import CATALOG
+
+        catalog = CATALOG
+    errors = load_transfer_errors() if transfer_errors is None else transfer_errors
+    candidates = _engine_tables(tables, engine)
+    own = [t for t in candidates if t.device == device.key]
+    if own:
+        table = own[0]
+        return EfficiencyChoice(
+            table, None, f"fitted on this device: {table.held_out_error:.0%} median held out"
+        )
+    known = [(t, catalog[t.device]) for t in candidates if t.device in catalog]
+    same = [pair for pair in known if pair[1].architecture == device.architecture]
+    if same:
+        kind, pool = "same_architecture", same
+    else:
+        generation = _generation(device.architecture)
+        ranked = [
+            (pair, found)
+            for pair in known
+            if (found := _generation(pair[1].architecture)) is not None
+        ]
+        if device.architecture == "cpu" or not ranked:
+            raise ValueError(
+                f"device {device.key!r} ({device.architecture}) has no {engine} efficiency table "
+                f"and no GPU to borrow one from; calibrate it on the device instead"
+            )
+        # an architecture outside the known generations (a custom device): nearest datasheet
+        gap = 0 if generation is None else min(abs(g - generation) for _, g in ranked)
+        pool = [p for p, g in ranked if generation is None or abs(g - generation) == gap]
+        kind = "cross_generation"
+    table, donor = min(pool, key=lambda pair: (_distance(device, pair[1]), pair[1].key))
+    # efficiencies are fractions and carry over; the all-reduce's bandwidth is absolute, and
+    # goes with the link (NVLink or PCIe) as the data's fit does
+    link_ratio = device.link_bandwidth / donor.link_bandwidth
+    table = dataclasses.replace(table, allreduce_bandwidth=table.allreduce_bandwidth * link_ratio)
+    measured = errors.get(kind)
+    error = f"~{measured:.0%} median" if measured is not None else "error not measured"
+    label = kind.replace("_", " ")
+    return EfficiencyChoice(table, donor.key, f"{label} transfer from {donor.key}: {error}")

@@ -1,0 +1,574 @@
+"""Fit the efficiency tables (pytest_prefill/plan/compute/tables/) from aiconfigurator's public
+per-operation measurements, kept OUTSIDE the repository. Two steps:
+
+    # 1. the raw data: aiconfigurator's systems/data (Apache-2.0), e.g. from a clone at COMMIT:
+    #    git -C aiconfigurator archive COMMIT aic-core/src/aiconfigurator_core/systems/data | ...
+    #    then CSVs per (device, vLLM version) -- needs pyarrow, nothing else does:
+    python scripts/fit_efficiency.py extract --data DIR/systems/data --commit COMMIT \\
+        --out /work/compute-data/ops
+    # Vidur's GEMM profiles (MIT), a second lab's data the tables are tested on, never fitted on:
+    python scripts/fit_efficiency.py extract-vidur --data VIDUR/data/profiling/compute \\
+        --commit COMMIT --out /work/compute-data/vidur
+    # 2. the tables (numpy) and transfer.json (each kind of device transfer's measured error):
+    PYTHONPATH=. python scripts/fit_efficiency.py fit --ops /work/compute-data/ops
+
+Per (device, engine version): a GEMM of (m, n, k) costs ``t0 + max(2mnk / (eta_c(m) P),
+2(mk + kn + mn) / (eta_m W))``; prefill attention (causal, batch b, length s) ``ta + b tp +
+4 h d b s(s+1)/2 / (eta_ac P) + 2 b s (2h + 2kvh) d / (eta_m W)``; decode attention (batch b,
+``s`` cached tokens) ``ta + b h td + max(4 h d b s / (eta_ac P), 2 b s 2 kvh d / (eta_am W))``; an
+all-reduce of ``B`` bytes over ``n`` devices ``latency + 2 (n-1)/n B / bus_bandwidth``, the bus
+bandwidth fitted as a fraction of the catalog's link bandwidth (so it carries to another link). P and W
+are the catalog's datasheet peaks. The fit minimises the mean absolute log error; a GEMM-size bin whose
+rows are not compute-bound in the fit is refused and takes the next larger bin's eta_c."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pytest_prefill.plan.compute.devices import CATALOG
+
+REPOSITORY = "github.com/ai-dynamo/aiconfigurator"
+LICENCE = "Apache-2.0"
+DATA_PATH = "aic-core/src/aiconfigurator_core/systems/data"
+DEVICES = {  # aiconfigurator's system name -> our catalog key
+    "a100_sxm": "a100-80",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "l40s": "l40s",
+}
+BIN_BOUNDS = (16.0, 64.0, 256.0, 1024.0, 4096.0, math.inf)
+MIN_BOUND_ROWS = 20  # rows a GEMM-size bin needs, compute-bound in the fit, to keep its own eta_c
+MIN_GEMM_DIM = 256  # n and k of every GEMM in a layer of a model of 0.5B parameters or more
+ALLREDUCE_REFUSAL = 0.25  # held-out median error past which the all-reduce fit is flagged
+OPS = ("gemm", "prefill_attention", "decode_attention", "allreduce")
+TABLES = Path(__file__).resolve().parents[1] / "pytest_prefill/plan/compute/tables"
+
+
+# ---- extraction (pyarrow) -------------------------------------------------------------------
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in version.split("."))
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: list[tuple[float, ...]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def extract(data: Path, commit: str, out: Path) -> None:
+    """CSVs per (device, vLLM version) with gemm, attention and all-reduce rows in seconds."""
+    import pyarrow.parquet as pq
+
+    def rows(path: Path) -> list[dict[str, object]]:
+        return pq.read_table(path).to_pylist() if path.is_file() else []
+
+    for system, key in DEVICES.items():
+        versions = sorted(
+            (p.name for p in (data / system / "gemm/vllm").glob("*")), key=_version_key
+        )
+        comm = sorted((p.name for p in (data / system / "comm/vllm").glob("*")), key=_version_key)
+        for version in versions:
+            attention = data / system / "attention/vllm" / version
+            gemm_file = data / system / "gemm/vllm" / version / "gemm_perf.parquet"
+            if not (
+                gemm_file.is_file() and (attention / "context_attention_perf.parquet").is_file()
+            ):
+                continue
+            folder = out / key / f"vllm-{version}"
+            gemm = [
+                (r["m"], r["n"], r["k"], r["latency"] / 1e3)
+                for r in rows(gemm_file)
+                if r["gemm_dtype"] == "bfloat16"
+            ]
+            _write_csv(folder / "gemm.csv", ("m", "n", "k", "seconds"), gemm)
+            for op, name, length in (
+                ("prefill_attention", "context", "isl"),
+                ("decode_attention", "generation", "step"),
+            ):
+                kept = [
+                    (r["batch_size"], r[length], r["num_heads"], r["num_key_value_heads"],
+                     r["head_dim"], r["latency"] / 1e3)
+                    for r in rows(attention / f"{name}_attention_perf.parquet")
+                    if r["kv_cache_dtype"] == "bfloat16" and r.get("window_size", 0) == 0
+                ]  # fmt: skip
+                header = ("batch", "tokens", "heads", "kv_heads", "head_dim", "seconds")
+                _write_csv(folder / f"{op}.csv", header, kept)
+            older = [v for v in comm if _version_key(v) <= _version_key(version)] or comm
+            comm_file = data / system / "comm/vllm" / older[-1] / "custom_allreduce_perf.parquet"
+            allreduce = [
+                (r["num_gpus"], r["message_size"] * 2, r["latency"] / 1e3)
+                for r in rows(comm_file)
+                if r["backend"] == "vllm_graph" and r["allreduce_dtype"] == "bfloat16"
+            ]
+            _write_csv(folder / "allreduce.csv", ("devices", "bytes", "seconds"), allreduce)
+            paths = [
+                f"{DATA_PATH}/{system}/gemm/vllm/{version}/gemm_perf.parquet",
+                f"{DATA_PATH}/{system}/attention/vllm/{version}/",
+                f"{DATA_PATH}/{system}/comm/vllm/{older[-1]}/custom_allreduce_perf.parquet",
+            ]
+            source = {"repository": REPOSITORY, "commit": commit, "licence": LICENCE}
+            (folder / "source.json").write_text(json.dumps(source | {"paths": paths}, indent=1))
+
+
+VIDUR_REPOSITORY = "github.com/microsoft/vidur"
+VIDUR_DEVICES = {"a100": "a100-80", "h100": "h100-sxm"}  # Vidur's profiled GPUs in our catalog
+
+
+def vidur_gemms(row: dict[str, str]) -> list[tuple[str, int, int, int, float]]:
+    """A Vidur mlp.csv row's four GEMMs: (op, m, n, k, seconds by the median time)."""
+    heads, kv_heads = int(row["n_head"]), int(row["n_kv_head"])
+    hidden, expanded = int(row["n_embd"]), int(row["n_expanded_embd"])
+    tp, m = int(row["num_tensor_parallel_workers"]), int(row["num_tokens"])
+    head_dim = hidden // heads
+    up = expanded * (2 if row["use_gated_mlp"] == "True" else 1)
+    shapes = {
+        "attn_pre_proj": ((heads + 2 * kv_heads) * head_dim // tp, hidden),
+        "attn_post_proj": (hidden, heads * head_dim // tp),
+        "mlp_up_proj": (up // tp, hidden),
+        "mlp_down_proj": (hidden, expanded // tp),
+    }
+    return [
+        (op, m, n, k, float(row[f"time_stats.{op}.median"]) / 1e3)
+        for op, (n, k) in shapes.items()
+        if row.get(f"time_stats.{op}.median")
+    ]
+
+
+def extract_vidur(data: Path, commit: str, out: Path) -> None:
+    """Vidur's per-model GEMM profiles (data/profiling/compute/<gpu>/<org>/<model>/mlp.csv, MIT)
+    as one gemm.csv per device: an independent lab's measurements to test the tables on."""
+    for gpu, key in VIDUR_DEVICES.items():
+        rows: list[tuple[float, ...]] = []
+        paths = sorted((data / gpu).glob("*/*/mlp.csv"))
+        for path in paths:
+            with path.open(encoding="utf-8") as f:
+                for row in csv.DictReader(f):
+                    rows += [(m, n, k, seconds) for _, m, n, k, seconds in vidur_gemms(row)]
+        if not rows:
+            continue
+        _write_csv(out / key / "gemm.csv", ("m", "n", "k", "seconds"), rows)
+        source = {
+            "repository": VIDUR_REPOSITORY,
+            "commit": commit,
+            "licence": "MIT",
+            "paths": [
+                f"data/profiling/compute/{gpu}/{p.parent.parent.name}/{p.parent.name}/mlp.csv"
+                for p in paths
+            ],
+        }
+        (out / key / "source.json").write_text(json.dumps(source, indent=1))
+
+
+# ---- the per-op data and the physics (numpy) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpData:
+    """One (device, engine) folder's rows: ``inputs`` by column, ``seconds`` measured."""
+
+    device: str
+    engine: str
+    ops: dict[str, tuple[dict[str, np.ndarray], np.ndarray]]
+    source: dict[str, object]
+
+
+def load_ops(folder: Path) -> OpData:
+    ops: dict[str, tuple[dict[str, np.ndarray], np.ndarray]] = {}
+    for op in OPS:
+        path = folder / f"{op}.csv"
+        if not path.is_file():
+            continue
+        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+        header = path.read_text(encoding="utf-8").splitlines()[0].split(",")
+        if len(table) == 0:
+            continue
+        columns = {name: table[:, i] for i, name in enumerate(header[:-1])}
+        keep = np.ones(len(table), bool)
+        if op == "gemm":  # a transformer layer's shapes: aiconfigurator also times n, k = 32
+            keep = (columns["n"] >= MIN_GEMM_DIM) & (columns["k"] >= MIN_GEMM_DIM)
+        ops[op] = ({k: v[keep] for k, v in columns.items()}, table[keep, -1])
+    source = json.loads((folder / "source.json").read_text(encoding="utf-8"))
+    return OpData(folder.parent.name, folder.name, ops, source)
+
+
+def load_all(root: Path) -> list[OpData]:
+    """Every (device, engine) under ``root`` whose device is in the catalog."""
+    found = [p for p in sorted(root.glob("*/*")) if (p / "source.json").is_file()]
+    return [load_ops(p) for p in found if p.parent.name in CATALOG]
+
+
+def newest(data: Sequence[OpData]) -> dict[str, OpData]:
+    """Each device's newest engine version."""
+    chosen: dict[str, OpData] = {}
+    for item in sorted(data, key=lambda d: _version_key(d.engine.partition("-")[2])):
+        chosen[item.device] = item
+    return chosen
+
+
+def _sigmoid(x: np.ndarray | float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=float)))
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+@dataclass(frozen=True)
+class Params:
+    """The fitted efficiencies; the device's peaks come from the catalog at prediction time."""
+
+    t0: float
+    eta_c: tuple[float, ...]  # one per BIN_BOUNDS
+    eta_m: float
+    eta_ac: float
+    eta_am: float
+    ar_latency: float
+    ar_link_fraction: float  # bus bandwidth / the catalog's link bandwidth: carries to a device
+    attention_t0: float = 0.0
+    prefill_per_sequence: float = 0.0
+    decode_per_sequence: float = 0.0
+
+
+def gemm_terms(c: dict[str, np.ndarray], device: str) -> tuple[np.ndarray, np.ndarray]:
+    d = CATALOG[device]
+    m, n, k = c["m"], c["n"], c["k"]
+    return 2 * m * n * k / d.peak_flops["bf16"], 2 * (m * k + k * n + m * n) / d.memory_bandwidth
+
+
+def attention_terms(
+    c: dict[str, np.ndarray], device: str, decode: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    d = CATALOG[device]
+    b, s, h, kvh, hd = c["batch"], c["tokens"], c["heads"], c["kv_heads"], c["head_dim"]
+    if decode:
+        pairs, bytes_ = b * (s + 1), 2 * b * (s + 1) * 2 * kvh * hd
+    else:
+        pairs, bytes_ = b * s * (s + 1) / 2, 2 * b * s * (2 * h + 2 * kvh) * hd
+    return 4 * h * hd * pairs / d.peak_flops["bf16"], bytes_ / d.memory_bandwidth
+
+
+def bin_index(m: np.ndarray) -> np.ndarray:
+    return np.searchsorted(np.array(BIN_BOUNDS), m, side="left")
+
+
+def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.ndarray:
+    if op == "gemm":
+        flops, memory = gemm_terms(c, device)
+        eta_c = np.array(p.eta_c)[bin_index(c["m"])]
+        return p.t0 + np.maximum(flops / eta_c, memory / p.eta_m)
+    if op == "allreduce":
+        n = c["devices"]
+        bandwidth = p.ar_link_fraction * CATALOG[device].link_bandwidth
+        return p.ar_latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
+    decode = op == "decode_attention"
+    flops, memory = attention_terms(c, device, decode)
+    per_sequence = p.decode_per_sequence if decode else p.prefill_per_sequence
+    fixed = p.attention_t0 + c["batch"] * (c["heads"] if decode else 1) * per_sequence
+    if decode:
+        return fixed + np.maximum(flops / p.eta_ac, memory / p.eta_am)
+    return fixed + flops / p.eta_ac + memory / p.eta_m
+
+
+# ---- fitting -----------------------------------------------------------------------------------
+
+
+def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iterations: int) -> np.ndarray:
+    """Minimise ``f`` from ``x0`` (a plain Nelder-Mead, restarted once from its answer)."""
+    x = np.asarray(x0, dtype=float)
+    for _ in range(2):
+        simplex = [x] + [x + np.eye(len(x))[i] * 0.5 for i in range(len(x))]
+        values = [f(s) for s in simplex]
+        for _ in range(iterations):
+            order = np.argsort(values)
+            simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+            if values[-1] - values[0] < 1e-7 * (1 + abs(values[0])):
+                break
+            centre = np.mean(simplex[:-1], axis=0)
+            worst = simplex[-1]
+            reflected = centre + (centre - worst)
+            fr = f(reflected)
+            if fr < values[0]:
+                expanded = centre + 2 * (centre - worst)
+                fe = f(expanded)
+                simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+            elif fr < values[-2]:
+                simplex[-1], values[-1] = reflected, fr
+            else:
+                contracted = centre + 0.5 * (worst - centre)
+                fc = f(contracted)
+                if fc < values[-1]:
+                    simplex[-1], values[-1] = contracted, fc
+                else:
+                    simplex = [simplex[0] + 0.5 * (s - simplex[0]) for s in simplex]
+                    values = [f(s) for s in simplex]
+        x = simplex[int(np.argmin(values))]
+    return x
+
+
+def _log_loss(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Mean absolute log error: robust to the odd slow shape, aimed at the median."""
+    return float(np.mean(np.abs(np.log(predicted / measured))))
+
+
+Rows = list[tuple[str, dict[str, np.ndarray], np.ndarray]]  # (device, columns, seconds)
+
+
+def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, list[str]]:
+    """t0, eta_c per bin, eta_m over GEMM rows (of one device or several), and the refusals."""
+    bins = len(BIN_BOUNDS)
+
+    def unpack(x: np.ndarray) -> tuple[float, np.ndarray, float]:
+        return float(np.exp(x[0])) * 1e-6, _sigmoid(x[1 : 1 + bins]), float(_sigmoid(x[-1]))
+
+    terms = [gemm_terms(c, device) for device, c, _ in rows]
+    flops = np.concatenate([f for f, _ in terms])
+    memory = np.concatenate([m for _, m in terms])
+    index = np.concatenate([bin_index(c["m"]) for _, c, _ in rows])
+    measured = np.log(np.concatenate([s for _, _, s in rows]))
+
+    def loss(x: np.ndarray) -> float:
+        t0, eta_c, eta_m = unpack(x)
+        predicted = t0 + np.maximum(flops / eta_c[index], memory / eta_m)
+        return float(np.mean(np.abs(np.log(predicted) - measured)))
+
+    x0 = np.array([math.log(5.0)] + [_logit(0.6)] * bins + [_logit(0.7)])
+    t0, eta_c, eta_m = unpack(nelder_mead(loss, x0, 1500))
+    refused: list[str] = []
+    kept = list(eta_c)
+    for i in reversed(range(bins)):
+        bound_rows = 0
+        for device, c, _ in rows:
+            flops, memory = gemm_terms(c, device)
+            inside = bin_index(c["m"]) == i
+            bound = flops / eta_c[i] > np.maximum(memory / eta_m, t0)
+            bound_rows += int(np.sum(inside & bound))
+        if bound_rows < MIN_BOUND_ROWS and i < bins - 1:
+            kept[i] = kept[i + 1]
+            refused.append(
+                f"m <= {BIN_BOUNDS[i]:g}: {bound_rows} compute-bound rows (< {MIN_BOUND_ROWS}); "
+                f"takes the next bin's eta_c"
+            )
+    return t0, tuple(float(e) for e in kept), eta_m, refused
+
+
+def fit_params(
+    items: Sequence[OpData], mask: Callable[[str, str], np.ndarray] | None = None
+) -> Params:
+    """Fit every efficiency on ``items`` (one device, or several pooled); ``mask(device, op)``
+    picks the rows to fit on (all when None)."""
+
+    def rows(op: str) -> Rows:
+        out: Rows = []
+        for item in items:
+            if op not in item.ops:
+                continue
+            c, seconds = item.ops[op]
+            keep = np.ones(len(seconds), bool) if mask is None else mask(item.device, op)
+            out.append((item.device, {k: v[keep] for k, v in c.items()}, seconds[keep]))
+        return out
+
+    t0, eta_c, eta_m, _ = fit_gemm(rows("gemm"))
+    attention = fit_attention(rows("prefill_attention"), rows("decode_attention"), eta_m)
+    latency, bandwidth = fit_allreduce(rows("allreduce"))
+    return Params(t0, eta_c, eta_m, *attention[:2], latency, bandwidth, *attention[2:])
+
+
+def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[float, ...]:
+    """eta_ac, eta_am, the attention call's fixed cost and its cost per sequence (prefill,
+    decode), fitted jointly on both kinds of attention call."""
+
+    def unpack(x: np.ndarray) -> Params:
+        fixed = np.exp(x[:3]) * 1e-6
+        eta_ac, eta_am = _sigmoid(x[3:])
+        return Params(0, (1,), eta_m, float(eta_ac), float(eta_am), 0, 1, *map(float, fixed))
+
+    def stacked(rows: Rows, decode: bool) -> tuple[np.ndarray, ...]:
+        terms = [attention_terms(c, d, decode) for d, c, _ in rows]
+        count = np.concatenate([c["batch"] * (c["heads"] if decode else 1) for _, c, _ in rows])
+        flops = np.concatenate([f for f, _ in terms])
+        memory = np.concatenate([m for _, m in terms])
+        return count, flops, memory, np.log(np.concatenate([s for _, _, s in rows]))
+
+    p_count, p_flops, p_memory, p_measured = stacked(prefill, False)
+    d_count, d_flops, d_memory, d_measured = stacked(decode, True)
+
+    def loss(x: np.ndarray) -> float:
+        t0, per_prefill, per_decode = np.exp(x[:3]) * 1e-6
+        eta_ac, eta_am = _sigmoid(x[3:])
+        p_time = t0 + p_count * per_prefill + p_flops / eta_ac + p_memory / eta_m
+        d_time = t0 + d_count * per_decode + np.maximum(d_flops / eta_ac, d_memory / eta_am)
+        errors = np.concatenate(
+            [np.abs(np.log(p_time) - p_measured), np.abs(np.log(d_time) - d_measured)]
+        )
+        return float(np.mean(errors))
+
+    x0 = np.array([math.log(10.0), math.log(1.0), math.log(0.3), _logit(0.5), _logit(0.7)])
+    p = unpack(nelder_mead(loss, x0, 800))
+    return (p.eta_ac, p.eta_am, p.attention_t0, p.prefill_per_sequence, p.decode_per_sequence)
+
+
+def fit_allreduce(rows: Rows) -> tuple[float, float]:
+    """Latency (seconds) and bus bandwidth as a fraction of each device's catalog link."""
+
+    def loss(x: np.ndarray) -> float:
+        p = Params(0, (1,), 1, 1, 1, float(np.exp(x[0])) * 1e-6, float(np.exp(x[1])))
+        return sum(_log_loss(predict("allreduce", p, c, d), s) for d, c, s in rows)
+
+    x = nelder_mead(loss, np.array([math.log(10.0), math.log(0.7)]), 400)
+    return float(np.exp(x[0])) * 1e-6, float(np.exp(x[1]))
+
+
+def relative_errors(p: Params, item: OpData, op: str, keep: np.ndarray | None = None) -> np.ndarray:
+    c, seconds = item.ops[op]
+    if keep is not None:
+        c, seconds = {k: v[keep] for k, v in c.items()}, seconds[keep]
+    return np.abs(predict(op, p, c, item.device) / seconds - 1)
+
+
+def shape_half(item: OpData, op: str) -> np.ndarray:
+    """A fixed half of an op's shapes (by a hash of the row's inputs): True = fit, False = test."""
+    c, seconds = item.ops[op]
+    keys = np.stack([c[k] for k in c], axis=1)
+    return np.array([zlib.crc32(row.tobytes()) % 2 == 0 for row in keys])
+
+
+def held_out(item: OpData) -> dict[str, float]:
+    """Within-device: fit on half the shapes of each op, the median error on the other half."""
+    p = fit_params([item], mask=lambda _device, op: shape_half(item, op))
+    return {
+        op: float(np.median(relative_errors(p, item, op, ~shape_half(item, op))))
+        for op in OPS
+        if op in item.ops
+    }
+
+
+# ---- tables ------------------------------------------------------------------------------------
+
+
+def _figure(value: float) -> float:
+    """Four significant digits: the fit is not better than that."""
+    return float(f"{value:.4g}")
+
+
+def table_document(item: OpData, p: Params, errors: dict[str, float], refused: list[str]) -> dict:
+    bins = [[None if math.isinf(b) else b, round(e, 4)] for b, e in zip(BIN_BOUNDS, p.eta_c)]
+    source = item.source
+    if errors.get("allreduce", 0.0) > ALLREDUCE_REFUSAL:
+        refused = [
+            *refused,
+            f"all-reduce: latency + bytes/bandwidth misses this device's measurements by "
+            f"{errors['allreduce']:.0%} median held out (> {ALLREDUCE_REFUSAL:.0%}): the figures "
+            f"are a rough fit, not a model of its all-reduce",
+        ]
+    return {
+        "device": item.device,
+        "engine": item.engine,
+        "gemm_t0": _figure(p.t0),
+        "compute_bins": bins,
+        "memory_efficiency": round(p.eta_m, 4),
+        "attention_compute_efficiency": round(p.eta_ac, 4),
+        "attention_memory_efficiency": round(p.eta_am, 4),
+        "attention_t0": _figure(p.attention_t0),
+        "prefill_attention_per_sequence": _figure(p.prefill_per_sequence),
+        "decode_attention_per_head": _figure(p.decode_per_sequence),
+        "allreduce_latency": _figure(p.ar_latency),
+        "allreduce_bandwidth": _figure(p.ar_link_fraction * CATALOG[item.device].link_bandwidth),
+        "held_out_error": round(max(errors.values()), 4),
+        "held_out_by_op": {op: round(e, 4) for op, e in errors.items()},
+        "refused": refused,
+        "model": __doc__.split("\n\n")[2].replace("\n", " ") if __doc__ else "",
+        "source": {
+            "repository": source["repository"],
+            "commit": source["commit"],
+            "path": "; ".join(source["paths"]),  # type: ignore[arg-type]
+            "licence": source["licence"],
+        },
+    }
+
+
+def transfer_errors(chosen: dict[str, OpData]) -> dict[str, dict[str, float]]:
+    """Every ordered pair of devices: fit on one, predict the other with its own datasheet; the
+    pooled median and p90 relative error per kind (same architecture / cross generation)."""
+    fitted = {key: fit_params([item]) for key, item in chosen.items()}
+    errors: dict[str, list[float]] = {"same_architecture": [], "cross_generation": []}
+    for donor, p in fitted.items():
+        for target, item in chosen.items():
+            if donor == target:
+                continue
+            same = CATALOG[donor].architecture == CATALOG[target].architecture
+            kind = "same_architecture" if same else "cross_generation"
+            for op in item.ops:
+                errors[kind].extend(relative_errors(p, item, op).tolist())
+    return {
+        kind: {"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9))}
+        for kind, e in errors.items()
+        if e
+    }
+
+
+def fit_all(ops_root: Path, out: Path) -> None:
+    data = load_all(ops_root)
+    if not data:
+        raise SystemExit(f"no per-op data under {ops_root}: run the extract step first")
+    out.mkdir(parents=True, exist_ok=True)
+    for item in data:
+        p = fit_params([item])
+        _, _, _, refused = fit_gemm([(item.device, *item.ops["gemm"])])
+        errors = held_out(item)
+        document = table_document(item, p, errors, refused)
+        path = out / f"{item.device}-{item.engine}.json"
+        path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        print(f"{path.name}: held out {', '.join(f'{k} {v:.1%}' for k, v in errors.items())}")
+    transfer = transfer_errors(newest(data))
+    first = data[0].source
+    transfer_document = {
+        **transfer,
+        "method": "fit each device's newest vLLM tables, predict every other device's per-op "
+        "rows with that device's datasheet peaks; pooled over GEMM, attention, all-reduce",
+        "source": {k: first[k] for k in ("repository", "commit", "licence")},
+    }
+    (out / "transfer.json").write_text(json.dumps(transfer_document, indent=1) + "\n")
+    print("transfer:", json.dumps(transfer))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="step", required=True)
+    ex = sub.add_parser("extract")
+    ex.add_argument("--data", type=Path, required=True, help="aiconfigurator's systems/data")
+    ex.add_argument("--commit", required=True)
+    ex.add_argument("--out", type=Path, required=True)
+    vidur = sub.add_parser("extract-vidur")
+    vidur.add_argument("--data", type=Path, required=True, help="Vidur's data/profiling/compute")
+    vidur.add_argument("--commit", required=True)
+    vidur.add_argument("--out", type=Path, required=True)
+    fit = sub.add_parser("fit")
+    fit.add_argument("--ops", type=Path, required=True)
+    fit.add_argument("--out", type=Path, default=TABLES)
+    args = parser.parse_args(argv)
+    if args.step == "extract":
+        extract(args.data, args.commit, args.out)
+    elif args.step == "extract-vidur":
+        extract_vidur(args.data, args.commit, args.out)
+    else:
+        fit_all(args.ops, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

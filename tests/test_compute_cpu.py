@@ -1,0 +1,181 @@
+"""The CPU's efficiencies fitted on calibrations of some model sizes: a calibration's points read
+as samples, the physics priced at the model's widths, a fit that reproduces passes its own
+terms generated, and a transfer that predicts a model left out of the fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from pytest_prefill.plan.compute.cpu import (
+    COMPUTE_BOUNDS,
+    FRACTIONS,
+    POSITIVES,
+    CpuTerms,
+    HostCost,
+    Sample,
+    fit_cpu,
+    linear_device,
+    predict,
+    samples_of,
+    transfers,
+)
+from pytest_prefill.plan.compute.devices import Device
+from pytest_prefill.plan.cost_document import CALIBRATION_KIND
+from pytest_prefill.plan.model_spec import load_model_spec
+
+CPU = Device(
+    key="cpu",
+    name="a test CPU",
+    architecture="cpu",
+    peak_flops={"fp32": 80e9, "bf16": 1e9},
+    memory_bandwidth=20e9,
+    memory_bytes=16 * 2**30,
+    link_bandwidth=20e9,
+    link_latency=0.0,
+    source="figures for a test",
+)
+TRUE = CpuTerms((0.3, 0.7, 0.9), 0.5, 0.6, 0.2, 2e-6, 40.0, 10.0, HostCost(3e-4, 2e-4, 5e-5))
+
+
+def _model(name):
+    return dataclasses.replace(load_model_spec(name), dtype="float32")
+
+
+def _passes(name, terms=TRUE):
+    """A calibration's worth of passes of preset ``name``, timed by ``terms`` themselves."""
+    model = _model(name)
+    shapes = [("prefill", ((n, 0),), 0, 0) for n in (32, 128, 512, 2048)]
+    shapes += [("prefill", ((256, c),), 0, 0) for c in (2048, 8192)]
+    shapes += [("decode", (), 1, kv) for kv in (128, 4096, 16384)]
+    shapes += [("decode", (), rows, rows * 128) for rows in (2, 4, 8)]
+    out = []
+    for kind, pieces, rows, kv in shapes:
+        stub = Sample(model, kind, 1.0, f"{name} {kind}", pieces=pieces, rows=rows, kv_tokens=kv)
+        out.append(dataclasses.replace(stub, seconds=predict(CPU, terms, stub)))
+    return out
+
+
+def _document(model="tiny", points=None):
+    def point(kind, x, context=0, rows=0, median=0.01, low=0.008):
+        return {
+            "kind": kind,
+            "x": x,
+            "context": context,
+            "rows": rows,
+            "row_context": 0,
+            "measurement": {"median": median, "min": low},
+        }
+
+    return {
+        "kind": CALIBRATION_KIND,
+        "provenance": {"model": model, "dtype": "float32"},
+        "measurements": points
+        if points is not None
+        else [
+            point("prefill", 128),
+            point("chunk", 256, context=2048),
+            point("decode_kv", 1024, rows=0),
+            point("decode_kv", 1024, rows=3),
+            point("decode_batch", 4, context=128),
+            point("fused", 32, context=0, rows=2),
+        ],
+    }
+
+
+def test_a_calibration_reads_as_prefill_and_decode_samples():
+    samples = samples_of(_document())
+    assert [s.kind for s in samples] == ["prefill", "prefill", "decode", "decode", "decode"]
+    prefill, chunk, one, three, batch = samples
+    assert prefill.pieces == ((128, 0),) and chunk.pieces == ((256, 2048),)
+    assert (one.rows, one.kv_tokens) == (1, 1024)
+    assert (three.rows, three.kv_tokens) == (3, 3 * 1024)
+    assert (batch.rows, batch.kv_tokens) == (4, 4 * 128)
+    assert all(s.model.dtype == "float32" and s.model.name == "tiny" for s in samples)
+    assert {s.seconds for s in samples} == {0.01}
+    assert {s.seconds for s in samples_of(_document(), "min")} == {0.008}
+
+
+@pytest.mark.parametrize(
+    ("document", "statistic", "words"),
+    [
+        (_document(), "mean", "statistic must be one of median, min"),
+        ({"kind": "something else"}, "median", "not a pytest-prefill calibration"),
+        (_document(model="no-such-model"), "median", "no-such-model"),
+        (_document(points=[{"kind": "prefill"}]), "median", "malformed measurement"),
+    ],
+)
+def test_bad_documents_are_refused_in_one_line(document, statistic, words):
+    with pytest.raises(ValueError, match=words) as info:
+        samples_of(document, statistic)
+    assert "\n" not in str(info.value)
+
+
+def test_the_linear_peak_is_the_dtype_the_model_ran_in():
+    assert linear_device(CPU, "float32").peak("bf16") == CPU.peak("fp32")
+    assert linear_device(CPU, "bfloat16").peak("bf16") == CPU.peak("bf16")
+
+
+def test_a_narrow_model_reaches_less_of_the_peaks_than_a_wide_one():
+    tiny, small = (TRUE.efficiency(CPU, _model(n)) for n in ("tiny", "small"))
+    for m in (1, 100, 10_000):
+        assert tiny.compute_efficiency(m) < small.compute_efficiency(m) < 1
+    hidden = _model("small").hidden_size
+    assert small.compute_efficiency(100) == pytest.approx(0.7 * hidden / (hidden + 40.0))
+    assert tiny.attention_compute_efficiency < small.attention_compute_efficiency
+
+
+def test_the_host_cost_is_per_pass_per_layer_and_per_sequence_and_layer():
+    assert HostCost(1.0, 0.1, 0.01).of(4, 3) == pytest.approx(1.0 + 4 * (0.1 + 3 * 0.01))
+
+
+def test_terms_read_back_from_their_vector():
+    values = TRUE.values()
+    assert list(values) == [*FRACTIONS, *POSITIVES]
+    assert len(TRUE.compute) == len(COMPUTE_BOUNDS)
+
+
+def test_a_fit_reproduces_the_passes_its_terms_made():
+    samples = _passes("tiny") + _passes("small")
+    fit = fit_cpu(CPU, samples, rounds=400)
+    assert fit.fitted_on == ("tiny", "small")
+    assert fit.in_sample_median < 0.02
+
+
+def test_a_model_left_out_is_predicted_every_way_round():
+    samples = _passes("tiny") + _passes("small") + _passes("medium")
+    results = transfers(CPU, samples, rounds=400)
+    assert [r.held_out for r in results] == ["tiny", "small", "medium"]
+    for r in results:
+        assert r.held_out not in r.fitted_on and len(r.fitted_on) == 2
+        for kind in ("prefill", "decode"):
+            assert r.median(kind) < 0.10
+    # small's widths lie between tiny's and medium's: every pass of it is predicted (tiny's
+    # head dim, 16, lies outside small's and medium's, 64: its attention ramp is extrapolated)
+    between = results[1]
+    assert max(between.worst("prefill"), between.worst("decode")) < 0.02
+
+
+def test_too_little_to_fit_is_refused():
+    with pytest.raises(ValueError, match="at least"):
+        fit_cpu(CPU, _passes("tiny")[:3])
+    with pytest.raises(ValueError, match="2 or more models"):
+        transfers(CPU, _passes("tiny"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"kind": "train"}, "prefill or decode"),
+        ({"seconds": 0.0}, "positive"),
+        ({"seconds": math.nan}, "positive"),
+        ({"kind": "decode", "rows": 0}, "rows"),
+        ({"pieces": ()}, "piece"),
+    ],
+)
+def test_a_bad_sample_is_refused(fields, words):
+    base = {"kind": "prefill", "seconds": 1.0, "label": "x", "pieces": ((8, 0),)}
+    with pytest.raises(ValueError, match=words):
+        Sample(_model("tiny"), **{**base, **fields})

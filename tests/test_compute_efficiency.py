@@ -1,0 +1,241 @@
+"""Efficiency tables: the value's validation, the JSON loader, the GEMM-size bins, the transfer
+rule (own table, same architecture, nearest generation, none for a CPU), and the shipped tables
+within physical bounds with their source and licence."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_prefill.plan.compute.devices import CATALOG, custom_device
+from pytest_prefill.plan.compute.efficiency import (
+    TABLES,
+    TRANSFER_FILE,
+    Efficiency,
+    EfficiencyChoice,
+    efficiency_for,
+    load_table,
+    load_tables,
+    load_transfer_errors,
+    table_from_json,
+)
+
+pytestmark = pytest.mark.sim
+
+BINS = ((16.0, 0.3), (256.0, 0.6), (math.inf, 0.8))
+
+
+def table(device: str = "a100-80", engine: str = "vllm-0.14.0", **changes: object) -> Efficiency:
+    values: dict[str, object] = dict(
+        device=device,
+        engine=engine,
+        gemm_t0=5e-6,
+        compute_bins=BINS,
+        memory_efficiency=0.7,
+        attention_compute_efficiency=0.5,
+        attention_memory_efficiency=0.6,
+        allreduce_latency=6e-6,
+        allreduce_bandwidth=1.5e11,
+        held_out_error=0.08,
+        source="test",
+    )
+    values.update(changes)
+    return Efficiency(**values)  # type: ignore[arg-type]
+
+
+def document(**changes: object) -> dict[str, object]:
+    values: dict[str, object] = {
+        "device": "h100-sxm",
+        "engine": "vllm-0.24.0",
+        "gemm_t0": 5e-6,
+        "compute_bins": [[64, 0.5], [None, 0.8]],
+        "memory_efficiency": 0.7,
+        "attention_compute_efficiency": 0.5,
+        "attention_memory_efficiency": 0.6,
+        "allreduce_latency": 6e-6,
+        "allreduce_bandwidth": 1.5e11,
+        "held_out_error": 0.08,
+        "source": {"repository": "r", "commit": "c", "path": "p", "licence": "Apache-2.0"},
+    }
+    values.update(changes)
+    return values
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("device", ""),
+        ("gemm_t0", -1e-6),
+        ("gemm_t0", math.nan),
+        ("memory_efficiency", 0.0),
+        ("memory_efficiency", 1.2),
+        ("attention_compute_efficiency", math.inf),
+        ("attention_memory_efficiency", -0.1),
+        ("allreduce_bandwidth", 0.0),
+        ("allreduce_latency", -1.0),
+        ("held_out_error", math.nan),
+        ("decode_attention_per_head", -1e-9),
+    ],
+)
+def test_a_field_out_of_bounds_is_refused_by_name(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        table(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "bins",
+    [
+        (),
+        ((16.0, 0.3),),  # the last bound is not infinite
+        ((256.0, 0.3), (16.0, 0.5), (math.inf, 0.8)),  # not ascending
+        ((16.0, 1.5), (math.inf, 0.8)),  # an efficiency above 1
+    ],
+)
+def test_bins_must_ascend_to_infinity_with_efficiencies_in_range(bins: object) -> None:
+    with pytest.raises(ValueError, match="compute_bins"):
+        table(compute_bins=bins)
+
+
+def test_compute_efficiency_is_the_first_bin_whose_bound_holds_m() -> None:
+    t = table()
+    for m in (1, 16):
+        assert t.compute_efficiency(m) == 0.3
+    for m in (17, 256):
+        assert t.compute_efficiency(m) == 0.6
+    assert t.compute_efficiency(10**9) == 0.8
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="m must"):
+            t.compute_efficiency(bad)  # type: ignore[arg-type]
+
+
+def test_loader_reads_a_document_and_names_the_file_and_field_when_wrong(tmp_path: Path) -> None:
+    loaded = table_from_json(document(), "x.json")
+    assert loaded.compute_bins == ((64, 0.5), (math.inf, 0.8))
+    assert loaded.source == "r@c p, Apache-2.0"
+    assert loaded.attention_t0 == 0.0  # optional host terms default to none
+    with pytest.raises(ValueError, match=r"x\.json: missing field\(s\) gemm_t0"):
+        table_from_json({k: v for k, v in document().items() if k != "gemm_t0"}, "x.json")
+    with pytest.raises(ValueError, match=r"x\.json: memory_efficiency"):
+        table_from_json(document(memory_efficiency=2.0), "x.json")
+    with pytest.raises(ValueError, match=r"x\.json: source"):
+        table_from_json(document(source={"repository": "r"}), "x.json")
+    with pytest.raises(ValueError, match=r"x\.json: compute_bins"):
+        table_from_json(document(compute_bins=[[64, 0.5, 1]]), "x.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken\.json: not a readable JSON table"):
+        load_table(broken)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(document()), encoding="utf-8")
+    assert load_tables(tmp_path / "nothing") == ()
+    good_only = tmp_path / "only"
+    good_only.mkdir()
+    (good_only / "t.json").write_text(json.dumps(document()), encoding="utf-8")
+    (good_only / TRANSFER_FILE).write_text(json.dumps({"same_architecture": {"median": 0.1}}))
+    assert [t.device for t in load_tables(good_only)] == ["h100-sxm"]
+    assert load_transfer_errors(good_only) == {"same_architecture": 0.1}
+
+
+ERRORS = {"same_architecture": 0.08, "cross_generation": 0.2}
+
+
+def choose(device_key: str, tables: list[Efficiency], engine: str = "vllm") -> EfficiencyChoice:
+    return efficiency_for(
+        CATALOG[device_key], engine, tables=tables, catalog=CATALOG, transfer_errors=ERRORS
+    )
+
+
+def test_a_device_with_its_own_table_uses_it_and_says_so() -> None:
+    tables = [table("a100-80"), table("h100-sxm", "vllm-0.24.0")]
+    choice = choose("h100-sxm", tables)
+    assert choice.table.device == "h100-sxm" and choice.transferred_from is None
+    assert "fitted on this device" in choice.error_class and "8%" in choice.error_class
+
+
+def test_a_device_without_a_table_borrows_its_architecture_before_another_generation() -> None:
+    tables = [table("a100-80"), table("h100-sxm", "vllm-0.24.0"), table("b200", "vllm-0.24.0")]
+    choice = choose("h200", tables)  # hopper: H100 is its architecture
+    assert choice.transferred_from == "h100-sxm"
+    assert choice.error_class.startswith("same architecture") and "8%" in choice.error_class
+    # ada has none of its own; ampere and hopper are one generation either side, and the
+    # L40S's datasheet (362 TFLOP/s, 0.86 TB/s) is nearer the A100's than the H100's
+    choice = choose("l40s", tables)
+    assert choice.transferred_from == "a100-80"
+    assert choice.error_class.startswith("cross generation") and "20%" in choice.error_class
+    assert choose("a100-40", tables).transferred_from == "a100-80"
+
+
+def test_a_borrowed_allreduce_bandwidth_goes_with_the_link() -> None:
+    tables = [table("h100-sxm", "vllm-0.24.0")]
+    choice = choose("h100-pcie", tables)  # NVLink table, PCIe device
+    ratio = CATALOG["h100-pcie"].link_bandwidth / CATALOG["h100-sxm"].link_bandwidth
+    assert choice.table.allreduce_bandwidth == pytest.approx(tables[0].allreduce_bandwidth * ratio)
+    assert choice.table.memory_efficiency == tables[0].memory_efficiency  # fractions carry over
+
+
+def test_within_an_architecture_the_nearest_datasheet_wins() -> None:
+    tables = [table("h100-sxm", "vllm-0.24.0"), table("h200", "vllm-0.24.0")]
+    pcie = CATALOG["h100-pcie"]
+    distance = {
+        key: abs(math.log(pcie.memory_bandwidth / CATALOG[key].memory_bandwidth))
+        + abs(math.log(pcie.peak_flops["bf16"] / CATALOG[key].peak_flops["bf16"]))
+        for key in ("h100-sxm", "h200")
+    }
+    assert choose("h100-pcie", tables).transferred_from == min(distance, key=distance.__getitem__)
+
+
+def test_the_newest_engine_version_is_chosen_and_an_unknown_engine_is_refused() -> None:
+    tables = [table("h100-sxm", "vllm-0.14.0"), table("h100-sxm", "vllm-0.24.0")]
+    assert choose("h100-sxm", tables).table.engine == "vllm-0.24.0"
+    assert choose("h100-sxm", tables, "vllm-0.14.0").table.engine == "vllm-0.14.0"
+    with pytest.raises(ValueError, match="engine 'trtllm' has no efficiency table; tables: vllm"):
+        choose("h100-sxm", tables, "trtllm")
+
+
+def test_a_cpu_is_refused_and_a_custom_device_takes_the_nearest_datasheet() -> None:
+    tables = [table("a100-80"), table("h100-sxm", "vllm-0.24.0")]
+    cpu = dataclasses.replace(CATALOG["a100-80"], key="cpu", architecture="cpu")
+    with pytest.raises(ValueError, match="calibrate it on the device"):
+        efficiency_for(cpu, tables=tables, catalog=CATALOG, transfer_errors=ERRORS)
+    custom = custom_device("custom:tflops=900,tbs=3,gib=79")
+    choice = efficiency_for(custom, tables=tables, catalog=CATALOG, transfer_errors=ERRORS)
+    assert choice.transferred_from == "h100-sxm"
+
+
+def test_a_choice_names_its_table_device_when_transferred() -> None:
+    with pytest.raises(ValueError, match="transferred_from"):
+        EfficiencyChoice(table("a100-80"), "h100-sxm", "x")
+    with pytest.raises(ValueError, match="error_class"):
+        EfficiencyChoice(table("a100-80"), None, " ")
+
+
+SHIPPED = load_tables()
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no efficiency tables shipped yet")
+def test_shipped_tables_are_physical_and_cite_their_source() -> None:
+    for t in SHIPPED:
+        assert t.device in CATALOG, t.device
+        for eta in (
+            t.memory_efficiency,
+            t.attention_compute_efficiency,
+            t.attention_memory_efficiency,
+            *(eta for _, eta in t.compute_bins),
+        ):
+            assert 0 < eta <= 1, (t.device, t.engine)
+        assert 0 <= t.gemm_t0 < 1e-3  # a launch, not a pass
+        assert 0 < t.allreduce_bandwidth
+        assert "Apache-2.0" in t.source and "aiconfigurator" in t.source
+        # larger GEMMs reach at least the efficiency of smaller ones
+        etas = [eta for _, eta in t.compute_bins]
+        assert etas[-1] >= etas[0], (t.device, etas)
+    errors = load_transfer_errors(TABLES)
+    assert set(errors) == {"same_architecture", "cross_generation"}
+    for key in CATALOG:
+        if CATALOG[key].architecture in ("ampere", "ada", "hopper", "blackwell"):
+            choice = efficiency_for(CATALOG[key])
+            assert (choice.transferred_from is None) == any(t.device == key for t in SHIPPED)
