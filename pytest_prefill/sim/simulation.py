@@ -15,6 +15,7 @@ from .events import Event, LogEntry
 from .fastpath import TimedWorker
 from .kv import kv_capacity
 from .paged import check_paged
+from .paged_decode import PagedDecodeWorker
 from .paged_worker import PagedWorker
 from .policies import check_options, worker_mode
 from .pool import Pool
@@ -112,17 +113,22 @@ def disaggregated(
     one has room. With ``watch``, the decode pool stops once the verdict is fixed."""
     side = PrefillPool(requests, tick, prefill_workers, capacity, engine).run()
     mode = worker_mode("disaggregated").mode
-    decoders: list[Worker] = []
+    decoders: list[Worker | PagedDecodeWorker] = []
+    paged = engine.kv == "paged" and not math.isinf(capacity)  # else the reserve rule exactly
 
     def make(i: int) -> TimedWorker:
-        decoders.append(Worker(f"decode{i}", mode, capacity=capacity, engine=engine))
+        name = f"decode{i}"
+        if paged:
+            decoders.append(PagedDecodeWorker(name, capacity, engine))
+        else:
+            decoders.append(Worker(name, mode, capacity=capacity, engine=engine))
         if watch is not None:
             decoders[-1].leaving = watch.leaving
         return TimedWorker(i, decoders[-1], tick)
 
     chooser = LeastLoaded(decode_workers)
     pool = Pool(decode_workers, make, chooser)
-    owner: dict[str, Worker] = {}
+    owner: dict[str, Worker | PagedDecodeWorker] = {}
     waiting: deque[Request] = deque()
     bounded = not math.isinf(capacity) or engine.seq_cap is not None
     times = side.times if engine.first_token == "prefill" else None  # where first tokens are
@@ -343,13 +349,6 @@ def _check_paged_options(
     """What paged KV does not simulate yet, named (ValueError)."""
     if profile.kv != "paged":
         return
-    if policy == "disaggregated" and not math.isinf(capacity):
-        raise ValueError(
-            f"kv='paged' is simulated for policy 'disaggregated' only with unbounded KV "
-            f"(kv_capacity_tokens inf): the reservation rule, and the prefix cache on the "
-            f"prefill workers never evicting (engine {profile.name!r}); set kv='reserve' "
-            "for a bounded KV capacity"
-        )
     if chunk_budget is not None:
         raise ValueError(
             f"chunk_budget is not simulated under kv='paged' yet (engine {profile.name!r}); "
