@@ -300,16 +300,9 @@ def simulate(
         tick = TickCost(cost)
         watch = None if stop is None else Watch(_check_stop(stop), requests)
         if policy == "disaggregated":
+            decode = _decode_pool(requests, profile, decode_cost)
             results = disaggregated(
-                requests,
-                tick,
-                prefill_workers,
-                decode_workers,
-                capacity,
-                profile,
-                watch,
-                TickCost(decode_cost) if decode_cost is not None else None,
-                _capacity(requests, profile, decode_cost) if decode_cost is not None else None,
+                requests, tick, prefill_workers, decode_workers, capacity, profile, watch, *decode
             )
         else:
             results = colocated(
@@ -333,6 +326,15 @@ def _capacity(requests: list[Request], profile: EngineProfile, cost: CostModel) 
     if profile.kv == "paged":
         return check_paged(requests, profile, cost.kv_capacity_tokens)
     return kv_capacity(requests, cost)
+
+
+def _decode_pool(
+    requests: list[Request], profile: EngineProfile, decode_cost: CostModel | None
+) -> tuple[TickCost | None, float | None]:
+    """The decode pool's ticks and KV capacity on its own devices (None: the prefill pool's)."""
+    if decode_cost is None:
+        return None, None
+    return TickCost(decode_cost), _capacity(requests, profile, decode_cost)
 
 
 def _check_decode_cost(decode_cost: Any, policy: str) -> None:
