@@ -139,3 +139,35 @@ def test_bounded_kv_keeps_every_split_in_the_search():
     bounded = default_deployments(dataclasses.replace(V2, kv_capacity_tokens=1e5), 4, None, vllm)
     splits = [d for d in unbounded if d.policy == "disaggregated"]
     assert splits and splits == [d for d in bounded if d.policy == "disaggregated"]
+
+
+def test_grouping_holds_on_a_busy_poisson_load_with_preemptions():
+    load = poisson(150, 40.0, seed=3)
+    grouped_and_stepwise(load, (2, 2), 2, preempting=True)
+
+
+@given(loads(12), st.sampled_from([(1, 1), (2, 2)]), st.integers(1, 3))
+@examples(25)
+def test_what_the_decode_pool_decides_never_depends_on_how_decode_steps_are_grouped(
+    load, split, room
+):
+    grouped_and_stepwise(load, split, room)
+
+
+def grouped_and_stepwise(load, split, room, preempting=False):
+    """The fast path times whole runs of decode steps at once; one step at a time (every
+    boundary visited, as the reference simulators run) gives the same trace."""
+    from pytest_prefill.sim.paged_decode import PagedDecodeWorker
+
+    cost = dataclasses.replace(V2, kv_capacity_tokens=float(room * (most_need(load) + 16)))
+    options = {"engine": PAGED, "prefill_workers": split[0], "decode_workers": split[1]}
+    grouped = simulate("disaggregated", load, cost, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PagedDecodeWorker, "steady_steps", lambda self: 1)
+        stepwise = simulate("disaggregated", load, cost, **options)
+    for rid, rec in stepwise.requests.items():
+        assert grouped.requests[rid].token_times == pytest.approx(rec.token_times, rel=1e-12)
+        assert grouped.requests[rid].preempted_at == pytest.approx(rec.preempted_at, rel=1e-12)
+    assert not preempting or (
+        grouped.summary().preemptions > 0 and any(e.count > 1 for e in grouped.events)
+    )

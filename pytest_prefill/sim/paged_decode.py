@@ -83,27 +83,24 @@ class PagedDecodeWorker(PagedWorker):
     row, takes a block each time it fills one, and when a row cannot get its block the most
     recently admitted request here is preempted by recompute
     (:class:`~.paged_worker.PagedWorker`'s rules, with no prefix cache: under disaggregation
-    it lives on the prefill workers). :meth:`has_room` is what the decode pool's router asks."""
+    it lives on the prefill workers). The decode pool's router sees slots, not blocks
+    (:meth:`has_room`), as a proxy in front of engine instances does; so what it decides
+    never depends on how the fast path groups decode steps."""
 
-    __slots__ = ("arrived", "promised")
+    __slots__ = ("arrived",)
 
     def __init__(self, name: str, blocks: float, engine: EngineProfile) -> None:
         super().__init__(name, "decode", math.inf, blocks, engine)
         self.caching = False
         self.arrived: deque[Request] = deque()  # KV arrived, its blocks not taken yet
-        self.promised = 0  # the blocks they will take
 
     def _arrival_blocks(self, r: Request) -> int:
         """The blocks ``r`` takes as it joins: its prompt and the tokens emitted before."""
         return blocks_for(r.prompt_len + (1 if self.prefill_first else 0), self.block_tokens)
 
     def has_room(self, r: Request) -> bool:
-        """Whether ``r`` could join now: a sequence slot and, as the pool stands, its blocks
-        beside those promised to the requests that joined before it (a run in progress may
-        still take some: then it waits here)."""
-        if self.admitted >= self.max_seqs:
-            return False
-        return self.pool.room() - self.promised >= self._arrival_blocks(r)
+        """Whether ``r`` could join now: a free sequence slot."""
+        return self.admitted < self.max_seqs
 
     def join(self, r: Request, first_token: Any = None) -> None:
         """``r``'s KV has arrived: it takes a slot, and its blocks at the next boundary with
@@ -116,7 +113,6 @@ class PagedDecodeWorker(PagedWorker):
             self.tokens.add(r.id, first_token)
             self.emitted[r.id] = 1
         self.arrived.append(r)
-        self.promised += self._arrival_blocks(r)
 
     def compose(self, now: Any) -> Plan | None:
         """The arrivals that fit join the rows (FCFS, behind any preempted request), then
@@ -128,7 +124,6 @@ class PagedDecodeWorker(PagedWorker):
             if not pool.take(need):
                 break
             arrived.popleft()
-            self.promised -= need
             self.owned[r.id], self.shared[r.id] = need, []
             self.holds[r.id] = need * self.block_tokens
             self.counter += 1
