@@ -12,9 +12,17 @@ from strategies import V2
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.plan.pools import PoolSpec, link_between, parse_pools
-from pytest_prefill.sim import EngineProfile, Request, check_invariants, iteration_cost, simulate
+from pytest_prefill.sim import (
+    PROFILES,
+    EngineProfile,
+    Request,
+    check_invariants,
+    iteration_cost,
+    simulate,
+)
 
 PREFILL_FIRST = EngineProfile("pf", first_token="prefill")
+PROFILES_VLLM = PROFILES["vllm"]
 
 
 def test_the_issues_example_parses_into_two_pools_counted_per_kind():
@@ -88,3 +96,41 @@ def test_the_decode_pools_memory_bounds_the_decode_workers_only():
         simulate("shared", load, V2, decode_cost=V2)
     with pytest.raises(ValueError, match="decode_cost must be a CostModel or None"):
         simulate("disaggregated", load, V2, decode_cost="fast")
+
+
+def test_a_split_of_pools_runs_through_the_capacity_search_with_each_pools_cost():
+    from pytest_prefill.plan.capacity import capacity
+    from pytest_prefill.plan.deployments import Deployment
+    from pytest_prefill.plan.executors import InlineExecutor
+    from pytest_prefill.plan.metrics import SLO
+    from pytest_prefill.plan.workloads import poisson, scale_rate
+    from pytest_prefill.sim import PRESETS
+
+    base = PRESETS["datacenter-illustrative"].cost
+    slower = dataclasses.replace(base, decode_step_base=4 * base.decode_step_base)
+    split = parse_pools("disaggregated:1:2,p=h100,d=l40s")
+    prefill, decode = split.costs(lambda pool: base if pool.role == "prefill" else slower)
+    pooled = Deployment.of_pools(split, prefill, decode)
+    assert pooled.label == "disaggregated 1P h100-sxm : 2D l40s"
+    assert (pooled.devices, pooled.prefill_workers, pooled.decode_workers) == (3, 1, 2)
+    assert pooled.simulate_options()["decode_cost"] is decode
+    lines = pooled.command(PROFILES_VLLM)
+    assert lines.startswith("prefill pool, h100-sxm: vllm serve") and "decode pool, l40s:" in lines
+    load = poisson(10.0, 40, prompt_len=lambda r: r.randint(64, 1500), output_len=8, seed=1)
+    slo = SLO.parse("ttft:2s,tpot:100ms")
+    result = capacity(
+        load, base, slo, 3, deployments=[pooled], executor=InlineExecutor(), tolerance=0.3
+    )
+    (found,) = result.results
+    first = next(p for p in found.probes if p.metrics is not None)
+    trace = simulate(
+        "disaggregated", scale_rate(load, first.scale), prefill, **pooled.simulate_options()
+    )
+    from pytest_prefill.plan.metrics import serving_metrics
+
+    assert first.metrics.attainment == serving_metrics(trace, slo=slo).attainment
+    assert result.to_dict()["results"][0]["deployment"]["pools"]["decode"]["kind"] == "l40s"
+    with pytest.raises(ValueError, match="devices must be its 3 and prefill_workers its 1"):
+        Deployment("disaggregated", 4, prefill_workers=1, pools=split)
+    with pytest.raises(ValueError, match="decode_cost applies to disaggregated deployments"):
+        Deployment("shared", 2, decode_cost=base)
