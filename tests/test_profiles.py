@@ -158,9 +158,6 @@ def test_a_profile_object_or_its_name_run_the_same():
 
 def test_what_paged_kv_does_not_simulate_yet_is_refused_naming_it():
     paged = get_profile("vllm")
-    tight = dataclasses.replace(V2, kv_capacity_tokens=10_000)
-    with pytest.raises(ValueError, match="kv='paged' is simulated for policy 'disagg"):
-        simulate("disaggregated", scenario(V2), tight, engine=paged)
     free = simulate("disaggregated", scenario(V2), V2, engine=paged)  # the reservation rule
     reserve = dataclasses.replace(paged, kv="reserve", prefix_caching=False)
     same = simulate("disaggregated", scenario(V2), V2, engine=reserve)

@@ -13,6 +13,7 @@ from typing import Any
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, typical_star
 from pytest_prefill.plan.engine_commands import engine_command, launch_line, refusal, splits
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.pools import PoolSplit
 from pytest_prefill.sim import (
     LAB,
     POLICIES,
@@ -57,8 +58,11 @@ class Deployment:
     max_seqs: int | None = None
     tp: int = 1
     cost: CostModel | None = None
+    pools: PoolSplit | None = None
+    decode_cost: CostModel | None = None
 
     def __post_init__(self) -> None:
+        self._check_pools()
         if self.policy not in POLICIES:
             raise ValueError(
                 f"deployment policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
@@ -110,6 +114,49 @@ class Deployment:
                 f"prefill_workers applies to disaggregated deployments, not {self.policy!r}"
             )
 
+    def _check_pools(self) -> None:
+        """A split of pools of their own (:mod:`.pools`): disaggregated, ``tp`` 1 (each pool
+        has its own), its devices and prefill instances the pools'; ``decode_cost`` (the decode
+        pool's cost model) only on a split."""
+        if self.decode_cost is not None:
+            if not isinstance(self.decode_cost, CostModel):
+                raise ValueError(
+                    f"decode_cost must be a CostModel or None, got {type(self.decode_cost).__name__}"
+                )
+            if self.policy != "disaggregated":
+                raise ValueError(
+                    f"decode_cost applies to disaggregated deployments, not {self.policy!r}"
+                )
+        pools = self.pools
+        if pools is None:
+            return
+        if not isinstance(pools, PoolSplit) or self.policy != "disaggregated" or self.tp != 1:
+            raise ValueError("pools (a PoolSplit) go with policy 'disaggregated' and tp 1")
+        total = pools.prefill.devices + pools.decode.devices
+        if self.devices != total or self.prefill_workers != pools.prefill.instances:
+            raise ValueError(
+                f"deployment {pools.label}: devices must be its {total} and prefill_workers its "
+                f"{pools.prefill.instances}, got {self.devices} and {self.prefill_workers}"
+            )
+
+    @classmethod
+    def of_pools(
+        cls, pools: PoolSplit, cost: CostModel, decode_cost: CostModel, **settings: Any
+    ) -> Deployment:
+        """The split ``pools`` with its prefill pool's ``cost`` (carrying the KV link) and its
+        decode pool's ``decode_cost`` (:meth:`PoolSplit.costs` makes both), and the engine's
+        ``settings`` (``max_batched_tokens``, ``max_seqs``)."""
+        devices = pools.prefill.devices + pools.decode.devices
+        return cls(
+            "disaggregated",
+            devices,
+            prefill_workers=pools.prefill.instances,
+            cost=cost,
+            pools=pools,
+            decode_cost=decode_cost,
+            **settings,
+        )
+
     @property
     def instances(self) -> int:
         """Engine instances (replicas, or a split's prefill and decode ones): devices ÷ tp."""
@@ -117,6 +164,8 @@ class Deployment:
 
     @property
     def decode_workers(self) -> int:
+        if self.pools is not None:
+            return self.pools.decode.instances
         return self.instances - (self.prefill_workers or 0)
 
     def cost_on(self, cost: CostModel) -> CostModel:
@@ -135,6 +184,8 @@ class Deployment:
         tp = f" TP{self.tp}" if self.tp > 1 else ""
         if self.policy == "disaggregated":
             split = f"disaggregated {self.prefill_workers}P:{self.decode_workers}D{tp}"
+            if self.pools is not None:
+                split = self.pools.label
             return f"{split} {settings}{seqs}" if settings else split + seqs
         if self.chunk is not None:
             head = f"chunked {self.chunk}" + (f" {settings}" if settings else "")
@@ -164,6 +215,20 @@ class Deployment:
         """The line to type for this deployment under ``profile`` (its engine, its flags, its
         TP and, when given, the fraction of device memory it takes, the model it serves and
         the longest sequence it takes)."""
+        if self.pools is not None:
+            return "; ".join(
+                f"{pool.role} pool, {pool.kind}: "
+                + launch_line(
+                    self.engine(profile),
+                    None,
+                    pool.instances,
+                    pool.tp,
+                    memory_fraction,
+                    model,
+                    max_model_len,
+                )
+                for pool in (self.pools.prefill, self.pools.decode)
+            )
         return launch_line(
             self.engine(profile),
             self.prefill_workers,
@@ -181,7 +246,8 @@ class Deployment:
         engine = {} if profile is None and not knobs else {"engine": self.engine(profile or LAB)}
         if self.policy == "disaggregated":
             workers = {"prefill_workers": self.prefill_workers}
-            return {**workers, "decode_workers": self.decode_workers, **engine}
+            own = {} if self.decode_cost is None else {"decode_cost": self.decode_cost}
+            return {**workers, "decode_workers": self.decode_workers, **engine, **own}
         options: dict[str, Any] = dict(engine)
         if self.chunk is not None:
             options["chunk"] = self.chunk
@@ -194,6 +260,15 @@ class Deployment:
     def to_dict(self) -> dict[str, Any]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields["cost"] = self.cost.to_dict() if self.cost is not None else None
+        fields["decode_cost"] = self.decode_cost.to_dict() if self.decode_cost is not None else None
+        fields["pools"] = (
+            None
+            if self.pools is None
+            else {
+                p.role: {"kind": p.kind, "tp": p.tp, "instances": p.instances}
+                for p in (self.pools.prefill, self.pools.decode)
+            }
+        )
         return {"label": self.label, **fields}
 
     @classmethod

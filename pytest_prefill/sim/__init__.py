@@ -20,8 +20,11 @@ subclasses across the line):
    in one place, on :class:`BaseWorker`), with ``kv`` (when a request may be admitted) and
    ``tokens`` (who emits which token when); under paged KV, ``paged`` (the block pool, its
    prefix hits and cache entries) and ``paged_worker`` (vLLM's rules: blocks as tokens are
-   written, preemption by recompute, prefix cache hits); disaggregation's prefill side,
-   ``prefill_worker`` (passes over a shared queue, and the KV link); ``policies`` (the
+   written, preemption by recompute, prefix cache hits) and ``paged_decode`` (paged KV on a
+   split's pools: a prompt's blocks on its prefill worker until sent, a decode worker's blocks
+   and preemptions); disaggregation's prefill side, ``prefill_worker`` (passes over a queue,
+   and the KV link) and ``dispatch`` (which prefill worker's own queue an arrival joins);
+   ``policies`` (the
    policies, their options and the worker mode of each); ``router`` (which worker gets a
    request: least loaded, or the one holding its longest cached prefix).
 4. The speed-ups, kept apart from the rules: ``fastpath`` (any worker's rules timed by the
@@ -89,7 +92,18 @@ from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection, rec
 
 token_gaps = record_gaps  # the old name, kept for one release (it clashed with Trace.token_gaps())
 
-RULES = ("kv", "tokens", "rules", "paged", "paged_worker", "prefill_worker", "policies", "router")
+RULES = (
+    "kv",
+    "tokens",
+    "rules",
+    "paged",
+    "paged_worker",
+    "paged_decode",
+    "prefill_worker",
+    "dispatch",
+    "policies",
+    "router",
+)
 SPEED_UPS = ("ticks", "fastpath", "pool")
 
 __all__ = [

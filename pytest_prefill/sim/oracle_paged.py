@@ -120,7 +120,8 @@ def blocks_in_use(
 ) -> list[str]:
     """No worker's admitted requests hold more blocks than its pool, counted as the least
     they can be: each request's tokens held by then in ``kv_block_tokens`` blocks, its full
-    prompt blocks once per worker (they may be shared through the cache)."""
+    prompt blocks once per worker (they may be shared through the cache); under
+    disaggregation a prefill worker holds a prompt until its KV has crossed."""
     capacity = block_capacity(capacity_tokens, engine.kv_block_tokens)
     if math.isinf(capacity):
         return []
@@ -137,7 +138,10 @@ def blocks_in_use(
         for e in sorted(evs, key=lambda e: e.start):
             for rid in list(held):
                 rec, seen = records[rid], last[rid]
-                if rec.finish <= e.start or any(seen < t <= e.start for t in rec.preempted_at):
+                # a prefill worker of its own lets it go when its KV has crossed
+                sent = rec.prefill_resource == worker != rec.decode_resource
+                until = rec.kv_ready if sent else rec.finish
+                if until <= e.start or any(seen < t <= e.start for t in rec.preempted_at):
                     del held[rid]
             for rid in e.request_ids:
                 last[rid] = e.start

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
+from .dispatch import Dispatcher
 from .events import LINK, LogEntry
 from .fastpath import TimedLink, TimedWorker
 from .pool import Pool
@@ -61,6 +62,8 @@ class PrefillPool:
         self.engine = engine
 
     def run(self) -> PrefillSide:
+        if self.engine.prefill_dispatch != "shared" and self.size > 1:
+            return self._run_dispatched()
         tick, size = self.tick, self.size
         queue: deque[Request] = deque()
         link = Link({r.id: k for k, r in enumerate(self.requests)})
@@ -97,6 +100,39 @@ class PrefillPool:
         def untouched() -> TimedWorker | None:
             touched = len(pool.workers)
             return pool.get(touched) if touched < size else None
+
+        arrivals = [(to_ticks(r.arrival, up=True), r) for r in self.requests]
+        pool.run(arrivals, place, dispatch=dispatch)
+        return self._side(link, rules, sum(w.busy for w in pool.workers))
+
+    def _run_dispatched(self) -> PrefillSide:
+        """Each worker its own queue (:mod:`.dispatch` picks it at arrival); a free worker
+        takes from its own queue only."""
+        tick, size = self.tick, self.size
+        link = Link({r.id: k for k, r in enumerate(self.requests)})
+        queues: list[deque[Request]] = [deque() for _ in range(size)]
+        rules: list[PrefillWorker] = []
+
+        def make(i: int) -> TimedWorker:
+            rules.append(PrefillWorker(f"prefill{i}", self.engine, self.capacity, queues[i], link))
+            return TimedWorker(i, rules[-1], tick)
+
+        pool = Pool(size, make)
+        timed_link = pool.add(lambda i: TimedLink(i, link, tick))
+        workers = [pool.get(i) for i in range(size)]
+        choose = Dispatcher(self.engine.prefill_dispatch, queues, rules)
+
+        def place(r: Request, now: int) -> None:
+            queues[choose.pick()].append(r)
+
+        def dispatch(now: int) -> None:
+            if link.ended:
+                link.queue_ended()
+            if link.queue and timed_link.busy_until is None:
+                pool.start(timed_link, now)
+            for i, w in enumerate(workers):
+                if queues[i] and w.busy_until is None:
+                    pool.start(w, now)
 
         arrivals = [(to_ticks(r.arrival, up=True), r) for r in self.requests]
         pool.run(arrivals, place, dispatch=dispatch)

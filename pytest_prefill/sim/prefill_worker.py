@@ -13,10 +13,12 @@ Under an engine profile (DESIGN.md, "Engine semantics (v3)"): a pass takes whole
 while they fit ``max_batched_tokens`` (at least one), a worker holds at most its ``seq_cap``
 requests (in its pass or waiting for the link), and under the ``prefill`` first-token rule the
 pass emits each prompt's first token at its end: a request of one output token is then done
-and its KV never crosses. Under ``prefix_caching`` (paged KV, unbounded memory: nothing is ever
-evicted) each prefill worker keeps the full blocks of the prompts it prefilled; a prompt's piece
+and its KV never crosses. Under ``prefix_caching`` (paged KV) each prefill worker keeps the full blocks of the prompts it prefilled; a prompt's piece
 starts after the longest run of its leading blocks the worker holds (never its whole prompt),
-and only its other tokens count against the token budget."""
+and only its other tokens count against the token budget. Under paged KV with bounded memory
+(:class:`~.paged_decode.PromptBlocks`) a prompt holds the blocks of its uncached tokens from
+admission until its KV has crossed, and the cache's blocks no prompt shares are evicted, least
+recently used first, when a prompt needs room."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Any, TypeVar
 
 from .events import LINK, LogEntry
 from .kv import KVReserve
-from .paged import BlockPool, cache_prompt, prefix_hits
+from .paged_decode import PromptBlocks
 from .profiles import EngineProfile
 from .requests import Request
 from .rules import BaseWorker, Plan, takes_whole
@@ -79,7 +81,7 @@ class PrefillWorker(BaseWorker):
     link), its sequence slots and the token budget (see the module's docstring). ``finished``:
     the requests of one output token its passes completed (the ``prefill`` rule), and when."""
 
-    __slots__ = ("kv", "link", "caching", "entry_tokens", "pool", "finished")
+    __slots__ = ("kv", "blocks", "link", "caching", "finished")
 
     def __init__(
         self,
@@ -91,11 +93,11 @@ class PrefillWorker(BaseWorker):
     ) -> None:
         super().__init__(name, "shared", math.inf, engine)
         self.pending = queue  # shared by the prefill workers
-        self.kv = KVReserve(capacity)
+        # Paged KV: ``capacity`` is in blocks, held by prompts and the prefix cache.
+        self.blocks = PromptBlocks(capacity, engine) if engine.kv == "paged" else None
+        self.kv = KVReserve(capacity if self.blocks is None else math.inf)
         self.link = link
         self.caching = engine.prefix_caching
-        self.entry_tokens = engine.prefix_block_tokens
-        self.pool = BlockPool(math.inf)  # its prefix cache: unbounded, never evicting
         self.finished: dict[str, Any] = {}
 
     def compose(self, now: Any) -> Plan | None:
@@ -107,14 +109,20 @@ class PrefillWorker(BaseWorker):
         pieces: list[tuple[Request, int, int]] = []
         context = 0
         caching, starts, where, admitted = self.caching, self.prefill_start, self.link.where, 0
-        while queue and self.admitted + admitted < cap and kv.fits(queue[0]):
+        blocks = self.blocks
+        while queue and self.admitted + admitted < cap:
             r = queue[0]
-            hits = self._hits(r) if caching else 0
+            if not (kv.fits(r) if blocks is None else blocks.fits(r)):
+                break
+            hits = blocks.hit_blocks(r) * blocks.entry_tokens if blocks is not None else 0
             n = r.prompt_len - hits
             if not takes_whole(n, room, bool(pieces), 0, limit):
                 break
             queue.popleft()
-            kv.reserve(r)
+            if blocks is None:
+                kv.reserve(r)
+            else:
+                blocks.reserve(r)
             admitted += 1
             pieces.append((r, hits, n))
             room -= n
@@ -132,12 +140,6 @@ class PrefillWorker(BaseWorker):
         self.current = plan
         return plan
 
-    def _hits(self, r: Request) -> int:
-        """Prompt tokens of ``r`` this worker's cache supplies."""
-        if not self.caching:
-            return 0
-        return prefix_hits(self.pool, r, r.prompt_len, self.entry_tokens) * self.entry_tokens
-
     def steady_steps(self) -> int:
         return 1  # a prefill worker never decodes
 
@@ -150,8 +152,8 @@ class PrefillWorker(BaseWorker):
         self.logged(plan, end, steps, growth)
         for r in plan.completed:
             self.prefill_end[r.id] = end
-            if self.caching:
-                cache_prompt(self.pool, r, [], self.entry_tokens)
+            if self.caching and self.blocks is not None:
+                self.blocks.cache(r)
             if self.prefill_first and r.output_len == 1:
                 self.finished[r.id] = end
                 self.release(r)
@@ -162,7 +164,10 @@ class PrefillWorker(BaseWorker):
     def release(self, r: Request) -> None:
         """``r`` leaves this worker (its KV crossed, or it is done): its reservation and its
         slot are free."""
-        self.kv.release(r)
+        if self.blocks is None:
+            self.kv.release(r)
+        else:
+            self.blocks.release(r)
         self.admitted -= 1
 
 

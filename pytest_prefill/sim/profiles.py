@@ -12,6 +12,7 @@ from .checks import check_cap, check_int
 
 FIRST_TOKEN_RULES = ("prefill", "decode")
 KV_RULES = ("reserve", "paged")
+DISPATCH_RULES = ("shared", "least-loaded", "round-robin")
 KNOBS = (
     "first_token",
     "max_batched_tokens",
@@ -20,6 +21,7 @@ KNOBS = (
     "kv_block_tokens",
     "prefix_caching",
     "prefix_block_tokens",
+    "prefill_dispatch",
 )
 
 
@@ -47,8 +49,12 @@ class EngineProfile:
     output at admission, strict FCFS) or ``"paged"`` (vLLM's blocks of ``kv_block_tokens``
     allocated as tokens are written, preemption by recompute); ``prefix_caching`` (paged KV
     only): a worker's cache of ``prefix_block_tokens``-token prompt blocks, shared by
-    ``Request.prefix_blocks`` hash ids. ``citations``: (knob, where its default comes from)
-    pairs.
+    ``Request.prefix_blocks`` hash ids. ``prefill_dispatch``: how a disaggregated run's
+    prefill workers share arrivals — ``"shared"`` (one queue, a free worker takes what waits),
+    ``"least-loaded"`` (each arrival goes at once to the queue of the worker with the fewest
+    requests in its pass plus queued, ties to the lowest index: DistServe's scheduler) or
+    ``"round-robin"`` (to each worker's queue in turn). ``citations``: (knob, where its default
+    comes from) pairs.
 
     Raises:
         ValueError: naming the field, for a value outside its allowed ones.
@@ -62,6 +68,7 @@ class EngineProfile:
     kv_block_tokens: int = 16
     prefix_caching: bool = False
     prefix_block_tokens: int = 16
+    prefill_dispatch: str = "shared"
     description: str = ""
     citations: tuple[tuple[str, str], ...] = ()
 
@@ -81,6 +88,11 @@ class EngineProfile:
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
         check_int("prefix_block_tokens", self.prefix_block_tokens)
+        if self.prefill_dispatch not in DISPATCH_RULES:
+            raise ValueError(
+                f"prefill_dispatch must be one of {', '.join(DISPATCH_RULES)}; "
+                f"got {self.prefill_dispatch!r}"
+            )
         pairs = self.citations
         if not isinstance(pairs, tuple) or not all(
             isinstance(p, tuple) and len(p) == 2 and p[0] in KNOBS and isinstance(p[1], str)
@@ -297,6 +309,7 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile(
             "distserve",
             first_token="prefill",
+            prefill_dispatch="least-loaded",
             description="DistServe's simulator: no token budget, no batch-size cap",
             citations=(
                 (
@@ -315,6 +328,12 @@ PROFILES: dict[str, EngineProfile] = {
                 (
                     "max_seqs",
                     f"{_DIST}: prefill_max_batch_size = decode_max_batch_size = 10**7 ('inf')",
+                ),
+                (
+                    "prefill_dispatch",
+                    f"{_DIST}: base/scheduler.py _find_best_worker_and_queue: each arrival "
+                    "to the prefill worker with the least _prefill_ips + len(prefill_queue) "
+                    "(its pass's requests plus its queue; min() keeps the first on a tie)",
                 ),
             ),
         ),

@@ -15,6 +15,7 @@ from .events import Event, LogEntry
 from .fastpath import TimedWorker
 from .kv import kv_capacity
 from .paged import check_paged
+from .paged_decode import PagedDecodeWorker
 from .paged_worker import PagedWorker
 from .policies import check_options, worker_mode
 from .pool import Pool
@@ -105,24 +106,37 @@ def disaggregated(
     capacity: float,
     engine: EngineProfile = LAB,
     watch: Watch | None = None,
+    decode_tick: TickCost | None = None,
+    decode_capacity: float | None = None,
 ) -> SimResults:
     """Prefill pool and link first (they only feed forward), then the decode pool: a request
     whose KV has arrived joins the decode worker with the fewest running plus joining requests
     among those with room (KV and a sequence slot; ties: lowest index), or waits, FCFS, until
-    one has room. With ``watch``, the decode pool stops once the verdict is fixed."""
+    one has room. With ``watch``, the decode pool stops once the verdict is fixed. The decode
+    pool's devices may differ from the prefill pool's: ``decode_tick`` and ``decode_capacity``
+    (default: the prefill pool's)."""
     side = PrefillPool(requests, tick, prefill_workers, capacity, engine).run()
     mode = worker_mode("disaggregated").mode
-    decoders: list[Worker] = []
+    decoders: list[Worker | PagedDecodeWorker] = []
+    if decode_tick is not None:
+        tick = decode_tick
+    if decode_capacity is not None:
+        capacity = decode_capacity
+    paged = engine.kv == "paged" and not math.isinf(capacity)  # else the reserve rule exactly
 
     def make(i: int) -> TimedWorker:
-        decoders.append(Worker(f"decode{i}", mode, capacity=capacity, engine=engine))
+        name = f"decode{i}"
+        if paged:
+            decoders.append(PagedDecodeWorker(name, capacity, engine))
+        else:
+            decoders.append(Worker(name, mode, capacity=capacity, engine=engine))
         if watch is not None:
             decoders[-1].leaving = watch.leaving
         return TimedWorker(i, decoders[-1], tick)
 
     chooser = LeastLoaded(decode_workers)
     pool = Pool(decode_workers, make, chooser)
-    owner: dict[str, Worker] = {}
+    owner: dict[str, Worker | PagedDecodeWorker] = {}
     waiting: deque[Request] = deque()
     bounded = not math.isinf(capacity) or engine.seq_cap is not None
     times = side.times if engine.first_token == "prefill" else None  # where first tokens are
@@ -227,6 +241,7 @@ def simulate(
     engine: str | EngineProfile = "lab",
     router: str = "least-loaded",
     stop: StopRule | None = None,
+    decode_cost: CostModel | None = None,
 ) -> Trace:
     """Replay ``load`` under ``policy`` on devices described by ``cost``.
 
@@ -253,6 +268,10 @@ def simulate(
             missed; ``"passed"``: the unfinished can no longer push them past that) and
             ``misses`` (those known then), and holds the records of the requests finished by
             then only (its summary refuses). None (the default): run to the end.
+        decode_cost: ``disaggregated`` only: the decode pool's own devices (another kind or
+            TP: its terms time the decode steps, its ``kv_capacity_tokens`` bounds each decode
+            worker); ``cost`` then describes the prefill pool and the KV link. None (the
+            default): one cost model for both pools.
 
     Raises:
         ValueError: naming the field, for an unknown policy or engine, a missing or
@@ -272,19 +291,18 @@ def simulate(
     )
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
+    _check_decode_cost(decode_cost, policy)
     with no_collection():
         requests = validate_load(load)
         _check_paged_options(profile, policy, chunk_budget, cost.kv_capacity_tokens)
         _check_router(router, profile)
-        if profile.kv == "paged":
-            capacity = check_paged(requests, profile, cost.kv_capacity_tokens)
-        else:
-            capacity = kv_capacity(requests, cost)
+        capacity = _capacity(requests, profile, cost)
         tick = TickCost(cost)
         watch = None if stop is None else Watch(_check_stop(stop), requests)
         if policy == "disaggregated":
+            decode = _decode_pool(requests, profile, decode_cost)
             results = disaggregated(
-                requests, tick, prefill_workers, decode_workers, capacity, profile, watch
+                requests, tick, prefill_workers, decode_workers, capacity, profile, watch, *decode
             )
         else:
             results = colocated(
@@ -300,6 +318,39 @@ def simulate(
                 watch,
             )
     return Trace.of_run(policy, chunk, results, profile, results.stopped, results.misses)
+
+
+def _capacity(requests: list[Request], profile: EngineProfile, cost: CostModel) -> float:
+    """A worker's KV on ``cost``'s devices: blocks under paged KV, else tokens (inf: no
+    limit); ValueError naming a request that can never fit."""
+    if profile.kv == "paged":
+        return check_paged(requests, profile, cost.kv_capacity_tokens)
+    return kv_capacity(requests, cost)
+
+
+def _decode_pool(
+    requests: list[Request], profile: EngineProfile, decode_cost: CostModel | None
+) -> tuple[TickCost | None, float | None]:
+    """The decode pool's ticks and KV capacity on its own devices (None: the prefill pool's)."""
+    if decode_cost is None:
+        return None, None
+    return TickCost(decode_cost), _capacity(requests, profile, decode_cost)
+
+
+def _check_decode_cost(decode_cost: Any, policy: str) -> None:
+    """ValueError naming ``decode_cost`` unless it is None, or a CostModel under
+    ``disaggregated``."""
+    if decode_cost is None:
+        return
+    if not isinstance(decode_cost, CostModel):
+        raise ValueError(
+            f"decode_cost must be a CostModel or None, got {type(decode_cost).__name__}"
+        )
+    if policy != "disaggregated":
+        raise ValueError(
+            f"decode_cost is the decode pool's cost model: policy 'disaggregated' only (got "
+            f"{policy!r})"
+        )
 
 
 def _check_stop(stop: Any) -> StopRule:
@@ -343,13 +394,6 @@ def _check_paged_options(
     """What paged KV does not simulate yet, named (ValueError)."""
     if profile.kv != "paged":
         return
-    if policy == "disaggregated" and not math.isinf(capacity):
-        raise ValueError(
-            f"kv='paged' is simulated for policy 'disaggregated' only with unbounded KV "
-            f"(kv_capacity_tokens inf): the reservation rule, and the prefix cache on the "
-            f"prefill workers never evicting (engine {profile.name!r}); set kv='reserve' "
-            "for a bounded KV capacity"
-        )
     if chunk_budget is not None:
         raise ValueError(
             f"chunk_budget is not simulated under kv='paged' yet (engine {profile.name!r}); "
