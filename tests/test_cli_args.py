@@ -433,9 +433,10 @@ def test_a_missing_azure_trace_names_the_dataset(monkeypatch, tmp_path, capsys):
     """6: the error named the missing path, not the dataset or where it comes from."""
     import pytest_prefill.plan.workloads as workloads
 
-    monkeypatch.setattr(workloads, "azure_trace_path", lambda name: None)
+    monkeypatch.setattr(workloads, "named_trace_path", lambda name: None)
     line = usage_error(["simulate", "--workload", "azure-conv"], capsys)
     assert "Azure LLM inference trace 2023" in line and "AzurePublicDataset" in line
+    assert "azure-conv.csv.gz" in line  # where it looked
 
 
 def test_runs_on_an_empty_archive_says_how_to_make_one(tmp_path, capsys):
