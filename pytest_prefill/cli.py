@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from pytest_prefill import __version__
+from pytest_prefill.commands._outputs import FORCE_HELP, check_outputs, has_outputs
 from pytest_prefill.plan.executors import ExecutorLost
 from pytest_prefill.serve.http import ServerError
 
@@ -60,6 +61,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub_parser)
+        if has_outputs(name):
+            sub_parser.add_argument("--force", action="store_true", help=FORCE_HELP)
         sub_parser.set_defaults(_run=module.run, _check=getattr(module, "check", None))
     return parser
 
@@ -72,11 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     args.argv = argv  # the command line, for what a run archives (calibrate --save)
-    if args._check is not None:
-        try:
+    try:
+        check_outputs(args)
+        if args._check is not None:
             args._check(args)
-        except ValueError as err:
-            parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
+    except ValueError as err:
+        parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # e.g. `prefill-bench simulate | head`: not an error
