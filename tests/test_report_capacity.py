@@ -90,7 +90,12 @@ def test_the_plot_is_svg_with_a_line_and_a_mark_per_probe(result):
     root = ET.fromstring(capacity_svg(result))
     assert root.tag == f"{SVG}svg"
     assert len(root.findall(f"{SVG}polyline")) == len(result.results)
-    assert len(root.findall(f"{SVG}circle")) == result.simulations
+    probes = [
+        e
+        for e in root.iter()
+        if "probe" in (e.get("class") or "") and e.find(f"{SVG}title") is not None
+    ]
+    assert len(probes) == result.simulations
     texts = " ".join(t.text or "" for t in root.iter(f"{SVG}text"))
     assert "target 90%" in texts
     for r in result.results:
@@ -104,13 +109,15 @@ def test_the_plot_zooms_to_the_decision_band_and_marks_the_workloads_rate(result
     floor = attainment_floor(result.target)
     assert 0 < floor < result.target  # 60% for a 90% target: the band, not 0-100%
     labels = {t.text for t in root.iter(f"{SVG}text")}
-    assert f"{floor:.0%}" in labels and "0%" not in labels and "100%" in labels
+    assert f"≤{floor:.0%}" in labels and "0%" not in labels and "100%" in labels
     (mark,) = [t for t in root.iter(f"{SVG}text") if (t.text or "").startswith("this workload")]
     assert f"{result.base_rate:.3g} req/s" in mark.text
     # every probe lies within the plot: those below the floor on its bottom edge
     frame = root.findall(f"{SVG}rect")[1]
     bottom = float(frame.get("y")) + float(frame.get("height"))
-    ys = [float(c.get("cy")) for c in root.iter(f"{SVG}circle")]
+    ys = [
+        float(c.get("cy")) for c in root.iter(f"{SVG}circle") if c.find(f"{SVG}title") is not None
+    ]
     assert max(ys) <= bottom + 1e-6
     lowest = min(p.attainment for r in result.results for p in r.probes)
     if lowest < floor:
