@@ -476,3 +476,24 @@ def test_a_command_parses_alone_as_among_all(command, capsys):
             parser.parse_args([command, "--help"])
         helps.append(capsys.readouterr().out)
     assert helps[0] == helps[1] and f"prefill-bench {command}" in helps[0]
+
+
+@pytest.mark.parametrize(
+    ("missing", "argv", "extra"),
+    [("torch", [], "measure"), ("transformers", [], "measure"), ("gguf", ["--gguf"], "serve")],
+)
+def test_make_model_without_its_imports_names_the_extra_in_one_line(
+    missing, argv, extra, monkeypatch, tmp_path, capsys
+):
+    """Issue 50 item 8: make-model without torch ended in a 15-line traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
+    folder = tmp_path / "m"
+    with pytest.raises(SystemExit) as info:
+        main(["make-model", "tiny", str(folder), *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"make-model needs {missing}" in err and f'pip install ".[{extra}]"' in err
+    assert not folder.exists()

@@ -90,3 +90,14 @@ def test_the_docs_cite_no_document_the_checkout_lacks():
     }
     assert citing <= set(KNOWN_DESIGN_CITATIONS), f"cite DESIGN.md: {citing}"
     assert set(KNOWN_DESIGN_CITATIONS) <= citing, "fixed: delete it from KNOWN_DESIGN_CITATIONS"
+
+
+def test_install_hints_name_the_checkout_not_an_index():
+    """Issue 50 item 13: hints said pytest-prefill[plot], which no package index holds."""
+    package = ROOT / "pytest_prefill"
+    said = [
+        str(path.relative_to(ROOT))
+        for path in [*package.rglob("*.py"), *documents()]
+        if "pytest-prefill[" in path.read_text()
+    ]
+    assert not said, f'say pip install ".[extra]" instead: {said}'

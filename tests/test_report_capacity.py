@@ -153,7 +153,7 @@ def test_a_png_without_matplotlib_is_one_line_saying_what_to_install(tmp_path, m
     with pytest.raises(SystemExit) as exit_:
         main(["timeline", "--out", str(tmp_path / "t.png")])
     assert exit_.value.code == 2
-    assert 'pip install "pytest-prefill[plot]"' in capsys.readouterr().err
+    assert 'pip install ".[plot]"' in capsys.readouterr().err
     assert not (tmp_path / "t.png").exists()
 
 

@@ -4,7 +4,7 @@ straight segments, polyline, polygon, circle, text) with matplotlib's Agg backen
 
 Why matplotlib and not a rasteriser of our own: a PNG a person reads needs its labels, and
 labels need a font and a text renderer; matplotlib brings both (with DejaVu fonts) in one
-``pip install "pytest-prefill[plot]"`` on a fresh machine, and nothing else of ours depends on
+``pip install ".[plot]"`` on a fresh machine, and nothing else of ours depends on
 it. Imported lazily: without it, asking for a PNG is one line saying what to install."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def need_matplotlib() -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise ValueError(
-            'a .png needs matplotlib: pip install "pytest-prefill[plot]" (or write .svg, which '
+            'a .png needs matplotlib: pip install ".[plot]" (or write .svg, which '
             "needs nothing)"
         )
 
