@@ -497,3 +497,11 @@ def test_make_model_without_its_imports_names_the_extra_in_one_line(
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"make-model needs {missing}" in err and f'pip install ".[{extra}]"' in err
     assert not folder.exists()
+
+
+def test_memory_the_user_did_not_type_is_said_to_come_from_the_preset(capsys):
+    """Issue 50 item 11: --model llama-3-8b without --device-memory blamed "16 GiB" that the
+    user never typed (the lab-laptop preset's device)."""
+    line = usage_error(["capacity", "--model", "llama-3-8b", "--slo", "ttft:2s"], capsys)
+    assert line.index("no --device-memory given") < line.index("16 GiB")
+    assert "lab-laptop preset" in line
