@@ -351,3 +351,24 @@ def test_simulate_refuses_workload_flags_the_lab_does_not_take(capsys):
     with pytest.raises(SystemExit):
         main(["simulate", "--request-rate", "5"])
     assert "the lab workload is fixed; it takes no request_rate" in capsys.readouterr().err
+
+
+def test_a_rise_in_attainment_is_printed_as_a_rise():
+    """Issue 50 item 12: "rises from 100.0% at 8.09 req/s to 100.0% at 8.82 req/s"."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from pytest_prefill.plan.capacity import distinct_percentages
+
+    @given(st.floats(0, 1), st.floats(1e-7, 1))
+    def check(a, rise):
+        b = min(1.0, a + rise)
+        if b - a < 1e-7:
+            return
+        low, high = distinct_percentages(a, b)
+        assert low != high
+        assert float(low.rstrip("%")) <= float(high.rstrip("%"))
+        assert abs(float(low.rstrip("%")) / 100 - a) <= 0.0005
+
+    check()
+    assert distinct_percentages(0.9996, 0.9998) == ("99.96%", "99.98%")
