@@ -8,6 +8,7 @@ None of them may import torch or numpy at import time."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -67,13 +68,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unrecognized(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> NoReturn:
+    """The usage error for flags ``command`` does not take, from that command's parser (its
+    usage, not the top level's), with the nearest flag it does take."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command_parser: argparse.ArgumentParser = sub.choices[command]
+    flags = [f for a in command_parser._actions for f in a.option_strings if f.startswith("--")]
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    for token in unknown:
+        near = difflib.get_close_matches(token.split("=", 1)[0], flags, n=1, cutoff=0.6)
+        if token.startswith("-") and near:
+            message += f" (did you mean {near[0]}?)"
+            break
+    command_parser.error(message)
+
+
 INTERRUPTED = 130  # a shell's status for a command ended by SIGINT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unrecognized(parser, args.command, unknown)
     args.argv = argv  # the command line, for what a run archives (calibrate --save)
     try:
         check_outputs(args)

@@ -505,3 +505,18 @@ def test_memory_the_user_did_not_type_is_said_to_come_from_the_preset(capsys):
     line = usage_error(["capacity", "--model", "llama-3-8b", "--slo", "ttft:2s"], capsys)
     assert line.index("no --device-memory given") < line.index("16 GiB")
     assert "lab-laptop preset" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "near"),
+    [
+        (["capacity", "--slo", "ttft:1s", "--devics", "3"], "--devices"),
+        (["simulate", "--chunks", "3"], "--chunk"),
+        (["timeline", "--text", "--windw", "0:1"], "--window"),
+    ],
+)
+def test_a_flag_typo_is_answered_by_its_subcommand_with_the_near_match(argv, near, capsys):
+    """Issue 50 item 13: a subcommand's flag typo pointed at the top-level help, no near match."""
+    line = usage_error(argv, capsys)
+    assert line.startswith(f"prefill-bench {argv[0]}: error: unrecognized arguments")
+    assert f"did you mean {near}?" in line and f"prefill-bench {argv[0]} --help" in line
