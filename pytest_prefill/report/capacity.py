@@ -157,7 +157,12 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
         f"requests at the workload's own {rate}"
     )
     below = [c for c in needed.checks if c.devices == needed.devices - 1]
-    if below and math.isnan(below[0].attainment):
+    if below and below[0].best is None:  # not a 0% attainment: nothing could be simulated
+        line += (
+            f"; on {_devices(below[0].devices)} no deployment fits (the model with its KV "
+            "cache needs more)"
+        )
+    elif below and math.isnan(below[0].attainment):
         line += f"; on {_devices(below[0].devices)} none meets it"
     elif below:
         line += f"; on {_devices(below[0].devices)} the best reaches {below[0].attainment:.1%}"
