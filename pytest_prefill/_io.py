@@ -81,6 +81,91 @@ def check_destination(path: str | os.PathLike[str]) -> str:
     return target
 
 
+# What a file the tool wrote says it is (its JSON "kind"), in words.
+KIND_NAMES = {
+    "pytest-prefill/calibration": "a calibration",
+    "pytest-prefill/capacity": "a capacity answer",
+    "pytest-prefill/run": "an archived run",
+    "pytest-prefill/machine": "a machine record",
+    "pytest-prefill/falsifier": "a falsifier result",
+    "pytest-prefill/fidelity": "a fidelity result",
+    "pytest-prefill/server-fidelity": "a server fidelity result",
+    "pytest-prefill/verify": "a verify result",
+}
+_SNIFF_BYTES = 64 * 1024
+_DOCUMENT_KIND = re.compile(rb'"kind"\s*:\s*"(pytest-prefill/[a-z-]+)"')
+_TRACE_HEADERS = (b"TIMESTAMP,ContextTokens,GeneratedTokens",)
+_TRACE_KEYS = (b'"timestamp"', b'"input_length"', b'"output_length"')
+
+
+def content_kind(path: str | os.PathLike[str]) -> str | None:
+    """What the regular file at ``path`` holds, in words, read from its first bytes: a picture,
+    a Chrome trace, one of the tool's documents (:data:`KIND_NAMES`), a workload trace, other
+    JSON or JSON lines, or "a file of another kind"; None when it is absent or empty."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_SNIFF_BYTES)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    first = text.split(b"\n", 1)[0]
+    if not text:
+        return None
+    if text.startswith(b"\x89PNG"):
+        return "a PNG picture"
+    if text.startswith(b"\x1f\x8b"):
+        return "gzip-compressed data"
+    if b"<svg" in text[:1024]:
+        return "an SVG picture"
+    if first.strip() in _TRACE_HEADERS or all(key in first for key in _TRACE_KEYS):
+        return "a workload trace"
+    if b'"traceEvents"' in text[:256]:
+        return "a Chrome trace"
+    if (match := _DOCUMENT_KIND.search(text)) is not None:
+        kind = match.group(1).decode()
+        return KIND_NAMES.get(kind, f"a {kind} document")
+    if text.startswith(b"{") and first.rstrip().endswith(b"}") and b"\n{" in text:
+        return "JSON lines"
+    return "a JSON document" if text[:1] in (b"{", b"[") else "a file of another kind"
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    *,
+    writes: str | None = None,
+    inputs: Mapping[str, str | os.PathLike[str]] | None = None,
+    force: bool = False,
+) -> str:
+    """The file a command's output flag will write, checked before any work: as
+    :func:`check_destination`, and its folder must exist (none is created); it must not be one
+    of ``inputs`` (what each names, e.g. ``{"--cost": "cal.json"}``); and an existing file of a
+    kind other than ``writes`` (:func:`content_kind`'s words; None: not checked) is replaced
+    only with ``force``.
+
+    Raises:
+        ValueError: naming ``path``, for each of these.
+    """
+    target = check_destination(path)
+    text = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise ValueError(
+            f"{text}: the folder {folder} does not exist (none is created: make it first)"
+        )
+    for flag, given in (inputs or {}).items():
+        with contextlib.suppress(OSError):
+            if os.path.samefile(target, given):
+                raise ValueError(f"{text} is also {flag}'s input; write to another path")
+    if writes is not None and not force:
+        kind = content_kind(target)
+        if kind is not None and kind != writes:
+            raise ValueError(
+                f"{text} holds {kind} and this writes {writes}: give another path, or --force "
+                "to replace it"
+            )
+    return target
+
+
 def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
     """Write ``text`` (or bytes) to ``path`` through a temporary file in the same folder and a rename.
 

@@ -8,6 +8,7 @@ None of them may import torch or numpy at import time."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from pytest_prefill import __version__
+from pytest_prefill.commands._outputs import FORCE_HELP, check_outputs, has_outputs
 from pytest_prefill.plan.executors import ExecutorLost
 from pytest_prefill.serve.client.wire import ServerError
 
@@ -60,8 +62,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         sub_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub_parser)
+        if has_outputs(name):
+            sub_parser.add_argument("--force", action="store_true", help=FORCE_HELP)
         sub_parser.set_defaults(_run=module.run, _check=getattr(module, "check", None))
     return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> NoReturn:
+    """The usage error for flags ``command`` does not take, from that command's parser (its
+    usage, not the top level's), with the nearest flag it does take."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command_parser: argparse.ArgumentParser = sub.choices[command]
+    flags = [f for a in command_parser._actions for f in a.option_strings if f.startswith("--")]
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    for token in unknown:
+        near = difflib.get_close_matches(token.split("=", 1)[0], flags, n=1, cutoff=0.6)
+        if token.startswith("-") and near:
+            message += f" (did you mean {near[0]}?)"
+            break
+    command_parser.error(message)
 
 
 INTERRUPTED = 130  # a shell's status for a command ended by SIGINT
@@ -70,13 +89,16 @@ INTERRUPTED = 130  # a shell's status for a command ended by SIGINT
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unrecognized(parser, args.command, unknown)
     args.argv = argv  # the command line, for what a run archives (calibrate --save)
-    if args._check is not None:
-        try:
+    try:
+        check_outputs(args)
+        if args._check is not None:
             args._check(args)
-        except ValueError as err:
-            parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
+    except ValueError as err:
+        parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
     try:
         return int(args._run(args) or 0)
     except BrokenPipeError:  # e.g. `prefill-bench simulate | head`: not an error

@@ -478,7 +478,7 @@ def test_without_distributed_a_cluster_says_what_to_install(monkeypatch):
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-        with pytest.raises(ValueError, match=r"pip install 'pytest-prefill\[cluster\]'"):
+        with pytest.raises(ValueError, match=r"pip install '\.\[cluster\]'"):
             with dask_executor(address, timeout=1):
                 pass
 

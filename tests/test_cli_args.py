@@ -433,9 +433,10 @@ def test_a_missing_azure_trace_names_the_dataset(monkeypatch, tmp_path, capsys):
     """6: the error named the missing path, not the dataset or where it comes from."""
     import pytest_prefill.plan.workloads as workloads
 
-    monkeypatch.setattr(workloads, "azure_trace_path", lambda name: None)
+    monkeypatch.setattr(workloads, "named_trace_path", lambda name: None)
     line = usage_error(["simulate", "--workload", "azure-conv"], capsys)
     assert "Azure LLM inference trace 2023" in line and "AzurePublicDataset" in line
+    assert "azure-conv.csv.gz" in line  # where it looked
 
 
 def test_runs_on_an_empty_archive_says_how_to_make_one(tmp_path, capsys):
@@ -475,3 +476,47 @@ def test_a_command_parses_alone_as_among_all(command, capsys):
             parser.parse_args([command, "--help"])
         helps.append(capsys.readouterr().out)
     assert helps[0] == helps[1] and f"prefill-bench {command}" in helps[0]
+
+
+@pytest.mark.parametrize(
+    ("missing", "argv", "extra"),
+    [("torch", [], "measure"), ("transformers", [], "measure"), ("gguf", ["--gguf"], "serve")],
+)
+def test_make_model_without_its_imports_names_the_extra_in_one_line(
+    missing, argv, extra, monkeypatch, tmp_path, capsys
+):
+    """Issue 50 item 8: make-model without torch ended in a 15-line traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it raises ImportError
+    folder = tmp_path / "m"
+    with pytest.raises(SystemExit) as info:
+        main(["make-model", "tiny", str(folder), *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"make-model needs {missing}" in err and f'pip install ".[{extra}]"' in err
+    assert not folder.exists()
+
+
+def test_memory_the_user_did_not_type_is_said_to_come_from_the_preset(capsys):
+    """Issue 50 item 11: --model llama-3-8b without --device-memory blamed "16 GiB" that the
+    user never typed (the lab-laptop preset's device)."""
+    line = usage_error(["capacity", "--model", "llama-3-8b", "--slo", "ttft:2s"], capsys)
+    assert line.index("no --device-memory given") < line.index("16 GiB")
+    assert "lab-laptop preset" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "near"),
+    [
+        (["capacity", "--slo", "ttft:1s", "--devics", "3"], "--devices"),
+        (["simulate", "--chunks", "3"], "--chunk"),
+        (["timeline", "--text", "--windw", "0:1"], "--window"),
+    ],
+)
+def test_a_flag_typo_is_answered_by_its_subcommand_with_the_near_match(argv, near, capsys):
+    """Issue 50 item 13: a subcommand's flag typo pointed at the top-level help, no near match."""
+    line = usage_error(argv, capsys)
+    assert line.startswith(f"prefill-bench {argv[0]}: error: unrecognized arguments")
+    assert f"did you mean {near}?" in line and f"prefill-bench {argv[0]} --help" in line

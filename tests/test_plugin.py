@@ -849,3 +849,26 @@ def test_verify_in_a_test_prints_its_progress_only_with_v(monkeypatch, verbose):
     with pytest.raises(Stop):
         verifier(["tokens=128"], [], "ttft:1s")
     assert (seen["progress"] is not None) is verbose
+
+
+def test_an_undecided_check_is_said_apart_from_the_verdicts(pytester):
+    """Issue 50 item 13: a green run's summary listed "UNDECIDED verify ranking" among its
+    verdicts, as if it were one."""
+    pytester.makepyfile(
+        test_undecided="""
+        import pytest
+
+        @pytest.mark.sim
+        def test_reports(prefill_report):
+            prefill_report.verdict("claim-a", "HOLDS", "A is true.")
+            prefill_report.verdict("verify ranking", "UNDECIDED", "R.", "UNDECIDED: too close")
+    """
+    )
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    lines = result.stdout.lines
+    section = lines[next(i for i, line in enumerate(lines) if "pytest-prefill" in line) :]
+    assert not any(line.startswith("UNDECIDED") for line in section)
+    result.stdout.fnmatch_lines(
+        ["HOLDS  claim-a: A is true.", "not decided (*): verify ranking: too close"]
+    )

@@ -41,8 +41,20 @@ def test_one_machine_lists_run_numbers_with_c_star_and_verdicts(tmp_path, capsys
     first = next(line for line in lines if line.startswith("0001 "))
     second = next(line for line in lines if line.startswith("0002 "))
     assert f"{LAB.chunk_star():.0f}" in first and recommend(LAB).policy in first
-    assert "prefill-bench calibrate" in first
+    assert "  calibrate  " in first
     assert "falsifier FAILS" in second and "pytest -m gpu" in second
+
+
+def test_the_runs_table_stays_within_about_120_columns(tmp_path, capsys):
+    """Issue 50 item 13: ``prefill-bench runs`` was ~300 columns wide (every verdict on one
+    line, the whole command)."""
+    many = [{"name": f"verify ranking {i}", "verdict": v} for i, v in enumerate("AB" * 6)]
+    write(tmp_path, "cpu-one", verdicts=many, command="prefill-bench verify " + "--flag x " * 40)
+    write(tmp_path, "cpu-one", calibration={"cost_model": LAB.to_dict()}, command="x" * 300)
+    assert main(["runs", "cpu-one", "--results", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 120
+    assert any("6 A, 6 B" in line for line in lines)
 
 
 def test_every_machine_is_listed_with_key_prefixed_ids_that_compare_takes(tmp_path, capsys):

@@ -110,3 +110,12 @@ def test_a_preset_is_said_not_measured_here_on_the_command_line(preset, tmp_path
     capacity_header = capsys.readouterr().out.splitlines()[0]
     for header in (simulate_header, capacity_header):
         assert header.startswith(f"Cost model: preset '{preset}' [not measured here]: "), header
+
+
+@pytest.mark.parametrize("argv", [["simulate"], ["timeline", "--text"]])
+def test_gpu_seconds_is_defined_wherever_printed(argv, capsys):
+    """Issue 50 item 13: "GPU-s" was printed and never defined."""
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "GPU-s" in out
+    assert "GPU-s = seconds the devices were busy" in out or "GPU-s: device-seconds busy" in out

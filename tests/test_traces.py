@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from trace_files import HEADER, write_csv, write_jsonl
 
-from pytest_prefill.plan.traces import azure_trace_path, load_azure, load_jsonl
+from pytest_prefill.plan.traces import azure_trace_path, load_azure, load_jsonl, open_trace
 from pytest_prefill.sim import Request
 
 pytestmark = pytest.mark.sim
@@ -75,9 +75,8 @@ def test_azure_loader_refuses_bad_arguments(tmp_path, kwargs, field):
 @pytest.mark.parametrize("name", ["code", "conv"])
 def test_the_shared_azure_traces_load_whole(name):
     path = azure_trace_path(name)
-    if path is None:
-        pytest.skip("the Azure traces are not in ../shared/data/azure-llm-inference-2023")
-    with open(path) as handle:
+    assert path is not None, "the package ships both Azure traces"
+    with open_trace(path) as handle:
         rows = sum(1 for _ in handle) - 1
     load = load_azure(path)
     assert len(load) == rows
@@ -170,7 +169,7 @@ def test_azure_loader_names_the_file_and_line_of_bytes_that_are_not_utf8(tmp_pat
             '{"timestamp": 1, "input_length": 5, "output_length": 5, "x": "é"}\n'.encode("latin-1"),
             "latin1.jsonl:1: not UTF-8 text",
         ),
-        ("zipped.jsonl", None, "zipped.jsonl:1: not UTF-8 text"),
+        ("zipped.jsonl", None, "zipped.jsonl:1: a damaged gzip stream"),
         (
             "future.csv",
             (HEADER + "2023-01-01 00:00:00.0,5,5\n9999-12-31 23:59:59.9999999,5,5\n").encode(),
@@ -197,16 +196,37 @@ def test_a_trace_that_cannot_be_read_is_one_line_naming_file_and_line(
     other scripts and ``1_000`` were read as numbers in a CSV."""
     import gzip
 
-    if content is None:
-        content = gzip.compress(b'{"timestamp": 1, "input_length": 5, "output_length": 5}\n')
+    if content is None:  # a gzip stream cut short
+        content = gzip.compress(b'{"timestamp": 1, "input_length": 5, "output_length": 5}\n')[:-9]
     path = tmp_path / name
     path.write_bytes(content)
     reader = load_jsonl if name.endswith(".jsonl") else load_azure
     with pytest.raises(ValueError) as info:
         reader(path)
     assert f"{path.parent}/{words}" in str(info.value)
-    if name == "zipped.jsonl":
-        assert "gzip-compressed: decompress it first" in str(info.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_gzip_trace_reads_as_its_plain_text_does(tmp_path, suffix):
+    """Issue 50 item 9: the shipped traces are gzip; a trace is read through gzip when its
+    first bytes are gzip's, whatever its name."""
+    import gzip
+
+    plain = (
+        write_csv(tmp_path, ["2023-11-16 18:17:03.5,10,2", "2023-11-16 18:17:04.0,20,3"])
+        if suffix == ".csv"
+        else write_jsonl(
+            tmp_path,
+            [
+                {"timestamp": t, "input_length": 9, "output_length": 2, "hash_ids": [t]}
+                for t in (0, 250, 900)
+            ],
+        )
+    )
+    zipped = tmp_path / f"zipped{suffix}.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    reader = load_jsonl if suffix == ".jsonl" else load_azure
+    assert reader(zipped) == reader(plain) and reader(plain)
 
 
 def test_a_trace_line_over_the_bound_is_refused_without_reading_it_whole(tmp_path, monkeypatch):

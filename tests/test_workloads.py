@@ -3,14 +3,21 @@ through plan/traces, tests/test_traces.py)."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
+import os
+import shutil
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from trace_files import write_csv, write_jsonl
 
-from pytest_prefill.plan.traces import azure_trace_path
+import pytest_prefill.plan.workloads as workloads
+from pytest_prefill.plan.traces import SHIPPED_TRACES, load_azure, load_jsonl
 from pytest_prefill.plan.workloads import (
     lab_scenario,
     poisson,
@@ -107,17 +114,74 @@ def test_resolve_caps_prompts_at_the_models_context_and_counts_them(tmp_path):
 
 
 def test_resolve_an_azure_trace_carries_its_attribution():
-    if azure_trace_path("conv") is None:
-        pytest.skip("the Azure traces are not in ../shared/data/azure-llm-inference-2023")
     workload = resolve_workload("azure-conv", window=(0, 60))
     assert workload.requests and workload.requests[-1].arrival < 60
     assert "Splitwise" in (workload.attribution or "") and "CC-BY 4.0" in workload.attribution
 
 
+@pytest.mark.parametrize("name", sorted(SHIPPED_TRACES))
+def test_a_shipped_trace_is_package_data_and_resolves_by_name(name):
+    """Issue 50 item 9: azure-conv failed after a pip install (the traces lived beside the
+    checkout). Each named trace is in the package, found through importlib.resources, and the
+    workload by its name is that file's requests, with the source's attribution."""
+    shipped = importlib.resources.files("pytest_prefill.plan") / "data" / SHIPPED_TRACES[name]
+    assert shipped.is_file()
+    reader = load_jsonl if ".jsonl" in SHIPPED_TRACES[name] else load_azure
+    first = reader(str(shipped), limit=40)
+    workload = resolve_workload(name, num_prompts=40)
+    assert [(r.arrival, r.prompt_len, r.output_len) for r in workload.requests] == [
+        (r.arrival, r.prompt_len, r.output_len) for r in first
+    ]
+    licence = "Apache-2.0" if name.startswith("mooncake") else "CC-BY 4.0"
+    assert licence in (workload.attribution or "")
+    readme = (importlib.resources.files("pytest_prefill.plan") / "data" / "README.md").read_text()
+    assert SHIPPED_TRACES[name] in readme and licence in readme
+
+
+def test_the_shipped_traces_resolve_with_no_checkout_beside_the_package(tmp_path):
+    """Issue 50 item 9: only the package folder, copied where no ../shared exists, run from
+    another folder."""
+    package = Path(workloads.__file__).resolve().parents[1]
+    shutil.copytree(
+        package, tmp_path / "site" / "pytest_prefill", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    code = (
+        "from pytest_prefill.plan.workloads import resolve_workload as r; import pytest_prefill as p;"
+        "print(p.__file__); print(*(len(r(n, num_prompts=5).requests) for n in "
+        "('azure-conv', 'azure-code', 'mooncake-conv')))"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    env.pop("PYTEST_PREFILL_AZURE_DIR", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path / "elsewhere",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    where, counts = done.stdout.splitlines()
+    assert where.startswith(str(tmp_path / "site")) and counts == "5 5 5"
+
+
+def test_a_missing_shipped_trace_names_where_it_looked_and_its_source(monkeypatch, tmp_path):
+    """Issue 50 item 9: the error said "or the current folder", which was not looked in, and
+    gave no source."""
+    monkeypatch.setenv("PYTEST_PREFILL_AZURE_DIR", str(tmp_path))
+    monkeypatch.setattr(workloads, "named_trace_path", lambda name: None)
+    with pytest.raises(ValueError) as info:
+        resolve_workload("azure-code")
+    message = str(info.value)
+    assert str(tmp_path / "code.csv") in message and "azure-code.csv.gz" in message
+    assert "current folder" not in message and "AzurePublicDataset" in message
+    assert "\n" not in message
+
+
 @pytest.mark.parametrize(
     ("spec", "kwargs", "message"),
     [
-        ("nonsense", {}, "is not one of lab, poisson, azure-conv, azure-code"),
+        ("nonsense", {}, "is not one of lab, poisson, azure-conv, azure-code, mooncake-conv"),
         ("poisson", {"request_rate": 0}, "request_rate"),
         ("poisson", {"num_prompts": 0}, "num_prompts"),
         ("poisson", {"request_rate": 1.0, "rate_scale": 2.0}, "give one"),

@@ -7,7 +7,7 @@ import argparse
 import math
 from collections.abc import Callable, Iterable
 
-from pytest_prefill._io import ascii_float, ascii_int, check_destination
+from pytest_prefill._io import ascii_float, ascii_int, check_output
 
 
 def _number(text: str, kind: type, allowed: str) -> float:
@@ -101,10 +101,11 @@ def check_chunked_iterations(
 
 
 def output_path(text: str) -> str:
-    """A file to write: a new path or a regular file (a symlink is written through), checked
-    when the arguments are parsed, before anything is measured or simulated."""
+    """A file to write: a new path in an existing folder or a regular file (a symlink is written
+    through), checked when the arguments are parsed, before anything is measured or simulated.
+    What it may replace and what it must not name: :func:`.._outputs.check_outputs`, after."""
     try:
-        check_destination(text)
+        check_output(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text

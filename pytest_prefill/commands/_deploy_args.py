@@ -148,7 +148,16 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
     )
     sizes = hardware.tp_sizes(devices or 1)
     if not sizes:
-        hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
+        try:
+            hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
+        except ValueError as err:
+            if recorded is None:
+                raise
+            # the user typed no memory: say whose it is before the shortfall
+            raise ValueError(
+                f"no --device-memory given, so one device's memory was taken from {source} "
+                f"({memory:g} GiB): {err}"
+            ) from None
     args.hardware = hardware
     _max_model_len(args, model.max_position_embeddings)
 

@@ -121,7 +121,7 @@ def load(args: argparse.Namespace) -> Any:
     except ImportError as err:
         raise ValueError(
             f"measuring needs torch, transformers and numpy ({err}); install them, e.g. "
-            "pip install 'pytest-prefill[measure]'"
+            "pip install '.[measure]'"
         ) from None
     apply_threads(args, loaded.device)
     _say_up_front(args, loaded)

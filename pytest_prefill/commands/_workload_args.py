@@ -82,7 +82,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> Non
         metavar="NAME|PATH",
         help=f"{'|'.join(NAMED_WORKLOADS)}, a .csv (Azure columns TIMESTAMP,ContextTokens,"
         'GeneratedTokens) or a .jsonl (a line: {"timestamp": ms, "input_length": n, '
-        f'"output_length": n}}) (default: {default})',
+        f'"output_length": n}}), plain or .gz (default: {default})',
     )
     group.add_argument(
         "--request-rate",

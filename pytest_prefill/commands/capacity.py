@@ -184,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster",
         type=cluster_type,
         metavar="tcp://HOST:PORT",
-        help="a Dask scheduler to run on (pip install 'pytest-prefill[cluster]'; the workers "
+        help="a Dask scheduler to run on (pip install '.[cluster]'; the workers "
         "need pytest-prefill installed)",
     )
     out = parser.add_argument_group("output")
@@ -192,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         type=output_path,
         metavar="PATH.svg|PATH.png",
-        help='draw attainment against rate here (.png needs pip install "pytest-prefill[plot]")',
+        help='draw attainment against rate here (.png needs pip install ".[plot]")',
     )
     out.add_argument(
         "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"

@@ -5,6 +5,11 @@ Nothing is downloaded."""
 from __future__ import annotations
 
 import argparse
+import importlib
+
+# What make-model imports, and the extra of pyproject.toml that installs it.
+NEEDS = (("torch", "measure"), ("transformers", "measure"))
+NEEDS_GGUF = (("gguf", "serve"),)
 
 HELP = "write a random-weight servable model folder (HF format, optionally GGUF) for a preset"
 
@@ -23,7 +28,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def need(modules: tuple[tuple[str, str], ...]) -> None:
+    """A one-line ValueError naming the extra to install, for the first of ``modules`` that
+    cannot be imported."""
+    for name, extra in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            hint = ' (on a CPU-only machine: pip install "torch==2.13.0" first)' * (name == "torch")
+            raise ValueError(
+                f'make-model needs {name}: pip install ".[{extra}]" from the checkout{hint}'
+            ) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    need(NEEDS + (NEEDS_GGUF if args.gguf else ()))
     from pytest_prefill.serve.launch.model_folder import make_model
 
     made = make_model(args.preset, args.folder, gguf=args.gguf, overwrite=args.overwrite)

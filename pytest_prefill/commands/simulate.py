@@ -43,7 +43,7 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks, engine_header
 from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.metrics import serving_table
-from pytest_prefill.report.sweep import sweep_rows_json, sweep_table
+from pytest_prefill.report.sweep import GPU_SECONDS, sweep_rows_json, sweep_table
 from pytest_prefill.sim import CostModel, EngineProfile, Request, simulate
 
 HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"
@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("TTFT p99 here is nearest-rank (a request's own TTFT); TTFT cost = TTFT p99 / shared's;")
     print("stall gain = shared's max stall / this max stall.")
+    print(f"{GPU_SECONDS}.")
     print("vLLM's max_num_batched_tokens ~ chunk + decode rows.")
     print()
     print("Serving metrics (vLLM's definitions; times in ms). Their percentiles interpolate, as")

@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=out_type,
         metavar="FILE.svg|FILE.png|FILE.json",
         help="write the timeline here: .svg draws it; .png draws it as an image (needs "
-        'matplotlib: pip install "pytest-prefill[plot]"); .json writes the same trace as Chrome '
+        'matplotlib: pip install ".[plot]"); .json writes the same trace as Chrome '
         "trace events (open it in https://ui.perfetto.dev to zoom); any other extension is "
         "an error",
     )

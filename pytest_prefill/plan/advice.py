@@ -209,8 +209,8 @@ def recommend(
     if star <= 0:
         return advice(
             "disaggregated",
-            "-> C* <= 0: the pass overhead alone fills a decode step, so no chunk rides along "
-            "for free. Prefer DISAGGREGATION.",
+            f"-> C* <= 0: {star_reason(cost)}, so no chunk rides along for free. Prefer "
+            "DISAGGREGATION.",
         )
     if fraction >= DISAGGREGATE_OVERHEAD_FRACTION:
         return advice(
@@ -257,9 +257,39 @@ def _no_recommendation(refused: Collection[str], trust: Trust | None) -> str:
     return ""
 
 
+def star_reason(cost: CostModel, context: int = 0) -> str:
+    """Why C* at ``context`` tokens of cached prompt is below one token, naming the term that
+    takes the decode step (the pass overhead, reading the cached prompt's KV, or both), with
+    its milliseconds -- never a term the cost model holds at 0."""
+    decode = cost.decode_step(1, 0)
+    overhead = cost.prefill_pass_overhead
+    kv = cost.decode_per_kv_token * context
+    step = f"a decode step ({ms(decode)} ms)"
+    if overhead >= decode:
+        return f"the pass overhead alone ({ms(overhead)} ms) fills {step}"
+    reading = f"reading the KV of {context:,} cached prompt tokens ({ms(kv)} ms)"
+    if overhead + kv >= decode:
+        if overhead > 0:
+            return f"the pass overhead ({ms(overhead)} ms) and {reading} fill {step}"
+        return f"{reading} fills {step}"
+    return f"what {step} leaves holds less than one prompt token"
+
+
 def star_text(star: float) -> str:
     """C* in whole tokens, ``inf`` / ``-inf`` when infinite."""
     return f"{star:.0f}" if math.isfinite(star) else ("inf" if star > 0 else "-inf")
+
+
+def _negative_star_note(cost: CostModel, contexts: Sequence[int]) -> list[str]:
+    """A line under C* by context when some are below one token: from which context, and why."""
+    low = [c for c, s in stars_by_context(cost, contexts).items() if not s >= 1]
+    if not low:
+        return []
+    return [
+        f"   below 1 from {low[0]:,} tokens of context: {star_reason(cost, low[0])}, so there "
+        "no chunk rides free (each chunk lengthens the streams' decode step; C* <= 0 is this "
+        "diagnosis, not a chunk size)"
+    ]
 
 
 def chunk_star_text(
@@ -298,6 +328,7 @@ def chunk_star_text(
             "",
             "C* by context (tokens of the prompt already cached, which each chunk attends to):",
             f"   {by_context}",
+            *_negative_star_note(cost, contexts),
         ]
     lines += [
         "",
@@ -332,15 +363,16 @@ def choose_chunk(cost: CostModel, prompt_len: int, refused: Collection[str] = ()
         return ChunkChoice(fallback, f"fallback {fallback}: the per-token prefill cost was refused")
     if math.isinf(star) and star > 0:
         return ChunkChoice(prompt_len, "C* = inf: the whole prompt rides along")
+    at = "" if star == cost.chunk_star() else f" at {TYPICAL_PROMPT:,} tokens of context"
     if not star >= 1:
+        context = TYPICAL_PROMPT if at else 0
         return ChunkChoice(
             fallback,
-            f"C* = {star_text(star)}: the pass overhead eats the decode step, so no chunk "
-            f"rides free; fallback {fallback}",
+            f"C*{at} = {star_text(star)}: {star_reason(cost, context)}, so no chunk rides "
+            f"free; fallback {fallback}",
         )
     chunk = max(1, min(round(star), prompt_len))
     capped = ", capped at the prompt" if chunk < round(star) else ""
-    at = "" if star == cost.chunk_star() else f" at {TYPICAL_PROMPT:,} tokens of context"
     return ChunkChoice(chunk, f"C*{at} = {star:,.0f}, rounded{capped}")
 
 

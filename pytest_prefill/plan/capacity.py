@@ -53,6 +53,16 @@ Progress = Callable[[str], None]
 BURST_MARGIN = 0.1
 
 
+def distinct_percentages(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` as percentages with the fewest decimals (1 to 6) that tell them apart:
+    a rise from 99.96% to 99.98% is not "from 100.0% to 100.0%"."""
+    for digits in range(1, 7):
+        low, high = f"{a:.{digits}%}", f"{b:.{digits}%}"
+        if low != high:
+            break
+    return low, high
+
+
 @dataclasses.dataclass(frozen=True)
 class CapacityResult:
     """A whole search: what was searched and one :class:`DeploymentResult` per deployment, in
@@ -178,9 +188,10 @@ class CapacityResult:
                 )
             elif not r.monotone:
                 (a, b), *_ = r.rises()
+                low, high = distinct_percentages(a.attainment, b.attainment)
                 notes.append(
-                    f"{label}: attainment is not monotone in rate (it rises from {a.attainment:.1%} "
-                    f"at {a.rate:.3g} req/s to {b.attainment:.1%} at {b.rate:.3g} req/s); the "
+                    f"{label}: attainment is not monotone in rate (it rises from {low} "
+                    f"at {a.rate:.3g} req/s to {high} at {b.rate:.3g} req/s); the "
                     "bisection assumes it falls, so read the probes or --plot."
                 )
             if r.status == "never missed":

@@ -1,6 +1,6 @@
 """Where a capacity search's simulations run: inline, a local process pool, or a Dask
 ``distributed`` cluster (the engine a user who outgrows one machine already runs). Standard
-library only: ``distributed`` is an optional extra (``pip install "pytest-prefill[cluster]"``),
+library only: ``distributed`` is an optional extra (``pip install ".[cluster]"``),
 imported only when a cluster is asked for, and every worker needs pytest-prefill installed."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def dask_executor(
         from distributed import Client
     except ImportError:
         raise ValueError(
-            "a cluster needs Dask's distributed scheduler: pip install 'pytest-prefill[cluster]'"
+            "a cluster needs Dask's distributed scheduler: pip install '.[cluster]'"
         ) from None
     scheduler_answers(address, timeout)
     try:

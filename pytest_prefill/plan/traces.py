@@ -1,23 +1,26 @@
 """Trace files as requests: the Azure LLM inference 2023 CSV (Patel et al., "Splitwise", ISCA
-2024; CC-BY 4.0) and JSON-lines traces in the public form (Mooncake's), each read with a window
-and a limit, every bad line named. Standard library only."""
+2024; CC-BY 4.0) and JSON-lines traces in the public form (Mooncake's), plain or gzip, each read
+with a window and a limit, every bad line named; and the traces the package ships (``data/``).
+Standard library only."""
 
 from __future__ import annotations
 
 import csv
 import datetime
+import gzip
+import importlib.resources
 import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import IO, cast
 
 from pytest_prefill._io import ascii_int
 from pytest_prefill.sim import Request, check_int, check_number
 
-# Where the repository's sibling ``shared/`` keeps the Azure traces; override with
-# PYTEST_PREFILL_AZURE_DIR.
+# A folder holding conv.csv / code.csv (plain or .gz) to read instead of the shipped Azure traces.
 AZURE_DIR_ENV = "PYTEST_PREFILL_AZURE_DIR"
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 # A trace's line is one request: tens of bytes in the Azure CSV, a few kilobytes in a JSONL trace
@@ -31,6 +34,19 @@ AZURE_ATTRIBUTION = (
     "Azure LLM inference trace 2023 (AzurePublicDataset, CC-BY 4.0; Patel et al., "
     '"Splitwise: Efficient Generative LLM Inference Using Phase Splitting", ISCA 2024)'
 )
+MOONCAKE_ATTRIBUTION = (
+    "Mooncake FAST'25 conversation trace (kvcache-ai/Mooncake, Apache-2.0; Qin et al., "
+    '"Mooncake: Trading More Storage for Less Computation - A KVCache-centric Architecture for '
+    'Serving LLM Chatbot", FAST 2025)'
+)
+# The traces shipped in the package's plan/data/ folder (its README.md: source and licence):
+# workload name -> file.
+SHIPPED_TRACES = {
+    "azure-conv": "azure-conv.csv.gz",
+    "azure-code": "azure-code.csv.gz",
+    "mooncake-conv": "mooncake-conv.jsonl.gz",
+}
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 _PLAIN_MOMENT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
@@ -111,7 +127,7 @@ def _azure_rows(
     path: str | os.PathLike[str],
 ) -> Iterator[tuple[datetime.datetime, int, int, int]]:
     """(timestamp, row index, prompt tokens, output tokens) of every data row, in file order."""
-    with open(path, "rb") as handle:
+    with open_trace(path) as handle:
         lines = _utf8_lines(handle, path)
         reader = csv.reader(lines)
         try:
@@ -137,12 +153,25 @@ def _azure_rows(
             raise ValueError(f"{path}:{reader.line_num}: not a CSV row ({err})") from None
 
 
-def _utf8_lines(handle: BinaryIO, path: str | os.PathLike[str]) -> Iterator[str]:
-    """The file's lines as text; bytes that are not UTF-8 (a gzip file, latin-1) or a line
-    over :data:`MAX_LINE_BYTES` are a ValueError naming the line (a leading byte-order mark is
-    dropped)."""
+def open_trace(path: str | os.PathLike[str]) -> IO[bytes]:
+    """``path`` opened for reading bytes, decompressed when it starts with gzip's magic bytes.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+    """
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == GZIP_MAGIC
+    if compressed:
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+def _utf8_lines(handle: IO[bytes], path: str | os.PathLike[str]) -> Iterator[str]:
+    """The file's lines as text; bytes that are not UTF-8 (latin-1), a damaged gzip stream or
+    a line over :data:`MAX_LINE_BYTES` are a ValueError naming the line (a leading byte-order
+    mark is dropped)."""
     number = 0
-    while raw := handle.readline(MAX_LINE_BYTES + 1):
+    while raw := _read_line(handle, path, number + 1):
         number += 1
         if len(raw) > MAX_LINE_BYTES:
             raise ValueError(
@@ -152,28 +181,53 @@ def _utf8_lines(handle: BinaryIO, path: str | os.PathLike[str]) -> Iterator[str]
         try:
             yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError as err:
-            hint = "; it is gzip-compressed: decompress it first" if raw[:2] == b"\x1f\x8b" else ""
             raise ValueError(
                 f"{path}:{number}: not UTF-8 text ({err.reason}: byte {raw[err.start]:#04x} "
-                f"at column {err.start + 1}){hint}"
+                f"at column {err.start + 1})"
             ) from None
 
 
+def _read_line(handle: IO[bytes], path: str | os.PathLike[str], number: int) -> bytes:
+    try:
+        return handle.readline(MAX_LINE_BYTES + 1)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise ValueError(f"{path}:{number}: a damaged gzip stream ({err})") from None
+
+
+def shipped_trace_path(name: str) -> str | None:
+    """Path of the trace the package ships as workload ``name`` (a key of
+    :data:`SHIPPED_TRACES`), found with ``importlib.resources``; None if the install lacks it."""
+    if name not in SHIPPED_TRACES:
+        raise ValueError(f"shipped trace must be one of {', '.join(SHIPPED_TRACES)}, got {name!r}")
+    path = importlib.resources.files("pytest_prefill.plan") / "data" / SHIPPED_TRACES[name]
+    return str(path) if path.is_file() else None
+
+
+def trace_locations(name: str) -> list[str]:
+    """Where workload ``name``'s trace is looked for, in order: for an Azure trace the folder
+    in ``$PYTEST_PREFILL_AZURE_DIR`` when set (``conv.csv`` or ``conv.csv.gz``), then the file
+    the package ships."""
+    if name not in SHIPPED_TRACES:
+        raise ValueError(f"shipped trace must be one of {', '.join(SHIPPED_TRACES)}, got {name!r}")
+    places = []
+    if name.startswith("azure-") and os.environ.get(AZURE_DIR_ENV):
+        stem = os.path.join(os.environ[AZURE_DIR_ENV], f"{name.removeprefix('azure-')}.csv")
+        places += [stem, f"{stem}.gz"]
+    shipped = importlib.resources.files("pytest_prefill.plan") / "data" / SHIPPED_TRACES[name]
+    return [*places, str(shipped)]
+
+
+def named_trace_path(name: str) -> str | None:
+    """The first of :func:`trace_locations` that is a file, or None."""
+    return next((path for path in trace_locations(name) if os.path.isfile(path)), None)
+
+
 def azure_trace_path(name: str) -> str | None:
-    """Path of the shared Azure trace ``name`` (``"code"`` or ``"conv"``), or None if absent."""
+    """Path of the Azure trace ``name`` (``"code"`` or ``"conv"``): the one in
+    ``$PYTEST_PREFILL_AZURE_DIR`` when set, else the one the package ships; None if neither."""
     if name not in ("code", "conv"):
         raise ValueError(f"Azure trace name must be 'code' or 'conv', got {name!r}")
-    candidates = []
-    if os.environ.get(AZURE_DIR_ENV):
-        candidates.append(os.environ[AZURE_DIR_ENV])
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for up in (checkout, os.getcwd()):
-        candidates.append(os.path.join(up, "..", "shared", "data", "azure-llm-inference-2023"))
-    for folder in candidates:
-        path = os.path.join(folder, f"{name}.csv")
-        if os.path.isfile(path):
-            return os.path.normpath(path)
-    return None
+    return named_trace_path(f"azure-{name}")
 
 
 def load_jsonl(
@@ -201,7 +255,7 @@ def load_jsonl(
     """
     check_window_arguments(start, duration, limit)
     rows: list[tuple[float, int, int, tuple[int | str, ...], int]] = []
-    with open(path, "rb") as handle:
+    with open_trace(path) as handle:
         for line, text in enumerate(_utf8_lines(handle, path), start=1):
             if text.strip():
                 rows.append((*_jsonl_row(path, line, text), line))

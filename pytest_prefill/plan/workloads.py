@@ -1,6 +1,6 @@
 """Workloads for the simulator: the lab's scenario, seeded Poisson loads, and a workload by name
-for the command line (``lab``, ``poisson``, the Azure traces, a CSV or JSONL file: the files are
-read by :mod:`.traces`). Standard library only."""
+for the command line (``lab``, ``poisson``, the traces the package ships, a CSV or JSONL file: the
+files are read by :mod:`.traces`). Standard library only."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ from typing import Any
 
 from pytest_prefill.plan.traces import (
     AZURE_ATTRIBUTION,
-    AZURE_DIR_ENV,
     JSONL_BLOCK_TOKENS,
-    azure_trace_path,
+    MOONCAKE_ATTRIBUTION,
+    SHIPPED_TRACES,
     load_azure,
     load_jsonl,
+    named_trace_path,
+    trace_locations,
 )
 from pytest_prefill.sim import Request, check_int, check_number
 
-NAMED_WORKLOADS = ("lab", "poisson", "azure-conv", "azure-code")
+NAMED_WORKLOADS = ("lab", "poisson", *SHIPPED_TRACES)
 POISSON_DEFAULTS = {"request_rate": 1.0, "num_prompts": 1000}
 POISSON_PROMPT_LEN, POISSON_OUTPUT_LEN = 1024, 128  # the named workload's lengths
 
@@ -157,33 +159,36 @@ def _check_window(window: Any) -> tuple[float, float | None]:
 def _read_trace(
     spec: str, window: tuple[float, float | None] | None, limit: int | None
 ) -> tuple[list[Request], str, str | None]:
-    """The trace ``spec`` names (an Azure name or a .csv/.jsonl path), windowed and limited."""
+    """The trace ``spec`` names (a shipped trace's name or a .csv/.jsonl path, plain or gzip),
+    windowed and limited."""
     start, end = window or (0.0, None)
     duration = None if end is None else end - start
-    if spec in ("azure-conv", "azure-code"):
-        path = azure_trace_path(spec.removeprefix("azure-"))
+    if spec in SHIPPED_TRACES:
+        path = named_trace_path(spec)
+        attribution = AZURE_ATTRIBUTION if spec.startswith("azure-") else MOONCAKE_ATTRIBUTION
         if path is None:
             raise ValueError(
-                f"workload {spec!r} needs the Azure LLM inference trace 2023 "
-                f"(AzureLLMInferenceTrace_{spec.removeprefix('azure-')}.csv of Microsoft's "
-                f"AzurePublicDataset, CC-BY 4.0), saved as "
-                f"{spec.removeprefix('azure-')}.csv; it is not in ../shared/data/"
-                f"azure-llm-inference-2023 beside the checkout or the current folder (set "
-                f"{AZURE_DIR_ENV} to its folder)"
+                f"workload {spec!r}, the {attribution}: its trace is not installed; looked in "
+                f"{', '.join(trace_locations(spec))} (reinstall pytest-prefill, or pass the "
+                "trace file's path as the workload)"
             )
-        load = load_azure(path, start=start, duration=duration, limit=limit)
-        return load, f"{spec} ({os.path.basename(path)})", AZURE_ATTRIBUTION
+        reader = load_azure if spec.startswith("azure-") else load_jsonl
+        load = reader(path, start=start, duration=duration, limit=limit)
+        return load, f"{spec} ({os.path.basename(path)})", attribution
     if not os.path.isfile(spec):
         raise ValueError(
             f"workload {spec!r} is not one of {', '.join(NAMED_WORKLOADS)} and no such file exists"
         )
     name = os.path.basename(spec)  # a title names the file, not where it sits on this disk
-    if spec.endswith(".jsonl"):
+    kind = spec.removesuffix(".gz")  # read through gzip either way: open_trace sees its bytes
+    if kind.endswith(".jsonl"):
         load = load_jsonl(spec, start=start, duration=duration, limit=limit)
         return load, f"{name} (timestamps read as milliseconds)", None
-    if spec.endswith(".csv"):
+    if kind.endswith(".csv"):
         return load_azure(spec, start=start, duration=duration, limit=limit), name, None
-    raise ValueError(f"workload file {spec!r} must end in .csv (Azure columns) or .jsonl")
+    raise ValueError(
+        f"workload file {spec!r} must end in .csv (Azure columns) or .jsonl, optionally .gz"
+    )
 
 
 def scale_rate(load: Iterable[Request], factor: float) -> list[Request]:
@@ -257,9 +262,9 @@ def resolve_workload(
     max_model_len: int | None = None,
     lengths: tuple[int, int, float] | None = None,
 ) -> Workload:
-    """The workload ``spec`` names: ``lab``, ``poisson``, ``azure-conv``, ``azure-code``, or a
-    ``.csv`` (Azure columns) or ``.jsonl`` (``timestamp`` ms, ``input_length``,
-    ``output_length``) path.
+    """The workload ``spec`` names: ``lab``, ``poisson``, a trace the package ships
+    (``azure-conv``, ``azure-code``, ``mooncake-conv``), or a ``.csv`` (Azure columns) or
+    ``.jsonl`` (``timestamp`` ms, ``input_length``, ``output_length``) path, plain or ``.gz``.
 
     Args:
         spec: the workload.
@@ -336,7 +341,7 @@ SECONDS_LIKE_GAP = 1e-3
 def _unit_notes(spec: str, load: Sequence[Request]) -> tuple[str, ...]:
     """A warning when a JSONL trace's arrivals, read as milliseconds, are closer than
     :data:`SECONDS_LIKE_GAP` on average: its timestamps are probably seconds."""
-    if not spec.endswith(".jsonl") or len(load) < 2:
+    if not spec.removesuffix(".gz").endswith(".jsonl") or len(load) < 2:
         return ()
     span = max(r.arrival for r in load) - min(r.arrival for r in load)
     gap = span / (len(load) - 1)

@@ -48,7 +48,7 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
     except ImportError as err:
         pytest.skip(
             f"the measurement layer cannot be imported ({err}); "
-            "pip install 'pytest-prefill[measure]'"
+            "pip install '.[measure]'"
         )
     s = state.settings
     if s.threads:

@@ -135,6 +135,20 @@ RED: Markup = {"red": True, "bold": True}
 YELLOW: Markup = {"yellow": True}
 
 
+UNDECIDED = "UNDECIDED"
+
+
+def undecided_line(v: Any) -> str:
+    """An UNDECIDED check, said apart from the verdicts: the measurement could not tell, which
+    is neither a pass nor a failure."""
+    detail = (v.detail or v.sentence or "").strip().splitlines()
+    said = detail[0].removeprefix("UNDECIDED: ") if detail else ""
+    return (
+        f"not decided (neither holds nor fails; more probes or a quieter machine may decide "
+        f"it): {v.name}" + (f": {said}" if said else "")
+    )
+
+
 def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Markup]]:
     """The section's lines: the machine, the verdict block, our skips, pytest-benchmark's
     count, notes, the tables (with ``-v``; else how many), where the run was archived.
@@ -159,8 +173,11 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         return []
     out: list[tuple[str, Markup]] = [(f"machine {s.machine_key}", {})]
     if produced:
-        reported = [v for v in verdicts if not_asserted(v, state.outcomes.get(v.test))]
-        asserted = [v for v in verdicts if v not in reported]
+        # UNDECIDED is not a verdict (an interval straddled the line): said apart, as such
+        open_ = [v for v in verdicts if v.verdict == UNDECIDED]
+        decided = [v for v in verdicts if v.verdict != UNDECIDED]
+        reported = [v for v in decided if not_asserted(v, state.outcomes.get(v.test))]
+        asserted = [v for v in decided if v not in reported]
         block = verdict_block(
             used.cost, used.source, asserted, used.refused, used.contexts, used.trust
         )
@@ -172,6 +189,7 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
                 )
             )
         out += [(NOT_ASSERTED + verdict_line(v), YELLOW) for v in reported]
+        out += [(undecided_line(v), YELLOW) for v in open_]
     out += [(line, YELLOW) for line in skips]
     out += [(line, {}) for line in benchmark_lines(state.sorted_entries("benchmark"))]
     received = len(state.sorted_entries("calibration"))

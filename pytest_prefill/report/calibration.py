@@ -201,14 +201,31 @@ def constants_table(calibration: Calibration) -> str:
 
 
 def held_out_text(calibration: Calibration) -> str:
-    """The held-out error line: the number to trust."""
-    errors = [abs(e) for e in (p.held_out_error for p in calibration.predictions) if e is not None]
-    if not errors:
+    """The held-out error line: the number to trust. A pass whose refit predicts no time at all
+    (the fit without its length crosses zero there, clamped to 0 ms: -100%) says nothing about
+    how far off a prediction is, so it is named apart from the worst, and counted in the median
+    (which it cannot move past the middle)."""
+    held = [p for p in calibration.predictions if p.held_out is not None]
+    if not held:
         return "Held-out error: not computed (needs 3 or more prompt lengths)."
-    return (
+    errors = [abs(p.held_out_error or 0.0) for p in held]
+    nothing = [p for p in held if not p.held_out]
+    worst = max((abs(p.held_out_error or 0.0) for p in held if p.held_out), default=None)
+    text = (
         f"Held-out error (each prompt length refitted without it, then predicted): median "
-        f"{statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(errors)} passes; "
-        f"in-sample median {calibration.in_sample_median:.1%}. Trust the held-out figure."
+        f"{statistics.median(errors):.1%}"
+    )
+    if worst is not None:
+        text += f", worst {worst:.1%}"
+    text += f" over {len(errors)} passes"
+    if nothing:
+        lengths = ", ".join(f"{t:,}" for t in sorted({p.point.x for p in nothing}))
+        text += (
+            f" ({len(nothing)} predicted 0 ms, at {lengths} tokens: the fit without that length "
+            "crosses zero there, an extrapolation the worst leaves out)"
+        )
+    return (
+        f"{text}; in-sample median {calibration.in_sample_median:.1%}. Trust the held-out figure."
     )
 
 

@@ -1,14 +1,12 @@
-"""Capacity searches for a person: the capacity table (tabulate), the text around it, the JSON
-document and an SVG of attainment against arrival rate per deployment (standard library, like
-the timeline). Rendering only: the numbers come from :mod:`pytest_prefill.plan.capacity`."""
+"""Capacity searches for a person: the capacity table (tabulate), the text around it and the JSON
+document; the picture is :mod:`.capacity_plot`'s (re-exported here). Rendering only: the numbers
+come from :mod:`pytest_prefill.plan.capacity`."""
 
 from __future__ import annotations
 
 import datetime
 import math
-import textwrap
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 from tabulate import tabulate
 
@@ -20,6 +18,10 @@ from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult, target
 from pytest_prefill.plan.sizing import DevicesNeeded
 from pytest_prefill.plan.sweep import engine_header
 from pytest_prefill.report.assumptions import AnswerBasis
+from pytest_prefill.report.capacity_plot import (  # the picture, re-exported where it lived
+    attainment_floor as attainment_floor,
+)
+from pytest_prefill.report.capacity_plot import capacity_svg as capacity_svg
 from pytest_prefill.report.text_table import text_table
 from pytest_prefill.units import ms
 
@@ -155,7 +157,12 @@ def devices_needed_line(needed: DevicesNeeded) -> str:
         f"requests at the workload's own {rate}"
     )
     below = [c for c in needed.checks if c.devices == needed.devices - 1]
-    if below and math.isnan(below[0].attainment):
+    if below and below[0].best is None:  # not a 0% attainment: nothing could be simulated
+        line += (
+            f"; on {_devices(below[0].devices)} no deployment fits (the model with its KV "
+            "cache needs more)"
+        )
+    elif below and math.isnan(below[0].attainment):
         line += f"; on {_devices(below[0].devices)} none meets it"
     elif below:
         line += f"; on {_devices(below[0].devices)} the best reaches {below[0].attainment:.1%}"
@@ -343,155 +350,3 @@ def capacity_gate(
             f"PASS: no deployment's goodput per device fell more than {max(fail_above, slack):g}%"
         )
     return not failed, [*lines, table, head]
-
-
-# --- the plot: attainment against arrival rate ---------------------------------------------
-
-WIDTH, HEIGHT = 960, 560
-LEFT, RIGHT, TOP, BOTTOM = 70, 290, 90, 70
-PALETTE = (
-    "#3f76b5",
-    "#e07b28",
-    "#2f9a62",
-    "#c0392b",
-    "#8a55b0",
-    "#8c6d31",
-    "#d6609f",
-    "#5b5b5b",
-    "#17a2b8",
-    "#9aa02d",
-)
-
-
-def _text(
-    x: float, y: float, text: str, size: int = 12, anchor: str = "start", **style: str
-) -> str:
-    extra = "".join(f" {k.replace('_', '-')}={quoteattr(v)}" for k, v in style.items())
-    return (
-        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"'
-        f' font-family="sans-serif"{extra}>{escape(text)}</text>'
-    )
-
-
-def _decade_ticks(low: float, high: float) -> list[float]:
-    ticks = []
-    for exponent in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10.0**exponent
-            if low <= value <= high:
-                ticks.append(value)
-    return ticks
-
-
-def attainment_floor(target: float) -> float:
-    """The bottom of the plot's attainment axis: the decision band, 30 points below the target
-    rounded down to 10% (a 90% target: 60% to 100%), not 0 to 100%, which squashes it."""
-    return max(0.0, math.floor(round((target - 0.3) * 10, 9)) / 10)
-
-
-def _axes(result: CapacityResult, low: float, high: float, x: Any, y: Any) -> list[str]:
-    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
-    out = [
-        f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="#fafafa" stroke="#999"/>'
-    ]
-    floor = attainment_floor(result.target)
-    steps = round((1 - floor) / 0.1)
-    for value in [floor + (1 - floor) * i / steps for i in range(steps + 1)]:
-        out.append(
-            f'<line x1="{x0}" x2="{x1}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#e4e4e4"/>'
-        )
-        out.append(_text(x0 - 8, y(value) + 4, f"{value:.0%}", 11, "end"))
-    for tick in _decade_ticks(low, high):
-        out.append(
-            f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1="{y1}" y2="{y0}" stroke="#e4e4e4"/>'
-        )
-        out.append(_text(x(tick), y0 + 16, f"{tick:g}", 11, "middle"))
-    ty = y(result.target)
-    out.append(
-        f'<line x1="{x0}" x2="{x1}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#333" stroke-dasharray="6 4"/>'
-    )
-    out.append(_text(x1 - 4, ty - 5, f"target {result.target:.0%}", 11, "end", fill="#333"))
-    own = x(result.base_rate)
-    out.append(
-        f'<line x1="{own:.1f}" x2="{own:.1f}" y1="{y1}" y2="{y0}" stroke="#b03030" '
-        'stroke-width="1.5" stroke-dasharray="2 3"/>'
-    )
-    out.append(
-        _text(own + 4, y1 + 14, f"this workload: {result.base_rate:.3g} req/s", 11, fill="#b03030")
-    )
-    out.append(_text((x0 + x1) / 2, y0 + 40, "arrival rate, requests/s (log scale)", 12, "middle"))
-    label = f"SLO attainment (below {floor:.0%}: on the bottom edge)" if floor else "SLO attainment"
-    out.append(
-        f'<text x="18" y="{(y0 + y1) / 2:.1f}" font-size="12" font-family="sans-serif" '
-        f'text-anchor="middle" transform="rotate(-90 18 {(y0 + y1) / 2:.1f})">{label}</text>'
-    )
-    return out
-
-
-def _series(r: DeploymentResult, colour: str, x: Any, y: Any) -> list[str]:
-    ordered = sorted(r.probes, key=lambda p: p.rate)
-    points = " ".join(f"{x(p.rate):.1f},{y(p.attainment):.1f}" for p in ordered)
-    out = [f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.8"/>']
-    for p in ordered:
-        mark = 5 if p is r.best else 3
-        fill = colour if p is r.best or p.attainment >= r.target else "white"
-        tip = escape(f"{r.deployment.label}: {p.rate:.3g} req/s, attainment {p.attainment:.1%}")
-        out.append(
-            f'<circle cx="{x(p.rate):.1f}" cy="{y(p.attainment):.1f}" r="{mark}" fill="{fill}" '
-            f'stroke="{colour}" stroke-width="1.5"><title>{tip}</title></circle>'
-        )
-    return out
-
-
-def capacity_svg(result: CapacityResult, title: str | None = None) -> str:
-    """Attainment against arrival rate, one line per deployment: every probe the search ran
-    (filled: meets the target; the big dot is the answer), the target dashed, the workload's
-    own rate marked; the attainment axis spans the decision band (:func:`attainment_floor`)."""
-    rates = [p.rate for r in result.results for p in r.probes if p.rate > 0]
-    rates.append(result.base_rate)  # the workload's own rate is marked
-    low, high = min(rates) / 1.3, max(rates) * 1.3
-    x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM, TOP
-    floor = attainment_floor(result.target)
-
-    def x(rate: float) -> float:
-        return x0 + (math.log(rate) - math.log(low)) / (math.log(high) - math.log(low)) * (x1 - x0)
-
-    def y(attainment: float) -> float:  # below the floor: on the bottom edge
-        return y0 - (max(attainment, floor) - floor) / (1 - floor) * (y0 - y1)
-
-    heading = title or (
-        f"SLO attainment against arrival rate: {result.slo} for >= {result.target:.0%}, "
-        f"{result.devices} device{'s' * (result.devices != 1)}. {result.workload}. "
-        "Simulated, not measured."
-    )
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-    ]
-    for i, line in enumerate(textwrap.wrap(heading, 120)[:4]):
-        out.append(
-            _text(
-                20,
-                24 + 16 * i,
-                line,
-                13 if i == 0 else 12,
-                font_weight="bold" if i == 0 else "normal",
-            )
-        )
-    out += _axes(result, low, high, x, y)
-    for i, r in enumerate(result.ranked()):
-        colour = PALETTE[i % len(PALETTE)]
-        out += _series(r, colour, x, y)
-        ly = TOP + 10 + i * 20
-        answer = f"{r.max_rate:.3g} req/s" if r.best is not None else "never met"
-        if r.pruned and r.miss is not None:  # as the table says it
-            answer = f"< {r.miss.rate:.3g} req/s (stopped)"
-        out.append(f'<rect x="{x1 + 16}" y="{ly - 9}" width="14" height="10" fill="{colour}"/>')
-        out.append(
-            _text(x1 + 36, ly, f"{r.deployment.label}: {answer}{'' if r.monotone else ' (!)'}", 11)
-        )
-    if result.attribution:
-        out.append(_text(20, HEIGHT - 12, f"Data: {result.attribution}", 10, fill="#555"))
-    out.append("</svg>")
-    return "\n".join(out) + "\n"

@@ -1,10 +1,10 @@
 """Our SVG drawings as PNG, for a reader with no browser at hand: the timeline and the capacity
 plot are drawn once, as SVG, and this module paints that SVG's few elements (rect, line, path of
-straight segments, polyline, circle, text) with matplotlib's Agg backend, which needs no display.
+straight segments, polyline, polygon, circle, text) with matplotlib's Agg backend, which needs no display.
 
 Why matplotlib and not a rasteriser of our own: a PNG a person reads needs its labels, and
 labels need a font and a text renderer; matplotlib brings both (with DejaVu fonts) in one
-``pip install "pytest-prefill[plot]"`` on a fresh machine, and nothing else of ours depends on
+``pip install ".[plot]"`` on a fresh machine, and nothing else of ours depends on
 it. Imported lazily: without it, asking for a PNG is one line saying what to install."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def need_matplotlib() -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise ValueError(
-            'a .png needs matplotlib: pip install "pytest-prefill[plot]" (or write .svg, which '
+            'a .png needs matplotlib: pip install ".[plot]" (or write .svg, which '
             "needs nothing)"
         )
 
@@ -115,12 +115,12 @@ def _paint(axes: Any, element: ET.Element, order: int) -> None:
             linestyle=style["linestyle"],
             zorder=order,
         )
-    elif tag == "polyline":
-        style = _style(element, "none")
+    elif tag in ("polyline", "polygon"):  # SVG fills a polygon black unless told otherwise
+        style = _style(element, "none" if tag == "polyline" else "#000")
         values = [float(v) for v in re.findall(_NUMBER, element.get("points", ""))]
         points = list(zip(values[0::2], values[1::2]))
         if len(points) >= 2:
-            axes.add_patch(Polygon(points, closed=False, zorder=order, **style))
+            axes.add_patch(Polygon(points, closed=tag == "polygon", zorder=order, **style))
     elif tag == "path":
         style = _style(element, "#000")
         axes.add_patch(PathPatch(_path(element.get("d", "")), zorder=order, **style))

@@ -3,6 +3,7 @@ recommendation and its verdicts."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -73,21 +74,46 @@ def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
     )
 
 
+# Widths that keep the table within ~120 columns (it ran to 430, its verdicts on one line).
+MADE_BY_WIDTH = 25
+VERDICTS_WIDTH = 20
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def verdicts_cell(verdicts: Sequence[tuple[str, str]]) -> str:
+    """One verdict as ``name VERDICT``; several as counts (``3 HOLDS, 1 FAILS``), within
+    :data:`VERDICTS_WIDTH`."""
+    if not verdicts:
+        return "-"
+    if len(verdicts) == 1:
+        name, verdict = verdicts[0]
+        return _clip(f"{name} {verdict}", VERDICTS_WIDTH)
+    counts = collections.Counter(verdict for _, verdict in verdicts)
+    return _clip(", ".join(f"{n} {v}" for v, n in counts.most_common()), VERDICTS_WIDTH)
+
+
 def runs_table(summaries: Sequence[RunSummary]) -> str:
-    """Archived runs, oldest first: id (what ``compare`` takes), date, commit, what made it,
-    C* and the recommendation of its calibration, its verdicts."""
+    """Archived runs, oldest first: id (what ``compare`` takes), date, commit (``*``: with
+    uncommitted changes), what made it (a ``prefill-bench`` subcommand, or pytest), C* and the recommendation of its calibration, its
+    verdicts; about 120 columns wide."""
     body = [
         (
             r.id,
-            r.created,
-            r.commit,
-            r.made_by if len(r.made_by) <= 48 else r.made_by[:47] + "…",
+            r.created[:10],
+            r.commit.replace(" dirty", "*"),
+            _clip(r.made_by.removeprefix("prefill-bench "), MADE_BY_WIDTH),
             "-" if r.chunk_star is None else star_text(r.chunk_star),
             r.recommendation or "-",
-            ", ".join(f"{name} {verdict}" for name, verdict in r.verdicts) or "-",
+            verdicts_cell(r.verdicts),
             r.tables,
         )
         for r in summaries
     ]
-    headers = ("id", "created", "commit", "made by", "C*", "recommendation", "verdicts", "tables")
-    return tabulate(body, headers=headers, tablefmt="simple", disable_numparse=True)
+    headers = ("id", "created", "commit", "made by", "C*", "advice", "verdicts", "tables")
+    table = tabulate(body, headers=headers, tablefmt="simple", disable_numparse=True)
+    if any(r.commit.endswith(" dirty") for r in summaries):
+        table += "\n(commit*: made with uncommitted changes)"
+    return table

@@ -19,6 +19,9 @@ def times(ratio: float) -> str:
     return "-" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
+# What the tables' and the timeline's "GPU-s" is, said where it is printed.
+GPU_SECONDS = "GPU-s = seconds the devices were busy, summed over every worker (what a run costs)"
+
 SWEEP_HEADERS = (
     "policy",
     "chunk",

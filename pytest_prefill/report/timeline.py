@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,12 @@ Window = tuple[float, float]  # (start, end) in seconds
 Labels = tuple[str, ...]
 
 MAX_TOKEN_ROWS = 8  # token rows per trace; the rest are named in a note
-STALL_FACTOR = 1.5  # a gap between tokens longer than this many median gaps is a stall
+# A gap between two tokens is a stall when it is longer than STALL_FACTOR times the median of
+# the request's gaps around it (STALL_WINDOW either side, itself included): a step that waited
+# for other work stands out from its neighbours; decode that is slower for a while (a long KV
+# joined the batch) does not, however slow.
+STALL_FACTOR = 1.5
+STALL_WINDOW = 4
 COLOURS = {"prefill": "#e07b28", "decode": "#3f76b5", "fused": "#8a55b0", "transfer": "#2f9a62"}
 KIND_LETTERS = {"prefill": "P", "decode": "d", "fused": "F", "transfer": "K"}
 DESCRIPTIONS = {
@@ -86,8 +92,8 @@ class Row:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TokenRow:
-    """The output tokens of one request that fall in view, and its stalls (gaps between tokens
-    longer than ``STALL_FACTOR`` median gaps of the trace) that overlap the view."""
+    """The output tokens of one request that fall in view, and its stalls (:func:`stalls`) that
+    overlap the view."""
 
     request: str
     arrival: float
@@ -348,7 +354,6 @@ def _panel(trace: Trace, lo: float, hi: float, max_bars: int | None, token_rows:
         by_row[bar.resource].append(bar)
     rows = tuple(Row(n, "KV link" if n == LINK else n, tuple(b)) for n, b in by_row.items())
     summary = trace.summary()
-    threshold = math.inf if math.isnan(summary.tbt_p50) else STALL_FACTOR * summary.tbt_p50
     tokens: list[TokenRow] = []
     hidden: list[str] = []
     for r in trace.requests.values():
@@ -358,22 +363,48 @@ def _panel(trace: Trace, lo: float, hi: float, max_bars: int | None, token_rows:
             hidden.append(r.id)
             continue
         times = r.token_times
-        pairs = zip(times, times[1:])  # noqa: B905
-        stalls = tuple((a, b) for a, b in pairs if b - a > threshold and b > lo and a < until)
+        shown_stalls = tuple((a, b) for a, b in stalls(times) if b > lo and a < until)
         ticks = tuple(t for t in times if lo <= t <= until)
-        tokens.append(TokenRow(r.id, r.arrival, r.first_token, ticks, stalls))
+        tokens.append(TokenRow(r.id, r.arrival, r.first_token, ticks, shown_stalls))
     title = trace.policy
     if trace.policy == "chunked" and trace.chunk:
         title += f" (chunk {trace.chunk:,} tokens)"
     stats = "nothing ran"
     if not summary.empty:
         stats = (
-            f"whole run: max stall {ms(summary.max_stall, 1)} ms · TTFT p99 "
+            f"whole run: {stall_words(trace, summary.max_stall)} · TTFT p99 "
             f"{ms(summary.ttft_p99, 1)} ms · {summary.gpu_seconds:,.2f} GPU-s"
         )
     dropped = before.note("before", lo) + after.note("after", until)
     description = DESCRIPTIONS.get(trace.policy, "")
     return Panel(title, description, stats, rows, tuple(tokens), dropped, tuple(hidden), until)
+
+
+def stalls(times: Sequence[float]) -> list[tuple[float, float]]:
+    """The gaps between consecutive ``times`` (one request's tokens) that are stalls: longer
+    than ``STALL_FACTOR`` x the median (the lower middle) of the gaps around each, within
+    ``STALL_WINDOW`` either side and itself included."""
+    gaps = [b - a for a, b in zip(times, times[1:])]  # noqa: B905
+    out = []
+    for i, gap in enumerate(gaps):
+        around = gaps[max(0, i - STALL_WINDOW) : i + STALL_WINDOW + 1]
+        if gap > STALL_FACTOR * statistics.median_low(around):
+            out.append((times[i], times[i + 1]))
+    return out
+
+
+def stall_words(trace: Trace, longest_gap: float) -> str:
+    """The row's stall figure by the shading's rule: the longest stall of the whole run; where
+    the longest gap between tokens is not a stall (decode slower for a while), that gap too,
+    said to be none."""
+    found = [b - a for r in trace.requests.values() for a, b in stalls(r.token_times)]
+    longest = max(found, default=0.0)
+    if found and math.isclose(longest, longest_gap):
+        return f"max stall {ms(longest, 1)} ms"
+    # the longest gap is in a slow stretch, not a stall: the legend says what a stall is
+    if found:
+        return f"max stall {ms(longest, 1)} ms (longest gap {ms(longest_gap, 1)} ms)"
+    return f"no stall (longest gap {ms(longest_gap, 1)} ms)"
 
 
 TEXT_LABEL_W = 14  # characters of row label in the text rendering
@@ -471,7 +502,8 @@ def render_text(
     lines.append("time (ms)".ljust(TEXT_LABEL_W) + "".join(labels).rstrip())
     lines += textwrap.wrap(
         "P prefill · d decode · F fused prefill+decode · K KV transfer · "
-        "| bar start · ^ token · - stall · . waiting for first token",
+        "| bar start · ^ token · - stall · . waiting for first token · GPU-s: device-seconds "
+        "busy, all workers",
         width,
     )
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from pytest_prefill.plan.sweep import lab_timeline
 from pytest_prefill.report.timeline import (
     COLOURS,
     STALL_FACTOR,
+    STALL_WINDOW,
     Bar,
     Layout,
     Panel,
@@ -64,9 +65,10 @@ LEGEND = {
     "fused": "fused prefill+decode",
     "transfer": "KV transfer",
     "tick": "output token",
-    "stall": f"stall: gap > {STALL_FACTOR:g}× the median gap",
+    "stall": f"stall: gap > {STALL_FACTOR:g}× the median of its {2 * STALL_WINDOW + 1} around it",
     "wait": "arrival → first token",
     "hidden": "not shown (bar limit)",
+    "gpu_seconds": "GPU-s: device-seconds busy, all workers",
 }
 
 
@@ -118,10 +120,13 @@ def _svg_heading(lay: Layout, title: str | None) -> tuple[list[str], float]:
     for kind, name in LEGEND.items():
         if kind == "hidden" and not cut:
             continue
-        w = 26 + text_width(name, 11) + 18
+        mark = _legend_mark(kind, lx, ly)
+        indent = 24 if mark else 0  # a legend entry of words alone has no swatch
+        w = indent + 2 + text_width(name, 11) + 18
         if lx + w > WIDTH - MARGIN:
             lx, ly = MARGIN, ly + LINE_H
-        out += [_legend_mark(kind, lx, ly), _text(lx + 24, ly, name, 11)]
+            mark = _legend_mark(kind, lx, ly)
+        out += [mark, _text(lx + indent, ly, name, 11)]
         lx += w
     return out, ly + 16
 
@@ -180,6 +185,8 @@ def _legend_mark(kind: str, lx: float, ly: float) -> str:
         return _line(lx + 9, ly - 11, lx + 9, ly + 2, 'stroke="#222" stroke-width="1.5"')
     if kind == "stall":
         return _rect(lx, ly - 10, 18, 12, "#d62728", ' fill-opacity="0.25" stroke="#d62728"')
+    if kind == "gpu_seconds":  # words only
+        return ""
     if kind == "wait":
         return f'<path d="M{lx} {ly - 10} h8 l-4 6 z" fill="#555"/>' + _line(
             lx + 4, ly - 4, lx + 18, ly - 4, 'stroke="#888" stroke-dasharray="3 2"'

@@ -1,0 +1,130 @@
+"""Output paths (issue 50 item 6): a missing folder is an error and is never created; an
+existing file of another kind is replaced only with ``--force``; an output naming an input is
+refused; every command's output flag goes through the one check (_io.check_output)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from pytest_prefill._io import check_output, content_kind
+from pytest_prefill.cli import build_parser, main
+from pytest_prefill.commands._outputs import OUTPUTS
+
+pytestmark = pytest.mark.sim
+
+CALIBRATION = '{"kind": "pytest-prefill/calibration", "schema_version": 2}\n'
+
+
+@pytest.mark.parametrize(
+    ("content", "kind"),
+    [
+        (CALIBRATION, "a calibration"),
+        ('{\n  "kind": "pytest-prefill/capacity",\n  "x": 1\n}\n', "a capacity answer"),
+        ('{"traceEvents": []}', "a Chrome trace"),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.0,5,5\n",
+            "a workload trace",
+        ),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 5}\n', "a workload trace"),
+        ('<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"></svg>', "an SVG picture"),
+        (b"\x89PNG\r\n\x1a\n", "a PNG picture"),
+        ('{"a": 1}\n{"a": 2}\n', "JSON lines"),
+        ('{"date": "x", "completed": 3}', "a JSON document"),
+        ("hello\n", "a file of another kind"),
+        ("", None),
+    ],
+)
+def test_content_kind_reads_what_a_file_holds_from_its_first_bytes(tmp_path, content, kind):
+    path = tmp_path / "f"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert content_kind(path) == kind
+
+
+def test_a_missing_folder_is_an_error_and_is_not_created(tmp_path):
+    with pytest.raises(ValueError, match="does not exist") as info:
+        check_output(tmp_path / "a" / "b" / "c.json")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_file_of_another_kind_is_replaced_only_with_force(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(CALIBRATION)
+    with pytest.raises(ValueError, match="holds a calibration and this writes a Chrome trace"):
+        check_output(path, writes="a Chrome trace")
+    assert check_output(path, writes="a Chrome trace", force=True) == str(path)
+    assert check_output(path, writes="a calibration") == str(path)  # its own kind: replaced
+
+
+def test_an_output_naming_an_input_is_refused_even_with_force(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(CALIBRATION)
+    (tmp_path / "link.json").symlink_to(path)
+    for given in (path, tmp_path / "link.json"):
+        with pytest.raises(ValueError, match="is also --cost's input"):
+            check_output(given, writes="a calibration", inputs={"--cost": str(path)}, force=True)
+
+
+def _output_flags() -> set[tuple[str, str]]:
+    """(command, dest) of every flag whose type refuses a file in a folder that does not exist:
+    found by behaviour, so a new output flag cannot miss the table."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = set()
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if not callable(action.type) or not action.option_strings:
+                continue
+            try:
+                action.type("/no-such-folder-here/x.json")
+            except (argparse.ArgumentTypeError, ValueError) as err:
+                if "does not exist" in str(err):
+                    found.add((name, action.dest))
+            except Exception:  # noqa: S110 - a type that is not a path's
+                pass
+    return found
+
+
+def test_every_output_flag_goes_through_the_one_check_and_takes_force():
+    assert _output_flags() == set(OUTPUTS)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, _ in OUTPUTS:
+        assert any("--force" in a.option_strings for a in sub.choices[name]._actions), name
+
+
+def test_timeline_does_not_replace_a_calibration_nor_make_a_folder(tmp_path, capsys):
+    """The issue's three cases: ``timeline --out cal.json`` replaced a calibration with a Chrome
+    trace; ``--out /nope/t.svg`` made /nope; ``capacity --json a/b/c.json`` made folders."""
+    cal = tmp_path / "cal.json"
+    cal.write_text(CALIBRATION)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["timeline", "--out", str(cal)])
+    assert exit_info.value.code == 2 and cal.read_text() == CALIBRATION
+    for argv in (["timeline", "--out"], ["capacity", "--json"]):
+        with pytest.raises(SystemExit):
+            main([*argv, str(tmp_path / "nope" / "t.svg")])
+    assert not (tmp_path / "nope").exists()
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--json", "out.json"],
+        ["timeline", "--out", "out.json"],
+        ["timeline", "--out", "out.svg"],
+    ],
+)
+def test_what_a_flag_says_it_writes_is_what_it_writes(tmp_path, monkeypatch, argv, capsys):
+    """The table's words match what content_kind reads back, so a rerun replaces its own file."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    path = argv[-1]
+    assert content_kind(path) == OUTPUTS[argv[0], argv[1][2:]](path)
+    assert main(argv) == 0  # the same file again: no --force needed
+    if path.endswith(".json"):
+        json.loads((tmp_path / path).read_text())
