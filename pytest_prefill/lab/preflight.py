@@ -132,7 +132,9 @@ def batched_rows_vs_hf(loaded: Any, packed: Any, prompts: Sequence[Any]) -> Chec
         [Segment(c, p.to(device), "last") for c, p in zip(caches, prompts, strict=True)]
     )
     nexts = [int(f.argmax()) for f in firsts]
-    rows = [Segment(c, torch.tensor([t], device=device)) for c, t in zip(caches, nexts, strict=True)]
+    rows = [
+        Segment(c, torch.tensor([t], device=device)) for c, t in zip(caches, nexts, strict=True)
+    ]
     got = torch.stack(packed.forward(rows))
     want = torch.stack(
         [

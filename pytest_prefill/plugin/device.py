@@ -15,9 +15,7 @@ from pytest_prefill.machine import device_index
 def why_no_device(device: str | None, driver_sees_gpu: bool) -> str | None:
     """Why ``device`` (None: the default, the first CUDA device) cannot be timed here, or
     None. ``driver_sees_gpu``: nvidia-smi reported a GPU (without one, torch is not asked)."""
-    missing = (
-        "torch is not installed, so nothing can be timed (pip install '.[measure]')"
-    )
+    missing = "torch is not installed, so nothing can be timed (pip install '.[measure]')"
     if device == "cpu":
         # the CPU always exists; only the runner's libraries can be missing
         return None if importlib.util.find_spec("torch") else missing

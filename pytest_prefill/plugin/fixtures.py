@@ -46,10 +46,7 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
     try:
         from pytest_prefill.measure.models import load_model
     except ImportError as err:
-        pytest.skip(
-            f"the measurement layer cannot be imported ({err}); "
-            "pip install '.[measure]'"
-        )
+        pytest.skip(f"the measurement layer cannot be imported ({err}); pip install '.[measure]'")
     s = state.settings
     if s.threads:
         import torch

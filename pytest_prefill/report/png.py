@@ -26,8 +26,7 @@ def need_matplotlib() -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise ValueError(
-            'a .png needs matplotlib: pip install ".[plot]" (or write .svg, which '
-            "needs nothing)"
+            'a .png needs matplotlib: pip install ".[plot]" (or write .svg, which needs nothing)'
         )
 
 
