@@ -29,6 +29,7 @@ from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB, default_max_num_seqs
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
+from pytest_prefill.plan.vllm_memory import DEFAULT_VLLM_VERSION, reserve_rule
 from pytest_prefill.report.assumptions import PRESET_MODEL
 from pytest_prefill.serve.launch.server_facts import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
@@ -95,6 +96,23 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"fraction of each device's memory the engine takes (default {DEFAULT_UTILIZATION}, "
         "vLLM's)",
     )
+    group.add_argument(
+        "--vllm-version",
+        type=vllm_version_type,
+        default=DEFAULT_VLLM_VERSION,
+        metavar="X.Y",
+        help="the vLLM whose start-up reserve sizes the KV cache (default "
+        f"{DEFAULT_VLLM_VERSION}, the newest cited): from 0.21 it also holds back CUDA-graph "
+        "memory (plan/vllm_memory.py lists the rules and their sources)",
+    )
+
+
+def vllm_version_type(text: str) -> str:
+    try:
+        reserve_rule(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 MODEL_HELP = (
@@ -145,6 +163,7 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
         fraction or DEFAULT_UTILIZATION,
         memory_source=source,
         max_num_seqs=profile.max_seqs if profile is not None else None,
+        vllm_version=getattr(args, "vllm_version", DEFAULT_VLLM_VERSION),
     )
     sizes = hardware.tp_sizes(devices or 1)
     if not sizes:

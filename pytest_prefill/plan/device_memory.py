@@ -21,28 +21,37 @@ import dataclasses
 import math
 
 from pytest_prefill.plan.model_spec import ModelSpec
+from pytest_prefill.plan.vllm_memory import (
+    DEFAULT_VLLM_VERSION,
+    NON_TORCH_TP,
+    NON_TORCH_TP1,
+    SAMPLER_COPIES,
+    ReserveRule,
+    reserve_rule,
+)
+
+__all__ = [
+    "DEFAULT_UTILIZATION",
+    "DEFAULT_VLLM_VERSION",
+    "LOGIT_BYTES",
+    "NON_TORCH_TP",
+    "NON_TORCH_TP1",
+    "SAMPLER_COPIES",
+    "GiB",
+    "KVCapacity",
+    "activation_reserve",
+    "check_tp",
+    "default_max_num_seqs",
+    "kv_capacity",
+]
 
 GiB = 2**30
 DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization
 LOGIT_BYTES = 4  # the sampler works on float32 logits
 
-# What vLLM's profiling run holds beside the weights. Its peak is the sampler's: profile_run
-# (vllm/v1/worker/gpu_model_runner.py) ends with _dummy_sampler_run over one row of logits per
-# request slot, max_num_seqs rows of the vocabulary in float32, and the sampler's working
-# copies of them (temperature, the top-k/top-p sort with its int64 indices, softmax, the
-# exponential draw). Published vLLM v0.11 logs on an H100 (79.18 GiB visible, default flags, so
-# max_num_seqs 1024) give "torch peak memory increase" 4.76 GiB for Llama-3.1-8B (vocab 128,256),
-# 5.56 for Qwen3-0.6B and 5.64 for Qwen3-32B (vocab 151,936, at TP 1 and 2): it follows the
-# vocabulary, not the model's size, at 9.6-9.7 copies of the logits. SAMPLER_COPIES is their
-# mean; tests/test_model_spec.py checks each log against the copies fitted on the other two.
-# The forward pass's own activations (at most max_num_batched_tokens rows, freed before the
-# sampler runs) are below the sampler's peak in these logs and are not counted. "non-torch
-# forward increase": 0.13 GiB at TP=1 and 0.54-0.55 GiB at TP=2 (NCCL's buffers; one log, at
-# TP 2). A stated estimate: a server's own "Available KV cache memory" or "GPU KV cache size"
-# wins when known.
-SAMPLER_COPIES = 9.68
-NON_TORCH_ESTIMATE = {1: 0.13 * GiB}
-NON_TORCH_TP_ESTIMATE = 0.55 * GiB
+# What vLLM's profiling run holds beside the weights, per vLLM version: plan/vllm_memory.py's
+# table of reserve rules, with their sources. A stated estimate: a server's own "Available KV
+# cache memory" or "GPU KV cache size" wins when known.
 
 
 def default_max_num_seqs(device_memory: float) -> int:
@@ -52,12 +61,16 @@ def default_max_num_seqs(device_memory: float) -> int:
     return 1024 if device_memory >= 70 * GiB else 256
 
 
-def activation_reserve(tp: int, vocab_size: int, max_num_seqs: int) -> float:
-    """The estimated bytes per device vLLM's profiling run holds back beside the weights: the
-    sampler's :data:`SAMPLER_COPIES` of ``max_num_seqs × vocab_size`` float32 logits, and the
-    memory outside torch at ``tp``."""
-    sampler = SAMPLER_COPIES * max_num_seqs * vocab_size * LOGIT_BYTES
-    return sampler + NON_TORCH_ESTIMATE.get(tp, NON_TORCH_TP_ESTIMATE)
+def activation_reserve(
+    tp: int, vocab_size: int, max_num_seqs: int, rule: ReserveRule | None = None
+) -> float:
+    """The estimated bytes per device vLLM holds back beside the weights by ``rule`` (default:
+    :data:`~pytest_prefill.plan.vllm_memory.DEFAULT_VLLM_VERSION`'s): the sampler's copies of
+    ``max_num_seqs × vocab_size`` float32 logits, the memory outside torch at ``tp``, and the
+    CUDA-graph estimate where the version subtracts it."""
+    rule = rule if rule is not None else reserve_rule()
+    sampler = rule.sampler_copies * max_num_seqs * vocab_size * LOGIT_BYTES
+    return sampler + rule.non_torch(tp) + rule.graph_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +88,7 @@ class KVCapacity:
     reserve: float
     kv_bytes_per_device: float
     max_num_seqs: int | None = None
+    vllm_version: str = DEFAULT_VLLM_VERSION
 
     @property
     def blocks(self) -> int:
@@ -91,7 +105,8 @@ class KVCapacity:
             f"{self.device_memory / GiB:g} GiB × {self.utilization:g} − "
             f"{self.weight_bytes / GiB:.2f} GiB weights − {self.reserve / GiB:.2f} GiB "
             f"activation reserve (estimated{self._seqs()}) = "
-            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; vLLM's rule)"
+            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; vLLM "
+            f"{self.vllm_version}'s rule)"
         )
 
 
@@ -110,6 +125,7 @@ def kv_capacity(
     block_tokens: int = 16,
     reserve: float | None = None,
     max_num_seqs: int | None = None,
+    vllm_version: str = DEFAULT_VLLM_VERSION,
 ) -> KVCapacity:
     """The KV tokens one replica of ``model`` holds on ``tp`` devices of ``device_memory``
     bytes each, as vLLM sizes them (the module's docstring cites the code).
@@ -118,12 +134,14 @@ def kv_capacity(
         reserve: bytes per device beside the weights (default :func:`activation_reserve`).
         max_num_seqs: the engine's sequence cap, which sizes the sampler's share of the reserve
             (None: vLLM's default for the device, :func:`default_max_num_seqs`).
+        vllm_version: which vLLM's reserve rule (plan/vllm_memory.py) sizes the reserve.
 
     Raises:
         ValueError: naming the field, for memory or a utilization out of range, a bad TP or
-            block size, or memory that leaves no KV block after the weights and the reserve.
+            block size, a vLLM version no rule covers, or memory that leaves no KV block after the weights and the reserve.
     """
     check_tp(tp)
+    rule = reserve_rule(vllm_version)
     if not (isinstance(device_memory, (int, float)) and math.isfinite(device_memory)):
         raise ValueError(f"device memory must be a finite number of bytes, got {device_memory!r}")
     if device_memory <= 0:
@@ -138,7 +156,7 @@ def kv_capacity(
         raise ValueError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
     seqs = max_num_seqs if max_num_seqs is not None else default_max_num_seqs(device_memory)
     held_back = (
-        activation_reserve(tp, model.vocab_size, seqs) if reserve is None else float(reserve)
+        activation_reserve(tp, model.vocab_size, seqs, rule) if reserve is None else float(reserve)
     )
     weights = model.weight_bytes / tp
     available = math.floor(device_memory * utilization) - weights - held_back
@@ -162,4 +180,5 @@ def kv_capacity(
         held_back,
         float(available),
         seqs if reserve is None else None,
+        vllm_version,
     )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import (
     DEFAULT_UTILIZATION,
+    DEFAULT_VLLM_VERSION,
     GiB,
     KVCapacity,
     check_tp,
@@ -21,6 +22,7 @@ from pytest_prefill.plan.device_memory import (
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import ModelSpec
 from pytest_prefill.plan.tensor_parallel import TPRule, cost_at_tp, tp_rule
+from pytest_prefill.plan.vllm_memory import reserve_rule
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_TP = 8  # one node: the largest TP the shipped all-reduce profiles cover
@@ -34,7 +36,8 @@ class Hardware:
     A cost model measured on a server at ``measured_tp`` is used as it is at that TP (and only
     there, when it is not 1), with the server's own KV capacity ``server_kv_tokens`` when it
     showed one. ``max_num_seqs``: the engine's sequence cap, which sizes vLLM's sampler reserve
-    (None: vLLM's default for the device). ``derived``: the cost model derived from the model
+    (None: vLLM's default for the device); ``vllm_version`` picks vLLM's reserve rule
+    (plan/vllm_memory.py). ``derived``: the cost model derived from the model
     and the device at a TP (plan/compute/derive.py); when given it is used at every TP instead
     of scaling a TP=1 model by the rule.
 
@@ -52,6 +55,7 @@ class Hardware:
     memory_source: str = "--device-memory"
     max_num_seqs: int | None = None
     derived: Callable[[int], CostModel] | None = None
+    vllm_version: str = DEFAULT_VLLM_VERSION
 
     def __post_init__(self) -> None:
         memory = self.device_memory
@@ -61,6 +65,7 @@ class Hardware:
             raise ValueError(f"device_memory must be a positive number of bytes, got {memory!r}")
         if not (isinstance(self.utilization, (int, float)) and 0 < self.utilization <= 1):
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.utilization!r}")
+        reserve_rule(self.vllm_version)  # raises naming vllm_version
         if self.rule is None:
             object.__setattr__(self, "rule", tp_rule(self.model))
 
@@ -79,6 +84,7 @@ class Hardware:
             tp=tp,
             block_tokens=block_tokens,
             max_num_seqs=self.max_num_seqs,
+            vllm_version=self.vllm_version,
         )
 
     def instance_cost(self, cost: CostModel, tp: int, block_tokens: int) -> CostModel:

@@ -74,8 +74,8 @@ def basis(
         parts.append("KV unbounded (give --model and --device-memory to size it)")
     elif hardware is not None and hardware.device_memory is not None:
         parts.append(
-            f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (vLLM's rule, activation "
-            "reserve estimated)"
+            f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (vLLM "
+            f"{hardware.vllm_version}'s rule, activation reserve estimated)"
         )
     else:
         parts.append(f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (the cost model's)")
