@@ -95,11 +95,15 @@ class KVCapacity:
         return self.tokens // self.block_tokens
 
     def _seqs(self) -> str:
-        return "" if self.max_num_seqs is None else f", the sampler's for {self.max_num_seqs} seqs"
+        if self.max_num_seqs is None:  # a reserve given, not estimated by a rule
+            return ""
+        graphs = reserve_rule(self.vllm_version).graph_bytes
+        held = f" and {graphs / GiB:.2f} GiB of CUDA graphs" if graphs else ""
+        return f", the sampler's for {self.max_num_seqs} seqs{held}"
 
     def describe(self) -> str:
-        """``431,872 tokens per replica (TP=1: 80 GiB × 0.9 − 14.96 GiB weights − 5.13 GiB
-        reserve, estimated, = 51.9 GiB of KV per device; vLLM's rule)``."""
+        """``417,120 tokens per replica (TP=1: 79.18 GiB × 0.9 − 14.96 GiB weights − 5.39 GiB
+        activation reserve (estimated, …) = 50.92 GiB of KV per device; vLLM 0.27's rule)``."""
         return (
             f"{self.tokens:,} tokens per replica (TP={self.tp}: "
             f"{self.device_memory / GiB:g} GiB × {self.utilization:g} − "

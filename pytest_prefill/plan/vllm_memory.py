@@ -30,10 +30,15 @@ LLM_D_LOGS = (
     "llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md (vLLM v0.11.0 "
     "startup logs on H100, 79.18 GiB; Apache-2.0)"
 )
-GRAPH_LOGS = (
-    "vLLM 0.27.1 log in gpustack/runner#251: 'Estimated CUDA graph memory: 0.36 GiB' "
-    "(16 capture sizes); vLLM log in wtdcode/vllm-backport#15: utilization 0.95 equivalent to "
-    "0.9225 without graph profiling on a 24 GB card (0.65 GiB)"
+GRAPH_LOG = (
+    "vLLM 0.21.0 log in LMCache/LMCache#3430 (Qwen3-8B, one RTX A5000, default capture sizes: "
+    "'Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)', "
+    "'Estimated CUDA graph memory: 0.52 GiB total')"
+)
+GRAPH_RANGE = (
+    "other published estimates, on other flags: 0.36 GiB (vLLM 0.27.1, 16 capture sizes, "
+    "gpustack/runner#251), 0.17 GiB (TP 4, noonghunna/club-3090#127), about 0.65 GiB (utilization "
+    "0.95 equivalent to 0.9225 on a 24 GB card, wtdcode/vllm-backport#15)"
 )
 
 
@@ -64,12 +69,13 @@ class ReserveRule:
 # Llama-3.1-8B (vocab 128,256), 5.56 for Qwen3-0.6B and 5.64 for Qwen3-32B TP 2 (vocab
 # 151,936), max_num_seqs 1024 (vLLM's default on an H100): 9.6-9.7 copies of the logits, their
 # mean 9.68; "non-torch forward increase" 0.13 GiB at TP 1, 0.54-0.55 at TP 2. The v0.21 rule
-# adds the CUDA-graph estimate, the mean of the two published estimates (GRAPH_LOGS): no
-# published v0.21+ log with its KV figure and full flags was found to check it against.
+# adds the CUDA-graph estimate vLLM printed at default capture sizes for a dense 8B model
+# (GRAPH_LOG): it grows with the capture sizes and the model (GRAPH_RANGE), and no published
+# v0.21+ log on a catalog device with its KV figure and full flags was found to check it against.
 SAMPLER_COPIES = 9.68
 NON_TORCH_TP1 = 0.13 * GiB
 NON_TORCH_TP = 0.55 * GiB
-GRAPH_ESTIMATE = (0.36 + 0.65) / 2 * GiB
+GRAPH_ESTIMATE = 0.52 * GiB
 
 RULES: tuple[ReserveRule, ...] = (
     ReserveRule(
@@ -87,10 +93,10 @@ RULES: tuple[ReserveRule, ...] = (
         GRAPH_ESTIMATE,
         "vllm/v1/worker/gpu_worker.py determine_available_memory with "
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default (vLLM v0.21.0, Apache-2.0; PR "
-        f"#30515 added the estimate); figures: the v0.11 rule's, and {GRAPH_LOGS}",
+        f"#30515 added the estimate); figures: the v0.11 rule's, and {GRAPH_LOG}; {GRAPH_RANGE}",
     ),
 )
-NEWEST_CITED = "0.27"  # the newest vLLM whose log is cited (GRAPH_LOGS)
+NEWEST_CITED = "0.27"  # the newest vLLM whose log is cited (gpustack/runner#251, GRAPH_RANGE)
 DEFAULT_VLLM_VERSION = NEWEST_CITED
 
 
