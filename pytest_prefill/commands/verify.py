@@ -33,7 +33,7 @@ from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.client.api import ENGINES
-from pytest_prefill.serve.launch.launchers import LAUNCHED, Launcher
+from pytest_prefill.serve.launch.launchers import LAUNCHED, READY, VLLM_READY, Launcher
 from pytest_prefill.sim import Request
 from pytest_prefill.verify.probe_rule import ProbeRule
 from pytest_prefill.verify.result import VerifyResult, read_verify
@@ -92,6 +92,13 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--engine", choices=ENGINES, help="what the server is (default: it says)")
     group.add_argument(
         "--tokenizer", metavar="DIR", help="the served model's folder (default --model)"
+    )
+    group.add_argument(
+        "--health-timeout",
+        type=positive_float,
+        metavar="S",
+        help="--launch: seconds a started server has to answer /health (default "
+        f"{READY:g}, vLLM {VLLM_READY:g})",
     )
     add_timeout_arguments(group)
 
@@ -288,8 +295,10 @@ def check(args: argparse.Namespace) -> None:
         SLO.parse(args.slo)  # refused here, read in run
     if args.launch is not None and args.model is None:
         raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
-    if args.url is not None and (args.model or args.program or args.no_pin):
-        raise ValueError("--model, --program and --no-pin go with --launch, not --url")
+    if args.url is not None and (args.model or args.program or args.no_pin or args.health_timeout):
+        raise ValueError(
+            "--model, --program, --no-pin and --health-timeout go with --launch, not --url"
+        )
 
 
 def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
@@ -326,7 +335,14 @@ def _server(args: argparse.Namespace, block: int | None) -> Server:
             prefix_block_tokens=block,
         )
     kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
-    launcher = Launcher(args.launch, args.model, args.program, pin=not args.no_pin, **kv)
+    launcher = Launcher(
+        args.launch,
+        args.model,
+        args.program,
+        pin=not args.no_pin,
+        ready_timeout=args.health_timeout,
+        **kv,
+    )
     folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
     return Server(
         launcher=launcher,
