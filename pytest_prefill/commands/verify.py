@@ -31,10 +31,15 @@ from pytest_prefill.commands._workload_args import (
 )
 from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.server_calibration import (
+    ServerCalibration,
+    ServerSweep,
+    read_server_calibration,
+)
 from pytest_prefill.serve.client.api import ENGINES
 from pytest_prefill.serve.launch.launchers import LAUNCHED, READY, VLLM_READY, Launcher
 from pytest_prefill.sim import Request
+from pytest_prefill.verify.fields import Fields
 from pytest_prefill.verify.probe_rule import ProbeRule
 from pytest_prefill.verify.result import VerifyResult, read_verify
 from pytest_prefill.verify.verification import FlagSet, Server, verify
@@ -263,18 +268,28 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
     """
     data = read_json(path, "capacity answer")
     try:
-        slo = SLO(**data["slo"])
-        target = float(data["target"])
-        deployments = [r["deployment"] for r in data["results"]]
-    except (KeyError, TypeError) as err:
+        fields = Fields(data, f"{path}: answer")
+        bounds = fields.child("slo")
+        if bounds is None:
+            raise ValueError(f"{path}: not a capacity answer (capacity --json): missing 'slo'")
+        slo = bounds.build(SLO, **bounds.data)
+        target = fields.number("target")
+        results = fields.children("results")
+        flags = []
+        for i, result in enumerate(results):
+            if result is None:
+                raise ValueError(f"{path}: results[{i}] must be an object")
+            d = result.child("deployment")
+            if d is None:
+                raise ValueError(f"{result.where}: missing 'deployment' (an object)")
+            if d.raw("policy") == "disaggregated" or not d.raw("max_batched_tokens"):
+                continue
+            seqs = d.optional_integer("max_seqs")
+            flag = FlagSet(d.integer("max_batched_tokens"), seqs)
+            if flag not in flags:
+                flags.append(flag)
+    except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a capacity answer (capacity --json): {err!s}") from None
-    flags = []
-    for d in deployments:
-        if d.get("policy") == "disaggregated" or not d.get("max_batched_tokens"):
-            continue
-        flag = FlagSet(int(d["max_batched_tokens"]), d.get("max_seqs"))
-        if flag not in flags:
-            flags.append(flag)
     if not flags:
         raise ValueError(f"{path}: no colocated deployment at a token budget to verify")
     return flags, slo, target
@@ -395,7 +410,7 @@ class VerifyCall:
         )
         calibration = None
         if args.cost is not None:
-            calibration = ServerCalibration.from_dict(read_json(args.cost, "server calibration"))
+            calibration = read_server_calibration(args.cost)
         sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
         quiet = None if args.ignore_steal else QuietHost(args.max_steal)
         return cls(
