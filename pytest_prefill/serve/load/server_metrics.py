@@ -8,6 +8,7 @@ when a server has metrics to parse."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,16 +33,20 @@ def parse_metrics(text: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
+    unknown = set()  # a NaN or infinite sample: the name's figure is not known
     try:
         for family in text_string_to_metric_families(text):
             if family.type not in ("counter", "gauge", "untyped", "unknown"):
                 continue
             for sample in family.samples:
                 if sample.name.startswith(PREFIXES) and not sample.name.endswith("_created"):
-                    out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+                    value = float(sample.value)
+                    if not math.isfinite(value):
+                        unknown.add(sample.name)
+                    out[sample.name] = out.get(sample.name, 0.0) + value
     except (ValueError, TypeError, IndexError) as err:
         raise ValueError(f"/metrics is not a Prometheus text exposition: {err}") from None
-    return out
+    return {name: value for name, value in out.items() if name not in unknown}
 
 
 async def scrape(url: Url, headers: Mapping[str, str] | None = None) -> dict[str, float] | None:
