@@ -45,7 +45,7 @@ from pytest_prefill.verify.result import VerifyResult, read_verify
 from pytest_prefill.verify.verification import FlagSet, Server, verify
 
 HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
-DIVISORS = re.compile(r"^(\d+):(\d+)$")
+DIVISORS = re.compile(r"^([0-9]{1,9}):([0-9]{1,9})$")  # ASCII digits only
 
 
 def flags_type(text: str) -> FlagSet:
@@ -298,6 +298,17 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
 def check(args: argparse.Namespace) -> None:
     """What the command line can refuse before anything starts."""
     if args.rank:
+        given = [
+            f
+            for f in ("url", "launch", "answer", "flags", "slo", "cost", "json")
+            if getattr(args, f)
+        ]
+        if given:
+            flags = ", ".join(f"--{f}" for f in given)
+            raise ValueError(
+                f"--rank reads earlier runs only: {flags} has no use beside it (--save archives "
+                "the ranking)"
+            )
         return
     if args.url is None and args.launch is None:
         raise ValueError("give --url (a running server) or --launch ENGINE (or --rank JSON...)")
