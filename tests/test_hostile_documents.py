@@ -80,3 +80,14 @@ def test_a_stray_numbered_file_does_not_take_the_next_numbers(tmp_path):
     )
     assert first.name.startswith("0001_") and second.name.startswith("0002_")
     assert [r.number for r in archive.runs(tmp_path, "cpu-test")] == [1, 2]
+
+
+@pytest.mark.parametrize("verdicts", [5, "FAILS", {"name": "x"}])
+def test_runs_lists_a_run_whose_verdicts_are_not_a_list(tmp_path, verdicts, capsys):
+    from pytest_prefill.cli import main
+
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    run = {"tables": [], "verdicts": verdicts}
+    saving.write_run(tmp_path, "cpu-test", run, commit="abcdef12", dirty=False, when=when)
+    assert main(["runs", "cpu-test", "--results", str(tmp_path)]) == 0
+    assert "0001" in capsys.readouterr().out

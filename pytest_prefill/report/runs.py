@@ -58,7 +58,7 @@ def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
             star, recommendation = advice.chunk_star, advice.policy
     verdicts = tuple(
         (str(v.get("name")), str(v.get("verdict")))
-        for v in data.get("verdicts") or []
+        for v in (data.get("verdicts") if isinstance(data.get("verdicts"), list) else [])
         if isinstance(v, Mapping)
     )
     tables = data.get("tables")
