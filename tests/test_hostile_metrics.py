@@ -3,14 +3,17 @@ still write), and counters that go down (a restart) are not read, never negative
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from hostile import serving, trickle
 
 pytest.importorskip("prometheus_client")
 
 from pytest_prefill.serve.client.counters import ServerCounters  # noqa: E402
-from pytest_prefill.serve.load.server_metrics import parse_metrics  # noqa: E402
+from pytest_prefill.serve.load import server_metrics  # noqa: E402
+from pytest_prefill.serve.load.server_metrics import parse_metrics, scrape  # noqa: E402
 
 TEXT = """# TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total {prompt}
@@ -63,3 +66,42 @@ def test_counters_that_grow_are_read():
         30,
         2,
     )
+
+
+def _metrics_text(lines: int) -> bytes:
+    return (
+        TEXT.format(prompt="100", generated="50", preempted="0")
+        + "".join(f"vllm:filler_{i}_total 1\n" for i in range(lines))
+    ).encode()
+
+
+def _plain(body: bytes) -> bytes:
+    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+def test_a_metrics_page_past_the_cap_is_not_parsed(monkeypatch):
+    body = _metrics_text(200)
+    monkeypatch.setattr(server_metrics, "MAX_METRICS_BYTES", len(body) - 1)
+
+    async def handle(method, path, payload, writer):
+        writer.write(_plain(body))
+
+    with serving(handle) as url:
+        assert asyncio.run(scrape(url)) is None
+        monkeypatch.setattr(server_metrics, "MAX_METRICS_BYTES", len(body))
+        assert asyncio.run(scrape(url))["vllm:prompt_tokens_total"] == 100
+
+
+def test_a_trickled_metrics_page_is_given_up_at_the_deadline(monkeypatch):
+    body = _plain(_metrics_text(0))  # a byte every 10 ms: every read well inside its timeout
+
+    async def handle(method, path, payload, writer):
+        await trickle(writer, body, 0.01)
+
+    with serving(handle) as url:
+        whole = asyncio.run(scrape(url))  # the whole page arrives inside the default deadline
+        monkeypatch.setattr(server_metrics, "SCRAPE_DEADLINE", len(body) * 0.01 / 4)
+        cut = asyncio.run(scrape(url))
+    assert whole is not None and whole["vllm:prompt_tokens_total"] == 100
+    assert cut is None

@@ -7,6 +7,7 @@ when a server has metrics to parse."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import time
@@ -21,6 +22,11 @@ from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request, in_arrival_order
 
 SCRAPE_TIMEOUT = 5.0
+# A scrape as a whole: a /metrics trickled a byte at a time is given up after this (each byte
+# would reset the read timeout), and one larger than MAX_METRICS_BYTES is not parsed (vLLM's
+# is tens of kilobytes; a 60 MB one took 24-50 s and ~1 GB to parse).
+SCRAPE_DEADLINE = 2 * SCRAPE_TIMEOUT
+MAX_METRICS_BYTES = 4 * 2**20
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -57,19 +63,25 @@ async def scrape(url: Url, headers: Mapping[str, str] | None = None) -> dict[str
     except ImportError:
         return None
     try:
-        response = await exchange(
-            url,
-            "GET",
-            "/metrics",
-            timeouts=Timeouts(SCRAPE_TIMEOUT, SCRAPE_TIMEOUT),
-            headers=headers,
+        response = await asyncio.wait_for(
+            exchange(
+                url,
+                "GET",
+                "/metrics",
+                timeouts=Timeouts(SCRAPE_TIMEOUT, SCRAPE_TIMEOUT),
+                headers=headers,
+            ),
+            SCRAPE_DEADLINE,
         )
-    except ServerError:
+    except (ServerError, asyncio.TimeoutError):
         return None
     if response.status != 200:
         return None
+    content = response.content()
+    if len(content) > MAX_METRICS_BYTES:
+        return None
     try:
-        samples = parse_metrics(response.content().decode("utf-8", "replace"))
+        samples = parse_metrics(content.decode("utf-8", "replace"))
     except ValueError:
         return None
     return samples or None
