@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 
 NEVER_READY = """#!/bin/sh
@@ -14,6 +15,15 @@ echo $$ >> "$PIDS"
 sleep 300 &
 echo $! >> "$PIDS"
 wait
+"""
+# The reference server on the port the launcher gives (its --port): healthy, so the run goes on.
+SERVES = """#!/bin/sh
+echo $$ >> "$PIDS"
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--port" ]; then PORT=$2; fi
+  shift
+done
+exec "$PYTHON" -m pytest_prefill.serve.launch.reference --port "$PORT" --ttft 0.01 --gap 0.002
 """
 EXITS_AT_START = """#!/bin/sh
 echo $$ >> "$PIDS"
@@ -62,5 +72,6 @@ def environment(pids) -> dict[str, str]:
     return {
         **os.environ,
         "PIDS": str(pids),
+        "PYTHON": sys.executable,
         "PYTHONPATH": root + (os.pathsep + path if path else ""),
     }

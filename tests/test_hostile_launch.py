@@ -13,6 +13,7 @@ import pytest
 from hostile_engines import (
     EXITS_AT_START,
     NEVER_READY,
+    SERVES,
     environment,
     pids_of,
     running,
@@ -104,3 +105,34 @@ def test_health_timeout_bounds_the_wait_and_stops_the_server(tmp_path):
     while any(running(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert started and not [pid for pid in started if running(pid)]
+
+
+def test_sigterm_mid_run_stops_the_server_and_its_log_was_named(tmp_path):
+    pids = tmp_path / "pids"
+    command = subprocess.Popen(
+        _verify(tmp_path, SERVES, "--tokenizer", str(tmp_path / "model")),
+        env=environment(pids),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    try:
+        assert command.stderr is not None
+        for line in command.stderr:
+            lines.append(line)
+            if "up, its log" in line:
+                break
+        started = pids_of(pids)
+        command.send_signal(signal.SIGTERM)
+        rest, _ = command.communicate(timeout=60)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    said = "".join(lines)
+    assert started and "up, its log" in said and "prefill-server-" in said, said + rest
+    assert command.returncode != 0
+    deadline = time.monotonic() + 15
+    while any(running(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in started if running(pid)]
