@@ -194,9 +194,11 @@ def write_atomic(path: str | os.PathLike[str], text: str | bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
             os.replace(tmp, target)  # while the lock is held
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(err, OSError) and err.filename is None:  # a full disk names no file
+            raise OSError(err.errno, err.strerror or str(err), os.fspath(path)) from None
         raise
 
 

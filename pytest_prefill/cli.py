@@ -19,6 +19,7 @@ from pytest_prefill import __version__
 from pytest_prefill.commands._outputs import FORCE_HELP, check_outputs, has_outputs
 from pytest_prefill.plan.executors import ExecutorLost
 from pytest_prefill.serve.client.wire import ServerError
+from pytest_prefill.serve.launch.process import stop_all
 
 # name -> module; the order is the order of ``prefill-bench --help``.
 COMMANDS = {
@@ -128,6 +129,7 @@ def entry() -> None:
     if status == INTERRUPTED:
         sys.stdout.flush()
         sys.stderr.flush()
+        stop_all()  # the exit hooks are skipped: a server still running is stopped here
         os._exit(status)
     sys.exit(status)
 

@@ -327,7 +327,7 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
                 "ttft:1s",
                 "--no-pin",
             ],
-            "--no-pin go with --launch",
+            "--health-timeout go with --launch",
         ),
     ],
 )

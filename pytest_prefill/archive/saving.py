@@ -34,7 +34,9 @@ from pytest_prefill.sim import CostModel
 
 RESERVATION = re.compile(r"^\.(\d{4,9})\.reserved$")
 IN_PROGRESS = re.compile(r"^\.(\d{4,9}\.reserved|tmp-.*\.part)$")
-NUMBERED = re.compile(r"^(\d{4,9})_")  # a run file, or an attachment beside it
+# a run file, or an attachment beside it: the run's stem (a stray "999999999_x.json" is neither)
+NUMBERED = re.compile(r"^(\d{4,9})_[0-9a-z]{8}_\d{8}_\d{6}")
+LAST_NUMBER = 999_999_999  # run names hold at most nine digits (archive.runs.RUN_NAME)
 # An in-progress file whose lock is free is a dead writer's, once it is older than this: its
 # writer creates it and locks it in the same breath, so a younger one might be just born.
 STALE_AFTER = 30.0
@@ -139,6 +141,8 @@ def _reserve(folder: Path) -> tuple[int, Path, int]:
     """The next free number, reserved by an exclusive create of ``.NNNN.reserved`` and held by
     a lock on it: (number, reservation path, its open descriptor)."""
     number = max(_numbers(folder), default=0) + 1
+    if number > LAST_NUMBER:
+        raise ValueError(f"{folder}: run numbers are used up (the last is {LAST_NUMBER})")
     while True:
         reservation = folder / f".{number:04d}.reserved"
         try:

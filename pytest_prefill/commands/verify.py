@@ -31,16 +31,21 @@ from pytest_prefill.commands._workload_args import (
 )
 from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
+from pytest_prefill.serve.calibration.server_calibration import (
+    ServerCalibration,
+    ServerSweep,
+    read_server_calibration,
+)
 from pytest_prefill.serve.client.api import ENGINES
-from pytest_prefill.serve.launch.launchers import LAUNCHED, Launcher
+from pytest_prefill.serve.launch.launchers import LAUNCHED, READY, VLLM_READY, Launcher
 from pytest_prefill.sim import Request
+from pytest_prefill.verify.fields import Fields
 from pytest_prefill.verify.probe_rule import ProbeRule
 from pytest_prefill.verify.result import VerifyResult, read_verify
 from pytest_prefill.verify.verification import FlagSet, Server, verify
 
 HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
-DIVISORS = re.compile(r"^(\d+):(\d+)$")
+DIVISORS = re.compile(r"^([0-9]{1,9}):([0-9]{1,9})$")  # ASCII digits only
 
 
 def flags_type(text: str) -> FlagSet:
@@ -92,6 +97,13 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--engine", choices=ENGINES, help="what the server is (default: it says)")
     group.add_argument(
         "--tokenizer", metavar="DIR", help="the served model's folder (default --model)"
+    )
+    group.add_argument(
+        "--health-timeout",
+        type=positive_float,
+        metavar="S",
+        help="--launch: seconds a started server has to answer /health (default "
+        f"{READY:g}, vLLM {VLLM_READY:g})",
     )
     add_timeout_arguments(group)
 
@@ -256,18 +268,28 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
     """
     data = read_json(path, "capacity answer")
     try:
-        slo = SLO(**data["slo"])
-        target = float(data["target"])
-        deployments = [r["deployment"] for r in data["results"]]
-    except (KeyError, TypeError) as err:
+        fields = Fields(data, f"{path}: answer")
+        bounds = fields.child("slo")
+        if bounds is None:
+            raise ValueError(f"{path}: not a capacity answer (capacity --json): missing 'slo'")
+        slo = bounds.build(SLO, **bounds.data)
+        target = fields.number("target")
+        results = fields.children("results")
+        flags = []
+        for i, result in enumerate(results):
+            if result is None:
+                raise ValueError(f"{path}: results[{i}] must be an object")
+            d = result.child("deployment")
+            if d is None:
+                raise ValueError(f"{result.where}: missing 'deployment' (an object)")
+            if d.raw("policy") == "disaggregated" or not d.raw("max_batched_tokens"):
+                continue
+            seqs = d.optional_integer("max_seqs")
+            flag = FlagSet(d.integer("max_batched_tokens"), seqs)
+            if flag not in flags:
+                flags.append(flag)
+    except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a capacity answer (capacity --json): {err!s}") from None
-    flags = []
-    for d in deployments:
-        if d.get("policy") == "disaggregated" or not d.get("max_batched_tokens"):
-            continue
-        flag = FlagSet(int(d["max_batched_tokens"]), d.get("max_seqs"))
-        if flag not in flags:
-            flags.append(flag)
     if not flags:
         raise ValueError(f"{path}: no colocated deployment at a token budget to verify")
     return flags, slo, target
@@ -276,6 +298,17 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
 def check(args: argparse.Namespace) -> None:
     """What the command line can refuse before anything starts."""
     if args.rank:
+        given = [
+            f
+            for f in ("url", "launch", "answer", "flags", "slo", "cost", "json")
+            if getattr(args, f)
+        ]
+        if given:
+            flags = ", ".join(f"--{f}" for f in given)
+            raise ValueError(
+                f"--rank reads earlier runs only: {flags} has no use beside it (--save archives "
+                "the ranking)"
+            )
         return
     if args.url is None and args.launch is None:
         raise ValueError("give --url (a running server) or --launch ENGINE (or --rank JSON...)")
@@ -288,8 +321,10 @@ def check(args: argparse.Namespace) -> None:
         SLO.parse(args.slo)  # refused here, read in run
     if args.launch is not None and args.model is None:
         raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
-    if args.url is not None and (args.model or args.program or args.no_pin):
-        raise ValueError("--model, --program and --no-pin go with --launch, not --url")
+    if args.url is not None and (args.model or args.program or args.no_pin or args.health_timeout):
+        raise ValueError(
+            "--model, --program, --no-pin and --health-timeout go with --launch, not --url"
+        )
 
 
 def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
@@ -326,7 +361,14 @@ def _server(args: argparse.Namespace, block: int | None) -> Server:
             prefix_block_tokens=block,
         )
     kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
-    launcher = Launcher(args.launch, args.model, args.program, pin=not args.no_pin, **kv)
+    launcher = Launcher(
+        args.launch,
+        args.model,
+        args.program,
+        pin=not args.no_pin,
+        ready_timeout=args.health_timeout,
+        **kv,
+    )
     folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
     return Server(
         launcher=launcher,
@@ -379,7 +421,7 @@ class VerifyCall:
         )
         calibration = None
         if args.cost is not None:
-            calibration = ServerCalibration.from_dict(read_json(args.cost, "server calibration"))
+            calibration = read_server_calibration(args.cost)
         sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
         quiet = None if args.ignore_steal else QuietHost(args.max_steal)
         return cls(
@@ -425,7 +467,8 @@ def run(args: argparse.Namespace) -> int:
     text = verify_report(result)
     print(text)
     _write(args, result, text)
-    return 0 if result.compared else 1
+    # a flag set ended early (not started, or its server died) is not a clean check
+    return 0 if result.compared and not any(r.ended for r in result.results) else 1
 
 
 def slim(document: dict[str, Any]) -> dict[str, Any]:

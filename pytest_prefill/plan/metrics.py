@@ -67,7 +67,10 @@ class Distribution:
             nan = math.nan
             return cls(0, nan, nan, nan, tuple((p, nan) for p in asked))
         mean = math.fsum(v * c for v, c in items) / count
-        variance = math.fsum(c * (v - mean) ** 2 for v, c in items) / count
+        try:
+            variance = math.fsum(c * (v - mean) ** 2 for v, c in items) / count
+        except OverflowError:  # values near the float range (a cost of 1e300 s a token)
+            variance = math.inf
         return cls(
             count,
             mean,

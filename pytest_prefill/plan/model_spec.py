@@ -7,12 +7,16 @@ parallelism"). Standard library only; nothing is loaded or downloaded."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_prefill._io import read_json
+
 CONFIG_FILE = "config.json"
+# No model's size (layers, widths, vocabulary, context, experts) comes near this; past it a
+# parameter count overflows a float and means nothing.
+MAX_SIZE = 10**12
 
 # What every Qwen3 preset here shares with Qwen3-0.6B as published: its context, norms, rope,
 # tied embeddings and activation (the presets differ only in their shapes).
@@ -201,9 +205,10 @@ class ModelSpec:
             "max_position_embeddings",
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
                 raise ValueError(
-                    f"model {self.name}: {name} must be an integer >= 1, got {value!r}"
+                    f"model {self.name}: {name} must be an integer in [1, {MAX_SIZE:.0e}], "
+                    f"got {_short(value)}"
                 )
         if self.attention_heads % self.kv_heads:
             raise ValueError(
@@ -230,9 +235,10 @@ class ModelSpec:
         moe = ("experts_per_token", "expert_intermediate_size")
         for name in (*moe, "experts", "shared_expert_intermediate_size", "dense_layers"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SIZE:
                 raise ValueError(
-                    f"model {self.name}: {name} must be an integer >= 0, got {value!r}"
+                    f"model {self.name}: {name} must be an integer in [0, {MAX_SIZE:.0e}], "
+                    f"got {_short(value)}"
                 )
         if self.experts == 0:
             if any(getattr(self, name) for name in (*moe, "shared_expert_intermediate_size")):
@@ -370,9 +376,18 @@ def _field(config: Mapping[str, Any], key: str, where: str) -> Any:
 
 def _size(config: Mapping[str, Any], key: str, where: str) -> int:
     value = _field(config, key, where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: {key!r} must be an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+        raise ValueError(
+            f"{where}: {key!r} must be an integer in [1, {MAX_SIZE:.0e}], got {_short(value)}"
+        )
     return value
+
+
+def _short(value: Any) -> str:
+    """``value`` as the message shows it: an integer of hundreds of digits by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**18:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value!r:.60}"
 
 
 def _dtype(config: Mapping[str, Any], where: str) -> str:
@@ -392,7 +407,12 @@ def _dtype(config: Mapping[str, Any], where: str) -> str:
 
 def _tied(config: Mapping[str, Any], model_type: str, where: str) -> bool:
     if "tie_word_embeddings" in config:
-        return bool(config["tie_word_embeddings"])
+        tied = config["tie_word_embeddings"]
+        if not isinstance(tied, bool):
+            raise ValueError(
+                f"{where}: 'tie_word_embeddings' must be true or false, got {tied!r:.60}"
+            )
+        return tied
     if model_type in UNTIED_BY_DEFAULT:
         return False
     raise ValueError(
@@ -524,11 +544,14 @@ def load_model_spec(spec: str) -> ModelSpec:
             f"model {spec!r}: not a preset ({', '.join(ARCHITECTURES)}), a config.json or a "
             "folder holding one"
         )
-    try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise ValueError(f"model {spec!r}: {path} is not readable JSON ({err})") from None
+    try:  # read_json: capped at MAX_JSON_BYTES, refused unread past it, as every JSON
+        config = read_json(path, "config.json")
+    except ValueError as err:
+        raise ValueError(f"model {spec!r}: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"model {spec!r}: {path} must hold a JSON object, got {type(config).__name__}"
+        )
     stem = os.path.splitext(os.path.basename(path))[0]
     folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
     name = (folder if os.path.basename(path) == CONFIG_FILE else stem) or spec

@@ -112,6 +112,8 @@ def chunk_sweep(
         )
         for policy, chunk in runs
     ]
+    if not summaries:
+        raise ValueError("no policy can run under this cost model (each one refused it)")
     base = summaries[0][2]
     return [
         SweepRow(

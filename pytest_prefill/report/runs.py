@@ -56,9 +56,10 @@ def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
             }
             advice = recommend(cost, {str(c) for c in refused}, trust=trust_in(run.calibration))
             star, recommendation = advice.chunk_star, advice.policy
+    listed = data.get("verdicts")
     verdicts = tuple(
         (str(v.get("name")), str(v.get("verdict")))
-        for v in data.get("verdicts") or []
+        for v in (listed if isinstance(listed, list) else [])
         if isinstance(v, Mapping)
     )
     tables = data.get("tables")

@@ -44,6 +44,8 @@ def _knee(r: FlagSetResult) -> str:
 def _ratio(r: FlagSetResult) -> str:
     a = r.agreement
     if a is None:
+        if r.lower_bounds:
+            return "- (both lower bounds)"
         return f"{r.ratio:.2f}" if math.isfinite(r.ratio) else "-"
     ratio = _bound(a.ratio) if 0 < a.ratio < math.inf else "-"
     return f"{ratio} [{_bound(a.low)}, {_bound(a.high)}] {a.verdict}"

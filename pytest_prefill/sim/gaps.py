@@ -98,7 +98,10 @@ class GapMultiset:
                 k * a * a + a * g * k * (k - 1) + g * g * ((k - 1) * k * (2 * k - 1) // 6)
             )
         total = self._sum()
-        variance = (n * squares - total * total) / (n * n)  # ticks squared, exact until here
+        try:
+            variance = (n * squares - total * total) / (n * n)  # ticks squared, exact until here
+        except OverflowError:  # past the float range (a cost of 1e300 s a token)
+            return math.inf
         return math.sqrt(variance) / TICKS_PER_SECOND
 
     def kth(self, k: int) -> float:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pytest_prefill.verify.fields import Fields
 
-FLAGS = re.compile(r"^tokens=(\d+)(?:,seqs=(\d+))?$")
+FLAGS = re.compile(r"^tokens=([0-9]{1,12})(?:,seqs=([0-9]{1,12}))?$")  # ASCII digits only
 
 
 @dataclasses.dataclass(frozen=True)

@@ -468,8 +468,10 @@ class KneeSearch:
             self.high = probe
 
     def result(self, ended: str | None = None) -> MeasuredKnee:
+        """What the probes found; ``ended``: why the server cut the search short (no knee is
+        estimated from a search the server did not finish)."""
         probes = [(p.rate, p.per_request) for p in self.probes if p.sent and p.rate > 0]
-        estimate = estimate_knee(probes, self.rule.target) if probes else None
+        estimate = estimate_knee(probes, self.rule.target) if probes and ended is None else None
         low, high, tolerance = self.low, self.high, self.rule.tolerance
         return MeasuredKnee(tuple(self.probes), low, high, tolerance, ended, estimate)
 
@@ -521,18 +523,19 @@ async def measure_knee(
         (run, order), host = await quietly(quiet, once, f"probe {index + 1}", progress)
         run = dataclasses.replace(run, host=host)
         probe = probe_of(run, slo, scale, base * scale, order)
-        search.observe(probe)
         if progress is not None:
             progress(
                 f"probe {index + 1}: {probe.rate:.3g} req/s, attainment {probe.attainment:.0%} "
                 f"({probe.good}/{probe.sent}{f', {probe.failed} failed' if probe.failed else ''})"
                 + (f", host steal {host.text()}" if host is not None else "")
             )
-        if probe.failed:
-            why = await alive()
-            if why is not None:
-                first = next((r.error for r in run.failed if r.error), "")
-                line = f"{why} during the probe at {probe.rate:.3g} req/s"
-                line += f" ({probe.failed} of {probe.sent} requests failed: {first[:120]})"
-                return search.result(line)
+        if probe.failed and (why := await alive()) is not None:
+            search.probes.append(
+                probe
+            )  # kept for the record, but cut short: neither met nor missed
+            first = next((r.error for r in run.failed if r.error), "")
+            line = f"{why} during the probe at {probe.rate:.3g} req/s"
+            line += f" ({probe.failed} of {probe.sent} requests failed: {first[:120]})"
+            return search.result(line)
+        search.observe(probe)
     return search.result()

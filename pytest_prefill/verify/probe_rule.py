@@ -29,6 +29,8 @@ from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.sim import Request, in_arrival_order
 from pytest_prefill.verify.fields import Fields
 
+MIN_MARGIN = 0.001  # at most 250,000 requests a probe (target 0.5)
+
 
 def _fraction(field: str, value: Any, low: float, high: float) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -68,7 +70,11 @@ class ProbeRule:
 
     def __post_init__(self) -> None:
         _fraction("target", self.target, 0.0, 1.0)
-        _fraction("margin", self.margin, 0.0, 1.0)
+        if _fraction("margin", self.margin, 0.0, 1.0) < MIN_MARGIN:
+            raise ValueError(
+                f"margin must be at least {MIN_MARGIN:g} (a probe of t(1-t)/margin² requests), "
+                f"got {self.margin!r}"
+            )
         _fraction("tolerance", self.tolerance, 0.0, 10.0)
         _fraction("step", self.step, 1.0, 100.0)
         _fraction("within", self.within, 0.0, 1.0)

@@ -60,17 +60,32 @@ class FlagSetResult:
 
     @property
     def ratio(self) -> float:
-        """Predicted over measured knee (NaN when either is missing or 0)."""
-        if self.predicted is None or self.measured is None:
+        """Predicted over measured knee (NaN when either is missing or 0, or the search was cut
+        short)."""
+        if self.predicted is None or self.measured is None or self.measured.ended is not None:
+            return math.nan
+        if self.lower_bounds:
             return math.nan
         p, m = self.predicted.rate, self.measured.knee
         return p / m if p > 0 and m > 0 else math.nan
 
     @property
+    def lower_bounds(self) -> bool:
+        """Whether both knees are only lower bounds (the prediction never missed the SLO, nor
+        did any probe): no ratio of the two says anything, so none is judged."""
+        p, m = self.predicted, self.measured
+        if p is None or m is None or p.status != "never missed":
+            return False
+        return m.status == "never missed" or (
+            m.estimate is not None and m.estimate.rate == math.inf
+        )
+
+    @property
     def agreement(self) -> KneeAgreement | None:
         """The ratio with its interval, judged against ±``within`` (None: nothing to judge)."""
-        if self.predicted is None or self.measured is None or self.measured.estimate is None:
+        if self.predicted is None or not measured_whole(self.measured) or self.lower_bounds:
             return None
+        assert self.measured is not None and self.measured.estimate is not None
         return agreement(self.predicted.rate, self.measured.estimate, self.within)
 
     @property
@@ -157,6 +172,11 @@ def one_line(err: BaseException, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def measured_whole(knee: MeasuredKnee | None) -> bool:
+    """Whether ``knee`` is a search the server finished, with an estimate to judge."""
+    return knee is not None and knee.ended is None and knee.estimate is not None
+
+
 def ranking_tolerance(within: float) -> float:
     """The tie between predicted knees when each knee is claimed within ±``within``
     (``verify.ranking.claimed_apart``), never below the search's bracket."""
@@ -177,8 +197,13 @@ class VerifyResult:
 
     @property
     def compared(self) -> tuple[FlagSetResult, ...]:
-        """The flag sets with both knees (a flag set that ended early has no measured knee)."""
-        return tuple(r for r in self.results if r.predicted is not None and r.measured is not None)
+        """The flag sets with both knees (a flag set that ended before or during its probes
+        has no measured knee: a probe the server cut short neither met nor missed the SLO)."""
+        return tuple(
+            r
+            for r in self.results
+            if r.predicted is not None and r.measured is not None and r.measured.ended is None
+        )
 
     @property
     def knees(self) -> tuple[list[float], list[float]]:

@@ -374,8 +374,10 @@ def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None)
         line = f"{flags.label}: the server did not start: {one_line(err)}"
         return FlagSetResult(flags, ended=line)
     pinning = process.pinning.sentence() if process.pinning is not None else None
-    if progress is not None and pinning is not None:
-        progress(f"{flags.label}: {pinning}")
+    if progress is not None:
+        progress(f"{flags.label}: {server.launcher.engine} up, its log {process.log}")
+        if pinning is not None:
+            progress(f"{flags.label}: {pinning}")
     try:
         result = asyncio.run(_check_flag_set(server, process.url, process, flags, plan, progress))
     finally:

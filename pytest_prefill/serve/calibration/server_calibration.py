@@ -194,6 +194,10 @@ class ServerCalibration:
         server = data.get("server") if isinstance(data, Mapping) else None
         if not isinstance(server, Mapping):
             raise ValueError("not a server calibration: it has no 'server' block")
+        for name, kind in (("sweep", Mapping), ("chunking", list), ("overhead", Mapping)):
+            if not isinstance(server.get(name), kind):
+                what = "an object" if kind is Mapping else "a list"
+                raise ValueError(f"server.{name} must be {what}, got {server.get(name)!r:.60}")
         try:
             fields: dict[str, Any] = {
                 "warmup": 0,  # calibrations from before the warm-up had none
@@ -205,6 +209,25 @@ class ServerCalibration:
                 for c in server["chunking"]
             )
             overhead = RequestOverhead.from_dict(server["overhead"])
-        except (KeyError, TypeError) as err:
+        except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as err:
             raise ValueError(f"corrupt server calibration: {err!s}") from None
-        return cls(Calibration.from_dict(data), overhead, chunking, sweep)
+        try:
+            calibration = Calibration.from_dict(data)
+        except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as err:
+            raise ValueError(f"corrupt calibration: {err!s}") from None
+        return cls(calibration, overhead, chunking, sweep)
+
+
+def read_server_calibration(path: str) -> ServerCalibration:
+    """The server calibration at ``path`` (``server-calibrate --json``).
+
+    Raises:
+        ValueError: naming the file, and the field where one is at fault, in one line.
+    """
+    from pytest_prefill._io import read_json
+
+    try:
+        return ServerCalibration.from_dict(read_json(path, "server calibration"))
+    except ValueError as err:
+        text = str(err)
+        raise ValueError(text if text.startswith(path) else f"{path}: {text}") from None

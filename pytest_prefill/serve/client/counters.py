@@ -47,7 +47,13 @@ GAUGES = {
 
 
 def _first(samples: Mapping[str, float], names: tuple[str, ...]) -> float | None:
-    return next((samples[n] for n in names if n in samples), None)
+    """The first of ``names`` ``samples`` holds as a finite number (None: none; a NaN, an
+    infinity or anything else is not known)."""
+    for n in names:
+        value = samples.get(n)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value) if math.isfinite(value) else None
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +65,22 @@ class ServerCounters:
     after: Mapping[str, float]
 
     def delta(self, name: str) -> float | None:
-        """A counter's growth over the run (None when the server has no such counter)."""
+        """A counter's growth over the run (None when the server has no such counter, or it
+        went down: the server restarted, and the counters were reset)."""
         names = COUNTERS[name]
         after, before = _first(self.after, names), _first(self.before, names)
-        return None if after is None or before is None else after - before
+        if after is None or before is None or after < before:
+            return None
+        return after - before
+
+    @property
+    def reset(self) -> bool:
+        """Whether a counter went down over the run (a restart): none of them is read."""
+        for names in COUNTERS.values():
+            after, before = _first(self.after, names), _first(self.before, names)
+            if after is not None and before is not None and after < before:
+                return True
+        return False
 
     def gauge(self, name: str) -> float | None:
         return _first(self.after, GAUGES[name])
@@ -72,12 +90,13 @@ class ServerCounters:
         """Prefix-cache tokens hit over tokens queried during the run (NaN: no counter, or
         nothing queried)."""
         hits, queries = self.delta("prefix_hits"), self.delta("prefix_queries")
-        if hits is None or not queries:
+        if hits is None or not queries or self.reset:
             return math.nan
         return hits / queries
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {name: self.delta(name) for name in COUNTERS}
+        reset = self.reset
+        out: dict[str, Any] = {name: None if reset else self.delta(name) for name in COUNTERS}
         out.update({name: self.gauge(name) for name in GAUGES})
         out["hit_rate"] = None if math.isnan(self.hit_rate) else self.hit_rate
         return out
@@ -97,10 +116,19 @@ class ServerCounters:
                 parts.append(f"{s[name]:,.0f} {what} tokens")
         if s["kv_usage"] is not None:
             parts.append(f"KV usage after {s['kv_usage']:.1%}")
+        if self.reset:
+            parts.append("counters reset (the server restarted?): not read")
         return "server /metrics over the run: " + (", ".join(parts) or "no engine counters")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before": dict(self.before), "after": dict(self.after), "summary": self.summary()}
+        def known(samples: Mapping[str, float]) -> dict[str, float]:
+            return {k: v for k, v in samples.items() if _first({k: v}, (k,)) is not None}
+
+        return {
+            "before": known(self.before),
+            "after": known(self.after),
+            "summary": self.summary(),
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> ServerCounters:

@@ -30,6 +30,7 @@ LAUNCHED = ("transformers", "llama.cpp", "vllm")
 TRANSFORMERS_BLOCK = int(ENGINE_COMMANDS["transformers"].kv_block_tokens or 0)
 VLLM_MAX_MODEL_LEN = 4096
 VLLM_KV_GIB = 1
+READY = 300.0  # seconds a server has to answer /health, by default
 VLLM_READY = 420.0  # seconds: its API server, engine core and worker took 87-173 s here
 
 
@@ -71,7 +72,9 @@ class Launcher:
     file for llama.cpp); ``kv_blocks`` (transformers ``--cb-num-blocks``) or ``kv_tokens``
     (llama.cpp ``-c``) size the KV cache; ``prefix_caching`` (vLLM) says whether its prefix
     cache is on; ``pin``: keep the server's compute on a core of its own, apart from its other
-    processes and the load generator (``serve.launch.pinning``; False: the OS places everything)."""
+    processes and the load generator (``serve.launch.pinning``; False: the OS places everything);
+    ``ready_timeout``: seconds it has to answer ``/health`` (None: :data:`READY`, vLLM's
+    :data:`VLLM_READY`)."""
 
     engine: str
     model: str
@@ -79,7 +82,7 @@ class Launcher:
     kv_blocks: int = 64
     kv_tokens: int = 32768
     prefix_caching: bool = True
-    ready_timeout: float = 300.0
+    ready_timeout: float | None = None
     pin: bool = True
 
     def __post_init__(self) -> None:
@@ -92,6 +95,13 @@ class Launcher:
             raise ValueError(f"a {self.engine} launcher needs the {what} (program)")
         if not os.path.exists(self.model):
             raise ValueError(f"launcher model {self.model}: no such file or folder")
+        if self.ready_timeout is not None and not (
+            isinstance(self.ready_timeout, (int, float)) and 0 < self.ready_timeout < math.inf
+        ):
+            raise ValueError(
+                f"launcher ready_timeout must be a positive number of seconds, "
+                f"got {self.ready_timeout!r}"
+            )
 
     def command(
         self, budget: int, max_seqs: int | None, port: int
@@ -140,7 +150,9 @@ class Launcher:
         """
         port = free_port()
         argv, env = self.command(budget, max_seqs, port)
-        timeout = max(self.ready_timeout, VLLM_READY if self.engine == "vllm" else 0.0)
+        timeout = self.ready_timeout
+        if timeout is None:
+            timeout = VLLM_READY if self.engine == "vllm" else READY
         server = start_server(argv, port, env=env, timeout=timeout, log=log)
         if self.pin:
             server.pinning = pin_server(self.engine, server.pid)

@@ -6,6 +6,7 @@ so nothing it started outlives it). Standard library only."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -15,8 +16,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
 
 from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
 from pytest_prefill.serve.client.http import request_json
@@ -26,6 +29,10 @@ from pytest_prefill.serve.launch.pinning import Pinning
 READY_POLL = 0.25
 STOP_GRACE = 10.0
 LOG_TAIL = 1500
+# The servers this process started and has not stopped yet: stopped at exit, whatever the way
+# out (an exception, SIGINT, SIGTERM or SIGHUP; SIGKILL cannot be caught).
+_LIVE: dict[int, ServerProcess] = {}
+STOPPED_BY = (signal.SIGTERM, signal.SIGHUP)
 
 
 def free_port() -> int:
@@ -70,9 +77,34 @@ class ServerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGKILL)
                 self.process.wait()
+        _LIVE.pop(self.pid, None)
         if self.pinning is not None:
             self.pinning.release()
         return self.process.returncode
+
+
+def stop_all() -> None:
+    """Stop every server this process started and still runs (at exit)."""
+    for server in list(_LIVE.values()):
+        server.stop()
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds: each ``finally`` stops its server, then atexit
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGHUP (``timeout``, a cancelled CI job, a closed terminal) into an exit
+    that runs ``finally`` blocks and :func:`stop_all`, where they still have their default
+    action and this is the main thread (SIGINT already raises KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOPPED_BY:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            signal.signal(signum, _exit_on_signal)
+
+
+atexit.register(stop_all)
 
 
 def _healthy(url: Url, path: str) -> bool:
@@ -102,6 +134,7 @@ def start_server(
         ServerError: with the end of its log, when it exits or is not ready within ``timeout``
             seconds (it is stopped first).
     """
+    stop_on_signals()
     if log is None:
         handle, log = tempfile.mkstemp(prefix="prefill-server-", suffix=".log")
         os.close(handle)
@@ -115,18 +148,36 @@ def start_server(
             start_new_session=True,
         )
     server = ServerProcess(tuple(argv), process, Url("http", "127.0.0.1", port, ""), log)
+    _LIVE[server.pid] = server
+    try:
+        _wait_ready(server, ready_path, timeout)
+    except BaseException:  # Ctrl-C or a signal while it starts: stopped all the same
+        server.stop()
+        raise
+    return server
+
+
+def _ended(name: str, why: str, server: ServerProcess) -> str:
+    """Why a server did not start, its log's path and last line on the first line (what a
+    one-line report keeps), then the log's end."""
+    tail = server.log_tail()
+    last = tail.splitlines()[-1].strip() if tail else "(empty)"
+    return f"{name} {why}; its log {server.log} ends: {last}\n{tail}"
+
+
+def _wait_ready(server: ServerProcess, ready_path: str, timeout: float) -> None:
+    process, name = server.process, server.argv[0]
     deadline = time.monotonic() + timeout
     while not _healthy(server.url, ready_path):
-        if process.poll() is not None or time.monotonic() > deadline:
-            why = (
-                f"exited with status {process.returncode}"
-                if process.poll() is not None
-                else (f"not ready within {timeout:g} s")
-            )
+        if process.poll() is not None:
             server.stop()
-            raise ServerError(f"{argv[0]} {why}; its log ends:\n{server.log_tail()}")
+            why = f"exited at start with status {process.returncode}"
+            raise ServerError(_ended(name, why, server))
+        if time.monotonic() > deadline:
+            server.stop()
+            why = f"not ready within {timeout:g} s (--health-timeout)"
+            raise ServerError(_ended(name, why, server))
         time.sleep(READY_POLL)
-    return server
 
 
 @contextlib.contextmanager

@@ -12,13 +12,20 @@ nothing of pytest_prefill, so that venv need not have it."""
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 
 FLAG = "--max-requests-per-batch"
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] != FLAG or not argv[1].isdigit() or int(argv[1]) < 1:
+    # ASCII digits only: str.isdigit() takes "²" and "١٢", and int() then fails or reads them
+    if (
+        len(argv) < 2
+        or argv[0] != FLAG
+        or not re.fullmatch(r"[0-9]{1,9}", argv[1])
+        or int(argv[1]) < 1
+    ):
         sys.stderr.write(f"usage: {FLAG} N (N >= 1) then the transformers command's arguments\n")
         return 2
     cap = int(argv[1])

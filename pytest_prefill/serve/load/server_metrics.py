@@ -7,7 +7,9 @@ when a server has metrics to parse."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +22,11 @@ from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request, in_arrival_order
 
 SCRAPE_TIMEOUT = 5.0
+# A scrape as a whole: a /metrics trickled a byte at a time is given up after this (each byte
+# would reset the read timeout), and one larger than MAX_METRICS_BYTES is not parsed (vLLM's
+# is tens of kilobytes; a 60 MB one took 24-50 s and ~1 GB to parse).
+SCRAPE_DEADLINE = 2 * SCRAPE_TIMEOUT
+MAX_METRICS_BYTES = 4 * 2**20
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -32,16 +39,20 @@ def parse_metrics(text: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
+    unknown = set()  # a NaN or infinite sample: the name's figure is not known
     try:
         for family in text_string_to_metric_families(text):
             if family.type not in ("counter", "gauge", "untyped", "unknown"):
                 continue
             for sample in family.samples:
                 if sample.name.startswith(PREFIXES) and not sample.name.endswith("_created"):
-                    out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+                    value = float(sample.value)
+                    if not math.isfinite(value):
+                        unknown.add(sample.name)
+                    out[sample.name] = out.get(sample.name, 0.0) + value
     except (ValueError, TypeError, IndexError) as err:
         raise ValueError(f"/metrics is not a Prometheus text exposition: {err}") from None
-    return out
+    return {name: value for name, value in out.items() if name not in unknown}
 
 
 async def scrape(url: Url, headers: Mapping[str, str] | None = None) -> dict[str, float] | None:
@@ -52,19 +63,25 @@ async def scrape(url: Url, headers: Mapping[str, str] | None = None) -> dict[str
     except ImportError:
         return None
     try:
-        response = await exchange(
-            url,
-            "GET",
-            "/metrics",
-            timeouts=Timeouts(SCRAPE_TIMEOUT, SCRAPE_TIMEOUT),
-            headers=headers,
+        response = await asyncio.wait_for(
+            exchange(
+                url,
+                "GET",
+                "/metrics",
+                timeouts=Timeouts(SCRAPE_TIMEOUT, SCRAPE_TIMEOUT),
+                headers=headers,
+            ),
+            SCRAPE_DEADLINE,
         )
-    except ServerError:
+    except (ServerError, asyncio.TimeoutError):
         return None
     if response.status != 200:
         return None
+    content = response.content()
+    if len(content) > MAX_METRICS_BYTES:
+        return None
     try:
-        samples = parse_metrics(response.content().decode("utf-8", "replace"))
+        samples = parse_metrics(content.decode("utf-8", "replace"))
     except ValueError:
         return None
     return samples or None
