@@ -205,6 +205,7 @@ def capacity_text(
     (``basis``: :class:`~pytest_prefill.report.assumptions.AnswerBasis`)."""
     basis = basis or AnswerBasis()
     lines = [
+        *filter(None, [basis.warning]),
         f"Cost model: {cost_source}",
         *basis.lines,
         f"Workload: {result.workload}",
@@ -266,6 +267,7 @@ def capacity_document(
             "lines": [line.strip() for line in basis.lines],
             "type": basis.type_line,
             "devices_needed": basis.needed_line,
+            "warning": basis.warning,
         }
     return document
 
