@@ -166,3 +166,17 @@ def test_a_model_the_cost_model_measured_has_no_warning(capsys):
     argv = [*ARGV, "--cost", "datacenter-illustrative", "--model", "qwen3-0.6b"]
     assert main([*argv, "--device-memory", "80", "--devices", "1", "--no-devices-needed"]) == 0
     assert "WARNING" not in capsys.readouterr().out
+
+
+def test_the_command_serves_the_model_as_given_else_says_model(tmp_path):
+    """A folder or a config.json names a model a server loads (as typed); a config under another
+    name, or an architecture preset, does not: its folder is no model, so the line says MODEL."""
+    from pytest_prefill.commands._deploy_args import served_name
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_1_8B))
+    (tmp_path / "llama.json").write_text(json.dumps(LLAMA_3_1_8B))
+    assert served_name(str(tmp_path)) == str(tmp_path)
+    assert served_name(str(tmp_path / "config.json")) == str(tmp_path)
+    assert served_name(str(tmp_path / "llama.json")) == "MODEL"
+    assert served_name("small") == "MODEL"
+    assert served_name("llama-3-8b") == "meta-llama/Meta-Llama-3-8B"

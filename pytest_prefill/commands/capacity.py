@@ -366,9 +366,12 @@ def _answer_basis(
             if tokens is not None:
                 short[tp] = tokens
     model = measured_model(spec)
-    type_basis = basis(spec, spec.cost, best, hardware, model)
+    server = args.server_facts is not None
+    type_basis = basis(spec, spec.cost, best, hardware, model, server)
     chosen = needed.deployment if needed is not None else None
-    needed_basis = basis(spec, spec.cost, chosen, hardware, model) if needed is not None else None
+    needed_basis = (
+        basis(spec, spec.cost, chosen, hardware, model, server) if needed is not None else None
+    )
     warning = mixed_models(spec, hardware, model)
     return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short, warning)
 

@@ -65,9 +65,11 @@ def basis(
     deployment: Deployment | None,
     hardware: Hardware | None,
     measured_model: str | None,
+    server: bool = False,
 ) -> str:
     """One bracketed clause for a ``Type:`` or ``Devices needed:`` line: what the numbers behind
-    ``deployment`` (its own cost model at its TP when it has one, else ``cost``) assume."""
+    ``deployment`` (its own cost model at its TP when it has one, else ``cost``) assume
+    (``server``: the cost model is a server calibration, whose KV the server's flags give)."""
     used = deployment.cost_on(cost) if deployment is not None else cost
     parts = [origin(spec)]
     # the terms the cost model leaves out, whatever a deployment's TP scaling adds to them, so
@@ -76,7 +78,13 @@ def basis(
     if zeros:
         parts.append(f"0 (left out): {', '.join(zeros)}")
     if math.isinf(used.kv_capacity_tokens):
-        parts.append("KV unbounded (give --model and --device-memory to size it)")
+        parts.append(
+            "KV unbounded (the server calibration recorded no KV capacity: rerun "
+            "calibrate-server with --server-flags '<the flags your server runs with>' to record "
+            "it)"
+            if server
+            else "KV unbounded (give --model and --device-memory to size it)"
+        )
     elif hardware is not None and hardware.device_memory is not None:
         parts.append(
             f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (vLLM's rule, activation "
