@@ -275,7 +275,7 @@ def verify_report(result: VerifyResult) -> str:
         ),
     ]
     if result.quiet:
-        lines.append(f"quiet host: {result.quiet}")
+        lines += _wrapped(f"quiet host: {result.quiet}")
     if any(r.load_check is not None for r in result.results):
         lines += _wrapped(
             "cost under load: as many requests as a probe, the ones after the probes' (no probe "
@@ -303,7 +303,7 @@ def verify_report(result: VerifyResult) -> str:
             lines.append(speed)
     for r in result.results:
         if r.sharpness is not None and not r.sharpness.decisive:
-            lines.append(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")
+            lines += _wrapped(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")
     lines.append(ranking_line(result))
     return "\n".join(lines)
 
