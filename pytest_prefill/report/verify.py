@@ -303,7 +303,9 @@ def verify_report(result: VerifyResult) -> str:
             lines.append(speed)
     for r in result.results:
         if r.sharpness is not None and not r.sharpness.decisive:
-            lines += _wrapped(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")
+            lines.append(
+                f"WARNING: {r.flags.label}: {r.sharpness.sentence()}"
+            )  # one line: grep-able
     lines.append(ranking_line(result))
     return "\n".join(lines)
 
