@@ -34,7 +34,7 @@ def test_the_answer_names_tp_kv_and_the_full_command(capsys):
     tokens = kv_capacity(load_model_spec("llama-3-8b"), 80 * GiB, tp=1, max_num_seqs=SEQS).tokens
     assert f"KV at TP=1: {tokens:,} tokens per replica" in out
     assert "preset datacenter-illustrative: not your hardware" in out
-    assert "compute measured on qwen3-0.6b, memory from llama-3-8b" in out
+    assert "compute illustrative (measured nowhere), for qwen3-0.6b, memory from llama-3-8b" in out
     assert "TP2" in out  # the search tried TP 2 on two devices
 
 
@@ -143,3 +143,40 @@ def test_a_deployments_own_sequence_cap_sizes_its_kv():
     assert own.cost.kv_capacity_tokens == kv_capacity(model, 80 * GiB, max_num_seqs=SEQS).tokens
     assert big.cost.kv_capacity_tokens == kv_capacity(model, 80 * GiB, max_num_seqs=1024).tokens
     assert big.cost.kv_capacity_tokens < own.cost.kv_capacity_tokens  # a larger sampler reserve
+
+
+def test_compute_from_another_model_is_said_first_in_words(capsys):
+    """A preset's compute with --model another model: the first line says so (and names --gpu);
+    the illustrative preset is not called measured; the header says whose KV bytes are used;
+    every bracket under the answer lists the same left-out terms."""
+    argv = [*ARGV, "--cost", "datacenter-illustrative", "--model", "llama-3-8b"]
+    assert main([*argv, "--device-memory", "80", "--devices", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("WARNING: compute and memory come from different models")
+    assert "--gpu" in lines[0] and "llama-3-8b" in lines[0] and "qwen3-0.6b" in lines[0]
+    assert lines[1].startswith("Cost model:") and "llama-3-8b's" in lines[1]
+    out = "\n".join(lines)
+    assert "compute measured on" not in out  # datacenter-illustrative is measured nowhere
+    brackets = [line.strip() for line in lines if line.strip().startswith("[preset")]
+    left_out = {b.split("0 (left out): ")[1].split(";")[0] for b in brackets}
+    assert len(brackets) >= 2 and len(left_out) == 1
+
+
+def test_a_model_the_cost_model_measured_has_no_warning(capsys):
+    argv = [*ARGV, "--cost", "datacenter-illustrative", "--model", "qwen3-0.6b"]
+    assert main([*argv, "--device-memory", "80", "--devices", "1", "--no-devices-needed"]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_the_command_serves_the_model_as_given_else_says_model(tmp_path):
+    """A folder or a config.json names a model a server loads (as typed); a config under another
+    name, or an architecture preset, does not: its folder is no model, so the line says MODEL."""
+    from pytest_prefill.commands._deploy_args import served_name
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_1_8B))
+    (tmp_path / "llama.json").write_text(json.dumps(LLAMA_3_1_8B))
+    assert served_name(str(tmp_path)) == str(tmp_path)
+    assert served_name(str(tmp_path / "config.json")) == str(tmp_path)
+    assert served_name(str(tmp_path / "llama.json")) == "MODEL"
+    assert served_name("small") == "MODEL"
+    assert served_name("llama-3-8b") == "meta-llama/Meta-Llama-3-8B"

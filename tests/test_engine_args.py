@@ -77,6 +77,30 @@ def test_simulate_defaults_to_the_lab_and_says_so(capsys):
     assert "Simulated under engine lab (first token after a decode step)." in out
 
 
+def test_simulate_runs_a_workload_under_vllm_by_default_as_capacity_does(capsys):
+    """Only the lab scenario keeps the lab's loop; a workload runs under the engine capacity and
+    the plugin default to, and the header says it is the default."""
+    assert main(["simulate", "--workload", "poisson", "--num-prompts", "20"]) == 0
+    out = capsys.readouterr().out
+    engine_line = next(line for line in out.splitlines() if line.startswith("Engine: "))
+    assert engine_line.startswith(f"Engine: {get_profile('vllm').label().removeprefix('engine ')}")
+    assert "this command's default" in engine_line
+    assert "Simulated under engine vllm (first token from the prefill)." in out
+
+
+def test_each_recommendation_says_which_question_it_answers(capsys):
+    """simulate's C* rule and capacity's ranking answer different questions and say so."""
+    from pytest_prefill.plan.advice import CAPACITY_QUESTION, RULE_QUESTION
+
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("Prefer ") < out.index(RULE_QUESTION) < out.index("policy ")
+    argv = ["capacity", "--slo", "ttft:2s,tpot:100ms", "--num-prompts", "20", "--workers", "1"]
+    assert main([*argv, "--no-devices-needed"]) == 0
+    out = capsys.readouterr().out
+    assert CAPACITY_QUESTION in out and RULE_QUESTION not in out
+
+
 def test_the_timeline_title_names_the_profile(capsys):
     assert main(["timeline", "--text", "--engine", "llama.cpp", "--width", "200"]) == 0
     out = capsys.readouterr().out

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -119,3 +120,38 @@ def test_a_run_the_server_could_not_keep_up_with_says_so():
     assert overload_line(kept, kept.metrics()) is None
     burst = BenchRun(tuple(_record(f"r{i}", 0.0, [1.0 + i], [1]) for i in range(3)), {}, {}, "x")
     assert burst.offered_rate() is None and overload_line(burst, burst.metrics()) is None
+
+
+def _capped_run(rate: float, service: float, cap: int, count: int = 20) -> BenchRun:
+    """As :func:`_run_at`, but with at most ``cap`` requests in flight: a send waits for a free
+    place (so the last actual send comes late, as the load generator's semaphore makes it)."""
+    records, free, done_times = [], 0.0, []
+    for i in range(count):
+        scheduled = i / rate
+        sent = max(scheduled, done_times[i - cap]) if i >= cap else scheduled
+        done = max(sent, free) + service
+        free = done
+        done_times.append(done)
+        records.append(ServerRecord(f"r{i}", scheduled, sent, 10, 1, (done,), (1,), 10, 1))
+    settings = {"schedule": {"max_concurrency": cap}, "prompts": "words"}
+    return BenchRun(tuple(records), {}, settings, "now")
+
+
+def test_a_concurrency_cap_does_not_hide_the_overload_and_the_offered_rate_is_printed():
+    """The cap delays the last send until a place frees, so the drain measured from the last
+    actual send is short; measured from the last scheduled send it is not, and the warning
+    fires, naming the cap. The text prints the rate offered beside the rate served."""
+    from pytest_prefill.report.bench import bench_text, overload_line
+
+    capped = _capped_run(rate=2.0, service=1.0, cap=2)
+    last_token = max(r.chunk_times[-1] for r in capped.records)
+    span = max(r.scheduled for r in capped.records)  # the first is scheduled at 0
+    assert last_token - max(r.arrival for r in capped.records) <= span / 2  # hidden that way
+    line = overload_line(capped, capped.metrics())
+    assert line and "did not keep up" in line and "--max-concurrency 2 held sends back" in line
+    text = bench_text(dataclasses.replace(capped, server=SERVER), capped.metrics())
+    served = capped.metrics().request_throughput
+    assert "Offered: 2 req/s" in text and f"served {served:.3g} req/s" in text
+
+
+SERVER = {"url": "http://x", "engine": "vllm", "engine_from": "a test", "models": ["m"]}

@@ -81,3 +81,17 @@ def test_capacity_keeps_a_server_calibrations_facts(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Server facts kept as the deployment's" in out and "at most 8 requests" in out
     assert "≤8 seqs" in out and "--max-num-seqs 8" in out
+
+
+def test_a_server_calibration_without_kv_points_at_server_flags_not_model(tmp_path, capsys):
+    """KV unbounded under a server calibration: the fix is the server's flags recorded by
+    calibrate-server, not --model/--device-memory (the server's memory is its own)."""
+    facts = ServerFacts(max_seqs=8, sources={"max_seqs": "flag"})
+    provenance = {"source": "server", "deployment": facts.to_dict()}
+    path = tmp_path / "server.json"
+    path.write_text(json.dumps(fit_server(_samples(256), ServerSweep(256), provenance).to_dict()))
+    argv = ["capacity", "--cost", str(path), "--slo", "ttft:5s", "--num-prompts", "30"]
+    assert main([*argv, "--workers", "1", "--no-devices-needed"]) == 0
+    out = capsys.readouterr().out
+    assert "KV unbounded" in out and "--server-flags" in out
+    assert "give --model and --device-memory" not in out

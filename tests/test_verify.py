@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 from cli_errors import usage_error
@@ -273,6 +274,32 @@ def test_the_report_says_whether_the_measured_ranking_agrees():
     measured = agree.results[1].measured
     assert measured is not None and measured.rate <= measured.knee  # interpolated above the pass
     assert math.isfinite(ratio) and ratio == pytest.approx(4 / measured.knee)
+
+
+def test_the_report_wraps_its_header_explains_replayed_and_has_no_blank_column():
+    """The rule's sentence is wrapped (no line of prose wider than the report's width), the
+    knee table has no unnamed column when no server ended, and the replayed column is explained
+    under the probe table."""
+    from pytest_prefill.report.verify import REPLAYED, WIDTH, knee_table, verify_report
+
+    result = VerifyResult(
+        "w",
+        SLO(ttft=1.0),
+        ProbeRule(),
+        (_result(FlagSet(128), 2, 2), _result(FlagSet(256), 4, 4)),
+        "vllm",
+    )
+    text = verify_report(result)
+    knee, probes = knee_table(result), text.split(knee_table(result))[1]
+    prose = [line for line in text.split("\n") if line not in knee and line not in probes]
+    assert all(len(line) <= WIDTH for line in prose[:-1])  # the ranking line is the last
+    assert text.index("p90 TPOT ms") < text.index(REPLAYED[:40])  # under the probe table
+    names, rule = knee.split("\n")[:2]
+    columns = [m.span() for m in re.finditer("-+", rule)]  # tabulate's rule: a run per column
+    assert all(names[a:b].strip() for a, b in columns)  # every column named
+    ended = dataclasses.replace(result.results[0], ended="server died")
+    with_end = dataclasses.replace(result, results=(ended, result.results[1]))
+    assert knee_table(with_end).split("\n")[0].split()[-1] == "server"
 
 
 def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):

@@ -391,13 +391,18 @@ def deployed_cost(
 
 
 def served_name(spec: str) -> str:
-    """What a launch line serves for ``--model``: a preset's Hugging Face id, a config.json's
-    folder, a folder as given."""
+    """What a launch line serves for ``--model``, as given: a preset's Hugging Face id, a
+    config.json's folder, a folder; ``MODEL`` where that names nothing a server loads (an
+    architecture preset, a config file under another name: its folder is not a model)."""
     if spec in SERVED_IDS:
         return SERVED_IDS[spec]
     if spec in ARCHITECTURES:
         return "MODEL"
-    return os.path.dirname(spec) or "." if os.path.isfile(spec) else spec
+    if os.path.isfile(spec):
+        if os.path.basename(spec) != "config.json":
+            return "MODEL"
+        return os.path.dirname(spec) or "."
+    return spec
 
 
 def deployed_spec(args: argparse.Namespace, spec: CostSpec) -> CostSpec:

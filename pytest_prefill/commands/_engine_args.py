@@ -12,14 +12,17 @@ from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.sim import PROFILES, EngineProfile, simulated_engine
 
 
-def add_engine_argument(parser: argparse.ArgumentParser, default: str) -> None:
-    """``--engine NAME`` (one of the profiles), defaulting to ``default``; :func:`check_engine`
-    turns it into ``args.profile``."""
+def add_engine_argument(
+    parser: argparse.ArgumentParser, default: str, shown: str | None = None
+) -> None:
+    """``--engine NAME`` (one of the profiles), defaulting to ``default`` (``shown``: the
+    default as the help says it, when it depends on other flags); :func:`check_engine` turns it
+    into ``args.profile``."""
     parser.add_argument(
         "--engine",
         metavar="NAME",
         help=f"the engine profile the simulator schedules as: {', '.join(PROFILES)} (default "
-        f"{default}; 'lab' is the lab's loop, first token after a decode step)",
+        f"{shown or default}; 'lab' is the lab's loop, first token after a decode step)",
     )
     parser.add_argument(
         "--prefix-caching",

@@ -172,12 +172,14 @@ def measure_cost(args: argparse.Namespace) -> tuple[Any, str]:
     return calibration.cost, measured_origin(calibration)
 
 
-def add_lab_simulation_arguments(parser: argparse.ArgumentParser) -> None:
+def add_lab_simulation_arguments(
+    parser: argparse.ArgumentParser, engine_shown: str | None = None
+) -> None:
     """What ``simulate`` and ``timeline`` both take: ``--cost``, the lab scenario's shape and
-    ``--engine`` (default the lab's loop)."""
+    ``--engine`` (default the lab's loop; ``engine_shown``: the default as the help says it)."""
     add_cost_argument(parser)
     add_lab_scenario_arguments(parser)
-    add_engine_argument(parser, "lab")
+    add_engine_argument(parser, "lab", engine_shown)
 
 
 def add_cost_argument(parser: argparse.ArgumentParser, default: str | None = "lab-laptop") -> None:

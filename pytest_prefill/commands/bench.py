@@ -153,6 +153,25 @@ def check(args: argparse.Namespace) -> None:
         seen[real] = flag
 
 
+def arrivals_line(schedule: Schedule, cap: int | None) -> str:
+    """What the run offers: the schedule's rate (a Poisson or gamma rate replaces the trace's
+    own times, so the Workload line's rate is not the one sent) and the concurrency cap."""
+    kind = schedule.arrivals
+    if kind in ("poisson", "gamma"):
+        what = f"{kind} at {schedule.request_rate:g} req/s offered (replacing the trace's times)"
+    elif kind == "burst":
+        what = "all at once (burst)"
+    else:
+        what = "the workload's own arrival times"
+    held = (
+        f"; at most {cap} in flight: a send waits for a free place, so a server slower than "
+        "the rate is offered less (the warning below says so)"
+        if cap
+        else ""
+    )
+    return f"Arrivals: {what}{held}"
+
+
 def progress(line: str) -> None:
     print(f"  {line}", file=sys.stderr, flush=True)
 
@@ -210,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     workload = workload_from_args(args)
     for line in workload_lines(workload):
         print(line)
+    print(arrivals_line(args.arrivals, args.max_concurrency))
     result = asyncio.run(_bench(args, workload))
     if result.interrupted:
         print(

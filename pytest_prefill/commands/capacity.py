@@ -67,7 +67,12 @@ from pytest_prefill.plan.executors import (
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
 from pytest_prefill.plan.workloads import Workload
-from pytest_prefill.report.assumptions import AnswerBasis, basis
+from pytest_prefill.report.assumptions import (
+    AnswerBasis,
+    basis,
+    header_source,
+    mixed_models,
+)
 from pytest_prefill.report.capacity import (
     capacity_document,
     capacity_gate,
@@ -361,10 +366,14 @@ def _answer_basis(
             if tokens is not None:
                 short[tp] = tokens
     model = measured_model(spec)
-    type_basis = basis(spec, spec.cost, best, hardware, model)
+    server = args.server_facts is not None
+    type_basis = basis(spec, spec.cost, best, hardware, model, server)
     chosen = needed.deployment if needed is not None else None
-    needed_basis = basis(spec, spec.cost, chosen, hardware, model) if needed is not None else None
-    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short)
+    needed_basis = (
+        basis(spec, spec.cost, chosen, hardware, model, server) if needed is not None else None
+    )
+    warning = mixed_models(spec, hardware, model)
+    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short, warning)
 
 
 def _notes(
@@ -419,7 +428,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - began
     lengths = [r.prompt_len + r.output_len for r in workload.requests]
     basis = _answer_basis(args, spec, result, needed, lengths)
-    lines = capacity_text(result, spec.source, needed, engine_note(args), basis).split("\n")
+    source = header_source(spec.source, spec, args.hardware)
+    lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = _notes(args, workload, spec.cost, result)
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)

@@ -21,7 +21,7 @@ from pytest_prefill.commands._deploy_args import (
     deployed_cost,
     planning_cost,
 )
-from pytest_prefill.commands._engine_args import check_engine, engine_for
+from pytest_prefill.commands._engine_args import check_engine, engine_for, engine_note
 from pytest_prefill.commands._measure_args import (
     add_lab_simulation_arguments,
     add_model_arguments,
@@ -35,6 +35,7 @@ from pytest_prefill.commands._workload_args import (
     workload_from_args,
     workload_lines,
 )
+from pytest_prefill.commands.capacity import DEFAULT_ENGINE
 from pytest_prefill.plan.advice import recommend, star_text
 from pytest_prefill.plan.capacity import engine_document
 from pytest_prefill.plan.deployments import search_chunks
@@ -49,8 +50,13 @@ from pytest_prefill.sim import CostModel, EngineProfile, Request, simulate
 HELP = "simulate a workload (default: the lab scenario) under every policy; sweep the chunk"
 
 
+# A workload runs under vllm by default, as capacity and the plugin do; the lab scenario keeps
+# the lab's loop, the one its preset was measured on and its table was published for.
+ENGINE_SHOWN = "vllm with --workload, lab for the lab scenario"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_lab_simulation_arguments(parser)
+    add_lab_simulation_arguments(parser, ENGINE_SHOWN)
     parser.add_argument(
         "--chunk",
         type=positive_int,
@@ -78,6 +84,8 @@ def check(args: argparse.Namespace) -> None:
     """Before any work: the engine profile, the lab scenario's flags only with the lab
     workload, the workload's own flags, and the chunked iterations a run would take where the
     flags alone decide them."""
+    if args.workload != "lab":
+        args.engine_default = DEFAULT_ENGINE
     check_engine(args)
     given = lab_scenario_given(args)
     if args.workload != "lab" and given:
@@ -165,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
     star = cost.chunk_star()
     print(f"Cost model: {origin}")
     print("\n".join(lines))
-    print(engine_header(engine))
+    note = engine_note(args) if args.workload != "lab" else ""  # the lab scenario's is lab
+    print(" ".join(filter(None, [engine_header(engine), note])))
     print(f"C* = {star_text(star)} tokens")
     if spec.trust is not None:
         print(f"  (the calibration's trust figures: {spec.trust.text()})")

@@ -128,7 +128,13 @@ class Recommendation:
     warnings: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return "\n".join((self.line, *self.warnings))
+        return "\n".join((self.line, *filter(None, [self.question]), *self.warnings))
+
+    @property
+    def question(self) -> str | None:
+        """The question the rule answers, printed under a chunked or disaggregated line (None
+        when undetermined): not the one ``capacity`` answers, so the two may differ."""
+        return None if self.policy == "undetermined" else RULE_QUESTION
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able (C* infinite becomes "inf" / "-inf")."""
@@ -140,6 +146,22 @@ class Recommendation:
             "line": self.line,
             "warnings": list(self.warnings),
         }
+
+
+# The two recommendations answer different questions, and each output says which (they may
+# disagree on one cost model: a prompt's stall and a deployment's goodput are not the same aim).
+RULE_QUESTION = (
+    "   (C*'s rule answers where ONE long prompt amid live decode streams should go: chunked in "
+    "(a chunk up to C* tokens rides a decode step for free, more stalls the streams) or to a "
+    "prefill worker (no stall; its TTFT pays the KV transfer). Which deployment serves the most requests per device "
+    "for your traffic and SLO is another question: prefill-bench capacity, which may pick "
+    "otherwise.)"
+)
+CAPACITY_QUESTION = (
+    "This answers which deployment serves the most requests per device for this traffic within "
+    "the SLO (simulated). C*'s rule (simulate, calibrate, the plugin's summary) answers another "
+    "question, where one long prompt amid live streams should go, and may prefer otherwise."
+)
 
 
 def star_contexts(max_context: int | None = None) -> tuple[int, ...]:

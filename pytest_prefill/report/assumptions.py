@@ -21,7 +21,8 @@ class AnswerBasis:
     TP above the workload; the ``memory_fraction`` and ``model`` its command sets (None: the
     engine's default, ``MODEL``); what the ``Type:`` and ``Devices needed:`` lines rest on;
     ``max_model_len`` by TP where an instance's KV holds less than the context (the command
-    sets it there)."""
+    sets it there); ``warning``: the line printed first, when the compute and the memory come
+    from different models."""
 
     lines: tuple[str, ...] = ()
     memory_fraction: float | None = None
@@ -29,9 +30,11 @@ class AnswerBasis:
     type_line: str | None = None
     needed_line: str | None = None
     max_model_len: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    warning: str | None = None
 
 
 PRESET_MODEL = "qwen3-0.6b"  # both cost presets describe Qwen3-0.6B (sim/presets.py)
+MEASURED_PRESETS = ("lab-laptop",)  # datacenter-illustrative is measured nowhere (sim/presets.py)
 ZERO_TERMS = (
     "decode_per_seq",
     "decode_per_kv_token",
@@ -62,16 +65,26 @@ def basis(
     deployment: Deployment | None,
     hardware: Hardware | None,
     measured_model: str | None,
+    server: bool = False,
 ) -> str:
     """One bracketed clause for a ``Type:`` or ``Devices needed:`` line: what the numbers behind
-    ``deployment`` (its own cost model at its TP when it has one, else ``cost``) assume."""
+    ``deployment`` (its own cost model at its TP when it has one, else ``cost``) assume
+    (``server``: the cost model is a server calibration, whose KV the server's flags give)."""
     used = deployment.cost_on(cost) if deployment is not None else cost
     parts = [origin(spec)]
-    zeros = [name for name in ZERO_TERMS if getattr(used, name) == 0]
+    # the terms the cost model leaves out, whatever a deployment's TP scaling adds to them, so
+    # every bracket under one answer lists the same ones
+    zeros = [name for name in ZERO_TERMS if getattr(cost, name) == 0]
     if zeros:
         parts.append(f"0 (left out): {', '.join(zeros)}")
     if math.isinf(used.kv_capacity_tokens):
-        parts.append("KV unbounded (give --model and --device-memory to size it)")
+        parts.append(
+            "KV unbounded (the server calibration recorded no KV capacity: rerun "
+            "calibrate-server with --server-flags '<the flags your server runs with>' to record "
+            "it)"
+            if server
+            else "KV unbounded (give --model and --device-memory to size it)"
+        )
     elif hardware is not None and hardware.device_memory is not None:
         parts.append(
             f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (vLLM "
@@ -89,5 +102,44 @@ def basis(
             f"{hardware.rule.fixed_share:.0%} of the fixed time kept) plus all-reduces"
         )
     if hardware is not None and measured_model and measured_model != hardware.model.name:
-        parts.append(f"compute measured on {measured_model}, memory from {hardware.model.name}")
+        parts.append(f"{compute_of(spec, measured_model)}, memory from {hardware.model.name}")
     return "[" + "; ".join(parts) + "]"
+
+
+def compute_of(spec: CostSpec, measured_model: str) -> str:
+    """``compute measured on X`` or, for a preset measured nowhere, ``compute illustrative, for
+    X`` (the preset's own words: it was never measured)."""
+    if spec.kind == "preset" and spec.spec not in MEASURED_PRESETS:
+        return f"compute illustrative (measured nowhere), for {measured_model}"
+    return f"compute measured on {measured_model}"
+
+
+def mixed_models(
+    spec: CostSpec, hardware: Hardware | None, measured_model: str | None
+) -> str | None:
+    """The warning an answer prints first when its compute and its memory come from different
+    models (a preset's or a calibration's compute with ``--model`` another): the rates are the
+    first model's speed, not the served model's; ``--gpu`` derives the compute for it. None when
+    they agree or the cost model names no model."""
+    if hardware is None or hardware.derived is not None or not measured_model:
+        return None
+    served = hardware.model.name
+    if measured_model == served:
+        return None
+    illustrative = spec.kind == "preset" and spec.spec not in MEASURED_PRESETS
+    what = "illustrative, measured nowhere" if illustrative else "measured on it"
+    return (
+        f"WARNING: compute and memory come from different models: every rate below is the "
+        f"speed of {measured_model} (the cost model's compute, {what}) with the KV cache of "
+        f"{served}; it is not how fast {served} runs. To price {served}'s compute, derive it: "
+        f"--gpu NAME (e.g. --gpu h100) with --model and no --cost, or calibrate a server "
+        f"serving {served} (prefill-bench calibrate-server)."
+    )
+
+
+def header_source(source: str, spec: CostSpec, hardware: Hardware | None) -> str:
+    """The ``Cost model:`` header's text, saying where a preset's own KV bytes are replaced by
+    ``--model``'s (the preset's words name Qwen3-0.6B's)."""
+    if hardware is None or spec.kind != "preset":
+        return source
+    return f"{source} (Here the KV bytes and capacity are {hardware.model.name}'s: see Model:.)"

@@ -68,26 +68,49 @@ def metrics_block(
 
 
 # The run served less than this share of the rate offered, and its last token came more than
-# half the sending span after the last send: the queue grew, and the latencies include the wait.
+# half the sending span after the last *scheduled* send (not the last actual one: a concurrency
+# cap delays the sends and would hide the drain): the queue grew, and the latencies include it.
 KEPT_UP = 0.9
 
 
+def offered_line(run: BenchRun, metrics: ServingMetrics) -> str | None:
+    """The rate the schedule offered against the rate served (None: one request, or all at
+    once)."""
+    offered = run.offered_rate()
+    if offered is None:
+        return None
+    return (
+        f"Offered: {offered:.3g} req/s (the schedule's sends, first to last); served "
+        f"{metrics.request_throughput:.3g} req/s (request throughput)"
+    )
+
+
 def overload_line(run: BenchRun, metrics: ServingMetrics) -> str | None:
-    """A warning when the server did not keep up with the rate offered, or None."""
+    """A warning when the server did not keep up with the rate offered (the queue grew, in
+    the server or behind ``--max-concurrency``), or None."""
     offered = run.offered_rate()
     completed = run.completed
     if offered is None or not completed:
         return None
     sent = [r.scheduled for r in run.records]
     span = max(sent) - min(sent)
-    drain = max(r.chunk_times[-1] for r in completed) - max(r.arrival for r in completed)
+    drain = max(r.chunk_times[-1] for r in completed) - max(sent)
     if metrics.request_throughput >= KEPT_UP * offered or drain <= span / 2:
         return None
+    late = max(r.arrival - r.scheduled for r in run.records)
+    cap = max_concurrency_of(run)
+    held = (
+        f"; --max-concurrency {cap} held sends back, the latest {late:,.1f} s after its time "
+        "(those waits are not in the latencies, the server's own queue is)"
+        if cap is not None and late > span / 10
+        else ""
+    )
     return (
         f"warning: the server did not keep up: {offered:.3g} req/s offered, "
         f"{metrics.request_throughput:.3g} req/s served (request throughput); the last "
-        f"token came {drain:,.1f} s after the last send, so requests queued and the latencies "
-        "above include the wait. Lower the rate (or --max-concurrency) to measure it unloaded."
+        f"token came {drain:,.1f} s after the last scheduled send{held}. Requests queued: "
+        "the figures above describe an overloaded server. Lower the rate (--arrivals "
+        "poisson:RATE) to measure it unloaded."
     )
 
 
@@ -130,5 +153,5 @@ def run_notes(run: BenchRun) -> list[str]:
 
 def bench_text(run: BenchRun, metrics: ServingMetrics) -> str:
     block = metrics_block(metrics, len(run.failed), max_concurrency_of(run), run.peak_concurrency())
-    overload = overload_line(run, metrics)
-    return "\n".join([block, *run_notes(run), *([overload] if overload else [])])
+    extra = [offered_line(run, metrics), overload_line(run, metrics)]
+    return "\n".join([block, *run_notes(run), *filter(None, extra)])

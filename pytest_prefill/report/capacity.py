@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from pytest_prefill import __version__
 from pytest_prefill._io import json_number
+from pytest_prefill.plan.advice import CAPACITY_QUESTION
 from pytest_prefill.plan.capacity import CapacityResult
 from pytest_prefill.plan.engine_commands import engine_command
 from pytest_prefill.plan.rate_search import PERCENTILE, DeploymentResult, target_percentile
@@ -205,6 +206,7 @@ def capacity_text(
     (``basis``: :class:`~pytest_prefill.report.assumptions.AnswerBasis`)."""
     basis = basis or AnswerBasis()
     lines = [
+        *filter(None, [basis.warning]),
         f"Cost model: {cost_source}",
         *basis.lines,
         f"Workload: {result.workload}",
@@ -235,6 +237,7 @@ def capacity_text(
         "device (DistServe's per-device goodput; vLLM's goodput there, whose duration includes "
         "draining the queue, is in --json); binds: the bound missed first above that rate; "
         "(!): attainment not monotone in rate (see the notes).",
+        CAPACITY_QUESTION,
     ]
     return "\n".join(lines)
 
@@ -266,6 +269,7 @@ def capacity_document(
             "lines": [line.strip() for line in basis.lines],
             "type": basis.type_line,
             "devices_needed": basis.needed_line,
+            "warning": basis.warning,
         }
     return document
 

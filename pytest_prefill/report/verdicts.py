@@ -123,6 +123,7 @@ def verdict_block(
         lines += [
             f"{star}; pass overhead is {advice.overhead_fraction:.0%} of one decode step{figures}",
             advice.line,
+            *filter(None, [advice.question]),
             *advice.warnings,
         ]
     return lines + [verdict_line(v) for v in verdicts]

@@ -6,6 +6,7 @@ predicted one, and whether the measurement separates the best from the next."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 from tabulate import tabulate
@@ -128,6 +129,7 @@ def speed_line(r: FlagSetResult) -> str | None:
 def knee_table(result: VerifyResult) -> str:
     """One row per flag set."""
     rows = []
+    ended = any(r.ended is not None for r in result.results)  # a column only when one did
     for r in result.results:
         first = r.measured.at_first if r.measured is not None else None
         at = f"{first.attainment:.0%} ± {first.standard_error:.0%}" if first is not None else "-"
@@ -137,7 +139,7 @@ def knee_table(result: VerifyResult) -> str:
         within = f"predicted/measured [90%], ±{r.within:.0%}"
         row = [r.flags.label, _load(r), predicted, _sharp(r), _knee(r), _measured(r), _ratio(r)]
         row.append(at)
-        rows.append(row + [str(r.requests or "-"), r.ended and "ended" or ""])
+        rows.append(row + [str(r.requests or "-")] + (["ended" if r.ended else "-"] * ended))
     headers = [
         "flag set",
         "cost under load [90%]",
@@ -148,7 +150,7 @@ def knee_table(result: VerifyResult) -> str:
         within if result.results else "predicted/measured",
         "attainment at predicted",
         "requests a probe",
-        "",
+        *(["server"] * ended),
     ]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
@@ -250,15 +252,34 @@ def ranking_verdict(
     return text + ("; the rest are ordered differently" if same else "; the order differs")
 
 
+# What the probe table's replayed column is, and how to read it beside the measured attainment.
+REPLAYED = (
+    "replayed: the simulator's attainment on the probe's own requests at their measured "
+    "arrivals, at the cost the knee was predicted with (the calibration, times the load check's "
+    "factor). Far below the measured attainment: the model ran slower than the server did "
+    "during that probe (its speed column under that factor), so the knee predicted is low; at "
+    "or above the target where the server missed: the miss is the model's."
+)
+WIDTH = 100
+
+
+def _wrapped(text: str) -> list[str]:
+    """``text`` in lines of at most :data:`WIDTH` characters, the later ones indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
 def verify_report(result: VerifyResult) -> str:
     lines = [
         f"verify on {result.engine or 'a server'}: {result.workload}",
-        f"SLO {result.slo}, attainment target {result.rule.target:.0%}; {result.rule.sentence()}",
+        *_wrapped(
+            f"SLO {result.slo}, attainment target {result.rule.target:.0%}; "
+            f"{result.rule.sentence()}"
+        ),
     ]
     if result.quiet:
-        lines.append(f"quiet host: {result.quiet}")
+        lines += _wrapped(f"quiet host: {result.quiet}")
     if any(r.load_check is not None for r in result.results):
-        lines.append(
+        lines += _wrapped(
             "cost under load: as many requests as a probe, the ones after the probes' (no probe "
             "sends them), sent at the knee the calibration predicts, and again at the knee the "
             f"runs settle on while it moves by more than {result.rule.tolerance:.0%} (3 runs at "
@@ -272,6 +293,7 @@ def verify_report(result: VerifyResult) -> str:
         knee_table(result),
         "",
         probe_table(result),
+        *_wrapped(REPLAYED),
         "",
     ]
     lines += [r.ended for r in result.results if r.ended is not None]
@@ -283,7 +305,9 @@ def verify_report(result: VerifyResult) -> str:
             lines.append(speed)
     for r in result.results:
         if r.sharpness is not None and not r.sharpness.decisive:
-            lines.append(f"WARNING: {r.flags.label}: {r.sharpness.sentence()}")
+            lines.append(
+                f"WARNING: {r.flags.label}: {r.sharpness.sentence()}"
+            )  # one line: grep-able
     lines.append(ranking_line(result))
     return "\n".join(lines)
 
