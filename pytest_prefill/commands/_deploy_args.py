@@ -59,7 +59,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         "b200, l4, l40s, mi300x, ...) or your own figures; with --model and no --cost the cost "
         "model is derived from the model's shapes and the device, and the device's memory "
         "sizes the KV cache (--device-memory still wins). Not --device, which picks where "
-        "a calibration measures",
+        "a calibration measures. capacity takes several, h100,h200,l40s: a search across kinds "
+        "within a budget per kind (--devices), each kind's compute derived",
     )
     group.add_argument(
         "--host-from",

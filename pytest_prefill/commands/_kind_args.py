@@ -25,6 +25,7 @@ from pytest_prefill.report.assumptions import AnswerBasis
 from pytest_prefill.sim import CostModel, Request
 
 MAX_DEVICES_PER_KIND = 64  # a search across kinds tries every split the budgets allow
+MAX_DEVICES = 1024  # as capacity's --devices: a bound on what the command line simulates
 DEVICES_HELP = (
     "devices every deployment uses (default 1); with --gpu naming several kinds (or --price), "
     "the budget per kind: N (N of each kind) or KIND=N,KIND=N (e.g. h100=4,l40s=2); each "
@@ -40,7 +41,7 @@ _count = bounded_int(MAX_DEVICES_PER_KIND, "devices of a kind")
 def devices_type(text: str) -> int | dict[str, int]:
     """``--devices``: a count, or ``KIND=N,KIND=N`` (the kinds checked later, by name)."""
     if "=" not in text:
-        return bounded_int(1024, "devices")(text)
+        return bounded_int(MAX_DEVICES, "devices")(text)
     out: dict[str, int] = {}
     for item in text.split(","):
         kind, sep, value = item.strip().partition("=")
