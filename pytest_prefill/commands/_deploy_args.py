@@ -60,7 +60,8 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         "b200, l4, l40s, mi300x, ...) or your own figures; with --model and no --cost the cost "
         "model is derived from the model's shapes and the device, and the device's memory "
         "sizes the KV cache (--device-memory still wins). Not --device, which picks where "
-        "a calibration measures",
+        "a calibration measures. capacity takes several, h100,h200,l40s: a search across kinds "
+        "within a budget per kind (--devices), each kind's compute derived",
     )
     group.add_argument(
         "--host-from",
@@ -257,22 +258,37 @@ def derived_spec(
     ``prompts`` and ``outputs`` (their lengths); ``args.hardware`` then derives each TP's."""
     hardware, device = args.hardware, args.gpu_device
     assert hardware is not None and device is not None
-    choice = efficiency_of(device, args.profile.name)
+    host = (lambda span: _host_from(args, span)) if getattr(args, "host_from", None) else None
+    args.hardware, spec = derive_on(hardware, device, args.profile.name, prompts, outputs, host)
+    return spec
+
+
+def derive_on(
+    hardware: Hardware,
+    device: Device,
+    engine: str,
+    prompts: Sequence[int],
+    outputs: Sequence[int],
+    host: Callable[[TokenRange], HostCost] | None = None,
+) -> tuple[Hardware, CostSpec]:
+    """``hardware`` deriving its cost at every TP from its model on ``device`` under
+    ``engine``'s efficiency table, over the token range of ``prompts`` and ``outputs``, and the
+    cost spec of one instance at TP 1 (its label names the device, the table and its error
+    class); ``host(span)``: the host cost (default none)."""
+    choice = efficiency_of(device, engine)
     rows = hardware.max_num_seqs or default_max_num_seqs(hardware.device_memory or 0.0)
     try:
         span = TokenRange.of(prompts, outputs, rows)
     except ValueError as err:
         raise ValueError(f"--gpu: the workload's token range: {err}") from None
-    host = _host_from(args, span) if getattr(args, "host_from", None) else HostCost()
-    deriver = Deriver(hardware.model, device, choice, span, host)
+    deriver = Deriver(hardware.model, device, choice, span, host(span) if host else HostCost())
     one = deriver.derive(1)
-    args.hardware = dataclasses.replace(hardware, derived=deriver)
     label = (
         f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
         f"{choice.table.engine}: {choice.error_class}; the cost model within "
         f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
     )
-    return CostSpec(
+    spec = CostSpec(
         f"derived:{device.key}",
         "derived",
         one.cost,
@@ -280,6 +296,7 @@ def derived_spec(
         label,
         tuple(sorted(one.refused)),
     )
+    return dataclasses.replace(hardware, derived=deriver), spec
 
 
 def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]]) -> CostSpec:

@@ -29,6 +29,14 @@ from pytest_prefill.commands._engine_args import (
     engine_for,
     engine_note,
 )
+from pytest_prefill.commands._kind_args import (
+    DEVICES_HELP,
+    PRICE_HELP,
+    across_kinds,
+    check_kinds,
+    devices_type,
+    kind_plan,
+)
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
     add_model_arguments,
@@ -64,6 +72,7 @@ from pytest_prefill.plan.executors import (
     dask_executor,
     search_executor,
 )
+from pytest_prefill.plan.kinds import result_prices
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
 from pytest_prefill.plan.workloads import Workload
@@ -130,9 +139,14 @@ def check(args: argparse.Namespace) -> None:
     chunked iterations a run would take where the flags alone decide them), a plot's suffix,
     workers beside a cluster."""
     profile = check_engine(args)
-    args.cost_defaulted = args.cost is None and getattr(args, "gpu", None) is None
-    args.cost = DEFAULT_COST if args.cost_defaulted else args.cost
-    check_deploy_args(args, args.devices)  # with --gpu and no --cost: derived
+    args.kind_search = None
+    if across_kinds(args):  # each kind's compute derived: no preset, no --cost
+        args.cost_defaulted = False
+        check_kinds(args)
+    else:
+        args.cost_defaulted = args.cost is None and getattr(args, "gpu", None) is None
+        args.cost = DEFAULT_COST if args.cost_defaulted else args.cost
+        check_deploy_args(args, args.devices)  # with --gpu and no --cost: derived
     if args.plot and not args.plot.lower().endswith((".svg", ".png")):
         raise ValueError(f"--plot must name an .svg or a .png file, got {args.plot!r}")
     if args.plot and args.plot.lower().endswith(".png"):
@@ -150,7 +164,7 @@ def check(args: argparse.Namespace) -> None:
         )
     args.baseline_document = read_json(args.baseline, "--baseline") if args.baseline else None
     args.deployments = None
-    if args.deployment:
+    if args.deployment and args.kind_search is None:
         args.deployments = [
             Deployment.parse(text, args.devices, profile) for text in args.deployment
         ]
@@ -220,11 +234,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="bounds a request must meet, e.g. ttft:1s,tpot:100ms (also e2el; units s, ms, us)",
     )
     search.add_argument(
-        "--devices",
-        type=bounded_int(MAX_DEVICES, "devices"),
-        default=1,
-        help="devices every deployment uses (default 1)",
+        "--devices", type=devices_type, default=1, metavar="N|KIND=N,...", help=DEVICES_HELP
     )
+    search.add_argument("--price", metavar="KIND=$/h,...", help=PRICE_HELP)
     search.add_argument(
         "--target",
         type=fraction_type,
@@ -246,7 +258,8 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "engine's settings ,tokens=N (token budget) ,seqs=N (sequence cap): chunked,tokens=2048 "
         "(default: the engine's own settings: for vllm token budgets around C* and every "
         "disaggregated split; for lab shared, chunked around C* and at the TPOT bound, every "
-        "split)",
+        "split); across --gpu kinds, pools of their own: "
+        "disaggregated:P:D,p=KIND[:tpN],d=KIND[:tpN] (e.g. disaggregated:2:4,p=h100:tp2,d=l40s)",
     )
     search.add_argument(
         "--devices-needed",
@@ -392,15 +405,30 @@ def _notes(
     return [line for line in notes if line]
 
 
-def run(args: argparse.Namespace) -> int:
-    if not hasattr(args, "deployments"):
-        check(args)
-    workload = workload_from_args(args)
+def _plan(
+    args: argparse.Namespace, workload: Workload
+) -> tuple[CostSpec, tuple[Deployment, ...], AnswerBasis | None, list[str]]:
+    """The cost spec, the deployments to search, and across kinds what the answer rests on
+    and the notes on kinds the engine refuses (else None and none)."""
+    if args.kind_search is not None:
+        engine_for(args, workload)
+        args.server_facts_line = None
+        return kind_plan(args, workload.requests)
     spec = planning_cost(args, lambda: workload.requests)
     assert spec.cost is not None  # measured by resolve_cost_args
     engine_for(args, workload)
     args.server_facts_line = keep_server_facts(args, spec)
     deployments = search_deployments(args, spec.cost, args.devices, args.deployments)
+    return spec, deployments, None, []
+
+
+def run(args: argparse.Namespace) -> int:
+    if not hasattr(args, "deployments"):
+        check(args)
+    workload = workload_from_args(args)
+    kinds = args.kind_search
+    spec, deployments, kind_basis, kind_notes = _plan(args, workload)
+    assert spec.cost is not None  # measured by resolve_cost_args
     if not deployments:
         raise ValueError(
             f"--devices {args.devices}: the server's TP ({args.server_facts.tp}) does not "
@@ -423,15 +451,19 @@ def run(args: argparse.Namespace) -> int:
             executor=executor,
             progress=progress,
             engine=args.profile,
+            budget=kinds.budget if kinds is not None else None,
         )
         needed = _devices_needed(args, workload, spec.cost, result, executor)
+        if kinds is not None and kinds.prices is not None:
+            result = result_prices(result, workload.requests, kinds.prices)
     seconds = time.perf_counter() - began
     lengths = [r.prompt_len + r.output_len for r in workload.requests]
-    basis = _answer_basis(args, spec, result, needed, lengths)
+    basis = kind_basis or _answer_basis(args, spec, result, needed, lengths)
     source = header_source(spec.source, spec, args.hardware)
-    lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
+    lines = capacity_text(result, source, needed, engine_note(args), basis).split("
+")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = _notes(args, workload, spec.cost, result)
+    extra = [*kind_notes, *_notes(args, workload, spec.cost, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)

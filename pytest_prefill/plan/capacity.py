@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
@@ -40,6 +40,9 @@ from pytest_prefill.sim import (
     check_int,
     simulated_engine,
 )
+
+if TYPE_CHECKING:
+    from pytest_prefill.plan.pricing import TokenPrice
 
 DEFAULT_TARGET = 0.9  # DistServe's attainment target
 DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest miss are this close
@@ -84,6 +87,11 @@ class CapacityResult:
     # the rate spreads the instants apart, never the requests that share one
     largest_bunch: int = 1
     arrival_instants: int = 0
+    # a search across device kinds: the devices of each kind its deployments may use (each
+    # uses its own count: ranked per device), and each deployment's price at its answer by
+    # label when --price was given (ranked by it, cheapest first)
+    budget: Mapping[str, int] | None = None
+    prices: Mapping[str, TokenPrice] | None = None
 
     @property
     def unreachable(self) -> bool:
@@ -102,10 +110,17 @@ class CapacityResult:
         return self.ranked()[0].max_rate / self.base_rate
 
     def ranked(self) -> list[DeploymentResult]:
-        """Deployments by the highest rate they serve within the SLO, best first (ties keep
-        the given order). Every deployment has the same devices, so this is DistServe's
-        per-device goodput order."""
-        return sorted(self.results, key=lambda r: -r.max_rate)
+        """Deployments by goodput per device (the highest rate they serve within the SLO per
+        device: DistServe's order), best first (ties keep the given order); with
+        :attr:`prices`, by the price of a million tokens served, cheapest first (a deployment
+        that meets the SLO nowhere last)."""
+        if self.prices:
+            prices = self.prices
+            return sorted(
+                self.results,
+                key=lambda r: (prices[r.deployment.label].per_mtok, -r.goodput_per_device),
+            )
+        return sorted(self.results, key=lambda r: -r.goodput_per_device)
 
     @property
     def baseline(self) -> DeploymentResult | None:
@@ -149,7 +164,8 @@ class CapacityResult:
         at_least = "at least " if best.status == "never missed" else ""
         basis = f">= {self.target:.0%} of requests within {self.slo}"
         per_device = f"{best.goodput_per_device:.3g}"
-        line = f"{best.deployment.label} serves the most: {at_least}{per_device} req/s per device"
+        most = "" if self.prices else " the most:"  # priced: the cheapest, not the most
+        line = f"{best.deployment.label} serves{most} {at_least}{per_device} req/s per device"
         line += f" ({basis})"
         shared = self.baseline
         if shared is not None and shared is not best:
@@ -158,21 +174,34 @@ class CapacityResult:
                 name += f" ({self.engine.name}'s defaults)"
             if shared.max_rate == 0:
                 line += f"; {name} never meets the SLO"
-            elif shared.max_rate < best.max_rate * (1 - margin):
+            elif shared.goodput_per_device < best.goodput_per_device * (1 - margin):
                 line = (
                     f"{best.deployment.label} serves {at_least}"
-                    f"{best.max_rate / shared.max_rate:.2g}× the requests per device of "
+                    f"{best.goodput_per_device / shared.goodput_per_device:.2g}× the requests "
+                    f"per device of "
                     f"{name} ({per_device} vs "
                     f"{shared.goodput_per_device:.3g} req/s per device, {basis})"
                 )
         close = [
             r.deployment.label
             for r in ranked[1:]
-            if r.max_rate > 0 and r.max_rate >= best.max_rate * (1 - margin)
+            if r.max_rate > 0 and r.goodput_per_device >= best.goodput_per_device * (1 - margin)
         ]
         if close:
             line += f"; {', '.join(close)} {'is' if len(close) == 1 else 'are'} within {margin:.0%}"
-        return line + "."
+        return self._cheapest(best) + line + "."
+
+    def _cheapest(self, best: DeploymentResult) -> str:
+        """With prices: the cheapest deployment's price per million tokens, input and output
+        apart, before the goodput line ("" without)."""
+        if not self.prices:
+            return ""
+        price = self.prices[best.deployment.label]
+        return (
+            f"{best.deployment.label} costs the least: ${price.input_per_mtok:.3g}/Mtok input, "
+            f"${price.output_per_mtok:.3g}/Mtok output (${price.dollars_per_hour:.3g}/h at "
+            f"{best.max_rate:.3g} req/s within the SLO). "
+        )
 
     def notes(self) -> list[str]:
         """Caveats a reader must see: attainment that is not monotone in rate, searches that
@@ -240,6 +269,10 @@ class CapacityResult:
             "arrival_instants": self.arrival_instants,
             "simulations": self.simulations,
             "alone_misses": self.alone.to_dict() if self.alone is not None else None,
+            "budget": dict(self.budget) if self.budget is not None else None,
+            "prices": {k: dataclasses.asdict(v) for k, v in self.prices.items()}
+            if self.prices
+            else None,
             "recommendation": self.recommendation(),
             "command": self.command(),
             "notes": self.notes(),
@@ -332,6 +365,7 @@ def _check_search(
     tolerance: Any,
     deployments: Sequence[Deployment] | None,
     engine: EngineProfile = LAB,
+    up_to: bool = False,
 ) -> None:
     if not isinstance(cost, CostModel):
         raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
@@ -353,7 +387,7 @@ def _check_search(
     for d in deployments:
         if not isinstance(d, Deployment):
             raise ValueError(f"deployments must be Deployment values, got {d!r}")
-        if d.devices != devices:
+        if d.devices > devices if up_to else d.devices != devices:
             raise ValueError(
                 f"deployment {d.label} uses {d.devices} devices; this search compares {devices}"
             )
@@ -383,6 +417,7 @@ def capacity(
     verify: bool = True,
     engine: str | EngineProfile = "lab",
     shortcuts: Shortcuts = ALL_SHORTCUTS,
+    budget: Mapping[str, int] | None = None,
 ) -> CapacityResult:
     """For each deployment of ``devices`` devices, the highest arrival rate (the workload's
     arrival times scaled) at which at least ``target`` of the requests meet ``slo``.
@@ -407,6 +442,8 @@ def capacity(
             default ``"lab"``, the lab's loop); the default deployments are its own settings.
         shortcuts: which of the search's rules that save simulations to take (default all:
             :mod:`~pytest_prefill.plan.search_loop`); the answer is the same without them.
+        budget: a search across device kinds (:mod:`~pytest_prefill.plan.kinds`): the devices
+            of each kind; each deployment then uses its own count, at most ``devices`` in all.
 
     Raises:
         ValueError: naming the argument: a bad cost or SLO, devices < 1, a target or tolerance
@@ -415,7 +452,7 @@ def capacity(
     """
     load, name, attribution = workload_requests(workload)
     profile = engine_for_workload(simulated_engine(engine), workload)
-    _check_search(cost, slo, devices, target, tolerance, deployments, profile)
+    _check_search(cost, slo, devices, target, tolerance, deployments, profile, budget is not None)
     chosen = (
         tuple(deployments)
         if deployments is not None
@@ -425,6 +462,8 @@ def capacity(
         raise ValueError(
             f"start must be a rate multiple in [{MIN_SCALE:g}, {MAX_SCALE:g}], got {start!r}"
         )
+    if budget is not None:  # pruning compares rates, not rates per device: not across kinds
+        shortcuts = dataclasses.replace(shortcuts, prune=False)
     base_rate = arrival_rate(load)
     alone = alone_misses(load, slo, target, [(d, d.cost_on(cost)) for d in chosen], profile)
     shipped = ShippedLoad(load)  # pickled once for all the simulations sent to processes
@@ -445,6 +484,7 @@ def capacity(
         profile,
         fewest(alone),
         *arrival_bunches(load),
+        dict(budget) if budget is not None else None,
     )
 
 

@@ -60,9 +60,12 @@ class Deployment:
     cost: CostModel | None = None
     pools: PoolSplit | None = None
     decode_cost: CostModel | None = None
+    kind: str | None = None  # a colocated deployment's device kind (a catalog key), when named
 
     def __post_init__(self) -> None:
         self._check_pools()
+        if self.kind is not None and (not isinstance(self.kind, str) or self.pools is not None):
+            raise ValueError("kind names a colocated deployment's device kind (a split: pools)")
         if self.policy not in POLICIES:
             raise ValueError(
                 f"deployment policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
@@ -193,7 +196,8 @@ class Deployment:
             head = f"chunked ≤{duration_label(self.chunk_budget)}"
         else:
             head = f"{self.policy} {settings}" if settings else self.policy
-        return f"{head} ×{self.instances}{tp}{seqs}"
+        kind = f" {self.kind}" if self.kind is not None else ""
+        return f"{head} ×{self.instances}{kind}{tp}{seqs}"
 
     def engine(self, profile: EngineProfile = LAB) -> EngineProfile:
         """``profile`` with this deployment's settings in place of its own."""
@@ -215,8 +219,8 @@ class Deployment:
         """The line to type for this deployment under ``profile`` (its engine, its flags, its
         TP and, when given, the fraction of device memory it takes, the model it serves and
         the longest sequence it takes)."""
-        if self.pools is not None:
-            return "; ".join(
+        if self.pools is not None:  # one command per pool, a line each
+            return "\n".join(
                 f"{pool.role} pool, {pool.kind}: "
                 + launch_line(
                     self.engine(profile),
@@ -229,7 +233,8 @@ class Deployment:
                 )
                 for pool in (self.pools.prefill, self.pools.decode)
             )
-        return launch_line(
+        on = f"on {self.kind}: " if self.kind is not None else ""
+        return on + launch_line(
             self.engine(profile),
             self.prefill_workers,
             self.instances,

@@ -1,14 +1,20 @@
 """The search across device kinds (``capacity --gpu h100,h200,l40s``): the deployments to
 compare within a device budget per kind — each kind colocated on its whole budget, and every
-P:D split of pools of their own (:mod:`.pools`), same kind or mixed, within the budgets."""
+P:D split of pools of their own (:mod:`.pools`), same kind or mixed, within the budgets —
+and each one's price at its answer (:func:`result_prices`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+from pytest_prefill.plan.capacity import CapacityResult
 from pytest_prefill.plan.compute.devices import device_named
+from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.pools import PoolSpec, PoolSplit
+from pytest_prefill.plan.pricing import deployment_price, prompt_share
+from pytest_prefill.plan.workloads import scale_rate
+from pytest_prefill.sim import Request, simulate
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,3 +79,35 @@ def kind_deployments(
                         PoolSplit(PoolSpec("prefill", pk, p_tp, p), PoolSpec("decode", dk, d_tp, d))
                     )
     return colocated, splits
+
+
+def result_prices(
+    result: CapacityResult, load: Sequence[Request], prices: Mapping[str, float]
+) -> CapacityResult:
+    """``result`` with each deployment's price at its answer (the highest rate within the
+    SLO; inf where it has none): a split by :func:`split_price`, a colocated deployment of a
+    named kind by :func:`colocated_price`, its prompts' share of busy time taken from one
+    simulation at that rate.
+
+    Raises:
+        ValueError: for a deployment of no named kind, or a kind with no price.
+    """
+    prompt = sum(r.prompt_len for r in load) / len(load)
+    output = sum(r.output_len for r in load) / len(load)
+
+    def share(d: Deployment, scale: float) -> Callable[[], float]:
+        def run() -> float:
+            options = d.simulate_options(result.engine)
+            trace = simulate(d.policy, scale_rate(load, scale), d.cost_on(result.cost), **options)
+            return prompt_share(trace.events)
+
+        return run
+
+    out = {}
+    for r in result.results:
+        d, best = r.deployment, r.best
+        served = best is not None and best.metrics is not None and not r.pruned
+        rate = r.max_rate if served else 0.0
+        scale = best.scale if best is not None else 1.0
+        out[d.label] = deployment_price(d, prices, rate, prompt, output, share(d, scale))
+    return dataclasses.replace(result, prices=out)

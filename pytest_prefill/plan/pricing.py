@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from pytest_prefill.plan.compute.devices import device_named
+from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.pools import PoolSplit
 from pytest_prefill.sim import Event
 
@@ -172,3 +173,27 @@ def colocated_price(
         raise ValueError(f"share must be within [0, 1], got {share!r}")
     total = dollars_per_hour({device_named(kind).key: devices}, prices)
     return token_price(rate, mean_prompt, mean_output, total * share, total * (1 - share))
+
+
+def deployment_price(
+    deployment: Deployment,
+    prices: Mapping[str, float],
+    rate: float,
+    mean_prompt: float,
+    mean_output: float,
+    share: Callable[[], float],
+) -> TokenPrice:
+    """``deployment``'s price at ``rate`` (``share()``: a colocated one's prompt share of
+    busy time, asked only for a colocated deployment serving a rate).
+
+    Raises:
+        ValueError: for a deployment of no named kind, or a kind with no price.
+    """
+    if deployment.pools is not None:
+        return split_price(deployment.pools, prices, rate, mean_prompt, mean_output)
+    if deployment.kind is None:
+        raise ValueError(f"deployment {deployment.label}: price it by naming its device kind")
+    fraction = share() if rate > 0 else 0.5
+    return colocated_price(
+        deployment.kind, deployment.devices, prices, rate, mean_prompt, mean_output, fraction
+    )

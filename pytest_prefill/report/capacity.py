@@ -87,7 +87,26 @@ def capacity_table(result: CapacityResult) -> str:
     columns = capacity_headers(result.target)
     headers = (*columns, "hit rate", "preempted") if cache else columns
     body = [_row(r) + (_cache_cells(r) if cache else ()) for r in ranked]
+    if result.prices:
+        headers = (*headers, "$/Mtok in", "$/Mtok out", "$/h")
+        body = [row + _price_cells(result, r) for row, r in zip(body, ranked)]
     return text_table(body, headers)
+
+
+def _price_cells(result: CapacityResult, r: DeploymentResult) -> tuple[str, str, str]:
+    """A deployment's price per million input and output tokens at its answer, and an
+    hour of its devices."""
+    assert result.prices is not None
+    price = result.prices[r.deployment.label]
+
+    def dollars(value: float) -> str:
+        return f"{value:,.3g}" if math.isfinite(value) else "-"
+
+    return (
+        dollars(price.input_per_mtok),
+        dollars(price.output_per_mtok),
+        dollars(price.dollars_per_hour),
+    )
 
 
 def _cache_cells(r: DeploymentResult) -> tuple[str, str]:
@@ -108,7 +127,7 @@ def headroom_line(result: CapacityResult) -> str:
     short."""
     best = result.ranked()[0]
     own = f"{result.base_rate:,.3g} req/s"
-    on = _devices(result.devices)
+    on = _devices(result.devices if result.budget is None else best.deployment.devices)
     if best.best is None:
         return f"Headroom: none: no deployment meets the SLO on {on}; the workload's own rate is {own}."
     served = f"{best.max_rate:,.3g} req/s"
@@ -190,7 +209,30 @@ def command_line(result: CapacityResult, basis: AnswerBasis | None = None) -> st
     if command is None or result.engine.name == "lab":
         return None
     word = "Run" if engine_command(result.engine).start is None else "Type"
+    command = command.replace("\n", "\n         ")  # a split of pools: a command per pool
     return f"   {word}: {command}" + (f"\n     {basis.type_line}" if basis.type_line else "")
+
+
+def _on(result: CapacityResult) -> str:
+    """The devices the deployments use: all the same count, or a budget per kind."""
+    if result.budget is None:
+        return f"on {_devices(result.devices)}"
+    kinds = ", ".join(f"{n} {kind}" for kind, n in result.budget.items())
+    return f"within a budget of {kinds} (each deployment its own count)"
+
+
+def _ranking(result: CapacityResult) -> str | None:
+    """What the table is ranked by, when not the same devices' goodput."""
+    if result.prices:
+        return (
+            "Ranked by the price of a million tokens served within the SLO (input and output "
+            "tokens together; --price $/device-hour; input priced by the prefill pool's hours, "
+            "output by the decode pool's; colocated, by the share of busy time on prompts), "
+            "cheapest first."
+        )
+    if result.budget is not None:
+        return "Ranked by goodput per device (the deployments use different devices)."
+    return None
 
 
 def capacity_text(
@@ -215,9 +257,9 @@ def capacity_text(
         lines.append(f"  data: {result.attribution}")
     lines += [
         engine_line(result, engine_note),
-        f"SLO: {result.slo} for >= {result.target:.0%} of requests, on {result.devices} "
-        f"device{'s' * (result.devices != 1)}; rates found to within {result.tolerance:.0%}. "
-        "Simulated from the cost model, not measured.",
+        f"SLO: {result.slo} for >= {result.target:.0%} of requests, {_on(result)}; rates "
+        f"found to within {result.tolerance:.0%}. Simulated from the cost model, not measured.",
+        *filter(None, [_ranking(result)]),
         "",
         capacity_table(result),
         "",
