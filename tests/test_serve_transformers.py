@@ -17,7 +17,8 @@ from pytest_prefill.serve.fidelity.fidelity import run_server_fidelity
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, open_target, run_load
 from pytest_prefill.sim import Request
 
-pytestmark = pytest.mark.server
+# under xdist (--dist loadgroup) on one worker, so the session's server starts once
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("transformers_server")]
 
 
 @pytest.fixture(scope="module")

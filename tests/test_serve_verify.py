@@ -17,7 +17,8 @@ from pytest_prefill.serve.launch.launchers import Launcher
 from pytest_prefill.sim import Request
 from pytest_prefill.verify.probe_rule import ProbeRule
 
-pytestmark = pytest.mark.server
+# under xdist (--dist loadgroup) on one worker, so the session's server starts once
+pytestmark = [pytest.mark.server, pytest.mark.xdist_group("transformers_server")]
 
 # The first under a sequence cap (serve/launch/transformers_capped.py: the CLI has no flag for it).
 BUDGETS = ("tokens=128,seqs=2", "tokens=512")

@@ -330,6 +330,18 @@ def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) 
     )
 
 
+def _time_decode(
+    runner: Any,
+    what: str,
+    contexts: list[int],
+    timing: dict[str, int],
+    skipped: list[str],
+    progress: Progress | None,
+) -> Measurement | None:
+    """One decode step over ``contexts`` cached tokens a row, timed (None: out of memory)."""
+    return time_or_skip(what, lambda: runner.time_decode(contexts, **timing), skipped, progress)
+
+
 def measure_decode_kv(
     runner: Any,
     cache_lens: Sequence[int],
@@ -343,14 +355,10 @@ def measure_decode_kv(
     """Decode steps of ``rows`` rows (batch 1 by default), each over a cache of each length
     (one that runs out of memory is skipped, its reason added to ``skipped``)."""
     points = []
-    skipped = [] if skipped is None else skipped
+    timing, skipped = {"repeats": repeats, "warmup": warmup}, [] if skipped is None else skipped
     for cached in cache_lens:
-        m = time_or_skip(
-            f"decode, {rows} x {cached:,} cached",
-            lambda: runner.time_decode([cached] * rows, repeats=repeats, warmup=warmup),  # noqa: B023
-            skipped,
-            progress,
-        )
+        what = f"decode, {rows} x {cached:,} cached"
+        m = _time_decode(runner, what, [cached] * rows, timing, skipped, progress)
         if m is None:
             continue
         point = Point("decode_kv", cached, m, rows=rows if rows > 1 else 0)
@@ -372,14 +380,10 @@ def measure_decode_batch(
     """Decode steps of each batch size, every sequence holding ``context`` cached tokens (one
     that runs out of memory is skipped, its reason added to ``skipped``)."""
     points = []
-    skipped = [] if skipped is None else skipped
+    timing, skipped = {"repeats": repeats, "warmup": warmup}, [] if skipped is None else skipped
     for batch in batch_sizes:
-        m = time_or_skip(
-            f"decode, batch {batch} x {context:,} cached",
-            lambda: runner.time_decode([context] * batch, repeats=repeats, warmup=warmup),  # noqa: B023
-            skipped,
-            progress,
-        )
+        what = f"decode, batch {batch} x {context:,} cached"
+        m = _time_decode(runner, what, [context] * batch, timing, skipped, progress)
         if m is None:
             continue
         say(progress, f"decode, batch {batch:>3} x {context} cached: {_summary(m)}")

@@ -22,8 +22,10 @@ from typing import Any, Protocol
 from pytest_prefill.sim import (
     GapMultiset,
     Trace,
+    check_bounds,
     check_percentile,
     slo_values,
+    stated_bounds,
     weighted_linear_percentile,
     within,
 )
@@ -129,16 +131,7 @@ class SLO:
     e2el: float | None = None
 
     def __post_init__(self) -> None:
-        for name in SLO_METRICS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            ok = not isinstance(value, bool) and isinstance(value, (int, float))
-            if not (ok and math.isfinite(value) and value > 0):
-                raise ValueError(f"SLO.{name} must be a positive number of seconds, got {value!r}")
-            object.__setattr__(self, name, float(value))
-        if not self.bounds:
-            raise ValueError(f"an SLO needs at least one bound ({', '.join(SLO_METRICS)})")
+        check_bounds(self)
 
     @classmethod
     def parse(cls, text: str) -> SLO:
@@ -168,9 +161,7 @@ class SLO:
     @property
     def bounds(self) -> tuple[tuple[str, float], ...]:
         """The stated bounds as (metric, seconds), in the order ttft, tpot, e2el."""
-        return tuple(
-            (name, getattr(self, name)) for name in SLO_METRICS if getattr(self, name) is not None
-        )
+        return stated_bounds(self)
 
     def __str__(self) -> str:
         return ",".join(f"{name}:{duration_label(value)}" for name, value in self.bounds)

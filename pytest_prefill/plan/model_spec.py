@@ -312,27 +312,23 @@ class ModelSpec:
             per_layer += (self.attention_heads + 2 * self.kv_heads) * d
         return self.layers * per_layer + h
 
+    def _parameters_with(self, experts: int) -> int:
+        """Embeddings, the linear layers with ``experts`` routed experts, and the small ones."""
+        return self.embedding_parameters + self._linear_parameters(experts) + self._small_parameters
+
     @property
     def parameters(self) -> int:
         """Counted from the shapes: embeddings (and an untied output head), per layer the
         attention projections (with their biases and Qwen3's per-head q/k norms), the gated MLP
         (gate, up, down; a mixture of experts: every expert, the router and any shared expert)
         and two RMSNorms, and the final norm."""
-        return (
-            self.embedding_parameters
-            + self._linear_parameters(self.experts)
-            + self._small_parameters
-        )
+        return self._parameters_with(self.experts)
 
     @property
     def active_parameters(self) -> int:
         """The parameters one token computes with: :attr:`parameters` with only
         ``experts_per_token`` of the routed experts."""
-        return (
-            self.embedding_parameters
-            + self._linear_parameters(self.experts_per_token)
-            + self._small_parameters
-        )
+        return self._parameters_with(self.experts_per_token)
 
     @property
     def weight_bytes(self) -> int:

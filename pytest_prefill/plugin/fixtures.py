@@ -36,13 +36,20 @@ def prefill_settings(pytestconfig: pytest.Config) -> Settings:
     return state_of(pytestconfig).settings
 
 
-@pytest.fixture(scope="session")
-def prefill_model(pytestconfig: pytest.Config) -> Any:
-    """The model under test (``--prefill-model`` on ``--prefill-device``), loaded once."""
-    state = state_of(pytestconfig)
+def _on_the_device(config: pytest.Config) -> Any:
+    """The session's state; the test skips, saying why, when the device under test is not
+    usable."""
+    state = state_of(config)
     reason = device_unavailable(state)
     if reason:
         pytest.skip(reason)
+    return state
+
+
+@pytest.fixture(scope="session")
+def prefill_model(pytestconfig: pytest.Config) -> Any:
+    """The model under test (``--prefill-model`` on ``--prefill-device``), loaded once."""
+    state = _on_the_device(pytestconfig)
     try:
         from pytest_prefill.measure.models import load_model
     except ImportError as err:
@@ -76,10 +83,7 @@ def prefill_model(pytestconfig: pytest.Config) -> Any:
 def prefill_calibration(request: pytest.FixtureRequest) -> Any:
     """The device's calibration, measured once per session: under xdist the first worker that
     needs it calibrates (holding the device lock) and the others read its result."""
-    state = state_of(request.config)
-    reason = device_unavailable(state)
-    if reason:
-        pytest.skip(reason)
+    state = _on_the_device(request.config)
     try:
         from pytest_prefill.measure.calibrate import calibrate
         from pytest_prefill.measure.calibration_document import Calibration

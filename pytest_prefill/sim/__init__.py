@@ -85,7 +85,7 @@ from .simulation import (
     simulate,
     simulated_engine,
 )
-from .stop import StopRule, Watch, meets, slo_values, within
+from .stop import StopRule, Watch, check_bounds, meets, slo_values, stated_bounds, within
 from .ticks import TICKS_PER_SECOND, TickCost, from_ticks, to_ticks
 from .tokens import TokenBook
 from .trace import CompactRun, RequestRecord, Summary, Trace, no_collection, record_gaps
@@ -108,6 +108,8 @@ SPEED_UPS = ("ticks", "fastpath", "pool")
 
 __all__ = [
     "within",
+    "check_bounds",
+    "stated_bounds",
     "slo_values",
     "meets",
     "Watch",

@@ -47,6 +47,35 @@ def meets(
     return all(within(values[name], bound) for name, bound in bounds)
 
 
+def stated_bounds(bounds: Any) -> tuple[tuple[str, float], ...]:
+    """``bounds``' ttft, tpot and e2el that are not None as (metric, seconds), in that order."""
+    return tuple(
+        (name, getattr(bounds, name)) for name in SLO_METRICS if getattr(bounds, name) is not None
+    )
+
+
+def check_bounds(bounds: Any) -> None:
+    """The one check of a frozen dataclass's ttft, tpot and e2el (an SLO, a stop rule): each
+    None or a positive finite number of seconds (kept as a float), one at least given.
+
+    Raises:
+        ValueError: naming the class and the field.
+    """
+    kind = type(bounds).__name__
+    for name in SLO_METRICS:
+        value = getattr(bounds, name)
+        if value is None:
+            continue
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not (number and math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"{kind}.{name} must be a positive number of seconds or None, got {value!r}"
+            )
+        object.__setattr__(bounds, name, float(value))
+    if not stated_bounds(bounds):
+        raise ValueError(f"{kind} needs at least one bound ({', '.join(SLO_METRICS)})")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StopRule:
     """When a simulation may stop: the SLO's bounds in seconds (None: no bound on that
@@ -67,18 +96,7 @@ class StopRule:
     on_pass: bool = True
 
     def __post_init__(self) -> None:
-        for name in SLO_METRICS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            number = not isinstance(value, bool) and isinstance(value, (int, float))
-            if not (number and math.isfinite(value) and value > 0):
-                raise ValueError(
-                    f"StopRule.{name} must be a positive number of seconds or None, got {value!r}"
-                )
-            object.__setattr__(self, name, float(value))
-        if not self.bounds:
-            raise ValueError(f"a StopRule needs at least one bound ({', '.join(SLO_METRICS)})")
+        check_bounds(self)
         misses = self.allowed_misses
         if isinstance(misses, bool) or not isinstance(misses, int) or misses < 0:
             raise ValueError(f"StopRule.allowed_misses must be an int >= 0, got {misses!r}")
@@ -88,9 +106,7 @@ class StopRule:
     @property
     def bounds(self) -> tuple[tuple[str, float], ...]:
         """The stated bounds as (metric, seconds), in the order ttft, tpot, e2el."""
-        return tuple(
-            (name, getattr(self, name)) for name in SLO_METRICS if getattr(self, name) is not None
-        )
+        return stated_bounds(self)
 
 
 class Watch:
