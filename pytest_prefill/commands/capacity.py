@@ -460,8 +460,7 @@ def run(args: argparse.Namespace) -> int:
     lengths = [r.prompt_len + r.output_len for r in workload.requests]
     basis = kind_basis or _answer_basis(args, spec, result, needed, lengths)
     source = header_source(spec.source, spec, args.hardware)
-    lines = capacity_text(result, source, needed, engine_note(args), basis).split("
-")
+    lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = [*kind_notes, *_notes(args, workload, spec.cost, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
