@@ -334,15 +334,18 @@ def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) 
 def _timed_decodes(
     runner: Any,
     steps: Iterable[tuple[int, str, list[int]]],
-    timing: dict[str, int],
-    skipped: list[str],
+    *,
+    repeats: int,
+    warmup: int,
     progress: Progress | None,
+    skipped: list[str] | None,
 ) -> Iterator[tuple[int, Measurement]]:
     """Each step ``(x, what, contexts)``, one decode step over ``contexts`` cached tokens a row,
     timed: ``(x, its measurement)``; one that runs out of memory is skipped, its reason added to
     ``skipped``."""
+    skipped = [] if skipped is None else skipped
     for x, what, contexts in steps:
-        call = functools.partial(runner.time_decode, contexts, **timing)
+        call = functools.partial(runner.time_decode, contexts, repeats=repeats, warmup=warmup)
         m = time_or_skip(what, call, skipped, progress)
         if m is not None:
             yield x, m
@@ -363,9 +366,10 @@ def measure_decode_kv(
     steps = (
         (cached, f"decode, {rows} x {cached:,} cached", [cached] * rows) for cached in cache_lens
     )
-    timing, skipped = {"repeats": repeats, "warmup": warmup}, [] if skipped is None else skipped
     points = []
-    for cached, m in _timed_decodes(runner, steps, timing, skipped, progress):
+    for cached, m in _timed_decodes(
+        runner, steps, repeats=repeats, warmup=warmup, progress=progress, skipped=skipped
+    ):
         point = Point("decode_kv", cached, m, rows=rows if rows > 1 else 0)
         say(progress, f"{point.label()}: {_summary(m)}")
         points.append(point)
@@ -388,9 +392,10 @@ def measure_decode_batch(
         (batch, f"decode, batch {batch} x {context:,} cached", [context] * batch)
         for batch in batch_sizes
     )
-    timing, skipped = {"repeats": repeats, "warmup": warmup}, [] if skipped is None else skipped
     points = []
-    for batch, m in _timed_decodes(runner, steps, timing, skipped, progress):
+    for batch, m in _timed_decodes(
+        runner, steps, repeats=repeats, warmup=warmup, progress=progress, skipped=skipped
+    ):
         say(progress, f"decode, batch {batch:>3} x {context} cached: {_summary(m)}")
         points.append(Point("decode_batch", batch, m, context=context))
     return points
