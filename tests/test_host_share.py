@@ -148,7 +148,8 @@ def test_the_batch_sweep_skips_a_batch_too_large_and_keeps_the_rest_in_order():
         ("decode_batch", 2, 100),
         ("decode_batch", 4, 100),
     ]
-    assert [p.measurement.median for p in batch] == pytest.approx([200e-6, 400e-6])  # the fake's tokens x 1 us
+    tokens = [2 * 100, 4 * 100]  # rows x cached tokens each; the fake takes 1 us a token
+    assert [p.measurement.median for p in batch] == pytest.approx([t * 1e-6 for t in tokens])
     assert len(skipped) == 1 and skipped[0].startswith(
         "decode, batch 16 x 100 cached: out of memory"
     )
