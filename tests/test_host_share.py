@@ -14,7 +14,12 @@ pytest.importorskip("numpy")
 from pytest_prefill.measure import timing  # noqa: E402
 from pytest_prefill.measure.calibrate import HOST_BOUND_SHARE, host_share_summary  # noqa: E402
 from pytest_prefill.measure.calibration_points import Point  # noqa: E402
-from pytest_prefill.measure.sweep import OUT_OF_MEMORY_ADVICE, PassSweep, measure_decode_kv  # noqa: E402
+from pytest_prefill.measure.sweep import (  # noqa: E402
+    OUT_OF_MEMORY_ADVICE,
+    PassSweep,
+    measure_decode_batch,
+    measure_decode_kv,
+)
 from pytest_prefill.measure.timing import Measurement, measure  # noqa: E402
 
 pytestmark = pytest.mark.sim
@@ -130,6 +135,29 @@ def test_out_of_memory_skips_the_point_naming_its_size_and_what_to_try():
     skipped: list[str] = []
     kv = measure_decode_kv(SmallDevice(1000), [512, 4096], repeats=3, warmup=0, skipped=skipped)
     assert [p.x for p in kv] == [512] and "decode, 1 x 4,096 cached" in skipped[0]
+
+
+def test_the_batch_sweep_skips_a_batch_too_large_and_keeps_the_rest_in_order():
+    said: list[str] = []
+    skipped: list[str] = []
+    device = SmallDevice(1000)
+    batch = measure_decode_batch(
+        device, [2, 16, 4], context=100, repeats=3, warmup=0, progress=said.append, skipped=skipped
+    )
+    assert [(p.kind, p.x, p.context) for p in batch] == [
+        ("decode_batch", 2, 100),
+        ("decode_batch", 4, 100),
+    ]
+    tokens = [2 * 100, 4 * 100]  # rows x cached tokens each; the fake takes 1 us a token
+    assert [p.measurement.median for p in batch] == pytest.approx([t * 1e-6 for t in tokens])
+    assert len(skipped) == 1 and skipped[0].startswith(
+        "decode, batch 16 x 100 cached: out of memory"
+    )
+    assert [line.split(":")[0] for line in said] == [
+        "decode, batch   2 x 100 cached",
+        skipped[0].split(":")[0],
+        "decode, batch   4 x 100 cached",
+    ]
 
 
 def test_other_errors_are_not_taken_for_out_of_memory():

@@ -5,8 +5,9 @@ the loops that time them with a runner. Nothing here prints (progress goes to a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from pytest_prefill.measure.calibration_points import Point
@@ -330,16 +331,24 @@ def _time_left(points: Sequence[Point], lengths: Sequence[int], budget: Budget) 
     )
 
 
-def _time_decode(
+def _timed_decodes(
     runner: Any,
-    what: str,
-    contexts: list[int],
-    timing: dict[str, int],
-    skipped: list[str],
+    steps: Iterable[tuple[int, str, list[int]]],
+    *,
+    repeats: int,
+    warmup: int,
     progress: Progress | None,
-) -> Measurement | None:
-    """One decode step over ``contexts`` cached tokens a row, timed (None: out of memory)."""
-    return time_or_skip(what, lambda: runner.time_decode(contexts, **timing), skipped, progress)
+    skipped: list[str] | None,
+) -> Iterator[tuple[int, Measurement]]:
+    """Each step ``(x, what, contexts)``, one decode step over ``contexts`` cached tokens a row,
+    timed: ``(x, its measurement)``; one that runs out of memory is skipped, its reason added to
+    ``skipped``."""
+    skipped = [] if skipped is None else skipped
+    for x, what, contexts in steps:
+        call = functools.partial(runner.time_decode, contexts, repeats=repeats, warmup=warmup)
+        m = time_or_skip(what, call, skipped, progress)
+        if m is not None:
+            yield x, m
 
 
 def measure_decode_kv(
@@ -354,13 +363,13 @@ def measure_decode_kv(
 ) -> list[Point]:
     """Decode steps of ``rows`` rows (batch 1 by default), each over a cache of each length
     (one that runs out of memory is skipped, its reason added to ``skipped``)."""
+    steps = (
+        (cached, f"decode, {rows} x {cached:,} cached", [cached] * rows) for cached in cache_lens
+    )
     points = []
-    timing, skipped = {"repeats": repeats, "warmup": warmup}, [] if skipped is None else skipped
-    for cached in cache_lens:
-        what = f"decode, {rows} x {cached:,} cached"
-        m = _time_decode(runner, what, [cached] * rows, timing, skipped, progress)
-        if m is None:
-            continue
+    for cached, m in _timed_decodes(
+        runner, steps, repeats=repeats, warmup=warmup, progress=progress, skipped=skipped
+    ):
         point = Point("decode_kv", cached, m, rows=rows if rows > 1 else 0)
         say(progress, f"{point.label()}: {_summary(m)}")
         points.append(point)
@@ -379,13 +388,14 @@ def measure_decode_batch(
 ) -> list[Point]:
     """Decode steps of each batch size, every sequence holding ``context`` cached tokens (one
     that runs out of memory is skipped, its reason added to ``skipped``)."""
+    steps = (
+        (batch, f"decode, batch {batch} x {context:,} cached", [context] * batch)
+        for batch in batch_sizes
+    )
     points = []
-    timing, skipped = {"repeats": repeats, "warmup": warmup}, [] if skipped is None else skipped
-    for batch in batch_sizes:
-        what = f"decode, batch {batch} x {context:,} cached"
-        m = _time_decode(runner, what, [context] * batch, timing, skipped, progress)
-        if m is None:
-            continue
+    for batch, m in _timed_decodes(
+        runner, steps, repeats=repeats, warmup=warmup, progress=progress, skipped=skipped
+    ):
         say(progress, f"decode, batch {batch:>3} x {context} cached: {_summary(m)}")
         points.append(Point("decode_batch", batch, m, context=context))
     return points
