@@ -11,8 +11,8 @@ from hostile import serving, trickle
 
 pytest.importorskip("prometheus_client")
 
-from pytest_prefill.serve.client.counters import ServerCounters  # noqa: E402
 from pytest_prefill.serve.load import server_metrics  # noqa: E402
+from pytest_prefill.serve.load.records import ServerCounters  # noqa: E402
 from pytest_prefill.serve.load.server_metrics import parse_metrics, scrape  # noqa: E402
 
 TEXT = """# TYPE vllm:prompt_tokens_total counter

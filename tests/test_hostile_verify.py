@@ -12,9 +12,8 @@ from poisson_load import poisson_load
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.load.loadgen import Target
-from pytest_prefill.verify.flag_sets import FlagSet
 from pytest_prefill.verify.knee import MeasuredKnee, Predicted, measure_knee
-from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
+from pytest_prefill.verify.probe_rule import FlagSet, ProbeRule, probe_load
 from pytest_prefill.verify.result import FlagSetResult, VerifyResult, read_verify
 
 

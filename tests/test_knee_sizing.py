@@ -159,7 +159,7 @@ def test_the_report_says_loudly_when_a_knee_is_not_decisive():
 
 
 def test_a_probe_replayed_in_the_simulator_as_it_ran_there_attains_what_it_measured():
-    from pytest_prefill.serve.calibration.simulated import simulate_records
+    from pytest_prefill.serve.calibration.server_model import simulate_records
     from pytest_prefill.serve.load.records import BenchRun, ServerRecord
     from pytest_prefill.verify.knee import probe_of, replayed_attainment
 

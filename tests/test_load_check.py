@@ -21,8 +21,8 @@ from pytest_prefill.serve.calibration.server_model import (
     ServerModel,
     scaled_cost,
     server_profile,
+    simulate_records,
 )
-from pytest_prefill.serve.calibration.simulated import simulate_records
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import CostModel, Request
 from pytest_prefill.verify.load_check import (

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pytest_prefill.serve.launch.launchers import Launcher, vllm_server
-from pytest_prefill.serve.launch.pinning import (
+from pytest_prefill.serve.launch.process import (
     Pinning,
     available_cores,
     compute_processes,

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from pytest_prefill.verify.ranking import agrees, apart, order_text, ranking, tied_best
+from pytest_prefill.verify.result import agrees, apart, order_text, ranking, tied_best
 
 TOL = 0.02
 
@@ -66,7 +66,7 @@ def test_bad_values_are_named():
 
 
 def test_the_predicted_best_holds_fails_or_is_undecided_on_the_measured_intervals():
-    from pytest_prefill.verify.ranking import best_verdict
+    from pytest_prefill.verify.result import best_verdict
 
     predicted = [4.0, 5.0, 3.0]  # the predicted best is index 1
     clear = [(4.42, 4.62), (4.69, 4.91), (4.26, 4.46)]
@@ -87,7 +87,7 @@ def test_the_predicted_best_holds_fails_or_is_undecided_on_the_measured_interval
 
 
 def test_the_claimed_tolerance_is_the_closest_knee_claims_can_order():
-    from pytest_prefill.verify.ranking import claimed_apart
+    from pytest_prefill.verify.result import claimed_apart
 
     for within in (0.0, 0.05, 0.10, 0.25):
         tie = claimed_apart(within)
@@ -114,7 +114,7 @@ def _held(rng, within: float, n: int) -> tuple[list[float], list[tuple[float, fl
 def test_when_every_knee_holds_the_claimed_ranking_cannot_fail():
     import random
 
-    from pytest_prefill.verify.ranking import best_verdict, claimed_apart
+    from pytest_prefill.verify.result import best_verdict, claimed_apart
 
     rng = random.Random(27)
     within = 0.10

@@ -37,9 +37,9 @@ from hostile import (
 
 from pytest_prefill.cli import main
 from pytest_prefill.serve.client import http, wire
+from pytest_prefill.serve.client.api import most_tokens
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.client.prompts import TokenizerError, prompts_from_folder
-from pytest_prefill.serve.client.stream_tally import most_tokens
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target, run_load
 from pytest_prefill.sim import Request

@@ -14,8 +14,12 @@ import pytest
 
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead, ttft_alone
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
-from pytest_prefill.serve.calibration.simulated import simulate_records
+from pytest_prefill.serve.calibration.server_model import (
+    Scheduling,
+    ServerModel,
+    server_profile,
+    simulate_records,
+)
 from pytest_prefill.serve.fidelity.fidelity import (
     cells_of,
     counter_check,

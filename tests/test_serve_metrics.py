@@ -18,7 +18,7 @@ from pytest_prefill.sim import Request
 
 pytest.importorskip("prometheus_client")
 
-from pytest_prefill.serve.client.counters import ServerCounters  # noqa: E402
+from pytest_prefill.serve.load.records import ServerCounters  # noqa: E402
 from pytest_prefill.serve.load.server_metrics import parse_metrics, run_counted  # noqa: E402
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.

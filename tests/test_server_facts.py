@@ -13,8 +13,12 @@ from pytest_prefill.cli import main
 from pytest_prefill.plan.model_spec import TINY, load_model_spec
 from pytest_prefill.serve.calibration.calibration import fit_server
 from pytest_prefill.serve.calibration.server_calibration import ServerSweep
-from pytest_prefill.serve.client.identity import ServerIdentity
-from pytest_prefill.serve.launch.server_facts import ServerFacts, flag_values, server_facts
+from pytest_prefill.serve.client.identity import (
+    ServerFacts,
+    ServerIdentity,
+    flag_values,
+    server_facts,
+)
 
 pytestmark = pytest.mark.sim
 

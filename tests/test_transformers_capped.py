@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_prefill.serve.client.identity import ServerIdentity
+from pytest_prefill.serve.client.identity import ServerIdentity, server_facts
 from pytest_prefill.serve.launch import transformers_capped
 from pytest_prefill.serve.launch.launchers import Launcher
 from pytest_prefill.serve.launch.process import transformers_serve
-from pytest_prefill.serve.launch.server_facts import server_facts
 
 pytestmark = pytest.mark.sim  # no server, no hardware (the last test imports transformers)
 

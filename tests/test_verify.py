@@ -566,7 +566,7 @@ def test_the_report_gives_each_probes_speed_and_says_when_they_spread_past_the_g
 def test_a_predicted_tie_names_no_one_best_and_the_report_says_so():
     from pytest_prefill.report.verify import combined_report, ranking_line
     from pytest_prefill.verify.knee import PREDICTION_TOLERANCE
-    from pytest_prefill.verify.ranking import claimed_apart
+    from pytest_prefill.verify.result import claimed_apart
 
     a, b, c = FlagSet(128), FlagSet(256), FlagSet(512)
     rule = ProbeRule()

@@ -18,14 +18,12 @@ from pytest_prefill.serve.calibration.server_model import (
     Scheduling,
     server_profile,
 )
-from pytest_prefill.serve.client.counters import ServerCounters
-from pytest_prefill.serve.load.records import BenchRun, ServerRecord
-from pytest_prefill.verify.flag_sets import FlagSet
+from pytest_prefill.serve.load.records import BenchRun, ServerCounters, ServerRecord
 from pytest_prefill.verify.knee import MeasuredKnee, MeasuredProbe, Predicted
 from pytest_prefill.verify.knee_interval import KneeEstimate
 from pytest_prefill.verify.knee_sizing import Sharpness
 from pytest_prefill.verify.load_check import LoadCheck, LoadFactor, LoadRun
-from pytest_prefill.verify.probe_rule import ProbeRule
+from pytest_prefill.verify.probe_rule import FlagSet, ProbeRule
 from pytest_prefill.verify.result import FlagSetResult, VerifyResult, read_verify
 from tests.strategies import examples
 

@@ -31,7 +31,7 @@ from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
 from pytest_prefill.plan.vllm_memory import DEFAULT_VLLM_VERSION, reserve_rule
 from pytest_prefill.report.assumptions import PRESET_MODEL
-from pytest_prefill.serve.launch.server_facts import ServerFacts
+from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made

@@ -10,8 +10,13 @@ import sys
 from typing import Any
 
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
-from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
-from pytest_prefill.commands._args import add_lab_scenario_arguments, non_negative_int, positive_int
+from pytest_prefill.commands._args import (
+    add_archive_arguments,
+    add_lab_scenario_arguments,
+    machine_of,
+    non_negative_int,
+    positive_int,
+)
 from pytest_prefill.commands._engine_args import add_engine_argument
 from pytest_prefill.measure.models import DEFAULT_MODEL, DTYPES, MODEL_PRESETS, validate_device
 from pytest_prefill.measure.timing import DEFAULT_REPEATS, DEFAULT_WARMUP

@@ -14,12 +14,13 @@ import sys
 from typing import Any
 
 from pytest_prefill._io import write_atomic, write_json_atomic
-from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
 from pytest_prefill.commands._args import (
     MAX_SECONDS,
+    add_archive_arguments,
     non_negative_int,
     output_path,
     positive_int,
+    save_tables,
 )
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.commands._workload_args import (

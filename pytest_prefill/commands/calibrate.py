@@ -7,8 +7,7 @@ import argparse
 import os
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import add_output_arguments, save_calibration
-from pytest_prefill.commands._args import non_negative_float
+from pytest_prefill.commands._args import add_output_arguments, non_negative_float, save_calibration
 from pytest_prefill.commands._measure_args import (
     add_measuring_arguments,
     apply_threads,

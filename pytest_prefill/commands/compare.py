@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_prefill.commands._archive_args import add_archive_arguments, machine_of
-from pytest_prefill.commands._args import non_negative_float
+from pytest_prefill.commands._args import add_archive_arguments, machine_of, non_negative_float
 from pytest_prefill.report.comparison import compare, comparison_report, gate_lines, load_side
 
 HELP = "compare two calibrations (run ids, run files, calibration files or machine keys)"

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import (
+from pytest_prefill.commands._args import (
     add_output_arguments,
     save_tables,
 )

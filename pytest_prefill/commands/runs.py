@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from pytest_prefill.archive.runs import RunFile, machine_dir, machines, runs
-from pytest_prefill.commands._archive_args import DEFAULT_RESULTS, machine_key_type, results_type
+from pytest_prefill.commands._args import DEFAULT_RESULTS, machine_key_type, results_type
 from pytest_prefill.report.runs import runs_table, summarize_run
 
 HELP = "list the archived runs (of one machine, or of every machine) with their ids"

@@ -10,8 +10,7 @@ import asyncio
 import sys
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import add_output_arguments, save_calibration
-from pytest_prefill.commands._args import positive_int
+from pytest_prefill.commands._args import add_output_arguments, positive_int, save_calibration
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.serve.calibration.calibration import calibrate_server
 from pytest_prefill.serve.calibration.experiments import warm_up

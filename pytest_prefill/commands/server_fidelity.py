@@ -11,11 +11,11 @@ import math
 import sys
 
 from pytest_prefill._io import write_json_atomic
-from pytest_prefill.commands._archive_args import (
+from pytest_prefill.commands._args import (
     add_output_arguments,
+    positive_int,
     save_tables,
 )
-from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_server_arguments,

@@ -14,8 +14,13 @@ import sys
 from typing import Any, cast
 
 from pytest_prefill._io import read_json, write_json_atomic
-from pytest_prefill.commands._archive_args import add_archive_arguments, save_tables
-from pytest_prefill.commands._args import non_negative_int, output_path, positive_int
+from pytest_prefill.commands._args import (
+    add_archive_arguments,
+    non_negative_int,
+    output_path,
+    positive_int,
+    save_tables,
+)
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_timeout_arguments,

@@ -13,8 +13,16 @@ from tabulate import tabulate
 
 from pytest_prefill.verify.knee import MeasuredProbe
 from pytest_prefill.verify.load_check import speed_range
-from pytest_prefill.verify.ranking import agrees, best_verdict, order_text, ranking, tied_best
-from pytest_prefill.verify.result import FlagSetResult, VerifyResult, ranking_tolerance
+from pytest_prefill.verify.result import (
+    FlagSetResult,
+    VerifyResult,
+    agrees,
+    best_verdict,
+    order_text,
+    ranking,
+    ranking_tolerance,
+    tied_best,
+)
 
 
 def _rate(value: float | None) -> str:

@@ -24,8 +24,7 @@ from pytest_prefill.plan.metrics import SLO, ServingMetrics
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
-from pytest_prefill.serve.calibration.server_model import ServerModel
-from pytest_prefill.serve.calibration.simulated import simulate_records
+from pytest_prefill.serve.calibration.server_model import ServerModel, simulate_records
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.serve.load.server_metrics import run_counted

@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_prefill.measure.quiet import QuietHost, quietly
-from pytest_prefill.serve.calibration.server_model import ServerModel
-from pytest_prefill.serve.calibration.simulated import simulate_records
+from pytest_prefill.serve.calibration.server_model import ServerModel, simulate_records
 from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.serve.load.server_metrics import run_counted

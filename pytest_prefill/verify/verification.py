@@ -29,7 +29,6 @@ from pytest_prefill.serve.launch.launchers import Launcher, alive
 from pytest_prefill.serve.launch.process import ServerProcess
 from pytest_prefill.serve.load.loadgen import Target, open_target
 from pytest_prefill.sim import Request, in_arrival_order, simulated_engine
-from pytest_prefill.verify.flag_sets import FlagSet
 from pytest_prefill.verify.knee import (
     Predicted,
     measure_knee,
@@ -46,7 +45,7 @@ from pytest_prefill.verify.load_check import (
     run_load_check,
     run_speeds,
 )
-from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
+from pytest_prefill.verify.probe_rule import FlagSet, ProbeRule, probe_load
 from pytest_prefill.verify.result import FlagSetResult, VerifyResult, one_line
 
 Progress = Callable[[str], object]

@@ -60,7 +60,7 @@ from pytest_prefill.serve.calibration.server_calibration import (
     ServerSweep,
 )
 from pytest_prefill.serve.client.http import request_json
-from pytest_prefill.serve.launch.server_facts import ServerFacts, server_facts
+from pytest_prefill.serve.client.identity import ServerFacts, server_facts
 from pytest_prefill.serve.load.loadgen import Target
 from pytest_prefill.sim import CostModel
 

@@ -28,8 +28,12 @@ from pytest_prefill.serve.calibration.calibration import (
     server_provenance,
 )
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
-from pytest_prefill.serve.calibration.simulated import simulate_records
+from pytest_prefill.serve.calibration.server_model import (
+    Scheduling,
+    ServerModel,
+    server_profile,
+    simulate_records,
+)
 from pytest_prefill.serve.fidelity.fidelity_interval import (
     CellKey,
     Paired,

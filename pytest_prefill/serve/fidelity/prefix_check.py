@@ -13,8 +13,7 @@ from typing import Any
 
 from pytest_prefill.plan.metrics import serving_metrics, serving_metrics_of
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
-from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel
-from pytest_prefill.serve.calibration.simulated import simulate_run
+from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, simulate_run
 from pytest_prefill.serve.load.records import BenchRun
 from pytest_prefill.sim import Request
 

@@ -1,2 +1,2 @@
-"""Running engines on this host: ``process`` (start and stop), ``launchers`` (restarted under a
-flag set), ``pinning``, ``transformers_capped``, ``model_folder``, ``reference``, ``server_facts``."""
+"""Running engines on this host: ``process`` (start and stop, and pinning), ``launchers``
+(restarted under a flag set), ``transformers_capped``, ``model_folder``, ``reference``."""

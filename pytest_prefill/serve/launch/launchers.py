@@ -15,12 +15,13 @@ from typing import Any
 from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
 from pytest_prefill.serve.client.http import request_json
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
-from pytest_prefill.serve.launch.pinning import engine_core, pin_server
 from pytest_prefill.serve.launch.process import (
     ONE_THREAD,
     ServerProcess,
+    engine_core,
     free_port,
     llama_server,
+    pin_server,
     start_server,
     transformers_serve,
 )

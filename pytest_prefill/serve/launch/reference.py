@@ -22,9 +22,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pytest_prefill.serve.client.api import request_body
+from pytest_prefill.serve.client.api import request_body, tally
 from pytest_prefill.serve.client.http import stream_events
-from pytest_prefill.serve.client.stream_tally import tally
 from pytest_prefill.serve.client.wire import Timeouts, Url
 from pytest_prefill.sim import percentile
 

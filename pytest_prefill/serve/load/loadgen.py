@@ -19,13 +19,14 @@ from typing import Any
 from pytest_prefill.serve.client.api import (
     ENDPOINTS,
     TAKES_TOKEN_IDS,
+    Tally,
     check_choice,
     request_body,
+    tally,
 )
 from pytest_prefill.serve.client.http import stream_events
 from pytest_prefill.serve.client.identity import ServerIdentity
 from pytest_prefill.serve.client.prompts import Prompts
-from pytest_prefill.serve.client.stream_tally import Tally, tally
 from pytest_prefill.serve.client.wire import DEFAULT_TIMEOUTS, ServerError, Timeouts, Url
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import Request, validate_load

@@ -14,11 +14,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.serve.client.counters import PREFIXES, ServerCounters
 from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.load.loadgen import Bounds, Target, run_load, send_one
-from pytest_prefill.serve.load.records import BenchRun
+from pytest_prefill.serve.load.records import PREFIXES, BenchRun, ServerCounters
 from pytest_prefill.sim import Request, in_arrival_order
 
 SCRAPE_TIMEOUT = 5.0
