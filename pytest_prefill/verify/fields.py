@@ -7,12 +7,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_prefill._io import number_from_json
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 _REQUIRED: Any = object()
+_Record = TypeVar("_Record", bound="DataclassInstance")
+
+
+def written(record: Any, **derived: Any) -> dict[str, Any]:
+    """A dataclass record as a document: its fields, and beside them the values derived from
+    them that a reader wants at hand (:meth:`Fields.values_of` reads the fields back and
+    ignores the rest)."""
+    return {**dataclasses.asdict(record), **derived}
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Fields:
@@ -47,30 +62,35 @@ class Fields:
         except ValueError:
             raise self.fail(key, 'a number, "inf" or "-inf"', value) from None
 
-    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+    def _typed(self, key: str, default: Any, fits: Callable[[Any], bool], what: str) -> Any:
+        """The value under ``key`` when ``fits`` it; a ValueError saying ``what`` it must be."""
         value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, "an integer", value)
+        if not fits(value):
+            raise self.fail(key, what, value)
+        return value
+
+    def optional(self, key: str, read: Callable[[str], Any]) -> Any:
+        """``read(key)``, or None where ``key`` is absent or null."""
+        return None if self._get(key, None) is None else read(key)
+
+    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+        value: int = self._typed(key, default, _is_integer, "an integer")
         return value
 
     def optional_integer(self, key: str) -> int | None:
-        value = self._get(key, None)
-        return None if value is None else self.integer(key)
+        value: int | None = self.optional(key, self.integer)
+        return value
 
     def text(self, key: str, default: Any = _REQUIRED) -> str:
-        value = self._get(key, default)
-        if not isinstance(value, str):
-            raise self.fail(key, "a string", value)
+        value: str = self._typed(key, default, lambda v: isinstance(v, str), "a string")
         return value
 
     def optional_text(self, key: str) -> str | None:
-        value = self._get(key, None)
-        return None if value is None else self.text(key)
+        value: str | None = self.optional(key, self.text)
+        return value
 
     def flag(self, key: str, default: Any = _REQUIRED) -> bool:
-        value = self._get(key, default)
-        if not isinstance(value, bool):
-            raise self.fail(key, "true or false", value)
+        value: bool = self._typed(key, default, lambda v: isinstance(v, bool), "true or false")
         return value
 
     def child(self, key: str) -> Fields | None:
@@ -105,7 +125,7 @@ class Fields:
             for i, item in enumerate(self.items(key))
         )
 
-    def values_of(self, cls: Any) -> Any:
+    def values_of(self, cls: type[_Record]) -> _Record:
         """An instance of the dataclass ``cls`` with each field read by its type (``float``,
         ``int``, ``bool``, ``str``, ``str | None``, ``int | None``); a field with a default
         takes it where the document lacks it."""
@@ -119,13 +139,14 @@ class Fields:
         for field in dataclasses.fields(cls):
             kind = str(field.type)
             if kind.endswith(" | None"):
-                value = self._get(field.name, None)
-                read = readers[kind.removesuffix(" | None")]
-                values[field.name] = None if value is None else read(field.name)
+                values[field.name] = self.optional(
+                    field.name, readers[kind.removesuffix(" | None")]
+                )
                 continue
             default = field.default if field.default is not dataclasses.MISSING else _REQUIRED
             values[field.name] = readers[kind](field.name, default)
-        return self.build(cls, **values)
+        record: _Record = self.build(cls, **values)
+        return record
 
     def build(self, make: Any, *args: Any, **kwargs: Any) -> Any:
         """``make(*args, **kwargs)``, its ValueError prefixed with where this object sits."""

@@ -110,8 +110,7 @@ class KneeEstimate:
     @classmethod
     def from_dict(cls, fields: Fields) -> KneeEstimate:
         """Raises: ValueError naming the field, for one missing or of the wrong type."""
-        estimate: KneeEstimate = fields.values_of(cls)
-        return estimate
+        return fields.values_of(cls)
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:

@@ -21,7 +21,7 @@ from typing import Any
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_model import ServerModel
 from pytest_prefill.sim import Request
-from pytest_prefill.verify.fields import Fields
+from pytest_prefill.verify.fields import Fields, written
 from pytest_prefill.verify.knee import Predicted, predict_knee, simulated_attainment
 from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
 
@@ -68,18 +68,12 @@ class Sharpness:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "seconds": self.seconds,
-            "decisive": self.decisive,
-            "sentence": self.sentence(),
-        }
+        return written(self, seconds=self.seconds, decisive=self.decisive, sentence=self.sentence())
 
     @classmethod
     def from_dict(cls, fields: Fields) -> Sharpness:
         """Raises: ValueError naming the field, for one missing or of the wrong type."""
-        sharpness: Sharpness = fields.values_of(cls)
-        return sharpness
+        return fields.values_of(cls)
 
 
 @dataclasses.dataclass(frozen=True)

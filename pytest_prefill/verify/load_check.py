@@ -25,7 +25,7 @@ from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.serve.load.server_metrics import run_counted
 from pytest_prefill.sim import Request
-from pytest_prefill.verify.fields import Fields
+from pytest_prefill.verify.fields import Fields, written
 
 FACTORS = tuple(round(0.5 + 0.02 * i, 2) for i in range(101))  # 0.5 .. 2.5, the fitted range
 MIN_REQUESTS = 30  # fewer completed requests than this: no factor is fitted
@@ -78,18 +78,12 @@ class LoadFactor:
         return f"{head}: {fitted}, " + ("kept" if self.kept else f"refused: {self.reason}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            **dataclasses.asdict(self),
-            "kept": self.kept,
-            "factor": self.factor,
-            "sentence": self.sentence(),
-        }
+        return written(self, kept=self.kept, factor=self.factor, sentence=self.sentence())
 
     @classmethod
     def from_dict(cls, fields: Fields) -> LoadFactor:
         """Raises: ValueError naming the field, for one missing or of the wrong type."""
-        factor: LoadFactor = fields.values_of(cls)
-        return factor
+        return fields.values_of(cls)
 
 
 def fit_load_factor(

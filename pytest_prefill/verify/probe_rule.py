@@ -31,7 +31,7 @@ from typing import Any
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.sim import Request, in_arrival_order
-from pytest_prefill.verify.fields import Fields
+from pytest_prefill.verify.fields import Fields, written
 
 MIN_MARGIN = 0.001  # at most 250,000 requests a probe (target 0.5)
 
@@ -133,7 +133,7 @@ class ProbeRule:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "requests": self.requests, "rule": self.sentence()}
+        return written(self, requests=self.requests, rule=self.sentence())
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "probe_rule") -> ProbeRule:
@@ -231,5 +231,4 @@ class FlagSet:
     def from_dict(cls, fields: Fields) -> FlagSet:
         """Raises: ValueError naming the field, for one missing, of the wrong type or out of
         range."""
-        flags: FlagSet = fields.values_of(cls)
-        return flags
+        return fields.values_of(cls)
