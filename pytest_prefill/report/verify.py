@@ -215,28 +215,16 @@ def ranking_text(
     head: str = "ranking",
 ) -> str:
     """The ranking line, starting ``head``: both orders (a predicted tie, within
-    :func:`~pytest_prefill.verify.verification.ranking_tolerance` of ``within``, with "=") and
-    :func:`ranking_verdict`."""
+    :func:`~pytest_prefill.verify.result.ranking_tolerance` of ``within``, with "="); then "best
+    HOLDS / FAILS / UNDECIDED" (``verify.result.best_verdict``: the predicted best judged on the
+    measured knees' intervals) and why; then whether the measured order keeps every pair the
+    prediction tells apart (on the knees' points)."""
     tie = ranking_tolerance(within)
-    return (
+    orders = (
         f"{head}: predicted {order_text(labels, predicted, tie)} (= within {tie:.0%}: knees "
         f"each claimed to ±{within:.0%} order no closer); measured "
         f"{order_text(labels, measured, 0.0)}: "
-        f"{ranking_verdict(labels, predicted, measured, intervals, within)}"
     )
-
-
-def ranking_verdict(
-    labels: Sequence[str],
-    predicted: Sequence[float],
-    measured: Sequence[float],
-    intervals: Sequence[tuple[float, float] | None],
-    within: float = 0.10,
-) -> str:
-    """ "best HOLDS / FAILS / UNDECIDED" (``verify.ranking.best_verdict``: the predicted best
-    judged on the measured knees' intervals) and why; then whether the measured order keeps
-    every pair the prediction tells apart (on the knees' points)."""
-    tie = ranking_tolerance(within)
     best = tied_best(predicted, tie)
     verdict, which = best_verdict(predicted, intervals, tie)
     names = " and ".join(labels[i] for i in best)
@@ -255,9 +243,9 @@ def ranking_verdict(
     if 1 < len(best) < len(predicted):
         text += f"; {names} predicted within {tie:.0%}: a tie"
     if agrees(predicted, measured, tie):
-        return text + "; the measured order agrees with the predicted one"
+        return orders + text + "; the measured order agrees with the predicted one"
     same = ranking(measured)[0] in best
-    return text + ("; the rest are ordered differently" if same else "; the order differs")
+    return orders + text + ("; the rest are ordered differently" if same else "; the order differs")
 
 
 # What the probe table's replayed column is, and how to read it beside the measured attainment.

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 _REQUIRED: Any = object()
 _Record = TypeVar("_Record", bound="DataclassInstance")
+_Value = TypeVar("_Value")
 
 
 def written(record: Any, **derived: Any) -> dict[str, Any]:
@@ -24,10 +25,6 @@ def written(record: Any, **derived: Any) -> dict[str, Any]:
     them that a reader wants at hand (:meth:`Fields.values_of` reads the fields back and
     ignores the rest)."""
     return {**dataclasses.asdict(record), **derived}
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Fields:
@@ -62,36 +59,32 @@ class Fields:
         except ValueError:
             raise self.fail(key, 'a number, "inf" or "-inf"', value) from None
 
-    def _typed(self, key: str, default: Any, fits: Callable[[Any], bool], what: str) -> Any:
-        """The value under ``key`` when ``fits`` it; a ValueError saying ``what`` it must be."""
+    def _typed(self, key: str, default: Any, kind: type[_Value], what: str) -> _Value:
+        """The value under ``key`` when it is a ``kind`` (true and false are not integers); a
+        ValueError saying ``what`` it must be."""
         value = self._get(key, default)
-        if not fits(value):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise self.fail(key, what, value)
         return value
 
-    def optional(self, key: str, read: Callable[[str], Any]) -> Any:
+    def optional(self, key: str, read: Callable[[str], _Value]) -> _Value | None:
         """``read(key)``, or None where ``key`` is absent or null."""
         return None if self._get(key, None) is None else read(key)
 
     def integer(self, key: str, default: Any = _REQUIRED) -> int:
-        value: int = self._typed(key, default, _is_integer, "an integer")
-        return value
+        return self._typed(key, default, int, "an integer")
 
     def optional_integer(self, key: str) -> int | None:
-        value: int | None = self.optional(key, self.integer)
-        return value
+        return self.optional(key, self.integer)
 
     def text(self, key: str, default: Any = _REQUIRED) -> str:
-        value: str = self._typed(key, default, lambda v: isinstance(v, str), "a string")
-        return value
+        return self._typed(key, default, str, "a string")
 
     def optional_text(self, key: str) -> str | None:
-        value: str | None = self.optional(key, self.text)
-        return value
+        return self.optional(key, self.text)
 
     def flag(self, key: str, default: Any = _REQUIRED) -> bool:
-        value: bool = self._typed(key, default, lambda v: isinstance(v, bool), "true or false")
-        return value
+        return self._typed(key, default, bool, "true or false")
 
     def child(self, key: str) -> Fields | None:
         """The object under ``key`` (None: absent or null)."""
