@@ -25,6 +25,7 @@ from pytest_prefill.serve.load.loadgen import Bounds, Schedule, Target
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.serve.load.server_metrics import run_counted
 from pytest_prefill.sim import Request
+from pytest_prefill.sim.checks import check_int
 from pytest_prefill.verify.fields import Fields, written
 
 FACTORS = tuple(round(0.5 + 0.02 * i, 2) for i in range(101))  # 0.5 .. 2.5, the fitted range
@@ -106,8 +107,7 @@ def fit_load_factor(
     """
     if not (isinstance(level, float) and 0 < level < 1):
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
-    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
-        raise ValueError(f"resamples must be an integer >= 100, got {resamples!r}")
+    check_int("resamples", resamples, minimum=100)
     done = [sorted((r for r in run if r.ok), key=lambda r: r.arrival) for run in runs]
     measured = [x for run in done for x in latencies(run)]
     if len(measured) < MIN_REQUESTS:

@@ -31,6 +31,7 @@ from typing import Any
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.sim import Request, in_arrival_order
+from pytest_prefill.sim.checks import check_int
 from pytest_prefill.verify.fields import Fields, written
 
 MIN_MARGIN = 0.001  # at most 250,000 requests a probe (target 0.5)
@@ -84,9 +85,7 @@ class ProbeRule:
         _fraction("within", self.within, 0.0, 1.0)
         _fraction("max_seconds", self.max_seconds, 0.0, math.inf)
         for field, least in (("max_probes", 2), ("min_requests", 1), ("start", 0)):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
+            check_int(field, getattr(self, field), minimum=least)
 
     @property
     def requests(self) -> int:
@@ -200,11 +199,9 @@ class FlagSet:
     max_seqs: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 2:
-            raise ValueError(f"flag set budget must be an integer >= 2, got {self.budget!r}")
-        seqs = self.max_seqs
-        if seqs is not None and (isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1):
-            raise ValueError(f"flag set max_seqs must be an integer >= 1, got {seqs!r}")
+        check_int("flag set budget", self.budget, minimum=2)
+        if self.max_seqs is not None:
+            check_int("flag set max_seqs", self.max_seqs)
 
     @classmethod
     def parse(cls, text: str) -> FlagSet:

@@ -11,6 +11,7 @@ from typing import Any
 from pytest_prefill.measure.calibration_document import Calibration
 from pytest_prefill.serve.calibration.calibration_fit import Chunking, RequestOverhead
 from pytest_prefill.sim import CostModel
+from pytest_prefill.sim.checks import check_int
 
 RAMP_PROMPT = 32  # tokens: the short ramp's requests are all in their first pass or two
 
@@ -71,9 +72,7 @@ class ServerSweep:
 
     def __post_init__(self) -> None:
         for field in ("budget", "live_rows", "decode_tokens", "repeats"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+            check_int(field, getattr(self, field))
         for field in ("prompt_lens", "stall_prompts"):
             object.__setattr__(self, field, _lengths(field, getattr(self, field)))
         traffic = self.traffic_prompts
@@ -96,8 +95,7 @@ class ServerSweep:
         rows = self.ramp_rows
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0 or rows == 1:
             raise ValueError(f"ramp_rows must be 0 (none) or an integer >= 2, got {rows!r}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        check_int("warmup", self.warmup, minimum=0)
         cap = self.max_seqs
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValueError(f"max_seqs must be 0 (no cap) or an integer >= 1, got {cap!r}")

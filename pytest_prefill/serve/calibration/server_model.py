@@ -24,6 +24,7 @@ from pytest_prefill.serve.calibration.server_calibration import ServerCalibratio
 from pytest_prefill.serve.client.api import ENGINES
 from pytest_prefill.serve.load.records import ServerRecord
 from pytest_prefill.sim import KNOBS, PROFILES, CostModel, EngineProfile, Request, Trace, simulate
+from pytest_prefill.sim.checks import check_int
 
 # The cost model's terms in seconds (a factor scales these; sizes and ratios stay).
 TIME_TERMS = (
@@ -56,8 +57,7 @@ def server_profile(engine: str, budget: int, max_seqs: int | None = None) -> Eng
             f"engine {engine!r} has no engine profile to simulate it with; allowed: "
             f"{', '.join(PROFILED_ENGINES)}"
         )
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
-        raise ValueError(f"budget must be an integer >= 2, got {budget!r}")
+    check_int("budget", budget, minimum=2)
     base = PROFILES[engine]
     seqs = base.max_seqs if max_seqs is None else max_seqs
     return dataclasses.replace(base, max_batched_tokens=budget, max_seqs=seqs)

@@ -22,6 +22,7 @@ from typing import Any
 
 from pytest_prefill.serve.client.http import StreamEvent
 from pytest_prefill.serve.client.wire import NestingError, loads
+from pytest_prefill.sim.checks import check_int
 
 ENDPOINTS = {
     "completions": "/v1/completions",
@@ -54,8 +55,7 @@ def request_body(
     """
     check_choice("engine", engine, ENGINES)
     check_choice("endpoint", endpoint, tuple(ENDPOINTS))
-    if isinstance(output_len, bool) or not isinstance(output_len, int) or output_len < 1:
-        raise ValueError(f"output_len must be an integer >= 1, got {output_len!r}")
+    check_int("output_len", output_len)
     ids = not isinstance(prompt, str)
     if endpoint == "llama":
         return {

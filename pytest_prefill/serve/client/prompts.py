@@ -20,6 +20,7 @@ from typing import Any
 from pytest_prefill._io import read_json
 from pytest_prefill.serve.client.http import request_json
 from pytest_prefill.serve.client.wire import Timeouts, Url
+from pytest_prefill.sim.checks import check_int
 
 WORDS_FILE = "prefill-words.json"
 MIN_WORDS = 64
@@ -55,8 +56,7 @@ class Prompts:
             )
 
     def _picks(self, key: str, length: int) -> list[int]:
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(f"prompt length must be an integer >= 1, got {length!r}")
+        check_int("prompt length", length)
         rng = random.Random(zlib.crc32(key.encode()))
         return [rng.randrange(len(self.words)) for _ in range(length)]
 
@@ -71,8 +71,7 @@ class Prompts:
     def _shared_picks(
         self, key: str, length: int, blocks: Sequence[int | str], block_tokens: int, salt: str
     ) -> list[int]:
-        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
-            raise ValueError(f"block_tokens must be an integer >= 1, got {block_tokens!r}")
+        check_int("block_tokens", block_tokens)
         picks: list[int] = []
         for block in blocks:
             if len(picks) >= length:

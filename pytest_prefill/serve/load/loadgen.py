@@ -30,6 +30,7 @@ from pytest_prefill.serve.client.prompts import Prompts
 from pytest_prefill.serve.client.wire import DEFAULT_TIMEOUTS, ServerError, Timeouts, Url
 from pytest_prefill.serve.load.records import BenchRun, ServerRecord
 from pytest_prefill.sim import Request, validate_load
+from pytest_prefill.sim.checks import check_int
 
 ARRIVALS = ("trace", "poisson", "gamma", "burst")
 PROGRESS_INTERVAL = 2.0
@@ -158,8 +159,7 @@ class Bounds:
             _positive("max_requests", self.max_requests, integer=True)
         if self.max_duration is not None:
             _positive("max_duration", self.max_duration)
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        check_int("warmup", self.warmup, minimum=0)
 
 
 async def send_one(target: Target, request: Request, scheduled: float, t0: float) -> ServerRecord:
