@@ -1,2 +1,3 @@
 """Calibration from a running server: ``experiments`` (what it sends), ``calibration_fit`` and
-``calibration`` (the difference method over HTTP), ``simulated`` (a measured run replayed)."""
+``calibration`` (the difference method over HTTP), ``server_calibration`` (what it found),
+``server_model`` (the server as the simulator sees it, and a measured run replayed in it)."""
