@@ -186,7 +186,9 @@ def ranking_tolerance(within: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class VerifyResult:
     """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
-    in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched)."""
+    in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched);
+    ``interrupted``: the signal that ended the run early (``SIGINT``; "": none), its flag sets
+    those it had started."""
 
     workload: str
     slo: SLO
@@ -194,6 +196,7 @@ class VerifyResult:
     results: tuple[FlagSetResult, ...]
     engine: str
     quiet: str = ""
+    interrupted: str = ""
 
     @property
     def compared(self) -> tuple[FlagSetResult, ...]:
@@ -266,6 +269,7 @@ class VerifyResult:
                 "slo": self.slo.to_dict(),
                 "probe_rule": self.rule.to_dict(),
                 "quiet_host": self.quiet or None,
+                "interrupted": self.interrupted or None,
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
                 "ranking_tolerance": self.tolerance,
@@ -301,7 +305,8 @@ class VerifyResult:
         )
         quiet = fields.raw("quiet_host") or ""
         workload, engine = fields.text("workload", ""), fields.text("engine", "")
-        return cls(workload, slo, rule, results, engine, str(quiet))
+        interrupted = fields.optional_text("interrupted") or ""
+        return cls(workload, slo, rule, results, engine, str(quiet), interrupted)
 
 
 def read_verify(path: str) -> VerifyResult:
