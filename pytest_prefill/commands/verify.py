@@ -275,6 +275,8 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
             raise ValueError(f"{path}: not a capacity answer (capacity --json): missing 'slo'")
         slo = bounds.build(SLO, **bounds.data)
         target = fields.number("target")
+        if not 0 < target < 1:
+            raise ValueError(f"{path}: answer.target must be a fraction in (0, 1), got {target!r}")
         results = fields.children("results")
         flags = []
         for i, result in enumerate(results):
@@ -286,7 +288,7 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
             if d.raw("policy") == "disaggregated" or not d.raw("max_batched_tokens"):
                 continue
             seqs = d.optional_integer("max_seqs")
-            flag = FlagSet(d.integer("max_batched_tokens"), seqs)
+            flag = d.build(FlagSet, d.integer("max_batched_tokens"), seqs)
             if flag not in flags:
                 flags.append(flag)
     except (KeyError, TypeError, AttributeError) as err:

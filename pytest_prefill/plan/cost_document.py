@@ -38,7 +38,9 @@ def check_schema(data: Any, origin: str) -> None:
     """ValueError naming ``origin`` when ``data`` is a run or calibration document whose
     ``schema_version`` is not an integer this version reads (a bool is not an integer; a run
     must have one, a calibration without one is read as version 1)."""
-    if not isinstance(data, Mapping) or data.get("kind") not in SCHEMA_VERSIONS:
+    if not isinstance(data, Mapping) or not isinstance(data.get("kind"), str):
+        return
+    if data["kind"] not in SCHEMA_VERSIONS:
         return
     newest = SCHEMA_VERSIONS[data["kind"]]
     if data["kind"] == CALIBRATION_KIND and "schema_version" not in data:
