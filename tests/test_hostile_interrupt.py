@@ -136,3 +136,23 @@ def test_a_signal_during_calibration_ends_its_flag_set_in_one_line(tmp_path):
     assert only.measured is None and only.calibration is None
     assert only.ended == "≤16 tok: interrupted by SIGHUP during calibration"
     _none_left(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("engine", "status"),
+    [
+        (("--engine", "vllm"), 0),  # the normal way out: the flag set measured
+        ((), 2),  # an error once started: the server names itself "openai", which has no profile
+    ],
+)
+def test_every_other_way_out_leaves_nothing_running(tmp_path, engine, status):
+    argv = _verify(tmp_path, "--cost", _cost(tmp_path), "--short-probes", "--max-probes", "2")
+    if not engine:
+        at = argv.index("--engine")
+        del argv[at : at + 2]
+    done = subprocess.run(
+        argv, env=environment(tmp_path / "pids"), capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == status, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    _none_left(tmp_path)
