@@ -12,7 +12,7 @@ import time
 
 import pytest
 from hostile import write_words
-from hostile_engines import SERVES, environment, pids_of, running, write_engine
+from hostile_engines import SERVES, environment, pids_of, running, signalled, verify_launch
 
 from pytest_prefill.measure.calibrate import Calibration
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
@@ -40,62 +40,17 @@ def _cost(tmp_path) -> str:
 
 
 def _verify(tmp_path, *more: str) -> list[str]:
-    model = tmp_path / "model"
-    model.mkdir()
-    write_words(model)
-    return [
-        sys.executable,
-        "-m",
-        "pytest_prefill",
-        "verify",
-        "--launch",
-        "vllm",
-        "--engine",
-        "vllm",
-        "--program",
-        write_engine(tmp_path, SERVES),
-        "--model",
-        str(model),
-        "--flags",
-        "tokens=16",
-        "--slo",
-        "ttft:1s",
-        "--no-pin",
-        "--no-load-check",
-        "--ignore-steal",
-        "--repeats",
-        "1",
-        "--json",
-        str(tmp_path / "out.json"),
-        *more,
-    ]
+    argv = verify_launch(tmp_path, SERVES, "--engine", "vllm", "--no-load-check")
+    write_words(tmp_path / "model")
+    more = ("--ignore-steal", "--repeats", "1", "--json", str(tmp_path / "out.json"), *more)
+    return [*argv, *more]
 
 
 def _interrupt(
     tmp_path, signum: int, when: str, *more: str
 ) -> tuple[subprocess.Popen[str], str, str]:
-    """The command sent ``signum`` once its progress says ``when``; it, and what it said
-    before and after."""
-    command = subprocess.Popen(
-        _verify(tmp_path, *more),
-        env=environment(tmp_path / "pids"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    before = []
-    try:
-        assert command.stderr is not None
-        for line in command.stderr:
-            before.append(line)
-            if when in line:
-                break
-        command.send_signal(signum)
-        out, err = command.communicate(timeout=120)
-    finally:
-        if command.poll() is None:
-            command.kill()
-    return command, "".join(before), out + err
+    """The command sent ``signum`` once its progress says ``when``."""
+    return signalled(_verify(tmp_path, *more), environment(tmp_path / "pids"), signum, when)
 
 
 def _none_left(tmp_path) -> None:

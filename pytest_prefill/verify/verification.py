@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pytest_prefill.measure.quiet import QuietHost
@@ -108,17 +108,10 @@ class _Plan:
         return f"{await alive(url, process) or stage + ' failed'}: {one_line(err)}"
 
 
-async def _cancellable(
-    server: Server,
-    url: Url,
-    process: ServerProcess | None,
-    flags: FlagSet,
-    plan: _Plan,
-    progress: Progress | None,
-) -> FlagSetResult:
-    """:func:`_check_flag_set`, a signal cancelling it (``verify.interrupt``)."""
+async def _cancellable(plan: _Plan, check: Coroutine[Any, Any, FlagSetResult]) -> FlagSetResult:
+    """``check`` (:func:`_check_flag_set`), a signal cancelling it (``verify.interrupt``)."""
     with plan.interruption.cancelling():
-        return await _check_flag_set(server, url, process, flags, plan, progress)
+        return await check
 
 
 async def _check_flag_set(
@@ -412,7 +405,8 @@ def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None)
     """One flag set, with its server started (and stopped, whatever happens) when launched."""
     if server.launcher is None:
         assert server.url is not None
-        return asyncio.run(_cancellable(server, server.url, None, flags, plan, progress))
+        check = _check_flag_set(server, server.url, None, flags, plan, progress)
+        return asyncio.run(_cancellable(plan, check))
     if progress is not None:
         progress(f"{flags.label}: starting {server.launcher.engine}")
     try:
@@ -426,7 +420,8 @@ def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None)
         if pinning is not None:
             progress(f"{flags.label}: {pinning}")
     try:
-        result = asyncio.run(_cancellable(server, process.url, process, flags, plan, progress))
+        check = _check_flag_set(server, process.url, process, flags, plan, progress)
+        result = asyncio.run(_cancellable(plan, check))
     finally:
         status = process.stop()
     return dataclasses.replace(result, exit_status=status, pinning=pinning)
