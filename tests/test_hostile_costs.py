@@ -90,3 +90,24 @@ def test_timeline_blames_the_cost_not_a_window_never_given(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert exited.value.code == 2 and "\n" not in err
     assert "prefill_pass_overhead 2e-12 s" in err and "window" not in err
+
+
+def test_the_archive_passes_over_a_run_whose_cost_is_out_of_range(tmp_path):
+    """``--cost archive`` picked the newest run, whose costs were 1e300 s, and overflowed: it is
+    passed over, said why, for the older run in range."""
+    import datetime
+
+    from pytest_prefill.archive import saving
+    from pytest_prefill.archive.runs import archived_cost
+    from pytest_prefill.measure.calibrate import Calibration
+    from pytest_prefill.sim import CostModel
+
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    for cost in (BASE, {**BASE, "prefill_per_token": 1e300}):
+        calibration = Calibration(CostModel(**cost), {}, (), {}, ()).to_dict()
+        run = {"tables": [], "calibration": calibration}
+        saving.write_run(tmp_path, "cpu-test", run, commit="abcdef12", dirty=False, when=when)
+    warned: list[str] = []
+    cost, run = archived_cost(tmp_path, "cpu-test", warn=warned.append)
+    assert run.number == 1 and cost == CostModel(**BASE)
+    assert len(warned) == 1 and "prefill_per_token is 1e+300 s" in warned[0]
