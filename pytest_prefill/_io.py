@@ -135,12 +135,13 @@ def check_output(
     writes: str | None = None,
     inputs: Mapping[str, str | os.PathLike[str]] | None = None,
     force: bool = False,
+    flag: str | None = None,
 ) -> str:
     """The file a command's output flag will write, checked before any work: as
     :func:`check_destination`, and its folder must exist (none is created); it must not be one
     of ``inputs`` (what each names, e.g. ``{"--cost": "cal.json"}``); and an existing file of a
     kind other than ``writes`` (:func:`content_kind`'s words; None: not checked) is replaced
-    only with ``force``.
+    only with ``force``. ``flag``: the output's flag, named beside the input's when it is one.
 
     Raises:
         ValueError: naming ``path``, for each of these.
@@ -152,10 +153,11 @@ def check_output(
         raise ValueError(
             f"{text}: the folder {folder} does not exist (none is created: make it first)"
         )
-    for flag, given in (inputs or {}).items():
+    for given_flag, given in (inputs or {}).items():
         with contextlib.suppress(OSError):
             if os.path.samefile(target, given):
-                raise ValueError(f"{text} is also {flag}'s input; write to another path")
+                named = f"{flag} {text}" if flag else text
+                raise ValueError(f"{named} is also {given_flag}'s input; write to another path")
     if writes is not None and not force:
         kind = content_kind(target)
         if kind is not None and kind != writes:

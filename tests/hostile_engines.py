@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import time
 
@@ -75,3 +76,51 @@ def environment(pids) -> dict[str, str]:
         "PYTHON": sys.executable,
         "PYTHONPATH": root + (os.pathsep + path if path else ""),
     }
+
+
+def signalled(
+    argv: list[str], env: dict[str, str], signum: int, when: str
+) -> tuple[subprocess.Popen[str], str, str]:
+    """``argv`` run and sent ``signum`` once a line of its stderr holds ``when``: the process
+    (ended), what its stderr said until then, and what it said after (stdout and stderr)."""
+    command = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    before = []
+    try:
+        assert command.stderr is not None
+        for line in command.stderr:
+            before.append(line)
+            if when in line:
+                break
+        command.send_signal(signum)
+        out, err = command.communicate(timeout=120)
+    finally:
+        if command.poll() is None:
+            command.kill()
+    return command, "".join(before), out + err
+
+
+def verify_launch(folder, script: str, *more: str) -> list[str]:
+    """``verify --launch vllm`` with ``script`` (in ``folder``) as vLLM's Python, on an empty
+    model folder ``folder/model``: one flag set of 16 tokens, a 1 s TTFT bound, unpinned."""
+    (folder / "model").mkdir()
+    engine = write_engine(folder, script)
+    return [
+        sys.executable,
+        "-m",
+        "pytest_prefill",
+        "verify",
+        "--launch",
+        "vllm",
+        "--program",
+        engine,
+        "--model",
+        str(folder / "model"),
+        "--flags",
+        "tokens=16",
+        "--slo",
+        "ttft:1s",
+        "--no-pin",
+        *more,
+    ]

@@ -17,34 +17,15 @@ from hostile_engines import (
     environment,
     pids_of,
     running,
+    signalled,
+    verify_launch,
     wait_for_pids,
-    write_engine,
 )
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process groups, /proc")
 
 
-def _verify(tmp_path, script: str, *more: str) -> list[str]:
-    (tmp_path / "model").mkdir()
-    engine = write_engine(tmp_path, script)
-    return [
-        sys.executable,
-        "-m",
-        "pytest_prefill",
-        "verify",
-        "--launch",
-        "vllm",
-        "--program",
-        engine,
-        "--model",
-        str(tmp_path / "model"),
-        "--flags",
-        "tokens=16",
-        "--slo",
-        "ttft:1s",
-        "--no-pin",
-        *more,
-    ]
+_verify = verify_launch
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -109,27 +90,9 @@ def test_health_timeout_bounds_the_wait_and_stops_the_server(tmp_path):
 
 def test_sigterm_mid_run_stops_the_server_and_its_log_was_named(tmp_path):
     pids = tmp_path / "pids"
-    command = subprocess.Popen(
-        _verify(tmp_path, SERVES, "--tokenizer", str(tmp_path / "model")),
-        env=environment(pids),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    try:
-        assert command.stderr is not None
-        for line in command.stderr:
-            lines.append(line)
-            if "up, its log" in line:
-                break
-        started = pids_of(pids)
-        command.send_signal(signal.SIGTERM)
-        rest, _ = command.communicate(timeout=60)
-    finally:
-        if command.poll() is None:
-            command.kill()
-    said = "".join(lines)
+    argv = _verify(tmp_path, SERVES, "--tokenizer", str(tmp_path / "model"))
+    command, said, rest = signalled(argv, environment(pids), signal.SIGTERM, "up, its log")
+    started = pids_of(pids)
     assert started and "up, its log" in said and "prefill-server-" in said, said + rest
     assert command.returncode != 0
     deadline = time.monotonic() + 15

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,74 @@ def test_what_a_flag_says_it_writes_is_what_it_writes(tmp_path, monkeypatch, arg
     assert main(argv) == 0  # the same file again: no --force needed
     if path.endswith(".json"):
         json.loads((tmp_path / path).read_text())
+
+
+def _value_flags(command: str) -> list[argparse.Action]:
+    """Every option of ``command`` that takes a value and is not one of its outputs."""
+    outputs = {dest for name, dest in OUTPUTS if name == command}
+    return [
+        action
+        for action in _command_parser(command)._actions
+        if action.option_strings and action.nargs != 0 and action.dest not in outputs
+    ]
+
+
+def _command_parser(command: str) -> argparse.ArgumentParser:
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+def _path_value(action: argparse.Action, path: str) -> Any:
+    """What ``action`` makes of a file's path (None: its type refuses one)."""
+    try:
+        value = action.type(path) if callable(action.type) else path
+    except (argparse.ArgumentTypeError, ValueError, TypeError):
+        return None
+    if action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction):
+        return [value]
+    return value
+
+
+def _inputs_beside_outputs() -> list[tuple[str, str, str]]:
+    """(command, output's dest, flag) for every flag that takes a file's path (found by
+    behaviour: its type takes this file's) beside each output flag of its command."""
+    return [
+        (command, dest, action.option_strings[-1])
+        for command, dest in sorted(OUTPUTS)
+        for action in _value_flags(command)
+        if _path_value(action, __file__) is not None
+    ]
+
+
+@pytest.mark.parametrize(("command", "output", "flag"), _inputs_beside_outputs())
+def test_no_output_flag_names_a_file_any_other_flag_names(tmp_path, command, output, flag):
+    """Every output flag against every other flag that takes a path (found by behaviour: one
+    whose type refuses a file's path takes none), the same existing file given to both: refused
+    before anything runs, naming both flags, in one line."""
+    from pytest_prefill.commands._outputs import check_outputs
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 5}\n')
+    actions = _command_parser(command)._actions
+    action = next(a for a in actions if flag in a.option_strings)
+    args = argparse.Namespace(**{a.dest: a.default for a in actions}, command=command)
+    setattr(args, action.dest, _path_value(action, str(path)))
+    setattr(args, output, str(path))
+    with pytest.raises(ValueError) as info:
+        check_outputs(args)
+    message = str(info.value)
+    written = "--" + output.replace("_", "-")
+    assert written in message and f"{flag}'s input" in message and "\n" not in message
+
+
+def test_bench_records_over_its_workload_is_a_usage_error_and_writes_nothing(tmp_path, capsys):
+    workload = tmp_path / "t.jsonl"
+    text = '{"timestamp": 0, "input_length": 5, "output_length": 5}\n'
+    workload.write_text(text)
+    argv = ["bench", "--url", "http://127.0.0.1:9", "--workload", str(workload)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--records", str(workload)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--records" in err and "--workload's input" in err
+    assert workload.read_text() == text and sorted(tmp_path.iterdir()) == [workload]

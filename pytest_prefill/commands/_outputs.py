@@ -67,7 +67,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     for dest, path in given.items():
         inputs = {_flag(other): value for other, value in _paths(args) if other != dest}
         writes = OUTPUTS[args.command, dest](path)
-        check_output(path, writes=writes, inputs=inputs, force=force)
+        check_output(path, writes=writes, inputs=inputs, force=force, flag=_flag(dest))
 
 
 def _paths(args: argparse.Namespace) -> Iterator[tuple[str, str]]:

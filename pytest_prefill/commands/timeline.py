@@ -183,6 +183,20 @@ def _check_drawable(profile: EngineProfile, cost: CostModel | None = None) -> No
             raise ValueError(f"the timeline draws {policy} under {profile.name}: {reason}")
 
 
+def _check_long_enough(cost: CostModel, prompt_len: int) -> None:
+    """The long prompt's prefill on ``cost`` lasts long enough to draw (the default window runs
+    from its arrival to its first token): one line naming the cost's fields otherwise, not the
+    window."""
+    seconds = cost.prefill_pass(prompt_len)
+    if not seconds >= MIN_WINDOW:
+        raise ValueError(
+            f"the cost's prefill of the {prompt_len:,}-token prompt lasts {seconds:.3g} s "
+            f"(prefill_pass_overhead {cost.prefill_pass_overhead:.3g} s, prefill_per_token "
+            f"{cost.prefill_per_token:.3g} s): under {MIN_WINDOW:g} s, too short to draw; "
+            "give the cost in seconds"
+        )
+
+
 def _document(args: argparse.Namespace, traces: Any, window: Any, title: str) -> str | bytes:
     """What --out holds: Chrome trace events (.json), the drawing (.svg) or its pixels (.png)."""
     if _as_json(args):
@@ -216,6 +230,7 @@ def _simulated(args: argparse.Namespace) -> LabTimeline:
     spec = deployed_spec(args, spec)
     assert spec.cost is not None
     _check_drawable(args.profile, spec.cost)
+    _check_long_enough(spec.cost, args.prompt_len)
     check_chunked_iterations(
         args.prompt_len,
         [args.chunk or default_chunk(spec.cost, args.prompt_len)],

@@ -45,6 +45,7 @@ from pytest_prefill.serve.client.api import ENGINES
 from pytest_prefill.serve.launch.launchers import LAUNCHED, READY, VLLM_READY, Launcher
 from pytest_prefill.sim import Request
 from pytest_prefill.verify.fields import Fields
+from pytest_prefill.verify.interrupt import exit_status
 from pytest_prefill.verify.probe_rule import ProbeRule
 from pytest_prefill.verify.result import VerifyResult, read_verify
 from pytest_prefill.verify.verification import FlagSet, Server, verify
@@ -279,6 +280,8 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
             raise ValueError(f"{path}: not a capacity answer (capacity --json): missing 'slo'")
         slo = bounds.build(SLO, **bounds.data)
         target = fields.number("target")
+        if not 0 < target < 1:
+            raise ValueError(f"{path}: answer.target must be a fraction in (0, 1), got {target!r}")
         results = fields.children("results")
         flags = []
         for i, result in enumerate(results):
@@ -290,7 +293,7 @@ def answer_of(path: str) -> tuple[list[FlagSet], SLO, float]:
             if d.raw("policy") == "disaggregated" or not d.raw("max_batched_tokens"):
                 continue
             seqs = d.optional_integer("max_seqs")
-            flag = FlagSet(d.integer("max_batched_tokens"), seqs)
+            flag = d.build(FlagSet, d.integer("max_batched_tokens"), seqs)
             if flag not in flags:
                 flags.append(flag)
     except (KeyError, TypeError, AttributeError) as err:
@@ -472,8 +475,22 @@ def run(args: argparse.Namespace) -> int:
     text = verify_report(result)
     print(text)
     _write(args, result, text)
+    if result.interrupted:
+        return _interrupted(args, result, len(call.flags))
     # a flag set ended early (not started, or its server died) is not a clean check
     return 0 if result.compared and not any(r.ended for r in result.results) else 1
+
+
+def _interrupted(args: argparse.Namespace, result: VerifyResult, flag_sets: int) -> int:
+    """Say what a run a signal ended kept; a shell's status for that signal (SIGINT 130,
+    SIGTERM 143)."""
+    kept = f"kept in {args.json}, marked interrupted" if args.json else "not kept (no --json)"
+    print(
+        f"interrupted by {result.interrupted}: {len(result.results)} of {flag_sets} flag "
+        f"set(s) started; what was measured is {kept}",
+        file=sys.stderr,
+    )
+    return exit_status(result.interrupted)
 
 
 def slim(document: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pytest_prefill.plan.advice import (
     recommend,
     star_contexts,
 )
-from pytest_prefill.plan.cost_document import CALIBRATION_KIND, SCHEMA_VERSIONS
+from pytest_prefill.plan.cost_document import CALIBRATION_KIND, SCHEMA_VERSIONS, check_cost_range
 from pytest_prefill.sim import CostModel
 
 KIND = CALIBRATION_KIND
@@ -153,7 +153,7 @@ class Calibration:
 
 
 def _from_document(data: Mapping[str, Any], version: int) -> Calibration:
-    cost = CostModel.from_dict(data["cost_model"])
+    cost = check_cost_range(CostModel.from_dict(data["cost_model"]), "")
     provenance = data["provenance"]
     if not isinstance(provenance, Mapping):
         raise ValueError("provenance must be an object")

@@ -15,13 +15,32 @@ RUN_KIND = "pytest-prefill/run"
 CALIBRATION_KIND = "pytest-prefill/calibration"
 # The newest schema version of each document kind this version reads (it reads 1 .. newest).
 SCHEMA_VERSIONS = {RUN_KIND: 1, CALIBRATION_KIND: 2}  # calibration 2: cost model v2 fits
+# The range a cost read from a document may take (docs/simulator.md, "Costs a document may
+# hold"): a pass (a decode step, a one-token prefill) of at least a picosecond, and no term
+# (a pass's, a token's, a sequence's or an attention pair's share) over an hour. Outside it
+# no device is described, and the times derived from it are beyond what a report can print.
+SHORTEST_PASS = 1e-12
+LONGEST_TERM = 3600.0
+SECONDS_TERMS = (
+    "prefill_pass_overhead",
+    "prefill_per_token",
+    "decode_step_base",
+    "decode_per_seq",
+    "decode_per_kv_token",
+    "link_latency",
+    "prefill_per_pair",
+    "batch_attention_per_pair",
+    "prefill_floor",
+)
 
 
 def check_schema(data: Any, origin: str) -> None:
     """ValueError naming ``origin`` when ``data`` is a run or calibration document whose
     ``schema_version`` is not an integer this version reads (a bool is not an integer; a run
     must have one, a calibration without one is read as version 1)."""
-    if not isinstance(data, Mapping) or data.get("kind") not in SCHEMA_VERSIONS:
+    if not isinstance(data, Mapping) or not isinstance(data.get("kind"), str):
+        return
+    if data["kind"] not in SCHEMA_VERSIONS:
         return
     newest = SCHEMA_VERSIONS[data["kind"]]
     if data["kind"] == CALIBRATION_KIND and "schema_version" not in data:
@@ -60,14 +79,45 @@ def check_calibration(data: Mapping[str, Any], origin: str) -> None:
         )
 
 
+def check_cost_range(cost: CostModel, origin: str) -> CostModel:
+    """``cost``, where each term lies in the range a document's cost may take
+    (:data:`SHORTEST_PASS` to :data:`LONGEST_TERM`).
+
+    Raises:
+        ValueError: in one line naming ``origin`` (where not ""), the field, its value and
+            the range.
+    """
+    where = f"{origin}: " if origin else ""
+    for name in SECONDS_TERMS:
+        value = getattr(cost, name)
+        if value > LONGEST_TERM:
+            raise ValueError(
+                f"{where}cost_model.{name} is {value:.3g} s, over {LONGEST_TERM:g} s (an "
+                f"hour): a cost term is 0 or at most an hour"
+            )
+    passes = {
+        "decode_step_base": cost.decode_step_base,
+        "prefill_pass_overhead + prefill_per_token": cost.prefill_pass_overhead
+        + cost.prefill_per_token,
+    }
+    for name, value in passes.items():
+        if value < SHORTEST_PASS:
+            raise ValueError(
+                f"{where}cost_model.{name} is {value:.3g} s, under {SHORTEST_PASS:g} s (a "
+                "picosecond): a pass lasts at least that"
+            )
+    return cost
+
+
 def cost_from_json(data: Any, origin: str) -> CostModel:
     """The cost model inside a parsed JSON document: a bare cost model, an object with a
     ``cost_model`` key (a calibration), or one with ``calibration.cost_model`` (an archived run).
 
     Raises:
         ValueError: naming ``origin``, when there is no valid cost model there, a run or
-            calibration has a schema version this version does not read, or a calibration's
-            fits or refusals are malformed.
+            calibration has a schema version this version does not read, a calibration's
+            fits or refusals are malformed, or a cost term is out of range
+            (:func:`check_cost_range`).
     """
     check_schema(data, origin)
     if isinstance(data, Mapping):
@@ -78,9 +128,10 @@ def cost_from_json(data: Any, origin: str) -> CostModel:
             check_calibration(data, origin)
             data = data["cost_model"]
     try:
-        return CostModel.from_dict(data)
+        cost = CostModel.from_dict(data)
     except (ValueError, OverflowError) as err:  # an int too large for a float overflows
         raise ValueError(f"{origin}: not a cost model, calibration or run file ({err})") from None
+    return check_cost_range(cost, origin)
 
 
 def load_cost(spec: str) -> tuple[CostModel, str]:

@@ -142,8 +142,9 @@ class Fields:
         return record
 
     def build(self, make: Any, *args: Any, **kwargs: Any) -> Any:
-        """``make(*args, **kwargs)``, its ValueError prefixed with where this object sits."""
+        """``make(*args, **kwargs)``, its ValueError (or TypeError: a field it does not take)
+        prefixed with where this object sits."""
         try:
             return make(*args, **kwargs)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise ValueError(f"{self.where}: {err}") from None

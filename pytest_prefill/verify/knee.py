@@ -9,6 +9,7 @@ only."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -270,7 +271,7 @@ def replayed_attainment(
     slo: SLO,
 ) -> float:
     """The simulator's attainment on a probe's completed requests replayed at their measured
-    arrivals (``serve.calibration.simulated``): beside the measured attainment, it says whether a miss is
+    arrivals (``serve.calibration.server_model``): beside the measured attainment, it says whether a miss is
     the model's (the replay meets the target where the server did not) or the search's (both
     agree); NaN when nothing completed."""
     completed = probe.run.completed
@@ -495,15 +496,44 @@ async def measure_knee(
     tag: str = "",
     judged: float | None = None,
     quiet: QuietHost | None = None,
+    stopped: Callable[[], str | None] | None = None,
 ) -> MeasuredKnee:
     """Probe ``target`` with ``load`` (:func:`probe_load`) at ``start`` x its rate, then as
     :class:`KneeSearch` says (``judged``: the predicted knee's scale, probed until decided;
     ``quiet``: each probe run on a quiet host, ``measure.quiet``). After a probe with
     failed requests ``alive`` is asked: a server that is gone or not answering ends the
-    search with one line, keeping the probes run."""
+    search with one line, keeping the probes run. A cancellation (a signal,
+    ``verify.interrupt``) ends it the same way, with ``stopped``'s line, keeping the probes
+    that finished (the one cut short is not kept: neither met nor missed); where ``stopped``
+    says nothing (None, or no ``stopped``) it is raised again."""
     base = arrival_rate(load)
     span = max(r.arrival for r in load) - min(r.arrival for r in load)
     search = KneeSearch(rule, start, span / BURST_SPAN, judged)
+    try:
+        return await _search(search, target, load, slo, base, alive, progress, tag, quiet)
+    except asyncio.CancelledError:
+        why = stopped() if stopped is not None else None
+        if why is None:
+            raise
+        scale = search.next_scale()
+        cut = f" at {base * scale:.3g} req/s" if scale is not None else ""
+        return search.result(
+            f"{why} during probe {len(search.probes) + 1}{cut} (cut short: not counted)"
+        )
+
+
+async def _search(
+    search: KneeSearch,
+    target: Target,
+    load: Sequence[Request],
+    slo: SLO,
+    base: float,
+    alive: Alive,
+    progress: Progress | None,
+    tag: str,
+    quiet: QuietHost | None,
+) -> MeasuredKnee:
+    """:func:`measure_knee`'s probes, one at a time as ``search`` says."""
     while (scale := search.next_scale()) is not None:
         index = len(search.probes)
         named = f"{tag}p{index}"

@@ -97,7 +97,7 @@ def fit_load_factor(
 ) -> LoadFactor:
     """The factor on ``server_model``'s cost that makes the simulator's mean latency of the requests of
     ``runs`` (each the records of one measured run, replayed at their measured arrivals:
-    ``serve.calibration.simulated``; failed ones left out) the measured mean, searched over
+    ``serve.calibration.server_model``; failed ones left out) the measured mean, searched over
     :data:`FACTORS`. Its interval resamples blocks of :data:`BLOCK` requests in the order
     sent (a request's simulated latency at each factor kept with it): requests queued together
     are not independent. It cannot see a server whose speed moves between runs.

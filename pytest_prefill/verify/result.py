@@ -43,7 +43,7 @@ class FlagSetResult:
     why it stopped early (None when it did not); ``requests``: what each probe sent, of
     ``wanted`` by the probe rule (more than the workload has: it sent them all); ``within``:
     the goal the predicted knee is judged against (±); ``pinning``: where a launched server
-    and the load generator ran (``serve.launch.pinning``'s sentence); ``sharpness``: the simulated
+    and the load generator ran (``serve.launch.process``'s sentence); ``sharpness``: the simulated
     attainment on either side of the predicted knee, on what the probes send (rule 3);
     ``replayed``: per probe, the simulator's attainment on its requests replayed at their
     measured arrivals (``knee.replayed_attainment``); ``load_check``: the server's speed under
@@ -189,14 +189,16 @@ def measured_whole(knee: MeasuredKnee | None) -> bool:
 
 def ranking_tolerance(within: float) -> float:
     """The tie between predicted knees when each knee is claimed within ±``within``
-    (``verify.ranking.claimed_apart``), never below the search's bracket."""
+    (``verify.result.claimed_apart``), never below the search's bracket."""
     return max(PREDICTION_TOLERANCE, claimed_apart(within))
 
 
 @dataclasses.dataclass(frozen=True)
 class VerifyResult:
     """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
-    in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched)."""
+    in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched);
+    ``interrupted``: the signal that ended the run early (``SIGINT``; "": none), its flag sets
+    those it had started."""
 
     workload: str
     slo: SLO
@@ -204,6 +206,7 @@ class VerifyResult:
     results: tuple[FlagSetResult, ...]
     engine: str
     quiet: str = ""
+    interrupted: str = ""
 
     @property
     def compared(self) -> tuple[FlagSetResult, ...]:
@@ -231,14 +234,14 @@ class VerifyResult:
 
     @property
     def tolerance(self) -> float:
-        """Predicted knees closer than this are a tie (``verify.ranking``): closer than claims
+        """Predicted knees closer than this are a tie (``verify.result``): closer than claims
         each within the rule's ±``within`` can order, and never below the search's bracket."""
         return ranking_tolerance(self.rule.within)
 
     @property
     def predicted_best(self) -> tuple[int, ...]:
         """The flag sets (in ``compared``) whose predicted knee is within :attr:`tolerance` of
-        the highest (``verify.ranking``): a tie names no one best."""
+        the highest (``verify.result``): a tie names no one best."""
         return tied_best(self.knees[0], self.tolerance)
 
     @property
@@ -254,7 +257,7 @@ class VerifyResult:
 
     @property
     def best_verdict(self) -> str | None:
-        """The predicted best judged on the measured intervals (``verify.ranking.best_verdict``;
+        """The predicted best judged on the measured intervals (``verify.result.best_verdict``;
         None: fewer than two)."""
         if len(self.compared) < 2:
             return None
@@ -276,6 +279,7 @@ class VerifyResult:
                 "slo": self.slo.to_dict(),
                 "probe_rule": self.rule.to_dict(),
                 "quiet_host": self.quiet or None,
+                "interrupted": self.interrupted or None,
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
                 "ranking_tolerance": self.tolerance,
@@ -311,7 +315,8 @@ class VerifyResult:
         )
         quiet = fields.raw("quiet_host") or ""
         workload, engine = fields.text("workload", ""), fields.text("engine", "")
-        return cls(workload, slo, rule, results, engine, str(quiet))
+        interrupted = fields.optional_text("interrupted") or ""
+        return cls(workload, slo, rule, results, engine, str(quiet), interrupted)
 
 
 def read_verify(path: str) -> VerifyResult:

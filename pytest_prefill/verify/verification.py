@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pytest_prefill.measure.quiet import QuietHost
@@ -29,6 +29,7 @@ from pytest_prefill.serve.launch.launchers import Launcher, alive
 from pytest_prefill.serve.launch.process import ServerProcess
 from pytest_prefill.serve.load.loadgen import Target, open_target
 from pytest_prefill.sim import Request, in_arrival_order, simulated_engine
+from pytest_prefill.verify.interrupt import Interrupted, Interruption
 from pytest_prefill.verify.knee import (
     Predicted,
     measure_knee,
@@ -91,6 +92,25 @@ class _Plan:
     count: int | None = None  # requests a probe, once fixed: every flag set sends the same
     load_check: bool = True
     quiet: QuietHost | None = None
+    interruption: Interruption = dataclasses.field(default_factory=Interruption)
+
+    async def why_ended(
+        self, err: BaseException, stage: str, url: Url, process: ServerProcess | None
+    ) -> str:
+        """Why ``stage`` ended on ``err``: the signal that cancelled it, else whether the
+        server is gone, then the error's line. A cancellation with no signal behind it is
+        raised again."""
+        if isinstance(err, asyncio.CancelledError):
+            if self.interruption.line is None:
+                raise err
+            return f"{self.interruption.line} during {stage}"
+        return f"{await alive(url, process) or stage + ' failed'}: {one_line(err)}"
+
+
+async def _cancellable(plan: _Plan, check: Coroutine[Any, Any, FlagSetResult]) -> FlagSetResult:
+    """``check`` (:func:`_check_flag_set`), a signal cancelling it (``verify.interrupt``)."""
+    with plan.interruption.cancelling():
+        return await check
 
 
 async def _check_flag_set(
@@ -109,18 +129,17 @@ async def _check_flag_set(
     )
     try:
         target, calibration = await _calibrated(server, url, flags, flagged, plan, progress)
-    except (ServerError, ValueError) as err:
-        why = await alive(url, process) or "calibration failed"
-        return FlagSetResult(flags, command, ended=f"{label}: {why}: {one_line(err)}")
+    except (ServerError, ValueError, asyncio.CancelledError) as err:
+        why = await plan.why_ended(err, "calibration", url, process)
+        return FlagSetResult(flags, command, ended=f"{label}: {why}")
     scheduling = _scheduling(server, target.identity.engine, flags)
     calibrated = ServerModel.of(calibration, scheduling)
     check = None
     if plan.load_check:
         try:
             check = await _load_check(target, plan, calibrated, flags, progress)
-        except (ServerError, ValueError) as err:
-            why = await alive(url, process) or "the load check failed"
-            line = f"{label}: {why}: {one_line(err)}"
+        except (ServerError, ValueError, asyncio.CancelledError) as err:
+            line = f"{label}: {await plan.why_ended(err, 'the load check', url, process)}"
             return FlagSetResult(flags, command, calibration, scheduling, ended=line)
     under_load = calibrated.scaled(check.factor if check is not None else 1.0)
     load, wanted, predicted, sharp = _predicted(plan, under_load)
@@ -141,6 +160,7 @@ async def _check_flag_set(
         tag=f"b{flags.budget}s{flags.max_seqs or 0}-",
         judged=start if predicted.rate > 0 else None,
         quiet=plan.quiet,
+        stopped=lambda: plan.interruption.line,
     )
     ended = f"{label}: {measured.ended}" if measured.ended is not None else None
     sizes: dict[str, Any] = {"requests": len(load), "wanted": wanted, "within": plan.rule.within}
@@ -321,6 +341,9 @@ def verify(
     (``verify.load_check``); off, or where the workload has fewer than
     ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts. ``quiet``:
     each probe and load-check run on a quiet host (``measure.quiet``; None: not watched).
+    SIGINT, SIGTERM or SIGHUP (``verify.interrupt``) ends the flag set running with one line,
+    keeping what it measured, and starts no other: the result says which signal
+    (``interrupted``).
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
@@ -348,23 +371,41 @@ def verify(
     ordered = in_arrival_order(load)
     plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, load_check, quiet)
     results = []
-    for flags in flag_sets:
-        result = _one(server, flags, plan, progress)
-        results.append(result)
-        if progress is not None and result.ended is not None:
-            progress(result.ended)
-        if calibrate_once and plan.calibration is None and result.calibration is not None:
-            plan.calibration = result.calibration
+    with plan.interruption.raising():
+        for flags in flag_sets:
+            result = _interruptible(server, flags, plan, progress)
+            results.append(result)
+            if progress is not None and result.ended is not None:
+                progress(result.ended)
+            if calibrate_once and plan.calibration is None and result.calibration is not None:
+                plan.calibration = result.calibration
+            if plan.interruption.signum is not None:
+                break
     engine = server.engine or (server.launcher.engine if server.launcher is not None else "")
     host = quiet.sentence() if quiet is not None else ""
-    return VerifyResult(workload, slo, rule, tuple(results), engine, host)
+    interrupted = plan.interruption.name
+    return VerifyResult(workload, slo, rule, tuple(results), engine, host, interrupted)
+
+
+def _interruptible(
+    server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None
+) -> FlagSetResult:
+    """:func:`_one`, or, where a signal ended it outside its stages (its server starting, or
+    being stopped), the flag set with that one line."""
+    try:
+        return _one(server, flags, plan, progress)
+    except (Interrupted, asyncio.CancelledError):
+        if plan.interruption.line is None:
+            raise
+        return FlagSetResult(flags, ended=f"{flags.label}: {plan.interruption.line}")
 
 
 def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None) -> FlagSetResult:
     """One flag set, with its server started (and stopped, whatever happens) when launched."""
     if server.launcher is None:
         assert server.url is not None
-        return asyncio.run(_check_flag_set(server, server.url, None, flags, plan, progress))
+        check = _check_flag_set(server, server.url, None, flags, plan, progress)
+        return asyncio.run(_cancellable(plan, check))
     if progress is not None:
         progress(f"{flags.label}: starting {server.launcher.engine}")
     try:
@@ -378,7 +419,8 @@ def _one(server: Server, flags: FlagSet, plan: _Plan, progress: Progress | None)
         if pinning is not None:
             progress(f"{flags.label}: {pinning}")
     try:
-        result = asyncio.run(_check_flag_set(server, process.url, process, flags, plan, progress))
+        check = _check_flag_set(server, process.url, process, flags, plan, progress)
+        result = asyncio.run(_cancellable(plan, check))
     finally:
         status = process.stop()
     return dataclasses.replace(result, exit_status=status, pinning=pinning)

@@ -73,7 +73,7 @@ class Launcher:
     file for llama.cpp); ``kv_blocks`` (transformers ``--cb-num-blocks``) or ``kv_tokens``
     (llama.cpp ``-c``) size the KV cache; ``prefix_caching`` (vLLM) says whether its prefix
     cache is on; ``pin``: keep the server's compute on a core of its own, apart from its other
-    processes and the load generator (``serve.launch.pinning``; False: the OS places everything);
+    processes and the load generator (``serve.launch.process``; False: the OS places everything);
     ``ready_timeout``: seconds it has to answer ``/health`` (None: :data:`READY`, vLLM's
     :data:`VLLM_READY`)."""
 
