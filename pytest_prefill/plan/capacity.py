@@ -35,6 +35,7 @@ from pytest_prefill.plan.verdict import (
     alone_misses,
     fewest,
     refusals,
+    refused_line,
     unreachable_line,
 )
 from pytest_prefill.plan.workloads import Workload, arrival_rate
@@ -538,19 +539,6 @@ def _refused(deployment: Deployment, problem: Problem) -> tuple[Unfit, ...]:
     """The requests of ``problem``'s load an engine refuses on ``deployment``."""
     options = deployment.simulate_options(problem.engine)
     return refusals(deployment.policy, problem.load, deployment.cost_on(problem.cost), options)
-
-
-def refused_line(refused: Sequence[Unfit], requests: int) -> str:
-    """One line: how many requests an engine refuses on a deployment, which pool they never
-    fit, and why."""
-    pools = ", ".join(dict.fromkeys(u.pool for u in refused))
-    longest = max(refused, key=lambda u: u.need)
-    return (
-        f"{len(refused):,} of {requests:,} requests can never fit one {pools} worker's KV "
-        f"({longest.have:,} tokens; {longest.id} needs {longest.need:,}, its prompt and "
-        "output): an engine refuses them (vLLM serves no sequence longer than its KV "
-        "cache), so each counts as a miss."
-    )
 
 
 def arrival_bunches(load: Sequence[Request]) -> tuple[int, int]:
