@@ -45,16 +45,26 @@ MODELS = {"opt_13b": "facebook/opt-13b", "opt_66b": "facebook/opt-66b"}
 SLOS_MS = {"opt_13b": (250.0, 100.0), "opt_66b": (2500.0, 150.0)}  # DistServe's chatbot SLOs
 GROUPS_ALL = {  # (model, GPUs) -> placements (P, TP_p, D, TP_d)
     ("opt_13b", 3): [(1, 1, 2, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 1, 2)],
-    ("opt_13b", 4): [(1, 1, 3, 1), (2, 1, 2, 1), (3, 1, 1, 1), (1, 2, 2, 1), (2, 1, 1, 2),
-                     (1, 2, 1, 2)],
+    ("opt_13b", 4): [
+        (1, 1, 3, 1),
+        (2, 1, 2, 1),
+        (3, 1, 1, 1),
+        (1, 2, 2, 1),
+        (2, 1, 1, 2),
+        (1, 2, 1, 2),
+    ],
     ("opt_66b", 6): [(1, 2, 2, 2), (2, 2, 1, 2), (1, 4, 1, 2), (1, 2, 1, 4)],
-    ("opt_66b", 8): [(1, 2, 3, 2), (2, 2, 2, 2), (3, 2, 1, 2), (1, 4, 2, 2), (2, 2, 1, 4),
-                     (1, 4, 1, 4)],
+    ("opt_66b", 8): [
+        (1, 2, 3, 2),
+        (2, 2, 2, 2),
+        (3, 2, 1, 2),
+        (1, 4, 2, 2),
+        (2, 2, 1, 4),
+        (1, 4, 1, 4),
+    ],
 }
 ONLY = os.environ.get("PREFILL_DISTSERVE_GROUP")  # e.g. "opt_13b:3": that group alone
-GROUPS = {
-    k: v for k, v in GROUPS_ALL.items() if ONLY is None or f"{k[0]}:{k[1]}" == ONLY
-}
+GROUPS = {k: v for k, v in GROUPS_ALL.items() if ONLY is None or f"{k[0]}:{k[1]}" == ONLY}
 
 
 def lengths(n: int) -> list[tuple[int, int]]:

@@ -14,10 +14,16 @@ import pytest
 from strategies import V2
 
 from pytest_prefill.cli import main
-from pytest_prefill.plan.verdict import run_verdict
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.sim import EngineProfile, Request, blocks_for, check_invariants, never_fit
-from pytest_prefill.sim import simulate
+from pytest_prefill.plan.verdict import run_verdict
+from pytest_prefill.sim import (
+    EngineProfile,
+    Request,
+    blocks_for,
+    check_invariants,
+    never_fit,
+    simulate,
+)
 
 pytestmark = pytest.mark.sim
 
