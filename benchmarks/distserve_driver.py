@@ -7,10 +7,7 @@ package or the tests; ``benchmarks/test_distserve_placements.py`` runs it as a s
 ``{"placement": ..., "lengths": ..., "seed": s, "slo": [ttft_ms, tpot_ms], "target": 0.9,
 "tolerance": t}`` -> the highest per-GPU rate at which at least ``target`` of the requests meet
 both bounds in DistServe's simulator (its TTFT and TPOT definitions), bisected to ``tolerance``
-relative. With ``"lifted": true``, two of its simulator's rules are lifted first: the
-50,000-token cap on a decode batch's context (``base/worker.py`` ``_enter_decodes``, marked a
-hack there) and the decode formula's switch at batch 95 (the small-batch formula throughout):
-what remains is the scheduling ours shares."""
+relative."""
 
 import json
 import sys
@@ -26,24 +23,6 @@ from simdistserve.base.workload import convert_pd_pair_to_request, get_gamma_int
 from simdistserve.clusters.disagg import DisaggCluster
 from simdistserve.constants import ModelTypes
 from simdistserve.estimators.memory_estimator import get_max_num_tokens
-
-
-def lift_rules():
-    """DistServe's decode without its 50,000-token batch cap or its batch-size switch."""
-    from simdistserve.base import worker
-    from simdistserve.estimators import time_estimator
-
-    def uncapped(self, remaining_tok_in_batch):
-        n = min(remaining_tok_in_batch, len(self.decode_queue))
-        rows = [self.decode_queue.popleft() for _ in range(n)]
-        for r in rows:
-            r.do_decode(wid=self.wid)
-        return rows
-
-    worker.Worker._enter_decodes = uncapped
-    for per_tp in time_estimator.distserve_profile_data.values():
-        for params in per_tp.values():
-            params["decoding_large_small_bs_threshold"] = 10**9
 
 
 def attainment(job, rate):
@@ -103,8 +82,6 @@ def main():
             times.append(t)
         print(json.dumps(times))
         return
-    if job.get("lifted"):
-        lift_rules()
     print(json.dumps(best_rate(job)))
 
 
