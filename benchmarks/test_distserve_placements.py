@@ -43,6 +43,7 @@ MS = 1e-3
 RAY_BASE_MS, RAY_PER_TOKEN_MS = 2.0, 1e-4  # base/worker.py add_ray_overhead, every pass
 PP_CONST_MS = 1.0  # estimators/time_estimator.py: a prefill pass adds 1 ms per pipeline stage
 TARGET, TOLERANCE, ALLOWED = 0.9, 0.01, 0.03
+GENERATOR_RATE = 1.0  # req/s: DistServe's arrivals are drawn at this rate, then scaled
 MODELS = {"opt_13b": "facebook/opt-13b", "opt_66b": "facebook/opt-66b"}
 SLOS_MS = {"opt_13b": (250.0, 100.0), "opt_66b": (2500.0, 150.0)}  # DistServe's chatbot SLOs
 GROUPS_ALL = {  # (model, GPUs) -> placements (P, TP_p, D, TP_d)
@@ -119,7 +120,9 @@ def ours(tmp: Path, placement: tuple, costs: dict, slo: tuple, trace: Path) -> f
     ]  # fmt: skip
     assert main(argv) == 0
     (result,) = json.loads(out.read_text())["results"]
-    return result["max_rate"] / (p * tp_p + d * tp_d)
+    # the rate DistServe's generator was asked for, scaled: the search's req/s divides by the
+    # trace's own mean rate (its arrivals' span), not the generator's
+    return result["scale"] * GENERATOR_RATE / (p * tp_p + d * tp_d)
 
 
 @pytest.mark.skipif(not CHECKOUT, reason="$PREFILL_DISTSERVE (a DistServe checkout) not set")
@@ -150,7 +153,9 @@ def test_distserve_placements_agree_with_distserves_simulator(tmp_path, prefill_
             name = f"{p}P-TP{tp_p} + {d}D-TP{tp_d}"
             table.append((f"{model} {gpus} GPUs", name, f"{theirs:.3f}", f"{mine:.3f}",
                           f"{error:+.1%}"))  # fmt: skip
-        best[model, gpus] = tuple(max(scores, key=lambda k: scores[k][i]) for i in range(2))
+        top = max(theirs for theirs, _ in scores.values())
+        tied = {k for k, (theirs, _) in scores.items() if theirs >= top * (1 - TOLERANCE)}
+        best[model, gpus] = (tied, max(scores, key=lambda k: scores[k][1]))
     text = tabulate(
         table,
         headers=("group", "placement", "DistServe req/s/GPU", "ours", "error"),
@@ -162,4 +167,4 @@ def test_distserve_placements_agree_with_distserves_simulator(tmp_path, prefill_
     print(text, file=sys.stderr)
     prefill_report.table("DistServe's TP placements: its simulator and ours", text, table)
     assert max(errors) <= ALLOWED, text
-    assert all(a == b for a, b in best.values()), text
+    assert all(b in a for a, b in best.values()), text
