@@ -161,8 +161,10 @@ def test_distserve_placements_agree_with_distserves_simulator(tmp_path, prefill_
         headers=("group", "placement", "DistServe req/s/GPU", "ours", "error"),
         disable_numparse=True,
     )
-    text += f"\n{REQUESTS} requests; best placement per group (DistServe, ours): " + "; ".join(
-        f"{m} {g}: {a} {b}" for (m, g), (a, b) in best.items()
+    text += (
+        f"\n{REQUESTS} requests; best placement (P, TP_p, D, TP_d) per group: DistServe's (those "
+        f"within its bisection's {TOLERANCE:.0%} of the best), ours: "
+        + "; ".join(f"{m} {g}: {sorted(a)} {b}" for (m, g), (a, b) in best.items())
     )
     print(text, file=sys.stderr)
     prefill_report.table("DistServe's TP placements: its simulator and ours", text, table)
