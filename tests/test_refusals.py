@@ -52,6 +52,35 @@ def test_a_preempted_request_keeps_its_decode_slot_and_every_request_finishes() 
     }
 
 
+def test_the_capacity_cli_runs_the_split_whose_decode_slots_arrivals_took(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, cost, out = tmp_path / "t.jsonl", tmp_path / "cost.json", tmp_path / "s.json"
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "timestamp": r.arrival * 1000,
+                    "input_length": r.prompt_len,
+                    "output_length": r.output_len,
+                }
+            )
+            + "\n"
+            for r in SLOTS_TAKEN
+        )  # fmt: skip
+    )
+    room = max(r.prompt_len + r.output_len for r in SLOTS_TAKEN) + BLOCK
+    cost.write_text(json.dumps({**V2.to_dict(), "kv_capacity_tokens": room}))
+    argv = [
+        "capacity", "--workload", str(trace), "--cost", str(cost), "--deployment",
+        "disaggregated:1:1,seqs=2", "--devices", "2", "--slo", "ttft:10s,tpot:1s",
+        "--prefix-caching", "off", "--no-devices-needed", "--workers", "1", "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["status"] in ("found", "never missed") and result["max_rate"] > 0
+
+
 def _kv(r: Request) -> int:
     return blocks_for(r.prompt_len + r.output_len - 1, BLOCK) * BLOCK
 
