@@ -504,3 +504,39 @@ def measured_model(spec: CostSpec) -> str | None:
     provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
     model = provenance.get("model") if isinstance(provenance, dict) else None
     return str(model) if model else None
+
+
+def decode_pool_cost(
+    args: argparse.Namespace, deployments: Sequence[Deployment]
+) -> list[Deployment]:
+    """``--decode-cost SPEC``: the decode pool's own cost model (a preset or a cost JSON, read
+    as ``--cost`` is; not ``measure`` or ``archive``) given to every disaggregated deployment
+    of ``deployments``, ``--cost`` then the prefill pool's and the KV link's.
+
+    Raises:
+        ValueError: naming --decode-cost: across device kinds (each pool's cost is derived
+            there), without a disaggregated --deployment, or a spec that does not resolve.
+    """
+    spec = getattr(args, "decode_cost", None)
+    if spec is None:
+        return list(deployments)
+    if args.kind_search is not None:
+        raise ValueError(
+            "--decode-cost: pools of their own derive each pool's cost from --model and the "
+            "catalog; give --decode-cost with --cost and a disaggregated:P:D --deployment"
+        )
+    if not any(d.policy == "disaggregated" for d in deployments):
+        raise ValueError(
+            "--decode-cost is the decode pool's cost model: give a disaggregated:P:D --deployment"
+        )
+    if spec in ("measure", "archive"):
+        raise ValueError(f"--decode-cost: a preset or a cost JSON path, got {spec!r}")
+    try:
+        cost = resolve_cost(spec).cost
+    except ValueError as err:
+        raise ValueError(f"--decode-cost: {err}") from None
+    assert cost is not None  # a preset or a file: resolved
+    return [
+        dataclasses.replace(d, decode_cost=cost) if d.policy == "disaggregated" else d
+        for d in deployments
+    ]

@@ -17,6 +17,7 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     check_deployment_tp,
+    decode_pool_cost,
     keep_server_facts,
     measured_model,
     planning_cost,
@@ -178,6 +179,8 @@ def check(args: argparse.Namespace) -> None:
             for reason in refused_kinds([deployment], profile).values():
                 raise ValueError(f"--deployment {deployment.label}: {reason}")
         check_deployment_tp(args, [d.tp for d in args.deployments], args.devices)
+    if args.decode_cost is not None:
+        args.deployments = decode_pool_cost(args, args.deployments or ())
     check_workload_args(args, _token_chunks(args.deployments))
 
 
@@ -260,6 +263,13 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "disaggregated split; for lab shared, chunked around C* and at the TPOT bound, every "
         "split); across --gpu kinds, pools of their own: "
         "disaggregated:P:D,p=KIND[:tpN],d=KIND[:tpN] (e.g. disaggregated:2:4,p=h100:tp2,d=l40s)",
+    )
+    search.add_argument(
+        "--decode-cost",
+        metavar="SPEC",
+        help="the decode pool's own cost model for each disaggregated --deployment (a preset "
+        "or a cost JSON path, as --cost; e.g. another TP's coefficients): --cost is then the "
+        "prefill pool's and the KV link's (default: --cost for both pools)",
     )
     search.add_argument(
         "--devices-needed",

@@ -30,13 +30,21 @@ from pytest_prefill.plan.rate_search import (
     probe,
 )
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Problem, Shortcuts, run_searches
-from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest, unreachable_line
+from pytest_prefill.plan.verdict import (
+    AloneMisses,
+    alone_misses,
+    fewest,
+    refusals,
+    refused_line,
+    unreachable_line,
+)
 from pytest_prefill.plan.workloads import Workload, arrival_rate
 from pytest_prefill.sim import (
     LAB,
     CostModel,
     EngineProfile,
     Request,
+    Unfit,
     check_int,
     simulated_engine,
 )
@@ -223,6 +231,8 @@ class CapacityResult:
                     f"at {a.rate:.3g} req/s to {high} at {b.rate:.3g} req/s); the "
                     "bisection assumes it falls, so read the probes or --plot."
                 )
+            if r.refused:
+                notes.append(f"{label}: {refused_line(r.refused, self.requests)}")
             if r.status == "never missed":
                 notes.append(
                     f"{label}: met the SLO up to {r.max_rate:.3g} req/s, the highest rate tried."
@@ -501,10 +511,12 @@ def _search(
     than may miss)."""
     tolerance, start, verify = how
     target = problem.target
+    refused = [_refused(d, problem) for d in chosen]
     searches = {
         d.label: RateSearch(d, target, float(tolerance), float(start), verify)
-        for d, a in zip(chosen, alone)
-        if not (problem.shortcuts.alone and a.unreachable)  # no rate meets the SLO on it
+        for d, a, unfit in zip(chosen, alone, refused)
+        # no rate meets the SLO on it
+        if not (problem.shortcuts.alone and (a.unreachable or len(unfit) > a.allowed))
     }
     if searches:
         with contextlib.ExitStack() as stack:
@@ -515,11 +527,18 @@ def _search(
     return tuple(
         dataclasses.replace(
             searches[d.label].result() if d.label in searches else no_search(d, target),
-            alone=a.count,
+            alone=len({m.id for m in a.misses} | {u.id for u in unfit}),
             allowed=a.allowed,
+            refused=unfit,
         )
-        for d, a in zip(chosen, alone)
+        for d, a, unfit in zip(chosen, alone, refused)
     )
+
+
+def _refused(deployment: Deployment, problem: Problem) -> tuple[Unfit, ...]:
+    """The requests of ``problem``'s load an engine refuses on ``deployment``."""
+    options = deployment.simulate_options(problem.engine)
+    return refusals(deployment.policy, problem.load, deployment.cost_on(problem.cost), options)
 
 
 def arrival_bunches(load: Sequence[Request]) -> tuple[int, int]:

@@ -196,6 +196,7 @@ class ServingMetrics:
     first_token: str | None = None
     cached_tokens: int | None = None
     preemptions: int | None = None
+    refused: int = 0  # requests the engine refused (their KV never fits): each a miss
 
     @property
     def hit_rate(self) -> float:
@@ -236,16 +237,18 @@ class ServingMetrics:
 
     @property
     def attainment(self) -> float:
-        """The fraction of requests meeting every bound of the SLO (NaN without one)."""
-        if self.slo is None or self.completed == 0:
+        """The fraction of requests meeting every bound of the SLO, those refused counted as
+        missing it (NaN without one)."""
+        if self.slo is None or self.completed + self.refused == 0:
             return math.nan
-        return self.good / self.completed
+        return self.good / (self.completed + self.refused)
 
     def bound_attainment(self) -> tuple[tuple[str, float], ...]:
         """Per bound of the SLO, the fraction of requests meeting that bound alone."""
-        if self.completed == 0:
+        judged = self.completed + self.refused
+        if judged == 0:
             return tuple((name, math.nan) for name, _ in self.met)
-        return tuple((name, n / self.completed) for name, n in self.met)
+        return tuple((name, n / judged) for name, n in self.met)
 
     def to_dict(self) -> dict[str, Any]:
         """The figures under the names vLLM's serving benchmark writes in its result JSON
@@ -255,6 +258,7 @@ class ServingMetrics:
         (per request) and ``hit_rate``, and ``preemptions``. NaN becomes None (JSON null)."""
         out: dict[str, Any] = {
             "completed": self.completed,
+            "refused": self.refused,
             "duration": self.duration,
             "total_input_tokens": self.total_input_tokens,
             "total_output_tokens": self.total_output_tokens,

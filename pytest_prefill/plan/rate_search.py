@@ -15,9 +15,9 @@ from typing import Any
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import ExecutorLost
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
-from pytest_prefill.plan.verdict import Verdict, run_verdict
+from pytest_prefill.plan.verdict import Verdict, refusals, run_verdict, served
 from pytest_prefill.plan.workloads import scale_rate
-from pytest_prefill.sim import LAB, CostModel, EngineProfile, Request, simulate
+from pytest_prefill.sim import LAB, CostModel, EngineProfile, Request, Unfit, simulate
 
 PERCENTILE = 90.0  # the latency percentile a search computes always (a target's is added)
 MAX_SCALE = 4096.0  # the search gives up above this multiple of the workload's own rate
@@ -107,15 +107,19 @@ def probe(
     options = deployment.simulate_options(engine)
     device = deployment.cost_on(cost)  # its own at its TP on its hardware, when it has one
     scaled = scale_rate(load, scale)
+    verdict: Verdict | None = None
     if target is None:
-        trace = simulate(deployment.policy, scaled, device, **options)
-        verdict = None
+        unfit = refusals(deployment.policy, scaled, device, options)
+        trace = simulate(deployment.policy, served(scaled, unfit), device, **options)
+        refused = len(unfit)
     else:
-        trace, verdict = run_verdict(deployment.policy, scaled, device, options, slo, target, stop)
-        if verdict.stopped is not None:
+        run, verdict = run_verdict(deployment.policy, scaled, device, options, slo, target, stop)
+        if verdict.stopped is not None or run is None:
             return Probe(scale, base_rate * scale, None, verdict, time.perf_counter() - began)
+        trace, refused = run, verdict.refused
     percentiles = tuple(sorted({50.0, PERCENTILE, 99.0, percentile}))
-    metrics = serving_metrics(trace, slo=slo, percentiles=percentiles)
+    measured = serving_metrics(trace, slo=slo, percentiles=percentiles)
+    metrics = dataclasses.replace(measured, refused=refused)
     return Probe(scale, base_rate * scale, metrics, verdict, time.perf_counter() - began)
 
 
@@ -137,6 +141,7 @@ class DeploymentResult:
     alone: int = 0  # requests that miss the SLO even alone on this deployment
     allowed: int | None = None  # the most that may miss for the target (None: not counted)
     pruned: bool = False
+    refused: tuple[Unfit, ...] = ()  # requests whose KV never fits a pool's worker: missed
 
     @property
     def misses_alone(self) -> bool:
@@ -213,6 +218,7 @@ class DeploymentResult:
             "deployment": self.deployment.to_dict(),
             "status": self.status,
             "alone_misses": self.alone,
+            "refused": [u._asdict() for u in self.refused],
             "pruned": self.pruned,
             "max_rate": self.max_rate,
             "scale": best.scale if best else None,

@@ -32,8 +32,10 @@ from pytest_prefill.sim import (
     EngineProfile,
     Request,
     Trace,
+    Unfit,
     in_arrival_order,
     meets,
+    never_fit,
     simulate,
     slo_values,
     within,
@@ -107,9 +109,39 @@ class Verdict:
     allowed: int
     stopped: str | None = None
     bound_misses: tuple[tuple[str, int], ...] = ()  # per bound, of the requests finished
+    refused: int = 0  # of the misses, requests the engine refused (their KV never fits)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def refusals(
+    policy: str, load: Sequence[Request], cost: CostModel, options: dict[str, Any]
+) -> tuple[Unfit, ...]:
+    """The requests of ``load`` an engine refuses under ``policy`` on ``cost`` (``options``
+    are :func:`simulate`'s keywords): their KV never fits one worker of a pool."""
+    engine = options.get("engine", simulator.LAB)
+    split = policy == "disaggregated"
+    return never_fit(load, cost, engine, options.get("decode_cost"), split)
+
+
+def served(load: Sequence[Request], refused: Sequence[Unfit]) -> list[Request]:
+    """``load`` less the requests ``refused``."""
+    gone = {u.id for u in refused}
+    return [r for r in load if r.id not in gone]
+
+
+def refused_line(refused: Sequence[Unfit], requests: int) -> str:
+    """One line: how many requests an engine refuses on a deployment, which pool they never
+    fit, and why."""
+    pools = ", ".join(dict.fromkeys(u.pool for u in refused))
+    longest = max(refused, key=lambda u: u.need)
+    return (
+        f"{len(refused):,} of {requests:,} requests can never fit one {pools} worker's KV "
+        f"({longest.have:,} tokens; {longest.id} needs {longest.need:,}, its prompt and "
+        "output): an engine refuses them (vLLM serves no sequence longer than its KV "
+        "cache), so each counts as a miss."
+    )
 
 
 def run_verdict(
@@ -121,30 +153,45 @@ def run_verdict(
     target: float,
     stop: bool = True,
     on_pass: bool = False,
-) -> tuple[Trace, Verdict]:
+) -> tuple[Trace | None, Verdict]:
     """Simulate ``load`` under ``policy`` (``options`` are :func:`simulate`'s keywords) and
     judge it against ``slo`` for ``target`` of the requests; with ``stop``, stopping once it
     has FAILED when the simulator can (with ``on_pass``, once it has PASSED too). The trace is
     partial when the verdict says ``stopped``.
 
+    The requests the engine refuses (:func:`refusals`) are not simulated: each is a miss. When
+    more are refused than may miss, the verdict is FAILED at once (stopped, no trace); else
+    the rest are run with that many fewer misses allowed.
+
     A run that passes goes to its end by default: a stop on PASSED saves at most the last
     ``allowed`` requests' finishing, and the pass may be the search's answer, whose figures
     would then take a second, full run."""
     allowed = allowed_misses(target, len(load))
+    refused = refusals(policy, load, cost, options)
+    count = len(refused)
+    if count:
+        load = served(load, refused)
+        if count > allowed or not load:
+            return None, Verdict(False, count, len(load) + count, allowed, "failed", (), count)
+    total = len(load) + count
     if stop and StopRule is not None:
         rule = StopRule(
-            ttft=slo.ttft, tpot=slo.tpot, e2el=slo.e2el, allowed_misses=allowed, on_pass=on_pass
+            ttft=slo.ttft,
+            tpot=slo.tpot,
+            e2el=slo.e2el,
+            allowed_misses=allowed - count,
+            on_pass=on_pass,
         )
         stopping: Any = simulate  # the keyword is newer than this module's type checking
         trace = stopping(policy, load, cost, stop=rule, **options)
         decided: Any = trace
-        stopped, misses = decided.stopped, decided.misses
+        stopped, misses = decided.stopped, decided.misses + count
         passed = stopped == "passed" or (stopped is None and misses <= allowed)
         each = bound_misses(trace, slo) if stopped is not None else ()
-        return trace, Verdict(passed, misses, len(load), allowed, stopped, each)
+        return trace, Verdict(passed, misses, total, allowed, stopped, each, count)
     trace = simulate(policy, load, cost, **options)  # the fallback: the full run, then judged
-    misses = trace_misses(trace, slo)
-    return trace, Verdict(misses <= allowed, misses, len(load), allowed)
+    misses = trace_misses(trace, slo) + count
+    return trace, Verdict(misses <= allowed, misses, total, allowed, refused=count)
 
 
 # -- the requests that miss alone ------------------------------------------------------------

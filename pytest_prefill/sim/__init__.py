@@ -74,6 +74,7 @@ from .profiles import (
     get_profile,
     resolve_engine,
 )
+from .refusals import Unfit, never_fit
 from .requests import Request, in_arrival_order, validate_load
 from .results import SimResults
 from .router import ROUTERS, LeastLoaded, PrefixRouter
@@ -166,6 +167,7 @@ __all__ = [
     "TimedWorker",
     "TokenBook",
     "Trace",
+    "Unfit",
     "Worker",
     "WorkerMode",
     "attention_pairs",
@@ -189,6 +191,7 @@ __all__ = [
     "kv_capacity",
     "kv_need",
     "lab_table",
+    "never_fit",
     "nearest_rank",
     "no_collection",
     "percentile",

@@ -83,7 +83,9 @@ class PagedDecodeWorker(PagedWorker):
     row, takes a block each time it fills one, and when a row cannot get its block the most
     recently admitted request here is preempted by recompute
     (:class:`~.paged_worker.PagedWorker`'s rules, with no prefix cache: under disaggregation
-    it lives on the prefill workers). The decode pool's router sees slots, not blocks
+    it lives on the prefill workers). A preempted request keeps its sequence slot: it was
+    routed here and is this instance's to finish (were the slot freed, arrivals could take
+    every slot while waiting behind it for blocks, and nothing would run again). The decode pool's router sees slots, not blocks
     (:meth:`has_room`), as a proxy in front of engine instances does; so what it decides
     never depends on how the fast path groups decode steps."""
 
@@ -113,6 +115,22 @@ class PagedDecodeWorker(PagedWorker):
             self.tokens.add(r.id, first_token)
             self.emitted[r.id] = 1
         self.arrived.append(r)
+
+    def _preempt(self, now: int) -> Request:
+        """Preempt the most recently admitted request; it keeps its slot."""
+        r = super()._preempt(now)
+        self.admitted += 1
+        return r
+
+    def _slot_for(self, r: Request) -> bool:
+        """A request re-admitted here was preempted here: it holds its slot already."""
+        return True
+
+    def _admitted(
+        self, r: Request, done: int, target: int, blocks: list[Hashable], own: int, now: int
+    ) -> None:
+        super()._admitted(r, done, target, blocks, own, now)
+        self.admitted -= 1  # its slot was kept while it waited
 
     def compose(self, now: Any) -> Plan | None:
         """The arrivals that fit join the rows (FCFS, behind any preempted request), then

@@ -291,7 +291,7 @@ class PagedWorker(BaseWorker):
         would never fit beside the rows: then it runs alone (the rows wait; their blocks stay
         allocated)."""
         pending, pool, size = self.pending, self.pool, self.block_tokens
-        while pending and room > 0 and self.admitted < self.max_seqs:
+        while pending and room > 0 and self._slot_for(pending[0]):
             r = pending[0]
             target = r.prompt_len + self.emitted.get(r.id, 0)
             hits = self._hits(r, target)
@@ -313,6 +313,10 @@ class PagedWorker(BaseWorker):
             if alone:
                 rows.clear()
                 break
+
+    def _slot_for(self, r: Request) -> bool:
+        """Whether ``r`` may be admitted as far as sequence slots go (a free one)."""
+        return self.admitted < self.max_seqs
 
     def _admitted(
         self, r: Request, done: int, target: int, blocks: list[Hashable], own: int, now: int

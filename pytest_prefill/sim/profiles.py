@@ -22,6 +22,7 @@ KNOBS = (
     "prefix_caching",
     "prefix_block_tokens",
     "prefill_dispatch",
+    "decode_max_kv_tokens",
 )
 
 
@@ -53,8 +54,12 @@ class EngineProfile:
     prefill workers share arrivals — ``"shared"`` (one queue, a free worker takes what waits),
     ``"least-loaded"`` (each arrival goes at once to the queue of the worker with the fewest
     requests in its pass plus queued, ties to the lowest index: DistServe's scheduler) or
-    ``"round-robin"`` (to each worker's queue in turn). ``citations``: (knob, where its default
-    comes from) pairs.
+    ``"round-robin"`` (to each worker's queue in turn). ``decode_max_kv_tokens``: a
+    disaggregated run's decode step reads at most this many KV tokens (each row its prompt and
+    the tokens it emitted): the rows beyond wait their turn in queue order and a row that stepped
+    goes to the back, behind the arrivals (DistServe's simulator caps its decode batches so;
+    reserve KV only; None: every row steps). ``citations``: (knob, where its default comes
+    from) pairs.
 
     Raises:
         ValueError: naming the field, for a value outside its allowed ones.
@@ -69,6 +74,7 @@ class EngineProfile:
     prefix_caching: bool = False
     prefix_block_tokens: int = 16
     prefill_dispatch: str = "shared"
+    decode_max_kv_tokens: int | None = None
     description: str = ""
     citations: tuple[tuple[str, str], ...] = ()
 
@@ -93,6 +99,7 @@ class EngineProfile:
                 f"prefill_dispatch must be one of {', '.join(DISPATCH_RULES)}; "
                 f"got {self.prefill_dispatch!r}"
             )
+        check_cap("decode_max_kv_tokens", self.decode_max_kv_tokens)
         pairs = self.citations
         if not isinstance(pairs, tuple) or not all(
             isinstance(p, tuple) and len(p) == 2 and p[0] in KNOBS and isinstance(p[1], str)
@@ -310,6 +317,7 @@ PROFILES: dict[str, EngineProfile] = {
             "distserve",
             first_token="prefill",
             prefill_dispatch="least-loaded",
+            decode_max_kv_tokens=50_000,
             description="DistServe's simulator: no token budget, no batch-size cap",
             citations=(
                 (
@@ -321,9 +329,14 @@ PROFILES: dict[str, EngineProfile] = {
                     "max_batched_tokens",
                     f"{_DIST}: benchmarks/simulate_dist.py: prefill_max_tokens = the KV pool's "
                     "max_num_tokens (estimators/profile_data/max_num_tokens.csv: 66,144 for "
-                    "OPT-13B TP1): KV memory, which kv_capacity_tokens bounds; decode batches "
-                    "are capped at 50,000 KV tokens (base/worker.py _enter_decodes, marked a "
-                    "hack): not modelled",
+                    "OPT-13B TP1): KV memory, which kv_capacity_tokens bounds",
+                ),
+                (
+                    "decode_max_kv_tokens",
+                    f"{_DIST}: base/worker.py _enter_decodes: decode_max_tokens = 50000 (marked "
+                    "a hack there): rows join a decode batch from the queue's head while the "
+                    "sum of their context_len + 1 (a row's KV read here) stays within it; the "
+                    "rows that stepped rejoin the queue's tail",
                 ),
                 (
                     "max_seqs",

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .capped_decode import CappedDecodeWorker
 from .checks import check_int
 from .cost import CostModel
 from .events import Event, LogEntry
@@ -128,6 +129,8 @@ def disaggregated(
         name = f"decode{i}"
         if paged:
             decoders.append(PagedDecodeWorker(name, capacity, engine))
+        elif engine.decode_max_kv_tokens is not None:
+            decoders.append(CappedDecodeWorker(name, capacity, engine))
         else:
             decoders.append(Worker(name, mode, capacity=capacity, engine=engine))
         if watch is not None:
@@ -394,6 +397,11 @@ def _check_paged_options(
     """What paged KV does not simulate yet, named (ValueError)."""
     if profile.kv != "paged":
         return
+    if profile.decode_max_kv_tokens is not None:
+        raise ValueError(
+            f"decode_max_kv_tokens is simulated under kv='reserve' only (engine "
+            f"{profile.name!r} has kv='paged')"
+        )
     if chunk_budget is not None:
         raise ValueError(
             f"chunk_budget is not simulated under kv='paged' yet (engine {profile.name!r}); "
