@@ -21,6 +21,17 @@ from pytest_prefill.sim import Request
 pytestmark = [pytest.mark.server, pytest.mark.xdist_group("transformers_server")]
 
 
+# The fidelity test's calibration, small (the verdict it feeds is reported, not asserted), and
+# its requests a workload (16 by default).
+SHORT_SWEEP = dict(
+    prompt_lens=(16, 128, 512),
+    traffic_prompts=(64, 256, 128),
+    stall_prompts=(512,),
+    decode_tokens=32,
+)
+FIDELITY_COUNT = 4
+
+
 @pytest.fixture(scope="module")
 def target(transformers_server):
     served = transformers_server
@@ -86,9 +97,13 @@ def test_fidelity_runs_and_a_wrong_budget_shows_in_the_ttfts(
     served = transformers_server
     profile = server_profile("transformers", served.budget)
     scheduling = Scheduling(profile, float(served.kv_tokens))
-    sweep = ServerSweep(served.budget)
-    # 10 requests a workload (16 by default): five held-out workloads, two runs each, in CI time
-    result = asyncio.run(run_server_fidelity(target, sweep, scheduling, runs=2, count=10))
+    # In CI time: a short calibration (prompts alone to 512, three streams of 32 tokens, the
+    # chunking check's prompt two budgets long) and 4 requests a workload, two runs each; the
+    # long-prompts workload's prompts are still 4 and 6 budgets long.
+    sweep = ServerSweep(served.budget, **SHORT_SWEEP)
+    result = asyncio.run(
+        run_server_fidelity(target, sweep, scheduling, runs=2, count=FIDELITY_COUNT)
+    )
     text = fidelity_report(result)
     print(text)
     prefill_report.table("fidelity against transformers serve", text, data=result.to_dict())
