@@ -14,6 +14,7 @@ from pytest_prefill._io import read_json, write_json_atomic
 from pytest_prefill.machine import cpu_model
 from pytest_prefill.measure.timing import Measurement, measure
 from pytest_prefill.plan.compute.devices import Device
+from pytest_prefill.plan.compute.transfer import DEVICE_FIELDS, device_from_fields
 from pytest_prefill.sim import check_int
 
 KIND = "pytest-prefill device probe"
@@ -28,17 +29,7 @@ STREAM_BYTES = 256 * 2**20  # per array: far beyond any CPU cache
 DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 2
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-FIELDS = (
-    "key",
-    "name",
-    "architecture",
-    "peak_flops",
-    "memory_bandwidth",
-    "memory_bytes",
-    "link_bandwidth",
-    "link_latency",
-    "source",
-)
+FIELDS = DEVICE_FIELDS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,13 +80,7 @@ def _probe_from(data: Mapping[str, Any]) -> Probe:
     fields = data["device"]
     if not isinstance(fields, Mapping) or set(fields) != set(FIELDS):
         raise ValueError(f"device probe: 'device' must hold exactly {', '.join(FIELDS)}")
-    peaks = fields["peak_flops"]
-    if not isinstance(peaks, Mapping):
-        raise ValueError("device probe: device.peak_flops must be an object")
-    for name in ("key", "name", "architecture", "source"):
-        if not isinstance(fields[name], str):
-            raise ValueError(f"device probe: device.{name} must be a string")
-    device = Device(**{**fields, "peak_flops": dict(peaks)})
+    device = device_from_fields(fields, "device probe")
     sizes = {str(k): check_int(f"sizes[{k!r}]", v) for k, v in data["sizes"].items()}
     measurements = {str(k): Measurement.from_dict(v) for k, v in data["measurements"].items()}
     provenance = data["provenance"]
@@ -116,6 +101,21 @@ def load_probe(path: str | os.PathLike[str]) -> Probe:
         ValueError: naming the path or the field, for a missing, unreadable or foreign file.
     """
     return Probe.from_dict(read_json(path, "device probe"))
+
+
+def probe_at(path: str | os.PathLike[str], *, threads: int = 1) -> tuple[Probe, bool]:
+    """The probe saved at ``path``, else this CPU probed now (on ``threads`` torch threads) and
+    saved there; True when it was probed now. A calibration records it, so what carries that
+    calibration reads the same peaks and never probes again.
+
+    Raises:
+        ValueError: naming the path or the field, for a file there that is not a probe.
+    """
+    if os.path.exists(path):
+        return load_probe(path), False
+    probe = probe_device(threads=threads)
+    save_probe(path, probe)
+    return probe, True
 
 
 def memory_bytes() -> float:
