@@ -179,3 +179,19 @@ def test_a_bad_sample_is_refused(fields, words):
     base = {"kind": "prefill", "seconds": 1.0, "label": "x", "pieces": ((8, 0),)}
     with pytest.raises(ValueError, match=words):
         Sample(_model("tiny"), **{**base, **fields})
+
+
+def test_a_working_set_the_cache_holds_moves_at_its_bandwidth_and_a_larger_one_blends_in_memory():
+    from pytest_prefill.plan.compute.cpu import Cache, device_for
+
+    cache = Cache(size=32e6, bandwidth=60e9)
+    memory = CPU.memory_bandwidth
+    assert cache.bandwidth_for(16e6, memory) == cache.bandwidth
+    assert cache.bandwidth_for(128e6, memory) == pytest.approx(1 / (0.25 / 60e9 + 0.75 / memory))
+    assert memory < cache.bandwidth_for(1e12, memory) < memory * 1.001
+    tiny, medium = _passes("tiny")[0], _passes("medium")[0]
+    assert tiny.working_set < medium.working_set
+    seen = [device_for(CPU, s, cache).memory_bandwidth for s in (tiny, medium)]
+    assert seen[0] > seen[1] and device_for(CPU, tiny, None).memory_bandwidth == memory
+    with pytest.raises(ValueError, match="cache size"):
+        Cache(size=0, bandwidth=1e9)
