@@ -48,7 +48,9 @@ TOLERANCE = 1e-12  # relative: far below any term's noise
 # serve, `small` -> `medium` on this 2-core box, busy): the median relative error over the
 # cost-model terms and over the larger model's own calibration passes.
 MEASURED_ERROR = "small -> medium under transformers serve on a 2-core CPU: {}"
-MEASURED_FIGURES = "not yet measured quiet"
+MEASURED_FIGURES = (
+    "prefill passes (TTFT) 5.5%, decode steps 18.7% median, on a busy box (not yet measured quiet)"
+)
 
 
 def device_from_fields(fields: Any, where: str) -> Device:
