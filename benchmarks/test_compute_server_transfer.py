@@ -26,20 +26,15 @@ import sys
 import pytest
 from tabulate import tabulate
 
+from pytest_prefill.measure.calibration_points import DECODE_TERMS, PREFILL_TERMS
+
 pytestmark = pytest.mark.server
 
 PRESETS = ("small", "medium")
 TARGET = 0.15  # median relative error of the larger model's measured calibration (issue 45)
 BUDGET = 256  # transformers serve --cb-max-batch-tokens
 SWEEP = ("--repeats", "2", "--max-prompt", "1024")
-TERMS = (
-    "prefill_pass_overhead",
-    "prefill_per_token",
-    "prefill_per_pair",
-    "decode_step_base",
-    "decode_per_seq",
-    "decode_per_kv_token",
-)
+TERMS = PREFILL_TERMS + DECODE_TERMS
 
 
 def _serve_missing() -> str | None:

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from pytest_prefill.cli import main
+from pytest_prefill.measure.calibration_points import DECODE_TERMS, PREFILL_TERMS
 from pytest_prefill.plan.compute.derive import HostCost, TokenRange, derive_cost
 from pytest_prefill.plan.compute.devices import Device, device_named
 from pytest_prefill.plan.compute.transfer import (
@@ -25,32 +26,15 @@ from pytest_prefill.plan.compute.transfer import (
 )
 from pytest_prefill.plan.model_spec import load_model_spec
 from tests.cli_errors import usage_error
+from tests.test_compute_cpu import CPU
 
 pytestmark = pytest.mark.sim
 
-CPU = Device(
-    key="cpu",
-    name="a test CPU",
-    architecture="cpu",
-    peak_flops={"fp32": 80e9, "bf16": 2e9},
-    memory_bandwidth=20e9,
-    memory_bytes=32 * 2**30,
-    link_bandwidth=20e9,
-    link_latency=0.0,
-    source="a probe's figures, made up",
-)
 EFFICIENCIES = {"compute": 0.6, "attention_compute": 0.3, "attention_memory": 0.5}
 HOST = HostCost(per_layer=2e-3, per_request_layer=1e-3, source="known")
 MEASURED = TokenRange(16, 1024, 1500, 6)
 TARGET = TokenRange(32, 2048, 4096, 16)
-TERMS = (
-    "prefill_pass_overhead",
-    "prefill_per_token",
-    "prefill_per_pair",
-    "decode_step_base",
-    "decode_per_seq",
-    "decode_per_kv_token",
-)
+TERMS = PREFILL_TERMS + DECODE_TERMS
 
 
 def _fp32(name: str):

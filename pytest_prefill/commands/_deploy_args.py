@@ -229,8 +229,8 @@ def _probed_cpu(args: argparse.Namespace) -> Device:
     return probed_device(_provenance(path), f"--host-from {path}")
 
 
-def _provenance(path: str) -> dict[str, Any]:
-    """The provenance of the calibration at ``path``.
+def _calibration_at(path: str) -> tuple[CostModel, dict[str, Any]]:
+    """The cost model of the calibration at ``path`` and its document (a provenance in it).
 
     Raises:
         ValueError: in one line, for a file that is not a calibration with a provenance.
@@ -239,9 +239,13 @@ def _provenance(path: str) -> dict[str, Any]:
     document = _document(spec)
     calibration = document.get("calibration", document) if isinstance(document, dict) else None
     provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
-    if spec.cost is None or not isinstance(provenance, dict):
+    if spec.cost is None or not isinstance(calibration, dict) or not isinstance(provenance, dict):
         raise ValueError(f"--host-from {path}: not a calibration with a provenance")
-    return provenance
+    return spec.cost, calibration
+
+
+def _provenance(path: str) -> dict[str, Any]:
+    return dict(_calibration_at(path)[1]["provenance"])
 
 
 def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
@@ -360,13 +364,9 @@ def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
             its provenance does not name in a form read here.
     """
     path = args.host_from
-    spec = resolve_cost(path)
-    document = _document(spec)
-    calibration = document.get("calibration", document) if isinstance(document, dict) else None
-    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
-    if spec.cost is None or not isinstance(provenance, dict):
-        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
-    facts = server_facts_of(spec)
+    measured, calibration = _calibration_at(path)
+    provenance = calibration["provenance"]
+    facts = server_facts_of(resolve_cost(path))
     try:
         model = load_model_spec(str(provenance.get("model")))
         device = device_named(str(provenance.get("device_name")))
@@ -375,33 +375,29 @@ def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
     tp = facts.tp if facts is not None else 1
     part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
     return host_from_calibration(
-        spec.cost,
+        measured,
         part.cost,
         f"--host-from {path} ({model.name} on {device.key}, TP {tp}): a transfer",
     )
 
 
-def _cpu_transfer(args: argparse.Namespace, span: TokenRange) -> Transferred:
+def _cpu_transfer(args: argparse.Namespace, _span: TokenRange) -> Transferred:
     """--host-from's calibration of a model on this CPU carried to --model on it: the CPU's
-    efficiencies and the host's cost per layer that calibration implies.
+    efficiencies and the host's cost per layer that calibration implies, read over the
+    calibration's own range (the deriver fits --model over the workload's, ``_span``).
 
     Raises:
         ValueError: in one line, for a calibration whose provenance names no model read here.
     """
     path = args.host_from
-    provenance = _provenance(path)
-    spec = resolve_cost(path)
-    assert spec.cost is not None
+    measured, calibration = _calibration_at(path)
     try:
-        source = load_model_spec(str(provenance.get("model")))
+        source = load_model_spec(str(calibration["provenance"].get("model")))
     except ValueError as err:
         raise ValueError(f"--host-from {path}: its provenance.model: {err}") from None
-    document = _document(spec)
-    calibration = document.get("calibration", document)
     measured_span = calibration_span(calibration.get("measurements"), f"--host-from {path}")
-    del span  # the target's range: the deriver fits over it
     return transferred(
-        spec.cost,
+        measured,
         source,
         args.hardware.model,
         args.gpu_device,
