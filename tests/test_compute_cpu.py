@@ -37,7 +37,11 @@ CPU = Device(
     link_latency=0.0,
     source="figures for a test",
 )
-TRUE = CpuTerms((0.3, 0.7, 0.9), 0.5, 0.6, 0.2, 2e-6, 40.0, 10.0, HostCost(3e-4, 2e-4, 5e-5))
+# The efficiencies are fractions of HEADROOM times the probe's figures: these are 0.3, 0.7 and
+# 0.9 of the probed GEMM rate, half its stream rate, and so on.
+TRUE = CpuTerms(
+    (0.075, 0.175, 0.225), 0.125, 0.15, 0.05, 2e-6, 40.0, 10.0, HostCost(3e-4, 2e-4, 5e-5)
+)
 
 
 def _model(name):
@@ -123,7 +127,7 @@ def test_a_narrow_model_reaches_less_of_the_peaks_than_a_wide_one():
     for m in (1, 100, 10_000):
         assert tiny.compute_efficiency(m) < small.compute_efficiency(m) < 1
     hidden = _model("small").hidden_size
-    assert small.compute_efficiency(100) == pytest.approx(0.7 * hidden / (hidden + 40.0))
+    assert small.compute_efficiency(100) == pytest.approx(0.175 * hidden / (hidden + 40.0))
     assert tiny.attention_compute_efficiency < small.attention_compute_efficiency
 
 
@@ -179,3 +183,20 @@ def test_a_bad_sample_is_refused(fields, words):
     base = {"kind": "prefill", "seconds": 1.0, "label": "x", "pieces": ((8, 0),)}
     with pytest.raises(ValueError, match=words):
         Sample(_model("tiny"), **{**base, **fields})
+
+
+def test_a_working_set_the_cache_holds_moves_at_its_bandwidth_and_a_larger_one_blends_in_memory():
+    from pytest_prefill.plan.compute.cpu import HEADROOM, Cache, device_for
+
+    cache = Cache(size=32e6, bandwidth=60e9)
+    memory = CPU.memory_bandwidth
+    assert cache.bandwidth_for(16e6, memory) == cache.bandwidth
+    assert cache.bandwidth_for(128e6, memory) == pytest.approx(1 / (0.25 / 60e9 + 0.75 / memory))
+    assert memory < cache.bandwidth_for(1e12, memory) < memory * 1.001
+    tiny, medium = _passes("tiny")[0], _passes("medium")[0]
+    assert tiny.working_set < medium.working_set
+    seen = [device_for(CPU, s, cache).memory_bandwidth for s in (tiny, medium)]
+    assert seen[0] == cache.bandwidth * HEADROOM > seen[1]
+    assert device_for(CPU, tiny, None).memory_bandwidth == memory * HEADROOM
+    with pytest.raises(ValueError, match="cache size"):
+        Cache(size=0, bandwidth=1e9)

@@ -42,9 +42,38 @@ def test_peaks_are_the_work_over_the_median_time(probe):
     assert probe.device.memory_bandwidth == pytest.approx(
         moved / probe.measurements["stream_add"].median
     )
-    for m in probe.measurements.values():
-        assert m.repeats == SIZES["repeats"] and m.warmup == SIZES["warmup"]
+    for name, m in probe.measurements.items():
+        if name != "stream_cache_add":
+            assert m.repeats == SIZES["repeats"] and m.warmup == SIZES["warmup"]
         assert m.minimum <= m.median <= m.maximum
+
+
+def test_the_cache_stream_is_timed_in_the_last_level_cache(probe):
+    from pytest_prefill.measure.device_probe import CACHE_SHARE, last_level_cache
+
+    size = last_level_cache()
+    if size is None:
+        assert probe.cache is None and "stream_cache_add" not in probe.measurements
+        return
+    per_array = probe.sizes["cache_stream_bytes"]
+    assert probe.sizes["cache_bytes"] == size and 3 * per_array <= size
+    stream = probe.measurements["stream_cache_add"]
+    assert stream.repeats == SIZES["repeats"] * CACHE_SHARE
+    assert probe.cache.size == size
+    assert probe.cache.bandwidth == pytest.approx(3 * (per_array // 4) * 4 / stream.median)
+
+
+def test_the_last_level_cache_is_the_largest_data_or_unified_one(tmp_path):
+    from pytest_prefill.measure.device_probe import last_level_cache
+
+    for index, (kind, size) in enumerate(
+        (("Data", "48K"), ("Instruction", "64M"), ("Unified", "2M"))
+    ):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "type").write_text(kind + "\n")
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert last_level_cache(str(tmp_path)) == 2 * 2**20
+    assert last_level_cache(str(tmp_path / "absent")) is None
 
 
 def test_the_threads_setting_is_restored():

@@ -25,6 +25,13 @@ from pytest_prefill.plan.compute.derive import (
 )
 from pytest_prefill.plan.compute.devices import Device, device_named
 from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
+from pytest_prefill.plan.compute.transfer import (
+    CPU_KEY,
+    Transferred,
+    calibration_span,
+    probed_device,
+    transferred,
+)
 from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB, default_max_num_seqs
 from pytest_prefill.plan.hardware import Hardware
@@ -198,7 +205,8 @@ def _gpu(args: argparse.Namespace) -> Device | None:
     if gpu is None:
         return None
     try:
-        args.gpu_device = device_named(gpu)
+        is_cpu = gpu.strip().lower() == CPU_KEY
+        args.gpu_device = _probed_cpu(args) if is_cpu else device_named(gpu)
     except ValueError as err:
         raise ValueError(f"--gpu: {err}") from None
     if args.model is None:
@@ -207,6 +215,37 @@ def _gpu(args: argparse.Namespace) -> Device | None:
             "derived from the model's shapes on that device"
         )
     return args.gpu_device
+
+
+def _probed_cpu(args: argparse.Namespace) -> Device:
+    """``--gpu cpu``: this machine's CPU, as the --host-from calibration recorded its probe."""
+    path = getattr(args, "host_from", None)
+    if not path:
+        raise ValueError(
+            "cpu: this machine's CPU has no datasheet: its peaks come from the calibration that "
+            "recorded them; give --host-from CALIBRATION.json (made by calibrate-server "
+            "--device-probe PROBE.json)"
+        )
+    return probed_device(_provenance(path), f"--host-from {path}")
+
+
+def _calibration_at(path: str) -> tuple[CostModel, dict[str, Any]]:
+    """The cost model of the calibration at ``path`` and its document (a provenance in it).
+
+    Raises:
+        ValueError: in one line, for a file that is not a calibration with a provenance.
+    """
+    spec = resolve_cost(path)
+    document = _document(spec)
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if spec.cost is None or not isinstance(calibration, dict) or not isinstance(provenance, dict):
+        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
+    return spec.cost, calibration
+
+
+def _provenance(path: str) -> dict[str, Any]:
+    return dict(_calibration_at(path)[1]["provenance"])
 
 
 def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
@@ -259,7 +298,10 @@ def derived_spec(
     hardware, device = args.hardware, args.gpu_device
     assert hardware is not None and device is not None
     host = (lambda span: _host_from(args, span)) if getattr(args, "host_from", None) else None
-    args.hardware, spec = derive_on(hardware, device, args.profile.name, prompts, outputs, host)
+    carried = (lambda span: _cpu_transfer(args, span)) if device.key == CPU_KEY else None
+    args.hardware, spec = derive_on(
+        hardware, device, args.profile.name, prompts, outputs, host, carried
+    )
     return spec
 
 
@@ -270,18 +312,23 @@ def derive_on(
     prompts: Sequence[int],
     outputs: Sequence[int],
     host: Callable[[TokenRange], HostCost] | None = None,
+    carried: Callable[[TokenRange], Transferred] | None = None,
 ) -> tuple[Hardware, CostSpec]:
     """``hardware`` deriving its cost at every TP from its model on ``device`` under
     ``engine``'s efficiency table, over the token range of ``prompts`` and ``outputs``, and the
     cost spec of one instance at TP 1 (its label names the device, the table and its error
-    class); ``host(span)``: the host cost (default none)."""
-    choice = efficiency_of(device, engine)
+    class); ``host(span)``: the host cost (default none); ``carried(span)``: the device, its
+    efficiencies and the host's cost a calibration carries instead (a CPU's)."""
     rows = hardware.max_num_seqs or default_max_num_seqs(hardware.device_memory or 0.0)
     try:
         span = TokenRange.of(prompts, outputs, rows)
     except ValueError as err:
         raise ValueError(f"--gpu: the workload's token range: {err}") from None
-    deriver = Deriver(hardware.model, device, choice, span, host(span) if host else HostCost())
+    if carried is not None:
+        device, choice, found = carried(span)
+    else:
+        choice, found = efficiency_of(device, engine), host(span) if host else HostCost()
+    deriver = Deriver(hardware.model, device, choice, span, found)
     one = deriver.derive(1)
     label = (
         f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
@@ -317,13 +364,9 @@ def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
             its provenance does not name in a form read here.
     """
     path = args.host_from
-    spec = resolve_cost(path)
-    document = _document(spec)
-    calibration = document.get("calibration", document) if isinstance(document, dict) else None
-    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
-    if spec.cost is None or not isinstance(provenance, dict):
-        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
-    facts = server_facts_of(spec)
+    measured, calibration = _calibration_at(path)
+    provenance = calibration["provenance"]
+    facts = server_facts_of(resolve_cost(path))
     try:
         model = load_model_spec(str(provenance.get("model")))
         device = device_named(str(provenance.get("device_name")))
@@ -332,9 +375,34 @@ def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
     tp = facts.tp if facts is not None else 1
     part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
     return host_from_calibration(
-        spec.cost,
+        measured,
         part.cost,
         f"--host-from {path} ({model.name} on {device.key}, TP {tp}): a transfer",
+    )
+
+
+def _cpu_transfer(args: argparse.Namespace, _span: TokenRange) -> Transferred:
+    """--host-from's calibration of a model on this CPU carried to --model on it: the CPU's
+    efficiencies and the host's cost per layer that calibration implies, read over the
+    calibration's own range (the deriver fits --model over the workload's, ``_span``).
+
+    Raises:
+        ValueError: in one line, for a calibration whose provenance names no model read here.
+    """
+    path = args.host_from
+    measured, calibration = _calibration_at(path)
+    try:
+        source = load_model_spec(str(calibration["provenance"].get("model")))
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: its provenance.model: {err}") from None
+    measured_span = calibration_span(calibration.get("measurements"), f"--host-from {path}")
+    return transferred(
+        measured,
+        source,
+        args.hardware.model,
+        args.gpu_device,
+        measured_span,
+        f"--host-from {path}",
     )
 
 

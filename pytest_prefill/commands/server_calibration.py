@@ -88,6 +88,15 @@ def profile_from_args(args: argparse.Namespace, target: Target) -> EngineProfile
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_server_arguments(parser)
     add_sweep_arguments(parser)
+    parser.add_argument(
+        "--device-probe",
+        metavar="PROBE.json",
+        default=None,
+        help="the server computes on this machine's CPU: record the CPU's measured peaks (a "
+        "GEMM and a stream probe, one thread) in the calibration, so --gpu cpu --host-from can "
+        "carry it to another model; read from PROBE.json when it exists, else probed now "
+        "(seconds, before the sweep) and written there",
+    )
     add_output_arguments(
         parser,
         json_help="write the calibration JSON",
@@ -99,12 +108,28 @@ def progress(line: str) -> None:
     print(f"  {line}", file=sys.stderr, flush=True)
 
 
+def probe_record(path: str | None) -> dict[str, object]:
+    """``{"device_probe": …}`` for ``--device-probe PATH`` (read, else probed now and
+    written), said on stderr; nothing without it."""
+    if path is None:
+        return {}
+    from pytest_prefill.measure.device_probe import probe_at
+    from pytest_prefill.plan.compute.transfer import PROBE_FIELD
+
+    probe, now = probe_at(path)
+    said = f"probed now, written to {path}" if now else f"read from {path}"
+    progress(f"this CPU as a device: {probe.device.describe()} ({said})")
+    return {PROBE_FIELD: probe.to_dict()}
+
+
 async def _calibrate(args: argparse.Namespace) -> ServerCalibration:
     target = await target_from_args(args)
     sweep = sweep_from_args(args)
+    extra = probe_record(getattr(args, "device_probe", None))
     await warm_up(target)
     profile = profile_from_args(args, target)
-    extra = {} if profile is None else {"engine_profile": Scheduling(profile).to_dict()}
+    if profile is not None:
+        extra["engine_profile"] = Scheduling(profile).to_dict()
     return await calibrate_server(
         target, sweep, progress, command=" ".join(getattr(args, "argv", [])), **extra
     )

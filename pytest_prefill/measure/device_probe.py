@@ -13,7 +13,9 @@ from typing import Any
 from pytest_prefill._io import read_json, write_json_atomic
 from pytest_prefill.machine import cpu_model
 from pytest_prefill.measure.timing import Measurement, measure
+from pytest_prefill.plan.compute.cpu import Cache
 from pytest_prefill.plan.compute.devices import Device
+from pytest_prefill.plan.compute.transfer import DEVICE_FIELDS, device_from_fields
 from pytest_prefill.sim import check_int
 
 KIND = "pytest-prefill device probe"
@@ -25,20 +27,14 @@ SCHEMA_VERSION = 1
 GEMM_SIZE = 2048  # fp32: large enough that one core reaches its plateau
 BF16_GEMM_SIZE = 256
 STREAM_BYTES = 256 * 2**20  # per array: far beyond any CPU cache
+# The last-level cache: a stream whose three arrays take 3/8 of it stays there between repeats
+# (what a pass whose working set fits finds); read from sysfs, none where it says nothing.
+CACHE_FOLDER = "/sys/devices/system/cpu/cpu0/cache"
+CACHE_SHARE = 8
 DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 2
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-FIELDS = (
-    "key",
-    "name",
-    "architecture",
-    "peak_flops",
-    "memory_bandwidth",
-    "memory_bytes",
-    "link_bandwidth",
-    "link_latency",
-    "source",
-)
+FIELDS = DEVICE_FIELDS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +47,16 @@ class Probe:
     measurements: Mapping[str, Measurement]
     sizes: Mapping[str, int]
     provenance: Mapping[str, Any]
+
+    @property
+    def cache(self) -> Cache | None:
+        """The last-level cache and the bandwidth a stream held in it reached (None: the probe
+        found no cache to measure)."""
+        stream = self.measurements.get("stream_cache_add")
+        if stream is None or "cache_bytes" not in self.sizes:
+            return None
+        moved = 3.0 * (self.sizes["cache_stream_bytes"] // 4) * 4
+        return Cache(float(self.sizes["cache_bytes"]), moved / stream.median)
 
     def to_dict(self) -> dict[str, Any]:
         device = {name: getattr(self.device, name) for name in FIELDS}
@@ -89,13 +95,7 @@ def _probe_from(data: Mapping[str, Any]) -> Probe:
     fields = data["device"]
     if not isinstance(fields, Mapping) or set(fields) != set(FIELDS):
         raise ValueError(f"device probe: 'device' must hold exactly {', '.join(FIELDS)}")
-    peaks = fields["peak_flops"]
-    if not isinstance(peaks, Mapping):
-        raise ValueError("device probe: device.peak_flops must be an object")
-    for name in ("key", "name", "architecture", "source"):
-        if not isinstance(fields[name], str):
-            raise ValueError(f"device probe: device.{name} must be a string")
-    device = Device(**{**fields, "peak_flops": dict(peaks)})
+    device = device_from_fields(fields, "device probe")
     sizes = {str(k): check_int(f"sizes[{k!r}]", v) for k, v in data["sizes"].items()}
     measurements = {str(k): Measurement.from_dict(v) for k, v in data["measurements"].items()}
     provenance = data["provenance"]
@@ -116,6 +116,45 @@ def load_probe(path: str | os.PathLike[str]) -> Probe:
         ValueError: naming the path or the field, for a missing, unreadable or foreign file.
     """
     return Probe.from_dict(read_json(path, "device probe"))
+
+
+def probe_at(path: str | os.PathLike[str], *, threads: int = 1) -> tuple[Probe, bool]:
+    """The probe saved at ``path``, else this CPU probed now (on ``threads`` torch threads) and
+    saved there; True when it was probed now. A calibration records it, so what carries that
+    calibration reads the same peaks and never probes again.
+
+    Raises:
+        ValueError: naming the path or the field, for a file there that is not a probe.
+    """
+    if os.path.exists(path):
+        return load_probe(path), False
+    probe = probe_device(threads=threads)
+    save_probe(path, probe)
+    return probe, True
+
+
+def _size(text: str) -> int:
+    """``32768K`` (sysfs's cache size) as bytes."""
+    text = text.strip().upper()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG") or 0) * scale
+
+
+def last_level_cache(folder: str = CACHE_FOLDER) -> int | None:
+    """Bytes of this CPU's largest data (or unified) cache, as sysfs lists it; None when it
+    lists none."""
+    sizes = []
+    for entry in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        try:
+            with open(os.path.join(folder, entry, "type"), encoding="ascii") as handle:
+                kind = handle.read().strip()
+            with open(os.path.join(folder, entry, "size"), encoding="ascii") as handle:
+                size = _size(handle.read())
+        except (OSError, ValueError):
+            continue
+        if kind in ("Data", "Unified") and size > 0:
+            sizes.append(size)
+    return max(sizes) if sizes else None
 
 
 def memory_bytes() -> float:
@@ -192,6 +231,20 @@ def _cpu_device(
     )
 
 
+def _cache_stream(sizes: dict[str, int], *, repeats: int, warmup: int) -> dict[str, Measurement]:
+    """The stream add held in the last-level cache (its arrays 1/``CACHE_SHARE`` of it each,
+    timed ``CACHE_SHARE`` times as often: each is short); its sizes put in ``sizes``."""
+    cache = last_level_cache()
+    if cache is None:
+        return {}
+    sizes["cache_bytes"] = cache
+    sizes["cache_stream_bytes"] = max(4096, cache // CACHE_SHARE)
+    add, _ = time_stream(
+        sizes["cache_stream_bytes"], repeats=repeats * CACHE_SHARE, warmup=warmup + 1
+    )
+    return {"stream_cache_add": add}
+
+
 def probe_device(
     *,
     gemm_size: int = GEMM_SIZE,
@@ -226,11 +279,12 @@ def probe_device(
             for dtype in DTYPES
         }
         add, copy = time_stream(stream_bytes, repeats=repeats, warmup=warmup)
+        held = _cache_stream(sizes, repeats=repeats, warmup=warmup)
     finally:
         torch.set_num_threads(before)
     device = _cpu_device(gemms, add, sizes, threads, f"{repeats} after {warmup} warmup")
     measurements = {f"gemm_{d}": m for d, m in gemms.items()}
-    measurements |= {"stream_add": add, "stream_copy": copy}
+    measurements |= {"stream_add": add, "stream_copy": copy, **held}
     provenance = {
         "threads": threads,
         "torch": torch.__version__,

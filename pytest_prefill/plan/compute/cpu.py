@@ -15,6 +15,7 @@ from typing import Any
 from pytest_prefill.plan.compute.devices import Device
 from pytest_prefill.plan.compute.efficiency import Efficiency
 from pytest_prefill.plan.compute.physics import Physics
+from pytest_prefill.plan.compute.transfer import linear_device
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND
 from pytest_prefill.plan.model_spec import ModelSpec, load_model_spec
 
@@ -36,7 +37,11 @@ POSITIVES = (
     "host_per_layer",
     "host_per_sequence_layer",
 )
-START = (0.3, 0.6, 0.8, 0.5, 0.5, 0.5, 5e-6, 32.0, 16.0, 5e-4, 1e-4, 3e-5)
+# The probe's figures are measurements, not ceilings: a pass whose data sit in a cache, or a
+# kernel a busy probe timed slow, runs above them. The efficiencies are fractions of the
+# probe's figures times this headroom (so up to 4 times the probed rates).
+HEADROOM = 4.0
+START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-4, 1e-4, 3e-5)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
@@ -47,7 +52,6 @@ POINT_KINDS = {
     "decode_batch": "decode",
 }
 STATISTICS = ("median", "min")
-DTYPE_PEAKS = {"float32": "fp32", "bfloat16": "bf16", "float16": "bf16"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,6 +67,7 @@ class Sample:
     pieces: tuple[tuple[int, int], ...] = ()
     rows: int = 0
     kv_tokens: int = 0
+    point: str = ""  # the calibration's kind of point (prefill, chunk, decode_kv, decode_batch)
 
     def __post_init__(self) -> None:
         if self.kind not in ("prefill", "decode"):
@@ -78,6 +83,13 @@ class Sample:
     def sequences(self) -> int:
         """Sequences in the pass (the packed pass attends per sequence, layer by layer)."""
         return len(self.pieces) if self.kind == "prefill" else self.rows
+
+    @property
+    def working_set(self) -> float:
+        """Bytes the pass touches that a repeat of it finds again: every weight, and the
+        cached K and V it reads."""
+        cached = sum(c for _, c in self.pieces) if self.kind == "prefill" else self.kv_tokens
+        return float(self.model.weight_bytes + cached * self.model.kv_bytes_per_token)
 
 
 def samples_of(document: Mapping[str, Any], statistic: str = "median") -> list[Sample]:
@@ -116,12 +128,47 @@ def _sample(model: ModelSpec, point: Mapping[str, Any], statistic: str) -> Sampl
     x, context, rows = int(point["x"]), int(point["context"]), int(point["rows"])
     seconds = float(point["measurement"][statistic])
     label = f"{model.name} {point['kind']} {x}/{context}/{rows}"
+    named = str(point["kind"])
     if kind == "prefill":
-        return Sample(model, kind, seconds, label, pieces=((x, context),))
-    if point["kind"] == "decode_kv":
+        return Sample(model, kind, seconds, label, pieces=((x, context),), point=named)
+    if named == "decode_kv":
         rows = max(1, rows)
-        return Sample(model, kind, seconds, label, rows=rows, kv_tokens=x * rows)
-    return Sample(model, kind, seconds, label, rows=x, kv_tokens=x * context)
+        return Sample(model, kind, seconds, label, rows=rows, kv_tokens=x * rows, point=named)
+    return Sample(model, kind, seconds, label, rows=x, kv_tokens=x * context, point=named)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cache:
+    """The CPU's last-level cache as the probe measured it: ``size`` bytes, and the bandwidth
+    of a stream whose arrays fit in it. A pass repeated (as a calibration times it, and as a
+    server runs step after step) finds the part of its working set the cache holds there: its
+    bytes move at ``1 / (f / cache + (1 - f) / memory)``, f = min(1, size / working set)."""
+
+    size: float
+    bandwidth: float
+
+    def __post_init__(self) -> None:
+        for name in ("size", "bandwidth"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"cache {name} must be a positive number, got {value!r}")
+
+    def bandwidth_for(self, working_set: float, memory: float) -> float:
+        """The bandwidth a pass touching ``working_set`` bytes sees, beside ``memory``'s."""
+        held = min(1.0, self.size / working_set) if working_set > 0 else 1.0
+        return 1.0 / (held / self.bandwidth + (1.0 - held) / memory)
+
+
+def device_for(device: Device, sample: Sample, cache: Cache | None) -> Device:
+    """``device`` as ``sample``'s pass sees it, at ``HEADROOM`` times the probe's figures: the
+    peak of the dtype its model ran in, and the memory bandwidth its working set finds
+    (``cache`` None: the stream's, DRAM)."""
+    linear = linear_device(device, sample.model.dtype)
+    bandwidth = device.memory_bandwidth
+    if cache is not None:
+        bandwidth = cache.bandwidth_for(sample.working_set, bandwidth)
+    peaks = {k: v * HEADROOM for k, v in linear.peak_flops.items()}
+    return dataclasses.replace(linear, peak_flops=peaks, memory_bandwidth=bandwidth * HEADROOM)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -214,20 +261,10 @@ class CpuFit:
     terms: CpuTerms
     fitted_on: tuple[str, ...]
     in_sample_median: float
+    cache: Cache | None = None
 
     def predict(self, sample: Sample) -> float:
-        return predict(self.device, self.terms, sample)
-
-
-def linear_device(device: Device, dtype: str) -> Device:
-    """``device`` with the peak of ``dtype`` (the dtype the model ran in) where the physics reads
-    its linear layers' peak (``bf16``): a CPU runs the presets in fp32.
-
-    Raises:
-        ValueError: for a dtype the device has no peak for.
-    """
-    peak = device.peak(DTYPE_PEAKS.get(dtype, dtype))
-    return dataclasses.replace(device, peak_flops={**device.peak_flops, "bf16": peak})
+        return predict(self.device, self.terms, sample, self.cache)
 
 
 def _seconds(physics: Physics, host: HostCost, sample: Sample) -> float:
@@ -238,15 +275,18 @@ def _seconds(physics: Physics, host: HostCost, sample: Sample) -> float:
     return seconds + host.of(sample.model.layers, sample.sequences)
 
 
-def predict(device: Device, terms: CpuTerms, sample: Sample) -> float:
-    """Seconds the physics and the host costs give ``sample``'s pass on ``device``."""
+def predict(device: Device, terms: CpuTerms, sample: Sample, cache: Cache | None = None) -> float:
+    """Seconds the physics and the host costs give ``sample``'s pass on ``device`` (its memory
+    bandwidth as ``cache`` leaves it for the pass's working set)."""
     efficiency = terms.efficiency(device, sample.model)
-    physics = Physics(sample.model, linear_device(device, sample.model.dtype), efficiency)
+    physics = Physics(sample.model, device_for(device, sample, cache), efficiency)
     return _seconds(physics, terms.host, sample)
 
 
-def _loss(device: Device, samples: Sequence[Sample]) -> Callable[[Sequence[float]], float]:
-    devices = {s.model.dtype: linear_device(device, s.model.dtype) for s in samples}
+def _loss(
+    device: Device, samples: Sequence[Sample], cache: Cache | None
+) -> Callable[[Sequence[float]], float]:
+    devices = [device_for(device, s, cache) for s in samples]
     models = {s.model.name: s.model for s in samples}
 
     def loss(vector: Sequence[float]) -> float:
@@ -255,8 +295,8 @@ def _loss(device: Device, samples: Sequence[Sample]) -> Callable[[Sequence[float
         terms = CpuTerms.from_vector(vector)
         tables = {name: terms.efficiency(device, model) for name, model in models.items()}
         total = 0.0
-        for s in samples:
-            physics = Physics(s.model, devices[s.model.dtype], tables[s.model.name])
+        for s, seen in zip(samples, devices):  # noqa: B905
+            physics = Physics(s.model, seen, tables[s.model.name])
             r = math.log(_seconds(physics, terms.host, s) / s.seconds) / LOSS_SCALE
             total += math.sqrt(1.0 + r * r) - 1.0
         return total
@@ -318,9 +358,11 @@ def _simplex_step(
     return simplex, values
 
 
-def fit_cpu(device: Device, samples: Sequence[Sample], *, rounds: int = 800) -> CpuFit:
+def fit_cpu(
+    device: Device, samples: Sequence[Sample], *, rounds: int = 800, cache: Cache | None = None
+) -> CpuFit:
     """Fit ``device``'s efficiencies and the host costs on ``samples`` (relative errors, soft
-    L1 on their logarithm).
+    L1 on their logarithm), memory read through ``cache`` (None: all at the stream's rate).
 
     Raises:
         ValueError: for fewer samples than fitted values.
@@ -328,11 +370,12 @@ def fit_cpu(device: Device, samples: Sequence[Sample], *, rounds: int = 800) -> 
     count = len(FRACTIONS) + len(POSITIVES)
     if len(samples) < count:
         raise ValueError(f"samples must hold at least {count} passes to fit, got {len(samples)}")
-    vector = nelder_mead(_loss(device, samples), _vector(START), step=0.7, rounds=rounds)
+    loss = _loss(device, samples, cache)
+    vector = nelder_mead(loss, _vector(START), step=0.7, rounds=rounds)
     terms = CpuTerms.from_vector(vector)
-    errors = [abs(predict(device, terms, s) / s.seconds - 1) for s in samples]
+    errors = [abs(predict(device, terms, s, cache) / s.seconds - 1) for s in samples]
     names = tuple(dict.fromkeys(s.model.name for s in samples))
-    return CpuFit(device, terms, names, statistics.median(errors))
+    return CpuFit(device, terms, names, statistics.median(errors), cache)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -344,6 +387,7 @@ class Transfer:
     fitted_on: tuple[str, ...]
     errors: Mapping[str, tuple[float, ...]]
     fit: CpuFit
+    by_point: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
     def median(self, kind: str) -> float:
         return statistics.median(abs(e) for e in self.errors[kind])
@@ -351,9 +395,20 @@ class Transfer:
     def worst(self, kind: str) -> float:
         return max(abs(e) for e in self.errors[kind])
 
+    def p90(self, kind: str) -> float:
+        """The 90th percentile of |error| of ``kind`` (a pass kind, or a calibration's kind of
+        point), by nearest rank."""
+        errors = sorted(abs(e) for e in self.errors.get(kind, self.by_point.get(kind, ())))
+        if not errors:
+            raise ValueError(f"no {kind} passes in the held-out model's calibration")
+        return errors[min(len(errors) - 1, math.ceil(0.9 * len(errors)) - 1)]
 
-def transfers(device: Device, samples: Sequence[Sample], *, rounds: int = 800) -> list[Transfer]:
-    """Every way round: for each model in ``samples``, fit on the others, predict it.
+
+def transfers(
+    device: Device, samples: Sequence[Sample], *, rounds: int = 800, cache: Cache | None = None
+) -> list[Transfer]:
+    """Every way round: for each model in ``samples``, fit on the others, predict it (memory
+    through ``cache``, as :func:`fit_cpu`).
 
     Raises:
         ValueError: for fewer than two models.
@@ -363,11 +418,16 @@ def transfers(device: Device, samples: Sequence[Sample], *, rounds: int = 800) -
         raise ValueError(f"a transfer needs samples of 2 or more models, got {models}")
     out = []
     for held in models:
-        fit = fit_cpu(device, [s for s in samples if s.model.name != held], rounds=rounds)
+        kept = [s for s in samples if s.model.name != held]
+        fit = fit_cpu(device, kept, rounds=rounds, cache=cache)
         errors: dict[str, list[float]] = {"prefill": [], "decode": []}
+        points: dict[str, list[float]] = {}
         for s in samples:
             if s.model.name == held:
-                errors[s.kind].append(fit.predict(s) / s.seconds - 1)
-        kept = {k: tuple(v) for k, v in errors.items() if v}
-        out.append(Transfer(held, fit.fitted_on, kept, fit))
+                error = fit.predict(s) / s.seconds - 1
+                errors[s.kind].append(error)
+                points.setdefault(s.point or s.kind, []).append(error)
+        by_kind = {k: tuple(v) for k, v in errors.items() if v}
+        by_point = {k: tuple(v) for k, v in points.items()}
+        out.append(Transfer(held, fit.fitted_on, by_kind, fit, by_point))
     return out

@@ -74,15 +74,17 @@ class TokenRange:
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostCost:
     """The serving engine's host side, apart from the device: seconds per step (every
-    iteration), per layer per step, and per request in a step; ``source`` says where from."""
+    iteration), per layer per step, per request in a step, and per request and layer (an eager
+    engine's per-request attention call, layer by layer); ``source`` says where from."""
 
     per_step: float = 0.0
     per_layer: float = 0.0
     per_request: float = 0.0
     source: str = "none tabled: device time only (optimistic by the engine's host overhead)"
+    per_request_layer: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("per_step", "per_layer", "per_request"):
+        for name in ("per_step", "per_layer", "per_request", "per_request_layer"):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not (ok and math.isfinite(value) and value >= 0):
@@ -90,6 +92,9 @@ class HostCost:
 
     def step(self, layers: int) -> float:
         return self.per_step + self.per_layer * layers
+
+    def request(self, layers: int) -> float:
+        return self.per_request + self.per_request_layer * layers
 
 
 def host_from_calibration(measured: CostModel, device_part: CostModel, source: str) -> HostCost:
@@ -203,8 +208,8 @@ def derive_cost(
     fixed = host.step(model.layers)
     terms = {**decode.coefficients, **prefill.coefficients}
     if (
-        terms["decode_step_base"] <= 0
-        or terms["prefill_pass_overhead"] + terms["prefill_per_token"] <= 0
+        terms["decode_step_base"] + fixed <= 0
+        or terms["prefill_pass_overhead"] + terms["prefill_per_token"] + fixed <= 0
     ):
         raise ValueError(f"the physics of {model.name} on {device.name} gives no step time to fit")
     cost = CostModel(
@@ -212,7 +217,7 @@ def derive_cost(
         prefill_per_token=terms["prefill_per_token"],
         prefill_per_pair=terms["prefill_per_pair"],
         decode_step_base=terms["decode_step_base"] + fixed,
-        decode_per_seq=terms["decode_per_seq"] + host.per_request,
+        decode_per_seq=terms["decode_per_seq"] + host.request(model.layers),
         decode_per_kv_token=per_kv,
         kv_bytes_per_token=float(model.kv_bytes_per_token),
         link_bandwidth=device.link_bandwidth,

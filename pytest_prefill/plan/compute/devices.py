@@ -309,6 +309,11 @@ def device_named(name: str) -> Device:
         return custom_device(name)
     key = _normal(name)
     key = ALIASES.get(key, key)
+    if key == "cpu":
+        raise ValueError(
+            "cpu: this machine's CPU has no datasheet and is not in the catalog; one --gpu cpu "
+            "reads its peaks from the calibration --host-from names"
+        )
     if key not in CATALOG:
         raise ValueError(
             f"unknown gpu {name!r}: the catalog has {', '.join(CATALOG)} (aliases: "
