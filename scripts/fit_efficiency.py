@@ -205,8 +205,10 @@ def load_ops(folder: Path) -> OpData:
         if len(table) == 0:
             continue
         columns = {name: table[:, i] for i, name in enumerate(header[:-1])}
-        keep = np.ones(len(table), bool) if op == "allreduce" else moved_bytes(op, columns) > (
-            CACHE_RESIDENT_BYTES
+        keep = (
+            np.ones(len(table), bool)
+            if op == "allreduce"
+            else moved_bytes(op, columns) > (CACHE_RESIDENT_BYTES)
         )
         if op == "gemm":  # a transformer layer's shapes: aiconfigurator also times n, k = 32
             keep &= (columns["n"] >= MIN_GEMM_DIM) & (columns["k"] >= MIN_GEMM_DIM)
@@ -282,7 +284,7 @@ def attention_terms(
     c: dict[str, np.ndarray], device: str, decode: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     d = CATALOG[device]
-    b, s, h, kvh, hd = c["batch"], c["tokens"], c["heads"], c["kv_heads"], c["head_dim"]
+    b, s, h, hd = c["batch"], c["tokens"], c["heads"], c["head_dim"]
     if decode:
         pairs = b * (s + 1)
     else:  # the causal diagonal's tiles are computed whole: s * tile / 2 pairs more
@@ -424,7 +426,15 @@ def fit_params(
     latency, bandwidth = fit_allreduce(rows("allreduce"))
     fixed, eta_hd = attention[2:5], attention[5]
     return Params(
-        t0, eta_c, eta_m, *attention[:2], latency, bandwidth, *fixed, q, eta_hd  # type: ignore[arg-type]
+        t0,
+        eta_c,
+        eta_m,
+        *attention[:2],
+        latency,
+        bandwidth,
+        *fixed,
+        q,
+        eta_hd,  # type: ignore[arg-type]
     )
 
 
