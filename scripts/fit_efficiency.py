@@ -48,6 +48,13 @@ DEVICES = {  # aiconfigurator's system name -> our catalog key
     "l40s": "l40s",
 }
 BIN_BOUNDS = (16.0, 64.0, 256.0, 1024.0, 4096.0, math.inf)
+HEAD_DIM_BOUNDS = (64.0, 128.0, 192.0, 256.0, math.inf)  # prefill attention's kernels by head size
+PREFILL_TILE = 128  # query/key tile of the prefill kernels: the causal diagonal's tiles run whole
+# aiconfigurator times one op in a loop: an op whose operands fit in the on-chip L2 (40 MB on
+# the A100, 50 MB on Hopper, 96 MB on the L40S, more on the B200) reads them from the cache on
+# every iteration, where a serving step, streaming every layer's weights and KV cache, finds
+# them in DRAM. Rows that move no more than this are measuring the cache: left out of fit and test.
+CACHE_RESIDENT_BYTES = 128 * 2**20
 MIN_BOUND_ROWS = 20  # rows a GEMM-size bin needs, compute-bound in the fit, to keep its own eta_c
 MIN_GEMM_DIM = 256  # n and k of every GEMM in a layer of a model of 0.5B parameters or more
 ALLREDUCE_REFUSAL = 0.25  # held-out median error past which the all-reduce fit is flagged
@@ -198,12 +205,26 @@ def load_ops(folder: Path) -> OpData:
         if len(table) == 0:
             continue
         columns = {name: table[:, i] for i, name in enumerate(header[:-1])}
-        keep = np.ones(len(table), bool)
+        keep = (
+            np.ones(len(table), bool)
+            if op == "allreduce"
+            else moved_bytes(op, columns) > (CACHE_RESIDENT_BYTES)
+        )
         if op == "gemm":  # a transformer layer's shapes: aiconfigurator also times n, k = 32
-            keep = (columns["n"] >= MIN_GEMM_DIM) & (columns["k"] >= MIN_GEMM_DIM)
+            keep &= (columns["n"] >= MIN_GEMM_DIM) & (columns["k"] >= MIN_GEMM_DIM)
         ops[op] = ({k: v[keep] for k, v in columns.items()}, table[keep, -1])
     source = json.loads((folder / "source.json").read_text(encoding="utf-8"))
     return OpData(folder.parent.name, folder.name, ops, source)
+
+
+def moved_bytes(op: str, c: dict[str, np.ndarray]) -> np.ndarray:
+    """The bytes an op's row moves at bf16 (the memory terms of the model below)."""
+    if op == "gemm":
+        return 2 * (c["m"] * c["k"] + c["k"] * c["n"] + c["m"] * c["n"])
+    b, s, h, kvh, hd = c["batch"], c["tokens"], c["heads"], c["kv_heads"], c["head_dim"]
+    if op == "decode_attention":
+        return 2 * b * (s + 1) * 2 * kvh * hd
+    return 2 * b * s * (2 * h + 2 * kvh) * hd
 
 
 def load_all(root: Path) -> list[OpData]:
@@ -242,6 +263,15 @@ class Params:
     attention_t0: float = 0.0
     prefill_per_sequence: float = 0.0
     decode_per_sequence: float = 0.0
+    gemm_sharpness: float = math.inf  # q of the roofline (c^q + m^q)^(1/q); inf: the max
+    eta_hd: tuple[float, ...] = ()  # prefill attention's eta per HEAD_DIM_BOUNDS (else eta_ac)
+
+
+def roofline(compute: np.ndarray, memory: np.ndarray, q: float) -> np.ndarray:
+    """Compute and memory time overlapped: ``(c^q + m^q)^(1/q)``, the max as q grows."""
+    if math.isinf(q):
+        return np.maximum(compute, memory)
+    return (compute**q + memory**q) ** (1 / q)
 
 
 def gemm_terms(c: dict[str, np.ndarray], device: str) -> tuple[np.ndarray, np.ndarray]:
@@ -254,12 +284,14 @@ def attention_terms(
     c: dict[str, np.ndarray], device: str, decode: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     d = CATALOG[device]
-    b, s, h, kvh, hd = c["batch"], c["tokens"], c["heads"], c["kv_heads"], c["head_dim"]
+    b, s, h, hd = c["batch"], c["tokens"], c["heads"], c["head_dim"]
     if decode:
-        pairs, bytes_ = b * (s + 1), 2 * b * (s + 1) * 2 * kvh * hd
-    else:
-        pairs, bytes_ = b * s * (s + 1) / 2, 2 * b * s * (2 * h + 2 * kvh) * hd
-    return 4 * h * hd * pairs / d.peak_flops["bf16"], bytes_ / d.memory_bandwidth
+        pairs = b * (s + 1)
+    else:  # the causal diagonal's tiles are computed whole: s * tile / 2 pairs more
+        pairs = b * (s * (s + 1) / 2 + s * PREFILL_TILE / 2)
+    op = "decode_attention" if decode else "prefill_attention"
+    flops = 4 * h * hd * pairs / d.peak_flops["bf16"]
+    return flops, moved_bytes(op, c) / d.memory_bandwidth
 
 
 def bin_index(m: np.ndarray) -> np.ndarray:
@@ -270,7 +302,7 @@ def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.nda
     if op == "gemm":
         flops, memory = gemm_terms(c, device)
         eta_c = np.array(p.eta_c)[bin_index(c["m"])]
-        return p.t0 + np.maximum(flops / eta_c, memory / p.eta_m)
+        return p.t0 + roofline(flops / eta_c, memory / p.eta_m, p.gemm_sharpness)
     if op == "allreduce":
         n = c["devices"]
         bandwidth = p.ar_link_fraction * CATALOG[device].link_bandwidth
@@ -281,7 +313,12 @@ def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.nda
     fixed = p.attention_t0 + c["batch"] * (c["heads"] if decode else 1) * per_sequence
     if decode:
         return fixed + np.maximum(flops / p.eta_ac, memory / p.eta_am)
-    return fixed + flops / p.eta_ac + memory / p.eta_m
+    eta = np.array(p.eta_hd)[head_dim_index(c["head_dim"])] if p.eta_hd else p.eta_ac
+    return fixed + flops / eta + memory / p.eta_m
+
+
+def head_dim_index(head_dim: np.ndarray) -> np.ndarray:
+    return np.searchsorted(np.array(HEAD_DIM_BOUNDS), head_dim, side="left")
 
 
 # ---- fitting -----------------------------------------------------------------------------------
@@ -328,12 +365,14 @@ def _log_loss(predicted: np.ndarray, measured: np.ndarray) -> float:
 Rows = list[tuple[str, dict[str, np.ndarray], np.ndarray]]  # (device, columns, seconds)
 
 
-def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, list[str]]:
-    """t0, eta_c per bin, eta_m over GEMM rows (of one device or several), and the refusals."""
+def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, float, list[str]]:
+    """t0, eta_c per bin, eta_m and the roofline's sharpness q over GEMM rows (of one device or
+    several), and the refusals."""
     bins = len(BIN_BOUNDS)
 
-    def unpack(x: np.ndarray) -> tuple[float, np.ndarray, float]:
-        return float(np.exp(x[0])) * 1e-6, _sigmoid(x[1 : 1 + bins]), float(_sigmoid(x[-1]))
+    def unpack(x: np.ndarray) -> tuple[float, np.ndarray, float, float]:
+        t0, eta_m = float(np.exp(x[0])) * 1e-6, float(_sigmoid(x[1 + bins]))
+        return t0, _sigmoid(x[1 : 1 + bins]), eta_m, 1 + float(np.exp(x[-1]))
 
     terms = [gemm_terms(c, device) for device, c, _ in rows]
     flops = np.concatenate([f for f, _ in terms])
@@ -342,12 +381,12 @@ def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, list[str]]:
     measured = np.log(np.concatenate([s for _, _, s in rows]))
 
     def loss(x: np.ndarray) -> float:
-        t0, eta_c, eta_m = unpack(x)
-        predicted = t0 + np.maximum(flops / eta_c[index], memory / eta_m)
+        t0, eta_c, eta_m, q = unpack(x)
+        predicted = t0 + roofline(flops / eta_c[index], memory / eta_m, q)
         return float(np.mean(np.abs(np.log(predicted) - measured)))
 
-    x0 = np.array([math.log(5.0)] + [_logit(0.6)] * bins + [_logit(0.7)])
-    t0, eta_c, eta_m = unpack(nelder_mead(loss, x0, 1500))
+    x0 = np.array([math.log(2.0)] + [_logit(0.6)] * bins + [_logit(0.7), math.log(2.0)])
+    t0, eta_c, eta_m, q = unpack(nelder_mead(loss, x0, 2000))
     refused: list[str] = []
     kept = list(eta_c)
     for i in reversed(range(bins)):
@@ -355,7 +394,7 @@ def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, list[str]]:
         for device, c, _ in rows:
             flops, memory = gemm_terms(c, device)
             inside = bin_index(c["m"]) == i
-            bound = flops / eta_c[i] > np.maximum(memory / eta_m, t0)
+            bound = flops / eta_c[i] > np.maximum(memory / eta_m, t0)  # the larger term
             bound_rows += int(np.sum(inside & bound))
         if bound_rows < MIN_BOUND_ROWS and i < bins - 1:
             kept[i] = kept[i + 1]
@@ -363,7 +402,7 @@ def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, list[str]]:
                 f"m <= {BIN_BOUNDS[i]:g}: {bound_rows} compute-bound rows (< {MIN_BOUND_ROWS}); "
                 f"takes the next bin's eta_c"
             )
-    return t0, tuple(float(e) for e in kept), eta_m, refused
+    return t0, tuple(float(e) for e in kept), eta_m, q, refused
 
 
 def fit_params(
@@ -382,20 +421,36 @@ def fit_params(
             out.append((item.device, {k: v[keep] for k, v in c.items()}, seconds[keep]))
         return out
 
-    t0, eta_c, eta_m, _ = fit_gemm(rows("gemm"))
+    t0, eta_c, eta_m, q, _ = fit_gemm(rows("gemm"))
     attention = fit_attention(rows("prefill_attention"), rows("decode_attention"), eta_m)
     latency, bandwidth = fit_allreduce(rows("allreduce"))
-    return Params(t0, eta_c, eta_m, *attention[:2], latency, bandwidth, *attention[2:])
+    fixed, eta_hd = attention[2:5], attention[5]
+    return Params(
+        t0,
+        eta_c,
+        eta_m,
+        *attention[:2],
+        latency,
+        bandwidth,
+        *fixed,
+        q,
+        eta_hd,  # type: ignore[arg-type]
+    )
 
 
-def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[float, ...]:
-    """eta_ac, eta_am, the attention call's fixed cost and its cost per sequence (prefill,
-    decode), fitted jointly on both kinds of attention call."""
+def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[object, ...]:
+    """Decode's eta_ac, eta_am, the attention call's fixed cost and its cost per sequence
+    (prefill, decode), and prefill's eta per head-size bin, fitted jointly on both kinds of
+    attention call."""
+    hd_bins = len(HEAD_DIM_BOUNDS)
 
     def unpack(x: np.ndarray) -> Params:
         fixed = np.exp(x[:3]) * 1e-6
-        eta_ac, eta_am = _sigmoid(x[3:])
-        return Params(0, (1,), eta_m, float(eta_ac), float(eta_am), 0, 1, *map(float, fixed))
+        eta_ac, eta_am = _sigmoid(x[3:5])
+        eta_hd = tuple(float(e) for e in _sigmoid(x[5:]))
+        return Params(
+            0, (1,), eta_m, float(eta_ac), float(eta_am), 0, 1, *map(float, fixed), eta_hd=eta_hd
+        )
 
     def stacked(rows: Rows, decode: bool) -> tuple[np.ndarray, ...]:
         terms = [attention_terms(c, d, decode) for d, c, _ in rows]
@@ -406,20 +461,32 @@ def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[float, ...
 
     p_count, p_flops, p_memory, p_measured = stacked(prefill, False)
     d_count, d_flops, d_memory, d_measured = stacked(decode, True)
+    p_bin = np.concatenate([head_dim_index(c["head_dim"]) for _, c, _ in prefill])
 
     def loss(x: np.ndarray) -> float:
         t0, per_prefill, per_decode = np.exp(x[:3]) * 1e-6
-        eta_ac, eta_am = _sigmoid(x[3:])
-        p_time = t0 + p_count * per_prefill + p_flops / eta_ac + p_memory / eta_m
+        eta_ac, eta_am = _sigmoid(x[3:5])
+        eta_hd = _sigmoid(x[5:])[p_bin]
+        p_time = t0 + p_count * per_prefill + p_flops / eta_hd + p_memory / eta_m
         d_time = t0 + d_count * per_decode + np.maximum(d_flops / eta_ac, d_memory / eta_am)
         errors = np.concatenate(
             [np.abs(np.log(p_time) - p_measured), np.abs(np.log(d_time) - d_measured)]
         )
         return float(np.mean(errors))
 
-    x0 = np.array([math.log(10.0), math.log(1.0), math.log(0.3), _logit(0.5), _logit(0.7)])
-    p = unpack(nelder_mead(loss, x0, 800))
-    return (p.eta_ac, p.eta_am, p.attention_t0, p.prefill_per_sequence, p.decode_per_sequence)
+    x0 = np.array(
+        [math.log(10.0), math.log(1.0), math.log(0.3), _logit(0.5), _logit(0.7)]
+        + [_logit(0.5)] * hd_bins
+    )
+    p = unpack(nelder_mead(loss, x0, 2000))
+    return (
+        p.eta_ac,
+        p.eta_am,
+        p.attention_t0,
+        p.prefill_per_sequence,
+        p.decode_per_sequence,
+        p.eta_hd,
+    )
 
 
 def fit_allreduce(rows: Rows) -> tuple[float, float]:
@@ -528,7 +595,7 @@ def fit_all(ops_root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for item in data:
         p = fit_params([item])
-        _, _, _, refused = fit_gemm([(item.device, *item.ops["gemm"])])
+        *_, refused = fit_gemm([(item.device, *item.ops["gemm"])])
         errors = held_out(item)
         document = table_document(item, p, errors, refused)
         path = out / f"{item.device}-{item.engine}.json"
