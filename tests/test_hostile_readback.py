@@ -24,9 +24,8 @@ from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
 from pytest_prefill.sim import CostModel
-from pytest_prefill.verify.probe_rule import FlagSet
 from pytest_prefill.verify.knee import Predicted
-from pytest_prefill.verify.probe_rule import ProbeRule
+from pytest_prefill.verify.probe_rule import FlagSet, ProbeRule
 from pytest_prefill.verify.result import FlagSetResult, VerifyResult
 
 COST = CostModel(prefill_pass_overhead=0.029, prefill_per_token=5.5e-05, decode_step_base=0.035)
