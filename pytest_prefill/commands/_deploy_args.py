@@ -14,31 +14,26 @@ from typing import Any
 
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
+from pytest_prefill.commands._compute_args import (
+    cost_document,
+    cpu_transfer,
+    derive_on,
+    host_from_cost,
+    probed_cpu,
+    server_facts_of,
+)
 from pytest_prefill.commands._measure_args import resolve_cost_args
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
-from pytest_prefill.plan.compute.derive import (
-    Deriver,
-    HostCost,
-    TokenRange,
-    derive_cost,
-    host_from_calibration,
-)
 from pytest_prefill.plan.compute.devices import Device, device_named
-from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
 from pytest_prefill.plan.compute.transfer import (
     CPU_KEY,
-    Transferred,
-    calibration_span,
-    probed_device,
-    transferred,
 )
 from pytest_prefill.plan.deployments import Deployment, default_deployments
-from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB, default_max_num_seqs
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
 from pytest_prefill.plan.vllm_memory import DEFAULT_VLLM_VERSION, reserve_rule
 from pytest_prefill.report.assumptions import PRESET_MODEL
-from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
@@ -206,7 +201,7 @@ def _gpu(args: argparse.Namespace) -> Device | None:
         return None
     try:
         is_cpu = gpu.strip().lower() == CPU_KEY
-        args.gpu_device = _probed_cpu(args) if is_cpu else device_named(gpu)
+        args.gpu_device = probed_cpu(args) if is_cpu else device_named(gpu)
     except ValueError as err:
         raise ValueError(f"--gpu: {err}") from None
     if args.model is None:
@@ -215,37 +210,6 @@ def _gpu(args: argparse.Namespace) -> Device | None:
             "derived from the model's shapes on that device"
         )
     return args.gpu_device
-
-
-def _probed_cpu(args: argparse.Namespace) -> Device:
-    """``--gpu cpu``: this machine's CPU, as the --host-from calibration recorded its probe."""
-    path = getattr(args, "host_from", None)
-    if not path:
-        raise ValueError(
-            "cpu: this machine's CPU has no datasheet: its peaks come from the calibration that "
-            "recorded them; give --host-from CALIBRATION.json (made by calibrate-server "
-            "--device-probe PROBE.json)"
-        )
-    return probed_device(_provenance(path), f"--host-from {path}")
-
-
-def _calibration_at(path: str) -> tuple[CostModel, dict[str, Any]]:
-    """The cost model of the calibration at ``path`` and its document (a provenance in it).
-
-    Raises:
-        ValueError: in one line, for a file that is not a calibration with a provenance.
-    """
-    spec = resolve_cost(path)
-    document = _document(spec)
-    calibration = document.get("calibration", document) if isinstance(document, dict) else None
-    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
-    if spec.cost is None or not isinstance(calibration, dict) or not isinstance(provenance, dict):
-        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
-    return spec.cost, calibration
-
-
-def _provenance(path: str) -> dict[str, Any]:
-    return dict(_calibration_at(path)[1]["provenance"])
 
 
 def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
@@ -269,27 +233,6 @@ def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
     return model
 
 
-def efficiency_of(device: Device, engine: str) -> EfficiencyChoice:
-    """The efficiency table for ``device`` under ``engine``, else vLLM's (the engine with the
-    public per-op data), saying so in its error class.
-
-    Raises:
-        ValueError: in one line, when no shipped table can stand for the device.
-    """
-    try:
-        return efficiency_for(device, engine)
-    except ValueError as err:
-        if engine == "vllm" or "has no efficiency table" not in str(err):
-            raise ValueError(f"--gpu {device.key}: {err}") from None
-    try:
-        choice = efficiency_for(device, "vllm")
-    except ValueError as err:
-        raise ValueError(f"--gpu {device.key}: {err}") from None
-    return dataclasses.replace(
-        choice, error_class=f"{choice.error_class}; vLLM's kernels standing for {engine}'s"
-    )
-
-
 def derived_spec(
     args: argparse.Namespace, prompts: Sequence[int], outputs: Sequence[int]
 ) -> CostSpec:
@@ -297,53 +240,12 @@ def derived_spec(
     ``prompts`` and ``outputs`` (their lengths); ``args.hardware`` then derives each TP's."""
     hardware, device = args.hardware, args.gpu_device
     assert hardware is not None and device is not None
-    host = (lambda span: _host_from(args, span)) if getattr(args, "host_from", None) else None
-    carried = (lambda span: _cpu_transfer(args, span)) if device.key == CPU_KEY else None
+    host = (lambda span: host_from_cost(args, span)) if getattr(args, "host_from", None) else None
+    carried = (lambda span: cpu_transfer(args, span)) if device.key == CPU_KEY else None
     args.hardware, spec = derive_on(
         hardware, device, args.profile.name, prompts, outputs, host, carried
     )
     return spec
-
-
-def derive_on(
-    hardware: Hardware,
-    device: Device,
-    engine: str,
-    prompts: Sequence[int],
-    outputs: Sequence[int],
-    host: Callable[[TokenRange], HostCost] | None = None,
-    carried: Callable[[TokenRange], Transferred] | None = None,
-) -> tuple[Hardware, CostSpec]:
-    """``hardware`` deriving its cost at every TP from its model on ``device`` under
-    ``engine``'s efficiency table, over the token range of ``prompts`` and ``outputs``, and the
-    cost spec of one instance at TP 1 (its label names the device, the table and its error
-    class); ``host(span)``: the host cost (default none); ``carried(span)``: the device, its
-    efficiencies and the host's cost a calibration carries instead (a CPU's)."""
-    rows = hardware.max_num_seqs or default_max_num_seqs(hardware.device_memory or 0.0)
-    try:
-        span = TokenRange.of(prompts, outputs, rows)
-    except ValueError as err:
-        raise ValueError(f"--gpu: the workload's token range: {err}") from None
-    if carried is not None:
-        device, choice, found = carried(span)
-    else:
-        choice, found = efficiency_of(device, engine), host(span) if host else HostCost()
-    deriver = Deriver(hardware.model, device, choice, span, found)
-    one = deriver.derive(1)
-    label = (
-        f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
-        f"{choice.table.engine}: {choice.error_class}; the cost model within "
-        f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
-    )
-    spec = CostSpec(
-        f"derived:{device.key}",
-        "derived",
-        one.cost,
-        f"{one.basis}; each deployment's cost model derived at its own TP",
-        label,
-        tuple(sorted(one.refused)),
-    )
-    return dataclasses.replace(hardware, derived=deriver), spec
 
 
 def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]]) -> CostSpec:
@@ -353,57 +255,6 @@ def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]
         return resolve_cost_args(args)
     load = requests()
     return derived_spec(args, [r.prompt_len for r in load], [r.output_len for r in load])
-
-
-def _host_from(args: argparse.Namespace, span: TokenRange) -> HostCost:
-    """The host cost --host-from's calibration implies: its measured decode terms less the
-    compute derived for the model and device its provenance names (at its TP).
-
-    Raises:
-        ValueError: in one line, for a file that is not a calibration, or a model or device
-            its provenance does not name in a form read here.
-    """
-    path = args.host_from
-    measured, calibration = _calibration_at(path)
-    provenance = calibration["provenance"]
-    facts = server_facts_of(resolve_cost(path))
-    try:
-        model = load_model_spec(str(provenance.get("model")))
-        device = device_named(str(provenance.get("device_name")))
-    except ValueError as err:
-        raise ValueError(f"--host-from {path}: its provenance: {err}") from None
-    tp = facts.tp if facts is not None else 1
-    part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
-    return host_from_calibration(
-        measured,
-        part.cost,
-        f"--host-from {path} ({model.name} on {device.key}, TP {tp}): a transfer",
-    )
-
-
-def _cpu_transfer(args: argparse.Namespace, _span: TokenRange) -> Transferred:
-    """--host-from's calibration of a model on this CPU carried to --model on it: the CPU's
-    efficiencies and the host's cost per layer that calibration implies, read over the
-    calibration's own range (the deriver fits --model over the workload's, ``_span``).
-
-    Raises:
-        ValueError: in one line, for a calibration whose provenance names no model read here.
-    """
-    path = args.host_from
-    measured, calibration = _calibration_at(path)
-    try:
-        source = load_model_spec(str(calibration["provenance"].get("model")))
-    except ValueError as err:
-        raise ValueError(f"--host-from {path}: its provenance.model: {err}") from None
-    measured_span = calibration_span(calibration.get("measurements"), f"--host-from {path}")
-    return transferred(
-        measured,
-        source,
-        args.hardware.model,
-        args.gpu_device,
-        measured_span,
-        f"--host-from {path}",
-    )
 
 
 # The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative
@@ -499,16 +350,6 @@ def deployed_spec(args: argparse.Namespace, spec: CostSpec) -> CostSpec:
     return dataclasses.replace(spec, cost=cost, source="; ".join([spec.source, *lines]))
 
 
-def server_facts_of(spec: CostSpec) -> ServerFacts | None:
-    """The facts a server calibration recorded of the server it measured (None: not one)."""
-    document = _document(spec)
-    calibration = document.get("calibration", document) if isinstance(document, dict) else None
-    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
-    if not isinstance(provenance, dict) or provenance.get("source") != "server":
-        return None
-    return ServerFacts.from_dict(provenance.get("deployment"))
-
-
 def keep_server_facts(args: argparse.Namespace, spec: CostSpec) -> str | None:
     """Set ``args.server_facts`` from a server calibration (and the hardware's measured TP and
     KV); the line that says the search keeps them (None: no server facts)."""
@@ -552,22 +393,12 @@ def search_deployments(
     return out
 
 
-def _document(spec: CostSpec) -> Any:
-    if spec.kind != "file":
-        return None
-    try:
-        with open(spec.spec, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
 def measured_model(spec: CostSpec) -> str | None:
     """The model a cost spec's numbers were measured on (None: it does not say): the presets'
     Qwen3-0.6B, a calibration file's provenance."""
     if spec.kind == "preset":
         return PRESET_MODEL
-    document = _document(spec)
+    document = cost_document(spec)
     calibration = document.get("calibration", document) if isinstance(document, dict) else None
     provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
     model = provenance.get("model") if isinstance(provenance, dict) else None

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int
-from pytest_prefill.commands._deploy_args import check_deploy_args, derive_on, served_name
+from pytest_prefill.commands._compute_args import derive_on
+from pytest_prefill.commands._deploy_args import check_deploy_args, served_name
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.deployments import Deployment, refused_kinds
 from pytest_prefill.plan.device_memory import GiB

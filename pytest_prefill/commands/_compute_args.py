@@ -1,0 +1,198 @@
+"""``--gpu`` and ``--host-from`` on the commands that plan: the compute derived from
+``--model``'s shapes on a catalog device (DESIGN.md, "Compute from the model and the device"),
+a calibration's host cost carried into it, and the facts a cost document records of the server
+it measured."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
+from pytest_prefill.plan.compute.derive import (
+    Deriver,
+    HostCost,
+    TokenRange,
+    derive_cost,
+    host_from_calibration,
+)
+from pytest_prefill.plan.compute.devices import Device, device_named
+from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
+from pytest_prefill.plan.compute.transfer import (
+    Transferred,
+    calibration_span,
+    probed_device,
+    transferred,
+)
+from pytest_prefill.plan.device_memory import default_max_num_seqs
+from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.model_spec import load_model_spec
+from pytest_prefill.serve.client.identity import ServerFacts
+from pytest_prefill.sim import CostModel
+
+
+def probed_cpu(args: argparse.Namespace) -> Device:
+    """``--gpu cpu``: this machine's CPU, as the --host-from calibration recorded its probe."""
+    path = getattr(args, "host_from", None)
+    if not path:
+        raise ValueError(
+            "cpu: this machine's CPU has no datasheet: its peaks come from the calibration that "
+            "recorded them; give --host-from CALIBRATION.json (made by calibrate-server "
+            "--device-probe PROBE.json)"
+        )
+    return probed_device(provenance_at(path), f"--host-from {path}")
+
+
+def calibration_at(path: str) -> tuple[CostModel, dict[str, Any]]:
+    """The cost model of the calibration at ``path`` and its document (a provenance in it).
+
+    Raises:
+        ValueError: in one line, for a file that is not a calibration with a provenance.
+    """
+    spec = resolve_cost(path)
+    document = cost_document(spec)
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if spec.cost is None or not isinstance(calibration, dict) or not isinstance(provenance, dict):
+        raise ValueError(f"--host-from {path}: not a calibration with a provenance")
+    return spec.cost, calibration
+
+
+def provenance_at(path: str) -> dict[str, Any]:
+    return dict(calibration_at(path)[1]["provenance"])
+
+
+def efficiency_of(device: Device, engine: str) -> EfficiencyChoice:
+    """The efficiency table for ``device`` under ``engine``, else vLLM's (the engine with the
+    public per-op data), saying so in its error class.
+
+    Raises:
+        ValueError: in one line, when no shipped table can stand for the device.
+    """
+    try:
+        return efficiency_for(device, engine)
+    except ValueError as err:
+        if engine == "vllm" or "has no efficiency table" not in str(err):
+            raise ValueError(f"--gpu {device.key}: {err}") from None
+    try:
+        choice = efficiency_for(device, "vllm")
+    except ValueError as err:
+        raise ValueError(f"--gpu {device.key}: {err}") from None
+    return dataclasses.replace(
+        choice, error_class=f"{choice.error_class}; vLLM's kernels standing for {engine}'s"
+    )
+
+
+def derive_on(
+    hardware: Hardware,
+    device: Device,
+    engine: str,
+    prompts: Sequence[int],
+    outputs: Sequence[int],
+    host: Callable[[TokenRange], HostCost] | None = None,
+    carried: Callable[[TokenRange], Transferred] | None = None,
+) -> tuple[Hardware, CostSpec]:
+    """``hardware`` deriving its cost at every TP from its model on ``device`` under
+    ``engine``'s efficiency table, over the token range of ``prompts`` and ``outputs``, and the
+    cost spec of one instance at TP 1 (its label names the device, the table and its error
+    class); ``host(span)``: the host cost (default none); ``carried(span)``: the device, its
+    efficiencies and the host's cost a calibration carries instead (a CPU's)."""
+    rows = hardware.max_num_seqs or default_max_num_seqs(hardware.device_memory or 0.0)
+    try:
+        span = TokenRange.of(prompts, outputs, rows)
+    except ValueError as err:
+        raise ValueError(f"--gpu: the workload's token range: {err}") from None
+    if carried is not None:
+        device, choice, found = carried(span)
+    else:
+        choice, found = efficiency_of(device, engine), host(span) if host else HostCost()
+    deriver = Deriver(hardware.model, device, choice, span, found)
+    one = deriver.derive(1)
+    label = (
+        f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
+        f"{choice.table.engine}: {choice.error_class}; the cost model within "
+        f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
+    )
+    spec = CostSpec(
+        f"derived:{device.key}",
+        "derived",
+        one.cost,
+        f"{one.basis}; each deployment's cost model derived at its own TP",
+        label,
+        tuple(sorted(one.refused)),
+    )
+    return dataclasses.replace(hardware, derived=deriver), spec
+
+
+def host_from_cost(args: argparse.Namespace, span: TokenRange) -> HostCost:
+    """The host cost --host-from's calibration implies: its measured decode terms less the
+    compute derived for the model and device its provenance names (at its TP).
+
+    Raises:
+        ValueError: in one line, for a file that is not a calibration, or a model or device
+            its provenance does not name in a form read here.
+    """
+    path = args.host_from
+    measured, calibration = calibration_at(path)
+    provenance = calibration["provenance"]
+    facts = server_facts_of(resolve_cost(path))
+    try:
+        model = load_model_spec(str(provenance.get("model")))
+        device = device_named(str(provenance.get("device_name")))
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: its provenance: {err}") from None
+    tp = facts.tp if facts is not None else 1
+    part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
+    return host_from_calibration(
+        measured,
+        part.cost,
+        f"--host-from {path} ({model.name} on {device.key}, TP {tp}): a transfer",
+    )
+
+
+def cpu_transfer(args: argparse.Namespace, _span: TokenRange) -> Transferred:
+    """--host-from's calibration of a model on this CPU carried to --model on it: the CPU's
+    efficiencies and the host's cost per layer that calibration implies, read over the
+    calibration's own range (the deriver fits --model over the workload's, ``_span``).
+
+    Raises:
+        ValueError: in one line, for a calibration whose provenance names no model read here.
+    """
+    path = args.host_from
+    measured, calibration = calibration_at(path)
+    try:
+        source = load_model_spec(str(calibration["provenance"].get("model")))
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: its provenance.model: {err}") from None
+    measured_span = calibration_span(calibration.get("measurements"), f"--host-from {path}")
+    return transferred(
+        measured,
+        source,
+        args.hardware.model,
+        args.gpu_device,
+        measured_span,
+        f"--host-from {path}",
+    )
+
+
+def server_facts_of(spec: CostSpec) -> ServerFacts | None:
+    """The facts a server calibration recorded of the server it measured (None: not one)."""
+    document = cost_document(spec)
+    calibration = document.get("calibration", document) if isinstance(document, dict) else None
+    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
+    if not isinstance(provenance, dict) or provenance.get("source") != "server":
+        return None
+    return ServerFacts.from_dict(provenance.get("deployment"))
+
+
+def cost_document(spec: CostSpec) -> Any:
+    if spec.kind != "file":
+        return None
+    try:
+        with open(spec.spec, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return None
