@@ -131,13 +131,16 @@ def served(load: Sequence[Request], refused: Sequence[Unfit]) -> list[Request]:
     return [r for r in load if r.id not in gone]
 
 
+_WORKER_OF = {"worker": "worker", "prefill": "prefill worker", "decode": "decode worker"}
+
+
 def refused_line(refused: Sequence[Unfit], requests: int) -> str:
     """One line: how many requests an engine refuses on a deployment, which pool they never
     fit, and why."""
-    pools = ", ".join(dict.fromkeys(u.pool for u in refused))
+    pools = " or ".join(dict.fromkeys(_WORKER_OF[u.pool] for u in refused))
     longest = max(refused, key=lambda u: u.need)
     return (
-        f"{len(refused):,} of {requests:,} requests can never fit one {pools} worker's KV "
+        f"{len(refused):,} of {requests:,} requests can never fit one {pools}'s KV "
         f"({longest.have:,} tokens; {longest.id} needs {longest.need:,}, its prompt and "
         "output): an engine refuses them (vLLM serves no sequence longer than its KV "
         "cache), so each counts as a miss."
