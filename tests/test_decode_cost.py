@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from cli_errors import usage_error
 
+from pytest_prefill.archive.cost_spec import resolve_cost
 from pytest_prefill.cli import main
+from pytest_prefill.report.assumptions import origin
 from pytest_prefill.sim import get_preset
 
 pytestmark = pytest.mark.sim
@@ -71,3 +73,26 @@ def test_bad_decode_cost_is_one_line(argv: list[str], words: str, capsys) -> Non
     given = argv if "--decode-cost" in argv else [*argv, "--decode-cost", "lab-laptop"]
     line = usage_error([*BASE, "--cost", "lab-laptop", "--devices", "2", *given], capsys)
     assert "--decode-cost" in line and words in line
+
+
+def test_the_answer_names_the_cost_each_pool_ran_on(tmp_path, capsys) -> None:
+    """The header and the Type: line's bracket say the prefill pool (and the KV link) ran on
+    --cost's model and the decode pool on --decode-cost's; the --json's cost_source too. With
+    no --decode-cost, neither names a decode pool's cost."""
+    decode = resolve_cost("lab-laptop")
+    split = ["--deployment", "disaggregated:1:1", "--devices", "2"]
+    document = search(tmp_path, *split, "--decode-cost", "lab-laptop")
+    prefill = resolve_cost(str(tmp_path / "cost.json"))  # the file search() gave as --cost
+    text = capsys.readouterr().out
+    header = text[text.index("Cost model: ") : text.index("\nWorkload: ")]
+    assert header == (
+        f"Cost model: prefill pool and the KV link (--cost): {prefill.source}\n"
+        f"  decode pool (--decode-cost): {decode.source}"
+    )
+    assert (
+        f"[prefill (--cost): {origin(prefill)}; decode (--decode-cost): {origin(decode)};" in text
+    )
+    assert document["cost_source"] == header.removeprefix("Cost model: ")
+    alone = search(tmp_path, *split)
+    text = capsys.readouterr().out
+    assert "--decode-cost" not in text and "decode pool" not in alone["cost_source"]

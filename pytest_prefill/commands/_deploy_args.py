@@ -431,9 +431,10 @@ def decode_pool_cost(
     if spec in ("measure", "archive"):
         raise ValueError(f"--decode-cost: a preset or a cost JSON path, got {spec!r}")
     try:
-        cost = resolve_cost(spec).cost
+        args.decode_cost_spec = resolve_cost(spec)  # the answer names it beside --cost's
     except ValueError as err:
         raise ValueError(f"--decode-cost: {err}") from None
+    cost = args.decode_cost_spec.cost
     assert cost is not None  # a preset or a file: resolved
     return [
         dataclasses.replace(d, decode_cost=cost) if d.policy == "disaggregated" else d

@@ -82,6 +82,7 @@ from pytest_prefill.report.assumptions import (
     basis,
     header_source,
     mixed_models,
+    pool_sources,
 )
 from pytest_prefill.report.capacity import (
     capacity_document,
@@ -390,10 +391,13 @@ def _answer_basis(
                 short[tp] = tokens
     model = measured_model(spec)
     server = args.server_facts is not None
-    type_basis = basis(spec, spec.cost, best, hardware, model, server)
+    decode = getattr(args, "decode_cost_spec", None)
+    type_basis = basis(spec, spec.cost, best, hardware, model, server, decode)
     chosen = needed.deployment if needed is not None else None
     needed_basis = (
-        basis(spec, spec.cost, chosen, hardware, model, server) if needed is not None else None
+        basis(spec, spec.cost, chosen, hardware, model, server, decode)
+        if needed is not None
+        else None
     )
     warning = mixed_models(spec, hardware, model)
     return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short, warning)
@@ -469,7 +473,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - began
     lengths = [r.prompt_len + r.output_len for r in workload.requests]
     basis = kind_basis or _answer_basis(args, spec, result, needed, lengths)
-    source = header_source(spec.source, spec, args.hardware)
+    decode = getattr(args, "decode_cost_spec", None)
+    source = pool_sources(header_source(spec.source, spec, args.hardware), decode)
     lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = [*kind_notes, *_notes(args, workload, spec.cost, result)]
@@ -483,7 +488,8 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.plot, svg_to_png(drawing) if png else drawing)
         print(f"wrote {args.plot}")
     if args.json:
-        write_json_atomic(args.json, capacity_document(result, spec.source, needed, basis))
+        document = capacity_document(result, pool_sources(spec.source, decode), needed, basis)
+        write_json_atomic(args.json, document)
         print(f"wrote {args.json}")
     if args.baseline_document is None:
         return 0

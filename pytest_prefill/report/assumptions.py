@@ -66,12 +66,15 @@ def basis(
     hardware: Hardware | None,
     measured_model: str | None,
     server: bool = False,
+    decode: CostSpec | None = None,
 ) -> str:
     """One bracketed clause for a ``Type:`` or ``Devices needed:`` line: what the numbers behind
     ``deployment`` (its own cost model at its TP when it has one, else ``cost``) assume
-    (``server``: the cost model is a server calibration, whose KV the server's flags give)."""
+    (``server``: the cost model is a server calibration, whose KV the server's flags give;
+    ``decode``: ``--decode-cost``'s spec, which a split's decode pool runs on)."""
     used = deployment.cost_on(cost) if deployment is not None else cost
-    parts = [origin(spec)]
+    own = deployment.decode_cost if decode is not None and deployment is not None else None
+    parts = [pool_origins(spec, decode) if own is not None else origin(spec)]
     # the terms the cost model leaves out, whatever a deployment's TP scaling adds to them, so
     # every bracket under one answer lists the same ones
     zeros = [name for name in ZERO_TERMS if getattr(cost, name) == 0]
@@ -92,6 +95,13 @@ def basis(
         )
     else:
         parts.append(f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (the cost model's)")
+    held = own.kv_capacity_tokens if own is not None else used.kv_capacity_tokens
+    if held != used.kv_capacity_tokens:
+        parts.append(
+            "decode instances' KV "
+            + ("unbounded" if math.isinf(held) else f"{held:,.0f} tokens")
+            + " (--decode-cost's)"
+        )
     tp = deployment.tp if deployment is not None else 1
     if tp > 1 and hardware is not None and hardware.derived is not None:
         parts.append(f"TP{tp} compute derived at that TP, all-reduces included")
@@ -104,6 +114,26 @@ def basis(
     if hardware is not None and measured_model and measured_model != hardware.model.name:
         parts.append(f"{compute_of(spec, measured_model)}, memory from {hardware.model.name}")
     return "[" + "; ".join(parts) + "]"
+
+
+def pool_origins(spec: CostSpec, decode: CostSpec | None) -> str:
+    """``prefill (--cost): <origin>; decode (--decode-cost): <origin>``: which cost each pool of
+    a split ran on, where the decode pool has its own; ``spec``'s origin alone otherwise."""
+    if decode is None:
+        return origin(spec)
+    return f"prefill (--cost): {origin(spec)}; decode (--decode-cost): {origin(decode)}"
+
+
+def pool_sources(source: str, decode: CostSpec | None) -> str:
+    """The ``Cost model:`` header's text: ``source`` (``--cost``'s), and where the decode pool
+    runs on its own (``--decode-cost``), which cost each pool ran on, the KV link on
+    ``--cost``'s."""
+    if decode is None:
+        return source
+    return (
+        f"prefill pool and the KV link (--cost): {source}\n"
+        f"  decode pool (--decode-cost): {decode.source}"
+    )
 
 
 def compute_of(spec: CostSpec, measured_model: str) -> str:
