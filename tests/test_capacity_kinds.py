@@ -54,8 +54,10 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert len(lines) == 1
+    printed = capsys.readouterr()
+    assert printed.out == "" and "Traceback" not in printed.err  # one line, nothing else
+    lines = [line for line in printed.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "error:" in lines[0]
     return lines[0]
 
 
@@ -169,6 +171,15 @@ def test_prices_add_dollars_per_million_tokens_and_rank_by_them(tmp_path, capsys
     [
         (["--deployment", "disaggregated:1:1,p=h900,d=l40s"], "prefill pool: unknown gpu 'h900'"),
         (["--deployment", "disaggregated:1:1,p=h100:tp3"], "tp=3 does not divide llama-3.1-8b's"),
+        (
+            ["--gpu", "h100,l40s", "--deployment", "disaggregated:1:1,p=h100,d=l40s:tp3"],
+            "--deployment: decode pool: tp=3 does not divide llama-3.1-8b's 32 attention heads",
+        ),
+        (["--gpu", "h100,l40s", "--price", "h100=nan,l40s=1"], "h100=nan: a price is a number"),
+        (
+            ["--gpu", "h100", "--price", "h100=1", "--deployment", "disaggregated:1:1,d=a100"],
+            "--price: no price for a100-80",
+        ),
         (
             ["--gpu", "h100,l40s", "--price", "h200=3,h100=1,l40s=1"],
             "'h200' is not a kind searched",
