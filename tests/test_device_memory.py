@@ -54,16 +54,40 @@ LLAMA_33_70B_FP8 = {
     "quantization_config": {"quant_method": "fp8"},
 }
 
+# Qwen/Qwen3-8B's config.json (Apache-2.0): 8.19 B parameters, 15.26 GiB in bf16 (its log: 15.27).
+QWEN3_8B = {
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
+}
+
 LLM_D = (
     "https://github.com/llm-d/llm-d-benchmark/blob/main/config_explorer/"
     "empirical-vllm-memory-results.md"
+)
+# vLLM 0.19.1 serving Qwen/Qwen3-8B on one A100-SXM4-40GB, every flag its default (TP 1,
+# utilization 0.9, max-model-len 40960, block 16, max_num_seqs 256 under 70 GiB): "Available KV
+# cache memory: 19.36 GiB", "GPU KV cache size: 140,960 tokens"
+TOKENKAKI = (
+    "https://github.com/dariustanrd/tokenkaki/blob/02862f7eed9088742d6e24cc413c3bcb9e97ba58/"
+    "blogposts/content/1_vllm/yy-mm-dd-behind-the-api-1-vllm-draft.md"
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Log:
     """One published vLLM start-up: its model, GPU (catalog key), TP, version, flags, the
-    "Available KV cache memory" it printed (GiB per device), and whether it set a constant."""
+    "Available KV cache memory" it printed (GiB per device), whether it set a constant, its
+    "GPU KV cache size" where the source prints it (``tokens``), and, for a held-out log the
+    rule misses by more than 2%, why (``miss``)."""
 
     case: str
     config: dict
@@ -76,6 +100,8 @@ class Log:
     available_gib: float
     fitted: bool
     url: str = LLM_D
+    tokens: int | None = None
+    miss: str = ""
 
 
 PUBLISHED = [
@@ -89,6 +115,11 @@ PUBLISHED = [
         fitted=False),
     Log("Llama-3.3-70B-FP8 TP2", LLAMA_33_70B_FP8, "h100", 2, "0.11", 0.9, 1024, 128, 32.00,
         fitted=False),
+    Log("Qwen3-8B A100-40GB", QWEN3_8B, "a100-40", 1, "0.19", 0.9, 256, 16, 19.36,
+        fitted=False, url=TOKENKAKI, tokens=140_960,
+        miss="the rule's reserve (1.53 GiB: 9.68 logit copies at 256 seqs, fitted at 1,024 on "
+        "H100 logs) is above the 1.00 GiB this log leaves beside the weights (0.9 x 39.59 GiB "
+        "- 15.27 - 19.36), so ours is 2.7% low; held out, not tuned to"),
 ]  # fmt: skip
 
 
@@ -112,19 +143,39 @@ def ours(log: Log) -> tuple[int, int]:
         max_num_seqs=log.max_num_seqs,
         vllm_version=log.version,
     )
-    return kv.tokens, published_tokens(log, model)
+    logged = log.tokens if log.tokens is not None else published_tokens(log, model)
+    return kv.tokens, logged
 
 
-@pytest.mark.parametrize("log", PUBLISHED, ids=[log.case for log in PUBLISHED])
+def _case(log: Log):
+    marks = [pytest.mark.xfail(strict=True, reason=log.miss)] if log.miss else []
+    return pytest.param(log, id=log.case, marks=marks)
+
+
+@pytest.mark.parametrize("log", [_case(log) for log in PUBLISHED])
 def test_kv_tokens_are_within_2_percent_of_each_published_log(log):
+    """A held-out log the rule misses is marked so (strict: were the rule to reach it, the mark
+    would have to go)."""
     got, published = ours(log)
-    assert got == pytest.approx(published, rel=0.02)
     assert got % log.block == 0
+    assert got == pytest.approx(published, rel=0.02)
 
 
-def test_at_least_one_published_log_set_no_constant_and_four_cases_in_all():
-    assert len(PUBLISHED) >= 4 and any(not log.fitted for log in PUBLISHED)
+def test_four_cases_within_2_percent_one_of_them_held_out_and_misses_only_held_out():
+    within = [log for log in PUBLISHED if not log.miss]
+    assert len(within) >= 4 and any(not log.fitted for log in within)
+    assert all(not log.fitted for log in PUBLISHED if log.miss)  # no fitted case misses
     assert len({(log.case, log.gpu, log.tp, log.version) for log in PUBLISHED}) == len(PUBLISHED)
+
+
+@pytest.mark.parametrize(
+    "log", [log for log in PUBLISHED if log.tokens is not None], ids=lambda log: log.case
+)
+def test_a_printed_token_count_is_the_block_arithmetic_of_the_printed_memory(log):
+    """The transcription checks itself: the "GPU KV cache size" a log printed is what vLLM's
+    block arithmetic gives from its "Available KV cache memory" (rounded to 0.01 GiB there)."""
+    model = model_from_config(log.config, log.case, log.url)
+    assert log.tokens == pytest.approx(published_tokens(log, model), rel=0.001)
 
 
 def test_the_sampler_copies_are_the_mean_of_the_fitted_logs_torch_peaks():
