@@ -54,19 +54,13 @@ LLAMA_33_70B_FP8 = {
     "quantization_config": {"quant_method": "fp8"},
 }
 
-# Qwen/Qwen3-8B's config.json (Apache-2.0): 8.19 B parameters, 15.26 GiB in bf16 (its log: 15.27).
-QWEN3_8B = {
-    "model_type": "qwen3",
+# Qwen/Qwen3-8B's config.json (Apache-2.0) differs from Qwen3-32B's in these: 8.19 B parameters,
+# 15.26 GiB in bf16 (its log: 15.27).
+QWEN3_8B = QWEN3_32B | {
     "hidden_size": 4096,
     "intermediate_size": 12288,
     "num_hidden_layers": 36,
     "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-    "max_position_embeddings": 40960,
-    "torch_dtype": "bfloat16",
 }
 
 LLM_D = (
