@@ -22,6 +22,7 @@ from pytest_prefill.commands._args import (
     positive_int,
     save_tables,
 )
+from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_timeout_arguments,
@@ -219,14 +220,9 @@ def _calibration_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="calibrate under the first flag set only and reuse it",
     )
-    cal.add_argument("--repeats", type=positive_int, default=2, help="calibration rounds (2)")
-    cal.add_argument(
-        "--max-prompt",
-        type=positive_int,
-        default=2048,
-        metavar="TOKENS",
-        help="the calibration's longest prompt (2048)",
-    )
+    add_defaulted(cal, "--repeats", positive_int, 2, "calibration rounds ({default})")
+    prompt_help = "the calibration's longest prompt ({default})"
+    add_defaulted(cal, "--max-prompt", positive_int, 2048, prompt_help, "TOKENS")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
