@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pytest_prefill.serve.client.api import parse_chunk, request_body
-from pytest_prefill.serve.client.http import request_json, stream_events
+from pytest_prefill.serve.client.http import exchange, stream_events
 from pytest_prefill.serve.client.identity import identify
 from pytest_prefill.serve.client.prompts import Prompts
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
@@ -193,8 +193,8 @@ def test_a_stall_mid_stream_times_out_with_a_clear_message():
 def test_errors_of_the_server_are_reported_with_its_message():
     async def go():
         async with running() as url:
-            status, body = await request_json(url, "GET", "/nothing")
-            assert status == 404 and body == {"detail": "Not Found"}
+            response = await exchange(url, "GET", "/nothing")
+            assert response.status == 404 and response.json() == {"detail": "Not Found"}
             await stream_events(url, "/v1/chat/completions", {"x": 1})
 
     with pytest.raises(ServerError, match="HTTP 404"):

@@ -22,6 +22,7 @@ from pytest_prefill.commands._args import (
     positive_int,
     save_tables,
 )
+from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.commands._workload_args import (
     MAX_RATE,
@@ -105,13 +106,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="send nothing after S seconds (requests in flight finish)",
     )
-    group.add_argument(
-        "--warmup",
-        type=non_negative_int,
-        default=1,
-        metavar="N",
-        help="requests sent one at a time first, not counted (default 1)",
-    )
+    warmup_help = "requests sent one at a time first, not counted (default {default})"
+    add_defaulted(group, "--warmup", non_negative_int, 1, warmup_help, "N")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,7 @@ from pytest_prefill.commands._measure_args import (
     add_timing_arguments,
     progress,
 )
+from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     capped_line,
@@ -241,18 +242,10 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         "--devices", type=devices_type, default=1, metavar="N|KIND=N,...", help=DEVICES_HELP
     )
     search.add_argument("--price", metavar="KIND=$/h,...", help=PRICE_HELP)
-    search.add_argument(
-        "--target",
-        type=fraction_type,
-        default=DEFAULT_TARGET,
-        help=f"SLO attainment to keep, in (0, 1] (default {DEFAULT_TARGET})",
-    )
-    search.add_argument(
-        "--tolerance",
-        type=tolerance_type,
-        default=DEFAULT_TOLERANCE,
-        help=f"relative precision of each rate (default {DEFAULT_TOLERANCE})",
-    )
+    target_help = "SLO attainment to keep, in (0, 1] (default {default})"
+    add_defaulted(search, "--target", fraction_type, DEFAULT_TARGET, target_help)
+    tolerance_help = "relative precision of each rate (default {default})"
+    add_defaulted(search, "--tolerance", tolerance_type, DEFAULT_TOLERANCE, tolerance_help)
     search.add_argument(
         "--deployment",
         action="append",

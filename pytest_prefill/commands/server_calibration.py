@@ -11,6 +11,7 @@ import sys
 
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import add_output_arguments, positive_int, save_calibration
+from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
 from pytest_prefill.serve.calibration.calibration import calibrate_server
 from pytest_prefill.serve.calibration.experiments import warm_up
@@ -36,20 +37,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         help="the server's tokens per iteration, decode rows included (vLLM "
         "--max-num-batched-tokens, transformers serve --cb-max-batch-tokens, llama.cpp -b)",
     )
-    group.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=3,
-        metavar="N",
-        help="rounds of every experiment (3)",
+    add_defaulted(
+        group, "--repeats", positive_int, 3, "rounds of every experiment ({default})", "N"
     )
-    group.add_argument(
-        "--max-prompt",
-        type=positive_int,
-        default=2048,
-        metavar="TOKENS",
-        help="the longest prompt sent (default 2048; within the server's context)",
-    )
+    prompt_help = "the longest prompt sent (default {default}; within the server's context)"
+    add_defaulted(group, "--max-prompt", positive_int, 2048, prompt_help, "TOKENS")
     group.add_argument(
         "--max-seqs",
         type=positive_int,

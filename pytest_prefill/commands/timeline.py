@@ -33,6 +33,7 @@ from pytest_prefill.commands._measure_args import (
     add_threads_argument,
     add_timing_arguments,
 )
+from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import LabTimeline, lab_timeline
@@ -137,12 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"default {DEFAULT_MAX_BARS:,}, at most {MAX_BARS:,})",
     )
     parser.add_argument("--text", action="store_true", help="also print the timeline as text")
-    parser.add_argument(
-        "--width",
-        type=width_type,
-        default=100,
-        help="characters per line of --text (default 100; 40 to 10,000)",
-    )
+    width_help = "characters per line of --text (default {default}; 40 to 10,000)"
+    add_defaulted(parser, "--width", width_type, 100, width_help)
     add_model_arguments(parser, deploy_help=MODEL_HELP)  # also what --cost measure calibrates
     add_deploy_arguments(parser)
     add_timing_arguments(parser)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, cast
 
 from pytest_prefill._io import read_json, write_json_atomic
@@ -21,6 +22,7 @@ from pytest_prefill.commands._args import (
     positive_int,
     save_tables,
 )
+from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_timeout_arguments,
@@ -114,44 +116,66 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
     add_timeout_arguments(group)
 
 
+# The flags that default to a field of a rule (ProbeRule, QuietHost): the field, the type, the
+# metavar, and the help, which states the default in its {default} (and may name the rule's
+# other fields: {rule.redo}).
+_RULE_OPTIONS: dict[str, tuple[str, Callable[[str], object], str | None, str]] = {
+    "--margin": (
+        "margin",
+        fraction_type,
+        None,
+        "attainment's standard error at the target per probe is at most this ({default:g})",
+    ),
+    "--tolerance": ("tolerance", fraction_type, None, "bisection stops within ({default:g})"),
+    "--max-probes": ("max_probes", positive_int, None, "per flag set ({default})"),
+    "--max-probe-seconds": (
+        "max_seconds",
+        positive_float,
+        "S",
+        "probes are lengthened until a --within overload is predicted to miss the target by "
+        "--margin, while a probe lasts at most this at the predicted knee ({default:g})",
+    ),
+    "--probe-start": (
+        "start",
+        non_negative_int,
+        "K",
+        "probes skip the workload's first K requests ({default})",
+    ),
+    "--within": (
+        "within",
+        fraction_type,
+        None,
+        "the goal: the predicted knee within this of the measured one ({default:.2f})",
+    ),
+    "--max-steal": (
+        "max_steal",
+        fraction_type,
+        "F",
+        "a probe or load-check run during which the host took more than this fraction of the "
+        "CPU (a VM's hypervisor running other guests: /proc/stat's steal) is redone, at most "
+        "{rule.redo} times, and each first waits for {rule.window:g} s in which it took at "
+        "most half of it, at most {rule.max_wait:g} s ({default:g})",
+    ),
+}
+
+
+def _rule_option(group: argparse._ArgumentGroup, rule: object, flag: str) -> None:
+    field, kind, metavar, text = _RULE_OPTIONS[flag]
+    default = getattr(rule, field)
+    group.add_argument(
+        flag,
+        type=kind,
+        default=default,
+        metavar=metavar,
+        help=text.format(default=default, rule=rule),
+    )
+
+
 def _probe_arguments(parser: argparse.ArgumentParser) -> None:
     probes = parser.add_argument_group("probes")
     rule = ProbeRule()  # the defaults the help states
-    probes.add_argument(
-        "--margin",
-        type=fraction_type,
-        default=rule.margin,
-        help=f"attainment's standard error at the target per probe is at most this ({rule.margin:g})",
-    )
-    probes.add_argument(
-        "--tolerance",
-        type=fraction_type,
-        default=rule.tolerance,
-        help=f"bisection stops within ({rule.tolerance:g})",
-    )
-    probes.add_argument(
-        "--max-probes",
-        type=positive_int,
-        default=rule.max_probes,
-        help=f"per flag set ({rule.max_probes})",
-    )
-    _probe_length_arguments(probes, rule)
-    probes.add_argument(
-        "--no-load-check",
-        action="store_true",
-        help="predict from the calibration alone: do not first send as many requests as a "
-        "probe, those after the probes', at the predicted knee and scale the cost model to the "
-        "speed the server shows under that load",
-    )
-    probes.add_argument(
-        "--within",
-        type=fraction_type,
-        default=rule.within,
-        help=f"the goal: the predicted knee within this of the measured one ({rule.within:.2f})",
-    )
-
-
-def _probe_length_arguments(probes: argparse._ArgumentGroup, rule: ProbeRule) -> None:
+    for flag in ("--margin", "--tolerance", "--max-probes"):
+        _rule_option(probes, rule, flag)
     probes.add_argument(
         "--short-probes",
         action="store_true",
@@ -159,21 +183,8 @@ def _probe_length_arguments(probes: argparse._ArgumentGroup, rule: ProbeRule) ->
         "overload to build a queue of one TTFT bound and to miss the target in the simulator "
         "(a burst's knee, not a sustained rate's)",
     )
-    probes.add_argument(
-        "--max-probe-seconds",
-        type=positive_float,
-        default=rule.max_seconds,
-        metavar="S",
-        help="probes are lengthened until a --within overload is predicted to miss the target "
-        f"by --margin, while a probe lasts at most this at the predicted knee ({rule.max_seconds:g})",
-    )
-    probes.add_argument(
-        "--probe-start",
-        type=non_negative_int,
-        default=rule.start,
-        metavar="K",
-        help=f"probes skip the workload's first K requests ({rule.start})",
-    )
+    _rule_option(probes, rule, "--max-probe-seconds")
+    _rule_option(probes, rule, "--probe-start")
     probes.add_argument(
         "--probe-requests",
         type=positive_int,
@@ -181,21 +192,19 @@ def _probe_length_arguments(probes: argparse._ArgumentGroup, rule: ProbeRule) ->
         help="every probe sends the workload's first N requests after --probe-start (at least "
         "rule 1's; default: the first flag set sizes them for all, so separate runs may differ)",
     )
+    probes.add_argument(
+        "--no-load-check",
+        action="store_true",
+        help="predict from the calibration alone: do not first send as many requests as a "
+        "probe, those after the probes', at the predicted knee and scale the cost model to the "
+        "speed the server shows under that load",
+    )
+    _rule_option(probes, rule, "--within")
 
 
 def _host_arguments(parser: argparse.ArgumentParser) -> None:
     host = parser.add_argument_group("the host (a VM's CPU steal)")
-    rule = QuietHost()  # the defaults the help states
-    host.add_argument(
-        "--max-steal",
-        type=fraction_type,
-        default=rule.max_steal,
-        metavar="F",
-        help="a probe or load-check run during which the host took more than this fraction of "
-        "the CPU (a VM's hypervisor running other guests: /proc/stat's steal) is redone, at "
-        f"most {rule.redo} times, and each first waits for {rule.window:g} s in which it took "
-        f"at most half of it, at most {rule.max_wait:g} s ({rule.max_steal:g})",
-    )
+    _rule_option(host, QuietHost(), "--max-steal")  # the default the help states
     host.add_argument(
         "--ignore-steal",
         action="store_true",
@@ -211,14 +220,9 @@ def _calibration_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="calibrate under the first flag set only and reuse it",
     )
-    cal.add_argument("--repeats", type=positive_int, default=2, help="calibration rounds (2)")
-    cal.add_argument(
-        "--max-prompt",
-        type=positive_int,
-        default=2048,
-        metavar="TOKENS",
-        help="the calibration's longest prompt (2048)",
-    )
+    add_defaulted(cal, "--repeats", positive_int, 2, "calibration rounds ({default})")
+    prompt_help = "the calibration's longest prompt ({default})"
+    add_defaulted(cal, "--max-prompt", positive_int, 2048, prompt_help, "TOKENS")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -111,159 +111,65 @@ def _positive(field: str, value: object) -> float:
     return float(value)
 
 
-def _gpu(
-    key: str,
-    name: str,
-    architecture: str,
-    *,
-    bf16: float,
-    fp8: float | None,
-    tbs: float,
-    gib: float,
-    link_gbs: float,
-    nvlink: bool,
-    datasheet: str,
-    memory_rule: str,
-) -> Device:
+A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com, 2021)"
+H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com, 2023)"
+
+# Each catalog device's source, by its key.
+_DATASHEETS: Mapping[str, str] = MappingProxyType(
+    {
+        "a100-40": A100_DATASHEET,
+        "a100-80": A100_DATASHEET,
+        "h100-sxm": H100_DATASHEET,
+        "h100-pcie": H100_DATASHEET,
+        "h200": "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com, 2024)",
+        "b200": "NVIDIA HGX B200 specifications (nvidia.com/data-center/hgx, 2025)",
+        "l4": "NVIDIA L4 Tensor Core GPU datasheet (2023)",
+        "l40s": "NVIDIA L40S GPU datasheet (2023)",
+        "mi300x": "AMD Instinct MI300X data sheet (amd.com, 2023); link: 7 Infinity Fabric "
+        "links x 128 GB/s, halved",
+    }
+)
+
+# One row a device, figures as the datasheets print them: key, name, architecture, dense bf16
+# and fp8 TFLOP/s (None: no FP8), memory TB/s, the marketed memory in GB, the GiB the driver
+# reports where a log cites it (None: the marketed size by DRIVER_RATIO), the link's GB/s in
+# one direction (a datasheet's NVLink figure is both directions: halved here), and whether the
+# link is NVLink-class (else PCIe).
+_Row = tuple[str, str, str, float, float | None, float, float, float | None, float, bool]
+_ROWS: tuple[_Row, ...] = (
+    ("a100-40", "NVIDIA A100 SXM4 40GB", "ampere", 312, None, 1.555, 40, None, 300, True),
+    ("a100-80", "NVIDIA A100 SXM4 80GB", "ampere", 312, None, 2.039, 80, None, 300, True),
+    ("h100-sxm", "NVIDIA H100 SXM5 80GB", "hopper", 989.4, 1978.9, 3.35, 80, 79.18, 450, True),
+    ("h100-pcie", "NVIDIA H100 PCIe 80GB", "hopper", 756.5, 1513, 2.0, 80, None, 64, False),
+    ("h200", "NVIDIA H200 SXM 141GB", "hopper", 989.4, 1978.9, 4.8, 141, None, 450, True),
+    ("b200", "NVIDIA B200 180GB (HGX)", "blackwell", 2250, 4500, 8.0, 180, None, 900, True),
+    ("l4", "NVIDIA L4 24GB", "ada", 121, 242.5, 0.3, 24, None, 32, False),
+    ("l40s", "NVIDIA L40S 48GB", "ada", 362.05, 733, 0.864, 48, None, 32, False),
+    ("mi300x", "AMD Instinct MI300X 192GB", "cdna3", 1307.4, 2614.9, 5.3, 192, None, 448, True),
+)
+
+
+def _device_from_row(row: _Row) -> Device:
+    key, name, arch, bf16, fp8, tbs, marketed_gb, reported_gib, link_gbs, nvlink = row
+    gib, memory_rule = (
+        (marketed_gb * DRIVER_RATIO, BY_RATIO) if reported_gib is None else (reported_gib, REPORTED)
+    )
     peaks = {"bf16": bf16 * TERA} | ({"fp8": fp8 * TERA} if fp8 is not None else {})
     return Device(
         key=key,
         name=name,
-        architecture=architecture,
+        architecture=arch,
         peak_flops=peaks,
         memory_bandwidth=tbs * TERA,
         memory_bytes=gib * GiB,
         link_bandwidth=link_gbs * GB,
         link_latency=NVLINK_LATENCY if nvlink else PCIE_LATENCY,
-        source=f"{datasheet}; dense peaks (sparsity halved); memory {memory_rule}; {LATENCY_NOTE}",
+        source=f"{_DATASHEETS[key]}; dense peaks (sparsity halved); memory {memory_rule}; "
+        f"{LATENCY_NOTE}",
     )
 
 
-A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com, 2021)"
-H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (nvidia.com, 2023)"
-
-# Figures as the datasheets print them: TFLOP/s dense, TB/s, the link's GB/s in one direction
-# (a datasheet's NVLink figure is both directions: halved here).
-_DEVICES = (
-    _gpu(
-        "a100-40",
-        "NVIDIA A100 SXM4 40GB",
-        "ampere",
-        bf16=312,
-        fp8=None,
-        tbs=1.555,
-        gib=40 * DRIVER_RATIO,
-        link_gbs=300,
-        nvlink=True,
-        datasheet=A100_DATASHEET,
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "a100-80",
-        "NVIDIA A100 SXM4 80GB",
-        "ampere",
-        bf16=312,
-        fp8=None,
-        tbs=2.039,
-        gib=80 * DRIVER_RATIO,
-        link_gbs=300,
-        nvlink=True,
-        datasheet=A100_DATASHEET,
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "h100-sxm",
-        "NVIDIA H100 SXM5 80GB",
-        "hopper",
-        bf16=989.4,
-        fp8=1978.9,
-        tbs=3.35,
-        gib=79.18,
-        link_gbs=450,
-        nvlink=True,
-        datasheet=H100_DATASHEET,
-        memory_rule=REPORTED,
-    ),
-    _gpu(
-        "h100-pcie",
-        "NVIDIA H100 PCIe 80GB",
-        "hopper",
-        bf16=756.5,
-        fp8=1513,
-        tbs=2.0,
-        gib=80 * DRIVER_RATIO,
-        link_gbs=64,
-        nvlink=False,
-        datasheet=H100_DATASHEET,
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "h200",
-        "NVIDIA H200 SXM 141GB",
-        "hopper",
-        bf16=989.4,
-        fp8=1978.9,
-        tbs=4.8,
-        gib=141 * DRIVER_RATIO,
-        link_gbs=450,
-        nvlink=True,
-        datasheet="NVIDIA H200 Tensor Core GPU datasheet (nvidia.com, 2024)",
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "b200",
-        "NVIDIA B200 180GB (HGX)",
-        "blackwell",
-        bf16=2250,
-        fp8=4500,
-        tbs=8.0,
-        gib=180 * DRIVER_RATIO,
-        link_gbs=900,
-        nvlink=True,
-        datasheet="NVIDIA HGX B200 specifications (nvidia.com/data-center/hgx, 2025)",
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "l4",
-        "NVIDIA L4 24GB",
-        "ada",
-        bf16=121,
-        fp8=242.5,
-        tbs=0.3,
-        gib=24 * DRIVER_RATIO,
-        link_gbs=32,
-        nvlink=False,
-        datasheet="NVIDIA L4 Tensor Core GPU datasheet (2023)",
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "l40s",
-        "NVIDIA L40S 48GB",
-        "ada",
-        bf16=362.05,
-        fp8=733,
-        tbs=0.864,
-        gib=48 * DRIVER_RATIO,
-        link_gbs=32,
-        nvlink=False,
-        datasheet="NVIDIA L40S GPU datasheet (2023)",
-        memory_rule=BY_RATIO,
-    ),
-    _gpu(
-        "mi300x",
-        "AMD Instinct MI300X 192GB",
-        "cdna3",
-        bf16=1307.4,
-        fp8=2614.9,
-        tbs=5.3,
-        gib=192 * DRIVER_RATIO,
-        link_gbs=448,
-        nvlink=True,
-        datasheet="AMD Instinct MI300X data sheet (amd.com, 2023); link: 7 Infinity Fabric "
-        "links x 128 GB/s, halved",
-        memory_rule=BY_RATIO,
-    ),
-)
+_DEVICES = tuple(_device_from_row(row) for row in _ROWS)
 
 CATALOG: Mapping[str, Device] = MappingProxyType({d.key: d for d in _DEVICES})
 

@@ -59,7 +59,7 @@ from pytest_prefill.serve.calibration.server_calibration import (
     ServerCalibration,
     ServerSweep,
 )
-from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.identity import ServerFacts, server_facts
 from pytest_prefill.serve.load.loadgen import Target
 from pytest_prefill.sim import CostModel
@@ -96,7 +96,7 @@ async def _round_trip(target: Target) -> float:
     import time
 
     start = time.perf_counter()
-    await request_json(
+    await exchange(
         target.url, "GET", "/v1/models", timeouts=target.timeouts, headers=target.headers
     )
     return time.perf_counter() - start

@@ -401,25 +401,6 @@ async def exchange(
     return Response(status, fields, content, ends, times, protocol.sent, where)
 
 
-async def request_json(
-    url: Url,
-    method: str,
-    path: str,
-    payload: Any = None,
-    *,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
-    headers: Mapping[str, str] | None = None,
-) -> tuple[int, Any]:
-    """``(status, parsed JSON body)`` of one request (the body is None when it is not JSON).
-
-    Raises:
-        ServerError: when the server cannot be reached, stalls, crosses a bound (JSON nested
-            deeper than :data:`MAX_JSON_DEPTH` among them), or does not speak HTTP.
-    """
-    response = await exchange(url, method, path, payload, timeouts=timeouts, headers=headers)
-    return response.status, response.json()
-
-
 async def stream_events(
     url: Url,
     path: str,

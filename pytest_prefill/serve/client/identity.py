@@ -21,7 +21,7 @@ from typing import Any
 from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
 from pytest_prefill.plan.model_spec import CONFIG_FILE, load_model_spec
 from pytest_prefill.serve.client.api import ENGINES
-from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.wire import DEFAULT_TIMEOUTS, ServerError, Timeouts, Url
 
 # Probes of the optional endpoints wait at most this long: a server without them must not
@@ -74,10 +74,11 @@ def _models(url: Url, status: int, body: Any) -> tuple[str, ...]:
 async def _optional(url: Url, path: str, timeouts: Timeouts) -> Any:
     quick = Timeouts(min(timeouts.connect, OPTIONAL_TIMEOUT), OPTIONAL_TIMEOUT)
     try:
-        status, body = await request_json(url, "GET", path, timeouts=quick)
+        response = await exchange(url, "GET", path, timeouts=quick)
+        body = response.json()
     except ServerError:
         return None
-    return body if status == 200 and isinstance(body, dict) else None
+    return body if response.status == 200 and isinstance(body, dict) else None
 
 
 async def identify(
@@ -96,7 +97,8 @@ async def identify(
     """
     if engine is not None and engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    status, body = await request_json(url, "GET", "/v1/models", timeouts=timeouts, headers=headers)
+    response = await exchange(url, "GET", "/v1/models", timeouts=timeouts, headers=headers)
+    status, body = response.status, response.json()
     models = _models(url, status, body)
     entries = body["data"]
     props, version = await asyncio.gather(

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import read_json
-from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.wire import Timeouts, Url
 from pytest_prefill.sim.checks import check_int
 
@@ -202,9 +202,8 @@ async def prompts_from_server(
             f"a {engine} server has no /tokenize to find one-token words: give --tokenizer DIR "
             "(the served model's folder)"
         )
-    status, body = await request_json(
-        url, "POST", "/tokenize", payload, timeouts=timeouts, headers=headers
-    )
+    response = await exchange(url, "POST", "/tokenize", payload, timeouts=timeouts, headers=headers)
+    status, body = response.status, response.json()
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
         raise ValueError(f"{url}: POST /tokenize answered HTTP {status}; give --tokenizer DIR")
     if engine == "llama.cpp":

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
-from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.process import (
     ONE_THREAD,
@@ -191,9 +191,10 @@ async def alive(url: Url, server: ServerProcess | None) -> str | None:
     if server is not None and (why := exited(server)) is not None:
         return why
     try:
-        status, _ = await request_json(
+        response = await exchange(
             url, "GET", "/v1/models", timeouts=Timeouts(ALIVE_TIMEOUT, ALIVE_TIMEOUT)
         )
+        status = response.status
     except ServerError as err:
         return f"the server stopped answering ({str(err)[:80]})"
     return None if status == 200 else f"the server answered GET /v1/models with HTTP {status}"

@@ -36,7 +36,7 @@ from types import FrameType
 from typing import Any
 
 from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS
-from pytest_prefill.serve.client.http import request_json
+from pytest_prefill.serve.client.http import exchange
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 
 READY_POLL = 0.25
@@ -122,8 +122,8 @@ atexit.register(stop_all)
 
 def _healthy(url: Url, path: str) -> bool:
     async def probe() -> bool:
-        status, _ = await request_json(url, "GET", path, timeouts=Timeouts(2.0, 5.0))
-        return status == 200
+        response = await exchange(url, "GET", path, timeouts=Timeouts(2.0, 5.0))
+        return response.status == 200
 
     try:
         return asyncio.run(probe())

@@ -233,26 +233,24 @@ def timestamp_errors(
         return [asyncio.run(measure_timestamp_error(server.url, n, tokens)) for n in streams]
 
 
+# The Behaviour fields main() takes as flags (--stall-after for stall_after), and the types of
+# those whose default does not give it.
+_FLAGS = ("ttft", "gap", "per_token", "stall_after", "stall_seconds", "not_openai", "model")
+_FLAG_TYPES: dict[str, type] = {"stall_after": int}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_prefill.serve.launch.reference")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ttft", type=float, default=0.02)
-    parser.add_argument("--gap", type=float, default=0.01)
-    parser.add_argument("--per-token", type=float, default=0.0)
-    parser.add_argument("--stall-after", type=int, default=None)
-    parser.add_argument("--stall-seconds", type=float, default=0.0)
-    parser.add_argument("--not-openai", action="store_true")
-    parser.add_argument("--model", default=MODEL)
+    defaults = Behaviour()
+    for name in _FLAGS:  # each flag a Behaviour field of its name, with its default
+        flag, default = "--" + name.replace("_", "-"), getattr(defaults, name)
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            parser.add_argument(flag, type=_FLAG_TYPES.get(name, type(default)), default=default)
     args = parser.parse_args(argv)
-    behaviour = Behaviour(
-        ttft=args.ttft,
-        gap=args.gap,
-        per_token=args.per_token,
-        stall_after=args.stall_after,
-        stall_seconds=args.stall_seconds,
-        not_openai=args.not_openai,
-        model=args.model,
-    )
+    behaviour = Behaviour(**{name: getattr(args, name) for name in _FLAGS})
 
     def ready(port: int) -> None:
         print(f"listening on 127.0.0.1:{port} (pid {os.getpid()})", flush=True)
