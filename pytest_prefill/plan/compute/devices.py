@@ -20,7 +20,7 @@ GB = 1e9
 # here: the marketed size read as GiB, times the H100's ratio 79.18 / 80 (the driver and ECC
 # reservation scale with the memory); each entry says which rule gave its figure.
 DRIVER_RATIO = 79.18 / 80
-REPORTED = "as the driver reports it (vLLM's log)"
+REPORTED = "as the driver reports it (the total vLLM and PyTorch read; cited beside the datasheet)"
 BY_RATIO = "marketed GiB x 79.18/80 (the H100's driver ratio; no log cited)"
 
 # A device link's latency is not on any datasheet: a stated assumption, one per link kind,
@@ -123,8 +123,10 @@ _DATASHEETS: Mapping[str, str] = MappingProxyType(
         "h100-pcie": H100_DATASHEET,
         "h200": "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com, 2024)",
         "b200": "NVIDIA HGX B200 specifications (nvidia.com/data-center/hgx, 2025)",
-        "l4": "NVIDIA L4 Tensor Core GPU datasheet (2023)",
-        "l40s": "NVIDIA L40S GPU datasheet (2023)",
+        "l4": "NVIDIA L4 Tensor Core GPU datasheet (2023); memory: PyTorch's out-of-memory message "
+        "on an L4 ('a total capacity of 22.03 GiB')",
+        "l40s": "NVIDIA L40S GPU datasheet (2023); memory: vLLM's log on an L40S "
+        "(github.com/vllm-project/vllm/issues/15815: 44.42 GiB; nvidia-smi 46,068 MiB)",
         "mi300x": "AMD Instinct MI300X data sheet (amd.com, 2023); link: 7 Infinity Fabric "
         "links x 128 GB/s, halved",
     }
@@ -143,8 +145,8 @@ _ROWS: tuple[_Row, ...] = (
     ("h100-pcie", "NVIDIA H100 PCIe 80GB", "hopper", 756.5, 1513, 2.0, 80, None, 64, False),
     ("h200", "NVIDIA H200 SXM 141GB", "hopper", 989.4, 1978.9, 4.8, 141, None, 450, True),
     ("b200", "NVIDIA B200 180GB (HGX)", "blackwell", 2250, 4500, 8.0, 180, None, 900, True),
-    ("l4", "NVIDIA L4 24GB", "ada", 121, 242.5, 0.3, 24, None, 32, False),
-    ("l40s", "NVIDIA L40S 48GB", "ada", 362.05, 733, 0.864, 48, None, 32, False),
+    ("l4", "NVIDIA L4 24GB", "ada", 121, 242.5, 0.3, 24, 22.03, 32, False),
+    ("l40s", "NVIDIA L40S 48GB", "ada", 362.05, 733, 0.864, 48, 44.42, 32, False),
     ("mi300x", "AMD Instinct MI300X 192GB", "cdna3", 1307.4, 2614.9, 5.3, 192, None, 448, True),
 )
 
