@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_prefill.plan.compute.devices import CATALOG
-from pytest_prefill.plan.compute.efficiency import Efficiency
+from pytest_prefill.plan.compute.efficiency import Efficiency, link_kind
 
 REPOSITORY = "github.com/ai-dynamo/aiconfigurator"
 LICENCE = "Apache-2.0"
@@ -289,6 +289,20 @@ class Params:
     decode_per_sequence: float = 0.0
     gemm_sharpness: float = math.inf  # q of the roofline (c^q + m^q)^(1/q); inf: the max
     eta_hd: tuple[float, ...] = ()  # prefill attention's eta per HEAD_DIM_BOUNDS (else eta_ac)
+    ar_by_link: tuple[tuple[str, float, float], ...] = ()  # (link kind, latency, fraction)
+
+
+def allreduce_figures(p: Params, device: str) -> tuple[float, float, bool]:
+    """The all-reduce's latency and link fraction for ``device``: its link kind's (NVLink or
+    PCIe) when fitted, else the other kind's, with True: a cross-link transfer."""
+    kind = link_kind(CATALOG[device])
+    for fitted, latency, fraction in p.ar_by_link:
+        if fitted == kind:
+            return latency, fraction, False
+    if p.ar_by_link:
+        _, latency, fraction = p.ar_by_link[0]
+        return latency, fraction, True
+    return p.ar_latency, p.ar_link_fraction, False
 
 
 def roofline(compute: np.ndarray, memory: np.ndarray, q: float) -> np.ndarray:
@@ -329,8 +343,9 @@ def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.nda
         return p.t0 + roofline(flops / eta_c, memory / p.eta_m, p.gemm_sharpness)
     if op == "allreduce":
         n = c["devices"]
-        bandwidth = p.ar_link_fraction * CATALOG[device].link_bandwidth
-        return p.ar_latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
+        latency, fraction, _ = allreduce_figures(p, device)
+        bandwidth = fraction * CATALOG[device].link_bandwidth
+        return latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
     decode = op == "decode_attention"
     flops, memory = attention_terms(c, device, decode)
     per_sequence = p.decode_per_sequence if decode else p.prefill_per_sequence
@@ -453,7 +468,8 @@ def fit_params(
         rows("gemm"), float(np.median(floors)) if floors else math.nan
     )
     attention = fit_attention(rows("prefill_attention"), rows("decode_attention"), eta_m)
-    latency, bandwidth = fit_allreduce(rows("allreduce"))
+    by_link = fit_allreduce_by_link(rows("allreduce"))
+    _, latency, bandwidth = by_link[0] if by_link else ("", 0.0, 1.0)
     fixed, eta_hd = attention[2:5], attention[5]
     return Params(
         t0,
@@ -465,6 +481,7 @@ def fit_params(
         *fixed,
         q,
         eta_hd,  # type: ignore[arg-type]
+        tuple(by_link),
     )
 
 
@@ -554,6 +571,16 @@ def head_dim_refusals(item: OpData) -> list[str]:
     return populated_head_dims([0.0] * len(counts), counts)[1]
 
 
+def fit_allreduce_by_link(rows: Rows) -> list[tuple[str, float, float]]:
+    """(link kind, latency, link fraction) for each kind of link among the rows' devices: an
+    NVLink's figures are not a PCIe link's."""
+    kinds = sorted({link_kind(CATALOG[d]) for d, _, _ in rows})
+    return [
+        (kind, *fit_allreduce([r for r in rows if link_kind(CATALOG[r[0]]) == kind]))
+        for kind in kinds
+    ]
+
+
 def fit_allreduce(rows: Rows) -> tuple[float, float]:
     """Latency (seconds) and bus bandwidth as a fraction of each device's catalog link."""
 
@@ -613,8 +640,8 @@ def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> E
         memory_efficiency=p.eta_m,
         attention_compute_efficiency=p.eta_ac,
         attention_memory_efficiency=p.eta_am,
-        allreduce_latency=p.ar_latency,
-        allreduce_bandwidth=p.ar_link_fraction * CATALOG[device].link_bandwidth,
+        allreduce_latency=allreduce_figures(p, device)[0],
+        allreduce_bandwidth=allreduce_figures(p, device)[1] * CATALOG[device].link_bandwidth,
         held_out_error=0.0,
         source=source,
         attention_t0=p.attention_t0,
@@ -701,6 +728,7 @@ class LeftOut:
     kind: str
     params: Params
     errors: dict[str, np.ndarray]
+    cross_link: bool = False  # no device of its link kind among the others: said, not hidden
 
 
 def leave_one_device_out(chosen: dict[str, OpData]) -> list[LeftOut]:
@@ -711,7 +739,8 @@ def leave_one_device_out(chosen: dict[str, OpData]) -> list[LeftOut]:
         others = [d for k, d in chosen.items() if k != target]
         p = fit_params(others)
         errors = {op: relative_errors(p, item, op) for op in item.ops}
-        out.append(LeftOut(target, kind_of(target, [d.device for d in others]), p, errors))
+        kind = kind_of(target, [d.device for d in others])
+        out.append(LeftOut(target, kind, p, errors, allreduce_figures(p, target)[2]))
     return out
 
 
@@ -724,11 +753,19 @@ def lodo_summary(left: Sequence[LeftOut]) -> dict[str, dict[str, dict[str, float
             parts = [x.errors[op] for x in left if op in x.errors and group in ("all", x.kind)]
             if parts:
                 e = np.concatenate(parts)
-                summary.setdefault(op, {})[group] = {
-                    "median": round(float(np.median(e)), 4),
-                    "p90": round(float(np.quantile(e, 0.9)), 4),
-                }
+                summary.setdefault(op, {})[group] = _median_p90(e)
+    links = {"same_link": False, "cross_link": True}
+    for group, cross in links.items():
+        parts = [
+            x.errors["allreduce"] for x in left if "allreduce" in x.errors and x.cross_link == cross
+        ]
+        if parts:
+            summary.setdefault("allreduce", {})[group] = _median_p90(np.concatenate(parts))
     return summary
+
+
+def _median_p90(e: np.ndarray) -> dict[str, float]:
+    return {"median": round(float(np.median(e)), 4), "p90": round(float(np.quantile(e, 0.9)), 4)}
 
 
 def print_lodo(summary: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -738,6 +775,14 @@ def print_lodo(summary: dict[str, dict[str, dict[str, float]]]) -> None:
     for op, by in summary.items():
         cells = [f"{by[g]['median']:.1%} / {by[g]['p90']:.1%}" if g in by else "-" for g in groups]
         print(f"  {op:<18}" + "".join(f"{c:>22}" for c in cells))
+    by = summary.get("allreduce", {})
+    for group in ("same_link", "cross_link"):
+        if group in by:
+            note = " (no device of its link kind fitted on: a cross-link transfer)"
+            print(
+                f"  allreduce, {group.replace('_', ' ')}: {by[group]['median']:.1%} / "
+                f"{by[group]['p90']:.1%}" + (note if group == "cross_link" else "")
+            )
 
 
 def fit_all(ops_root: Path, out: Path) -> None:

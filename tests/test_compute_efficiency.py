@@ -19,6 +19,7 @@ from pytest_prefill.plan.compute.efficiency import (
     Efficiency,
     EfficiencyChoice,
     efficiency_for,
+    link_kind,
     load_table,
     load_tables,
     load_transfer_errors,
@@ -227,6 +228,16 @@ def test_a_borrowed_allreduce_bandwidth_goes_with_the_link() -> None:
     ratio = CATALOG["h100-pcie"].link_bandwidth / CATALOG["h100-sxm"].link_bandwidth
     assert choice.table.allreduce_bandwidth == pytest.approx(tables[0].allreduce_bandwidth * ratio)
     assert choice.table.memory_efficiency == tables[0].memory_efficiency  # fractions carry over
+
+
+def test_a_borrowed_allreduce_across_link_kinds_is_said_to_be_one() -> None:
+    nvlink = choose("h100-pcie", [table("h100-sxm", "vllm-0.24.0")])  # NVLink table, PCIe link
+    assert (link_kind(CATALOG["h100-pcie"]), link_kind(CATALOG["h100-sxm"])) == ("pcie", "nvlink")
+    assert "all-reduce: a cross-link transfer (nvlink figures on a pcie link)" in (
+        nvlink.error_class
+    )
+    pcie = choose("l4", [table("l40s", "vllm-0.24.0")])  # both PCIe: nothing to say
+    assert pcie.transferred_from == "l40s" and "cross-link" not in pcie.error_class
 
 
 def test_within_an_architecture_the_nearest_datasheet_wins() -> None:

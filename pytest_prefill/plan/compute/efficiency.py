@@ -327,6 +327,14 @@ def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
     return errors
 
 
+def link_kind(device: Device) -> str:
+    """``"pcie"`` or ``"nvlink"`` (NVLink, Infinity Fabric): the catalog gives a PCIe link its
+    PCIe latency assumption, as it does a custom device's default link."""
+    from pytest_prefill.plan.compute.devices import PCIE_LATENCY
+
+    return "pcie" if device.link_latency >= PCIE_LATENCY else "nvlink"
+
+
 def _distance(a: Device, b: Device) -> float:
     """How far apart two devices' datasheets are: log ratios of bf16 peak and bandwidth."""
     flops_a, flops_b = a.peak_flops.get("bf16"), b.peak_flops.get("bf16")
@@ -417,4 +425,9 @@ def efficiency_for(
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
     label = kind.replace("_", " ")
+    if link_kind(device) != link_kind(donor):  # its all-reduce figures were fitted on another link
+        error += (
+            f"; all-reduce: a cross-link transfer ({link_kind(donor)} figures on a "
+            f"{link_kind(device)} link), its error not measured"
+        )
     return EfficiencyChoice(table, donor.key, f"{label} transfer from {donor.key}: {error}")
