@@ -32,6 +32,7 @@ from tabulate import tabulate
 from pytest_prefill.plan.compute.devices import CATALOG
 from pytest_prefill.plan.compute.efficiency import (
     TABLES,
+    AttentionCall,
     Efficiency,
     efficiency_for,
     load_tables,
@@ -84,48 +85,85 @@ def _donor(target: str, devices: list[str]) -> str:
     return choice.transferred_from
 
 
+def runtime_seconds(table: Efficiency, op: str, row: dict[str, float]) -> float:
+    """One per-op row's time by the runtime's own formulas (plan/compute/efficiency.py, what
+    physics.py calls), on the table's device's datasheet."""
+    device = CATALOG[table.device]
+    peak, bandwidth = device.peak_flops["bf16"], device.memory_bandwidth
+    if op == "gemm":
+        m, n, k = row["m"], row["n"], row["k"]
+        moved = 2 * (m * k + k * n + m * n)
+        return table.gemm_seconds(int(m), 2 * m * n * k, moved, peak, bandwidth)
+    if op == "allreduce":
+        return table.allreduce_seconds(row["bytes"], int(row["devices"]))
+    b, s, h, kvh = row["batch"], row["tokens"], row["heads"], row["kv_heads"]
+    d = int(row["head_dim"])
+    if op == "decode_attention":
+        call = AttentionCall(b, h, d, 2 * b * (s + 1) * 2 * kvh * d)
+        return table.decode_attention_seconds(b * (s + 1), call, peak, bandwidth)
+    call = AttentionCall(b, h, d, 2 * b * s * (2 * h + 2 * kvh) * d)
+    pairs = table.prefill_computed_pairs(b * s * (s + 1) / 2, b * s)
+    return table.prefill_attention_seconds(pairs, call, peak, bandwidth)
+
+
+def runtime_errors(table: Efficiency, item, op: str) -> list[float]:
+    columns, seconds = item.ops[op]
+    names = list(columns)
+    return [
+        abs(runtime_seconds(table, op, dict(zip(names, values))) / measured - 1)
+        for *values, measured in zip(*(columns[n].tolist() for n in names), seconds.tolist())
+    ]
+
+
 def test_leave_one_device_out(per_op) -> None:
+    """The script's leave-one-device-out (fit on the others, predict the left-out device), each
+    left-out row predicted again by the runtime's formulas from the same fit: the two agree,
+    so the figures printed are the runtime's as well as the script's."""
     fit, data = per_op
     chosen = fit.newest(data)
+    left = fit.leave_one_device_out(chosen)
     own = {key: fit.fit_params([item]) for key, item in chosen.items()}
-    pooled: dict[str, list] = {op: [] for op in fit.OPS}
     rule: dict[str, list] = {op: [] for op in fit.OPS}
     rows = []
-    for target, item in chosen.items():
-        others = [d for k, d in chosen.items() if k != target]
-        p_pooled = fit.fit_params(others)
-        donor = _donor(target, [k for k in chosen if k != target])
-        for op in item.ops:
-            e_pooled = fit.relative_errors(p_pooled, item, op)
+    for out in left:
+        item = chosen[out.device]
+        table = fit.efficiency_of(out.params, out.device, item.engine)
+        donor = _donor(out.device, [k for k in chosen if k != out.device])
+        for op, errors in out.errors.items():
+            by_runtime = runtime_errors(table, item, op)
+            assert by_runtime == pytest.approx(errors.tolist(), rel=1e-9, abs=1e-12), op
             e_rule = fit.relative_errors(own[donor], item, op)
-            pooled[op].extend(e_pooled.tolist())
             rule[op].extend(e_rule.tolist())
             rows.append(
                 (
-                    f"{target} {item.engine}",
+                    f"{out.device} {item.engine}",
+                    out.kind.replace("_", " "),
                     op,
-                    f"{fit.np.median(e_pooled):.1%}",
-                    f"{fit.np.quantile(e_pooled, 0.9):.1%}",
+                    f"{fit.np.median(errors):.1%}",
+                    f"{fit.np.quantile(errors, 0.9):.1%}",
                     donor,
                     f"{fit.np.median(e_rule):.1%}",
                     f"{fit.np.quantile(e_rule, 0.9):.1%}",
                 )
             )
-    header = ("left out", "op", "others: median", "p90", "rule's donor", "median", "p90")
+    header = ("left out", "kind", "op", "others: median", "p90", "rule's donor", "median", "p90")
     print("\nLeave one device out (aiconfigurator vLLM per-op data; relative error)")
     print(tabulate(rows, headers=header))
-    overall = _summary(fit, pooled)
-    by_rule = _summary(fit, rule)
-    print("\nPer op over every left-out device (target: median <= 10%, p90 <= 25%)")
+    summary = fit.lodo_summary(left)
     print(
-        tabulate(
-            [
-                (op, f"{m:.1%}", f"{q:.1%}", f"{by_rule[op][0]:.1%}", f"{by_rule[op][1]:.1%}")
-                for op, (m, q) in overall.items()
-            ],
-            headers=("op", "fit on the others: median", "p90", "rule's donor: median", "p90"),
-        )
+        "\nPer op over every left-out device (target: median <= 10%, p90 <= 25%); "
+        "same architecture: another device of its architecture among those fitted on"
     )
+    fit.print_lodo(summary)
+    by_rule = _summary(fit, rule)
+    print(
+        "the transfer rule's single donor instead: "
+        + ", ".join(f"{op} {m:.1%}/{q:.1%}" for op, (m, q) in by_rule.items())
+    )
+    shipped = json.loads((TABLES / "transfer.json").read_text(encoding="utf-8"))
+    same = shipped.get("leave_one_device_out") == summary
+    print(f"the shipped transfer.json's leave_one_device_out: {'the same' if same else 'DIFFERS'}")
+    overall = {op: (by["all"]["median"], by["all"]["p90"]) for op, by in summary.items()}
     misses = [
         f"{op} {m:.1%}/{q:.1%}"
         for op, (m, q) in overall.items()
@@ -204,9 +242,9 @@ def test_shipped_tables_recorded_errors() -> None:
 
 
 def _gemm_seconds(table, device, m: int, n: int, k: int) -> float:
-    flops = 2 * m * n * k / (table.compute_efficiency(m) * device.peak_flops["bf16"])
-    moved = 2 * (m * k + k * n + m * n) / (table.memory_efficiency * device.memory_bandwidth)
-    return table.gemm_t0 + max(flops, moved)
+    moved = 2 * (m * k + k * n + m * n)
+    flops = 2 * m * n * k
+    return table.gemm_seconds(m, flops, moved, device.peak_flops["bf16"], device.memory_bandwidth)
 
 
 @pytest.mark.skipif(not SHIPPED, reason="no efficiency tables shipped")

@@ -12,14 +12,17 @@ per-operation measurements, kept OUTSIDE the repository. Two steps:
     # 2. the tables (numpy) and transfer.json (each kind of device transfer's measured error):
     PYTHONPATH=. python scripts/fit_efficiency.py fit --ops /work/compute-data/ops
 
-Per (device, engine version): a GEMM of (m, n, k) costs ``t0 + max(2mnk / (eta_c(m) P),
-2(mk + kn + mn) / (eta_m W))``; prefill attention (causal, batch b, length s) ``ta + b tp +
-4 h d b s(s+1)/2 / (eta_ac P) + 2 b s (2h + 2kvh) d / (eta_m W)``; decode attention (batch b,
+Per (device, engine version): a GEMM of (m, n, k) costs ``t0 + (c^q + w^q)^(1/q)``, c =
+2mnk / (eta_c(m) P), w = 2(mk + kn + mn) / (eta_m W), q the fitted sharpness of the roofline;
+prefill attention (causal, batch b, length s, head size d) ``ta + b tp + 4 h d b (s(s+1)/2 +
+s tile/2) / (eta_p(d) P) + 2 b s (2h + 2kvh) d / (eta_m W)`` (tile: the kernels' 128-token
+diagonal tiles run whole; eta_p by head-size bin); decode attention (batch b,
 ``s`` cached tokens) ``ta + b h td + max(4 h d b s / (eta_ac P), 2 b s 2 kvh d / (eta_am W))``; an
 all-reduce of ``B`` bytes over ``n`` devices ``latency + 2 (n-1)/n B / bus_bandwidth``, the bus
 bandwidth fitted as a fraction of the catalog's link bandwidth (so it carries to another link). P and W
-are the catalog's datasheet peaks. The fit minimises the mean absolute log error; a GEMM-size bin whose
-rows are not compute-bound in the fit is refused and takes the next larger bin's eta_c."""
+are the catalog's datasheet peaks. Rows that move at most 128 MiB (cache-resident in a timing loop)
+are left out. The fit minimises the mean absolute log error; a GEMM-size bin whose rows are not
+compute-bound in the fit is refused and takes the next larger bin's eta_c."""
 
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_prefill.plan.compute.devices import CATALOG
+from pytest_prefill.plan.compute.efficiency import Efficiency, link_kind
 
 REPOSITORY = "github.com/ai-dynamo/aiconfigurator"
 LICENCE = "Apache-2.0"
@@ -49,12 +53,15 @@ DEVICES = {  # aiconfigurator's system name -> our catalog key
 }
 BIN_BOUNDS = (16.0, 64.0, 256.0, 1024.0, 4096.0, math.inf)
 HEAD_DIM_BOUNDS = (64.0, 128.0, 192.0, 256.0, math.inf)  # prefill attention's kernels by head size
-PREFILL_TILE = 128  # query/key tile of the prefill kernels: the causal diagonal's tiles run whole
+# query/key tile of the prefill kernels: the causal diagonal's tiles run whole (a table's
+# prefill_tile, which the runtime adds as tokens * tile / 2 pairs)
+PREFILL_TILE = 128
 # aiconfigurator times one op in a loop: an op whose operands fit in the on-chip L2 (40 MB on
 # the A100, 50 MB on Hopper, 96 MB on the L40S, more on the B200) reads them from the cache on
 # every iteration, where a serving step, streaming every layer's weights and KV cache, finds
 # them in DRAM. Rows that move no more than this are measuring the cache: left out of fit and test.
 CACHE_RESIDENT_BYTES = 128 * 2**20
+LAUNCH_BOUND = 0.1  # a GEMM whose roofline is under this share of its time measures its launch
 MIN_BOUND_ROWS = 20  # rows a GEMM-size bin needs, compute-bound in the fit, to keep its own eta_c
 MIN_GEMM_DIM = 256  # n and k of every GEMM in a layer of a model of 0.5B parameters or more
 ALLREDUCE_REFUSAL = 0.25  # held-out median error past which the all-reduce fit is flagged
@@ -192,6 +199,7 @@ class OpData:
     engine: str
     ops: dict[str, tuple[dict[str, np.ndarray], np.ndarray]]
     source: dict[str, object]
+    gemm_floor: float = math.nan  # a GEMM's fixed cost: the launch-bound rows' median seconds
 
 
 def load_ops(folder: Path) -> OpData:
@@ -211,10 +219,26 @@ def load_ops(folder: Path) -> OpData:
             else moved_bytes(op, columns) > (CACHE_RESIDENT_BYTES)
         )
         if op == "gemm":  # a transformer layer's shapes: aiconfigurator also times n, k = 32
-            keep &= (columns["n"] >= MIN_GEMM_DIM) & (columns["k"] >= MIN_GEMM_DIM)
-        ops[op] = ({k: v[keep] for k, v in columns.items()}, table[keep, -1])
+            layer = (columns["n"] >= MIN_GEMM_DIM) & (columns["k"] >= MIN_GEMM_DIM)
+            floor = launch_floor(columns, table[:, -1], folder.parent.name, layer)
+            keep &= layer
+        if keep.any():  # an op with no row left (every one cache-resident) is absent
+            ops[op] = ({k: v[keep] for k, v in columns.items()}, table[keep, -1])
     source = json.loads((folder / "source.json").read_text(encoding="utf-8"))
-    return OpData(folder.parent.name, folder.name, ops, source)
+    return OpData(folder.parent.name, folder.name, ops, source, floor)
+
+
+def launch_floor(
+    columns: dict[str, np.ndarray], seconds: np.ndarray, device: str, layer: np.ndarray
+) -> float:
+    """A GEMM's fixed cost, from the rows the DRAM-bound fit cannot see: the median time of the
+    layer-shaped GEMMs whose roofline at the datasheet peaks is under LAUNCH_BOUND of their
+    measured time (the cache holding their operands does not change a launch)."""
+    if device not in CATALOG:
+        return math.nan
+    flops, memory = gemm_terms(columns, device)
+    launch = layer & (np.maximum(flops, memory) < LAUNCH_BOUND * seconds)
+    return float(np.median(seconds[launch])) if launch.any() else math.nan
 
 
 def moved_bytes(op: str, c: dict[str, np.ndarray]) -> np.ndarray:
@@ -265,6 +289,20 @@ class Params:
     decode_per_sequence: float = 0.0
     gemm_sharpness: float = math.inf  # q of the roofline (c^q + m^q)^(1/q); inf: the max
     eta_hd: tuple[float, ...] = ()  # prefill attention's eta per HEAD_DIM_BOUNDS (else eta_ac)
+    ar_by_link: tuple[tuple[str, float, float], ...] = ()  # (link kind, latency, fraction)
+
+
+def allreduce_figures(p: Params, device: str) -> tuple[float, float, bool]:
+    """The all-reduce's latency and link fraction for ``device``: its link kind's (NVLink or
+    PCIe) when fitted, else the other kind's, with True: a cross-link transfer."""
+    kind = link_kind(CATALOG[device])
+    for fitted, latency, fraction in p.ar_by_link:
+        if fitted == kind:
+            return latency, fraction, False
+    if p.ar_by_link:
+        _, latency, fraction = p.ar_by_link[0]
+        return latency, fraction, True
+    return p.ar_latency, p.ar_link_fraction, False
 
 
 def roofline(compute: np.ndarray, memory: np.ndarray, q: float) -> np.ndarray:
@@ -305,8 +343,9 @@ def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.nda
         return p.t0 + roofline(flops / eta_c, memory / p.eta_m, p.gemm_sharpness)
     if op == "allreduce":
         n = c["devices"]
-        bandwidth = p.ar_link_fraction * CATALOG[device].link_bandwidth
-        return p.ar_latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
+        latency, fraction, _ = allreduce_figures(p, device)
+        bandwidth = fraction * CATALOG[device].link_bandwidth
+        return latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
     decode = op == "decode_attention"
     flops, memory = attention_terms(c, device, decode)
     per_sequence = p.decode_per_sequence if decode else p.prefill_per_sequence
@@ -365,13 +404,16 @@ def _log_loss(predicted: np.ndarray, measured: np.ndarray) -> float:
 Rows = list[tuple[str, dict[str, np.ndarray], np.ndarray]]  # (device, columns, seconds)
 
 
-def fit_gemm(rows: Rows) -> tuple[float, tuple[float, ...], float, float, list[str]]:
+def fit_gemm(
+    rows: Rows, floor: float = math.nan
+) -> tuple[float, tuple[float, ...], float, float, list[str]]:
     """t0, eta_c per bin, eta_m and the roofline's sharpness q over GEMM rows (of one device or
-    several), and the refusals."""
+    several), and the refusals; t0 is ``floor`` (the launch-bound rows' time) when known."""
     bins = len(BIN_BOUNDS)
 
     def unpack(x: np.ndarray) -> tuple[float, np.ndarray, float, float]:
-        t0, eta_m = float(np.exp(x[0])) * 1e-6, float(_sigmoid(x[1 + bins]))
+        t0 = floor if math.isfinite(floor) else float(np.exp(x[0])) * 1e-6
+        eta_m = float(_sigmoid(x[1 + bins]))
         return t0, _sigmoid(x[1 : 1 + bins]), eta_m, 1 + float(np.exp(x[-1]))
 
     terms = [gemm_terms(c, device) for device, c, _ in rows]
@@ -421,9 +463,13 @@ def fit_params(
             out.append((item.device, {k: v[keep] for k, v in c.items()}, seconds[keep]))
         return out
 
-    t0, eta_c, eta_m, q, _ = fit_gemm(rows("gemm"))
+    floors = [item.gemm_floor for item in items if math.isfinite(item.gemm_floor)]
+    t0, eta_c, eta_m, q, _ = fit_gemm(
+        rows("gemm"), float(np.median(floors)) if floors else math.nan
+    )
     attention = fit_attention(rows("prefill_attention"), rows("decode_attention"), eta_m)
-    latency, bandwidth = fit_allreduce(rows("allreduce"))
+    by_link = fit_allreduce_by_link(rows("allreduce"))
+    _, latency, bandwidth = by_link[0] if by_link else ("", 0.0, 1.0)
     fixed, eta_hd = attention[2:5], attention[5]
     return Params(
         t0,
@@ -435,6 +481,7 @@ def fit_params(
         *fixed,
         q,
         eta_hd,  # type: ignore[arg-type]
+        tuple(by_link),
     )
 
 
@@ -453,6 +500,8 @@ def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[object, ..
         )
 
     def stacked(rows: Rows, decode: bool) -> tuple[np.ndarray, ...]:
+        if not rows:  # a folder without this kind of attention: nothing to fit on
+            return tuple(np.empty(0) for _ in range(4))
         terms = [attention_terms(c, d, decode) for d, c, _ in rows]
         count = np.concatenate([c["batch"] * (c["heads"] if decode else 1) for _, c, _ in rows])
         flops = np.concatenate([f for f, _ in terms])
@@ -461,7 +510,9 @@ def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[object, ..
 
     p_count, p_flops, p_memory, p_measured = stacked(prefill, False)
     d_count, d_flops, d_memory, d_measured = stacked(decode, True)
-    p_bin = np.concatenate([head_dim_index(c["head_dim"]) for _, c, _ in prefill])
+    p_bin = np.concatenate(
+        [head_dim_index(c["head_dim"]) for _, c, _ in prefill] or [np.empty(0, int)]
+    )
 
     def loss(x: np.ndarray) -> float:
         t0, per_prefill, per_decode = np.exp(x[:3]) * 1e-6
@@ -479,14 +530,55 @@ def fit_attention(prefill: Rows, decode: Rows, eta_m: float) -> tuple[object, ..
         + [_logit(0.5)] * hd_bins
     )
     p = unpack(nelder_mead(loss, x0, 2000))
+    eta_hd, _ = populated_head_dims(p.eta_hd, np.bincount(p_bin, minlength=hd_bins))
     return (
         p.eta_ac,
         p.eta_am,
         p.attention_t0,
         p.prefill_per_sequence,
         p.decode_per_sequence,
-        p.eta_hd,
+        eta_hd,
     )
+
+
+def populated_head_dims(
+    etas: Sequence[float], counts: Sequence[int]
+) -> tuple[tuple[float, ...], list[str]]:
+    """A head-size bin with under MIN_BOUND_ROWS prefill rows in the fit has no eta the data
+    supports: it takes the nearest populated bin's (the larger on a tie), and is named."""
+    populated = [i for i, n in enumerate(counts) if n >= MIN_BOUND_ROWS]
+    if not populated:
+        return tuple(etas), []
+    kept, refused = list(etas), []
+    for i, n in enumerate(counts):
+        if n >= MIN_BOUND_ROWS:
+            continue
+        nearest = min(populated, key=lambda j: (abs(j - i), -j))
+        kept[i] = etas[nearest]
+        refused.append(
+            f"prefill attention, head size <= {HEAD_DIM_BOUNDS[i]:g}: {n} rows "
+            f"(< {MIN_BOUND_ROWS}); takes the eta of head size <= {HEAD_DIM_BOUNDS[nearest]:g}"
+        )
+    return tuple(kept), refused
+
+
+def head_dim_refusals(item: OpData) -> list[str]:
+    """The head-size bins :func:`populated_head_dims` refused on ``item``'s rows."""
+    counts = np.bincount(
+        head_dim_index(item.ops["prefill_attention"][0]["head_dim"]),
+        minlength=len(HEAD_DIM_BOUNDS),
+    )
+    return populated_head_dims([0.0] * len(counts), counts)[1]
+
+
+def fit_allreduce_by_link(rows: Rows) -> list[tuple[str, float, float]]:
+    """(link kind, latency, link fraction) for each kind of link among the rows' devices: an
+    NVLink's figures are not a PCIe link's."""
+    kinds = sorted({link_kind(CATALOG[d]) for d, _, _ in rows})
+    return [
+        (kind, *fit_allreduce([r for r in rows if link_kind(CATALOG[r[0]]) == kind]))
+        for kind in kinds
+    ]
 
 
 def fit_allreduce(rows: Rows) -> tuple[float, float]:
@@ -511,7 +603,7 @@ def shape_half(item: OpData, op: str) -> np.ndarray:
     """A fixed half of an op's shapes (by a hash of the row's inputs): True = fit, False = test."""
     c, seconds = item.ops[op]
     keys = np.stack([c[k] for k in c], axis=1)
-    return np.array([zlib.crc32(row.tobytes()) % 2 == 0 for row in keys])
+    return np.array([zlib.crc32(row.tobytes()) % 2 == 0 for row in keys], dtype=bool)
 
 
 def held_out(item: OpData) -> dict[str, float]:
@@ -532,8 +624,37 @@ def _figure(value: float) -> float:
     return float(f"{value:.4g}")
 
 
+def _bins(bounds: Sequence[float], etas: Sequence[float]) -> list[list[float | None]]:
+    """[bound, eta] pairs as a table file holds them (the last bound null: JSON has no inf)."""
+    return [[None if math.isinf(b) else b, round(e, 4)] for b, e in zip(bounds, etas)]
+
+
+def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> Efficiency:
+    """The runtime's table (plan/compute/efficiency.py) for fitted ``p`` on ``device``,
+    unrounded: what a shipped table file holds, to four figures."""
+    return Efficiency(
+        device=device,
+        engine=engine,
+        gemm_t0=p.t0,
+        compute_bins=tuple(zip(BIN_BOUNDS, p.eta_c)),
+        memory_efficiency=p.eta_m,
+        attention_compute_efficiency=p.eta_ac,
+        attention_memory_efficiency=p.eta_am,
+        allreduce_latency=allreduce_figures(p, device)[0],
+        allreduce_bandwidth=allreduce_figures(p, device)[1] * CATALOG[device].link_bandwidth,
+        held_out_error=0.0,
+        source=source,
+        attention_t0=p.attention_t0,
+        prefill_attention_per_sequence=p.prefill_per_sequence,
+        decode_attention_per_head=p.decode_per_sequence,
+        gemm_sharpness=p.gemm_sharpness,
+        prefill_head_dim_bins=tuple(zip(HEAD_DIM_BOUNDS, p.eta_hd)),
+        prefill_tile=PREFILL_TILE,
+    )
+
+
 def table_document(item: OpData, p: Params, errors: dict[str, float], refused: list[str]) -> dict:
-    bins = [[None if math.isinf(b) else b, round(e, 4)] for b, e in zip(BIN_BOUNDS, p.eta_c)]
+    bins = _bins(BIN_BOUNDS, p.eta_c)
     source = item.source
     if errors.get("allreduce", 0.0) > ALLREDUCE_REFUSAL:
         refused = [
@@ -547,9 +668,12 @@ def table_document(item: OpData, p: Params, errors: dict[str, float], refused: l
         "engine": item.engine,
         "gemm_t0": _figure(p.t0),
         "compute_bins": bins,
+        "gemm_sharpness": _figure(p.gemm_sharpness),
         "memory_efficiency": round(p.eta_m, 4),
         "attention_compute_efficiency": round(p.eta_ac, 4),
         "attention_memory_efficiency": round(p.eta_am, 4),
+        "prefill_head_dim_bins": _bins(HEAD_DIM_BOUNDS, p.eta_hd),
+        "prefill_tile": PREFILL_TILE,
         "attention_t0": _figure(p.attention_t0),
         "prefill_attention_per_sequence": _figure(p.prefill_per_sequence),
         "decode_attention_per_head": _figure(p.decode_per_sequence),
@@ -588,6 +712,79 @@ def transfer_errors(chosen: dict[str, OpData]) -> dict[str, dict[str, float]]:
     }
 
 
+def kind_of(target: str, others: Sequence[str]) -> str:
+    """Leave-one-device-out's kind: a device of the left-out one's architecture among the
+    others (same architecture), or none (cross generation)."""
+    same = any(CATALOG[o].architecture == CATALOG[target].architecture for o in others)
+    return "same_architecture" if same else "cross_generation"
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """One device left out: the efficiencies fitted on every other device, and each op's
+    relative errors on the left-out device's rows."""
+
+    device: str
+    kind: str
+    params: Params
+    errors: dict[str, np.ndarray]
+    cross_link: bool = False  # no device of its link kind among the others: said, not hidden
+
+
+def leave_one_device_out(chosen: dict[str, OpData]) -> list[LeftOut]:
+    """Each device in turn: fit on every other device's rows (pooled), predict its rows with
+    its own datasheet peaks."""
+    out = []
+    for target, item in chosen.items():
+        others = [d for k, d in chosen.items() if k != target]
+        p = fit_params(others)
+        errors = {op: relative_errors(p, item, op) for op in item.ops}
+        kind = kind_of(target, [d.device for d in others])
+        out.append(LeftOut(target, kind, p, errors, allreduce_figures(p, target)[2]))
+    return out
+
+
+def lodo_summary(left: Sequence[LeftOut]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per op, the median and p90 relative error over every left-out device ("all") and by
+    kind (same architecture, cross generation)."""
+    summary: dict[str, dict[str, dict[str, float]]] = {}
+    for op in OPS:
+        for group in ("all", "same_architecture", "cross_generation"):
+            parts = [x.errors[op] for x in left if op in x.errors and group in ("all", x.kind)]
+            if parts:
+                e = np.concatenate(parts)
+                summary.setdefault(op, {})[group] = _median_p90(e)
+    links = {"same_link": False, "cross_link": True}
+    for group, cross in links.items():
+        parts = [
+            x.errors["allreduce"] for x in left if "allreduce" in x.errors and x.cross_link == cross
+        ]
+        if parts:
+            summary.setdefault("allreduce", {})[group] = _median_p90(np.concatenate(parts))
+    return summary
+
+
+def _median_p90(e: np.ndarray) -> dict[str, float]:
+    return {"median": round(float(np.median(e)), 4), "p90": round(float(np.quantile(e, 0.9)), 4)}
+
+
+def print_lodo(summary: dict[str, dict[str, dict[str, float]]]) -> None:
+    groups = ("all", "same_architecture", "cross_generation")
+    print("leave one device out, per op: median / p90 relative error")
+    print(f"  {'op':<18}" + "".join(f"{g:>22}" for g in groups))
+    for op, by in summary.items():
+        cells = [f"{by[g]['median']:.1%} / {by[g]['p90']:.1%}" if g in by else "-" for g in groups]
+        print(f"  {op:<18}" + "".join(f"{c:>22}" for c in cells))
+    by = summary.get("allreduce", {})
+    for group in ("same_link", "cross_link"):
+        if group in by:
+            note = " (no device of its link kind fitted on: a cross-link transfer)"
+            print(
+                f"  allreduce, {group.replace('_', ' ')}: {by[group]['median']:.1%} / "
+                f"{by[group]['p90']:.1%}" + (note if group == "cross_link" else "")
+            )
+
+
 def fit_all(ops_root: Path, out: Path) -> None:
     data = load_all(ops_root)
     if not data:
@@ -595,16 +792,23 @@ def fit_all(ops_root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for item in data:
         p = fit_params([item])
-        *_, refused = fit_gemm([(item.device, *item.ops["gemm"])])
+        *_, refused = fit_gemm([(item.device, *item.ops["gemm"])], item.gemm_floor)
+        refused += head_dim_refusals(item)
         errors = held_out(item)
         document = table_document(item, p, errors, refused)
         path = out / f"{item.device}-{item.engine}.json"
         path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
         print(f"{path.name}: held out {', '.join(f'{k} {v:.1%}' for k, v in errors.items())}")
     transfer = transfer_errors(newest(data))
+    lodo = lodo_summary(leave_one_device_out(newest(data)))
+    print_lodo(lodo)
     first = data[0].source
     transfer_document = {
         **transfer,
+        "leave_one_device_out": lodo,
+        "leave_one_device_out_method": "each device's newest vLLM rows predicted by one fit on "
+        "every other device's (pooled), with its own datasheet peaks; same_architecture: "
+        "another device of its architecture among those fitted on",
         "method": "fit each device's newest vLLM tables, predict every other device's per-op "
         "rows with that device's datasheet peaks; pooled over GEMM, attention, all-reduce",
         "source": {k: first[k] for k in ("repository", "commit", "licence")},

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_prefill.plan.compute.devices import CATALOG, custom_device
+from pytest_prefill.plan.compute.devices import CATALOG, Device, custom_device
 from pytest_prefill.plan.compute.efficiency import (
     TABLES,
     TRANSFER_FILE,
+    AttentionCall,
     Efficiency,
     EfficiencyChoice,
     efficiency_for,
+    link_kind,
     load_table,
     load_tables,
     load_transfer_errors,
@@ -79,6 +81,12 @@ def document(**changes: object) -> dict[str, object]:
         ("allreduce_latency", -1.0),
         ("held_out_error", math.nan),
         ("decode_attention_per_head", -1e-9),
+        ("gemm_sharpness", 0.5),
+        ("gemm_sharpness", math.nan),
+        ("prefill_tile", -1),
+        ("prefill_tile", 1.5),
+        ("prefill_head_dim_bins", ((128.0, 0.5),)),  # the last bound is not infinite
+        ("prefill_head_dim_bins", ((128.0, 0.0), (math.inf, 0.5))),  # an efficiency of 0
     ],
 )
 def test_a_field_out_of_bounds_is_refused_by_name(field: str, value: object) -> None:
@@ -112,11 +120,56 @@ def test_compute_efficiency_is_the_first_bin_whose_bound_holds_m() -> None:
             t.compute_efficiency(bad)  # type: ignore[arg-type]
 
 
+def test_the_roofline_is_the_max_when_infinitely_sharp_and_between_max_and_sum_else() -> None:
+    compute, memory = 3e-6, 4e-6
+    assert table().roofline(compute, memory) == memory  # no sharpness given: the max
+    assert table(gemm_sharpness=1.0).roofline(compute, memory) == pytest.approx(compute + memory)
+    soft = table(gemm_sharpness=2.0).roofline(compute, memory)
+    assert soft == pytest.approx(math.hypot(compute, memory))  # (c^2 + m^2)^(1/2)
+    assert memory < soft < compute + memory
+
+
+def test_a_gemm_costs_t0_plus_the_roofline_of_its_compute_and_memory_times() -> None:
+    t = table(gemm_sharpness=3.0)
+    flops, moved, peak, bandwidth = 1e12, 1e9, 1e15, 2e12
+    compute, memory = flops / (0.8 * peak), moved / (0.7 * bandwidth)  # m = 1000: the 0.8 bin
+    assert t.gemm_seconds(1000, flops, moved, peak, bandwidth) == pytest.approx(
+        5e-6 + (compute**3 + memory**3) ** (1 / 3)
+    )
+
+
+def test_prefill_attention_takes_its_head_size_bins_efficiency_else_the_shared_one() -> None:
+    bins = ((64.0, 0.3), (128.0, 0.6), (math.inf, 0.7))
+    t = table(prefill_head_dim_bins=bins)
+    assert [t.prefill_attention_efficiency(d) for d in (64, 96, 128, 256)] == [0.3, 0.6, 0.6, 0.7]
+    assert table().prefill_attention_efficiency(128) == 0.5  # no bins: attention_compute
+    call = AttentionCall(sequences=2, heads=8, head_dim=64, moved=1e8)
+    seconds = t.prefill_attention_seconds(1e7, call, 1e15, 2e12)
+    assert seconds == pytest.approx(4 * 8 * 64 * 1e7 / (0.3 * 1e15) + 1e8 / (0.7 * 2e12))
+
+
+def test_the_prefill_kernel_computes_the_diagonals_tiles_whole() -> None:
+    # a tile of 128: each new token's row computes 64 pairs more than the causal count
+    assert table(prefill_tile=128).prefill_computed_pairs(1000.0, 10) == 1000 + 10 * 64
+    assert table().prefill_computed_pairs(1000.0, 10) == 1000  # no tile recorded: exact
+
+
 def test_loader_reads_a_document_and_names_the_file_and_field_when_wrong(tmp_path: Path) -> None:
     loaded = table_from_json(document(), "x.json")
     assert loaded.compute_bins == ((64, 0.5), (math.inf, 0.8))
     assert loaded.source == "r@c p, Apache-2.0"
     assert loaded.attention_t0 == 0.0  # optional host terms default to none
+    assert loaded.gemm_sharpness == math.inf and loaded.prefill_head_dim_bins == ()
+    fitted = table_from_json(
+        document(
+            gemm_sharpness=2.5, prefill_tile=128, prefill_head_dim_bins=[[128, 0.6], [None, 0.7]]
+        ),
+        "x.json",
+    )
+    assert fitted.prefill_head_dim_bins == ((128, 0.6), (math.inf, 0.7))
+    assert (fitted.gemm_sharpness, fitted.prefill_tile) == (2.5, 128)
+    with pytest.raises(ValueError, match=r"x\.json: prefill_head_dim_bins"):
+        table_from_json(document(prefill_head_dim_bins=[[128, 0.6]]), "x.json")
     with pytest.raises(ValueError, match=r"x\.json: missing field\(s\) gemm_t0"):
         table_from_json({k: v for k, v in document().items() if k != "gemm_t0"}, "x.json")
     with pytest.raises(ValueError, match=r"x\.json: memory_efficiency"):
@@ -177,6 +230,16 @@ def test_a_borrowed_allreduce_bandwidth_goes_with_the_link() -> None:
     assert choice.table.memory_efficiency == tables[0].memory_efficiency  # fractions carry over
 
 
+def test_a_borrowed_allreduce_across_link_kinds_is_said_to_be_one() -> None:
+    nvlink = choose("h100-pcie", [table("h100-sxm", "vllm-0.24.0")])  # NVLink table, PCIe link
+    assert (link_kind(CATALOG["h100-pcie"]), link_kind(CATALOG["h100-sxm"])) == ("pcie", "nvlink")
+    assert "all-reduce: a cross-link transfer (nvlink figures on a pcie link)" in (
+        nvlink.error_class
+    )
+    pcie = choose("l4", [table("l40s", "vllm-0.24.0")])  # both PCIe: nothing to say
+    assert pcie.transferred_from == "l40s" and "cross-link" not in pcie.error_class
+
+
 def test_within_an_architecture_the_nearest_datasheet_wins() -> None:
     tables = [table("h100-sxm", "vllm-0.24.0"), table("h200", "vllm-0.24.0")]
     pcie = CATALOG["h100-pcie"]
@@ -216,6 +279,14 @@ def test_a_choice_names_its_table_device_when_transferred() -> None:
 SHIPPED = load_tables()
 
 
+def _achieved(t: Efficiency, device: Device, m: int, nk: int = 8192) -> float:
+    """The fraction of ``device``'s bf16 peak a GEMM of (m, nk, nk) reaches by table ``t``."""
+    flops, moved = 2.0 * m * nk * nk, 2.0 * (2 * m * nk + nk * nk)
+    peak = device.peak_flops["bf16"]
+    seconds = t.gemm_seconds(m, flops, moved, peak, device.memory_bandwidth)
+    return flops / seconds / peak
+
+
 @pytest.mark.skipif(not SHIPPED, reason="no efficiency tables shipped yet")
 def test_shipped_tables_are_physical_and_cite_their_source() -> None:
     for t in SHIPPED:
@@ -225,14 +296,18 @@ def test_shipped_tables_are_physical_and_cite_their_source() -> None:
             t.attention_compute_efficiency,
             t.attention_memory_efficiency,
             *(eta for _, eta in t.compute_bins),
+            *(eta for _, eta in t.prefill_head_dim_bins),
         ):
             assert 0 < eta <= 1, (t.device, t.engine)
         assert 0 <= t.gemm_t0 < 1e-3  # a launch, not a pass
         assert 0 < t.allreduce_bandwidth
+        assert t.gemm_sharpness >= 1 and t.prefill_tile >= 0
         assert "Apache-2.0" in t.source and "aiconfigurator" in t.source
-        # larger GEMMs reach at least the efficiency of smaller ones
-        etas = [eta for _, eta in t.compute_bins]
-        assert etas[-1] >= etas[0], (t.device, etas)
+        # a large GEMM reaches at least the fraction of the peak a small one does (with a soft
+        # roofline, eta_c alone is not that fraction: the time the table gives is)
+        device = CATALOG[t.device]
+        large = _achieved(t, device, 8192)
+        assert all(_achieved(t, device, m) <= large for m in (1, 16, 64, 256)), t.engine
     errors = load_transfer_errors(TABLES)
     assert set(errors) == {"same_architecture", "cross_generation"}
     for key in CATALOG:

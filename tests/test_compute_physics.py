@@ -107,6 +107,35 @@ def test_a_big_prefill_is_compute_bound_at_the_efficiency_given() -> None:
     assert flops == pytest.approx(2 * tokens * linear, rel=1e-3)
 
 
+def test_prefill_attention_computes_the_diagonal_tiles_at_its_head_sizes_efficiency() -> None:
+    spec, device = model("llama-3.1-8b"), device_named("h100")
+    fitted = dataclasses.replace(
+        FLAT, prefill_tile=128, prefill_head_dim_bins=((64.0, 0.9), (math.inf, 0.25))
+    )
+    tokens = 4096
+    pairs = tokens * (tokens + 1) // 2
+
+    def attention(table: Efficiency) -> float:
+        return Physics(spec, device, table).attention(pairs, tokens, 0, 1, False).seconds
+
+    per_pair = 4 * spec.attention_heads * spec.head_dim / device.peak("bf16")
+    # head size 128 takes the second bin's 0.25, not attention_compute_efficiency's 0.5
+    extra = attention(fitted) - attention(FLAT)
+    assert extra == pytest.approx(per_pair * ((pairs + tokens * 64) / 0.25 - pairs / 0.5))
+
+
+def test_a_soft_roofline_makes_a_gemm_near_the_ridge_cost_more_than_the_max() -> None:
+    spec, device = model("llama-3.1-8b"), device_named("h100")
+    soft = dataclasses.replace(FLAT, gemm_sharpness=2.0)
+    m, n, k = 256, 4096, 4096
+    hard = Physics(spec, device, FLAT).gemm("g", m, n, k)
+    smooth = Physics(spec, device, soft).gemm("g", m, n, k)
+    compute = hard.flops / (0.5 * device.peak("bf16"))
+    memory = hard.bytes / (0.8 * device.memory_bandwidth)
+    assert hard.seconds == pytest.approx(max(compute, memory))
+    assert smooth.seconds == pytest.approx(math.hypot(compute, memory))
+
+
 def test_a_single_decode_step_reads_the_weights_at_the_memory_efficiency() -> None:
     spec, device = model("llama-3.1-8b"), device_named("h100")
     step = Physics(spec, device, FLAT).decode_step(1, 0)

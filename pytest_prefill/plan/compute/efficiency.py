@@ -43,11 +43,14 @@ class Efficiency:
     """The fraction of ``device``'s peaks that ``engine``'s kernels reach, fitted on per-op data.
 
     ``compute_bins``: ``(upper bound of m, eta_c)`` pairs, m = the tokens (rows) in the GEMM,
-    bounds ascending and the last one infinite. A GEMM costs ``gemm_t0 + max(2mnk / (eta_c(m)
-    * P), bytes / (memory_efficiency * W))``, bytes = 2(mk + kn + mn) at bf16. One prefill
-    attention call over ``b`` sequences costs ``attention_t0 + b * prefill_attention_per_sequence
-    + pair FLOPs / (attention_compute_efficiency * P) + Q, K, V, O bytes / (memory_efficiency *
-    W)`` (pair FLOPs 4 * heads * head_dim per causal (query, key) pair); one decode attention
+    bounds ascending and the last one infinite. A GEMM costs ``gemm_t0 + (c^q + w^q)^(1/q)``,
+    c = 2mnk / (eta_c(m) * P), w = bytes / (memory_efficiency * W), bytes = 2(mk + kn + mn) at
+    bf16, q = ``gemm_sharpness`` (infinite: the max of the two). One prefill attention call over
+    ``b`` sequences costs ``attention_t0 + b * prefill_attention_per_sequence + pair FLOPs /
+    (eta_p(head_dim) * P) + Q, K, V, O bytes / (memory_efficiency * W)`` (pair FLOPs 4 * heads *
+    head_dim per causal (query, key) pair, the diagonal's tiles whole: ``prefill_tile / 2``
+    pairs more per token; eta_p from ``prefill_head_dim_bins``, ``(upper bound of head_dim,
+    eta)`` pairs, else attention_compute_efficiency); one decode attention
     call ``attention_t0 + b * heads * decode_attention_per_head + max(pair FLOPs /
     (attention_compute_efficiency * P), cached K and V bytes / (attention_memory_efficiency *
     W))``. An all-reduce of ``B`` bytes over ``n`` devices costs ``allreduce_latency + 2(n-1)/n
@@ -74,6 +77,9 @@ class Efficiency:
     attention_t0: float = 0.0
     prefill_attention_per_sequence: float = 0.0
     decode_attention_per_head: float = 0.0
+    gemm_sharpness: float = math.inf
+    prefill_head_dim_bins: tuple[tuple[float, float], ...] = ()
+    prefill_tile: int = 0
 
     def __post_init__(self) -> None:
         for name in ("device", "engine", "source"):
@@ -91,6 +97,13 @@ class Efficiency:
         _finite("attention_t0", self.attention_t0)
         _finite("prefill_attention_per_sequence", self.prefill_attention_per_sequence)
         _finite("decode_attention_per_head", self.decode_attention_per_head)
+        if not (_is_number(self.gemm_sharpness) and self.gemm_sharpness >= 1):
+            raise ValueError(f"gemm_sharpness must be a number >= 1, got {self.gemm_sharpness!r}")
+        tile = self.prefill_tile
+        if isinstance(tile, bool) or not isinstance(tile, int) or tile < 0:
+            raise ValueError(f"prefill_tile must be a whole number of tokens >= 0, got {tile!r}")
+        if self.prefill_head_dim_bins != ():
+            _check_bins(self.prefill_head_dim_bins, "prefill_head_dim_bins")
 
     def compute_efficiency(self, m: int) -> float:
         """eta_c for a GEMM of ``m`` rows: the first bin whose upper bound is >= ``m``."""
@@ -99,25 +112,95 @@ class Efficiency:
         bounds = [bound for bound, _ in self.compute_bins]
         return self.compute_bins[bisect.bisect_left(bounds, m)][1]
 
+    def prefill_attention_efficiency(self, head_dim: int) -> float:
+        """Prefill attention's eta for ``head_dim``: the first head-size bin whose bound is >=
+        it, else ``attention_compute_efficiency`` (a table without head-size bins)."""
+        if not self.prefill_head_dim_bins:
+            return self.attention_compute_efficiency
+        bounds = [bound for bound, _ in self.prefill_head_dim_bins]
+        return self.prefill_head_dim_bins[bisect.bisect_left(bounds, head_dim)][1]
 
-def _check_bins(bins: object) -> None:
+    def roofline(self, compute: float, memory: float) -> float:
+        """Compute and memory time overlapped: ``(c^q + m^q)^(1/q)``, the max when q is inf."""
+        q, larger = self.gemm_sharpness, max(compute, memory)
+        if math.isinf(q) or larger <= 0:
+            return larger
+        return float(larger * ((compute / larger) ** q + (memory / larger) ** q) ** (1 / q))
+
+    def gemm_seconds(
+        self, m: int, flops: float, moved: float, peak: float, bandwidth: float
+    ) -> float:
+        """A GEMM of ``m`` rows doing ``flops`` and moving ``moved`` bytes on a device of
+        ``peak`` FLOP/s and ``bandwidth`` bytes/s."""
+        compute = flops / (self.compute_efficiency(max(1, m)) * peak)
+        return self.gemm_t0 + self.roofline(compute, moved / (self.memory_efficiency * bandwidth))
+
+    def prefill_attention_seconds(
+        self, computed_pairs: float, cost: AttentionCall, peak: float, bandwidth: float
+    ) -> float:
+        """One prefill attention call computing ``computed_pairs`` (query, key) pairs (the
+        diagonal's tiles included: :meth:`prefill_computed_pairs`)."""
+        flops = 4.0 * cost.heads * cost.head_dim * computed_pairs
+        compute = flops / (self.prefill_attention_efficiency(cost.head_dim) * peak)
+        fixed = self.attention_t0 + cost.sequences * self.prefill_attention_per_sequence
+        return fixed + compute + cost.moved / (self.memory_efficiency * bandwidth)
+
+    def prefill_computed_pairs(self, causal_pairs: float, tokens: float) -> float:
+        """The (query, key) pairs the prefill kernel computes for ``causal_pairs`` causal pairs
+        over ``tokens`` new tokens: the diagonal's tiles whole."""
+        return causal_pairs + tokens * self.prefill_tile / 2
+
+    def decode_attention_seconds(
+        self, pairs: float, cost: AttentionCall, peak: float, bandwidth: float
+    ) -> float:
+        """One decode attention call over ``pairs`` (query, key) pairs reading ``cost.moved``
+        bytes of cached K and V."""
+        flops = 4.0 * cost.heads * cost.head_dim * pairs
+        compute = flops / (self.attention_compute_efficiency * peak)
+        read = cost.moved / (self.attention_memory_efficiency * bandwidth)
+        fixed = self.attention_t0 + cost.sequences * cost.heads * self.decode_attention_per_head
+        return fixed + max(compute, read)
+
+    def allreduce_seconds(self, size: float, devices: int) -> float:
+        """One ring all-reduce of ``size`` bytes over ``devices`` devices."""
+        return (
+            self.allreduce_latency + 2 * (devices - 1) / devices * size / self.allreduce_bandwidth
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AttentionCall:
+    """One attention call's shape: ``sequences`` in it, ``heads`` (query heads) of
+    ``head_dim``, and the bytes it ``moved`` (prefill: Q, K, V, O and any cached K, V; decode:
+    the cached K and V read)."""
+
+    sequences: float
+    heads: float
+    head_dim: int
+    moved: float
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _check_bins(bins: object, name: str = "compute_bins") -> None:
     if not isinstance(bins, tuple) or not bins:
-        raise ValueError(f"compute_bins must be a non-empty tuple of (bound, eta), got {bins!r}")
+        raise ValueError(f"{name} must be a non-empty tuple of (bound, eta), got {bins!r}")
     previous = 0.0
     for index, pair in enumerate(bins):
         if not (isinstance(pair, tuple) and len(pair) == 2):
-            raise ValueError(f"compute_bins[{index}] must be a (bound, eta) pair, got {pair!r}")
+            raise ValueError(f"{name}[{index}] must be a (bound, eta) pair, got {pair!r}")
         bound, eta = pair
         ok = isinstance(bound, (int, float)) and not isinstance(bound, bool)
         if not ok or math.isnan(bound) or bound <= previous:
             raise ValueError(
-                f"compute_bins[{index}] bound must be above the one before ({previous:g}), "
-                f"got {bound!r}"
+                f"{name}[{index}] bound must be above the one before ({previous:g}), got {bound!r}"
             )
-        _fraction(f"compute_bins[{index}] eta", eta)
+        _fraction(f"{name}[{index}] eta", eta)
         previous = bound
     if previous != math.inf:
-        raise ValueError(f"compute_bins' last bound must be inf, got {previous!r}")
+        raise ValueError(f"{name}' last bound must be inf, got {previous!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,7 +237,14 @@ TABLE_FIELDS = (
     "held_out_error",
     "source",
 )
-OPTIONAL_FIELDS = ("attention_t0", "prefill_attention_per_sequence", "decode_attention_per_head")
+OPTIONAL_FIELDS = (
+    "attention_t0",
+    "prefill_attention_per_sequence",
+    "decode_attention_per_head",
+    "gemm_sharpness",
+    "prefill_head_dim_bins",
+    "prefill_tile",
+)
 SOURCE_FIELDS = ("repository", "commit", "path", "licence")
 
 
@@ -177,13 +267,10 @@ def table_from_json(document: Mapping[str, Any], where: str) -> Efficiency:
         not isinstance(source.get(key), str) or not source.get(key) for key in SOURCE_FIELDS
     ):
         raise ValueError(f"{where}: source must be an object with {', '.join(SOURCE_FIELDS)}")
-    bins = document["compute_bins"]
-    if not isinstance(bins, list) or any(not isinstance(b, list) or len(b) != 2 for b in bins):
-        raise ValueError(f"{where}: compute_bins must be a list of [bound, eta] pairs")
     values = {name: document[name] for name in TABLE_FIELDS + OPTIONAL_FIELDS if name in document}
-    values["compute_bins"] = tuple(
-        (math.inf if bound is None else bound, eta) for bound, eta in bins
-    )
+    for name in ("compute_bins", "prefill_head_dim_bins"):
+        if name in document:
+            values[name] = _bins_from_json(document[name], name, where)
     values["source"] = (
         f"{source['repository']}@{source['commit']} {source['path']}, {source['licence']}"
     )
@@ -191,6 +278,13 @@ def table_from_json(document: Mapping[str, Any], where: str) -> Efficiency:
         return Efficiency(**values)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
+
+
+def _bins_from_json(bins: object, name: str, where: str) -> tuple[tuple[float, float], ...]:
+    """``[[bound, eta], ..., [null, eta]]`` as (bound, eta) pairs, the null bound infinite."""
+    if not isinstance(bins, list) or any(not isinstance(b, list) or len(b) != 2 for b in bins):
+        raise ValueError(f"{where}: {name} must be a list of [bound, eta] pairs")
+    return tuple((math.inf if bound is None else bound, eta) for bound, eta in bins)
 
 
 def load_table(path: Path) -> Efficiency:
@@ -231,6 +325,14 @@ def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
             median = entry.get("median") if isinstance(entry, Mapping) else entry
             errors[kind] = _finite(f"{TRANSFER_FILE}: {kind}.median", median)
     return errors
+
+
+def link_kind(device: Device) -> str:
+    """``"pcie"`` or ``"nvlink"`` (NVLink, Infinity Fabric): the catalog gives a PCIe link its
+    PCIe latency assumption, as it does a custom device's default link."""
+    from pytest_prefill.plan.compute.devices import PCIE_LATENCY
+
+    return "pcie" if device.link_latency >= PCIE_LATENCY else "nvlink"
 
 
 def _distance(a: Device, b: Device) -> float:
@@ -323,4 +425,9 @@ def efficiency_for(
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
     label = kind.replace("_", " ")
+    if link_kind(device) != link_kind(donor):  # its all-reduce figures were fitted on another link
+        error += (
+            f"; all-reduce: a cross-link transfer ({link_kind(donor)} figures on a "
+            f"{link_kind(device)} link), its error not measured"
+        )
     return EfficiencyChoice(table, donor.key, f"{label} transfer from {donor.key}: {error}")

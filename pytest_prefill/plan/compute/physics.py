@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from pytest_prefill.plan.compute.devices import Device
-from pytest_prefill.plan.compute.efficiency import Efficiency
+from pytest_prefill.plan.compute.efficiency import AttentionCall, Efficiency
 from pytest_prefill.plan.model_spec import ModelSpec
 from pytest_prefill.sim.cost import Piece, piece_sums
 
@@ -70,15 +70,17 @@ class Physics:
         return self.device.peak("fp8" if self.model.quantization == "fp8" else "bf16")
 
     def gemm(self, name: str, m: int, n: int, k: int, *, weights: float | None = None) -> Op:
-        """``t0 + max(2mnk / (ηc(m)·P), bytes / (ηm·W))``; bytes: the weights (``weights``
-        when given, else k·n values) and the activations in and out."""
-        eff = self.efficiency
+        """``t0 + (c^q + w^q)^(1/q)``, c = 2mnk / (ηc(m)·P), w = bytes / (ηm·W) (the
+        efficiency table's roofline); bytes: the weights (``weights`` when given, else k·n
+        values) and the activations in and out."""
         weight_bytes = k * n * self.model.weight_value_bytes if weights is None else weights
         moved = weight_bytes + (m * k + m * n) * ACTIVATION_BYTES
         flops = 2.0 * m * n * k
-        compute = flops / (eff.compute_efficiency(max(1, m)) * self.linear_peak)
-        memory = moved / (eff.memory_efficiency * self.device.memory_bandwidth)
-        return Op(name, flops, moved, eff.gemm_t0 + max(compute, memory))
+        return Op(name, flops, moved, self._gemm_seconds(m, flops, moved))
+
+    def _gemm_seconds(self, m: int, flops: float, moved: float) -> float:
+        bandwidth = self.device.memory_bandwidth
+        return self.efficiency.gemm_seconds(m, flops, moved, self.linear_peak, bandwidth)
 
     def layer_gemms(self, tokens: int) -> list[Op]:
         """One layer's GEMMs over ``tokens`` rows (per TP rank)."""
@@ -122,33 +124,31 @@ class Physics:
         """The experts' GEMM as one grouped launch: ``rows`` routed rows over the ``touched``
         experts (each a GEMM of ``rows ÷ touched`` rows at that size's ηc), reading only the
         touched experts' weights."""
-        eff = self.efficiency
         moved = touched * k * n * self.model.weight_value_bytes + rows * (k + n) * ACTIVATION_BYTES
         flops = 2.0 * rows * n * k
         per_expert = max(1, round(rows / touched))
-        compute = flops / (eff.compute_efficiency(per_expert) * self.linear_peak)
-        memory = moved / (eff.memory_efficiency * self.device.memory_bandwidth)
-        return Op(name, flops, moved, eff.gemm_t0 + max(compute, memory))
+        return Op(name, flops, moved, self._gemm_seconds(per_expert, flops, moved))
 
     def attention(self, pairs: int, tokens: int, kv_read: int, sequences: int, decode: bool) -> Op:
         """One layer's attention over ``sequences`` sequences: ``pairs`` (query, key) pairs at
         ``4 · heads · d`` FLOPs each (QKᵀ and PV) and ``kv_read`` cached tokens' K and V read.
         Prefill (plan/compute/efficiency.py's form): a fixed and a per-sequence cost, plus the
-        pairs' compute plus Q, K, V and O moved; decode: a fixed and a per-head cost, plus the
-        larger of the pairs' compute and the cache's read."""
+        pairs' compute (the diagonal's tiles whole, at the head size's efficiency) plus Q, K, V
+        and O moved; decode: a fixed and a per-head cost, plus the larger of the pairs' compute
+        and the cache's read."""
         m, tp, eff = self.model, self.tp, self.efficiency
         heads, kv_heads = m.attention_heads // tp, max(1, m.kv_heads // tp)
-        flops = 4.0 * heads * m.head_dim * pairs
         cached = float(kv_read) * 2 * kv_heads * m.head_dim * m.kv_dtype_bytes
-        compute = flops / (eff.attention_compute_efficiency * self.device.peak("bf16"))
+        peak, bandwidth = self.device.peak("bf16"), self.device.memory_bandwidth
         if decode:
-            read = cached / (eff.attention_memory_efficiency * self.device.memory_bandwidth)
-            fixed = eff.attention_t0 + sequences * heads * eff.decode_attention_per_head
-            return Op("attention", flops, cached, fixed + max(compute, read))
+            call = AttentionCall(sequences, heads, m.head_dim, cached)
+            seconds = eff.decode_attention_seconds(pairs, call, peak, bandwidth)
+            return Op("attention", 4.0 * heads * m.head_dim * pairs, cached, seconds)
         moved = cached + tokens * m.head_dim * (2 * heads + 2 * kv_heads) * ACTIVATION_BYTES
-        read = moved / (eff.memory_efficiency * self.device.memory_bandwidth)
-        fixed = eff.attention_t0 + sequences * eff.prefill_attention_per_sequence
-        return Op("attention", flops, moved, fixed + compute + read)
+        computed = eff.prefill_computed_pairs(pairs, tokens)
+        call = AttentionCall(sequences, heads, m.head_dim, moved)
+        seconds = eff.prefill_attention_seconds(computed, call, peak, bandwidth)
+        return Op("attention", 4.0 * heads * m.head_dim * computed, moved, seconds)
 
     def elementwise(self, tokens: int) -> Op:
         """One layer's fused norms and activation (two add+RMSNorms read and write the hidden
@@ -166,12 +166,9 @@ class Physics:
         ``tokens × hidden`` activations, ring algorithm: ``2(n−1)/n`` of the bytes on the bus."""
         if self.tp == 1:
             return Op("allreduce", 0.0, 0.0, 0.0)
-        eff = self.efficiency
         size = float(tokens) * self.model.hidden_size * ACTIVATION_BYTES
         bus = size * 2 * (self.tp - 1) / self.tp
-        return Op(
-            "allreduce", 0.0, 2 * bus, 2 * (eff.allreduce_latency + bus / eff.allreduce_bandwidth)
-        )
+        return Op("allreduce", 0.0, 2 * bus, 2 * self.efficiency.allreduce_seconds(size, self.tp))
 
     def pass_ops(
         self, tokens: int, pairs: int, kv_read: int, logits: int, decode: bool = False
