@@ -134,3 +134,24 @@ def test_a_split_of_pools_runs_through_the_capacity_search_with_each_pools_cost(
         Deployment("disaggregated", 4, prefill_workers=1, pools=split)
     with pytest.raises(ValueError, match="decode_cost applies to disaggregated deployments"):
         Deployment("shared", 2, decode_cost=base)
+
+
+def test_each_pool_line_carries_its_sides_split_flag_and_the_splits_router():
+    from pytest_prefill.plan.deployments import Deployment
+    from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS, pool_line
+    from pytest_prefill.sim import PRESETS
+
+    base = PRESETS["datacenter-illustrative"].cost
+    split = parse_pools("disaggregated:1:2,p=h100,d=l40s")
+    pooled = Deployment.of_pools(split, *split.costs(lambda pool: base))
+    command = ENGINE_COMMANDS["vllm"]
+    assert command.split is not None
+    prefill_line, decode_line = pooled.command(PROFILES_VLLM).splitlines()
+    for line, flag, role, count in (
+        (prefill_line, command.split[0], "prefill", 1),
+        (decode_line, command.split[1], "decode", 2),
+    ):
+        assert flag in line and f"(× {count}, one per device, {role}; " in line
+        assert command.router_of(True) in line and command.router_of(False) not in line
+    with pytest.raises(ValueError, match="role must be"):
+        pool_line(PROFILES_VLLM, "both", 1)

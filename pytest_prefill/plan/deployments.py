@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, typical_star
-from pytest_prefill.plan.engine_commands import engine_command, launch_line, refusal, splits
+from pytest_prefill.plan.engine_commands import (
+    engine_command,
+    launch_line,
+    pool_line,
+    refusal,
+    splits,
+)
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.pools import PoolSplit
 from pytest_prefill.sim import (
@@ -222,9 +228,9 @@ class Deployment:
         if self.pools is not None:  # one command per pool, a line each
             return "\n".join(
                 f"{pool.role} pool, {pool.kind}: "
-                + launch_line(
+                + pool_line(
                     self.engine(profile),
-                    None,
+                    pool.role,
                     pool.instances,
                     pool.tp,
                     memory_fraction,

@@ -190,6 +190,73 @@ def launch_line(
     fill in) at most ``max_model_len`` tokens a sequence (None: the model's context); a
     sentence instead of a command for an engine without one."""
     command = engine_command(profile)
+    line = _typed(profile, tp, memory_fraction, model, max_model_len)
+    if command.start is None:
+        settings = _settings(profile, tp)
+        if prefill is None:
+            return f"{devices} × {profile.name}{settings}, behind {command.router_of(False)}"
+        return (
+            f"{prefill} prefill + {devices - prefill} decode instances of {profile.name}"
+            f"{settings}, placed by {command.router_of(True)}"
+        )
+    if prefill is None:
+        return f"{line}  (× {devices}, {_per(tp)}, behind {command.router_of(False)})"
+    prefill_flag, decode_flag = _split_flags(command, profile)
+    return (
+        f"{line} {prefill_flag}  (× {prefill}, prefill)  +  {line} {decode_flag}  "
+        f"(× {devices - prefill}, decode), behind {command.router_of(True)}"
+    )
+
+
+def pool_line(
+    profile: EngineProfile,
+    role: str,
+    instances: int,
+    tp: int = 1,
+    memory_fraction: float | None = None,
+    model: str | None = None,
+    max_model_len: int | None = None,
+) -> str:
+    """The command for one pool of a split (``role``: ``"prefill"`` or ``"decode"``) of
+    ``instances`` instances on ``tp`` devices each, with the engine's flag that makes an
+    instance that side of the split and what places requests across the two pools; the rest
+    as :func:`launch_line`."""
+    if role not in ("prefill", "decode"):
+        raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
+    command = engine_command(profile)
+    flag = _split_flags(command, profile)[0 if role == "prefill" else 1]
+    if command.start is None:
+        return f"{instances} {role} instances of {profile.name}{_settings(profile, tp)}"
+    line = " ".join(
+        part for part in (_typed(profile, tp, memory_fraction, model, max_model_len), flag) if part
+    )
+    return f"{line}  (× {instances}, {_per(tp)}, {role}; behind {command.router_of(True)})"
+
+
+def _split_flags(command: EngineCommand, profile: EngineProfile) -> tuple[str, str]:
+    if command.split is None:
+        raise ValueError(f"engine {profile.name!r} runs no prefill:decode split")
+    return command.split
+
+
+def _per(tp: int) -> str:
+    return "one per device" if tp == 1 else f"one per {tp} devices"
+
+
+def _settings(profile: EngineProfile, tp: int) -> str:
+    return f" ({profile.label()}{f', TP {tp}' if tp > 1 else ''})"
+
+
+def _typed(
+    profile: EngineProfile,
+    tp: int,
+    memory_fraction: float | None,
+    model: str | None,
+    max_model_len: int | None,
+) -> str:
+    """The engine's start command with its flags: the profile's knobs, TP, memory fraction and
+    longest sequence ("" for an engine with no command line)."""
+    command = engine_command(profile)
     sizing = []
     if tp > 1 or memory_fraction is not None:
         if command.tp_flag is not None:
@@ -202,25 +269,9 @@ def launch_line(
     if tp > 1 and command.tp_flag is None and command.start is not None:
         flags += f"  (tensor parallel over {tp} devices: {profile.name} has no flag for it)"
     if command.start is None:
-        settings = f" ({profile.label()}{f', TP {tp}' if tp > 1 else ''})"
-        if prefill is None:
-            return f"{devices} × {profile.name}{settings}, behind {command.router_of(False)}"
-        return (
-            f"{prefill} prefill + {devices - prefill} decode instances of {profile.name}"
-            f"{settings}, placed by {command.router_of(True)}"
-        )
+        return ""
     start = command.start.replace(MODEL, model) if model else command.start
-    line = " ".join(part for part in (start, flags) if part)
-    if prefill is None:
-        per = "one per device" if tp == 1 else f"one per {tp} devices"
-        return f"{line}  (× {devices}, {per}, behind {command.router_of(False)})"
-    if command.split is None:
-        raise ValueError(f"engine {profile.name!r} runs no prefill:decode split")
-    prefill_flag, decode_flag = command.split
-    return (
-        f"{line} {prefill_flag}  (× {prefill}, prefill)  +  {line} {decode_flag}  "
-        f"(× {devices - prefill}, decode), behind {command.router_of(True)}"
-    )
+    return " ".join(part for part in (start, flags) if part)
 
 
 def refusal(
