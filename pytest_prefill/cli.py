@@ -2,7 +2,8 @@
 ``pytest_prefill/commands/`` named for its feature (``COMMANDS`` maps the name typed to the
 module) with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``, and optionally
 ``check(args)``: what can be refused from the command line alone, called right after parsing,
-before any work (a ``ValueError`` there is a usage error).
+before any work (a ``ValueError`` there is a usage error); what it returns, when not None (what
+it derived from the flags), ``run`` takes as its second argument: no state rides on ``args``.
 None of them may import torch or numpy at import time."""
 
 from __future__ import annotations
@@ -96,12 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv  # the command line, for what a run archives (calibrate --save)
     try:
         check_outputs(args)
-        if args._check is not None:
-            args._check(args)
+        checked = args._check(args) if args._check is not None else None
     except ValueError as err:
         parser.exit(2, f"prefill-bench {args.command}: error: {err}\n")
     try:
-        return int(args._run(args) or 0)
+        return int((args._run(args) if checked is None else args._run(args, checked)) or 0)
     except BrokenPipeError:  # e.g. `prefill-bench simulate | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from pytest_prefill.plan.compute.derive import (
 from pytest_prefill.plan.compute.devices import Device, device_named
 from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
 from pytest_prefill.plan.compute.transfer import (
+    CPU_KEY,
     Transferred,
     calibration_span,
     probed_device,
@@ -29,7 +31,7 @@ from pytest_prefill.plan.compute.transfer import (
 )
 from pytest_prefill.plan.device_memory import default_max_num_seqs
 from pytest_prefill.plan.hardware import Hardware
-from pytest_prefill.plan.model_spec import load_model_spec
+from pytest_prefill.plan.model_spec import ModelSpec, load_model_spec
 from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel
 
@@ -127,15 +129,15 @@ def derive_on(
     return dataclasses.replace(hardware, derived=deriver), spec
 
 
-def host_from_cost(args: argparse.Namespace, span: TokenRange) -> HostCost:
-    """The host cost --host-from's calibration implies: its measured decode terms less the
-    compute derived for the model and device its provenance names (at its TP).
+def host_from_cost(path: str, engine: str, span: TokenRange) -> HostCost:
+    """The host cost --host-from's calibration at ``path`` implies: its measured decode terms
+    less the compute derived (with ``engine``'s efficiencies) for the model and device its
+    provenance names (at its TP).
 
     Raises:
         ValueError: in one line, for a file that is not a calibration, or a model or device
             its provenance does not name in a form read here.
     """
-    path = args.host_from
     measured, calibration = calibration_at(path)
     provenance = calibration["provenance"]
     facts = server_facts_of(resolve_cost(path))
@@ -145,7 +147,7 @@ def host_from_cost(args: argparse.Namespace, span: TokenRange) -> HostCost:
     except ValueError as err:
         raise ValueError(f"--host-from {path}: its provenance: {err}") from None
     tp = facts.tp if facts is not None else 1
-    part = derive_cost(model, device, efficiency_of(device, args.profile.name), span, tp=tp)
+    part = derive_cost(model, device, efficiency_of(device, engine), span, tp=tp)
     return host_from_calibration(
         measured,
         part.cost,
@@ -153,15 +155,15 @@ def host_from_cost(args: argparse.Namespace, span: TokenRange) -> HostCost:
     )
 
 
-def cpu_transfer(args: argparse.Namespace, _span: TokenRange) -> Transferred:
-    """--host-from's calibration of a model on this CPU carried to --model on it: the CPU's
-    efficiencies and the host's cost per layer that calibration implies, read over the
-    calibration's own range (the deriver fits --model over the workload's, ``_span``).
+def cpu_transfer(path: str, model: ModelSpec, cpu: Device, _span: TokenRange) -> Transferred:
+    """--host-from's calibration (at ``path``) of a model on this CPU carried to ``model`` on
+    it (``cpu``, as probed): the CPU's efficiencies and the host's cost per layer that
+    calibration implies, read over the calibration's own range (the deriver fits --model over
+    the workload's, ``_span``).
 
     Raises:
         ValueError: in one line, for a calibration whose provenance names no model read here.
     """
-    path = args.host_from
     measured, calibration = calibration_at(path)
     try:
         source = load_model_spec(str(calibration["provenance"].get("model")))
@@ -171,11 +173,24 @@ def cpu_transfer(args: argparse.Namespace, _span: TokenRange) -> Transferred:
     return transferred(
         measured,
         source,
-        args.hardware.model,
-        args.gpu_device,
+        model,
+        cpu,
         measured_span,
         f"--host-from {path}",
     )
+
+
+def carried_by(
+    path: str | None, engine: str, model: ModelSpec, device: Device
+) -> tuple[Callable[[TokenRange], HostCost] | None, Callable[[TokenRange], Transferred] | None]:
+    """What --host-from's calibration at ``path`` carries into ``model``'s derivation on
+    ``device`` under ``engine`` (:func:`derive_on`'s ``host`` and ``carried``): its host cost,
+    and on this CPU (its probe) the CPU's efficiencies too; nothing without ``path``."""
+    if not path:
+        return None, None
+    host = functools.partial(host_from_cost, path, engine)
+    on_cpu = device.key == CPU_KEY
+    return host, functools.partial(cpu_transfer, path, model, device) if on_cpu else None
 
 
 def server_facts_of(spec: CostSpec) -> ServerFacts | None:

@@ -15,10 +15,9 @@ from typing import Any
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
 from pytest_prefill.commands._compute_args import (
+    carried_by,
     cost_document,
-    cpu_transfer,
     derive_on,
-    host_from_cost,
     probed_cpu,
     server_facts_of,
 )
@@ -31,9 +30,11 @@ from pytest_prefill.plan.compute.transfer import (
 from pytest_prefill.plan.deployments import Deployment, default_deployments
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
 from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
 from pytest_prefill.plan.vllm_memory import DEFAULT_VLLM_VERSION, reserve_rule
 from pytest_prefill.report.assumptions import PRESET_MODEL
+from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
@@ -126,29 +127,51 @@ MODEL_HELP = (
 )
 
 
-def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> None:
-    """Set ``args.hardware`` (None without ``--model``) and ``args.max_model_len`` (given, else
-    the model's context, else Qwen3-0.6B's, the presets' model) and say where the cap comes
-    from (``args.max_model_len_origin``).
+@dataclasses.dataclass(frozen=True)
+class Deploying:
+    """What the deployment flags come to once checked (:func:`check_deploy_args`): the engine
+    ``profile``, the ``cost`` spec in effect (``--cost``, else its default; None when the
+    compute is derived), whether it is derived (``derive``: ``--gpu`` without ``--cost``) on
+    ``gpu_device``, the ``hardware`` of ``--model`` (None without it), the context cap and
+    where it comes from, and a server calibration's facts once the cost is read. A later step
+    that learns more returns a new one (:func:`dataclasses.replace`); none is changed."""
+
+    profile: EngineProfile
+    cost: str | None
+    derive: bool = False
+    gpu_device: Device | None = None
+    hardware: Hardware | None = None
+    max_model_len: int | None = None
+    max_model_len_origin: str | None = None
+    server_facts: ServerFacts | None = None
+
+
+def check_deploy_args(
+    args: argparse.Namespace,
+    profile: EngineProfile,
+    devices: int | None = None,
+    gpu: str | None = None,
+) -> Deploying:
+    """The deployment under ``profile`` the flags name (``gpu``: the --gpu kind, when not
+    ``args.gpu``): its hardware (None without ``--model``) and its max-model-len (given, else
+    the model's context, else Qwen3-0.6B's, the presets' model) and where the cap comes from.
 
     Raises:
         ValueError: naming the flag: a model that cannot be read (a config.json missing a
             field), --device-memory without --model or the reverse, or memory that holds no
             KV cache for the model at any TP that divides ``devices``.
     """
-    args.hardware = None
-    device = _gpu(args)
+    checked = _gpu(args, profile, gpu if gpu is not None else getattr(args, "gpu", None))
     memory, fraction = args.device_memory, args.gpu_memory_utilization
-    measure = getattr(args, "cost", None) == "measure"
-    if args.model is None or (measure and memory is None):  # only what to calibrate
+    if args.model is None or (checked.cost == "measure" and memory is None):  # what to calibrate
         if memory is not None or fraction is not None:
             raise ValueError(
                 "--device-memory and --gpu-memory-utilization size --model's memory: give --model"
             )
-        _max_model_len(args, None)
-        return
+        return dataclasses.replace(checked, **_max_model_len(args, None))
+    device = checked.gpu_device
     model = _model(args, device)
-    recorded = memory_of_cost(getattr(args, "cost", None)) if memory is None else None
+    recorded = memory_of_cost(checked.cost) if memory is None else None
     if memory is None and device is not None:
         recorded = device.memory_bytes / GiB, f"--gpu {device.key}, as its driver reports"
     if memory is None and recorded is None:
@@ -159,13 +182,12 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
     source = "--device-memory"
     if recorded is not None:
         memory, source = recorded
-    profile = getattr(args, "profile", None)  # its sequence cap sizes vLLM's sampler reserve
     hardware = Hardware(
         model,
         memory * GiB,
         fraction or DEFAULT_UTILIZATION,
         memory_source=source,
-        max_num_seqs=profile.max_seqs if profile is not None else None,
+        max_num_seqs=profile.max_seqs,  # its sequence cap sizes vLLM's sampler reserve
         vllm_version=getattr(args, "vllm_version", DEFAULT_VLLM_VERSION),
     )
     sizes = hardware.tp_sizes(devices or 1)
@@ -180,28 +202,27 @@ def check_deploy_args(args: argparse.Namespace, devices: int | None = None) -> N
                 f"no --device-memory given, so one device's memory was taken from {source} "
                 f"({memory:g} GiB): {err}"
             ) from None
-    args.hardware = hardware
-    _max_model_len(args, model.max_position_embeddings)
+    context = _max_model_len(args, model.max_position_embeddings)
+    return dataclasses.replace(checked, hardware=hardware, **context)
 
 
-def _gpu(args: argparse.Namespace) -> Device | None:
-    """``--gpu``'s device (None: not given), and ``args.derive``: whether the compute is
-    derived (``--gpu`` without ``--cost``); ``--cost`` unset takes its default otherwise."""
-    gpu = getattr(args, "gpu", None)
-    args.derive = gpu is not None and getattr(args, "cost", None) is None
-    if not args.derive and getattr(args, "cost", None) is None and hasattr(args, "cost"):
-        args.cost = getattr(args, "cost_fallback", None)
-    args.gpu_device = None
-    if getattr(args, "host_from", None) and not args.derive:
+def _gpu(args: argparse.Namespace, profile: EngineProfile, gpu: str | None) -> Deploying:
+    """``gpu``'s device (None: not given), whether the compute is derived (``--gpu`` without
+    ``--cost``) and the cost spec in effect (``--cost`` unset takes its default otherwise)."""
+    given = getattr(args, "cost", None)
+    derive = gpu is not None and given is None
+    cost = given if given is not None or derive else getattr(args, "cost_fallback", None)
+    checked = Deploying(profile, cost, derive)
+    if getattr(args, "host_from", None) and not derive:
         raise ValueError(
             "--host-from carries a calibration's host cost into a derived answer: give --gpu "
             "and --model (and no --cost)"
         )
     if gpu is None:
-        return None
+        return checked
     try:
         is_cpu = gpu.strip().lower() == CPU_KEY
-        args.gpu_device = probed_cpu(args) if is_cpu else device_named(gpu)
+        device = probed_cpu(args) if is_cpu else device_named(gpu)
     except ValueError as err:
         raise ValueError(f"--gpu: {err}") from None
     if args.model is None:
@@ -209,7 +230,7 @@ def _gpu(args: argparse.Namespace) -> Device | None:
             "--gpu needs --model (a config.json or a preset): the compute and the KV cache are "
             "derived from the model's shapes on that device"
         )
-    return args.gpu_device
+    return dataclasses.replace(checked, gpu_device=device)
 
 
 def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
@@ -234,27 +255,32 @@ def _model(args: argparse.Namespace, device: Device | None) -> ModelSpec:
 
 
 def derived_spec(
-    args: argparse.Namespace, prompts: Sequence[int], outputs: Sequence[int]
-) -> CostSpec:
+    args: argparse.Namespace,
+    deploying: Deploying,
+    prompts: Sequence[int],
+    outputs: Sequence[int],
+) -> tuple[Deploying, CostSpec]:
     """The cost spec derived from --model on --gpu over the token range of a workload's
-    ``prompts`` and ``outputs`` (their lengths); ``args.hardware`` then derives each TP's."""
-    hardware, device = args.hardware, args.gpu_device
+    ``prompts`` and ``outputs`` (their lengths), and ``deploying`` with the hardware that then
+    derives each TP's."""
+    hardware, device = deploying.hardware, deploying.gpu_device
     assert hardware is not None and device is not None
-    host = (lambda span: host_from_cost(args, span)) if getattr(args, "host_from", None) else None
-    carried = (lambda span: cpu_transfer(args, span)) if device.key == CPU_KEY else None
-    args.hardware, spec = derive_on(
-        hardware, device, args.profile.name, prompts, outputs, host, carried
-    )
-    return spec
+    engine = deploying.profile.name
+    host, carried = carried_by(getattr(args, "host_from", None), engine, hardware.model, device)
+    derived, spec = derive_on(hardware, device, engine, prompts, outputs, host, carried)
+    return dataclasses.replace(deploying, hardware=derived), spec
 
 
-def planning_cost(args: argparse.Namespace, requests: Callable[[], Sequence[Any]]) -> CostSpec:
+def planning_cost(
+    args: argparse.Namespace, deploying: Deploying, requests: Callable[[], Sequence[Any]]
+) -> tuple[Deploying, CostSpec]:
     """The cost spec a planning command runs on: derived from --model on --gpu over the token
-    range of ``requests()`` (called only then) when ``args.derive``, else --cost's."""
-    if not args.derive:
-        return resolve_cost_args(args)
+    range of ``requests()`` (called only then) when ``deploying.derive``, else --cost's (its
+    default when unset); and ``deploying`` with the hardware a derivation leaves."""
+    if not deploying.derive:
+        return deploying, resolve_cost_args(args, deploying.cost)
     load = requests()
-    return derived_spec(args, [r.prompt_len for r in load], [r.output_len for r in load])
+    return derived_spec(args, deploying, [r.prompt_len for r in load], [r.output_len for r in load])
 
 
 # The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative
@@ -288,23 +314,26 @@ def _largest_tp(devices: int) -> int:
     return max(n for n in (1, 2, 4, 8) if devices % n == 0)
 
 
-def _max_model_len(args: argparse.Namespace, context: int | None) -> None:
-    if not hasattr(args, "max_model_len"):  # a command without a workload (timeline)
-        return
+def _max_model_len(args: argparse.Namespace, context: int | None) -> dict[str, Any]:
+    """The context cap and where it comes from: --max-model-len, else ``context`` (the
+    model's), else Qwen3-0.6B's (none for a command without a workload: timeline)."""
+    if not hasattr(args, "max_model_len"):
+        return {}
     if args.max_model_len is not None:
-        args.max_model_len_origin = "--max-model-len"
+        length, origin = args.max_model_len, "--max-model-len"
     elif context is not None:
-        args.max_model_len, args.max_model_len_origin = context, f"{args.model}'s context"
+        length, origin = context, f"{args.model}'s context"
     else:
-        args.max_model_len = QWEN3_CONTEXT
-        args.max_model_len_origin = "Qwen3-0.6B's context, the cost presets' model; --model sets it"
+        length = QWEN3_CONTEXT
+        origin = "Qwen3-0.6B's context, the cost presets' model; --model sets it"
+    return {"max_model_len": length, "max_model_len_origin": origin}
 
 
-def check_deployment_tp(args: argparse.Namespace, tps: Sequence[int], devices: int) -> None:
-    """ValueError when a deployment's TP cannot serve --model on ``devices`` (or any TP > 1
-    is asked for without --model: its all-reduces need the model's shapes)."""
+def check_deployment_tp(hardware: Hardware | None, tps: Sequence[int], devices: int) -> None:
+    """ValueError when a deployment's TP cannot serve --model (``hardware``) on ``devices``
+    (or any TP > 1 is asked for without --model: its all-reduces need the model's shapes)."""
     for tp in tps:
-        if args.hardware is None:
+        if hardware is None:
             if tp > 1:
                 raise ValueError(
                     f"tp={tp} needs --model and --device-memory (the all-reduces and the KV "
@@ -312,18 +341,19 @@ def check_deployment_tp(args: argparse.Namespace, tps: Sequence[int], devices: i
                 )
             continue
         try:
-            args.hardware.check_tp(tp, devices)
+            hardware.check_tp(tp, devices)
         except ValueError as err:
             raise ValueError(f"tp={tp}: {err}") from None
 
 
 def deployed_cost(
-    args: argparse.Namespace, cost: CostModel, engine: EngineProfile, tp: int = 1
+    hardware: Hardware | None, cost: CostModel, engine: EngineProfile, tp: int = 1
 ) -> CostModel:
-    """``cost`` for one instance of --model at ``tp`` (``cost`` itself without --model)."""
-    if args.hardware is None:
+    """``cost`` for one instance of --model (``hardware``) at ``tp`` (``cost`` itself
+    without --model)."""
+    if hardware is None:
         return cost
-    return args.hardware.instance_cost(cost, tp, engine.kv_block_tokens)
+    return hardware.instance_cost(cost, tp, engine.kv_block_tokens)
 
 
 def served_name(spec: str) -> str:
@@ -341,51 +371,56 @@ def served_name(spec: str) -> str:
     return spec
 
 
-def deployed_spec(args: argparse.Namespace, spec: CostSpec) -> CostSpec:
+def deployed_spec(deploying: Deploying, spec: CostSpec) -> CostSpec:
     """``spec`` with its cost for one instance of --model at TP 1 and its source saying so."""
-    if args.hardware is None or spec.cost is None:
+    hardware, profile = deploying.hardware, deploying.profile
+    if hardware is None or spec.cost is None:
         return spec
-    cost = deployed_cost(args, spec.cost, args.profile)
-    lines = args.hardware.lines([1], args.profile.kv_block_tokens)
+    cost = deployed_cost(hardware, spec.cost, profile)
+    lines = hardware.lines([1], profile.kv_block_tokens)
     return dataclasses.replace(spec, cost=cost, source="; ".join([spec.source, *lines]))
 
 
-def keep_server_facts(args: argparse.Namespace, spec: CostSpec) -> str | None:
-    """Set ``args.server_facts`` from a server calibration (and the hardware's measured TP and
+def keep_server_facts(deploying: Deploying, spec: CostSpec) -> tuple[Deploying, str | None]:
+    """``deploying`` with a server calibration's facts (and the hardware's measured TP and
     KV); the line that says the search keeps them (None: no server facts)."""
-    facts = args.server_facts = server_facts_of(spec)
+    facts = server_facts_of(spec)
     if facts is None:
-        return None
-    if args.hardware is not None:
-        args.hardware = dataclasses.replace(
-            args.hardware,
+        return dataclasses.replace(deploying, server_facts=None), None
+    hardware = deploying.hardware
+    if hardware is not None:
+        hardware = dataclasses.replace(
+            hardware,
             measured_tp=facts.tp,
             server_kv_tokens=facts.kv_capacity_tokens,
-            max_num_seqs=facts.max_seqs or args.hardware.max_num_seqs,
+            max_num_seqs=facts.max_seqs or hardware.max_num_seqs,
         )
-    return (
+    line = (
         f"Server facts kept as the deployment's (the search varies the budget, not the "
         f"hardware): {facts.describe()}"
     )
+    return dataclasses.replace(deploying, hardware=hardware, server_facts=facts), line
 
 
 def search_deployments(
-    args: argparse.Namespace,
+    deploying: Deploying,
+    slo: SLO,
     cost: CostModel,
     devices: int,
     given: Sequence[Deployment] | None,
 ) -> tuple[Deployment, ...]:
-    """What a search on ``devices`` compares: ``given``, else the engine's defaults (with
-    --model at every TP that fits, each at its own cost model; a server calibration's TP only);
-    a server calibration's sequence cap on each."""
-    hardware, facts, block = args.hardware, args.server_facts, args.profile.kv_block_tokens
+    """What a search on ``devices`` within ``slo`` compares: ``given``, else the engine's
+    defaults (with --model at every TP that fits, each at its own cost model; a server
+    calibration's TP only); a server calibration's sequence cap on each."""
+    hardware, facts, profile = deploying.hardware, deploying.server_facts, deploying.profile
+    block = profile.kv_block_tokens
     tp = facts.tp if facts is not None else 1
     if given:
         out = hardware.attach(given, cost, block) if hardware is not None else tuple(given)
     elif hardware is not None:
-        out = hardware.deployments(cost, devices, args.slo, args.profile)
+        out = hardware.deployments(cost, devices, slo, profile)
     elif devices % tp == 0:
-        out = default_deployments(cost, devices, args.slo, args.profile, tp)
+        out = default_deployments(cost, devices, slo, profile, tp)
     else:
         out = ()
     if facts is not None and facts.max_seqs is not None:
@@ -406,20 +441,21 @@ def measured_model(spec: CostSpec) -> str | None:
 
 
 def decode_pool_cost(
-    args: argparse.Namespace, deployments: Sequence[Deployment]
-) -> list[Deployment]:
+    args: argparse.Namespace, deployments: Sequence[Deployment], across_kinds: bool = False
+) -> tuple[list[Deployment], CostSpec | None]:
     """``--decode-cost SPEC``: the decode pool's own cost model (a preset or a cost JSON, read
     as ``--cost`` is; not ``measure`` or ``archive``) given to every disaggregated deployment
-    of ``deployments``, ``--cost`` then the prefill pool's and the KV link's.
+    of ``deployments``, ``--cost`` then the prefill pool's and the KV link's; and the spec
+    (None: not given), which the answer names beside --cost's.
 
     Raises:
         ValueError: naming --decode-cost: across device kinds (each pool's cost is derived
             there), without a disaggregated --deployment, or a spec that does not resolve.
     """
-    spec = getattr(args, "decode_cost", None)
-    if spec is None:
-        return list(deployments)
-    if args.kind_search is not None:
+    text = getattr(args, "decode_cost", None)
+    if text is None:
+        return list(deployments), None
+    if across_kinds:
         raise ValueError(
             "--decode-cost: pools of their own derive each pool's cost from --model and the "
             "catalog; give --decode-cost with --cost and a disaggregated:P:D --deployment"
@@ -428,15 +464,16 @@ def decode_pool_cost(
         raise ValueError(
             "--decode-cost is the decode pool's cost model: give a disaggregated:P:D --deployment"
         )
-    if spec in ("measure", "archive"):
-        raise ValueError(f"--decode-cost: a preset or a cost JSON path, got {spec!r}")
+    if text in ("measure", "archive"):
+        raise ValueError(f"--decode-cost: a preset or a cost JSON path, got {text!r}")
     try:
-        args.decode_cost_spec = resolve_cost(spec)  # the answer names it beside --cost's
+        spec = resolve_cost(text)
     except ValueError as err:
         raise ValueError(f"--decode-cost: {err}") from None
-    cost = args.decode_cost_spec.cost
+    cost = spec.cost
     assert cost is not None  # a preset or a file: resolved
-    return [
+    pools = [
         dataclasses.replace(d, decode_cost=cost) if d.policy == "disaggregated" else d
         for d in deployments
     ]
+    return pools, spec

@@ -17,7 +17,7 @@ def add_engine_argument(
 ) -> None:
     """``--engine NAME`` (one of the profiles), defaulting to ``default`` (``shown``: the
     default as the help says it, when it depends on other flags); :func:`check_engine` turns it
-    into ``args.profile``."""
+    into the profile."""
     parser.add_argument(
         "--engine",
         metavar="NAME",
@@ -33,16 +33,15 @@ def add_engine_argument(
     parser.set_defaults(engine_default=default)
 
 
-def check_engine(args: argparse.Namespace) -> EngineProfile:
-    """``args.engine`` as the profile the simulator runs (set as ``args.profile``);
-    ``args.engine_given`` says whether it was typed or is the command's default.
+def check_engine(args: argparse.Namespace, default: str | None = None) -> EngineProfile:
+    """``args.engine`` as the profile the simulator runs, else ``default`` (else the
+    command's own default, set by :func:`add_engine_argument`).
 
     Raises:
         ValueError: for an unknown profile (listing the allowed ones) or one whose knobs are
             not simulated yet.
     """
-    args.engine_given = args.engine is not None
-    name = args.engine if args.engine is not None else args.engine_default
+    name = args.engine if args.engine is not None else default or args.engine_default
     try:
         profile = simulated_engine(name)
     except ValueError as err:
@@ -53,7 +52,6 @@ def check_engine(args: argparse.Namespace) -> EngineProfile:
             profile = simulated_engine(with_prefix_caching(profile, caching == "on"))
         except ValueError as err:
             raise ValueError(f"--prefix-caching {caching}: {err}") from None
-    args.profile = profile
     return profile
 
 
@@ -68,19 +66,17 @@ def with_prefix_caching(
     return dataclasses.replace(profile, kv="paged", prefix_caching=True, prefix_block_tokens=block)
 
 
-def engine_for(args: argparse.Namespace, workload: Workload) -> EngineProfile:
-    """The checked profile with the prefix blocks of ``workload`` (Mooncake's 512 tokens) when
-    its prefix cache is on (``--prefix-caching on`` or the profile's own; set as
-    ``args.profile``)."""
+def engine_for(profile: EngineProfile, workload: Workload) -> EngineProfile:
+    """The checked ``profile`` with the prefix blocks of ``workload`` (Mooncake's 512 tokens)
+    when its prefix cache is on (``--prefix-caching on`` or the profile's own)."""
     try:
-        args.profile = engine_for_workload(args.profile, workload)
+        return engine_for_workload(profile, workload)
     except ValueError as err:
         raise ValueError(f"the prefix cache with {workload.name}: {err}") from None
-    return args.profile
 
 
 def engine_note(args: argparse.Namespace) -> str:
     """What a header adds after the profile's line: that it is the command's default."""
-    if args.engine_given:
+    if args.engine is not None:  # typed, not the command's default
         return ""
     return f"(this command's default; --engine {', '.join(n for n in PROFILES)} to change it)"

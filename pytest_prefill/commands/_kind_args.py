@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int
 from pytest_prefill.commands._compute_args import derive_on
-from pytest_prefill.commands._deploy_args import check_deploy_args, served_name
+from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args, served_name
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.deployments import Deployment, refused_kinds
 from pytest_prefill.plan.device_memory import GiB
@@ -23,7 +23,7 @@ from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.plan.pools import PoolSplit, parse_pools
 from pytest_prefill.plan.pricing import parse_prices
 from pytest_prefill.report.assumptions import AnswerBasis
-from pytest_prefill.sim import CostModel, Request
+from pytest_prefill.sim import CostModel, EngineProfile, Request
 
 MAX_DEVICES_PER_KIND = 64  # a search across kinds tries every split the budgets allow
 MAX_DEVICES = 1024  # as capacity's --devices: a bound on what the command line simulates
@@ -76,17 +76,20 @@ class KindSearch:
     """What a search across kinds compares: ``hardware`` of each kind (catalog key, its
     memory the catalog's), each kind's ``budget`` and ``tp`` (the smallest that holds the
     model), the ``splits`` given (empty: every deployment :func:`kind_deployments` allows),
-    and ``prices`` ($/device-hour per kind; None: not priced)."""
+    ``prices`` ($/device-hour per kind; None: not priced) and the ``devices`` the search
+    spans (the budgets' sum, or the most a given split uses)."""
 
     hardware: Mapping[str, Hardware]
     budget: Mapping[str, int]
     tp: Mapping[str, int]
     splits: tuple[PoolSplit, ...] = ()
     prices: Mapping[str, float] | None = None
+    devices: int = 1
 
 
-def check_kinds(args: argparse.Namespace) -> None:
-    """Set ``args.kind_search`` (and ``args.hardware``, ``args.devices``: the budget's sum).
+def check_kinds(args: argparse.Namespace, profile: EngineProfile) -> tuple[KindSearch, Deploying]:
+    """What a search across kinds under ``profile`` compares, and the deployment of its first
+    kind (the model, its context).
 
     Raises:
         ValueError: in one line naming the flag: --cost, --device-memory or --host-from
@@ -120,27 +123,25 @@ def check_kinds(args: argparse.Namespace) -> None:
         keys += [k for k in split.devices_by_kind() if k not in keys]
     if not keys:
         raise ValueError("--gpu: name the device kinds to search, e.g. --gpu h100,l40s")
-    args.gpu = keys[0]
     budget = _budget(args.devices, keys, splits)
-    check_deploy_args(args, budget[keys[0]])  # the model, its context, the first kind
-    base = args.hardware
+    first = check_deploy_args(args, profile, budget[keys[0]], gpu=keys[0])  # model, context
+    base = first.hardware
+    assert base is not None  # --model given: its hardware
+    block = profile.kv_block_tokens
     hardware = {k: _on(base, k) for k in keys}
-    tp = {k: _smallest_tp(hardware[k], budget[k], k, args) for k in keys}
+    tp = {k: _smallest_tp(hardware[k], budget[k], k, block) for k in keys}
     for split in splits:
         for pool in (split.prefill, split.decode):
             try:
-                hardware[pool.kind].kv(pool.tp, args.profile.kv_block_tokens)
+                hardware[pool.kind].kv(pool.tp, block)
             except ValueError as err:
                 raise ValueError(f"--deployment {split.label}: {pool.role} pool: {err}") from None
     prices = parse_prices(args.price, keys) if args.price is not None else None
     missing = [k for k in keys if prices is not None and k not in prices]
     if missing:
         raise ValueError(f"--price: no price for {', '.join(missing)} (give KIND=$/h for each)")
-    args.kind_search = KindSearch(hardware, budget, tp, tuple(splits), prices)
-    args.devices = max(
-        sum(budget.values()), *(sum(s.devices_by_kind().values()) for s in splits), 1
-    )
-    args.devices_needed = False  # a budget per kind bounds the search instead
+    devices = max(sum(budget.values()), *(sum(s.devices_by_kind().values()) for s in splits), 1)
+    return KindSearch(hardware, budget, tp, tuple(splits), prices, devices), first
 
 
 def _pools(text: str, args: argparse.Namespace) -> PoolSplit:
@@ -182,10 +183,9 @@ def _on(hardware: Hardware, kind: str) -> Hardware:
     )
 
 
-def _smallest_tp(hardware: Hardware, devices: int, kind: str, args: argparse.Namespace) -> int:
+def _smallest_tp(hardware: Hardware, devices: int, kind: str, block: int) -> int:
     """The smallest TP at which the model fits on ``kind`` within its ``devices`` (a TP that
-    need not divide them: instances take whole TP groups)."""
-    block = args.profile.kv_block_tokens
+    need not divide them: instances take whole TP groups; KV in blocks of ``block`` tokens)."""
     sizes = [n for n in (1, 2, 4, 8) if n <= devices and n in hardware.tp_sizes(n, block)]
     if not sizes:
         raise ValueError(
@@ -196,12 +196,12 @@ def _smallest_tp(hardware: Hardware, devices: int, kind: str, args: argparse.Nam
 
 
 def kind_plan(
-    args: argparse.Namespace, load: Sequence[Request]
+    search: KindSearch, profile: EngineProfile, model: str, load: Sequence[Request]
 ) -> tuple[CostSpec, tuple[Deployment, ...], AnswerBasis, list[str]]:
-    """Each kind's derived cost, the deployments to compare (each with its own cost models),
-    what the answer rests on, and a note per kind of deployment the engine refuses."""
-    search: KindSearch = args.kind_search
-    profile, block = args.profile, args.profile.kv_block_tokens
+    """Each kind's derived cost under ``profile``, the deployments to compare (each with its
+    own cost models), what the answer on --model (``model``) rests on, and a note per kind of
+    deployment the engine refuses."""
+    block = profile.kv_block_tokens
     prompts, outputs = [r.prompt_len for r in load], [r.output_len for r in load]
     derived: dict[str, tuple[Hardware, CostSpec]] = {}
     for kind, hardware in search.hardware.items():
@@ -218,7 +218,7 @@ def kind_plan(
     if not splits:
         colocated, found = kind_deployments(search.budget, search.tp)
         splits = tuple(found)
-    out = [_colocated(c, cost_of(c.kind, c.tp), args) for c in colocated]
+    out = [_colocated(c, cost_of(c.kind, c.tp), profile) for c in colocated]
     for split in splits:
         prefill, decode = split.costs(lambda pool: cost_of(pool.kind, pool.tp))
         out.append(Deployment.of_pools(split, prefill, decode, **settings))
@@ -226,12 +226,11 @@ def kind_plan(
     refused = refused_kinds(out, profile, first.cost)
     notes = [f"  note: no {kind} compared: {why}" for kind, why in refused.items()]
     kept = tuple(d for d in out if d.policy not in refused)
-    return _spec(derived), kept, _basis(args, derived, search), notes
+    return _spec(derived), kept, _basis(model, block, derived, search), notes
 
 
-def _colocated(c: Colocated, cost: CostModel, args: argparse.Namespace) -> Deployment:
+def _colocated(c: Colocated, cost: CostModel, profile: EngineProfile) -> Deployment:
     """A kind's colocated deployment under the engine's own settings (its token budget)."""
-    profile = args.profile
     policy = "chunked" if "budgets" in engine_command(profile).kinds else "shared"
     tokens = profile.max_batched_tokens if policy == "chunked" else None
     devices = c.replicas * c.tp
@@ -252,12 +251,13 @@ def _spec(derived: Mapping[str, tuple[Hardware, CostSpec]]) -> CostSpec:
 
 
 def _basis(
-    args: argparse.Namespace,
+    model: str,
+    block: int,
     derived: Mapping[str, tuple[Hardware, CostSpec]],
     search: KindSearch,
 ) -> AnswerBasis:
-    """Per kind: its compute's derivation and error class, its memory and KV at its TPs."""
-    block = args.profile.kv_block_tokens
+    """Per kind: its compute's derivation and error class, its memory and KV (in blocks of
+    ``block`` tokens) at its TPs; the launch line serves --model (``model``)."""
     first = next(iter(derived.values()))[0]
     lines = [f"Model: {first.model.summary()} ({first.model.source})"]
     for kind, (hardware, spec) in derived.items():
@@ -276,7 +276,7 @@ def _basis(
         "slower kind's link]"
     )
     utilization = first.utilization
-    return AnswerBasis(tuple(lines), utilization, served_name(args.model), rests, None, {})
+    return AnswerBasis(tuple(lines), utilization, served_name(model), rests, None, {})
 
 
 def _kv(hardware: Hardware, tp: int, block: int) -> str:

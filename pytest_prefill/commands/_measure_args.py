@@ -202,17 +202,16 @@ def add_cost_argument(parser: argparse.ArgumentParser, default: str | None = "la
     add_archive_arguments(parser)
 
 
-def resolve_cost_args(args: argparse.Namespace) -> CostSpec:
-    """``--cost`` by the one rule; ``measure`` is measured here (ValueError naming the spec
-    when it cannot be resolved)."""
+def resolve_cost_args(args: argparse.Namespace, cost: str | None = None) -> CostSpec:
+    """``cost`` (default ``--cost``) by the one rule; ``measure`` is measured here
+    (ValueError naming the spec when it cannot be resolved)."""
 
     def warn(message: str) -> None:
         print(f"prefill-bench: {message}", file=sys.stderr)
 
     device = getattr(args, "device", None)
-    spec = resolve_cost(
-        args.cost, results=args.results, machine=machine_of(args, device), warn=warn
-    )
+    text = cost if cost is not None else args.cost
+    spec = resolve_cost(text, results=args.results, machine=machine_of(args, device), warn=warn)
     if spec.kind != "measure":
         return spec
     calibration = measure(args)

@@ -170,15 +170,17 @@ def random_lengths(args: argparse.Namespace) -> tuple[int, int, float] | None:
     )
 
 
-def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) -> None:
+def check_workload_args(
+    args: argparse.Namespace, chunks: Iterable[int] = (), max_model_len: int | None = None
+) -> None:
     """What the command line can refuse before reading or generating anything (ValueError naming
     the flag): a flag this workload does not take, and for ``poisson`` a span over
-    :data:`MAX_SECONDS` or ``chunks`` that would split its prompts into more than
-    :data:`MAX_CHUNKED_ITERATIONS` iterations in one run. An unset ``--max-model-len`` becomes
-    Qwen3-0.6B's context (a command with ``--model`` sets it first)."""
-    if args.max_model_len is None:
-        args.max_model_len = QWEN3_CONTEXT
-        args.max_model_len_origin = "Qwen3-0.6B's context, the cost presets' model"
+    :data:`MAX_SECONDS` or ``chunks`` that would split its prompts, capped at ``max_model_len``
+    (a command with ``--model`` passes its own), into more than
+    :data:`MAX_CHUNKED_ITERATIONS` iterations in one run. Without it an unset
+    ``--max-model-len`` becomes Qwen3-0.6B's context."""
+    if max_model_len is None and args.max_model_len is None:
+        args.max_model_len = QWEN3_CONTEXT  # the parse step's default, where --model is not
     if args.seed is not None and args.workload != "poisson":
         raise ValueError(f"--seed is poisson's seed; workload {args.workload!r} takes none")
     given = [name for name in RANDOM_FLAGS if getattr(args, name, None) is not None]
@@ -186,9 +188,7 @@ def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) ->
         flag = "--" + given[0].replace("_", "-")
         raise ValueError(f"{flag} shapes poisson's prompts; workload {args.workload!r} has its own")
     if args.workload != "poisson":
-        args.seed = 0
         return
-    args.seed = args.seed or 0
     count = args.num_prompts or POISSON_DEFAULTS["num_prompts"]
     rate = args.request_rate or POISSON_DEFAULTS["request_rate"]
     if count / rate > MAX_SECONDS:
@@ -198,7 +198,7 @@ def check_workload_args(args: argparse.Namespace, chunks: Iterable[int] = ()) ->
             "--request-rate or lower --num-prompts)"
         )
     inputs, _, ratio = random_lengths(args) or (POISSON_PROMPT_LEN, 0, 0.0)
-    prompt = min(int(inputs * (1 + ratio)), args.max_model_len)
+    prompt = min(int(inputs * (1 + ratio)), max_model_len or args.max_model_len)
     check_chunked_run([prompt] * int(count), chunks)
 
 
@@ -217,9 +217,10 @@ def check_chunked_run(prompt_lens: Iterable[int], chunks: Iterable[int]) -> None
             )
 
 
-def workload_from_args(args: argparse.Namespace) -> Workload:
-    """The workload the flags name (ValueError naming the flag's argument otherwise, or when its
-    arrivals span more than :data:`MAX_SECONDS`)."""
+def workload_from_args(args: argparse.Namespace, max_model_len: int | None = None) -> Workload:
+    """The workload the flags name, its prompts capped at ``max_model_len`` (default
+    ``--max-model-len``) (ValueError naming the flag's argument otherwise, or when its arrivals
+    span more than :data:`MAX_SECONDS`)."""
     workload = resolve_workload(
         args.workload,
         request_rate=args.request_rate,
@@ -227,7 +228,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         window=args.window,
         rate_scale=args.rate_scale,
         seed=args.seed or 0,
-        max_model_len=args.max_model_len,
+        max_model_len=max_model_len or args.max_model_len,
         lengths=random_lengths(args),
     )
     last = max(r.arrival for r in workload.requests)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -14,6 +15,7 @@ from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int, non_negative_float, output_path
 from pytest_prefill.commands._deploy_args import (
     MODEL_HELP,
+    Deploying,
     add_deploy_arguments,
     check_deploy_args,
     check_deployment_tp,
@@ -92,7 +94,7 @@ from pytest_prefill.report.capacity import (
     capacity_text,
 )
 from pytest_prefill.report.png import need_matplotlib, svg_to_png
-from pytest_prefill.sim import CostModel
+from pytest_prefill.sim import CostModel, EngineProfile
 
 HELP = "find the deployment that serves the most requests per device within an SLO"
 DEFAULT_ENGINE = "vllm"  # capacity answers in a real engine's flags; the library's default is lab
@@ -137,7 +139,7 @@ def cluster_type(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def check(args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> Deploying:
     """Before any work: the engine profile, the workload's flags, the deployments (and the
     chunked iterations a run would take where the flags alone decide them), a plot's suffix,
     workers beside a cluster."""
@@ -145,11 +147,12 @@ def check(args: argparse.Namespace) -> None:
     args.kind_search = None
     if across_kinds(args):  # each kind's compute derived: no preset, no --cost
         args.cost_defaulted = False
-        check_kinds(args)
+        args.kind_search, deploying = check_kinds(args, profile)
+        args.devices = args.kind_search.devices
+        args.devices_needed = False  # a budget per kind bounds the search instead
     else:
         args.cost_defaulted = args.cost is None and getattr(args, "gpu", None) is None
-        args.cost = DEFAULT_COST if args.cost_defaulted else args.cost
-        check_deploy_args(args, args.devices)  # with --gpu and no --cost: derived
+        deploying = check_deploy_args(args, profile, args.devices)  # --gpu, no --cost: derived
     if args.plot and not args.plot.lower().endswith((".svg", ".png")):
         raise ValueError(f"--plot must name an .svg or a .png file, got {args.plot!r}")
     if args.plot and args.plot.lower().endswith(".png"):
@@ -180,10 +183,14 @@ def check(args: argparse.Namespace) -> None:
         for deployment in args.deployments:
             for reason in refused_kinds([deployment], profile).values():
                 raise ValueError(f"--deployment {deployment.label}: {reason}")
-        check_deployment_tp(args, [d.tp for d in args.deployments], args.devices)
+        check_deployment_tp(deploying.hardware, [d.tp for d in args.deployments], args.devices)
     if args.decode_cost is not None:
-        args.deployments = decode_pool_cost(args, args.deployments or ())
-    check_workload_args(args, _token_chunks(args.deployments))
+        across = args.kind_search is not None
+        args.deployments, args.decode_cost_spec = decode_pool_cost(
+            args, args.deployments or (), across
+        )
+    check_workload_args(args, _token_chunks(args.deployments), deploying.max_model_len)
+    return deploying
 
 
 def _token_chunks(deployments: Sequence[Deployment] | None) -> list[int]:
@@ -224,6 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gate_arguments(parser)
     add_model_arguments(parser, deploy_help=MODEL_HELP)
     add_deploy_arguments(parser)
+    parser.set_defaults(cost_fallback=DEFAULT_COST)  # no --cost, no --gpu: the preset
     for add in (add_timing_arguments, add_threads_argument):
         add(parser)  # used by --cost measure
 
@@ -309,6 +317,7 @@ def _executor(
 
 def _devices_needed(
     args: argparse.Namespace,
+    deploying: Deploying,
     workload: Workload,
     cost: CostModel,
     result: CapacityResult,
@@ -322,8 +331,8 @@ def _devices_needed(
     progress(f"looking for the devices this traffic needs (up to {args.max_devices}) ...")
 
     def candidates(n: int) -> tuple[Deployment, ...]:
-        moved = deployments_like(given, n, cost, args.slo, args.profile) if given else None
-        return search_deployments(args, cost, n, moved)
+        moved = deployments_like(given, n, cost, args.slo, deploying.profile) if given else None
+        return search_deployments(deploying, args.slo, cost, n, moved)
 
     return devices_needed(
         workload,
@@ -336,22 +345,24 @@ def _devices_needed(
         known=result,
         executor=executor,
         progress=progress,
-        engine=args.profile,
+        engine=deploying.profile,
     )
 
 
-def _left_out(args: argparse.Namespace, cost: CostModel) -> str | None:
-    """A note when the engine runs splits but the simulator does not under its settings on
-    ``cost`` (so the default set has none)."""
-    if args.deployments or args.devices < 2 or not splits(args.profile):
+def _left_out(args: argparse.Namespace, profile: EngineProfile, cost: CostModel) -> str | None:
+    """A note when the engine (``profile``) runs splits but the simulator does not under its
+    settings on ``cost`` (so the default set has none)."""
+    if args.deployments or args.devices < 2 or not splits(profile):
         return None
     split = Deployment("disaggregated", 2, prefill_workers=1)
-    reason = refused_kinds([split], args.profile, cost).get("disaggregated")
+    reason = refused_kinds([split], profile, cost).get("disaggregated")
     return f"  note: no disaggregated split compared: {reason}" if reason else None
 
 
 def _answer_basis(
     args: argparse.Namespace,
+    deploying: Deploying,
+    facts_line: str | None,
     spec: CostSpec,
     result: CapacityResult,
     needed: DevicesNeeded | None,
@@ -359,9 +370,10 @@ def _answer_basis(
 ) -> AnswerBasis:
     """The model lines, the memory fraction, model and (where KV holds less than the context,
     by TP) max-model-len for the command, and what the Type: and Devices needed: lines rest on;
-    ``lengths``: the workload's prompt + output lengths."""
+    ``lengths``: the workload's prompt + output lengths; ``facts_line``: the server facts
+    kept."""
     assert spec.cost is not None
-    hardware = args.hardware
+    hardware = deploying.hardware
     best = result.ranked()[0].deployment
     lines = []
     if args.cost_defaulted:
@@ -369,13 +381,13 @@ def _answer_basis(
             f"  (no --cost given: the preset {DEFAULT_COST}, not your hardware; give --cost "
             "with a calibration of your server: prefill-bench calibrate-server)"
         )
-    if args.server_facts_line:
-        lines.append(args.server_facts_line)
+    if facts_line:
+        lines.append(facts_line)
     fraction = served = None
     short: dict[int, int] = {}
     if hardware is not None:
         tps = sorted({r.deployment.tp for r in result.results})
-        block, context = args.profile.kv_block_tokens, getattr(args, "max_model_len", None)
+        block, context = deploying.profile.kv_block_tokens, deploying.max_model_len
         lines += hardware.lines(tps, block, context, lengths)
         fraction, served = hardware.utilization, served_name(args.model)
         for tp in tps:
@@ -383,7 +395,7 @@ def _answer_basis(
             if tokens is not None:
                 short[tp] = tokens
     model = measured_model(spec)
-    server = args.server_facts is not None
+    server = deploying.server_facts is not None
     decode = getattr(args, "decode_cost_spec", None)
     type_basis = basis(spec, spec.cost, best, hardware, model, server, decode)
     chosen = needed.deployment if needed is not None else None
@@ -397,10 +409,14 @@ def _answer_basis(
 
 
 def _notes(
-    args: argparse.Namespace, workload: Workload, cost: CostModel, result: CapacityResult
+    args: argparse.Namespace,
+    deploying: Deploying,
+    workload: Workload,
+    cost: CostModel,
+    result: CapacityResult,
 ) -> list[str]:
     """What the workload lost or assumed, a split left out, and a burst the probes measured."""
-    capped = capped_line(workload, getattr(args, "max_model_len_origin", None))
+    capped = capped_line(workload, deploying.max_model_len_origin)
     burst = burst_warning(
         [r.arrival for r in workload.requests],
         [r.output_len for r in workload.requests],
@@ -408,39 +424,56 @@ def _notes(
         result.base_rate,
         result.ranked()[0].max_rate,
     )
-    notes = (capped, *workload.notes, _left_out(args, cost), burst)
+    notes = (capped, *workload.notes, _left_out(args, deploying.profile, cost), burst)
     return [line for line in notes if line]
 
 
-def _plan(
-    args: argparse.Namespace, workload: Workload
-) -> tuple[CostSpec, tuple[Deployment, ...], AnswerBasis | None, list[str]]:
-    """The cost spec, the deployments to search, and across kinds what the answer rests on
-    and the notes on kinds the engine refuses (else None and none)."""
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a search runs on: the deployment as the cost left it (``deploying``: the engine
+    with the workload's prefix blocks, a derivation's hardware, a server calibration's facts
+    and ``facts_line``, the line that says so), the cost ``spec``, the ``deployments`` to
+    search, and across kinds what the answer rests on (``kind_basis``) and the notes on kinds
+    the engine refuses (else None and none)."""
+
+    deploying: Deploying
+    spec: CostSpec
+    deployments: tuple[Deployment, ...]
+    facts_line: str | None = None
+    kind_basis: AnswerBasis | None = None
+    kind_notes: tuple[str, ...] = ()
+
+
+def _plan(args: argparse.Namespace, deploying: Deploying, workload: Workload) -> _Plan:
+    """The cost spec and the deployments to search (across kinds, each kind's)."""
     if args.kind_search is not None:
-        engine_for(args, workload)
-        args.server_facts_line = None
-        return kind_plan(args, workload.requests)
-    spec = planning_cost(args, lambda: workload.requests)
+        deploying = dataclasses.replace(deploying, profile=engine_for(deploying.profile, workload))
+        search = kind_plan(args.kind_search, deploying.profile, args.model, workload.requests)
+        spec, deployments, kind_basis, notes = search
+        return _Plan(deploying, spec, deployments, None, kind_basis, tuple(notes))
+    deploying, spec = planning_cost(args, deploying, lambda: workload.requests)
     assert spec.cost is not None  # measured by resolve_cost_args
-    engine_for(args, workload)
-    args.server_facts_line = keep_server_facts(args, spec)
-    deployments = search_deployments(args, spec.cost, args.devices, args.deployments)
-    return spec, deployments, None, []
-
-
-def run(args: argparse.Namespace) -> int:
-    if not hasattr(args, "deployments"):
-        check(args)
-    workload = workload_from_args(args)
-    kinds = args.kind_search
-    spec, deployments, kind_basis, kind_notes = _plan(args, workload)
-    assert spec.cost is not None  # measured by resolve_cost_args
+    deploying = dataclasses.replace(deploying, profile=engine_for(deploying.profile, workload))
+    deploying, facts_line = keep_server_facts(deploying, spec)
+    given = args.deployments
+    deployments = search_deployments(deploying, args.slo, spec.cost, args.devices, given)
     if not deployments:
+        assert deploying.server_facts is not None  # only its TP leaves none
         raise ValueError(
-            f"--devices {args.devices}: the server's TP ({args.server_facts.tp}) does not "
+            f"--devices {args.devices}: the server's TP ({deploying.server_facts.tp}) does not "
             "divide them"
         )
+    return _Plan(deploying, spec, deployments, facts_line)
+
+
+def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
+    if deploying is None:  # called without the command line's check
+        deploying = check(args)
+    workload = workload_from_args(args, deploying.max_model_len)
+    kinds = args.kind_search
+    plan = _plan(args, deploying, workload)
+    deploying, spec, deployments = plan.deploying, plan.spec, plan.deployments
+    assert spec.cost is not None  # measured by resolve_cost_args
     chunks = _token_chunks(deployments)
     check_chunked_run((r.prompt_len for r in workload.requests), chunks)
     pool, where = _executor(args, len(deployments))
@@ -457,24 +490,44 @@ def run(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             executor=executor,
             progress=progress,
-            engine=args.profile,
+            engine=deploying.profile,
             budget=kinds.budget if kinds is not None else None,
         )
-        needed = _devices_needed(args, workload, spec.cost, result, executor)
+        needed = _devices_needed(args, deploying, workload, spec.cost, result, executor)
         if kinds is not None and kinds.prices is not None:
             result = result_prices(result, workload.requests, kinds.prices)
     seconds = time.perf_counter() - began
     lengths = [r.prompt_len + r.output_len for r in workload.requests]
-    basis = kind_basis or _answer_basis(args, spec, result, needed, lengths)
+    basis = plan.kind_basis or _answer_basis(
+        args, deploying, plan.facts_line, spec, result, needed, lengths
+    )
     decode = getattr(args, "decode_cost_spec", None)
-    source = pool_sources(header_source(spec.source, spec, args.hardware), decode)
+    source = pool_sources(header_source(spec.source, spec, deploying.hardware), decode)
     lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = [*kind_notes, *_notes(args, workload, spec.cost, result)]
+    extra = [*plan.kind_notes, *_notes(args, deploying, workload, spec.cost, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
     print(f"{simulations} simulations in {seconds:.1f} s {where}.")
+    _write(args, result, spec, needed, basis, decode)
+    if args.baseline_document is None:
+        return 0
+    passed, lines = capacity_gate(args.baseline_document, result, args.fail_above)
+    print(f"\nAgainst the baseline {args.baseline}:")
+    print("\n".join(lines))
+    return 0 if passed else 1
+
+
+def _write(
+    args: argparse.Namespace,
+    result: CapacityResult,
+    spec: CostSpec,
+    needed: DevicesNeeded | None,
+    basis: AnswerBasis,
+    decode: CostSpec | None,
+) -> None:
+    """--plot's drawing and --json's document, each said when written."""
     if args.plot:
         drawing = capacity_svg(result)
         png = args.plot.lower().endswith(".png")
@@ -484,9 +537,3 @@ def run(args: argparse.Namespace) -> int:
         document = capacity_document(result, pool_sources(spec.source, decode), needed, basis)
         write_json_atomic(args.json, document)
         print(f"wrote {args.json}")
-    if args.baseline_document is None:
-        return 0
-    passed, lines = capacity_gate(args.baseline_document, result, args.fail_above)
-    print(f"\nAgainst the baseline {args.baseline}:")
-    print("\n".join(lines))
-    return 0 if passed else 1

@@ -16,6 +16,7 @@ from pytest_prefill.commands._args import (
 )
 from pytest_prefill.commands._deploy_args import (
     MODEL_HELP,
+    Deploying,
     add_deploy_arguments,
     check_deploy_args,
     deployed_cost,
@@ -80,13 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
 
 
-def check(args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> Deploying:
     """Before any work: the engine profile, the lab scenario's flags only with the lab
     workload, the workload's own flags, and the chunked iterations a run would take where the
-    flags alone decide them."""
-    if args.workload != "lab":
-        args.engine_default = DEFAULT_ENGINE
-    check_engine(args)
+    flags alone decide them; the deployment the flags name."""
+    profile = check_engine(args, DEFAULT_ENGINE if args.workload != "lab" else None)
     given = lab_scenario_given(args)
     if args.workload != "lab" and given:
         raise ValueError(
@@ -95,8 +94,9 @@ def check(args: argparse.Namespace) -> None:
             f"{'it' if len(given) == 1 else 'them'}, or use --workload lab)"
         )
     check_chunked_iterations(args.prompt_len, args.chunk or [])
-    check_deploy_args(args)
-    check_workload_args(args, args.chunk or [])
+    deploying = check_deploy_args(args, profile)
+    check_workload_args(args, args.chunk or [], deploying.max_model_len)
+    return deploying
 
 
 def _slo_type(text: str) -> SLO:
@@ -107,11 +107,12 @@ def _slo_type(text: str) -> SLO:
 
 
 def _load(
-    args: argparse.Namespace, cost: CostModel
-) -> tuple[list[Request], list[str], list[int], dict]:
-    """The requests, the lines that describe them, the chunks to sweep and the JSON scenario."""
-    workload = workload_from_args(args)  # refuses workload flags the lab does not take
-    engine_for(args, workload)  # a trace's prefix blocks, when its cache is on
+    args: argparse.Namespace, deploying: Deploying, cost: CostModel
+) -> tuple[list[Request], list[str], list[int], dict, EngineProfile]:
+    """The requests, the lines that describe them, the chunks to sweep, the JSON scenario and
+    the engine profile (with a trace's prefix blocks, when its cache is on)."""
+    workload = workload_from_args(args, deploying.max_model_len)  # refuses the lab's flags
+    engine = engine_for(deploying.profile, workload)
     if args.workload == "lab":
         load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
         lines = [
@@ -120,7 +121,7 @@ def _load(
         ]
         chunks = args.chunk or default_chunks(cost, args.prompt_len)
         scenario = {"streams": args.streams, "prompt_len": args.prompt_len, "arrival": args.arrival}
-        return load, lines, chunks, scenario
+        return load, lines, chunks, scenario, engine
     load = list(workload.requests)
     chunks = args.chunk or list(search_chunks(cost))
     check_chunked_run((r.prompt_len for r in load), chunks)
@@ -132,14 +133,15 @@ def _load(
         "max_model_len": workload.max_model_len,
         "attribution": workload.attribution,
     }
-    return load, [*workload_lines(workload), "Simulated, not measured."], chunks, scenario
+    lines = [*workload_lines(workload), "Simulated, not measured."]
+    return load, lines, chunks, scenario, engine
 
 
-def _requests(args: argparse.Namespace) -> list[Request]:
+def _requests(args: argparse.Namespace, max_model_len: int | None) -> list[Request]:
     """The requests whose token range a derived cost model covers."""
     if args.workload == "lab":
         return lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
-    return list(workload_from_args(args).requests)
+    return list(workload_from_args(args, max_model_len).requests)
 
 
 def _metrics(
@@ -156,16 +158,17 @@ def _metrics(
     ]
 
 
-def run(args: argparse.Namespace) -> int:
-    if not hasattr(args, "profile"):
-        check(args)
-    spec = planning_cost(args, lambda: _requests(args))
+def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
+    if deploying is None:  # called without the command line's check
+        deploying = check(args)
+    length = deploying.max_model_len
+    deploying, spec = planning_cost(args, deploying, lambda: _requests(args, length))
     assert spec.cost is not None  # measured by resolve_cost_args
-    cost, origin = deployed_cost(args, spec.cost, args.profile), spec.source
-    if args.hardware is not None:
-        origin += "\n" + "\n".join(args.hardware.lines([1], args.profile.kv_block_tokens))
-    load, lines, chunks, scenario = _load(args, cost)
-    engine: EngineProfile = args.profile
+    hardware, block = deploying.hardware, deploying.profile.kv_block_tokens
+    cost, origin = deployed_cost(hardware, spec.cost, deploying.profile), spec.source
+    if hardware is not None:
+        origin += "\n" + "\n".join(hardware.lines([1], block))
+    load, lines, chunks, scenario, engine = _load(args, deploying, cost)
     if args.workload == "lab":
         check_chunked_iterations(args.prompt_len, chunks)
     rows = chunk_sweep(cost, load, chunks, engine=engine)
@@ -194,13 +197,15 @@ def run(args: argparse.Namespace) -> int:
     print("p99s of one run can differ slightly.")
     print(serving_table([(row.label, m) for row, m in zip(rows, metrics)]))
     if args.json:
-        write_json_atomic(args.json, _document(args, origin, cost, scenario, rows, metrics))
+        document = _document(args, engine, origin, cost, scenario, rows, metrics)
+        write_json_atomic(args.json, document)
         print(f"wrote {args.json}")
     return 0
 
 
 def _document(
     args: argparse.Namespace,
+    engine: EngineProfile,
     origin: str,
     cost: CostModel,
     scenario: dict,
@@ -216,7 +221,7 @@ def _document(
         "cost_source": origin,
         "cost_model": cost.to_dict(),
         "scenario": scenario,
-        "engine": engine_document(args.profile),
+        "engine": engine_document(engine),
         "slo": args.slo.to_dict() if args.slo else None,
         "rows": [
             {**row, "serving_metrics": m.to_dict()}

@@ -21,6 +21,7 @@ from pytest_prefill.commands._args import (
 )
 from pytest_prefill.commands._deploy_args import (
     MODEL_HELP,
+    Deploying,
     add_deploy_arguments,
     check_deploy_args,
     deployed_spec,
@@ -152,11 +153,12 @@ def default_chunk(cost: CostModel, prompt_len: int) -> int:
     return choose_chunk(cost, prompt_len).chunk
 
 
-def check(args: argparse.Namespace) -> None:
+def check(args: argparse.Namespace) -> Deploying:
     """Before any work: the engine profile, an output asked for, and sizes the flags alone
     decide (the chunked iterations; a Chrome trace's token instants, one per output token under
-    each policy)."""
-    _check_drawable(check_engine(args))
+    each policy); the deployment the flags name."""
+    profile = check_engine(args)
+    _check_drawable(profile)
     lab_scenario_given(args)
     if not args.out and not args.text:
         raise ValueError("give --out FILE.svg (or FILE.json), --text, or both")
@@ -168,7 +170,7 @@ def check(args: argparse.Namespace) -> None:
         _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
     if args.max_bars is None:
         args.max_bars = DEFAULT_MAX_BARS
-    check_deploy_args(args)
+    return check_deploy_args(args, profile)
 
 
 def _check_drawable(profile: EngineProfile, cost: CostModel | None = None) -> None:
@@ -216,17 +218,15 @@ def _check_trace_items(items: int, out: str) -> None:
         )
 
 
-def _simulated(args: argparse.Namespace) -> LabTimeline:
-    """The lab scenario under the three designs, as the flags ask (checked first)."""
-    if not hasattr(args, "profile"):
-        check(args)
-    spec = planning_cost(
-        args, lambda: lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
+def _simulated(args: argparse.Namespace, deploying: Deploying) -> LabTimeline:
+    """The lab scenario under the three designs, as the flags ask, on ``deploying``."""
+    deploying, spec = planning_cost(
+        args, deploying, lambda: lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
     )
     assert spec.cost is not None  # measured by resolve_cost_args
-    spec = deployed_spec(args, spec)
+    spec = deployed_spec(deploying, spec)
     assert spec.cost is not None
-    _check_drawable(args.profile, spec.cost)
+    _check_drawable(deploying.profile, spec.cost)
     _check_long_enough(spec.cost, args.prompt_len)
     check_chunked_iterations(
         args.prompt_len,
@@ -241,12 +241,14 @@ def _simulated(args: argparse.Namespace) -> LabTimeline:
         arrival=args.arrival,
         chunk=args.chunk,
         refused=spec.refused,
-        engine=args.profile,
+        engine=deploying.profile,
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    drawn = _simulated(args)
+def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
+    if deploying is None:  # called without the command line's check
+        deploying = check(args)
+    drawn = _simulated(args, deploying)
     traces, chunk, title = list(drawn.traces), drawn.chunk, drawn.title
     window = args.window or ((0.0, args.until) if args.until else focus_window(traces, "long"))
     # render everything before writing or printing anything, so bad input leaves no half output
