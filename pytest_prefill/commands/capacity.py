@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from pytest_prefill._io import read_json, write_atomic, write_json_atomic
 from pytest_prefill.archive.cost_spec import CostSpec
@@ -35,6 +36,7 @@ from pytest_prefill.commands._engine_args import (
 from pytest_prefill.commands._kind_args import (
     DEVICES_HELP,
     PRICE_HELP,
+    KindSearch,
     across_kinds,
     check_kinds,
     devices_type,
@@ -139,20 +141,39 @@ def cluster_type(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def check(args: argparse.Namespace) -> Deploying:
+@dataclasses.dataclass(frozen=True)
+class CapacityQuestion:
+    """What capacity's flags ask, checked (:func:`check`): the deployment (``deploying``), the
+    ``devices`` a deployment uses (across kinds, the budgets' sum), the most the devices-needed
+    search tries (``max_devices``; ``devices_needed``: whether it runs), whether --cost took
+    its default (``cost_defaulted``), the search across kinds (None: one kind), the
+    deployments given (None: the engine's defaults), --decode-cost's spec and the baseline's
+    document (None: not given)."""
+
+    deploying: Deploying
+    devices: int
+    max_devices: int
+    devices_needed: bool = True
+    cost_defaulted: bool = False
+    kind_search: KindSearch | None = None
+    deployments: tuple[Deployment, ...] | None = None
+    decode_cost_spec: CostSpec | None = None
+    baseline_document: Any = None
+
+
+def check(args: argparse.Namespace) -> CapacityQuestion:
     """Before any work: the engine profile, the workload's flags, the deployments (and the
     chunked iterations a run would take where the flags alone decide them), a plot's suffix,
-    workers beside a cluster."""
+    workers beside a cluster; what the flags ask."""
     profile = check_engine(args)
-    args.kind_search = None
+    kinds = None
     if across_kinds(args):  # each kind's compute derived: no preset, no --cost
-        args.cost_defaulted = False
-        args.kind_search, deploying = check_kinds(args, profile)
-        args.devices = args.kind_search.devices
-        args.devices_needed = False  # a budget per kind bounds the search instead
+        kinds, deploying = check_kinds(args, profile)
+        devices = kinds.devices
     else:
-        args.cost_defaulted = args.cost is None and getattr(args, "gpu", None) is None
         deploying = check_deploy_args(args, profile, args.devices)  # --gpu, no --cost: derived
+        devices = args.devices
+    cost_defaulted = kinds is None and args.cost is None and getattr(args, "gpu", None) is None
     if args.plot and not args.plot.lower().endswith((".svg", ".png")):
         raise ValueError(f"--plot must name an .svg or a .png file, got {args.plot!r}")
     if args.plot and args.plot.lower().endswith(".png"):
@@ -161,36 +182,53 @@ def check(args: argparse.Namespace) -> Deploying:
         raise ValueError("--workers sizes the local pool; with --cluster the cluster decides")
     if args.fail_above is not None and not args.baseline:
         raise ValueError("--fail-above gates against a --baseline; give one")
-    if args.max_devices is None:
-        args.max_devices = max(DEFAULT_MAX_DEVICES, args.devices)
-    elif args.max_devices < args.devices:
+    max_devices = args.max_devices
+    if max_devices is None:
+        max_devices = max(DEFAULT_MAX_DEVICES, devices)
+    elif max_devices < devices:
         raise ValueError(
-            f"--max-devices ({args.max_devices}) bounds the search for the devices the traffic "
-            f"needs, from --devices ({args.devices}) up: it must be at least --devices"
+            f"--max-devices ({max_devices}) bounds the search for the devices the traffic "
+            f"needs, from --devices ({devices}) up: it must be at least --devices"
         )
-    args.baseline_document = read_json(args.baseline, "--baseline") if args.baseline else None
-    args.deployments = None
-    if args.deployment and args.kind_search is None:
-        args.deployments = [
-            Deployment.parse(text, args.devices, profile) for text in args.deployment
-        ]
-        split = next((d for d in args.deployments if d.policy == "disaggregated"), None)
-        if split is not None and not splits(profile):
-            raise ValueError(
-                f"--deployment {split.label}: engine {profile.name!r} runs no prefill:decode "
-                "split (--engine vllm, sglang, distserve or lab do)"
-            )
-        for deployment in args.deployments:
-            for reason in refused_kinds([deployment], profile).values():
-                raise ValueError(f"--deployment {deployment.label}: {reason}")
-        check_deployment_tp(deploying.hardware, [d.tp for d in args.deployments], args.devices)
+    baseline = read_json(args.baseline, "--baseline") if args.baseline else None
+    deployments = None
+    if args.deployment and kinds is None:
+        deployments = _given(args.deployment, deploying, devices)
+    decode = None
     if args.decode_cost is not None:
-        across = args.kind_search is not None
-        args.deployments, args.decode_cost_spec = decode_pool_cost(
-            args, args.deployments or (), across
+        pools, decode = decode_pool_cost(args, deployments or (), kinds is not None)
+        deployments = tuple(pools)
+    check_workload_args(args, _token_chunks(deployments), deploying.max_model_len)
+    needed = args.devices_needed and kinds is None  # across kinds a budget bounds the search
+    return CapacityQuestion(
+        deploying,
+        devices,
+        max_devices,
+        needed,
+        cost_defaulted,
+        kinds,
+        deployments,
+        decode,
+        baseline,
+    )
+
+
+def _given(texts: Sequence[str], deploying: Deploying, devices: int) -> tuple[Deployment, ...]:
+    """The --deployment specs on ``devices`` under the engine, each one it and the simulator
+    run (and whose TP serves --model there)."""
+    profile = deploying.profile
+    deployments = tuple(Deployment.parse(text, devices, profile) for text in texts)
+    split = next((d for d in deployments if d.policy == "disaggregated"), None)
+    if split is not None and not splits(profile):
+        raise ValueError(
+            f"--deployment {split.label}: engine {profile.name!r} runs no prefill:decode "
+            "split (--engine vllm, sglang, distserve or lab do)"
         )
-    check_workload_args(args, _token_chunks(args.deployments), deploying.max_model_len)
-    return deploying
+    for deployment in deployments:
+        for reason in refused_kinds([deployment], profile).values():
+            raise ValueError(f"--deployment {deployment.label}: {reason}")
+    check_deployment_tp(deploying.hardware, [d.tp for d in deployments], devices)
+    return deployments
 
 
 def _token_chunks(deployments: Sequence[Deployment] | None) -> list[int]:
@@ -317,6 +355,7 @@ def _executor(
 
 def _devices_needed(
     args: argparse.Namespace,
+    question: CapacityQuestion,
     deploying: Deploying,
     workload: Workload,
     cost: CostModel,
@@ -325,10 +364,10 @@ def _devices_needed(
 ) -> DevicesNeeded | None:
     """The fewest devices meeting the SLO at the workload's own rate (None: not asked for),
     trying the kinds of deployment the search compared."""
-    if not args.devices_needed:
+    if not question.devices_needed:
         return None
-    given = args.deployments or ()
-    progress(f"looking for the devices this traffic needs (up to {args.max_devices}) ...")
+    given = question.deployments or ()
+    progress(f"looking for the devices this traffic needs (up to {question.max_devices}) ...")
 
     def candidates(n: int) -> tuple[Deployment, ...]:
         moved = deployments_like(given, n, cost, args.slo, deploying.profile) if given else None
@@ -340,8 +379,8 @@ def _devices_needed(
         args.slo,
         candidates,
         target=args.target,
-        start=args.devices,
-        max_devices=args.max_devices,
+        start=question.devices,
+        max_devices=question.max_devices,
         known=result,
         executor=executor,
         progress=progress,
@@ -349,10 +388,10 @@ def _devices_needed(
     )
 
 
-def _left_out(args: argparse.Namespace, profile: EngineProfile, cost: CostModel) -> str | None:
+def _left_out(question: CapacityQuestion, profile: EngineProfile, cost: CostModel) -> str | None:
     """A note when the engine (``profile``) runs splits but the simulator does not under its
     settings on ``cost`` (so the default set has none)."""
-    if args.deployments or args.devices < 2 or not splits(profile):
+    if question.deployments or question.devices < 2 or not splits(profile):
         return None
     split = Deployment("disaggregated", 2, prefill_workers=1)
     reason = refused_kinds([split], profile, cost).get("disaggregated")
@@ -361,6 +400,7 @@ def _left_out(args: argparse.Namespace, profile: EngineProfile, cost: CostModel)
 
 def _answer_basis(
     args: argparse.Namespace,
+    question: CapacityQuestion,
     deploying: Deploying,
     facts_line: str | None,
     spec: CostSpec,
@@ -376,7 +416,7 @@ def _answer_basis(
     hardware = deploying.hardware
     best = result.ranked()[0].deployment
     lines = []
-    if args.cost_defaulted:
+    if question.cost_defaulted:
         lines.append(
             f"  (no --cost given: the preset {DEFAULT_COST}, not your hardware; give --cost "
             "with a calibration of your server: prefill-bench calibrate-server)"
@@ -396,7 +436,7 @@ def _answer_basis(
                 short[tp] = tokens
     model = measured_model(spec)
     server = deploying.server_facts is not None
-    decode = getattr(args, "decode_cost_spec", None)
+    decode = question.decode_cost_spec
     type_basis = basis(spec, spec.cost, best, hardware, model, server, decode)
     chosen = needed.deployment if needed is not None else None
     needed_basis = (
@@ -410,6 +450,7 @@ def _answer_basis(
 
 def _notes(
     args: argparse.Namespace,
+    question: CapacityQuestion,
     deploying: Deploying,
     workload: Workload,
     cost: CostModel,
@@ -424,7 +465,7 @@ def _notes(
         result.base_rate,
         result.ranked()[0].max_rate,
     )
-    notes = (capped, *workload.notes, _left_out(args, deploying.profile, cost), burst)
+    notes = (capped, *workload.notes, _left_out(question, deploying.profile, cost), burst)
     return [line for line in notes if line]
 
 
@@ -444,34 +485,35 @@ class _Plan:
     kind_notes: tuple[str, ...] = ()
 
 
-def _plan(args: argparse.Namespace, deploying: Deploying, workload: Workload) -> _Plan:
+def _plan(args: argparse.Namespace, question: CapacityQuestion, workload: Workload) -> _Plan:
     """The cost spec and the deployments to search (across kinds, each kind's)."""
-    if args.kind_search is not None:
+    deploying, devices = question.deploying, question.devices
+    if question.kind_search is not None:
         deploying = dataclasses.replace(deploying, profile=engine_for(deploying.profile, workload))
-        search = kind_plan(args.kind_search, deploying.profile, args.model, workload.requests)
+        search = kind_plan(question.kind_search, deploying.profile, args.model, workload.requests)
         spec, deployments, kind_basis, notes = search
         return _Plan(deploying, spec, deployments, None, kind_basis, tuple(notes))
     deploying, spec = planning_cost(args, deploying, lambda: workload.requests)
     assert spec.cost is not None  # measured by resolve_cost_args
     deploying = dataclasses.replace(deploying, profile=engine_for(deploying.profile, workload))
     deploying, facts_line = keep_server_facts(deploying, spec)
-    given = args.deployments
-    deployments = search_deployments(deploying, args.slo, spec.cost, args.devices, given)
+    given = question.deployments
+    deployments = search_deployments(deploying, args.slo, spec.cost, devices, given)
     if not deployments:
         assert deploying.server_facts is not None  # only its TP leaves none
         raise ValueError(
-            f"--devices {args.devices}: the server's TP ({deploying.server_facts.tp}) does not "
+            f"--devices {devices}: the server's TP ({deploying.server_facts.tp}) does not "
             "divide them"
         )
     return _Plan(deploying, spec, deployments, facts_line)
 
 
-def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
-    if deploying is None:  # called without the command line's check
-        deploying = check(args)
-    workload = workload_from_args(args, deploying.max_model_len)
-    kinds = args.kind_search
-    plan = _plan(args, deploying, workload)
+def run(args: argparse.Namespace, question: CapacityQuestion | None = None) -> int:
+    if question is None:  # called without the command line's check
+        question = check(args)
+    workload = workload_from_args(args, question.deploying.max_model_len)
+    kinds = question.kind_search
+    plan = _plan(args, question, workload)
     deploying, spec, deployments = plan.deploying, plan.spec, plan.deployments
     assert spec.cost is not None  # measured by resolve_cost_args
     chunks = _token_chunks(deployments)
@@ -484,7 +526,7 @@ def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
             workload,
             spec.cost,
             args.slo,
-            args.devices,
+            question.devices,
             target=args.target,
             deployments=deployments,
             tolerance=args.tolerance,
@@ -493,27 +535,27 @@ def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
             engine=deploying.profile,
             budget=kinds.budget if kinds is not None else None,
         )
-        needed = _devices_needed(args, deploying, workload, spec.cost, result, executor)
+        needed = _devices_needed(args, question, deploying, workload, spec.cost, result, executor)
         if kinds is not None and kinds.prices is not None:
             result = result_prices(result, workload.requests, kinds.prices)
     seconds = time.perf_counter() - began
     lengths = [r.prompt_len + r.output_len for r in workload.requests]
     basis = plan.kind_basis or _answer_basis(
-        args, deploying, plan.facts_line, spec, result, needed, lengths
+        args, question, deploying, plan.facts_line, spec, result, needed, lengths
     )
-    decode = getattr(args, "decode_cost_spec", None)
+    decode = question.decode_cost_spec
     source = pool_sources(header_source(spec.source, spec, deploying.hardware), decode)
     lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = [*plan.kind_notes, *_notes(args, deploying, workload, spec.cost, result)]
+    extra = [*plan.kind_notes, *_notes(args, question, deploying, workload, spec.cost, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
     print(f"{simulations} simulations in {seconds:.1f} s {where}.")
     _write(args, result, spec, needed, basis, decode)
-    if args.baseline_document is None:
+    if question.baseline_document is None:
         return 0
-    passed, lines = capacity_gate(args.baseline_document, result, args.fail_above)
+    passed, lines = capacity_gate(question.baseline_document, result, args.fail_above)
     print(f"\nAgainst the baseline {args.baseline}:")
     print("\n".join(lines))
     return 0 if passed else 1
