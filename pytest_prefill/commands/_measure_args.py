@@ -114,34 +114,34 @@ def progress(text: str) -> None:
     print(f"  .. {text}", file=sys.stderr, flush=True)
 
 
-def load(args: argparse.Namespace) -> Any:
-    """The model the flags name (ValueError with the reason when it cannot be had)."""
+def load(args: argparse.Namespace, default: str = DEFAULT_MODEL) -> Any:
+    """The model the flags name, ``default`` where --model is unset (a command whose --model is
+    also the deployment's) (ValueError with the reason when it cannot be had)."""
     from pytest_prefill.measure.models import load_model
 
-    if args.model is None:  # a command whose --model is also the deployment's
-        args.model = DEFAULT_MODEL
-    progress(f"loading {args.model} ...")
+    model = args.model if args.model is not None else default
+    progress(f"loading {model} ...")
     try:
-        loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+        loaded = load_model(model, device=args.device, dtype=args.dtype)
     except ImportError as err:
         raise ValueError(
             f"measuring needs torch, transformers and numpy ({err}); install them, e.g. "
             "pip install '.[measure]'"
         ) from None
     apply_threads(args, loaded.device)
-    _say_up_front(args, loaded)
+    _say_up_front(args, model, loaded)
     return loaded
 
 
-def _say_up_front(args: argparse.Namespace, loaded: Any) -> None:
+def _say_up_front(args: argparse.Namespace, model: str, loaded: Any) -> None:
     """What a user would otherwise learn an hour later: the CPU was used, and it is slow."""
     if getattr(loaded.device, "type", str(loaded.device)) != "cpu":
         return
     if args.device is None:
         progress("no CUDA device found: measuring on the CPU (--device cpu says so explicitly)")
-    if args.model not in SMALL_PRESETS:
+    if model not in SMALL_PRESETS:
         progress(
-            f"{args.model} on a CPU is slow: a full calibration can take most of an hour "
+            f"{model} on a CPU is slow: a full calibration can take most of an hour "
             "(--model small takes minutes, tiny seconds; --dry-run cuts the repeats)"
         )
 

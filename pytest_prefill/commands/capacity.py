@@ -449,14 +449,12 @@ def _answer_basis(
 
 
 def _notes(
-    args: argparse.Namespace,
-    question: CapacityQuestion,
-    deploying: Deploying,
-    workload: Workload,
-    cost: CostModel,
-    result: CapacityResult,
+    args: argparse.Namespace, question: CapacityQuestion, plan: _Plan, result: CapacityResult
 ) -> list[str]:
-    """What the workload lost or assumed, a split left out, and a burst the probes measured."""
+    """What the workload lost or assumed, a split left out, and a burst the probes measured
+    (``plan.workload``'s)."""
+    deploying, workload, cost = plan.deploying, plan.workload, plan.spec.cost
+    assert cost is not None  # measured by resolve_cost_args
     capped = capped_line(workload, deploying.max_model_len_origin)
     burst = burst_warning(
         [r.arrival for r in workload.requests],
@@ -471,12 +469,13 @@ def _notes(
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """What a search runs on: the deployment as the cost left it (``deploying``: the engine
-    with the workload's prefix blocks, a derivation's hardware, a server calibration's facts
-    and ``facts_line``, the line that says so), the cost ``spec``, the ``deployments`` to
-    search, and across kinds what the answer rests on (``kind_basis``) and the notes on kinds
-    the engine refuses (else None and none)."""
+    """What a search runs on: the ``workload``, the deployment as the cost left it
+    (``deploying``: the engine with the workload's prefix blocks, a derivation's hardware, a
+    server calibration's facts and ``facts_line``, the line that says so), the cost ``spec``,
+    the ``deployments`` to search, and across kinds what the answer rests on (``kind_basis``)
+    and the notes on kinds the engine refuses (else None and none)."""
 
+    workload: Workload
     deploying: Deploying
     spec: CostSpec
     deployments: tuple[Deployment, ...]
@@ -492,7 +491,7 @@ def _plan(args: argparse.Namespace, question: CapacityQuestion, workload: Worklo
         deploying = dataclasses.replace(deploying, profile=engine_for(deploying.profile, workload))
         search = kind_plan(question.kind_search, deploying.profile, args.model, workload.requests)
         spec, deployments, kind_basis, notes = search
-        return _Plan(deploying, spec, deployments, None, kind_basis, tuple(notes))
+        return _Plan(workload, deploying, spec, deployments, None, kind_basis, tuple(notes))
     deploying, spec = planning_cost(args, deploying, lambda: workload.requests)
     assert spec.cost is not None  # measured by resolve_cost_args
     deploying = dataclasses.replace(deploying, profile=engine_for(deploying.profile, workload))
@@ -505,7 +504,7 @@ def _plan(args: argparse.Namespace, question: CapacityQuestion, workload: Worklo
             f"--devices {devices}: the server's TP ({deploying.server_facts.tp}) does not "
             "divide them"
         )
-    return _Plan(deploying, spec, deployments, facts_line)
+    return _Plan(workload, deploying, spec, deployments, facts_line)
 
 
 def run(args: argparse.Namespace, question: CapacityQuestion | None = None) -> int:
@@ -547,7 +546,7 @@ def run(args: argparse.Namespace, question: CapacityQuestion | None = None) -> i
     source = pool_sources(header_source(spec.source, spec, deploying.hardware), decode)
     lines = capacity_text(result, source, needed, engine_note(args), basis).split("\n")
     # what the workload lost or assumed goes above the table, under the Workload line
-    extra = [*plan.kind_notes, *_notes(args, question, deploying, workload, spec.cost, result)]
+    extra = [*plan.kind_notes, *_notes(args, question, plan, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)

@@ -71,9 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from pytest_prefill.lab.fidelity_result import THRESHOLD
     from pytest_prefill.report.fidelity import fidelity_report
 
-    if args.model is None:
-        args.model = DEFAULT_CPU_MODEL if (args.device or "cpu") == "cpu" else DEFAULT_MODEL
-    loaded = load(args)
+    loaded = load(args, DEFAULT_CPU_MODEL if (args.device or "cpu") == "cpu" else DEFAULT_MODEL)
     result = fid.run_fidelity(
         loaded,
         runs=args.runs,

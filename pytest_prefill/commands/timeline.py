@@ -134,6 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-bars",
         type=bounded_int(MAX_BARS, "bars"),
+        default=DEFAULT_MAX_BARS,
         metavar="N",
         help=f"draw at most N bars per policy, the earliest (the rest is noted as not shown; "
         f"default {DEFAULT_MAX_BARS:,}, at most {MAX_BARS:,})",
@@ -168,8 +169,6 @@ def check(args: argparse.Namespace) -> Deploying:
     if _as_json(args):
         load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
         _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
-    if args.max_bars is None:
-        args.max_bars = DEFAULT_MAX_BARS
     return check_deploy_args(args, profile)
 
 
