@@ -168,7 +168,8 @@ def check_deploy_args(
             raise ValueError(
                 "--device-memory and --gpu-memory-utilization size --model's memory: give --model"
             )
-        return dataclasses.replace(checked, **_max_model_len(args, None))
+        length, origin = _max_model_len(args, None)
+        return dataclasses.replace(checked, max_model_len=length, max_model_len_origin=origin)
     device = checked.gpu_device
     model = _model(args, device)
     recorded = memory_of_cost(checked.cost) if memory is None else None
@@ -202,8 +203,10 @@ def check_deploy_args(
                 f"no --device-memory given, so one device's memory was taken from {source} "
                 f"({memory:g} GiB): {err}"
             ) from None
-    context = _max_model_len(args, model.max_position_embeddings)
-    return dataclasses.replace(checked, hardware=hardware, **context)
+    length, origin = _max_model_len(args, model.max_position_embeddings)
+    return dataclasses.replace(
+        checked, hardware=hardware, max_model_len=length, max_model_len_origin=origin
+    )
 
 
 def _gpu(args: argparse.Namespace, profile: EngineProfile, gpu: str | None) -> Deploying:
@@ -314,19 +317,16 @@ def _largest_tp(devices: int) -> int:
     return max(n for n in (1, 2, 4, 8) if devices % n == 0)
 
 
-def _max_model_len(args: argparse.Namespace, context: int | None) -> dict[str, Any]:
+def _max_model_len(args: argparse.Namespace, context: int | None) -> tuple[int | None, str | None]:
     """The context cap and where it comes from: --max-model-len, else ``context`` (the
-    model's), else Qwen3-0.6B's (none for a command without a workload: timeline)."""
+    model's), else Qwen3-0.6B's (None for a command without a workload: timeline)."""
     if not hasattr(args, "max_model_len"):
-        return {}
+        return None, None
     if args.max_model_len is not None:
-        length, origin = args.max_model_len, "--max-model-len"
-    elif context is not None:
-        length, origin = context, f"{args.model}'s context"
-    else:
-        length = QWEN3_CONTEXT
-        origin = "Qwen3-0.6B's context, the cost presets' model; --model sets it"
-    return {"max_model_len": length, "max_model_len_origin": origin}
+        return args.max_model_len, "--max-model-len"
+    if context is not None:
+        return context, f"{args.model}'s context"
+    return QWEN3_CONTEXT, "Qwen3-0.6B's context, the cost presets' model; --model sets it"
 
 
 def check_deployment_tp(hardware: Hardware | None, tps: Sequence[int], devices: int) -> None:
