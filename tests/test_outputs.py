@@ -200,3 +200,100 @@ def test_bench_records_over_its_workload_is_a_usage_error_and_writes_nothing(tmp
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--records" in err and "--workload's input" in err
     assert workload.read_text() == text and sorted(tmp_path.iterdir()) == [workload]
+
+
+def _folders(tmp_path):
+    """A model folder (read whole: its config.json, its tokenizer) and an archive with one
+    machine's folder, and a workload file beside them."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    archive = tmp_path / "archive"
+    (archive / "cpu-test").mkdir(parents=True)
+    workload = tmp_path / "t.jsonl"
+    workload.write_text('{"timestamp": 0, "input_length": 5, "output_length": 5}\n')
+    return model, archive, workload
+
+
+SERVER = ["--url", "http://127.0.0.1:9"]
+
+
+def _inside_cases(tmp_path) -> list[tuple[list[str], str, str]]:
+    """(command line, the output flag, the input folder's flag)."""
+    model, archive, workload = _folders(tmp_path)
+    bench = ["bench", *SERVER, "--workload", str(workload)]
+    verify = ["verify", *SERVER, "--flags", "tokens=16", "--slo", "ttft:1s"]
+    return [
+        (
+            [*bench, "--records", str(model / "r.jsonl"), "--tokenizer", str(model)],
+            "--records",
+            "--tokenizer",
+        ),
+        (
+            [*bench, "--json", str(model / "config.json"), "--tokenizer", str(model)],
+            "--json",
+            "--tokenizer",
+        ),
+        (
+            [*bench, "--results", str(archive), "--json", str(archive / "cpu-test" / "b.json")],
+            "--json",
+            "--results",
+        ),
+        (
+            [*verify, "--tokenizer", str(model), "--json", str(model / "sub.json")],
+            "--json",
+            "--tokenizer",
+        ),
+        (
+            [*verify, "--results", str(archive), "--json", str(archive / "cpu-test" / "v.json")],
+            "--json",
+            "--results",
+        ),
+        (
+            [
+                "capacity",
+                "--slo",
+                "ttft:1s",
+                "--model",
+                str(model),
+                "--json",
+                str(model / "c.json"),
+            ],
+            "--json",
+            "--model",
+        ),
+        (
+            [
+                "simulate",
+                "--cost",
+                "archive",
+                "--results",
+                str(archive),
+                "--json",
+                str(archive / "cpu-test" / "s.json"),
+            ],
+            "--json",
+            "--results",
+        ),
+    ]
+
+
+def test_an_output_inside_an_input_folder_is_a_usage_error_naming_both_flags(tmp_path, capsys):
+    for argv, output, folder in _inside_cases(tmp_path):
+        before = sorted(tmp_path.rglob("*"))
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err, (argv, err)
+        assert f"{output} " in err and f"{folder}'s folder" in err, (argv, err)
+        assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_an_output_beside_the_archive_s_machine_folders_is_not_inside_one(tmp_path):
+    from pytest_prefill.commands._outputs import check_outputs
+
+    _, archive, workload = _folders(tmp_path)
+    parser = build_parser("bench")
+    argv = ["bench", *SERVER, "--workload", str(workload), "--results", str(archive)]
+    args, _ = parser.parse_known_args([*argv, "--json", str(archive / "b.json")])
+    check_outputs(args)  # the archive reads its machines' folders, not what sits beside them

@@ -1,12 +1,14 @@
 """What each command's output flag writes, and the one check of every output path after parsing:
-its folder exists, it names none of the command's inputs, and an existing file of another kind
-is replaced only with ``--force`` (:func:`pytest_prefill._io.check_output`)."""
+its folder exists, it names none of the command's inputs nor lies inside a folder the command
+reads, and an existing file of another kind is replaced only with ``--force``
+(:func:`pytest_prefill._io.check_output`)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from pytest_prefill._io import KIND_NAMES, check_output
 
@@ -43,6 +45,9 @@ OUTPUTS: dict[tuple[str, str], Callable[[str], str]] = {
     ("fidelity-server", "json"): _document("pytest-prefill/server-fidelity"),
     ("verify", "json"): _document("pytest-prefill/verify"),
 }
+# Input folders read below their top: the archive (--results) reads its machines' folders, not
+# what sits beside them. Any other folder given (a model's, a tokenizer's) is read throughout.
+READ_BELOW = {"results": 1}
 FORCE_HELP = (
     "replace an existing output file of another kind (a calibration, an answer, a trace); "
     "without it such a file is refused"
@@ -68,17 +73,38 @@ def check_outputs(args: argparse.Namespace) -> None:
         inputs = {_flag(other): value for other, value in _paths(args) if other != dest}
         writes = OUTPUTS[args.command, dest](path)
         check_output(path, writes=writes, inputs=inputs, force=force, flag=_flag(dest))
+        _check_outside_folders(args, dest, path)
 
 
-def _paths(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """(dest, path) for every argument that names an existing file (not the command line kept
-    whole in ``argv``, nor the parser's own ``_run``/``_check``)."""
+def _check_outside_folders(args: argparse.Namespace, dest: str, path: str) -> None:
+    """``path`` (``dest``'s output) lies in no folder another argument gives as an input.
+
+    Raises:
+        ValueError: naming both flags and the folder.
+    """
+    target = Path(os.path.realpath(path))
+    for other, folder in _paths(args, os.path.isdir):
+        top = Path(os.path.realpath(folder))
+        if other == dest or not target.is_relative_to(top):
+            continue
+        if len(target.relative_to(top).parts) > READ_BELOW.get(other, 0):
+            raise ValueError(
+                f"{_flag(dest)} {path} is inside {_flag(other)}'s folder {folder}, which this "
+                "command reads; write it outside that folder"
+            )
+
+
+def _paths(
+    args: argparse.Namespace, kind: Callable[[str], bool] = os.path.isfile
+) -> Iterator[tuple[str, str]]:
+    """(dest, path) for every argument that names an existing file (``kind``: or a folder), not
+    the command line kept whole in ``argv``, nor the parser's own ``_run``/``_check``."""
     for dest, value in vars(args).items():
         if dest == "argv" or dest.startswith("_"):
             continue
         values = value if isinstance(value, (list, tuple)) else [value]
         for item in values:
-            if isinstance(item, (str, os.PathLike)) and item and os.path.isfile(item):
+            if isinstance(item, (str, os.PathLike)) and item and kind(os.fspath(item)):
                 yield dest, os.fspath(item)
 
 
