@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pytest_prefill._io import KIND_NAMES, check_output
+from pytest_prefill._io import KIND_NAMES, check_output, content_kind
 
 
 def _picture(path: str) -> str:
@@ -45,9 +45,12 @@ OUTPUTS: dict[tuple[str, str], Callable[[str], str]] = {
     ("fidelity-server", "json"): _document("pytest-prefill/server-fidelity"),
     ("verify", "json"): _document("pytest-prefill/verify"),
 }
-# Input folders read below their top: the archive (--results) reads its machines' folders, not
-# what sits beside them. Any other folder given (a model's, a tokenizer's) is read throughout.
+# Input folders read whole below their top: the archive (--results) lists every file in its
+# machines' folders, not what sits beside them. Other folders' files are read by name.
 READ_BELOW = {"results": 1}
+# What an output may write that is not the tool's own kind of file: such a file in an input
+# folder may be one the folder's reader reads (a model's config.json is "a JSON document").
+GENERIC = ("a JSON document", "JSON lines")
 FORCE_HELP = (
     "replace an existing output file of another kind (a calibration, an answer, a trace); "
     "without it such a file is refused"
@@ -72,25 +75,34 @@ def check_outputs(args: argparse.Namespace) -> None:
     for dest, path in given.items():
         inputs = {_flag(other): value for other, value in _paths(args) if other != dest}
         writes = OUTPUTS[args.command, dest](path)
+        _check_outside_folders(args, dest, path, writes)
         check_output(path, writes=writes, inputs=inputs, force=force, flag=_flag(dest))
-        _check_outside_folders(args, dest, path)
 
 
-def _check_outside_folders(args: argparse.Namespace, dest: str, path: str) -> None:
-    """``path`` (``dest``'s output) lies in no folder another argument gives as an input.
+def _check_outside_folders(args: argparse.Namespace, dest: str, path: str, writes: str) -> None:
+    """``path`` (``dest``'s output, which writes ``writes``) replaces nothing a folder another
+    argument gives as an input holds: in the archive's machine folders (read whole) it may not
+    be at all; in any other folder (a model's, a tokenizer's: their files are read by name) it
+    may be a new file, or replace an earlier output of the tool's own kind, nothing else.
 
     Raises:
-        ValueError: naming both flags and the folder.
+        ValueError: naming both flags and the folder, even with ``--force``.
     """
     target = Path(os.path.realpath(path))
     for other, folder in _paths(args, os.path.isdir):
         top = Path(os.path.realpath(folder))
         if other == dest or not target.is_relative_to(top):
             continue
-        if len(target.relative_to(top).parts) > READ_BELOW.get(other, 0):
+        depth = len(target.relative_to(top).parts)
+        if other in READ_BELOW:
+            refused = depth > READ_BELOW[other]
+        else:
+            ours = writes not in GENERIC and content_kind(target) == writes
+            refused = target.is_file() and not ours
+        if refused:
             raise ValueError(
                 f"{_flag(dest)} {path} is inside {_flag(other)}'s folder {folder}, which this "
-                "command reads; write it outside that folder"
+                "command reads, and would replace what it holds; write it outside that folder"
             )
 
 
