@@ -26,6 +26,7 @@ from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_timeout_arguments,
+    max_prompt_type,
     timeouts_from_args,
     url_type,
 )
@@ -227,7 +228,7 @@ def _calibration_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_defaulted(cal, "--repeats", positive_int, 2, "calibration rounds ({default})")
     prompt_help = "the calibration's longest prompt ({default})"
-    add_defaulted(cal, "--max-prompt", positive_int, 2048, prompt_help, "TOKENS")
+    add_defaulted(cal, "--max-prompt", max_prompt_type, 2048, prompt_help, "TOKENS")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
