@@ -81,3 +81,44 @@ def test_two_lower_bounds_are_not_judged():
     assert "both lower bounds" in table and "FAILS" not in table and "HOLDS" not in table
     bounded = FlagSetResult(FlagSet(16), predicted=Predicted(5.0, "found", slo), measured=knee)
     assert not bounded.lower_bounds and bounded.agreement is not None
+
+
+def _plain_openai_server(posted: list[str]):
+    """A server that names no engine (its /v1/models says nothing, it has no /version nor
+    /props); each POST it gets (a request measured) is noted in ``posted``."""
+    from hostile import json_response, models_ok
+
+    async def handle(method, path, body, writer):
+        if path == "/v1/models":
+            await models_ok(writer)
+        else:
+            posted.append(path) if method == "POST" else None
+            writer.write(json_response({"detail": "Not Found"}, 404))
+
+    return handle
+
+
+def test_verify_of_a_server_naming_no_engine_stops_before_measuring(tmp_path, capsys):
+    import pytest
+    from hostile import serving, write_words
+
+    from pytest_prefill.cli import main
+    from pytest_prefill.serve.calibration.server_model import PROFILED_ENGINES
+
+    posted: list[str] = []
+    with serving(_plain_openai_server(posted)) as url:
+        argv = ["verify", "--url", str(url), "--flags", "tokens=16", "--slo", "ttft:1s"]
+        argv += ["--tokenizer", write_words(tmp_path)]  # words for prompts: it would calibrate
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and posted == []  # nothing sent: no calibration, no probe
+    assert "--engine" in err[-1] and all(e in err[-1] for e in PROFILED_ENGINES), err
+
+
+def test_verify_refuses_an_engine_it_cannot_simulate(capsys):
+    from cli_errors import usage_error
+
+    argv = ["verify", "--url", "http://127.0.0.1:9", "--flags", "tokens=16", "--slo", "ttft:1s"]
+    line = usage_error([*argv, "--engine", "openai"], capsys)
+    assert "--engine" in line and "vllm" in line

@@ -9,10 +9,12 @@ import json
 from typing import Any
 
 import pytest
+from hostile import write_words
 
 from pytest_prefill._io import check_output, content_kind
 from pytest_prefill.cli import build_parser, main
 from pytest_prefill.commands._outputs import OUTPUTS
+from pytest_prefill.serve.client.prompts import WORDS_FILE
 
 pytestmark = pytest.mark.sim
 
@@ -200,3 +202,91 @@ def test_bench_records_over_its_workload_is_a_usage_error_and_writes_nothing(tmp
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--records" in err and "--workload's input" in err
     assert workload.read_text() == text and sorted(tmp_path.iterdir()) == [workload]
+
+
+def _folders(tmp_path):
+    """A model folder (its config.json, its word list: read by name) and an archive with one
+    machine's folder (read whole), and a workload file beside them."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    write_words(model)
+    archive = tmp_path / "archive"
+    (archive / "cpu-test").mkdir(parents=True)
+    workload = tmp_path / "t.jsonl"
+    workload.write_text('{"timestamp": 0, "input_length": 5, "output_length": 5}\n')
+    return model, archive, workload
+
+
+SERVER = ["--url", "http://127.0.0.1:9"]
+VERIFY = ["verify", *SERVER, "--flags", "tokens=16", "--slo", "ttft:1s"]
+
+
+def _inside_cases(tmp_path) -> list[tuple[list[str], str, str]]:
+    """(command line, the output flag, the input folder's flag)."""
+    model, archive, workload = _folders(tmp_path)
+    bench = ["bench", *SERVER, "--workload", str(workload)]
+    config, words = str(model / "config.json"), str(model / WORDS_FILE)
+    return [
+        ([*bench, "--records", config, "--tokenizer", str(model)], "--records", "--tokenizer"),
+        ([*bench, "--json", config, "--tokenizer", str(model), "--force"], "--json", "--tokenizer"),
+        (
+            [*bench, "--results", str(archive), "--json", str(archive / "cpu-test" / "b.json")],
+            "--json",
+            "--results",
+        ),
+        ([*VERIFY, "--tokenizer", str(model), "--json", words], "--json", "--tokenizer"),
+        (
+            [*VERIFY, "--results", str(archive), "--json", str(archive / "cpu-test" / "v.json")],
+            "--json",
+            "--results",
+        ),
+        (
+            ["capacity", "--slo", "ttft:1s", "--model", str(model), "--json", config],
+            "--json",
+            "--model",
+        ),
+        (
+            [
+                "simulate",
+                "--cost",
+                "archive",
+                "--results",
+                str(archive),
+                "--json",
+                str(archive / "cpu-test" / "s.json"),
+            ],
+            "--json",
+            "--results",
+        ),
+    ]
+
+
+def test_an_output_over_what_an_input_folder_holds_is_a_usage_error_naming_both_flags(
+    tmp_path, capsys
+):
+    for argv, output, folder in _inside_cases(tmp_path):
+        before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and "\n" not in err, (argv, err)
+        assert f"{output} " in err and f"{folder}'s folder" in err, (argv, err)
+        after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+        assert after == before  # nothing written, nothing replaced
+
+
+def test_an_output_beside_what_an_input_folder_holds_is_written(tmp_path):
+    from pytest_prefill.commands._outputs import check_outputs
+
+    model, archive, workload = _folders(tmp_path)
+    (model / "v.json").write_text(json.dumps({"kind": "pytest-prefill/verify"}))
+    bench = ["bench", *SERVER, "--workload", str(workload), "--tokenizer", str(model)]
+    beside = [
+        [*bench, "--results", str(archive), "--json", str(archive / "b.json")],  # not a machine's
+        [*bench, "--records", str(model / "new.jsonl")],  # a new file in a model folder
+        [*VERIFY, "--tokenizer", str(model), "--json", str(model / "v.json")],  # a rerun's
+    ]
+    for argv in beside:
+        args, _ = build_parser(argv[0]).parse_known_args(argv)
+        check_outputs(args)

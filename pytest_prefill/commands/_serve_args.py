@@ -9,6 +9,7 @@ import os
 
 from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._workload_args import positive_float
+from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 from pytest_prefill.serve.client.api import ENDPOINTS, ENGINES
 from pytest_prefill.serve.client.prompts import TokenizerError
 from pytest_prefill.serve.client.wire import DEFAULT_TIMEOUTS, Timeouts, Url
@@ -20,6 +21,21 @@ def url_type(text: str) -> Url:
         return Url.parse(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+# A sweep's lengths do not depend on its budget: any budget above its live rows reads them.
+LENGTHS_ONLY_BUDGET = 256
+
+
+def max_prompt_type(text: str) -> int:
+    """TOKENS: at least the calibration sweep's shortest lengths
+    (:meth:`ServerSweep.within`)."""
+    value = positive_int(text)
+    try:
+        ServerSweep(LENGTHS_ONLY_BUDGET).within(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("max_prompt ")) from None
+    return value
 
 
 def add_kv_tokens_argument(group: argparse._ArgumentGroup, default: str) -> None:

@@ -12,7 +12,11 @@ import sys
 from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import add_output_arguments, positive_int, save_calibration
 from pytest_prefill.commands._options import add_defaulted
-from pytest_prefill.commands._serve_args import add_server_arguments, target_from_args
+from pytest_prefill.commands._serve_args import (
+    add_server_arguments,
+    max_prompt_type,
+    target_from_args,
+)
 from pytest_prefill.serve.calibration.calibration import calibrate_server
 from pytest_prefill.serve.calibration.experiments import warm_up
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
@@ -41,7 +45,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         group, "--repeats", positive_int, 3, "rounds of every experiment ({default})", "N"
     )
     prompt_help = "the longest prompt sent (default {default}; within the server's context)"
-    add_defaulted(group, "--max-prompt", positive_int, 2048, prompt_help, "TOKENS")
+    add_defaulted(group, "--max-prompt", max_prompt_type, 2048, prompt_help, "TOKENS")
     group.add_argument(
         "--max-seqs",
         type=positive_int,

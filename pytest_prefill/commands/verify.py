@@ -26,6 +26,7 @@ from pytest_prefill.commands._options import add_defaulted
 from pytest_prefill.commands._serve_args import (
     add_kv_tokens_argument,
     add_timeout_arguments,
+    max_prompt_type,
     timeouts_from_args,
     url_type,
 )
@@ -43,7 +44,7 @@ from pytest_prefill.serve.calibration.server_calibration import (
     ServerSweep,
     read_server_calibration,
 )
-from pytest_prefill.serve.client.api import ENGINES
+from pytest_prefill.serve.calibration.server_model import PROFILED_ENGINES, need_profile
 from pytest_prefill.serve.launch.launchers import LAUNCHED, READY, VLLM_READY, Launcher
 from pytest_prefill.sim import Request
 from pytest_prefill.verify.fields import Fields
@@ -102,7 +103,12 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         "of its own, its other processes and this load generator on the rest; Linux)",
     )
     add_kv_tokens_argument(group, "the launcher's, a running server's unbounded")
-    group.add_argument("--engine", choices=ENGINES, help="what the server is (default: it says)")
+    group.add_argument(
+        "--engine",
+        choices=PROFILED_ENGINES,
+        help="what the server is (default: it says; one that does not is refused before "
+        "anything is measured: only these engines are simulated)",
+    )
     group.add_argument(
         "--tokenizer", metavar="DIR", help="the served model's folder (default --model)"
     )
@@ -222,7 +228,7 @@ def _calibration_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_defaulted(cal, "--repeats", positive_int, 2, "calibration rounds ({default})")
     prompt_help = "the calibration's longest prompt ({default})"
-    add_defaulted(cal, "--max-prompt", positive_int, 2048, prompt_help, "TOKENS")
+    add_defaulted(cal, "--max-prompt", max_prompt_type, 2048, prompt_help, "TOKENS")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -460,6 +466,8 @@ def run(args: argparse.Namespace) -> int:
             _save_ranking(args, runs, text)
         return 0
     call = VerifyCall.from_args(args)
+    if args.url is not None and args.engine is None:
+        _engine_named(args)
     load, description, block = workload_of(args)
     result = verify(
         _server(args, block),
@@ -483,6 +491,23 @@ def run(args: argparse.Namespace) -> int:
         return _interrupted(args, result, len(call.flags))
     # a flag set ended early (not started, or its server died) is not a clean check
     return 0 if result.compared and not any(r.ended for r in result.results) else 1
+
+
+def _engine_named(args: argparse.Namespace) -> None:
+    """The server at ``--url`` says which engine it is, one this tool simulates: asked once
+    before anything is measured, so that a plain OpenAI server is refused before calibrating.
+
+    Raises:
+        ValueError: naming ``--engine`` and the engines it may be.
+        ServerError: the server cannot be reached, or is not OpenAI-compatible.
+    """
+    import asyncio
+
+    from pytest_prefill.serve.client.identity import identify
+
+    timeouts = timeouts_from_args(args)
+    who = asyncio.run(identify(args.url, timeouts=timeouts))
+    need_profile(who.engine, who.url, who.how)
 
 
 def _interrupted(args: argparse.Namespace, result: VerifyResult, flag_sets: int) -> int:

@@ -254,20 +254,40 @@ class HostSteal:
 
     @classmethod
     def from_dict(cls, data: Any) -> HostSteal:
-        """Raises: ValueError for anything but the steal :meth:`to_dict` wrote."""
+        """Raises: ValueError naming the field, for anything but the steal :meth:`to_dict`
+        wrote (a fraction from 0 to 1, a limit and a wait that are finite and not below 0)."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"host must be an object, got {type(data).__name__}")
-        try:
-            steal = data["steal"]
-            return cls(
-                None if steal is None else float(steal),
-                float(data["limit"]),
-                float(data.get("waited", 0.0)),
-                bool(data.get("quiet", True)),
-                tuple(float(s) for s in data.get("redone") or ()),
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"host lacks or mangles {err!s}") from None
+            raise ValueError(f"host: must be an object, got {type(data).__name__}")
+        if "steal" not in data or "limit" not in data:
+            raise ValueError("host: must hold 'steal' and 'limit'")
+        redone = data.get("redone") or []
+        if not isinstance(redone, list):
+            raise ValueError(f"host.redone: must be a list of fractions, got {redone!r:.60}")
+        steal = data["steal"]
+        return cls(
+            None if steal is None else _share(steal, "steal", 1.0),
+            _share(data["limit"], "limit"),
+            _share(data.get("waited", 0.0), "waited"),
+            _flag(data.get("quiet", True), "quiet"),
+            tuple(_share(s, f"redone[{i}]", 1.0) for i, s in enumerate(redone)),
+        )
+
+
+def _share(value: Any, field: str, most: float = math.inf) -> float:
+    """A number of a host document: finite, from 0 to ``most``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and 0 <= value <= most):
+        bound = "finite" if most == math.inf else f"at most {most:g}"
+        raise ValueError(
+            f"host.{field}: must be a number, at least 0 and {bound}, got {value!r:.60}"
+        )
+    return float(value)
+
+
+def _flag(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"host.{field}: must be true or false, got {value!r:.60}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

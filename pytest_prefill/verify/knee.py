@@ -234,7 +234,9 @@ class MeasuredProbe:
             ValueError: naming the field, for one missing or of the wrong type.
         """
         fields = Fields(data, where)
-        run = BenchRun.from_dict(fields.raw("run"), fields.items("records"), f"{where}.run")
+        run = BenchRun.from_dict(
+            fields.raw("run"), fields.items("records"), f"{where}.run", f"{where}.records"
+        )
         outcomes = fields.text("outcomes", "")
         if set(outcomes) - {"0", "1"}:
             raise fields.fail("outcomes", "a string of 0s and 1s", outcomes)

@@ -201,7 +201,10 @@ class LoadRun:
         fit = fields.child("fit")
         if fit is None:
             raise ValueError(f"{fields.where}: missing 'fit'")
-        run = BenchRun.from_dict(fields.raw("run"), fields.items("records"), f"{fields.where}.run")
+        where = fields.where
+        run = BenchRun.from_dict(
+            fields.raw("run"), fields.items("records"), f"{where}.run", f"{where}.records"
+        )
         return cls(fields.number("rate"), LoadFactor.from_dict(fit), run)
 
 

@@ -23,7 +23,13 @@ from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration.calibration import PER_REQUEST_ATTENTION, calibrate_server
 from pytest_prefill.serve.calibration.experiments import warm_up
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
-from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
+from pytest_prefill.serve.calibration.server_model import (
+    NoProfileError,
+    Scheduling,
+    ServerModel,
+    need_profile,
+    server_profile,
+)
 from pytest_prefill.serve.client.wire import ServerError, Timeouts, Url
 from pytest_prefill.serve.launch.launchers import Launcher, alive
 from pytest_prefill.serve.launch.process import ServerProcess
@@ -129,6 +135,8 @@ async def _check_flag_set(
     )
     try:
         target, calibration = await _calibrated(server, url, flags, flagged, plan, progress)
+    except NoProfileError:
+        raise  # the server cannot be simulated under any flag set: the run is refused
     except (ServerError, ValueError, asyncio.CancelledError) as err:
         why = await plan.why_ended(err, "calibration", url, process)
         return FlagSetResult(flags, command, ended=f"{label}: {why}")
@@ -186,6 +194,8 @@ async def _calibrated(
         flags=flagged,
         timeouts=server.timeouts,
     )
+    who = target.identity
+    need_profile(who.engine, who.url, who.how)  # before a request is sent: none is simulated
     target = dataclasses.replace(target, prefix_block_tokens=server.prefix_block_tokens)
     await warm_up(target, f"{flags.budget}-")
     if plan.calibration is not None:

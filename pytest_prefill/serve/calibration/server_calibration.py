@@ -146,9 +146,29 @@ class ServerSweep:
         loaded = min(self.loaded_rows, max_seqs - 1) if ramp else 0
         return dataclasses.replace(self, max_seqs=max_seqs, ramp_rows=ramp, loaded_rows=loaded)
 
+    @property
+    def least_max_prompt(self) -> int:
+        """The shortest ``max_prompt`` :meth:`within` keeps this sweep's fit with: its
+        third-shortest prompt length (the prefill line is fitted through 3 or more) and its
+        second-shortest traffic prompt (2 or more are sent)."""
+        return max(sorted(self.prompt_lens)[2], sorted(self.traffic_prompts)[1])
+
     def within(self, max_prompt: int) -> ServerSweep:
-        """This sweep without prompts longer than ``max_prompt`` tokens (the longest kept if
-        none is that short)."""
+        """This sweep without prompts longer than ``max_prompt`` tokens (the longest stall
+        prompt kept if none is that short).
+
+        Raises:
+            ValueError: naming ``max_prompt`` and the least it may be, and why.
+        """
+        least = self.least_max_prompt
+        if max_prompt < least:
+            fitted = ", ".join(map(str, sorted(self.prompt_lens)[:3]))
+            traffic = ", ".join(map(str, sorted(self.traffic_prompts)[:2]))
+            raise ValueError(
+                f"max_prompt must be at least {least} tokens, got {max_prompt}: the calibration "
+                f"fits prefill through 3 or more prompt lengths (the shortest: {fitted}) and "
+                f"sends 2 or more traffic prompts (the shortest: {traffic})"
+            )
 
         def cut(values: tuple[int, ...]) -> tuple[int, ...]:
             return tuple(v for v in values if v <= max_prompt) or (max_prompt,)

@@ -42,6 +42,24 @@ TIME_TERMS = (
 PROFILED_ENGINES = tuple(e for e in ENGINES if e in PROFILES)
 
 
+class NoProfileError(ValueError):
+    """A server whose engine has no profile: nothing measured on it can be simulated."""
+
+
+def need_profile(engine: str, url: str, how: str) -> None:
+    """Refuse a server whose engine has no profile to simulate it with (a plain OpenAI server,
+    or one that does not say what it is), before anything is measured on it.
+
+    Raises:
+        NoProfileError: naming ``--engine`` and the engines it may be.
+    """
+    if engine not in PROFILED_ENGINES:
+        raise NoProfileError(
+            f"{url} is an {engine!r} server to this tool ({how}), and only an engine with a "
+            f"profile can be simulated: give --engine, one of {', '.join(PROFILED_ENGINES)}"
+        )
+
+
 def server_profile(engine: str, budget: int, max_seqs: int | None = None) -> EngineProfile:
     """``engine``'s profile as the server runs it: its ``budget`` (tokens an iteration, decode
     rows included: vLLM ``--max-num-batched-tokens``, llama.cpp ``-b``, ``transformers serve

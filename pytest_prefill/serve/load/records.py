@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_prefill.plan.metrics import DEFAULT_PERCENTILES, SLO, ServingMetrics, serving_metrics_of
+from pytest_prefill.serve.load.record_fields import RecordFields
 
 if TYPE_CHECKING:
     from pytest_prefill.measure.quiet import HostSteal
@@ -100,26 +101,45 @@ class ServerRecord:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> ServerRecord:
+    def from_dict(cls, data: Any, where: str = "record") -> ServerRecord:
+        """The record :meth:`to_dict` wrote.
+
+        Raises:
+            ValueError: naming ``where`` and the field, for one missing, of the wrong type, out
+                of range (a time or a count below 0, not finite; a chunk of no token), or
+                chunk times out of order or not one per chunk count.
+        """
         if not isinstance(data, Mapping):
-            raise ValueError(f"a request record must be an object, got {data!r:.60}")
-        try:
-            return cls(
-                str(data["id"]),
-                float(data["scheduled"]),
-                float(data["arrival"]),
-                int(data["prompt_len"]),
-                int(data["output_len"]),
-                tuple(float(t) for t in data.get("chunk_times", ())),
-                tuple(int(k) for k in data.get("chunk_tokens", ())),
-                data.get("prompt_tokens"),
-                data.get("output_tokens"),
-                data.get("server_timings"),
-                data.get("error"),
-                bool(data.get("counts_assumed", False)),
+            raise ValueError(f"{where}: must be an object, got {type(data).__name__}")
+        field = RecordFields(data, where)
+        arrival = field.time("arrival")
+        times = tuple(
+            field.time(f"chunk_times[{i}]", t) for i, t in enumerate(field.seq("chunk_times"))
+        )
+        counts = tuple(
+            field.count(f"chunk_tokens[{i}]", k, least=1)
+            for i, k in enumerate(field.seq("chunk_tokens"))
+        )
+        if len(times) != len(counts):
+            raise field.fail(
+                "chunk_tokens", f"as many counts as chunk_times ({len(times)})", counts
             )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"a request record lacks or mangles {err!s}") from None
+        if any(b < a for a, b in zip((arrival, *times), times)):
+            raise field.fail("chunk_times", "in order, none before the arrival", times)
+        return cls(
+            field.text("id"),
+            field.time("scheduled"),
+            arrival,
+            field.count("prompt_len"),
+            field.count("output_len"),
+            times,
+            counts,
+            field.optional("prompt_tokens", field.count),
+            field.optional("output_tokens", field.count),
+            field.optional("server_timings", field.mapping),
+            field.optional("error", field.text),
+            field.flag("counts_assumed", False),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,31 +220,44 @@ class BenchRun:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, records: Sequence[Any] = (), where: str = "run") -> BenchRun:
-        """The run :meth:`to_dict` wrote, with its ``records`` (their documents; none: a
-        document kept without them). Warm-up requests are not written, so none is read.
+    def from_dict(
+        cls,
+        data: Any,
+        records: Sequence[Any] = (),
+        where: str = "run",
+        records_where: str = "records",
+    ) -> BenchRun:
+        """The run :meth:`to_dict` wrote, with its ``records`` (their documents, read at
+        ``records_where``; none: a document kept without them). Warm-up requests are not
+        written, so none is read.
 
         Raises:
-            ValueError: naming ``where``, for a field missing or of the wrong type.
+            ValueError: naming ``where`` (or ``records_where``) and the field, for one missing,
+                of the wrong type or out of range.
         """
         from pytest_prefill.measure.quiet import HostSteal
 
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: must be an object, got {type(data).__name__}")
+        field = RecordFields(data, where)
+        counters, host = data.get("server_counters"), data.get("host")
         try:
-            counters, host = data.get("server_counters"), data.get("host")
-            return cls(
-                tuple(ServerRecord.from_dict(r) for r in records),
-                dict(data["server"]),
-                dict(data["settings"]),
-                str(data["started"]),
-                stopped=data.get("stopped"),
-                server_counters=ServerCounters.from_dict(counters) if counters else None,
-                interrupted=bool(data.get("incomplete", False)),
-                host=HostSteal.from_dict(host) if host else None,
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{where}: lacks or mangles {err!s}") from None
+            counted = ServerCounters.from_dict(counters) if counters is not None else None
+            steal = HostSteal.from_dict(host) if host is not None else None
+        except ValueError as err:
+            raise ValueError(f"{where}.{err}") from None
+        return cls(
+            tuple(
+                ServerRecord.from_dict(r, f"{records_where}[{i}]") for i, r in enumerate(records)
+            ),
+            field.mapping("server"),
+            field.mapping("settings"),
+            field.text("started"),
+            stopped=field.optional("stopped", field.text),
+            server_counters=counted,
+            interrupted=field.flag("incomplete", False),
+            host=steal,
+        )
 
     def records_jsonl(self) -> str:
         """One JSON object per request (warm-up ones marked), a line each."""
