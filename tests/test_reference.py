@@ -132,7 +132,7 @@ def assert_agrees(policy, load, cost, options):
         assert (rec.prefill_start, rec.prefill_end, rec.kv_ready) == (f(start), f(end), f(ready))
         assert (rec.prefill_resource, rec.decode_resource) == (where, ref.decoder[r.id])
         assert rec.token_times == tuple(f(t) for t in ref.tokens[r.id])
-    assert check_invariants(trace, load, cost) == []
+    assert check_invariants(trace, load, cost, decode_cost=options.get("decode_cost")) == []
 
 
 @SETTINGS
