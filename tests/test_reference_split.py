@@ -7,6 +7,8 @@ iterations, token times, cached tokens and preemption times), and the oracle mus
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,18 +21,19 @@ pytestmark = pytest.mark.sim
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def with_blocks(cost: CostModel, blocks: int, block: int) -> CostModel:
+def with_blocks(cost: CostModel, blocks: float, block: int) -> CostModel:
     return CostModel.from_dict({**cost.to_dict(), "kv_capacity_tokens": blocks * block})
 
 
 @st.composite
 def split_setups(draw: st.DrawFn):
     """Bounded paged KV on both pools (each from the blocks the largest request needs to a
-    few more), shared prefixes, and a decode pool of its own devices half the time."""
+    few more, or unbounded), shared prefixes, and a decode pool of its own devices half the
+    time."""
     engine, load = draw(paged_loads("drawn-split"))
     block = engine.kv_block_tokens
     largest = max(-(-(r.prompt_len + r.output_len - 1) // block) for r in load)
-    extras = st.sampled_from([0, 1, 5, 40])
+    extras = st.sampled_from([0, 1, 5, 40, math.inf])  # inf: that pool unbounded
     cost = with_blocks(draw(v2_costs()), largest + draw(extras), block)
     options: dict = {
         "engine": engine,
