@@ -17,6 +17,9 @@ class Paged(Reference):
         self.b = engine.kv_block_tokens
         self.clock = 0  # admissions and frees counted, for "latest" and "least recent"
 
+    def cap_of(self, w):  # the blocks of w's pool
+        return self.cap
+
     def blocks(self, tokens):
         return -(-tokens // self.b)
 
@@ -28,14 +31,14 @@ class Paged(Reference):
         return [k for k, (n, _) in w.cache.items() if n == 0 and k not in keep]
 
     def room(self, w, keep=()):
-        return self.cap - self.used(w) + len(self.evictable(w, keep)) * (self.E // self.b)
+        return self.cap_of(w) - self.used(w) + len(self.evictable(w, keep)) * (self.E // self.b)
 
     def alloc(self, w, r, tokens):
         a = w.adm[r.id]
         need = max(0, self.blocks(tokens - len(a["shared"]) * self.E) - a["own"])
         if self.room(w) < need:
             return False
-        while self.cap - self.used(w) < need:  # evict the least recently freed
+        while self.cap_of(w) - self.used(w) < need:  # evict the least recently freed
             del w.cache[min(self.evictable(w), key=lambda k: w.cache[k][1])]
         a["own"] += need
         return True

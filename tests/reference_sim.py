@@ -277,6 +277,30 @@ class Reference:
                     self.start(w, mode, t)
 
     # -- disaggregation -----------------------------------------------------------------------
+    # What each pool's memory does (tests/reference_split.py: bounded paged KV instead)
+    def prompt_fits(self, w: W, r: Request) -> bool:
+        return self.fits(w, r)
+
+    def hold_prompt(self, w: W, r: Request):
+        w.reserved += need(r)
+        w.admitted += 1
+
+    def prefilled(self, w: W, r: Request):
+        for k in r.prefix_blocks[: r.prompt_len // self.E]:
+            w.cache[k] = True  # the prefix cache of this prefill worker
+
+    def sent(self, w: W, r: Request):  # its KV crossed (or it is done): the prompt leaves
+        w.reserved -= need(r)
+        w.admitted -= 1
+
+    def decode_fits(self, w: W, r: Request) -> bool:
+        return self.fits(w, r)
+
+    def join(self, w: W, r: Request):
+        w.joining.append(r)
+        w.reserved += need(r)
+        w.admitted += 1
+
     def disaggregated(self, load, prefill_workers, decode_workers):
         pre = [W(f"prefill{i}") for i in range(prefill_workers)]
         dec = [W(f"decode{i}") for i in range(decode_workers)]
@@ -311,14 +335,12 @@ class Reference:
                         )
                     )
                     for r in w.batch:
-                        for k in r.prefix_blocks[: r.prompt_len // self.E]:
-                            w.cache[k] = True  # the prefix cache of this prefill worker
+                        self.prefilled(w, r)
                         self.prefill[r.id][1] = t
                         if self.prefill_first and self.emit(r, t):  # done: its one token
                             self.prefill[r.id][2] = t
                             self.decoder[r.id] = w.name
-                            w.reserved -= need(r)
-                            w.admitted -= 1
+                            self.sent(w, r)
                         else:
                             done.append(r)
                     w.batch, w.until = [], None
@@ -331,8 +353,7 @@ class Reference:
                 self.events.append(
                     (LINK, on_link[2], t, "transfer", ((r.id, r.prompt_len, 0),), (), 0)
                 )
-                owner[r.id].reserved -= need(r)
-                owner[r.id].admitted -= 1
+                self.sent(owner[r.id], r)
                 self.prefill[r.id][2] = t
                 joins.append(r)
                 on_link = None
@@ -343,20 +364,17 @@ class Reference:
                 r = link.popleft()
                 d = self.k.latency + self.k.per_transfer * r.prompt_len
                 if d == 0:  # a free link: ready where it was made
-                    owner[r.id].reserved -= need(r)
-                    owner[r.id].admitted -= 1
+                    self.sent(owner[r.id], r)
                     self.prefill[r.id][2] = t
                     joins.append(r)
                 else:
                     on_link = (t + d, r, t)
             while joins:
-                w = self.least(dec, lambda w: self.fits(w, joins[0]))
+                w = self.least(dec, lambda w: self.decode_fits(w, joins[0]))
                 if w is None:
                     break
                 r = joins.popleft()
-                w.joining.append(r)
-                w.reserved += need(r)
-                w.admitted += 1
+                self.join(w, r)
                 w.routed += 1
                 self.decoder[r.id] = w.name
             progress = True
@@ -365,13 +383,12 @@ class Reference:
                 for w in pre:
                     if w.until is None and queue:
                         tokens, pieces = 0, []
-                        while queue and self.fits(w, queue[0]):
+                        while queue and self.prompt_fits(w, queue[0]):
                             hits = self.prefill_hits(w, queue[0])
                             if w.batch and tokens + queue[0].prompt_len - hits > self.B:
                                 break  # at least one prompt, whatever its length
                             r = queue.popleft()
-                            w.reserved += need(r)
-                            w.admitted += 1
+                            self.hold_prompt(w, r)
                             tokens += r.prompt_len - hits
                             w.batch.append(r)
                             pieces.append((r, hits, r.prompt_len - hits))
@@ -400,8 +417,18 @@ def reference(
     decode_workers=1,
     engine=LAB,
     router="least-loaded",
+    decode_cost=None,
 ) -> Reference:
-    """Run the reference; read ``.events``, ``.tokens``, ``.prefill`` and ``.decoder``."""
+    """Run the reference; read ``.events``, ``.tokens``, ``.prefill`` and ``.decoder``.
+    ``decode_cost``: the decode pool's devices (paged KV under disaggregation only)."""
+    if engine.kv == "paged" and policy == "disaggregated":
+        from reference_split import PagedSplit
+
+        split = PagedSplit(cost, engine, decode_cost)
+        split.cap = blocks_of(cost.kv_capacity_tokens, engine)
+        split.decode_cap = blocks_of((decode_cost or cost).kv_capacity_tokens, engine)
+        split.disaggregated(load, prefill_workers, decode_workers)
+        return split
     if engine.kv == "paged" and policy != "disaggregated":
         from reference_paged import Paged
 
@@ -424,3 +451,8 @@ def reference(
     else:
         ref.colocated(load, policy, replicas)
     return ref
+
+
+def blocks_of(tokens, engine):
+    """A worker's KV blocks under paged KV (inf: no limit)."""
+    return tokens if math.isinf(tokens) else int(tokens) // engine.kv_block_tokens

@@ -171,3 +171,51 @@ def grouped_and_stepwise(load, split, room, preempting=False):
     assert not preempting or (
         grouped.summary().preemptions > 0 and any(e.count > 1 for e in grouped.events)
     )
+
+
+@given(loads(10), st.sampled_from([(1, 1), (2, 1), (1, 2)]), st.integers(1, 3), st.integers(1, 3))
+@examples(30)
+def test_the_oracle_bounds_each_pools_blocks_by_its_own_devices(load, split, rooms, decode_rooms):
+    """A split whose pools have memories of their own: the oracle passes the run against both
+    cost models, and catches it against a decode pool one block smaller than what its busiest
+    decode worker held (or a prefill pool likewise), naming that worker."""
+    block = PAGED.kv_block_tokens
+    room = most_need(load) + block
+    prefill = dataclasses.replace(V2, kv_capacity_tokens=float(rooms * room))
+    decode = dataclasses.replace(
+        V2, decode_step_base=2e-2, kv_capacity_tokens=float(decode_rooms * room)
+    )
+    options = {"engine": PAGED, "prefill_workers": split[0], "decode_workers": split[1]}
+    trace = simulate("disaggregated", load, prefill, decode_cost=decode, **options)
+    assert check_invariants(trace, load, prefill, decode_cost=decode) == []
+    # the durations tell the pools apart: one cost model for both is caught where decoding ran
+    decoded = any(e.decode_ids and e.resource.startswith("decode") for e in trace.events)
+    assert not decoded or any(
+        "cost model says" in p for p in check_invariants(trace, load, prefill)
+    )
+    for name, pool in (("decode", decode), ("prefill", prefill)):
+        peak = _peak_blocks(trace, load, name)
+        if peak <= 1:  # no pool of fewer blocks exists (or that pool held none)
+            continue
+        smaller = dataclasses.replace(pool, kv_capacity_tokens=float((peak - 1) * block))
+        costs = (prefill, smaller) if name == "decode" else (smaller, decode)
+        problems = check_invariants(trace, load, costs[0], decode_cost=costs[1])
+        assert any(p.startswith(name) and "KV blocks" in p for p in problems)
+
+
+def _peak_blocks(trace, load, pool: str) -> int:
+    """The most blocks a worker of ``pool`` held, as the oracle counts them: the least
+    capacity it passes with (found by asking it, from one block up)."""
+    from pytest_prefill.sim.oracle_paged import blocks_in_use
+
+    requests = {r.id: r for r in load}
+    workers = {e.resource for e in trace.events if e.resource.startswith(pool)}
+    if not workers:
+        return 0
+    block = PAGED.kv_block_tokens
+    for blocks in range(1, 10_000):
+        pools = dict.fromkeys(workers, float(blocks * block))
+        found = blocks_in_use(trace.events, trace.requests, requests, PAGED, float("inf"), pools)
+        if not found:
+            return blocks
+    raise AssertionError("no capacity holds the trace")

@@ -132,7 +132,7 @@ def assert_agrees(policy, load, cost, options):
         assert (rec.prefill_start, rec.prefill_end, rec.kv_ready) == (f(start), f(end), f(ready))
         assert (rec.prefill_resource, rec.decode_resource) == (where, ref.decoder[r.id])
         assert rec.token_times == tuple(f(t) for t in ref.tokens[r.id])
-    assert check_invariants(trace, load, cost) == []
+    assert check_invariants(trace, load, cost, decode_cost=options.get("decode_cost")) == []
 
 
 @SETTINGS
@@ -186,14 +186,15 @@ def test_long_outputs_on_several_workers_take_every_fast_path(policy, engine):
 
 
 @st.composite
-def paged_setups(draw: st.DrawFn):
-    """Paged KV, often tight (a few requests wide, preemptions), with shared prefixes: each
-    request's hash ids continue one of a few chains, so leading blocks repeat."""
+def paged_loads(draw: st.DrawFn, name: str) -> tuple[EngineProfile, list[Request]]:
+    """A paged engine (blocks of 1 to 16 tokens, the prefix cache on or off) and a load with
+    shared prefixes: each request's hash ids continue one of a few chains, so leading blocks
+    repeat."""
     block = draw(st.sampled_from([1, 4, 16]))
     entry = block * draw(st.sampled_from([1, 2, 8]))
     engine = dataclasses.replace(
         draw(engines()),
-        name="drawn-paged",
+        name=name,
         kv="paged",
         kv_block_tokens=block,
         prefix_caching=draw(st.booleans()),
@@ -206,6 +207,14 @@ def paged_setups(draw: st.DrawFn):
         cut = draw(st.integers(0, 59))
         ids = chain[:cut] + [f"{r.id}-{i}" for i in range(60 - cut)]
         load.append(dataclasses.replace(r, prefix_blocks=tuple(ids[: -(-r.prompt_len // entry)])))
+    return engine, load
+
+
+@st.composite
+def paged_setups(draw: st.DrawFn):
+    """Paged KV, often tight (a few requests wide, preemptions), with shared prefixes."""
+    engine, load = draw(paged_loads("drawn-paged"))
+    block = engine.kv_block_tokens
     cost = draw(v2_costs())
     if draw(st.integers(0, 3)):  # a KV capacity every request fits, often tight
         largest = max(-(-(r.prompt_len + r.output_len - 1) // block) for r in load)
@@ -243,20 +252,7 @@ def test_simulate_is_the_reference_under_paged_kv_with_shared_prefixes(setup):
 @pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("policy", ["shared", "coscheduled", "chunked"])
 def test_paged_kv_a_few_requests_wide_preempts_as_the_reference_does(policy, caching):
-    load = [
-        Request(f"r{i}", 0.013 * i * (i % 3), 37 * i + 5, 150 + 40 * (i % 4), (0, 1, i))
-        for i in range(12)
-    ]
-    cost = CostModel(
-        prefill_pass_overhead=2e-3,
-        prefill_per_token=1.5e-5,
-        decode_step_base=1e-2,
-        decode_per_seq=1e-4,
-        decode_per_kv_token=2e-8,
-        prefill_per_pair=1e-9,
-        fusion_penalty=0.3,
-        kv_capacity_tokens=1600,
-    )
+    load, cost = few_wide(1600)
     engine = EngineProfile(
         "tight-paged",
         first_token="prefill",
@@ -269,3 +265,23 @@ def test_paged_kv_a_few_requests_wide_preempts_as_the_reference_does(policy, cac
     options = {"engine": engine, "replicas": 2, **({"chunk": 64} if policy == "chunked" else {})}
     assert simulate(policy, load, cost, **options).preemptions > 0
     assert_paged_agrees(policy, load, cost, options)
+
+
+def few_wide(kv_tokens: int) -> tuple[list[Request], CostModel]:
+    """Twelve requests sharing two leading prefix blocks, a few of them wide in ``kv_tokens``
+    of KV per worker: bursts, long outputs, preemptions under paged KV."""
+    load = [
+        Request(f"r{i}", 0.013 * i * (i % 3), 37 * i + 5, 150 + 40 * (i % 4), (0, 1, i))
+        for i in range(12)
+    ]
+    cost = CostModel(
+        prefill_pass_overhead=2e-3,
+        prefill_per_token=1.5e-5,
+        decode_step_base=1e-2,
+        decode_per_seq=1e-4,
+        decode_per_kv_token=2e-8,
+        prefill_per_pair=1e-9,
+        fusion_penalty=0.3,
+        kv_capacity_tokens=kv_tokens,
+    )
+    return load, cost

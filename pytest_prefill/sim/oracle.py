@@ -45,6 +45,7 @@ def check_invariants(
     load: Iterable[Request],
     cost: CostModel | None = None,
     engine: EngineProfile | None = None,
+    decode_cost: CostModel | None = None,
 ) -> list[str]:
     """Every DESIGN.md invariant that ``trace`` breaks for ``load``, as sentences (empty: none).
 
@@ -59,7 +60,9 @@ def check_invariants(
     request had by then; the summary's GPU-seconds equal the events' busy time; no iteration
     over the engine's token budget (a lone whole prompt longer than it excepted) and never
     more than its sequence cap in progress on a worker. With ``cost``: each event lasts what
-    the cost model says, and no worker holds more KV than ``cost.kv_capacity_tokens``.
+    the cost model says, and no worker holds more KV than ``cost.kv_capacity_tokens``. With
+    ``decode_cost`` too (a disaggregated run on decode devices of their own): the decode
+    workers' events are timed and their blocks bounded by it, the prefill workers' by ``cost``.
     """
     profile = trace.engine if engine is None else engine
     requests = {r.id: r for r in load}
@@ -89,10 +92,14 @@ def check_invariants(
     if profile.seq_cap is not None:
         problems += _most_held(spans, lambda rec: 1, profile.seq_cap, "requests in progress")
     if cost is not None:
-        problems += _durations(trace.events, cost)
+        decoders = _decode_workers(records.values()) if decode_cost is not None else set()
+        own = decode_cost if decode_cost is not None else cost
+        problems += _durations([e for e in trace.events if e.resource not in decoders], cost)
+        problems += _durations([e for e in trace.events if e.resource in decoders], own)
         capacity = cost.kv_capacity_tokens
         if attempts is not None:
-            problems += blocks_in_use(trace.events, records, requests, profile, capacity)
+            pools = {worker: own.kv_capacity_tokens for worker in decoders}
+            problems += blocks_in_use(trace.events, records, requests, profile, capacity, pools)
         elif not math.isinf(capacity):
             need = lambda rec: rec.prompt_len + rec.output_len  # noqa: E731
             problems += _most_held(spans, need, capacity, "KV tokens")
@@ -224,6 +231,11 @@ def _request(
 def _near_any(t: float, ends: list[float]) -> bool:
     i = bisect.bisect_left(ends, t)
     return any(close(t, ends[j]) for j in (i - 1, i) if 0 <= j < len(ends))
+
+
+def _decode_workers(records: Iterable[RequestRecord]) -> set[str]:
+    """The workers that decoded requests prefilled elsewhere (a disaggregated decode pool)."""
+    return {rec.decode_resource for rec in records if rec.decode_resource != rec.prefill_resource}
 
 
 def _durations(events: Iterable[Event], cost: CostModel) -> list[str]:

@@ -7,7 +7,7 @@ requests hold never exceed a worker's pool."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .events import LINK, Event
 from .paged import block_capacity, blocks_for
@@ -117,13 +117,16 @@ def blocks_in_use(
     requests: dict[str, Request],
     engine: EngineProfile,
     capacity_tokens: float,
+    pools: Mapping[str, float] | None = None,
 ) -> list[str]:
     """No worker's admitted requests hold more blocks than its pool, counted as the least
     they can be: each request's tokens held by then in ``kv_block_tokens`` blocks, its full
     prompt blocks once per worker (they may be shared through the cache); under
-    disaggregation a prefill worker holds a prompt until its KV has crossed."""
-    capacity = block_capacity(capacity_tokens, engine.kv_block_tokens)
-    if math.isinf(capacity):
+    disaggregation a prefill worker holds a prompt until its KV has crossed. Each worker's
+    pool is ``capacity_tokens`` of KV, or its own in ``pools`` (worker -> KV tokens: a
+    disaggregated run's decode workers on devices of their own)."""
+    pool_of = {} if pools is None else pools
+    if math.isinf(capacity_tokens) and all(math.isinf(c) for c in pool_of.values()):
         return []
     size, entry = engine.kv_block_tokens, engine.prefix_block_tokens
     by_worker: dict[str, list[Event]] = {}
@@ -132,6 +135,9 @@ def blocks_in_use(
             by_worker.setdefault(e.resource, []).append(e)
     problems = []
     for worker, evs in by_worker.items():
+        capacity = block_capacity(pool_of.get(worker, capacity_tokens), engine.kv_block_tokens)
+        if math.isinf(capacity):
+            continue
         held: dict[str, int] = {}  # request -> tokens held
         emitted: dict[str, int] = {}
         last: dict[str, float] = {}  # request -> start of the latest event it was in
