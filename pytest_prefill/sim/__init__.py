@@ -22,9 +22,10 @@ subclasses across the line):
    prefix hits and cache entries) and ``paged_worker`` (vLLM's rules: blocks as tokens are
    written, preemption by recompute, prefix cache hits) and ``paged_decode`` (paged KV on a
    split's pools: a prompt's blocks on its prefill worker until sent, a decode worker's blocks
-   and preemptions); disaggregation's prefill side, ``prefill_worker`` (passes over a queue,
-   and the KV link) and ``dispatch`` (which prefill worker's own queue an arrival joins);
-   ``policies`` (the
+   and preemptions), ``capped_decode`` (a decode pass's rows capped by their KV, as DistServe
+   caps them); disaggregation's prefill side, ``prefill_worker`` (passes over a queue, and the
+   KV link) and ``dispatch`` (which prefill worker's own queue an arrival joins); ``refusals``
+   (the requests whose KV never fits one worker of a pool); ``policies`` (the
    policies, their options and the worker mode of each); ``router`` (which worker gets a
    request: least loaded, or the one holding its longest cached prefix).
 4. The speed-ups, kept apart from the rules: ``fastpath`` (any worker's rules timed by the
