@@ -182,13 +182,14 @@ def test_a_decode_step_of_1e308_gives_every_token_or_an_error(policy):
 
 
 @pytest.mark.parametrize("command", [["simulate"], ["timeline", "--text"]])
-def test_the_commands_give_one_line_for_a_cost_that_overflows(command, tmp_path, capsys):
+def test_the_commands_give_one_line_for_a_cost_that_would_overflow(command, tmp_path, capsys):
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(huge(1e308).to_dict()))
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--cost", str(path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1 and "float range" in err[0]
+    assert exit_info.value.code == 2 and len(err) == 1  # refused at load: the file and field
+    assert str(path) in err[0] and "decode_step_base" in err[0]
 
 
 @pytest.mark.parametrize("engine", sorted(PROFILES))
