@@ -190,7 +190,7 @@ def launch_line(
     fill in) at most ``max_model_len`` tokens a sequence (None: the model's context); a
     sentence instead of a command for an engine without one."""
     command = engine_command(profile)
-    line = _typed(profile, tp, memory_fraction, model, max_model_len)
+    line = _typed(command, profile, tp, memory_fraction, model, max_model_len)
     if command.start is None:
         settings = _settings(profile, tp)
         if prefill is None:
@@ -227,10 +227,8 @@ def pool_line(
     flag = _split_flags(command, profile)[0 if role == "prefill" else 1]
     if command.start is None:
         return f"{instances} {role} instances of {profile.name}{_settings(profile, tp)}"
-    line = " ".join(
-        part for part in (_typed(profile, tp, memory_fraction, model, max_model_len), flag) if part
-    )
-    return f"{line}  (× {instances}, {_per(tp)}, {role}; behind {command.router_of(True)})"
+    line = _typed(command, profile, tp, memory_fraction, model, max_model_len)
+    return f"{line} {flag}  (× {instances}, {_per(tp)}, {role}; behind {command.router_of(True)})"
 
 
 def _split_flags(command: EngineCommand, profile: EngineProfile) -> tuple[str, str]:
@@ -248,6 +246,7 @@ def _settings(profile: EngineProfile, tp: int) -> str:
 
 
 def _typed(
+    command: EngineCommand,
     profile: EngineProfile,
     tp: int,
     memory_fraction: float | None,
@@ -256,7 +255,6 @@ def _typed(
 ) -> str:
     """The engine's start command with its flags: the profile's knobs, TP, memory fraction and
     longest sequence ("" for an engine with no command line)."""
-    command = engine_command(profile)
     sizing = []
     if tp > 1 or memory_fraction is not None:
         if command.tp_flag is not None:
