@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pytest_prefill.plan.compute.cpu_decode import DecodeStep, KernelTerms, decode_working_set
 from pytest_prefill.plan.compute.devices import Device
 from pytest_prefill.plan.compute.efficiency import Efficiency
 from pytest_prefill.plan.compute.physics import Physics
@@ -28,20 +29,20 @@ FRACTIONS = (
     "eta_m",
     "attention_eta_c",
     "attention_eta_m",
+    "pack_eta",
 )
 POSITIVES = (
     "gemm_t0",
     "gemm_k0",
     "attention_d0",
-    "host_per_pass",
-    "host_per_layer",
-    "host_per_sequence_layer",
+    "host_per_call",
+    "fault_seconds",
 )
 # The probe's figures are measurements, not ceilings: a pass whose data sit in a cache, or a
 # kernel a busy probe timed slow, runs above them. The efficiencies are fractions of the
 # probe's figures times this headroom (so up to 4 times the probed rates).
 HEADROOM = 4.0
-START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-4, 1e-4, 3e-5)
+START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-6, 2e-6)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
@@ -87,8 +88,10 @@ class Sample:
     @property
     def working_set(self) -> float:
         """Bytes the pass touches that a repeat of it finds again: every weight, and the
-        cached K and V it reads."""
-        cached = sum(c for _, c in self.pieces) if self.kind == "prefill" else self.kv_tokens
+        cached K and V it reads (a decode step: and their gathered copy)."""
+        if self.kind == "decode":
+            return decode_working_set(self.model, self.rows, self.kv_tokens)
+        cached = sum(c for _, c in self.pieces)
         return float(self.model.weight_bytes + cached * self.model.kv_bytes_per_token)
 
 
@@ -155,7 +158,7 @@ class Cache:
 
     def bandwidth_for(self, working_set: float, memory: float) -> float:
         """The bandwidth a pass touching ``working_set`` bytes sees, beside ``memory``'s."""
-        held = min(1.0, self.size / working_set) if working_set > 0 else 1.0
+        held = 1.0 if working_set <= self.size else 0.0
         return 1.0 / (held / self.bandwidth + (1.0 - held) / memory)
 
 
@@ -171,17 +174,31 @@ def device_for(device: Device, sample: Sample, cache: Cache | None) -> Device:
     return dataclasses.replace(linear, peak_flops=peaks, memory_bandwidth=bandwidth * HEADROOM)
 
 
+# The torch calls the packed pass (lab/packed.py, over Qwen3's modules) makes from Python,
+# counted with a TorchFunctionMode: the same for every preset, whatever its widths. A prefill
+# pass: PREFILL_CALLS[0] + pieces x [1] + layers x ([2] + pieces x [3]); a decode step:
+# DECODE_CALLS[0] + rows x [1] + layers x [2] (the rows attend together, layer by layer).
+PREFILL_CALLS = (35, 9, 69, 18)
+DECODE_CALLS = (56, 12, 81)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostCost:
-    """The host's share of a pass, in seconds: per pass, per layer, per sequence and layer (the
-    packed pass writes each sequence's cache and calls attention per sequence, layer by layer)."""
+    """The host's share of a pass: ``per_call`` seconds for each torch call the packed pass
+    makes from Python (the interpreter and the dispatcher; on a CPU the host is the device, so
+    this time is spent, not overlapped)."""
 
-    per_pass: float
-    per_layer: float
-    per_sequence_layer: float
+    per_call: float
 
-    def of(self, layers: int, sequences: int) -> float:
-        return self.per_pass + layers * (self.per_layer + sequences * self.per_sequence_layer)
+    def prefill(self, layers: int, pieces: int) -> float:
+        """A prefill pass of ``pieces`` prompt pieces."""
+        base, piece, layer, piece_layer = PREFILL_CALLS
+        return self.per_call * (base + pieces * piece + layers * (layer + pieces * piece_layer))
+
+    def decode(self, layers: int, rows: int) -> float:
+        """A decode step of ``rows`` rows."""
+        base, row, layer = DECODE_CALLS
+        return self.per_call * (base + rows * row + layers * layer)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,7 +207,8 @@ class CpuTerms:
     ``COMPUTE_BOUNDS``), ``memory``, ``attention_compute``, ``attention_memory``; how a narrow
     kernel falls short of them: a GEMM of inner dimension k reaches ``k / (k + gemm_k0)`` of its
     eta_c, attention of head dim d ``d / (d + attention_d0)`` of its own (a SIMD kernel needs
-    width to fill its registers); ``gemm_t0`` per GEMM; and the host's costs."""
+    width to fill its registers); ``gemm_t0`` per GEMM; the host's costs; and what the CPU's
+    libraries add to a decode step (``kernel``: plan/compute/cpu_decode)."""
 
     compute: tuple[float, ...]
     memory: float
@@ -200,17 +218,19 @@ class CpuTerms:
     gemm_k0: float
     attention_d0: float
     host: HostCost
+    kernel: KernelTerms
 
     @classmethod
     def from_vector(cls, vector: Sequence[float]) -> CpuTerms:
         n = len(FRACTIONS)
         fractions = [1.0 / (1.0 + math.exp(-v)) for v in vector[:n]]
-        t0, k0, d0, *host = (math.exp(v) for v in vector[n:])
+        t0, k0, d0, per_call, fault = (math.exp(v) for v in vector[n:])
         bins = len(COMPUTE_BOUNDS)
-        memory, attention_c, attention_m = fractions[bins:]
-        return cls(
-            tuple(fractions[:bins]), memory, attention_c, attention_m, t0, k0, d0, HostCost(*host)
-        )
+        memory, attention_c, attention_m, pack = fractions[bins:]
+        host = HostCost(per_call)
+        compute = tuple(fractions[:bins])
+        kernel = KernelTerms(pack, k0, fault)
+        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, kernel)
 
     def values(self) -> dict[str, float]:
         """Every fitted value by name (``FRACTIONS`` then ``POSITIVES``)."""
@@ -219,12 +239,12 @@ class CpuTerms:
             self.memory,
             self.attention_compute,
             self.attention_memory,
+            self.kernel.pack,
             self.gemm_t0,
             self.gemm_k0,
             self.attention_d0,
-            self.host.per_pass,
-            self.host.per_layer,
-            self.host.per_sequence_layer,
+            self.host.per_call,
+            self.kernel.fault,
         )
         return dict(zip((*FRACTIONS, *POSITIVES), numbers))  # noqa: B905
 
@@ -267,12 +287,14 @@ class CpuFit:
         return predict(self.device, self.terms, sample, self.cache)
 
 
-def _seconds(physics: Physics, host: HostCost, sample: Sample) -> float:
+def _seconds(physics: Physics, terms: CpuTerms, sample: Sample) -> float:
+    """A prefill pass by the per-op physics; a decode step as the packed pass runs it on a CPU
+    (plan/compute/cpu_decode); each with the host's share."""
+    layers = sample.model.layers
     if sample.kind == "prefill":
-        seconds = physics.prefill_pass(sample.pieces)
-    else:
-        seconds = physics.decode_step(sample.rows, sample.kv_tokens)
-    return seconds + host.of(sample.model.layers, sample.sequences)
+        return physics.prefill_pass(sample.pieces) + terms.host.prefill(layers, sample.sequences)
+    step = DecodeStep(sample.model, physics.device, physics.efficiency, terms.kernel)
+    return step.seconds(sample.rows, sample.kv_tokens) + terms.host.decode(layers, sample.rows)
 
 
 def predict(device: Device, terms: CpuTerms, sample: Sample, cache: Cache | None = None) -> float:
@@ -280,7 +302,7 @@ def predict(device: Device, terms: CpuTerms, sample: Sample, cache: Cache | None
     bandwidth as ``cache`` leaves it for the pass's working set)."""
     efficiency = terms.efficiency(device, sample.model)
     physics = Physics(sample.model, device_for(device, sample, cache), efficiency)
-    return _seconds(physics, terms.host, sample)
+    return _seconds(physics, terms, sample)
 
 
 def _loss(
@@ -297,7 +319,7 @@ def _loss(
         total = 0.0
         for s, seen in zip(samples, devices):  # noqa: B905
             physics = Physics(s.model, seen, tables[s.model.name])
-            r = math.log(_seconds(physics, terms.host, s) / s.seconds) / LOSS_SCALE
+            r = math.log(_seconds(physics, terms, s) / s.seconds) / LOSS_SCALE
             total += math.sqrt(1.0 + r * r) - 1.0
         return total
 
