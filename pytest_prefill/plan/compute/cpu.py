@@ -1,8 +1,9 @@
 """This machine's CPU as a device whose efficiencies are fitted on its own calibrations: the
-measured prefill passes and decode steps of some model sizes, read through the per-op physics
-(plan/compute/physics), fit the device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention)
-and the host's costs (per pass, per layer, per sequence and layer); the fit then predicts
-another size's measured passes. Standard library only."""
+measured prefill passes (through the per-op physics, plan/compute/physics) and decode steps (as
+the packed pass runs them on a CPU, plan/compute/cpu_decode) of some model sizes fit the
+device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention, the GEMM's packing), the
+seconds per page the kernel maps fresh, and the host's cost per torch call; the fit then
+predicts another size's measured passes. Standard library only."""
 
 from __future__ import annotations
 
@@ -144,8 +145,9 @@ def _sample(model: ModelSpec, point: Mapping[str, Any], statistic: str) -> Sampl
 class Cache:
     """The CPU's last-level cache as the probe measured it: ``size`` bytes, and the bandwidth
     of a stream whose arrays fit in it. A pass repeated (as a calibration times it, and as a
-    server runs step after step) finds the part of its working set the cache holds there: its
-    bytes move at ``1 / (f / cache + (1 - f) / memory)``, f = min(1, size / working set)."""
+    server runs step after step) sweeps its working set in the same order each time: one that
+    fits is found in the cache, one larger than it evicts each line before its next use (the
+    cache keeps the most recently used lines), so its bytes all move at the memory's rate."""
 
     size: float
     bandwidth: float
@@ -158,8 +160,7 @@ class Cache:
 
     def bandwidth_for(self, working_set: float, memory: float) -> float:
         """The bandwidth a pass touching ``working_set`` bytes sees, beside ``memory``'s."""
-        held = 1.0 if working_set <= self.size else 0.0
-        return 1.0 / (held / self.bandwidth + (1.0 - held) / memory)
+        return self.bandwidth if working_set <= self.size else memory
 
 
 def device_for(device: Device, sample: Sample, cache: Cache | None) -> Device:
@@ -207,8 +208,9 @@ class CpuTerms:
     ``COMPUTE_BOUNDS``), ``memory``, ``attention_compute``, ``attention_memory``; how a narrow
     kernel falls short of them: a GEMM of inner dimension k reaches ``k / (k + gemm_k0)`` of its
     eta_c, attention of head dim d ``d / (d + attention_d0)`` of its own (a SIMD kernel needs
-    width to fill its registers); ``gemm_t0`` per GEMM; the host's costs; and what the CPU's
-    libraries add to a decode step (``kernel``: plan/compute/cpu_decode)."""
+    width to fill its registers); ``gemm_t0`` per GEMM; the host's costs; and a decode step's
+    library terms (plan/compute/cpu_decode): ``pack``, a GEMM's packing pass's fraction of the
+    memory bandwidth, and ``fault``, seconds per page mapped fresh."""
 
     compute: tuple[float, ...]
     memory: float
@@ -218,7 +220,8 @@ class CpuTerms:
     gemm_k0: float
     attention_d0: float
     host: HostCost
-    kernel: KernelTerms
+    pack: float
+    fault: float
 
     @classmethod
     def from_vector(cls, vector: Sequence[float]) -> CpuTerms:
@@ -229,8 +232,13 @@ class CpuTerms:
         memory, attention_c, attention_m, pack = fractions[bins:]
         host = HostCost(per_call)
         compute = tuple(fractions[:bins])
-        kernel = KernelTerms(pack, k0, fault)
-        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, kernel)
+        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, pack, fault)
+
+    @property
+    def kernel(self) -> KernelTerms:
+        """The decode step's library terms (a matrix-vector sweep ramps with the row width as
+        the GEMM's compute does, at ``gemm_k0``)."""
+        return KernelTerms(self.pack, self.gemm_k0, self.fault)
 
     def values(self) -> dict[str, float]:
         """Every fitted value by name (``FRACTIONS`` then ``POSITIVES``)."""
@@ -239,12 +247,12 @@ class CpuTerms:
             self.memory,
             self.attention_compute,
             self.attention_memory,
-            self.kernel.pack,
+            self.pack,
             self.gemm_t0,
             self.gemm_k0,
             self.attention_d0,
             self.host.per_call,
-            self.kernel.fault,
+            self.fault,
         )
         return dict(zip((*FRACTIONS, *POSITIVES), numbers))  # noqa: B905
 

@@ -111,7 +111,10 @@ class DecodeStep:
         padded = gathered_bytes(self.model, rows, keys)
         moved = 2.0 * padded + kv_tokens * self.model.kv_bytes_per_token
         pages = fresh_pages(padded)
-        return moved / (self.efficiency.memory_efficiency * self._bandwidth) + pages * self.kernel.fault
+        return (
+            moved / (self.efficiency.memory_efficiency * self._bandwidth)
+            + pages * self.kernel.fault
+        )
 
     def elementwise(self, rows: int) -> float:
         """One layer's norms, rotary embedding, SiLU and residual adds: memory only (a few
@@ -126,7 +129,9 @@ class DecodeStep:
         (each row's cache ``kv_tokens / rows`` long)."""
         keys = math.ceil(kv_tokens / rows) + 1
         per_layer = self.attention(rows, keys) + self.elementwise(rows)
-        return self.linears(rows) + self.model.layers * per_layer + self.gather(rows, keys, kv_tokens)
+        return (
+            self.linears(rows) + self.model.layers * per_layer + self.gather(rows, keys, kv_tokens)
+        )
 
 
 def gathered_bytes(model: ModelSpec, rows: int, keys: int) -> int:
@@ -147,4 +152,3 @@ def decode_working_set(model: ModelSpec, rows: int, kv_tokens: int) -> float:
     keys = math.ceil(kv_tokens / rows) + 1
     cached = kv_tokens * model.kv_bytes_per_token
     return float(model.weight_bytes + cached + gathered_bytes(model, rows, keys))
-
