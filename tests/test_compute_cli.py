@@ -21,6 +21,7 @@ from pytest_prefill.sim import PROFILES
 pytestmark = pytest.mark.sim
 
 DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
 LLAMA = str(DATA / "llama-3.1-8b.json")
 CAPACITY = [
     "capacity",
@@ -190,3 +191,10 @@ def test_a_custom_gpu_in_a_search_across_kinds_is_one_line(capsys) -> None:
     argv = ["capacity", "--gpu", "custom:tflops=400,tbs=2,gib=40,h100", "--model", LLAMA]
     line = usage_error([*argv, "--slo", "ttft:10s"], capsys)
     assert "--gpu custom:tflops=400,tbs=2,gib=40" in line and "answered alone" in line
+
+
+@pytest.mark.parametrize("name", ["missing.json", "README.md", "tests/data/mixtral-8x7b.json"])
+def test_a_host_from_that_is_no_calibration_is_one_line_naming_the_flag(name, capsys) -> None:
+    path = str(ROOT / name) if name != "missing.json" else "missing.json"
+    line = usage_error(["simulate", "--gpu", "h100", "--model", LLAMA, "--host-from", path], capsys)
+    assert line.startswith(f"prefill-bench simulate: error: --host-from {path}: ")

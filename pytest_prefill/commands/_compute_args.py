@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,7 +55,14 @@ def calibration_at(path: str) -> tuple[CostModel, dict[str, Any]]:
     Raises:
         ValueError: in one line, for a file that is not a calibration with a provenance.
     """
-    spec = resolve_cost(path)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"--host-from {path}: no such file (give the JSON calibrate or calibrate-server wrote)"
+        )
+    try:
+        spec = resolve_cost(path)
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: not a calibration ({err})") from None
     document = cost_document(spec)
     calibration = document.get("calibration", document) if isinstance(document, dict) else None
     provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
