@@ -131,6 +131,53 @@ def _replay(run: Run, cost) -> tuple[float, float, float, int]:
     )
 
 
+def _derived(model, device, choice, span, kv_tokens: int, host: HostCost | None = None):
+    """The derived cost model with the run's KV capacity."""
+    cost = derive_cost(model, device, choice, span, host=host).cost
+    return dataclasses.replace(cost, kv_capacity_tokens=kv_tokens)
+
+
+def _host_per_step(run: Run, model, device, choice, span, kv_tokens: int) -> HostCost:
+    """The host's cost per step from ``run``: its mean TPOT less the device-only replay's."""
+    _, _, tpot, _ = _replay(run, _derived(model, device, choice, span, kv_tokens))
+    return HostCost(
+        per_step=max(0.0, run.tpot_ms / 1e3 - tpot),
+        source=f"per step from the published {len(run.prompts)}-request run (its mean TPOT "
+        "less the replay's)",
+    )
+
+
+def _host_per_step_and_row(
+    pair: list[Run], model, device, choice, span, kv_tokens: int
+) -> HostCost:
+    """Host cost per step and per request in a step that make the replay's mean TPOT match
+    both runs of ``pair``: the replay's TPOT is linear in the two (each decode step pays the
+    first once and the second per row), so two probes of 1 ms each and the device-only
+    replay give the 2x2 system."""
+    probe = 1e-3
+    hosts = (HostCost(), HostCost(per_step=probe), HostCost(per_request=probe))
+    columns = []
+    for run in pair:
+        tpots = [
+            _replay(run, _derived(model, device, choice, span, kv_tokens, host))[2]
+            for host in hosts
+        ]
+        base = tpots[0]
+        columns.append(
+            (run.tpot_ms / 1e3 - base, (tpots[1] - base) / probe, (tpots[2] - base) / probe)
+        )
+    (y1, a1, b1), (y2, a2, b2) = columns
+    det = a1 * b2 - a2 * b1
+    step = (y1 * b2 - y2 * b1) / det
+    row = (a1 * y2 - a2 * y1) / det
+    return HostCost(
+        per_step=max(0.0, step),
+        per_request=max(0.0, row),
+        source="per step and per request in a step, solved from the published 10- and "
+        "20-request runs' mean TPOT",
+    )
+
+
 def _table(cost, runs: tuple[Run, ...], title: str) -> dict[str, list[float]]:
     """Replay ``runs`` on ``cost``, print each run's error, return the errors by metric."""
     rows, errors = [], {"throughput": [], "ttft": [], "tpot": [], "e2e": []}
@@ -187,23 +234,26 @@ def test_published_h100_llama3_8b_runs_replayed() -> None:
     span = TokenRange.of(every_prompt, every_output, MAX_NUM_SEQS)
     kv = kv_capacity(model, device.memory_bytes, utilization=UTILIZATION, max_num_seqs=MAX_NUM_SEQS)
     derived = derive_cost(model, device, choice, span)
-    cost = dataclasses.replace(derived.cost, kv_capacity_tokens=kv.tokens)
+    cost = _derived(model, device, choice, span, kv.tokens)
     print(f"\nSource: {json.loads(DATA.read_text())['source']}\n{derived.basis}")
     print(f"KV (the tool's vLLM rule; the logs are not published): {kv.describe()}")
     device_only = _table(cost, runs, "Derived, device time only (no host cost)")
-    smallest = min(runs, key=lambda run: len(run.prompts))
-    _, _, derived_tpot, _ = _replay(smallest, cost)
-    host = HostCost(
-        per_step=max(0.0, smallest.tpot_ms / 1e3 - derived_tpot),
-        source="per step from the published 10-request run (its mean TPOT less the replay's)",
+    by_size = sorted(runs, key=lambda run: len(run.prompts))
+    host = _host_per_step(by_size[0], model, device, choice, span, kv.tokens)
+    hosted = _table(
+        _derived(model, device, choice, span, kv.tokens, host),
+        tuple(by_size[1:]),
+        f"Derived + host {host.per_step * 1e3:.2f} ms per step from the 10-request run",
     )
-    hosted_cost = dataclasses.replace(
-        derive_cost(model, device, choice, span, host=host).cost, kv_capacity_tokens=kv.tokens
+    rowed = _host_per_step_and_row(by_size[:2], model, device, choice, span, kv.tokens)
+    per_row = _table(
+        _derived(model, device, choice, span, kv.tokens, rowed),
+        tuple(by_size[2:]),
+        f"Derived + host {rowed.per_step * 1e3:.2f} ms per step and "
+        f"{rowed.per_request * 1e3:.3f} ms per request in a step, from the 10- and 20-request "
+        "runs",
     )
-    print(f"\nhost per step {host.per_step * 1e3:.2f} ms ({host.source})")
-    others = tuple(run for run in runs if run is not smallest)
-    hosted = _table(hosted_cost, others, "Derived + host per step from the 10-request run")
     # properties only: every run replayed, every error finite; the figures are reported
-    for errors in (device_only, hosted):
+    for errors in (device_only, hosted, per_row):
         assert all(e == e and e != float("inf") for values in errors.values() for e in values)
     assert len(device_only["throughput"]) == len(runs)
