@@ -176,8 +176,8 @@ def _host_per_step_and_row(
     return HostCost(
         per_step=max(0.0, step),
         per_request=max(0.0, row),
-        source="per step and per request in a step, solved from the published 10- and "
-        "20-request runs' mean TPOT",
+        source="per step and per request in a step, solved from the published "
+        f"{' and '.join(str(len(run.prompts)) for run in pair)}-request runs' mean TPOT",
     )
 
 
@@ -267,8 +267,14 @@ def test_published_h100_llama3_8b_runs_replayed() -> None:
         f"Derived + host {host.per_step * 1e3:.2f} ms per step from the 10-request run",
     )
     rowed = _host_per_step_and_row(first, model, device, choice, span, kv.tokens)
+    fitted = _derived(model, device, choice, span, kv.tokens, rowed)
+    for run in first:  # the 2x2 solve assumes TPOT linear in the host terms: how close it came
+        print(
+            f"{len(run.prompts)}-request run's TPOT, published / replayed with the solved host: "
+            f"{run.tpot_ms:.2f} / {_replay(run, fitted)[2] * 1e3:.2f} ms"
+        )
     per_row = _table(
-        _derived(model, device, choice, span, kv.tokens, rowed),
+        fitted,
         tuple(run for run in runs if run not in first),
         f"Derived + host {rowed.per_step * 1e3:.2f} ms per step and "
         f"{rowed.per_request * 1e3:.3f} ms per request in a step, from the 10- and 20-request "
