@@ -12,7 +12,10 @@ distribution (the prompts of every N are the first N of the same seeded ShareGPT
 0.5.4 at these model lengths schedules without chunked prefill (on by default only above
 32K): prefill batches ahead of decode steps, at most max(2048, L) tokens a batch and 256
 sequences, prefix caching off: the simulator's ``shared`` policy under the vllm profile with
-those knobs. Source and terms: benchmarks/published/lambda_h100_llama3_8b_vllm054.json.
+those knobs. Source: github.com/LambdaLabsML/vllm-benchmark, results_v0.5.4/1xH100-80GB-SXM/
+Meta-Llama-3-8B-Instruct_tp1_mml{L}_mns256_nss0_np{N}.json (the result files
+``benchmark_serving.py --save-result`` wrote). That repository ships no licence, so its files are
+not shipped here: the benchmark reads them from a clone, and skips without one.
 
 Caveats: the efficiency table is fitted on newer vLLM's per-op data than 0.5.4's kernels; the
 publisher's report says this vLLM ran the GPU at about 60% of its power on Llama 3.1 8B for CPU
@@ -25,13 +28,16 @@ and per request in a step from the two smallest (10 and 20 requests) and tested 
 scored them, count 0 in mean TTFT and are left out of mean TPOT. The KV cache is the tool's
 vLLM rule (the server logs are not published); it never binds here.
 
-    PYTHONPATH=. python -m pytest -q -s -m sim benchmarks/test_compute_published_hopper.py
+    git clone --depth 1 https://github.com/LambdaLabsML/vllm-benchmark /tmp/lambda
+    PREFILL_LAMBDA_RESULTS=/tmp/lambda/results_v0.5.4/1xH100-80GB-SXM \\
+        PYTHONPATH=. python -m pytest -q -s -m sim benchmarks/test_compute_published_hopper.py
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import NamedTuple
@@ -50,7 +56,26 @@ from pytest_prefill.sim.stop import slo_values
 
 pytestmark = pytest.mark.sim
 
-DATA = Path(__file__).parent / "published" / "lambda_h100_llama3_8b_vllm054.json"
+SOURCE = "github.com/LambdaLabsML/vllm-benchmark results_v0.5.4/1xH100-80GB-SXM"
+RESULTS = os.environ.get("PREFILL_LAMBDA_RESULTS")
+FILE = "Meta-Llama-3-8B-Instruct_tp1_mml{}_mns256_nss0_np{}.json"
+MODEL_LENGTHS = (2048, 4096)
+PROMPTS = (10, 20, 40, 80, 160, 320, 640)
+# meta-llama/Meta-Llama-3-8B-Instruct's config.json (Llama 3 licence), the fields the physics
+# reads: its shapes only
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 BLIS = {"e2e": 0.067, "ttft": 0.176}  # BLIS's median held-out error against vLLM on H100
 
 MAX_NUM_SEQS = 256
@@ -70,25 +95,31 @@ class Run(NamedTuple):
     tpot_ms: float
 
 
-def load_runs(path: Path = DATA) -> tuple[Run, ...]:
-    """The published runs, each request's lengths checked against the file's totals."""
-    document = json.loads(path.read_text())
+def load_runs(folder: Path) -> tuple[Run, ...]:
+    """The published runs in ``folder`` (a clone's results_v0.5.4/1xH100-80GB-SXM), each
+    request's lengths checked against the file's totals.
+
+    Raises:
+        ValueError: naming the file, for one missing or whose lengths disagree with its totals.
+    """
     runs = []
-    for group in document["sets"]:
-        for row in group["runs"]:
-            count, outputs = row["prompts"], tuple(row["output_lens"])
-            prompts = tuple(document["input_lens"][:count])
-            name = f"{path}: the {count}-prompt run at max-model-len {group['max_model_len']}"
-            if len(outputs) != count or sum(prompts) != row["total_input_tokens"]:
-                raise ValueError(f"{name}: its prompt lengths disagree with its totals")
-            if sum(outputs) != row["total_output_tokens"]:
-                raise ValueError(f"{name}: its outputs disagree with its total")
+    for length in MODEL_LENGTHS:
+        for count in PROMPTS:
+            path = folder / FILE.format(length, count)
+            if not path.is_file():
+                raise ValueError(f"{path}: missing (PREFILL_LAMBDA_RESULTS names {folder})")
+            row = json.loads(path.read_text())
+            prompts, outputs = tuple(row["input_lens"]), tuple(row["output_lens"])
+            if len(prompts) != count or sum(prompts) != row["total_input_tokens"]:
+                raise ValueError(f"{path}: its prompt lengths disagree with its totals")
+            if len(outputs) != count or sum(outputs) != row["total_output_tokens"]:
+                raise ValueError(f"{path}: its outputs disagree with its total")
             runs.append(
                 Run(
-                    group["max_model_len"],
+                    length,
                     prompts,
                     outputs,
-                    row["duration_s"],
+                    row["duration"],
                     row["mean_ttft_ms"],
                     row["mean_tpot_ms"],
                 )
@@ -230,19 +261,40 @@ def _table(cost, runs: tuple[Run, ...], title: str) -> dict[str, list[float]]:
 
 
 def test_load_runs_refuses_lengths_that_disagree_with_totals(tmp_path: Path) -> None:
-    document = json.loads(DATA.read_text())
-    document["sets"][0]["runs"][0]["output_lens"][0] += 1
-    broken = tmp_path / "runs.json"
-    broken.write_text(json.dumps(document))
+    for length in MODEL_LENGTHS:
+        for count in PROMPTS:
+            row = {
+                "input_lens": [5] * count,
+                "output_lens": [7] * count,
+                "total_input_tokens": 5 * count,
+                "total_output_tokens": 7 * count,
+                "duration": 1.0,
+                "mean_ttft_ms": 1.0,
+                "mean_tpot_ms": 1.0,
+            }
+            (tmp_path / FILE.format(length, count)).write_text(json.dumps(row))
+    assert len(load_runs(tmp_path)) == len(MODEL_LENGTHS) * len(PROMPTS)
+    broken = tmp_path / FILE.format(MODEL_LENGTHS[0], PROMPTS[0])
+    row = json.loads(broken.read_text())
+    row["output_lens"][0] += 1
+    broken.write_text(json.dumps(row))
     with pytest.raises(ValueError, match="outputs disagree"):
-        load_runs(broken)
+        load_runs(tmp_path)
+    broken.unlink()
+    with pytest.raises(ValueError, match="missing"):
+        load_runs(tmp_path)
 
 
+@pytest.mark.skipif(
+    RESULTS is None,
+    reason="PREFILL_LAMBDA_RESULTS names no clone of LambdaLabsML/vllm-benchmark's "
+    "results_v0.5.4/1xH100-80GB-SXM (its files are not shipped: the repository has no licence)",
+)
 def test_published_h100_llama3_8b_runs_replayed() -> None:
-    runs = load_runs()
-    document = json.loads(DATA.read_text())
+    assert RESULTS is not None
+    runs = load_runs(Path(RESULTS))
     model = model_from_config(
-        document["model_config"], document["model"], document["model_config_source"]
+        LLAMA3_8B, "Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3-8B-Instruct config.json"
     )
     device = CATALOG["h100-sxm"]
     choice = efficiency_for(device, "vllm")
@@ -252,7 +304,7 @@ def test_published_h100_llama3_8b_runs_replayed() -> None:
     kv = kv_capacity(model, device.memory_bytes, utilization=UTILIZATION, max_num_seqs=MAX_NUM_SEQS)
     derived = derive_cost(model, device, choice, span)
     cost = _derived(model, device, choice, span, kv.tokens)
-    print(f"\nSource: {document['source']}\n{derived.basis}")
+    print(f"\nSource: {SOURCE}\n{derived.basis}")
     print(f"KV (the tool's vLLM rule; the logs are not published): {kv.describe()}")
     device_only = _table(cost, runs, "Derived, device time only (no host cost)")
     # the host's cost from the smallest runs at max-model-len 2048, tested on the other runs
