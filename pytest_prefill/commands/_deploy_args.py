@@ -50,21 +50,25 @@ def utilization_type(text: str) -> float:
     return value
 
 
-def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--gpu --device-memory --gpu-memory-utilization --quantization --kv-cache-dtype``
-    (``--model`` comes with the model flags). ``--cost`` left unset falls back to its default
-    only without ``--gpu``: with it, the compute is derived."""
-    parser.set_defaults(cost=None, cost_fallback=parser.get_default("cost"))
-    group = parser.add_argument_group("the deployment's devices (with --model)")
+GPU_HELP = (
+    "the accelerator the deployment runs on, from the catalog (h100, a100-80, h200, b200, l4, "
+    "l40s, mi300x, ...) or your own figures; with --model and no --cost the cost model is "
+    "derived from the model's shapes and the device"
+)
+CAPACITY_KINDS = (
+    ", and the device's memory sizes the KV cache (--device-memory still wins). Not --device, "
+    "which picks where a calibration measures. capacity takes several, h100,h200,l40s: a search "
+    "across kinds within a budget per kind (--devices), each kind's compute derived"
+)
+
+
+def add_gpu_arguments(group: argparse._ArgumentGroup, gpu_help: str) -> None:
+    """``--gpu`` (its help ``gpu_help``), ``--host-from``, ``--quantization`` and
+    ``--kv-cache-dtype``: what derives the compute from ``--model`` on a device."""
     group.add_argument(
         "--gpu",
         metavar="NAME|custom:tflops=…,tbs=…,gib=…",
-        help="the accelerator the deployment runs on, from the catalog (h100, a100-80, h200, "
-        "b200, l4, l40s, mi300x, ...) or your own figures; with --model and no --cost the cost "
-        "model is derived from the model's shapes and the device, and the device's memory "
-        "sizes the KV cache (--device-memory still wins). Not --device, which picks where "
-        "a calibration measures. capacity takes several, h100,h200,l40s: a search across kinds "
-        "within a budget per kind (--devices), each kind's compute derived",
+        help=gpu_help,
     )
     group.add_argument(
         "--host-from",
@@ -86,6 +90,15 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         help="as vLLM's flag: fp8 stores the KV cache in one byte per value (default auto: the "
         "model's dtype)",
     )
+
+
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--gpu --device-memory --gpu-memory-utilization --quantization --kv-cache-dtype``
+    (``--model`` comes with the model flags). ``--cost`` left unset falls back to its default
+    only without ``--gpu``: with it, the compute is derived."""
+    parser.set_defaults(cost=None, cost_fallback=parser.get_default("cost"))
+    group = parser.add_argument_group("the deployment's devices (with --model)")
+    add_gpu_arguments(group, GPU_HELP + CAPACITY_KINDS)
     group.add_argument(
         "--device-memory",
         type=memory_type,
