@@ -24,7 +24,7 @@ pytestmark = pytest.mark.server
 SLO = "ttft:1s,tpot:150ms"
 WORKLOAD = ["--workload", "poisson", "--num-prompts", "300", "--request-rate", "2"]
 LENGTHS = ["--random-input-len", "192", "--random-output-len", "16"]
-PROBES = ["--margin", "0.1", "--max-probes", "4", "--max-probe-seconds", "20", "--ignore-steal"]
+PROBES = ["--margin", "0.1", "--max-probes", "7", "--max-probe-seconds", "20", "--ignore-steal"]
 
 
 def test_verify_predicts_tinys_knee_from_derived_compute():
@@ -51,4 +51,10 @@ def test_verify_predicts_tinys_knee_from_derived_compute():
     assert result.derived is not None  # predicted from derived compute, nothing calibrated
     (flag_set,) = result.results
     assert flag_set.calibration is None and flag_set.load_check is None
-    print(f"\nexit status {status}; predicted/measured {flag_set.ratio:.3g} (busy box)")
+    judged, measured = flag_set.agreement, flag_set.measured
+    assert measured is not None and flag_set.predicted is not None
+    verdict = f"[{judged.low:.3g}, {judged.high:.3g}] {judged.verdict}" if judged else "not judged"
+    print(
+        f"\nexit status {status}; predicted {flag_set.predicted.rate:.3g} req/s, measured "
+        f"{measured.knee:.3g} ({measured.status}); predicted/measured {verdict}"
+    )
