@@ -5,7 +5,8 @@ server launched serving `tiny` — the derived compute tested on a real server, 
 on `tiny`. Reported, never asserted: the predicted and measured knees and their ratio. Minutes
 long, so it runs only when PREFILL_VERIFY_GPU names a folder: `small`'s model, the CPU probe and
 its calibration are read from there when present (as benchmarks/test_compute_server_transfer.py
-writes them), else made and measured there. Skipped without the serve extra. One command:
+writes them), else made and measured there. Skipped without the serve extra. One command
+(about 2 minutes on this 2-core box, busy; 1.5 with `small`'s calibration already there):
 
     PREFILL_VERIFY_GPU=/tmp/verify-gpu python -m pytest -s -n 0 -p no:cacheprovider \\
         benchmarks/test_verify_gpu_server.py
@@ -17,7 +18,7 @@ import os
 
 import pytest
 
-from benchmarks.test_compute_server_transfer import BUDGET, _calibrated, _serve_missing
+from benchmarks.test_compute_server_transfer import BUDGET, _calibrated, server_folder
 
 pytestmark = pytest.mark.server
 
@@ -28,17 +29,11 @@ PROBES = ["--margin", "0.1", "--max-probes", "7", "--max-probe-seconds", "20", "
 
 
 def test_verify_predicts_tinys_knee_from_derived_compute():
-    folder = os.environ.get("PREFILL_VERIFY_GPU")
-    if not folder:
-        pytest.skip("minutes long: set PREFILL_VERIFY_GPU=<folder> to run it")
-    reason = _serve_missing()
-    if reason:
-        pytest.skip(reason)
+    folder = server_folder("PREFILL_VERIFY_GPU")
     from pytest_prefill.cli import main
     from pytest_prefill.serve.launch.model_folder import make_model
     from pytest_prefill.verify.result import read_verify
 
-    os.makedirs(folder, exist_ok=True)
     small = _calibrated(folder, "small")  # the CPU's probe and the host cost, carried
     tiny = os.path.join(folder, "tiny")
     if not os.path.isdir(tiny):

@@ -73,18 +73,16 @@ def counted_reference() -> Iterator[tuple[Url, dict[str, int]]]:
         thread.join(timeout=10)
 
 
-def _verify_argv(url: Url, words: str, out: Path) -> list[str]:
+def _verify_argv(url: Url, words: str, out: Path, *more: str) -> list[str]:
     where = ["--url", str(url), "--engine", ENGINE, "--tokenizer", words]
     derived = ["--gpu", GPU, "--model", LLAMA]
-    return ["verify", *where, *derived, *FLAGS, *PROBES, "--json", str(out)]
+    return ["verify", *where, *derived, *FLAGS, *PROBES, "--json", str(out), *more]
 
 
-@pytest.fixture(scope="module")
-def derived_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path, int, str]:
-    """``verify --gpu`` run once against the counted reference server, calibrate_server
+def _derived_run(folder: Path, *more: str) -> tuple[list[str], Path, int, str]:
+    """``verify --gpu`` (and ``more``) run against the counted reference server, calibrate_server
     replaced by one that fails the test: its argv, its --json, the generation tokens the
     server was asked for, and what it printed."""
-    folder = tmp_path_factory.mktemp("verify-gpu")
     words = write_words(folder)
     out = folder / "verify.json"
 
@@ -94,11 +92,45 @@ def derived_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Pa
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, counted_reference() as (url, counts):
         patch.setattr(verification, "calibrate_server", no_calibration)
-        argv = _verify_argv(url, words, out)
+        argv = _verify_argv(url, words, out, *more)
         with contextlib.redirect_stdout(printed):
             status = main(argv)
     assert status == 0, printed.getvalue()
     return argv, out, counts["generation_tokens"], printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def derived_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Path, int, str]:
+    """:func:`_derived_run` once for the module's tests."""
+    return _derived_run(tmp_path_factory.mktemp("verify-gpu"))
+
+
+def test_a_calibrations_host_cost_carries_into_the_prediction_said_a_transfer(tmp_path) -> None:
+    # a calibration of the same model on the same device whose decode step is 1 s: the host's
+    # share is nearly all of it, and the derived prediction gets it back (test_compute_cli's)
+    calibration = {
+        "cost_model": {
+            "prefill_pass_overhead": 0.01,
+            "prefill_per_token": 1e-5,
+            "decode_step_base": 1.0,
+        },
+        "provenance": {"model": LLAMA, "device_name": device_named(GPU).name},
+    }
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration))
+    # no knee predicted: the probes start at the workload's own rate, made 20 req/s to be short
+    _, out, _, printed = _derived_run(tmp_path, "--host-from", str(path), "--request-rate", "20")
+    derived = read_verify(str(out)).derived
+    assert derived is not None and derived.cost.decode_step_base == pytest.approx(1.0)
+    assert f"host: from --host-from {path} (llama-3.1-8b on {GPU}, TP 1): a transfer" in (
+        derived.basis
+    )
+    # a 1 s step breaks the SLO's TPOT bound whatever the rate: no knee is predicted
+    result = read_verify(str(out))
+    assert derived.cost.decode_step_base > result.slo.tpot
+    predicted = result.results[0].predicted
+    assert predicted is not None and predicted.rate == 0 and predicted.status == "misses alone"
+    assert "Cost model: derived:" in printed
 
 
 def test_no_calibration_request_is_sent(derived_run) -> None:
@@ -178,7 +210,8 @@ URL = ["verify", "--url", "http://127.0.0.1:9", *FLAGS]
         (["--gpu", "v100", "--model", "tiny"], "--gpu: unknown gpu 'v100'"),
         (["--gpu", "h100", "--model", "tiny", "--cost", "cal.json"], "--gpu and --cost"),
         (["--gpu", "h100", "--model", "tiny", "--calibrate-once"], "drop --calibrate-once"),
-        (["--host-from", "cal.json"], "--host-from go with --gpu"),
+        (["--host-from", "cal.json"], "--host-from: only with --gpu"),
+        (["--quantization", "fp8", "--kv-cache-dtype", "fp8"], "--kv-cache-dtype: only with"),
         (["--gpu", "a100", "--model", "tiny", "--quantization", "fp8"], "has no fp8 peak"),
         (["--model", "tiny"], "--model (but with --gpu)"),
     ],

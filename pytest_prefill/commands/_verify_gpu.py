@@ -48,7 +48,7 @@ def check_verify_gpu(args: argparse.Namespace, engine: str | None) -> None:
     if args.gpu is None:
         given = [f"--{name.replace('_', '-')}" for name in DERIVED_ONLY if getattr(args, name)]
         if given:
-            raise ValueError(f"{', '.join(given)} go with --gpu (derived compute): give --gpu")
+            raise ValueError(f"{', '.join(given)}: only with --gpu (derived compute)")
         return
     if args.cost is not None:
         raise ValueError(

@@ -94,7 +94,10 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         "--launch", choices=LAUNCHED, help="start this engine under each flag set, stop it after"
     )
     group.add_argument(
-        "--model", metavar="PATH", help="--launch: the model folder (a .gguf for llama.cpp)"
+        "--model",
+        metavar="PATH",
+        help="--launch: the model folder (a .gguf for llama.cpp); --gpu: the model whose compute "
+        "is derived (a config.json, a folder holding one, or a preset), with --url too",
     )
     group.add_argument(
         "--program",
