@@ -22,8 +22,6 @@ from pytest_prefill.commands._deploy_args import (
     check_deployment_tp,
     decode_pool_cost,
     keep_server_facts,
-    measured_model,
-    planning_cost,
     search_deployments,
     served_name,
 )
@@ -50,6 +48,7 @@ from pytest_prefill.commands._measure_args import (
     progress,
 )
 from pytest_prefill.commands._options import add_defaulted
+from pytest_prefill.commands._planning_cost import measured_model, planning_cost
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     capped_line,

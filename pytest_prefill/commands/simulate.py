@@ -20,7 +20,6 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     deployed_cost,
-    planning_cost,
 )
 from pytest_prefill.commands._engine_args import check_engine, engine_for, engine_note
 from pytest_prefill.commands._measure_args import (
@@ -29,6 +28,7 @@ from pytest_prefill.commands._measure_args import (
     add_threads_argument,
     add_timing_arguments,
 )
+from pytest_prefill.commands._planning_cost import planning_cost
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     check_chunked_run,

@@ -25,7 +25,6 @@ from pytest_prefill.commands._deploy_args import (
     add_deploy_arguments,
     check_deploy_args,
     deployed_spec,
-    planning_cost,
 )
 from pytest_prefill.commands._engine_args import check_engine
 from pytest_prefill.commands._measure_args import (
@@ -35,6 +34,7 @@ from pytest_prefill.commands._measure_args import (
     add_timing_arguments,
 )
 from pytest_prefill.commands._options import add_defaulted
+from pytest_prefill.commands._planning_cost import planning_cost
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import LabTimeline, lab_timeline
