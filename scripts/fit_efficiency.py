@@ -39,7 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from pytest_prefill.plan.compute.devices import CATALOG
-from pytest_prefill.plan.compute.efficiency import Efficiency, link_kind
+from pytest_prefill.plan.compute.efficiency import (
+    CUSTOM_ALLREDUCE_MAX_BYTES,
+    ONE_SHOT_BYTES,
+    Efficiency,
+    link_kind,
+)
 
 REPOSITORY = "github.com/ai-dynamo/aiconfigurator"
 LICENCE = "Apache-2.0"
@@ -289,20 +294,55 @@ class Params:
     decode_per_sequence: float = 0.0
     gemm_sharpness: float = math.inf  # q of the roofline (c^q + m^q)^(1/q); inf: the max
     eta_hd: tuple[float, ...] = ()  # prefill attention's eta per HEAD_DIM_BOUNDS (else eta_ac)
-    ar_by_link: tuple[tuple[str, float, float], ...] = ()  # (link kind, latency, fraction)
+    ar_by_link: tuple[tuple[str, AllReduceFit], ...] = ()  # (link kind, its fit)
 
 
-def allreduce_figures(p: Params, device: str) -> tuple[float, float, bool]:
-    """The all-reduce's latency and link fraction for ``device``: its link kind's (NVLink or
-    PCIe) when fitted, else the other kind's, with True: a cross-link transfer."""
+@dataclass(frozen=True)
+class AllReduceFit:
+    """One link kind's all-reduce: NCCL's ring (``latency`` + ``rank_latency`` per rank past
+    the first + ring bytes at ``fraction`` of the link) and vLLM's custom all-reduce below
+    CUSTOM_ALLREDUCE_MAX_BYTES (``custom_latency`` + the same rank term + its one- or two-shot
+    bytes at ``custom_fraction`` of the link; 0: no custom path)."""
+
+    latency: float
+    fraction: float
+    rank_latency: float = 0.0
+    custom_latency: float = 0.0
+    custom_fraction: float = 0.0
+
+
+def allreduce_figures(p: Params, device: str) -> tuple[AllReduceFit, bool]:
+    """The all-reduce's figures for ``device``: its link kind's (NVLink or PCIe) when fitted,
+    else the other kind's, with True: a cross-link transfer."""
     kind = link_kind(CATALOG[device])
-    for fitted, latency, fraction in p.ar_by_link:
+    for fitted, figures in p.ar_by_link:
         if fitted == kind:
-            return latency, fraction, False
+            return figures, False
     if p.ar_by_link:
-        _, latency, fraction = p.ar_by_link[0]
-        return latency, fraction, True
-    return p.ar_latency, p.ar_link_fraction, False
+        return p.ar_by_link[0][1], True
+    return AllReduceFit(p.ar_latency, p.ar_link_fraction), False
+
+
+def allreduce_seconds(
+    fit: AllReduceFit, n: np.ndarray, size: np.ndarray, link: float, fully_connected: bool
+) -> np.ndarray:
+    """An all-reduce of ``size`` bytes over ``n`` devices (plan/compute/efficiency.py's
+    form): vLLM's custom all-reduce where it runs (below its buffer's size; two devices, or
+    more on a fully connected link: NVLink), one-shot (each rank reads its n-1 peers' whole
+    buffers) up to the sizes vLLM's kernel picks it for, else two-shot (a reduce-scatter and
+    an all-gather: the ring's bytes); NCCL's ring above."""
+    ring = 2 * (n - 1) / n * size
+    ranks = fit.rank_latency * (n - 1)
+    nccl = fit.latency + ranks + ring / (fit.fraction * link)
+    if fit.custom_fraction <= 0:
+        return nccl
+    custom = (size < CUSTOM_ALLREDUCE_MAX_BYTES) & ((n == 2) | fully_connected)
+    one_shot = (
+        (n == 2) | ((n <= 4) & (size < ONE_SHOT_BYTES[4])) | ((n <= 8) & (size < ONE_SHOT_BYTES[8]))
+    )
+    moved = np.where(one_shot, (n - 1) * size, ring)
+    by_custom = fit.custom_latency + ranks + moved / (fit.custom_fraction * link)
+    return np.where(custom, by_custom, nccl)
 
 
 def roofline(compute: np.ndarray, memory: np.ndarray, q: float) -> np.ndarray:
@@ -342,10 +382,10 @@ def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.nda
         eta_c = np.array(p.eta_c)[bin_index(c["m"])]
         return p.t0 + roofline(flops / eta_c, memory / p.eta_m, p.gemm_sharpness)
     if op == "allreduce":
-        n = c["devices"]
-        latency, fraction, _ = allreduce_figures(p, device)
-        bandwidth = fraction * CATALOG[device].link_bandwidth
-        return latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
+        figures, _ = allreduce_figures(p, device)
+        target = CATALOG[device]
+        full = link_kind(target) == "nvlink"
+        return allreduce_seconds(figures, c["devices"], c["bytes"], target.link_bandwidth, full)
     decode = op == "decode_attention"
     flops, memory = attention_terms(c, device, decode)
     per_sequence = p.decode_per_sequence if decode else p.prefill_per_sequence
@@ -469,7 +509,8 @@ def fit_params(
     )
     attention = fit_attention(rows("prefill_attention"), rows("decode_attention"), eta_m)
     by_link = fit_allreduce_by_link(rows("allreduce"))
-    _, latency, bandwidth = by_link[0] if by_link else ("", 0.0, 1.0)
+    first = by_link[0][1] if by_link else AllReduceFit(0.0, 1.0)
+    latency, bandwidth = first.latency, first.fraction
     fixed, eta_hd = attention[2:5], attention[5]
     return Params(
         t0,
@@ -571,25 +612,36 @@ def head_dim_refusals(item: OpData) -> list[str]:
     return populated_head_dims([0.0] * len(counts), counts)[1]
 
 
-def fit_allreduce_by_link(rows: Rows) -> list[tuple[str, float, float]]:
-    """(link kind, latency, link fraction) for each kind of link among the rows' devices: an
+def fit_allreduce_by_link(rows: Rows) -> list[tuple[str, AllReduceFit]]:
+    """(link kind, its all-reduce fit) for each kind of link among the rows' devices: an
     NVLink's figures are not a PCIe link's."""
     kinds = sorted({link_kind(CATALOG[d]) for d, _, _ in rows})
     return [
-        (kind, *fit_allreduce([r for r in rows if link_kind(CATALOG[r[0]]) == kind]))
+        (kind, fit_allreduce([r for r in rows if link_kind(CATALOG[r[0]]) == kind]))
         for kind in kinds
     ]
 
 
-def fit_allreduce(rows: Rows) -> tuple[float, float]:
-    """Latency (seconds) and bus bandwidth as a fraction of each device's catalog link."""
+def fit_allreduce(rows: Rows) -> AllReduceFit:
+    """:class:`AllReduceFit`'s five figures (seconds; bandwidths as fractions of each device's
+    catalog link), minimising the mean absolute log error over every row."""
+
+    def unpack(x: np.ndarray) -> AllReduceFit:
+        latency, rank, custom = (float(v) * 1e-6 for v in np.exp(x[[0, 2, 3]]))
+        return AllReduceFit(latency, float(np.exp(x[1])), rank, custom, float(np.exp(x[4])))
 
     def loss(x: np.ndarray) -> float:
-        p = Params(0, (1,), 1, 1, 1, float(np.exp(x[0])) * 1e-6, float(np.exp(x[1])))
-        return sum(_log_loss(predict("allreduce", p, c, d), s) for d, c, s in rows)
+        p = Params(0, (1,), 1, 1, 1, 0, 1, ar_by_link=(("any", unpack(x)),))
+        return float(
+            np.mean(
+                np.concatenate(
+                    [np.abs(np.log(predict("allreduce", p, c, d) / s)) for d, c, s in rows]
+                )
+            )
+        )
 
-    x = nelder_mead(loss, np.array([math.log(10.0), math.log(0.7)]), 400)
-    return float(np.exp(x[0])) * 1e-6, float(np.exp(x[1]))
+    x0 = [math.log(20.0), math.log(0.7), math.log(0.2), math.log(5.0), math.log(0.5)]
+    return unpack(nelder_mead(loss, np.array(x0), 3000))
 
 
 def relative_errors(p: Params, item: OpData, op: str, keep: np.ndarray | None = None) -> np.ndarray:
@@ -640,8 +692,7 @@ def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> E
         memory_efficiency=p.eta_m,
         attention_compute_efficiency=p.eta_ac,
         attention_memory_efficiency=p.eta_am,
-        allreduce_latency=allreduce_figures(p, device)[0],
-        allreduce_bandwidth=allreduce_figures(p, device)[1] * CATALOG[device].link_bandwidth,
+        **allreduce_fields(allreduce_figures(p, device)[0], device),
         held_out_error=0.0,
         source=source,
         attention_t0=p.attention_t0,
@@ -651,6 +702,19 @@ def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> E
         prefill_head_dim_bins=tuple(zip(HEAD_DIM_BOUNDS, p.eta_hd)),
         prefill_tile=PREFILL_TILE,
     )
+
+
+def allreduce_fields(fit: AllReduceFit, device: str) -> dict[str, float | bool]:
+    """The runtime table's all-reduce fields for ``fit`` on ``device`` (its link)."""
+    d = CATALOG[device]
+    return {
+        "allreduce_latency": fit.latency,
+        "allreduce_bandwidth": fit.fraction * d.link_bandwidth,
+        "allreduce_rank_latency": fit.rank_latency,
+        "allreduce_custom_latency": fit.custom_latency,
+        "allreduce_custom_bandwidth": fit.custom_fraction * d.link_bandwidth,
+        "allreduce_fully_connected": link_kind(d) == "nvlink",
+    }
 
 
 def table_document(item: OpData, p: Params, errors: dict[str, float], refused: list[str]) -> dict:
@@ -677,8 +741,12 @@ def table_document(item: OpData, p: Params, errors: dict[str, float], refused: l
         "attention_t0": _figure(p.attention_t0),
         "prefill_attention_per_sequence": _figure(p.prefill_per_sequence),
         "decode_attention_per_head": _figure(p.decode_per_sequence),
-        "allreduce_latency": _figure(p.ar_latency),
-        "allreduce_bandwidth": _figure(p.ar_link_fraction * CATALOG[item.device].link_bandwidth),
+        **{
+            name: value if isinstance(value, bool) else _figure(value)
+            for name, value in allreduce_fields(
+                allreduce_figures(p, item.device)[0], item.device
+            ).items()
+        },
         "held_out_error": round(max(errors.values()), 4),
         "held_out_by_op": {op: round(e, 4) for op, e in errors.items()},
         "refused": refused,
@@ -740,7 +808,7 @@ def leave_one_device_out(chosen: dict[str, OpData]) -> list[LeftOut]:
         p = fit_params(others)
         errors = {op: relative_errors(p, item, op) for op in item.ops}
         kind = kind_of(target, [d.device for d in others])
-        out.append(LeftOut(target, kind, p, errors, allreduce_figures(p, target)[2]))
+        out.append(LeftOut(target, kind, p, errors, allreduce_figures(p, target)[1]))
     return out
 
 
