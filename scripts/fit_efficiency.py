@@ -11,6 +11,8 @@ per-operation measurements, kept OUTSIDE the repository. Two steps:
         --commit COMMIT --out /work/compute-data/vidur
     # 2. the tables (numpy) and transfer.json (each kind of device transfer's measured error):
     PYTHONPATH=. python scripts/fit_efficiency.py fit --ops /work/compute-data/ops
+    # or only the shipped tables' all-reduce figures (their other figures as they are):
+    PYTHONPATH=. python scripts/fit_efficiency.py refit-allreduce --ops /work/compute-data/ops
 
 Per (device, engine version): a GEMM of (m, n, k) costs ``t0 + (c^q + w^q)^(1/q)``, c =
 2mnk / (eta_c(m) P), w = 2(mk + kn + mn) / (eta_m W), q the fitted sharpness of the roofline;
@@ -18,9 +20,7 @@ prefill attention (causal, batch b, length s, head size d) ``ta + b tp + 4 h d b
 s tile/2) / (eta_p(d) P) + 2 b s (2h + 2kvh) d / (eta_m W)`` (tile: the kernels' 128-token
 diagonal tiles run whole; eta_p by head-size bin); decode attention (batch b,
 ``s`` cached tokens) ``ta + b h td + max(4 h d b s / (eta_ac P), 2 b s 2 kvh d / (eta_am W))``; an
-all-reduce of ``B`` bytes over ``n`` devices ``latency + 2 (n-1)/n B / bus_bandwidth``, the bus
-bandwidth fitted as a fraction of the catalog's link bandwidth (so it carries to another link). P and W
-are the catalog's datasheet peaks. Rows that move at most 128 MiB (cache-resident in a timing loop)
+all-reduce as ALLREDUCE_MODEL says. P and W are the catalog's datasheet peaks. Rows that move at most 128 MiB (cache-resident in a timing loop)
 are left out. The fit minimises the mean absolute log error; a GEMM-size bin whose rows are not
 compute-bound in the fit is refused and takes the next larger bin's eta_c."""
 
@@ -46,6 +46,16 @@ from pytest_prefill.plan.compute.efficiency import (
     link_kind,
 )
 
+# the all-reduce's form, in the docstring above and in each table's "model"
+ALLREDUCE_MODEL = (
+    "an all-reduce of ``B`` bytes over ``n`` devices, vLLM's custom all-reduce under its 8 MiB "
+    "buffer (two devices, or more over NVLink) ``custom_latency + rank_latency (n-1) + bytes / "
+    "(custom_fraction L)``, bytes ``(n-1) B`` one-shot (the sizes vLLM's kernel picks it for) "
+    "else ``2 (n-1)/n B``; NCCL's ring above ``latency + rank_latency (n-1) + 2 (n-1)/n B / "
+    "(fraction L)``; L the catalog's link bandwidth (so the fractions carry to another link), "
+    "fitted per link kind (NVLink, PCIe)"
+)
+ALLREDUCE_PLACEHOLDER = "an all-reduce as ALLREDUCE_MODEL says"
 REPOSITORY = "github.com/ai-dynamo/aiconfigurator"
 LICENCE = "Apache-2.0"
 DATA_PATH = "aic-core/src/aiconfigurator_core/systems/data"
@@ -704,6 +714,12 @@ def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> E
     )
 
 
+def model_text() -> str:
+    """The model a table's "model" field states: the docstring's paragraph, in one line."""
+    paragraph = __doc__.split("\n\n")[2].replace("\n", " ") if __doc__ else ""
+    return paragraph.replace(ALLREDUCE_PLACEHOLDER, ALLREDUCE_MODEL)
+
+
 def allreduce_fields(fit: AllReduceFit, device: str) -> dict[str, float | bool]:
     """The runtime table's all-reduce fields for ``fit`` on ``device`` (its link)."""
     d = CATALOG[device]
@@ -717,16 +733,19 @@ def allreduce_fields(fit: AllReduceFit, device: str) -> dict[str, float | bool]:
     }
 
 
+def allreduce_refusal(error: float) -> str:
+    return (
+        f"all-reduce: the model misses this device's measurements by {error:.0%} median held "
+        f"out (> {ALLREDUCE_REFUSAL:.0%}): the figures are a rough fit, not a model of its "
+        "all-reduce"
+    )
+
+
 def table_document(item: OpData, p: Params, errors: dict[str, float], refused: list[str]) -> dict:
     bins = _bins(BIN_BOUNDS, p.eta_c)
     source = item.source
     if errors.get("allreduce", 0.0) > ALLREDUCE_REFUSAL:
-        refused = [
-            *refused,
-            f"all-reduce: latency + bytes/bandwidth misses this device's measurements by "
-            f"{errors['allreduce']:.0%} median held out (> {ALLREDUCE_REFUSAL:.0%}): the figures "
-            f"are a rough fit, not a model of its all-reduce",
-        ]
+        refused = [*refused, allreduce_refusal(errors["allreduce"])]
     return {
         "device": item.device,
         "engine": item.engine,
@@ -750,7 +769,7 @@ def table_document(item: OpData, p: Params, errors: dict[str, float], refused: l
         "held_out_error": round(max(errors.values()), 4),
         "held_out_by_op": {op: round(e, 4) for op, e in errors.items()},
         "refused": refused,
-        "model": __doc__.split("\n\n")[2].replace("\n", " ") if __doc__ else "",
+        "model": model_text(),
         "source": {
             "repository": source["repository"],
             "commit": source["commit"],
@@ -885,6 +904,56 @@ def fit_all(ops_root: Path, out: Path) -> None:
     print("transfer:", json.dumps(transfer))
 
 
+def allreduce_only(item: OpData, keep: np.ndarray | None = None) -> Params:
+    """Params holding only ``item``'s all-reduce fit (on the rows ``keep`` picks, else all)."""
+    c, seconds = item.ops["allreduce"]
+    keep = np.ones(len(seconds), bool) if keep is None else keep
+    rows = [(item.device, {k: v[keep] for k, v in c.items()}, seconds[keep])]
+    return Params(0, (1,), 1, 1, 1, 0, 1, ar_by_link=tuple(fit_allreduce_by_link(rows)))
+
+
+def _with_fields_after(document: dict, key: str, fields: dict) -> dict:
+    """``document`` with ``fields`` set, those it lacks placed after ``key``."""
+    out: dict = {}
+    for name, value in document.items():
+        out[name] = fields.get(name, value)
+        if name == key:
+            out |= {k: v for k, v in fields.items() if k not in document}
+    return out
+
+
+def refit_allreduce(ops_root: Path, tables: Path) -> None:
+    """Refit only the all-reduce figures of the tables in ``tables`` (each on its own device's
+    and engine version's rows under ``ops_root``), leaving every other figure as it is: the
+    all-reduce's fit is apart from the GEMMs' and attention's."""
+    for path in sorted(p for p in tables.glob("*.json") if p.name != "transfer.json"):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        item = load_ops(ops_root / document["device"] / document["engine"])
+        if "allreduce" not in item.ops:
+            continue
+        half = shape_half(item, "allreduce")
+        held = float(
+            np.median(relative_errors(allreduce_only(item, half), item, "allreduce", ~half))
+        )
+        figures, _ = allreduce_figures(allreduce_only(item), item.device)
+        fields = {
+            name: value if isinstance(value, bool) else _figure(value)
+            for name, value in allreduce_fields(figures, item.device).items()
+        }
+        document = _with_fields_after(document, "allreduce_bandwidth", fields)
+        by_op = document["held_out_by_op"] | {"allreduce": round(held, 4)}
+        document["held_out_by_op"] = by_op
+        document["held_out_error"] = round(max(by_op.values()), 4)
+        document["refused"] = [r for r in document["refused"] if not r.startswith("all-reduce")]
+        if held > ALLREDUCE_REFUSAL:
+            document["refused"].append(allreduce_refusal(held))
+        start = document["model"].index("an all-reduce of ``B``")
+        end = document["model"].index(". P and W")
+        document["model"] = document["model"][:start] + ALLREDUCE_MODEL + document["model"][end:]
+        path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        print(f"{path.name}: all-reduce held out {held:.1%}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="step", required=True)
@@ -899,11 +968,16 @@ def main(argv: list[str]) -> int:
     fit = sub.add_parser("fit")
     fit.add_argument("--ops", type=Path, required=True)
     fit.add_argument("--out", type=Path, default=TABLES)
+    allreduce = sub.add_parser("refit-allreduce", help="only the tables' all-reduce figures")
+    allreduce.add_argument("--ops", type=Path, required=True)
+    allreduce.add_argument("--tables", type=Path, default=TABLES)
     args = parser.parse_args(argv)
     if args.step == "extract":
         extract(args.data, args.commit, args.out)
     elif args.step == "extract-vidur":
         extract_vidur(args.data, args.commit, args.out)
+    elif args.step == "refit-allreduce":
+        refit_allreduce(args.ops, args.tables)
     else:
         fit_all(args.ops, args.out)
     return 0
