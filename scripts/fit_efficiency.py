@@ -40,6 +40,7 @@ import numpy as np
 
 from pytest_prefill.plan.compute.devices import CATALOG
 from pytest_prefill.plan.compute.efficiency import (
+    CUSTOM_ALLREDUCE_DEVICES,
     CUSTOM_ALLREDUCE_MAX_BYTES,
     ONE_SHOT_BYTES,
     Efficiency,
@@ -346,7 +347,8 @@ def allreduce_seconds(
     nccl = fit.latency + ranks + ring / (fit.fraction * link)
     if fit.custom_fraction <= 0:
         return nccl
-    custom = (size < CUSTOM_ALLREDUCE_MAX_BYTES) & ((n == 2) | fully_connected)
+    supported = np.isin(n, CUSTOM_ALLREDUCE_DEVICES) & ((n == 2) | fully_connected)
+    custom = supported & (size < CUSTOM_ALLREDUCE_MAX_BYTES)
     one_shot = (
         (n == 2) | ((n <= 4) & (size < ONE_SHOT_BYTES[4])) | ((n <= 8) & (size < ONE_SHOT_BYTES[8]))
     )

@@ -273,6 +273,10 @@ def test_the_custom_allreduce_stops_at_its_buffer_and_off_a_fully_connected_link
     pcie = table(allreduce_fully_connected=False, **CUSTOM)  # more than two on PCIe: NCCL
     assert pcie.allreduce_seconds(1e4, 4) == pytest.approx(6e-6 + 3e-7 + 1.5e4 / 1.5e11)
     assert pcie.allreduce_seconds(1e4, 2) == t.allreduce_seconds(1e4, 2)
+    for unsupported in (3, 16):  # group sizes vLLM's custom all-reduce does not take
+        ring = 2 * (unsupported - 1) / unsupported * 1e4
+        expected = 6e-6 + 1e-7 * (unsupported - 1) + ring / 1.5e11
+        assert t.allreduce_seconds(1e4, unsupported) == pytest.approx(expected)
 
 
 def test_a_borrowed_custom_allreduce_goes_with_the_link_and_its_kind() -> None:

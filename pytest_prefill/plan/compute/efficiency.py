@@ -193,14 +193,17 @@ class Efficiency:
 
 # vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py,
 # csrc/custom_all_reduce.cuh): messages under its 8 MiB buffer, on two devices or a fully
-# connected (NVLink) group; one-shot below these sizes for up to 4 and up to 8 devices
+# connected (NVLink) group of the sizes it supports; one-shot below these sizes for up to 4 and
+# up to 8 devices
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+CUSTOM_ALLREDUCE_DEVICES = (2, 4, 6, 8)
 ONE_SHOT_BYTES = {4: 512 * 2**10, 8: 256 * 2**10}
 
 
 def custom_allreduce_runs(size: float, devices: int, fully_connected: bool) -> bool:
     """Whether vLLM's custom all-reduce takes ``size`` bytes over ``devices`` devices."""
-    return size < CUSTOM_ALLREDUCE_MAX_BYTES and (devices == 2 or fully_connected)
+    supported = devices in CUSTOM_ALLREDUCE_DEVICES and (devices == 2 or fully_connected)
+    return supported and size < CUSTOM_ALLREDUCE_MAX_BYTES
 
 
 def one_shot(size: float, devices: int) -> bool:
