@@ -200,12 +200,15 @@ def _choice(folder: Path):
     return efficiency_for(CATALOG["a100-80"], "vllm", tables=tables, transfer_errors=errors)
 
 
-def _user_facing(model, choice, run: Run, monkeypatch) -> object:
+def _user_facing(model, folder: Path, run: Run, monkeypatch) -> object:
     """The cost model ``capacity --gpu a100-80 --model CONFIG`` runs on for ``run``'s workload
     (commands/_compute_args.py's derive_on: vLLM's sequence cap, the host cost the runtime adds
-    when no --host-from is given), on ``choice``'s table."""
+    when no --host-from is given), on the tables in ``folder`` (the shipped ones as the command
+    finds them; another folder's in their place)."""
     device = CATALOG["a100-80"]
-    monkeypatch.setattr(_compute_args, "efficiency_of", lambda _device, _engine: choice)
+    if folder != TABLES:
+        choice = _choice(folder)
+        monkeypatch.setattr(_compute_args, "efficiency_of", lambda _device, _engine: choice)
     hardware = Hardware(model, device.memory_bytes, max_num_seqs=get_profile("vllm").max_seqs)
     output = max(2, round(run.generated / run.prompts))
     _, spec = _compute_args.derive_on(hardware, device, "vllm", [PROMPT], [output])
@@ -224,7 +227,7 @@ def _replay_tables(folder: Path, label: str, monkeypatch) -> dict[str, dict[str,
     derived = derive_cost(model, device, choice, span)
     print(f"\n== {label} ==\nSource: {SOURCE}\n{derived.basis}")
     out = {"device only": _table(derived.cost, RUNS, f"{label}: derived, device time only")}
-    user = _user_facing(model, choice, RUNS[0], monkeypatch)
+    user = _user_facing(model, folder, RUNS[0], monkeypatch)
     out["user-facing"] = _table(
         user, RUNS, f"{label}: what `capacity --gpu a100-80 --model` derives (no host cost tabled)"
     )
