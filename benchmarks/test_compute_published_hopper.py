@@ -48,6 +48,7 @@ from tabulate import tabulate
 from pytest_prefill.plan.compute.derive import HostCost, TokenRange, derive_cost
 from pytest_prefill.plan.compute.devices import CATALOG
 from pytest_prefill.plan.compute.efficiency import efficiency_for
+from pytest_prefill.plan.compute.host import tabled_host
 from pytest_prefill.plan.device_memory import kv_capacity
 from pytest_prefill.plan.model_spec import model_from_config
 from pytest_prefill.sim import Request, simulate
@@ -307,6 +308,13 @@ def test_published_h100_llama3_8b_runs_replayed() -> None:
     print(f"\nSource: {SOURCE}\n{derived.basis}")
     print(f"KV (the tool's vLLM rule; the logs are not published): {kv.describe()}")
     device_only = _table(cost, runs, "Derived, device time only (no host cost)")
+    tabled = tabled_host("vllm")  # what capacity --gpu h100 adds: read off another run
+    user_facing = _table(
+        _derived(model, device, choice, span, kv.tokens, tabled),
+        runs,
+        f"Derived + vLLM's tabled host cost ({tabled.per_step * 1e3:.2f} ms per step, from a "
+        "published vLLM 0.10.1.1 run on an A100), as capacity --gpu h100 derives it",
+    )
     # the host's cost from the smallest runs at max-model-len 2048, tested on the other runs
     # (those at 4096 set a larger prefill budget on the same server)
     first = sorted(
@@ -333,6 +341,6 @@ def test_published_h100_llama3_8b_runs_replayed() -> None:
         "runs",
     )
     # properties only: every run replayed, every error finite; the figures are reported
-    for errors in (device_only, hosted, per_row):
+    for errors in (device_only, user_facing, hosted, per_row):
         assert all(e == e and e != float("inf") for values in errors.values() for e in values)
     assert len(device_only["throughput"]) == len(runs)

@@ -25,6 +25,7 @@ from pytest_prefill.commands.verify import workload_of
 from pytest_prefill.plan.compute.derive import TokenRange, derive_cost
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.compute.efficiency import efficiency_for
+from pytest_prefill.plan.compute.host import tabled_host
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.serve.calibration.experiments import WARMUP_REQUESTS
@@ -152,7 +153,9 @@ def test_the_predicted_knee_is_the_one_the_derived_compute_gives(derived_run) ->
     rows = PROFILES[ENGINE].max_seqs
     assert rows is not None
     span = TokenRange.of([r.prompt_len for r in load], [r.output_len for r in load], rows)
-    cost = derive_cost(load_model_spec(LLAMA), device, efficiency_for(device, ENGINE), span).cost
+    choice = efficiency_for(device, ENGINE)
+    host = tabled_host(ENGINE)  # no --host-from: the engine's tabled host cost
+    cost = derive_cost(load_model_spec(LLAMA), device, choice, span, host=host).cost
     assert result.derived is not None and result.derived.cost == cost
     (flag_set,) = result.results
     probes = probe_load(in_arrival_order(load), result.rule, flag_set.requests)
@@ -175,7 +178,7 @@ def test_the_basis_is_capacitys_for_the_same_model_and_device(derived_run, capsy
     basis = header.removeprefix("Cost model: ")
     error_class = efficiency_for(device_named(GPU), ENGINE).error_class  # held out, borrowed
     assert basis.startswith(f"derived: {device_named(GPU).name} (") and error_class in basis
-    assert "host: none tabled" in basis  # no --host-from
+    assert f"host: {tabled_host(ENGINE).source}" in basis  # no --host-from
     document = json.loads(out.read_text())
     assert document["derived"]["basis"] == basis
     assert " ".join(printed.split()).count(" ".join(f"Cost model: {basis}".split())) == 1
