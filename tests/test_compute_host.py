@@ -17,7 +17,6 @@ from pytest_prefill.plan.metrics import serving_metrics
 from pytest_prefill.plan.model_spec import model_from_config
 from pytest_prefill.sim import Request, simulate
 
-
 LLAMA = str(Path(__file__).parent / "data" / "llama-3.1-8b.json")
 
 
