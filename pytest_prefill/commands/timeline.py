@@ -19,22 +19,11 @@ from pytest_prefill.commands._args import (
     output_path,
     positive_int,
 )
-from pytest_prefill.commands._deploy_args import (
-    MODEL_HELP,
-    Deploying,
-    add_deploy_arguments,
-    check_deploy_args,
-    deployed_spec,
-)
+from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args
 from pytest_prefill.commands._engine_args import check_engine
-from pytest_prefill.commands._measure_args import (
-    add_lab_simulation_arguments,
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
-)
+from pytest_prefill.commands._measure_args import add_lab_simulation_arguments
 from pytest_prefill.commands._options import add_defaulted
-from pytest_prefill.commands._planning_cost import planning_cost
+from pytest_prefill.commands._planning_cost import add_planning_arguments, instance_spec
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import LabTimeline, lab_timeline
@@ -142,10 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", action="store_true", help="also print the timeline as text")
     width_help = "characters per line of --text (default {default}; 40 to 10,000)"
     add_defaulted(parser, "--width", width_type, 100, width_help)
-    add_model_arguments(parser, deploy_help=MODEL_HELP)  # also what --cost measure calibrates
-    add_deploy_arguments(parser)
-    add_timing_arguments(parser)
-    add_threads_argument(parser)
+    add_planning_arguments(parser)
 
 
 def default_chunk(cost: CostModel, prompt_len: int) -> int:
@@ -219,11 +205,9 @@ def _check_trace_items(items: int, out: str) -> None:
 
 def _simulated(args: argparse.Namespace, deploying: Deploying) -> LabTimeline:
     """The lab scenario under the three designs, as the flags ask, on ``deploying``."""
-    deploying, spec = planning_cost(
+    deploying, spec = instance_spec(
         args, deploying, lambda: lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
     )
-    assert spec.cost is not None  # measured by resolve_cost_args
-    spec = deployed_spec(deploying, spec)
     assert spec.cost is not None
     _check_drawable(deploying.profile, spec.cost)
     _check_long_enough(spec.cost, args.prompt_len)
