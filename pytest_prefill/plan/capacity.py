@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
-from pytest_prefill.plan.engine_commands import engine_flags, splits
+from pytest_prefill.plan.engine_commands import LaunchSettings, engine_flags, splits
 from pytest_prefill.plan.executors import ShippedLoad, search_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import (
@@ -152,7 +152,8 @@ class CapacityResult:
         if best.best is None:
             return None
         length = (max_model_len or {}).get(best.deployment.tp)
-        return best.deployment.command(self.engine, memory_fraction, model, length)
+        settings = LaunchSettings(memory_fraction, model, length)
+        return best.deployment.command(self.engine, settings)
 
     def recommendation(self) -> str:
         """One line a user can act on: the deployment serving the highest request rate per
