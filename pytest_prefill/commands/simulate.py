@@ -11,6 +11,7 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import (
     check_chunked_iterations,
     lab_scenario_given,
+    lab_scenario_of,
     output_path,
     positive_int,
 )
@@ -32,7 +33,6 @@ from pytest_prefill.plan.deployments import search_chunks
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks, engine_header
-from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.metrics import serving_table
 from pytest_prefill.report.sweep import GPU_SECONDS, sweep_rows_json, sweep_table
 from pytest_prefill.sim import CostModel, EngineProfile, Request, simulate
@@ -100,7 +100,7 @@ def _load(
     workload = workload_from_args(args, deploying.max_model_len)  # refuses the lab's flags
     engine = engine_for(deploying.profile, workload)
     if args.workload == "lab":
-        load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+        load = lab_scenario_of(args).requests()
         lines = [
             f"Scenario: {args.streams} live streams decoding, a {args.prompt_len}-token prompt "
             f"arrives at {args.arrival * 1e3:.0f} ms. Simulated, not measured."
@@ -126,7 +126,7 @@ def _load(
 def _requests(args: argparse.Namespace, max_model_len: int | None) -> list[Request]:
     """The requests whose token range a derived cost model covers."""
     if args.workload == "lab":
-        return lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+        return lab_scenario_of(args).requests()
     return list(workload_from_args(args, max_model_len).requests)
 
 

@@ -15,6 +15,7 @@ from pytest_prefill.commands._args import (
     bounded_int,
     check_chunked_iterations,
     lab_scenario_given,
+    lab_scenario_of,
     non_negative_float,
     output_path,
     positive_int,
@@ -27,7 +28,6 @@ from pytest_prefill.commands._planning_cost import add_planning_arguments, insta
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import LabTimeline, lab_timeline
-from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.png import need_matplotlib, svg_to_png
 from pytest_prefill.report.timeline import (
     MIN_WINDOW,
@@ -153,7 +153,7 @@ def check(args: argparse.Namespace) -> Deploying:
         args.prompt_len, [args.chunk] if args.chunk else [], MAX_TIMELINE_ITERATIONS
     )
     if _as_json(args):
-        load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
+        load = lab_scenario_of(args).requests()
         _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
     return check_deploy_args(args, profile)
 
@@ -205,9 +205,8 @@ def _check_trace_items(items: int, out: str) -> None:
 
 def _simulated(args: argparse.Namespace, deploying: Deploying) -> LabTimeline:
     """The lab scenario under the three designs, as the flags ask, on ``deploying``."""
-    deploying, spec = instance_spec(
-        args, deploying, lambda: lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
-    )
+    scenario = lab_scenario_of(args)
+    deploying, spec = instance_spec(args, deploying, scenario.requests)
     assert spec.cost is not None
     _check_drawable(deploying.profile, spec.cost)
     _check_long_enough(spec.cost, args.prompt_len)
@@ -219,9 +218,7 @@ def _simulated(args: argparse.Namespace, deploying: Deploying) -> LabTimeline:
     return lab_timeline(
         spec.cost,
         spec.source,
-        streams=args.streams,
-        prompt_len=args.prompt_len,
-        arrival=args.arrival,
+        scenario=scenario,
         chunk=args.chunk,
         refused=spec.refused,
         engine=deploying.profile,
