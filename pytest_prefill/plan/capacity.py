@@ -25,6 +25,7 @@ from pytest_prefill.plan.rate_search import (
     MAX_SCALE,
     MIN_SCALE,
     DeploymentResult,
+    Probing,
     RateSearch,
     close_margin,
     probe,
@@ -479,7 +480,8 @@ def capacity(
     alone = alone_misses(load, slo, target, [(d, d.cost_on(cost)) for d in chosen], profile)
     shipped = ShippedLoad(load)  # pickled once for all the simulations sent to processes
     margin = close_margin(tolerance)
-    problem = Problem(shipped, cost, slo, profile, base_rate, float(target), margin, shortcuts)
+    probing = Probing(shipped, cost, slo, profile, base_rate)
+    problem = Problem(probing, float(target), margin, shortcuts)
     results = _search(chosen, alone, problem, (tolerance, start, verify), executor, progress)
     return CapacityResult(
         name,
@@ -523,7 +525,7 @@ def _search(
         with contextlib.ExitStack() as stack:
             default = search_executor(len(searches))[0]
             pool = executor if executor is not None else stack.enter_context(default)
-            baseline = baseline_deployment(chosen, problem.engine)
+            baseline = baseline_deployment(chosen, problem.probing.engine)
             run_searches(pool, list(searches.values()), problem, baseline, probe, progress)
     return tuple(
         dataclasses.replace(
@@ -538,8 +540,9 @@ def _search(
 
 def _refused(deployment: Deployment, problem: Problem) -> tuple[Unfit, ...]:
     """The requests of ``problem``'s load an engine refuses on ``deployment``."""
-    options = deployment.simulate_options(problem.engine)
-    return refusals(deployment.policy, problem.load, deployment.cost_on(problem.cost), options)
+    probing = problem.probing
+    options = deployment.simulate_options(probing.engine)
+    return refusals(deployment.policy, probing.load, deployment.cost_on(probing.cost), options)
 
 
 def arrival_bunches(load: Sequence[Request]) -> tuple[int, int]:
