@@ -380,9 +380,8 @@ def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | Non
 
 
 def _server(args: argparse.Namespace, block: int | None) -> Server:
-    """The running server ``--url`` names (its KV cache: ``--kv-tokens``), else the one
-    ``--launch`` starts (its own KV cache; its tokenizer: ``--tokenizer``, else the model
-    folder, except llama.cpp's GGUF file)."""
+    """The server ``--url`` names (its KV: ``--kv-tokens``), else the one ``--launch`` starts
+    (its own KV; its tokenizer: ``--tokenizer``, else the model folder but llama.cpp's GGUF)."""
     launcher, tokenizer, kv_tokens = None, args.tokenizer, args.kv_tokens
     if args.url is None:
         launcher, kv_tokens = _launcher(args), None
