@@ -368,16 +368,6 @@ def served_name(spec: str) -> str:
     return spec
 
 
-def deployed_spec(deploying: Deploying, spec: CostSpec) -> CostSpec:
-    """``spec`` with its cost for one instance of --model at TP 1 and its source saying so."""
-    hardware, profile = deploying.hardware, deploying.profile
-    if hardware is None or spec.cost is None:
-        return spec
-    cost = deployed_cost(hardware, spec.cost, profile)
-    lines = hardware.lines([1], profile.kv_block_tokens)
-    return dataclasses.replace(spec, cost=cost, source="; ".join([spec.source, *lines]))
-
-
 def keep_server_facts(deploying: Deploying, spec: CostSpec) -> tuple[Deploying, str | None]:
     """``deploying`` with a server calibration's facts (and the hardware's measured TP and
     KV); the line that says the search keeps them (None: no server facts)."""

@@ -380,32 +380,32 @@ def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | Non
 
 
 def _server(args: argparse.Namespace, block: int | None) -> Server:
-    timeouts = timeouts_from_args(args)
-    if args.url is not None:
-        return Server(
-            url=args.url,
-            engine=args.engine,
-            tokenizer=args.tokenizer,
-            kv_tokens=args.kv_tokens,
-            timeouts=timeouts,
-            prefix_block_tokens=block,
-        )
+    """The server ``--url`` names (its KV: ``--kv-tokens``), else the one ``--launch`` starts
+    (its own KV; its tokenizer: ``--tokenizer``, else the model folder but llama.cpp's GGUF)."""
+    launcher, tokenizer, kv_tokens = None, args.tokenizer, args.kv_tokens
+    if args.url is None:
+        launcher, kv_tokens = _launcher(args), None
+        tokenizer = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
+    return Server(
+        url=args.url,
+        launcher=launcher,
+        engine=args.engine,
+        tokenizer=tokenizer,
+        kv_tokens=kv_tokens,
+        timeouts=timeouts_from_args(args),
+        prefix_block_tokens=block,
+    )
+
+
+def _launcher(args: argparse.Namespace) -> Launcher:
     kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
-    launcher = Launcher(
+    return Launcher(
         args.launch,
         args.model,
         args.program,
         pin=not args.no_pin,
         ready_timeout=args.health_timeout,
         **kv,
-    )
-    folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
-    return Server(
-        launcher=launcher,
-        engine=args.engine,
-        tokenizer=folder,
-        timeouts=timeouts,
-        prefix_block_tokens=block,
     )
 
 
