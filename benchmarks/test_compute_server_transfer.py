@@ -123,18 +123,25 @@ def _report(small, medium, derived):
     return errors, statistics.median(compared)
 
 
-def test_small_server_calibration_predicts_medium():
-    folder = os.environ.get("PREFILL_SERVER_TRANSFER")
+def server_folder(variable: str) -> str:
+    """The folder the environment ``variable`` names, made (the test skipped without it, or
+    without the serve extra): a minutes-long server benchmark's models and calibrations."""
+    folder = os.environ.get(variable)
     if not folder:
-        pytest.skip("minutes long: set PREFILL_SERVER_TRANSFER=<folder> to run it")
+        pytest.skip(f"minutes long: set {variable}=<folder> to run it")
     reason = _serve_missing()
     if reason:
         pytest.skip(reason)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def test_small_server_calibration_predicts_medium():
+    folder = server_folder("PREFILL_SERVER_TRANSFER")
     from pytest_prefill.plan.compute.transfer import calibration_span, probed_device, transfer
     from pytest_prefill.plan.model_spec import load_model_spec
     from pytest_prefill.serve.calibration.server_calibration import read_server_calibration
 
-    os.makedirs(folder, exist_ok=True)
     small, medium = (read_server_calibration(_calibrated(folder, p)) for p in PRESETS)
     device = probed_device(small.calibration.provenance, "small's calibration")
     models = [load_model_spec(str(c.calibration.provenance["model"])) for c in (small, medium)]

@@ -11,6 +11,8 @@ per-operation measurements, kept OUTSIDE the repository. Two steps:
         --commit COMMIT --out /work/compute-data/vidur
     # 2. the tables (numpy) and transfer.json (each kind of device transfer's measured error):
     PYTHONPATH=. python scripts/fit_efficiency.py fit --ops /work/compute-data/ops
+    # or only the shipped tables' all-reduce figures (their other figures as they are):
+    PYTHONPATH=. python scripts/fit_efficiency.py refit-allreduce --ops /work/compute-data/ops
 
 Per (device, engine version): a GEMM of (m, n, k) costs ``t0 + (c^q + w^q)^(1/q)``, c =
 2mnk / (eta_c(m) P), w = 2(mk + kn + mn) / (eta_m W), q the fitted sharpness of the roofline;
@@ -18,9 +20,7 @@ prefill attention (causal, batch b, length s, head size d) ``ta + b tp + 4 h d b
 s tile/2) / (eta_p(d) P) + 2 b s (2h + 2kvh) d / (eta_m W)`` (tile: the kernels' 128-token
 diagonal tiles run whole; eta_p by head-size bin); decode attention (batch b,
 ``s`` cached tokens) ``ta + b h td + max(4 h d b s / (eta_ac P), 2 b s 2 kvh d / (eta_am W))``; an
-all-reduce of ``B`` bytes over ``n`` devices ``latency + 2 (n-1)/n B / bus_bandwidth``, the bus
-bandwidth fitted as a fraction of the catalog's link bandwidth (so it carries to another link). P and W
-are the catalog's datasheet peaks. Rows that move at most 128 MiB (cache-resident in a timing loop)
+all-reduce as ALLREDUCE_MODEL says. P and W are the catalog's datasheet peaks. Rows that move at most 128 MiB (cache-resident in a timing loop)
 are left out. The fit minimises the mean absolute log error; a GEMM-size bin whose rows are not
 compute-bound in the fit is refused and takes the next larger bin's eta_c."""
 
@@ -39,8 +39,24 @@ from pathlib import Path
 import numpy as np
 
 from pytest_prefill.plan.compute.devices import CATALOG
-from pytest_prefill.plan.compute.efficiency import Efficiency, link_kind
+from pytest_prefill.plan.compute.efficiency import (
+    CUSTOM_ALLREDUCE_DEVICES,
+    CUSTOM_ALLREDUCE_MAX_BYTES,
+    ONE_SHOT_BYTES,
+    Efficiency,
+    link_kind,
+)
 
+# the all-reduce's form, in the docstring above and in each table's "model"
+ALLREDUCE_MODEL = (
+    "an all-reduce of ``B`` bytes over ``n`` devices, vLLM's custom all-reduce under its 8 MiB "
+    "buffer (two devices, or more over NVLink) ``custom_latency + rank_latency (n-1) + bytes / "
+    "(custom_fraction L)``, bytes ``(n-1) B`` one-shot (the sizes vLLM's kernel picks it for) "
+    "else ``2 (n-1)/n B``; NCCL's ring above ``latency + rank_latency (n-1) + 2 (n-1)/n B / "
+    "(fraction L)``; L the catalog's link bandwidth (so the fractions carry to another link), "
+    "fitted per link kind (NVLink, PCIe)"
+)
+ALLREDUCE_PLACEHOLDER = "an all-reduce as ALLREDUCE_MODEL says"
 REPOSITORY = "github.com/ai-dynamo/aiconfigurator"
 LICENCE = "Apache-2.0"
 DATA_PATH = "aic-core/src/aiconfigurator_core/systems/data"
@@ -289,20 +305,56 @@ class Params:
     decode_per_sequence: float = 0.0
     gemm_sharpness: float = math.inf  # q of the roofline (c^q + m^q)^(1/q); inf: the max
     eta_hd: tuple[float, ...] = ()  # prefill attention's eta per HEAD_DIM_BOUNDS (else eta_ac)
-    ar_by_link: tuple[tuple[str, float, float], ...] = ()  # (link kind, latency, fraction)
+    ar_by_link: tuple[tuple[str, AllReduceFit], ...] = ()  # (link kind, its fit)
 
 
-def allreduce_figures(p: Params, device: str) -> tuple[float, float, bool]:
-    """The all-reduce's latency and link fraction for ``device``: its link kind's (NVLink or
-    PCIe) when fitted, else the other kind's, with True: a cross-link transfer."""
+@dataclass(frozen=True)
+class AllReduceFit:
+    """One link kind's all-reduce: NCCL's ring (``latency`` + ``rank_latency`` per rank past
+    the first + ring bytes at ``fraction`` of the link) and vLLM's custom all-reduce below
+    CUSTOM_ALLREDUCE_MAX_BYTES (``custom_latency`` + the same rank term + its one- or two-shot
+    bytes at ``custom_fraction`` of the link; 0: no custom path)."""
+
+    latency: float
+    fraction: float
+    rank_latency: float = 0.0
+    custom_latency: float = 0.0
+    custom_fraction: float = 0.0
+
+
+def allreduce_figures(p: Params, device: str) -> tuple[AllReduceFit, bool]:
+    """The all-reduce's figures for ``device``: its link kind's (NVLink or PCIe) when fitted,
+    else the other kind's, with True: a cross-link transfer."""
     kind = link_kind(CATALOG[device])
-    for fitted, latency, fraction in p.ar_by_link:
+    for fitted, figures in p.ar_by_link:
         if fitted == kind:
-            return latency, fraction, False
+            return figures, False
     if p.ar_by_link:
-        _, latency, fraction = p.ar_by_link[0]
-        return latency, fraction, True
-    return p.ar_latency, p.ar_link_fraction, False
+        return p.ar_by_link[0][1], True
+    return AllReduceFit(p.ar_latency, p.ar_link_fraction), False
+
+
+def allreduce_seconds(
+    fit: AllReduceFit, n: np.ndarray, size: np.ndarray, link: float, fully_connected: bool
+) -> np.ndarray:
+    """An all-reduce of ``size`` bytes over ``n`` devices (plan/compute/efficiency.py's
+    form): vLLM's custom all-reduce where it runs (below its buffer's size; two devices, or
+    more on a fully connected link: NVLink), one-shot (each rank reads its n-1 peers' whole
+    buffers) up to the sizes vLLM's kernel picks it for, else two-shot (a reduce-scatter and
+    an all-gather: the ring's bytes); NCCL's ring above."""
+    ring = 2 * (n - 1) / n * size
+    ranks = fit.rank_latency * (n - 1)
+    nccl = fit.latency + ranks + ring / (fit.fraction * link)
+    if fit.custom_fraction <= 0:
+        return nccl
+    supported = np.isin(n, CUSTOM_ALLREDUCE_DEVICES) & ((n == 2) | fully_connected)
+    custom = supported & (size < CUSTOM_ALLREDUCE_MAX_BYTES)
+    one_shot = (
+        (n == 2) | ((n <= 4) & (size < ONE_SHOT_BYTES[4])) | ((n <= 8) & (size < ONE_SHOT_BYTES[8]))
+    )
+    moved = np.where(one_shot, (n - 1) * size, ring)
+    by_custom = fit.custom_latency + ranks + moved / (fit.custom_fraction * link)
+    return np.where(custom, by_custom, nccl)
 
 
 def roofline(compute: np.ndarray, memory: np.ndarray, q: float) -> np.ndarray:
@@ -342,10 +394,10 @@ def predict(op: str, p: Params, c: dict[str, np.ndarray], device: str) -> np.nda
         eta_c = np.array(p.eta_c)[bin_index(c["m"])]
         return p.t0 + roofline(flops / eta_c, memory / p.eta_m, p.gemm_sharpness)
     if op == "allreduce":
-        n = c["devices"]
-        latency, fraction, _ = allreduce_figures(p, device)
-        bandwidth = fraction * CATALOG[device].link_bandwidth
-        return latency + 2 * (n - 1) / n * c["bytes"] / bandwidth
+        figures, _ = allreduce_figures(p, device)
+        target = CATALOG[device]
+        full = link_kind(target) == "nvlink"
+        return allreduce_seconds(figures, c["devices"], c["bytes"], target.link_bandwidth, full)
     decode = op == "decode_attention"
     flops, memory = attention_terms(c, device, decode)
     per_sequence = p.decode_per_sequence if decode else p.prefill_per_sequence
@@ -469,7 +521,8 @@ def fit_params(
     )
     attention = fit_attention(rows("prefill_attention"), rows("decode_attention"), eta_m)
     by_link = fit_allreduce_by_link(rows("allreduce"))
-    _, latency, bandwidth = by_link[0] if by_link else ("", 0.0, 1.0)
+    first = by_link[0][1] if by_link else AllReduceFit(0.0, 1.0)
+    latency, bandwidth = first.latency, first.fraction
     fixed, eta_hd = attention[2:5], attention[5]
     return Params(
         t0,
@@ -571,25 +624,36 @@ def head_dim_refusals(item: OpData) -> list[str]:
     return populated_head_dims([0.0] * len(counts), counts)[1]
 
 
-def fit_allreduce_by_link(rows: Rows) -> list[tuple[str, float, float]]:
-    """(link kind, latency, link fraction) for each kind of link among the rows' devices: an
+def fit_allreduce_by_link(rows: Rows) -> list[tuple[str, AllReduceFit]]:
+    """(link kind, its all-reduce fit) for each kind of link among the rows' devices: an
     NVLink's figures are not a PCIe link's."""
     kinds = sorted({link_kind(CATALOG[d]) for d, _, _ in rows})
     return [
-        (kind, *fit_allreduce([r for r in rows if link_kind(CATALOG[r[0]]) == kind]))
+        (kind, fit_allreduce([r for r in rows if link_kind(CATALOG[r[0]]) == kind]))
         for kind in kinds
     ]
 
 
-def fit_allreduce(rows: Rows) -> tuple[float, float]:
-    """Latency (seconds) and bus bandwidth as a fraction of each device's catalog link."""
+def fit_allreduce(rows: Rows) -> AllReduceFit:
+    """:class:`AllReduceFit`'s five figures (seconds; bandwidths as fractions of each device's
+    catalog link), minimising the mean absolute log error over every row."""
+
+    def unpack(x: np.ndarray) -> AllReduceFit:
+        latency, rank, custom = (float(v) * 1e-6 for v in np.exp(x[[0, 2, 3]]))
+        return AllReduceFit(latency, float(np.exp(x[1])), rank, custom, float(np.exp(x[4])))
 
     def loss(x: np.ndarray) -> float:
-        p = Params(0, (1,), 1, 1, 1, float(np.exp(x[0])) * 1e-6, float(np.exp(x[1])))
-        return sum(_log_loss(predict("allreduce", p, c, d), s) for d, c, s in rows)
+        p = Params(0, (1,), 1, 1, 1, 0, 1, ar_by_link=(("any", unpack(x)),))
+        return float(
+            np.mean(
+                np.concatenate(
+                    [np.abs(np.log(predict("allreduce", p, c, d) / s)) for d, c, s in rows]
+                )
+            )
+        )
 
-    x = nelder_mead(loss, np.array([math.log(10.0), math.log(0.7)]), 400)
-    return float(np.exp(x[0])) * 1e-6, float(np.exp(x[1]))
+    x0 = [math.log(20.0), math.log(0.7), math.log(0.2), math.log(5.0), math.log(0.5)]
+    return unpack(nelder_mead(loss, np.array(x0), 3000))
 
 
 def relative_errors(p: Params, item: OpData, op: str, keep: np.ndarray | None = None) -> np.ndarray:
@@ -640,8 +704,7 @@ def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> E
         memory_efficiency=p.eta_m,
         attention_compute_efficiency=p.eta_ac,
         attention_memory_efficiency=p.eta_am,
-        allreduce_latency=allreduce_figures(p, device)[0],
-        allreduce_bandwidth=allreduce_figures(p, device)[1] * CATALOG[device].link_bandwidth,
+        **allreduce_fields(allreduce_figures(p, device)[0], device),
         held_out_error=0.0,
         source=source,
         attention_t0=p.attention_t0,
@@ -653,16 +716,38 @@ def efficiency_of(p: Params, device: str, engine: str, source: str = "fit") -> E
     )
 
 
+def model_text() -> str:
+    """The model a table's "model" field states: the docstring's paragraph, in one line."""
+    paragraph = __doc__.split("\n\n")[2].replace("\n", " ") if __doc__ else ""
+    return paragraph.replace(ALLREDUCE_PLACEHOLDER, ALLREDUCE_MODEL)
+
+
+def allreduce_fields(fit: AllReduceFit, device: str) -> dict[str, float | bool]:
+    """The runtime table's all-reduce fields for ``fit`` on ``device`` (its link)."""
+    d = CATALOG[device]
+    return {
+        "allreduce_latency": fit.latency,
+        "allreduce_bandwidth": fit.fraction * d.link_bandwidth,
+        "allreduce_rank_latency": fit.rank_latency,
+        "allreduce_custom_latency": fit.custom_latency,
+        "allreduce_custom_bandwidth": fit.custom_fraction * d.link_bandwidth,
+        "allreduce_fully_connected": link_kind(d) == "nvlink",
+    }
+
+
+def allreduce_refusal(error: float) -> str:
+    return (
+        f"all-reduce: the model misses this device's measurements by {error:.0%} median held "
+        f"out (> {ALLREDUCE_REFUSAL:.0%}): the figures are a rough fit, not a model of its "
+        "all-reduce"
+    )
+
+
 def table_document(item: OpData, p: Params, errors: dict[str, float], refused: list[str]) -> dict:
     bins = _bins(BIN_BOUNDS, p.eta_c)
     source = item.source
     if errors.get("allreduce", 0.0) > ALLREDUCE_REFUSAL:
-        refused = [
-            *refused,
-            f"all-reduce: latency + bytes/bandwidth misses this device's measurements by "
-            f"{errors['allreduce']:.0%} median held out (> {ALLREDUCE_REFUSAL:.0%}): the figures "
-            f"are a rough fit, not a model of its all-reduce",
-        ]
+        refused = [*refused, allreduce_refusal(errors["allreduce"])]
     return {
         "device": item.device,
         "engine": item.engine,
@@ -677,12 +762,16 @@ def table_document(item: OpData, p: Params, errors: dict[str, float], refused: l
         "attention_t0": _figure(p.attention_t0),
         "prefill_attention_per_sequence": _figure(p.prefill_per_sequence),
         "decode_attention_per_head": _figure(p.decode_per_sequence),
-        "allreduce_latency": _figure(p.ar_latency),
-        "allreduce_bandwidth": _figure(p.ar_link_fraction * CATALOG[item.device].link_bandwidth),
+        **{
+            name: value if isinstance(value, bool) else _figure(value)
+            for name, value in allreduce_fields(
+                allreduce_figures(p, item.device)[0], item.device
+            ).items()
+        },
         "held_out_error": round(max(errors.values()), 4),
         "held_out_by_op": {op: round(e, 4) for op, e in errors.items()},
         "refused": refused,
-        "model": __doc__.split("\n\n")[2].replace("\n", " ") if __doc__ else "",
+        "model": model_text(),
         "source": {
             "repository": source["repository"],
             "commit": source["commit"],
@@ -740,7 +829,7 @@ def leave_one_device_out(chosen: dict[str, OpData]) -> list[LeftOut]:
         p = fit_params(others)
         errors = {op: relative_errors(p, item, op) for op in item.ops}
         kind = kind_of(target, [d.device for d in others])
-        out.append(LeftOut(target, kind, p, errors, allreduce_figures(p, target)[2]))
+        out.append(LeftOut(target, kind, p, errors, allreduce_figures(p, target)[1]))
     return out
 
 
@@ -817,6 +906,56 @@ def fit_all(ops_root: Path, out: Path) -> None:
     print("transfer:", json.dumps(transfer))
 
 
+def allreduce_only(item: OpData, keep: np.ndarray | None = None) -> Params:
+    """Params holding only ``item``'s all-reduce fit (on the rows ``keep`` picks, else all)."""
+    c, seconds = item.ops["allreduce"]
+    keep = np.ones(len(seconds), bool) if keep is None else keep
+    rows = [(item.device, {k: v[keep] for k, v in c.items()}, seconds[keep])]
+    return Params(0, (1,), 1, 1, 1, 0, 1, ar_by_link=tuple(fit_allreduce_by_link(rows)))
+
+
+def _with_fields_after(document: dict, key: str, fields: dict) -> dict:
+    """``document`` with ``fields`` set, those it lacks placed after ``key``."""
+    out: dict = {}
+    for name, value in document.items():
+        out[name] = fields.get(name, value)
+        if name == key:
+            out |= {k: v for k, v in fields.items() if k not in document}
+    return out
+
+
+def refit_allreduce(ops_root: Path, tables: Path) -> None:
+    """Refit only the all-reduce figures of the tables in ``tables`` (each on its own device's
+    and engine version's rows under ``ops_root``), leaving every other figure as it is: the
+    all-reduce's fit is apart from the GEMMs' and attention's."""
+    for path in sorted(p for p in tables.glob("*.json") if p.name != "transfer.json"):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        item = load_ops(ops_root / document["device"] / document["engine"])
+        if "allreduce" not in item.ops:
+            continue
+        half = shape_half(item, "allreduce")
+        held = float(
+            np.median(relative_errors(allreduce_only(item, half), item, "allreduce", ~half))
+        )
+        figures, _ = allreduce_figures(allreduce_only(item), item.device)
+        fields = {
+            name: value if isinstance(value, bool) else _figure(value)
+            for name, value in allreduce_fields(figures, item.device).items()
+        }
+        document = _with_fields_after(document, "allreduce_bandwidth", fields)
+        by_op = document["held_out_by_op"] | {"allreduce": round(held, 4)}
+        document["held_out_by_op"] = by_op
+        document["held_out_error"] = round(max(by_op.values()), 4)
+        document["refused"] = [r for r in document["refused"] if not r.startswith("all-reduce")]
+        if held > ALLREDUCE_REFUSAL:
+            document["refused"].append(allreduce_refusal(held))
+        start = document["model"].index("an all-reduce of ``B``")
+        end = document["model"].index(". P and W")
+        document["model"] = document["model"][:start] + ALLREDUCE_MODEL + document["model"][end:]
+        path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        print(f"{path.name}: all-reduce held out {held:.1%}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="step", required=True)
@@ -831,11 +970,16 @@ def main(argv: list[str]) -> int:
     fit = sub.add_parser("fit")
     fit.add_argument("--ops", type=Path, required=True)
     fit.add_argument("--out", type=Path, default=TABLES)
+    allreduce = sub.add_parser("refit-allreduce", help="only the tables' all-reduce figures")
+    allreduce.add_argument("--ops", type=Path, required=True)
+    allreduce.add_argument("--tables", type=Path, default=TABLES)
     args = parser.parse_args(argv)
     if args.step == "extract":
         extract(args.data, args.commit, args.out)
     elif args.step == "extract-vidur":
         extract_vidur(args.data, args.commit, args.out)
+    elif args.step == "refit-allreduce":
+        refit_allreduce(args.ops, args.tables)
     else:
         fit_all(args.ops, args.out)
     return 0

@@ -158,8 +158,9 @@ def fake_metrics(attainment: float, n: int = 1000, latency: float = math.nan) ->
 
 
 def fake_probe(curve, latency=lambda s: math.nan):
-    def run(load, cost, slo, deployment, scale, base_rate, engine=None, percentile=90.0, **_):
-        return Probe(scale, scale * base_rate, fake_metrics(curve(scale), latency=latency(scale)))
+    def run(probing, deployment, scale, percentile=90.0, **_):
+        rate = scale * probing.base_rate
+        return Probe(scale, rate, fake_metrics(curve(scale), latency=latency(scale)))
 
     return run
 
@@ -290,10 +291,10 @@ def test_never_met_and_never_missed_are_said():
 def test_the_recommendation_compares_with_shared_and_names_close_runners_up():
     answers = {"shared": 1.0, "coscheduled": 2.05, "chunked": 2.0}
 
-    def run(load, cost, slo, deployment, scale, base_rate, engine=None, percentile=90.0, **_):
+    def run(probing, deployment, scale, percentile=90.0, **_):
         return Probe(
             scale,
-            scale * base_rate,
+            scale * probing.base_rate,
             fake_metrics(1.0 if scale <= answers[deployment.policy] else 0.0),
         )
 

@@ -520,3 +520,18 @@ def test_a_flag_typo_is_answered_by_its_subcommand_with_the_near_match(argv, nea
     line = usage_error(argv, capsys)
     assert line.startswith(f"prefill-bench {argv[0]}: error: unrecognized arguments")
     assert f"did you mean {near}?" in line and f"prefill-bench {argv[0]} --help" in line
+
+
+def test_simulate_and_timeline_name_the_model_and_its_memory_after_the_cost(capsys):
+    """Both commands run on the cost for one instance of --model: the cost's source, then the
+    model's and the memory's lines (simulate prints a line each; the timeline's title joins
+    them to the source with '; ')."""
+    model = ["--model", "qwen3-0.6b", "--device-memory", "16"]
+    assert main(["simulate", *model]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Cost model: ") and out[1].startswith("Model: qwen3-0.6b")
+    assert out[2].startswith("  KV at TP=1: ")
+    assert main(["timeline", "--text", "--width", "10000", *model]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cost = next(line for line in lines if line.startswith("Cost model: "))
+    assert "; Model: qwen3-0.6b" in cost and ";   KV at TP=1: " in cost

@@ -21,6 +21,7 @@ from pytest_prefill.sim import PROFILES
 pytestmark = pytest.mark.sim
 
 DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
 LLAMA = str(DATA / "llama-3.1-8b.json")
 CAPACITY = [
     "capacity",
@@ -156,3 +157,44 @@ def test_a_calibrations_host_cost_carries_into_a_derived_answer(tmp_path, capsys
     assert cost["decode_step_base"] == pytest.approx(1.0)
     line = usage_error(["simulate", "--model", LLAMA, "--host-from", str(path)], capsys)
     assert "--host-from carries" in line
+
+
+def test_a_moe_config_missing_its_expert_count_is_one_line(tmp_path, capsys) -> None:
+    config = json.loads((DATA / "mixtral-8x7b.json").read_text())
+    del config["num_local_experts"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    line = usage_error(["simulate", "--gpu", "h100", "--model", str(path)], capsys)
+    assert "num_experts_per_tok=2" in line and "num_local_experts" in line
+
+
+@pytest.mark.parametrize("command", ["simulate", "capacity"])
+def test_a_custom_gpu_with_commas_is_one_kind_on_every_command(command, capsys) -> None:
+    spec = "custom:tflops=989,tbs=3.35,gib=79.18"
+    argv = [command, "--gpu", spec, "--model", LLAMA]
+    if command == "capacity":
+        argv += ["--deployment", "chunked:512", "--slo", "ttft:10s", "--num-prompts", "40"]
+    assert main(argv) == 0
+    assert "custom device (tflops=989,tbs=3.35,gib=79.18)" in capsys.readouterr().out
+
+
+def test_gpu_kinds_keep_a_custom_spec_whole() -> None:
+    from pytest_prefill.commands._kind_args import gpu_kinds
+
+    spec = "custom:tflops=1,tbs=2,gib=3"
+    assert gpu_kinds(spec) == [spec]
+    assert gpu_kinds(f"h100, {spec},l40s") == ["h100", spec, "l40s"]
+    assert gpu_kinds(" h100 ,, l40s ") == ["h100", "l40s"]
+
+
+def test_a_custom_gpu_in_a_search_across_kinds_is_one_line(capsys) -> None:
+    argv = ["capacity", "--gpu", "custom:tflops=400,tbs=2,gib=40,h100", "--model", LLAMA]
+    line = usage_error([*argv, "--slo", "ttft:10s"], capsys)
+    assert "--gpu custom:tflops=400,tbs=2,gib=40" in line and "answered alone" in line
+
+
+@pytest.mark.parametrize("name", ["missing.json", "README.md", "tests/data/mixtral-8x7b.json"])
+def test_a_host_from_that_is_no_calibration_is_one_line_naming_the_flag(name, capsys) -> None:
+    path = str(ROOT / name) if name != "missing.json" else "missing.json"
+    line = usage_error(["simulate", "--gpu", "h100", "--model", LLAMA, "--host-from", path], capsys)
+    assert line.startswith(f"prefill-bench simulate: error: --host-from {path}: ")

@@ -13,6 +13,8 @@ import pytest
 
 from pytest_prefill.plan.compute.devices import CATALOG, Device, custom_device
 from pytest_prefill.plan.compute.efficiency import (
+    CUSTOM_ALLREDUCE_MAX_BYTES,
+    ONE_SHOT_BYTES,
     TABLES,
     TRANSFER_FILE,
     AttentionCall,
@@ -87,6 +89,10 @@ def document(**changes: object) -> dict[str, object]:
         ("prefill_tile", 1.5),
         ("prefill_head_dim_bins", ((128.0, 0.5),)),  # the last bound is not infinite
         ("prefill_head_dim_bins", ((128.0, 0.0), (math.inf, 0.5))),  # an efficiency of 0
+        ("allreduce_rank_latency", -1e-7),
+        ("allreduce_custom_latency", math.inf),
+        ("allreduce_custom_bandwidth", -1.0),
+        ("allreduce_fully_connected", 1),
     ],
 )
 def test_a_field_out_of_bounds_is_refused_by_name(field: str, value: object) -> None:
@@ -230,6 +236,67 @@ def test_a_borrowed_allreduce_bandwidth_goes_with_the_link() -> None:
     assert choice.table.memory_efficiency == tables[0].memory_efficiency  # fractions carry over
 
 
+CUSTOM = dict(
+    allreduce_rank_latency=1e-7,
+    allreduce_custom_latency=4e-6,
+    allreduce_custom_bandwidth=1.2e11,
+)
+
+
+def test_an_allreduce_without_a_custom_bandwidth_is_the_ring_alone() -> None:
+    plain = table(allreduce_rank_latency=2e-7)
+    for size, n in ((1e3, 2), (3e5, 4), (5e7, 8)):
+        ring = 2 * (n - 1) / n * size
+        assert plain.allreduce_seconds(size, n) == pytest.approx(
+            6e-6 + 2e-7 * (n - 1) + ring / 1.5e11
+        )
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_the_custom_allreduce_reads_every_peer_one_shot_then_the_ring_two_shot(n: int) -> None:
+    t = table(**CUSTOM)
+    fixed = 4e-6 + 1e-7 * (n - 1)
+    small = 64 * 2**10  # one-shot on any group: each rank reads its n-1 peers' buffers
+    assert t.allreduce_seconds(small, n) == pytest.approx(fixed + (n - 1) * small / 1.2e11)
+    two_shot = 2 * 2**20  # past every one-shot size: a reduce-scatter and an all-gather
+    expected = (n - 1) * two_shot if n == 2 else 2 * (n - 1) / n * two_shot
+    assert two_shot > max(ONE_SHOT_BYTES.values())
+    assert t.allreduce_seconds(two_shot, n) == pytest.approx(fixed + expected / 1.2e11)
+
+
+def test_the_custom_allreduce_stops_at_its_buffer_and_off_a_fully_connected_link() -> None:
+    t = table(**CUSTOM)
+    big = CUSTOM_ALLREDUCE_MAX_BYTES  # not under the buffer: NCCL's ring
+    assert t.allreduce_seconds(big, 4) == pytest.approx(6e-6 + 3e-7 + 1.5 * big / 1.5e11)
+    below = CUSTOM_ALLREDUCE_MAX_BYTES - 2**20
+    assert t.allreduce_seconds(below, 4) == pytest.approx(4e-6 + 3e-7 + 1.5 * below / 1.2e11)
+    pcie = table(allreduce_fully_connected=False, **CUSTOM)  # more than two on PCIe: NCCL
+    assert pcie.allreduce_seconds(1e4, 4) == pytest.approx(6e-6 + 3e-7 + 1.5e4 / 1.5e11)
+    assert pcie.allreduce_seconds(1e4, 2) == t.allreduce_seconds(1e4, 2)
+    for unsupported in (3, 16):  # group sizes vLLM's custom all-reduce does not take
+        ring = 2 * (unsupported - 1) / unsupported * 1e4
+        expected = 6e-6 + 1e-7 * (unsupported - 1) + ring / 1.5e11
+        assert t.allreduce_seconds(1e4, unsupported) == pytest.approx(expected)
+
+
+def test_a_borrowed_custom_allreduce_goes_with_the_link_and_its_kind() -> None:
+    donor = table("h100-sxm", "vllm-0.24.0", **CUSTOM)
+    choice = choose("h100-pcie", [donor]).table
+    ratio = CATALOG["h100-pcie"].link_bandwidth / CATALOG["h100-sxm"].link_bandwidth
+    assert choice.allreduce_custom_bandwidth == pytest.approx(1.2e11 * ratio)
+    assert choice.allreduce_fully_connected is False  # a PCIe link: no custom path past two
+    back = choose("h100-sxm", [table("l40s", "vllm-0.24.0", allreduce_fully_connected=False)])
+    assert back.table.allreduce_fully_connected is True
+
+
+def test_a_table_file_holds_the_allreduce_regimes() -> None:
+    fields = {**CUSTOM, "allreduce_fully_connected": False}
+    loaded = table_from_json(document(**fields), "t.json")
+    assert {name: getattr(loaded, name) for name in fields} == fields
+    with pytest.raises(ValueError, match="t.json: allreduce_fully_connected"):
+        table_from_json(document(allreduce_fully_connected="yes"), "t.json")
+
+
 def test_a_borrowed_allreduce_across_link_kinds_is_said_to_be_one() -> None:
     nvlink = choose("h100-pcie", [table("h100-sxm", "vllm-0.24.0")])  # NVLink table, PCIe link
     assert (link_kind(CATALOG["h100-pcie"]), link_kind(CATALOG["h100-sxm"])) == ("pcie", "nvlink")
@@ -288,6 +355,10 @@ def _achieved(t: Efficiency, device: Device, m: int, nk: int = 8192) -> float:
 
 
 @pytest.mark.skipif(not SHIPPED, reason="no efficiency tables shipped yet")
+def device_link(t: Efficiency) -> float:
+    return CATALOG[t.device].link_bandwidth
+
+
 def test_shipped_tables_are_physical_and_cite_their_source() -> None:
     for t in SHIPPED:
         assert t.device in CATALOG, t.device
@@ -301,6 +372,10 @@ def test_shipped_tables_are_physical_and_cite_their_source() -> None:
             assert 0 < eta <= 1, (t.device, t.engine)
         assert 0 <= t.gemm_t0 < 1e-3  # a launch, not a pass
         assert 0 < t.allreduce_bandwidth
+        # the bus bandwidths are at most the link's (NVLink SHARP aside, which they do not
+        # model), and the custom path is said to run past two devices only over NVLink
+        assert t.allreduce_custom_bandwidth <= device_link(t) >= t.allreduce_bandwidth
+        assert t.allreduce_fully_connected == (link_kind(CATALOG[t.device]) == "nvlink")
         assert t.gemm_sharpness >= 1 and t.prefill_tile >= 0
         assert "Apache-2.0" in t.source and "aiconfigurator" in t.source
         # a large GEMM reaches at least the fraction of the peak a small one does (with a soft

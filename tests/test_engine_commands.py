@@ -8,7 +8,13 @@ import dataclasses
 import pytest
 
 from pytest_prefill.plan.deployments import Deployment
-from pytest_prefill.plan.engine_commands import ENGINE_COMMANDS, engine_command, launch_line, splits
+from pytest_prefill.plan.engine_commands import (
+    ENGINE_COMMANDS,
+    MODEL,
+    engine_command,
+    launch_line,
+    splits,
+)
 from pytest_prefill.sim import PROFILES, EngineProfile, get_profile
 
 pytestmark = pytest.mark.sim
@@ -79,3 +85,27 @@ def test_a_profile_of_another_name_has_no_command_line():
     mine = EngineProfile("mine", first_token="prefill", max_batched_tokens=1000)
     assert engine_command(mine).start is None and splits(mine)
     assert "mine" in launch_line(mine, None, 2)
+
+
+def test_the_launch_settings_reach_every_line_a_deployment_types():
+    """A colocated deployment's line and each pool's line of a split carry the settings: the
+    memory fraction and the longest sequence as the engine's flags, the model in MODEL's
+    place; without settings, the engine's defaults (no flags, MODEL)."""
+    from pytest_prefill.plan.engine_commands import LaunchSettings
+    from pytest_prefill.plan.pools import parse_pools
+    from pytest_prefill.sim import PRESETS
+
+    vllm, command = get_profile("vllm"), ENGINE_COMMANDS["vllm"]
+    settings = LaunchSettings(memory_fraction=0.85, model="org/served", max_model_len=4096)
+    split = parse_pools("disaggregated:1:2,p=h100,d=l40s")
+    base = PRESETS["datacenter-illustrative"].cost
+    pooled = Deployment.of_pools(split, *split.costs(lambda pool: base))
+    for deployment in (Deployment("chunked", 2, max_batched_tokens=512, tp=2), pooled):
+        lines = deployment.command(vllm, settings).splitlines()
+        plain = deployment.command(vllm).splitlines()
+        assert len(lines) == len(plain) == (2 if deployment.pools else 1)
+        for line, bare in zip(lines, plain):
+            assert f"{command.memory_flag} 0.85" in line and "org/served" in line
+            assert f"{command.length_flag} 4096" in line and MODEL not in line
+            assert command.memory_flag not in bare and command.length_flag not in bare
+            assert MODEL in bare

@@ -653,3 +653,26 @@ def test_a_flag_sets_ended_line_keeps_the_errors_first_line_whole_or_says_it_was
     cut = one_line(ValueError(long), limit=100)
     assert len(cut) == 100 and cut.endswith("…") and cut[:-1] == long[:99]
     assert one_line(ValueError("")) == "ValueError"  # an empty error still says what it was
+
+
+@pytest.mark.parametrize("engine", ["transformers", "llama.cpp"])
+def test_the_server_verify_runs_on_is_the_one_its_flags_name(tmp_path, engine):
+    from pytest_prefill.cli import build_parser
+    from pytest_prefill.commands.verify import _server
+
+    parser = build_parser("verify")
+    common = ["verify", "--flags", "tokens=16", "--slo", "ttft:1s", "--stall-timeout", "7"]
+    running = parser.parse_args([*common, "--url", "http://127.0.0.1:9", "--kv-tokens", "512"])
+    server = _server(running, 4)
+    assert server.url == Url.parse("http://127.0.0.1:9") and server.launcher is None
+    assert server.kv_tokens == 512 and server.tokenizer is None
+    assert server.timeouts.stall == 7 and server.prefix_block_tokens == 4
+    model, program = tmp_path / "model", str(tmp_path / "llama-server")
+    model.mkdir()
+    launch = ["--launch", engine, "--model", str(model), "--program", program]
+    server = _server(parser.parse_args([*common, *launch]), None)
+    assert server.url is None and server.kv_tokens is None
+    assert server.launcher == Launcher(engine, str(model), program, pin=True)
+    assert server.kv_capacity == server.launcher.kv_capacity()  # a launcher sizes its own
+    assert server.tokenizer == (None if engine == "llama.cpp" else str(model))
+    assert server.timeouts.stall == 7 and server.prefix_block_tokens is None

@@ -23,6 +23,7 @@ from pytest_prefill.machine import (
     machine_key,
     nvidia_accelerators,
 )
+from pytest_prefill.plan.workloads import LAB_SCENARIO, LabScenario
 
 
 def _number(text: str, kind: type, allowed: str) -> float:
@@ -126,7 +127,7 @@ def output_path(text: str) -> str:
     return text
 
 
-LAB_DEFAULTS = {"prompt_len": 2048, "streams": 2, "arrival": 0.1}
+LAB_DEFAULTS = {name: getattr(LAB_SCENARIO, name) for name in ("prompt_len", "streams", "arrival")}
 
 
 def add_lab_scenario_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,6 +150,12 @@ def add_lab_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"when the prompt arrives, seconds (default {LAB_DEFAULTS['arrival']}; at most "
         f"{MAX_SECONDS:,.0f})",
     )
+
+
+def lab_scenario_of(args: argparse.Namespace) -> LabScenario:
+    """The lab scenario ``--streams --prompt-len --arrival`` shape (after
+    :func:`lab_scenario_given`)."""
+    return LabScenario(args.streams, args.prompt_len, args.arrival)
 
 
 def lab_scenario_given(args: argparse.Namespace) -> list[str]:

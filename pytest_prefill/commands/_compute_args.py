@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from pytest_prefill.plan.compute.derive import (
 )
 from pytest_prefill.plan.compute.devices import Device, device_named
 from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
+from pytest_prefill.plan.compute.host import tabled_host
 from pytest_prefill.plan.compute.transfer import (
     CPU_KEY,
     Transferred,
@@ -54,7 +56,14 @@ def calibration_at(path: str) -> tuple[CostModel, dict[str, Any]]:
     Raises:
         ValueError: in one line, for a file that is not a calibration with a provenance.
     """
-    spec = resolve_cost(path)
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"--host-from {path}: no such file (give the JSON calibrate or calibrate-server wrote)"
+        )
+    try:
+        spec = resolve_cost(path)
+    except ValueError as err:
+        raise ValueError(f"--host-from {path}: not a calibration ({err})") from None
     document = cost_document(spec)
     calibration = document.get("calibration", document) if isinstance(document, dict) else None
     provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
@@ -100,7 +109,7 @@ def derive_on(
     """``hardware`` deriving its cost at every TP from its model on ``device`` under
     ``engine``'s efficiency table, over the token range of ``prompts`` and ``outputs``, and the
     cost spec of one instance at TP 1 (its label names the device, the table and its error
-    class); ``host(span)``: the host cost (default none); ``carried(span)``: the device, its
+    class); ``host(span)``: the host cost (default the engine's tabled one, :func:`tabled_host`); ``carried(span)``: the device, its
     efficiencies and the host's cost a calibration carries instead (a CPU's)."""
     rows = hardware.max_num_seqs or default_max_num_seqs(hardware.device_memory or 0.0)
     try:
@@ -110,7 +119,7 @@ def derive_on(
     if carried is not None:
         device, choice, found = carried(span)
     else:
-        choice, found = efficiency_of(device, engine), host(span) if host else HostCost()
+        choice, found = efficiency_of(device, engine), host(span) if host else tabled_host(engine)
     deriver = Deriver(hardware.model, device, choice, span, found)
     one = deriver.derive(1)
     label = (

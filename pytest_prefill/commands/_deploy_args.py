@@ -9,19 +9,16 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
 from pytest_prefill.commands._compute_args import (
     carried_by,
-    cost_document,
     derive_on,
     probed_cpu,
     server_facts_of,
 )
-from pytest_prefill.commands._measure_args import resolve_cost_args
 from pytest_prefill.commands._workload_args import QWEN3_CONTEXT, positive_float
 from pytest_prefill.plan.compute.devices import Device, device_named
 from pytest_prefill.plan.compute.transfer import (
@@ -33,7 +30,6 @@ from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
 from pytest_prefill.plan.vllm_memory import DEFAULT_VLLM_VERSION, reserve_rule
-from pytest_prefill.report.assumptions import PRESET_MODEL
 from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
@@ -50,21 +46,25 @@ def utilization_type(text: str) -> float:
     return value
 
 
-def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--gpu --device-memory --gpu-memory-utilization --quantization --kv-cache-dtype``
-    (``--model`` comes with the model flags). ``--cost`` left unset falls back to its default
-    only without ``--gpu``: with it, the compute is derived."""
-    parser.set_defaults(cost=None, cost_fallback=parser.get_default("cost"))
-    group = parser.add_argument_group("the deployment's devices (with --model)")
+GPU_HELP = (
+    "the accelerator the deployment runs on, from the catalog (h100, a100-80, h200, b200, l4, "
+    "l40s, mi300x, ...) or your own figures; with --model and no --cost the cost model is "
+    "derived from the model's shapes and the device"
+)
+CAPACITY_KINDS = (
+    ", and the device's memory sizes the KV cache (--device-memory still wins). Not --device, "
+    "which picks where a calibration measures. capacity takes several, h100,h200,l40s: a search "
+    "across kinds within a budget per kind (--devices), each kind's compute derived"
+)
+
+
+def add_gpu_arguments(group: argparse._ArgumentGroup, gpu_help: str) -> None:
+    """``--gpu`` (its help ``gpu_help``), ``--host-from``, ``--quantization`` and
+    ``--kv-cache-dtype``: what derives the compute from ``--model`` on a device."""
     group.add_argument(
         "--gpu",
         metavar="NAME|custom:tflops=…,tbs=…,gib=…",
-        help="the accelerator the deployment runs on, from the catalog (h100, a100-80, h200, "
-        "b200, l4, l40s, mi300x, ...) or your own figures; with --model and no --cost the cost "
-        "model is derived from the model's shapes and the device, and the device's memory "
-        "sizes the KV cache (--device-memory still wins). Not --device, which picks where "
-        "a calibration measures. capacity takes several, h100,h200,l40s: a search across kinds "
-        "within a budget per kind (--devices), each kind's compute derived",
+        help=gpu_help,
     )
     group.add_argument(
         "--host-from",
@@ -86,6 +86,15 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
         help="as vLLM's flag: fp8 stores the KV cache in one byte per value (default auto: the "
         "model's dtype)",
     )
+
+
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--gpu --device-memory --gpu-memory-utilization --quantization --kv-cache-dtype``
+    (``--model`` comes with the model flags). ``--cost`` left unset falls back to its default
+    only without ``--gpu``: with it, the compute is derived."""
+    parser.set_defaults(cost=None, cost_fallback=parser.get_default("cost"))
+    group = parser.add_argument_group("the deployment's devices (with --model)")
+    add_gpu_arguments(group, GPU_HELP + CAPACITY_KINDS)
     group.add_argument(
         "--device-memory",
         type=memory_type,
@@ -274,18 +283,6 @@ def derived_spec(
     return dataclasses.replace(deploying, hardware=derived), spec
 
 
-def planning_cost(
-    args: argparse.Namespace, deploying: Deploying, requests: Callable[[], Sequence[Any]]
-) -> tuple[Deploying, CostSpec]:
-    """The cost spec a planning command runs on: derived from --model on --gpu over the token
-    range of ``requests()`` (called only then) when ``deploying.derive``, else --cost's (its
-    default when unset); and ``deploying`` with the hardware a derivation leaves."""
-    if not deploying.derive:
-        return deploying, resolve_cost_args(args, deploying.cost)
-    load = requests()
-    return derived_spec(args, deploying, [r.prompt_len for r in load], [r.output_len for r in load])
-
-
 # The presets' devices, as DESIGN.md's "Cost-model presets" names them (datacenter-illustrative
 # names none: it is measured nowhere).
 PRESET_MEMORY_GIB = {"lab-laptop": (16.0, "the lab-laptop preset's RTX 3080 Ti Laptop 16 GB")}
@@ -371,16 +368,6 @@ def served_name(spec: str) -> str:
     return spec
 
 
-def deployed_spec(deploying: Deploying, spec: CostSpec) -> CostSpec:
-    """``spec`` with its cost for one instance of --model at TP 1 and its source saying so."""
-    hardware, profile = deploying.hardware, deploying.profile
-    if hardware is None or spec.cost is None:
-        return spec
-    cost = deployed_cost(hardware, spec.cost, profile)
-    lines = hardware.lines([1], profile.kv_block_tokens)
-    return dataclasses.replace(spec, cost=cost, source="; ".join([spec.source, *lines]))
-
-
 def keep_server_facts(deploying: Deploying, spec: CostSpec) -> tuple[Deploying, str | None]:
     """``deploying`` with a server calibration's facts (and the hardware's measured TP and
     KV); the line that says the search keeps them (None: no server facts)."""
@@ -426,18 +413,6 @@ def search_deployments(
     if facts is not None and facts.max_seqs is not None:
         out = tuple(dataclasses.replace(d, max_seqs=d.max_seqs or facts.max_seqs) for d in out)
     return out
-
-
-def measured_model(spec: CostSpec) -> str | None:
-    """The model a cost spec's numbers were measured on (None: it does not say): the presets'
-    Qwen3-0.6B, a calibration file's provenance."""
-    if spec.kind == "preset":
-        return PRESET_MODEL
-    document = cost_document(spec)
-    calibration = document.get("calibration", document) if isinstance(document, dict) else None
-    provenance = calibration.get("provenance") if isinstance(calibration, dict) else None
-    model = provenance.get("model") if isinstance(provenance, dict) else None
-    return str(model) if model else None
 
 
 def decode_pool_cost(

@@ -55,6 +55,19 @@ def devices_type(text: str) -> int | dict[str, int]:
     return out
 
 
+def gpu_kinds(text: str | None) -> list[str]:
+    """``--gpu``'s device kinds, split at commas: a ``custom:`` spec keeps the ``field=value``
+    items after it (``custom:tflops=…,tbs=…,gib=…,h100`` is two kinds)."""
+    kinds: list[str] = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if kinds and kinds[-1].lower().startswith("custom:") and "=" in item:
+            kinds[-1] += f",{item}"
+        elif item:
+            kinds.append(item)
+    return kinds
+
+
 def is_pools(text: str) -> bool:
     """Whether a ``--deployment`` names pools of their own (``…,p=KIND`` or ``…,d=KIND``)."""
     return any(item.strip().lower().startswith(("p=", "d=")) for item in text.split(",")[1:])
@@ -64,7 +77,7 @@ def across_kinds(args: argparse.Namespace) -> bool:
     """Whether ``capacity`` searches across device kinds: several ``--gpu`` kinds, a budget
     per kind, ``--price`` or a ``--deployment`` of pools."""
     return (
-        "," in (args.gpu or "")
+        len(gpu_kinds(args.gpu)) > 1
         or isinstance(args.devices, dict)
         or args.price is not None
         or any(is_pools(text) for text in args.deployment or ())
@@ -106,7 +119,13 @@ def check_kinds(args: argparse.Namespace, profile: EngineProfile) -> tuple[KindS
             )
     if args.model is None:
         raise ValueError("a search across device kinds (--gpu A,B, --price, pools) needs --model")
-    gpus = [g.strip() for g in (args.gpu or "").split(",") if g.strip()]
+    gpus = gpu_kinds(args.gpu)
+    custom = [g for g in gpus if g.lower().startswith("custom:")]
+    if custom:
+        raise ValueError(
+            f"--gpu {custom[0]}: a search across device kinds takes catalog kinds; a custom "
+            "device is answered alone (--gpu custom:… with one --devices count)"
+        )
     try:
         keys = list(dict.fromkeys(device_named(g).key for g in gpus))
     except ValueError as err:

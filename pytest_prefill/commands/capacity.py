@@ -15,15 +15,11 @@ from pytest_prefill._io import read_json, write_atomic, write_json_atomic
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int, non_negative_float, output_path
 from pytest_prefill.commands._deploy_args import (
-    MODEL_HELP,
     Deploying,
-    add_deploy_arguments,
     check_deploy_args,
     check_deployment_tp,
     decode_pool_cost,
     keep_server_facts,
-    measured_model,
-    planning_cost,
     search_deployments,
     served_name,
 )
@@ -44,12 +40,14 @@ from pytest_prefill.commands._kind_args import (
 )
 from pytest_prefill.commands._measure_args import (
     add_cost_argument,
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
     progress,
 )
 from pytest_prefill.commands._options import add_defaulted
+from pytest_prefill.commands._planning_cost import (
+    add_planning_arguments,
+    measured_model,
+    planning_cost,
+)
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     capped_line,
@@ -267,11 +265,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", type=output_path, metavar="PATH", help="write the whole search as JSON here"
     )
     add_gate_arguments(parser)
-    add_model_arguments(parser, deploy_help=MODEL_HELP)
-    add_deploy_arguments(parser)
+    add_planning_arguments(parser)
     parser.set_defaults(cost_fallback=DEFAULT_COST)  # no --cost, no --gpu: the preset
-    for add in (add_timing_arguments, add_threads_argument):
-        add(parser)  # used by --cost measure
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,24 +11,14 @@ from pytest_prefill._io import write_json_atomic
 from pytest_prefill.commands._args import (
     check_chunked_iterations,
     lab_scenario_given,
+    lab_scenario_of,
     output_path,
     positive_int,
 )
-from pytest_prefill.commands._deploy_args import (
-    MODEL_HELP,
-    Deploying,
-    add_deploy_arguments,
-    check_deploy_args,
-    deployed_cost,
-    planning_cost,
-)
+from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args
 from pytest_prefill.commands._engine_args import check_engine, engine_for, engine_note
-from pytest_prefill.commands._measure_args import (
-    add_lab_simulation_arguments,
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
-)
+from pytest_prefill.commands._measure_args import add_lab_simulation_arguments
+from pytest_prefill.commands._planning_cost import add_planning_arguments, instance_spec
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
     check_chunked_run,
@@ -43,7 +33,6 @@ from pytest_prefill.plan.deployments import search_chunks
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.sweep import SweepRow, chunk_sweep, default_chunks, engine_header
-from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.metrics import serving_table
 from pytest_prefill.report.sweep import GPU_SECONDS, sweep_rows_json, sweep_table
 from pytest_prefill.sim import CostModel, EngineProfile, Request, simulate
@@ -75,10 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BOUNDS",
         help="also report goodput and attainment for these bounds, e.g. ttft:1s,tpot:100ms",
     )
-    add_model_arguments(parser, deploy_help=MODEL_HELP)  # also what --cost measure calibrates
-    add_deploy_arguments(parser)
-    add_timing_arguments(parser)
-    add_threads_argument(parser)
+    add_planning_arguments(parser)
 
 
 def check(args: argparse.Namespace) -> Deploying:
@@ -114,7 +100,7 @@ def _load(
     workload = workload_from_args(args, deploying.max_model_len)  # refuses the lab's flags
     engine = engine_for(deploying.profile, workload)
     if args.workload == "lab":
-        load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+        load = lab_scenario_of(args).requests()
         lines = [
             f"Scenario: {args.streams} live streams decoding, a {args.prompt_len}-token prompt "
             f"arrives at {args.arrival * 1e3:.0f} ms. Simulated, not measured."
@@ -140,7 +126,7 @@ def _load(
 def _requests(args: argparse.Namespace, max_model_len: int | None) -> list[Request]:
     """The requests whose token range a derived cost model covers."""
     if args.workload == "lab":
-        return lab_scenario(streams=args.streams, prompt_len=args.prompt_len, arrival=args.arrival)
+        return lab_scenario_of(args).requests()
     return list(workload_from_args(args, max_model_len).requests)
 
 
@@ -162,12 +148,9 @@ def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
     if deploying is None:  # called without the command line's check
         deploying = check(args)
     length = deploying.max_model_len
-    deploying, spec = planning_cost(args, deploying, lambda: _requests(args, length))
-    assert spec.cost is not None  # measured by resolve_cost_args
-    hardware, block = deploying.hardware, deploying.profile.kv_block_tokens
-    cost, origin = deployed_cost(hardware, spec.cost, deploying.profile), spec.source
-    if hardware is not None:
-        origin += "\n" + "\n".join(hardware.lines([1], block))
+    deploying, spec = instance_spec(args, deploying, lambda: _requests(args, length), "\n")
+    assert spec.cost is not None
+    cost, origin = spec.cost, spec.source
     load, lines, chunks, scenario, engine = _load(args, deploying, cost)
     if args.workload == "lab":
         check_chunked_iterations(args.prompt_len, chunks)

@@ -15,30 +15,19 @@ from pytest_prefill.commands._args import (
     bounded_int,
     check_chunked_iterations,
     lab_scenario_given,
+    lab_scenario_of,
     non_negative_float,
     output_path,
     positive_int,
 )
-from pytest_prefill.commands._deploy_args import (
-    MODEL_HELP,
-    Deploying,
-    add_deploy_arguments,
-    check_deploy_args,
-    deployed_spec,
-    planning_cost,
-)
+from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args
 from pytest_prefill.commands._engine_args import check_engine
-from pytest_prefill.commands._measure_args import (
-    add_lab_simulation_arguments,
-    add_model_arguments,
-    add_threads_argument,
-    add_timing_arguments,
-)
+from pytest_prefill.commands._measure_args import add_lab_simulation_arguments
 from pytest_prefill.commands._options import add_defaulted
+from pytest_prefill.commands._planning_cost import add_planning_arguments, instance_spec
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
 from pytest_prefill.plan.sweep import LabTimeline, lab_timeline
-from pytest_prefill.plan.workloads import lab_scenario
 from pytest_prefill.report.png import need_matplotlib, svg_to_png
 from pytest_prefill.report.timeline import (
     MIN_WINDOW,
@@ -142,10 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text", action="store_true", help="also print the timeline as text")
     width_help = "characters per line of --text (default {default}; 40 to 10,000)"
     add_defaulted(parser, "--width", width_type, 100, width_help)
-    add_model_arguments(parser, deploy_help=MODEL_HELP)  # also what --cost measure calibrates
-    add_deploy_arguments(parser)
-    add_timing_arguments(parser)
-    add_threads_argument(parser)
+    add_planning_arguments(parser)
 
 
 def default_chunk(cost: CostModel, prompt_len: int) -> int:
@@ -167,7 +153,7 @@ def check(args: argparse.Namespace) -> Deploying:
         args.prompt_len, [args.chunk] if args.chunk else [], MAX_TIMELINE_ITERATIONS
     )
     if _as_json(args):
-        load = lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
+        load = lab_scenario_of(args).requests()
         _check_trace_items(3 * sum(1 + r.output_len for r in load), args.out)
     return check_deploy_args(args, profile)
 
@@ -219,11 +205,8 @@ def _check_trace_items(items: int, out: str) -> None:
 
 def _simulated(args: argparse.Namespace, deploying: Deploying) -> LabTimeline:
     """The lab scenario under the three designs, as the flags ask, on ``deploying``."""
-    deploying, spec = planning_cost(
-        args, deploying, lambda: lab_scenario(streams=args.streams, prompt_len=args.prompt_len)
-    )
-    assert spec.cost is not None  # measured by resolve_cost_args
-    spec = deployed_spec(deploying, spec)
+    scenario = lab_scenario_of(args)
+    deploying, spec = instance_spec(args, deploying, scenario.requests)
     assert spec.cost is not None
     _check_drawable(deploying.profile, spec.cost)
     _check_long_enough(spec.cost, args.prompt_len)
@@ -235,9 +218,7 @@ def _simulated(args: argparse.Namespace, deploying: Deploying) -> LabTimeline:
     return lab_timeline(
         spec.cost,
         spec.source,
-        streams=args.streams,
-        prompt_len=args.prompt_len,
-        arrival=args.arrival,
+        scenario=scenario,
         chunk=args.chunk,
         refused=spec.refused,
         engine=deploying.profile,

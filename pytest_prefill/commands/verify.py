@@ -1,7 +1,7 @@
 """``prefill-bench verify``: check a capacity answer on a server. For each flag set (from a
 capacity answer's JSON or ``--flags``), the server runs it (``--launch`` restarts one under each;
-``--url`` is one running it), is calibrated (or ``--cost`` reused), its knee predicted and then
-measured by bounded probes; prints predicted against measured knees, their ratio, the
+``--url`` is one running it), is calibrated (or ``--cost`` reused; or ``--gpu``: its compute
+derived, ``commands._verify_gpu``), its knee predicted and then measured by bounded probes; prints predicted against measured knees, their ratio, the
 attainment at the predicted rate, and whether the ranking agrees."""
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ from pytest_prefill.commands._serve_args import (
     max_prompt_type,
     timeouts_from_args,
     url_type,
+)
+from pytest_prefill.commands._verify_gpu import (
+    add_verify_gpu_arguments,
+    check_verify_gpu,
+    derived_prediction,
 )
 from pytest_prefill.commands._workload_args import (
     add_workload_arguments,
@@ -89,7 +94,10 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         "--launch", choices=LAUNCHED, help="start this engine under each flag set, stop it after"
     )
     group.add_argument(
-        "--model", metavar="PATH", help="--launch: the model folder (a .gguf for llama.cpp)"
+        "--model",
+        metavar="PATH",
+        help="--launch: the model folder (a .gguf for llama.cpp); --gpu: the model whose compute "
+        "is derived (a config.json, a folder holding one, or a preset), with --url too",
     )
     group.add_argument(
         "--program",
@@ -270,6 +278,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _probe_arguments(parser)
     _host_arguments(parser)
     _calibration_arguments(parser)
+    add_verify_gpu_arguments(parser)
     parser.add_argument("--json", type=output_path, metavar="PATH", help="write the result JSON")
     parser.add_argument("--save", action="store_true", help="archive it as a run")
     add_archive_arguments(parser)
@@ -318,7 +327,7 @@ def check(args: argparse.Namespace) -> None:
     if args.rank:
         given = [
             f
-            for f in ("url", "launch", "answer", "flags", "slo", "cost", "json")
+            for f in ("url", "launch", "answer", "flags", "slo", "cost", "gpu", "json")
             if getattr(args, f)
         ]
         if given:
@@ -339,10 +348,13 @@ def check(args: argparse.Namespace) -> None:
         SLO.parse(args.slo)  # refused here, read in run
     if args.launch is not None and args.model is None:
         raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
-    if args.url is not None and (args.model or args.program or args.no_pin or args.health_timeout):
+    launched = (args.model and not args.gpu) or args.program or args.no_pin or args.health_timeout
+    if args.url is not None and launched:
         raise ValueError(
-            "--model, --program, --no-pin and --health-timeout go with --launch, not --url"
+            "--model (but with --gpu), --program, --no-pin and --health-timeout go with "
+            "--launch, not --url"
         )
+    check_verify_gpu(args, args.engine or args.launch)
 
 
 def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | None]:
@@ -368,32 +380,32 @@ def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | Non
 
 
 def _server(args: argparse.Namespace, block: int | None) -> Server:
-    timeouts = timeouts_from_args(args)
-    if args.url is not None:
-        return Server(
-            url=args.url,
-            engine=args.engine,
-            tokenizer=args.tokenizer,
-            kv_tokens=args.kv_tokens,
-            timeouts=timeouts,
-            prefix_block_tokens=block,
-        )
+    """The server ``--url`` names (its KV: ``--kv-tokens``), else the one ``--launch`` starts
+    (its own KV; its tokenizer: ``--tokenizer``, else the model folder but llama.cpp's GGUF)."""
+    launcher, tokenizer, kv_tokens = None, args.tokenizer, args.kv_tokens
+    if args.url is None:
+        launcher, kv_tokens = _launcher(args), None
+        tokenizer = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
+    return Server(
+        url=args.url,
+        launcher=launcher,
+        engine=args.engine,
+        tokenizer=tokenizer,
+        kv_tokens=kv_tokens,
+        timeouts=timeouts_from_args(args),
+        prefix_block_tokens=block,
+    )
+
+
+def _launcher(args: argparse.Namespace) -> Launcher:
     kv = {"kv_tokens": args.kv_tokens} if args.kv_tokens else {}
-    launcher = Launcher(
+    return Launcher(
         args.launch,
         args.model,
         args.program,
         pin=not args.no_pin,
         ready_timeout=args.health_timeout,
         **kv,
-    )
-    folder = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
-    return Server(
-        launcher=launcher,
-        engine=args.engine,
-        tokenizer=folder,
-        timeouts=timeouts,
-        prefix_block_tokens=block,
     )
 
 
@@ -466,9 +478,11 @@ def run(args: argparse.Namespace) -> int:
             _save_ranking(args, runs, text)
         return 0
     call = VerifyCall.from_args(args)
+    engine = args.engine or args.launch
     if args.url is not None and args.engine is None:
-        _engine_named(args)
+        engine = _engine_named(args)
     load, description, block = workload_of(args)
+    derived = derived_prediction(args, engine, load) if args.gpu else None
     result = verify(
         _server(args, block),
         call.flags,
@@ -483,6 +497,7 @@ def run(args: argparse.Namespace) -> int:
         probe_requests=call.probe_requests,
         load_check=call.load_check,
         quiet=call.quiet,
+        derived=derived,
     )
     text = verify_report(result)
     print(text)
@@ -493,8 +508,8 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.compared and not any(r.ended for r in result.results) else 1
 
 
-def _engine_named(args: argparse.Namespace) -> None:
-    """The server at ``--url`` says which engine it is, one this tool simulates: asked once
+def _engine_named(args: argparse.Namespace) -> str:
+    """The engine the server at ``--url`` says it is, one this tool simulates: asked once
     before anything is measured, so that a plain OpenAI server is refused before calibrating.
 
     Raises:
@@ -508,6 +523,7 @@ def _engine_named(args: argparse.Namespace) -> None:
     timeouts = timeouts_from_args(args)
     who = asyncio.run(identify(args.url, timeouts=timeouts))
     need_profile(who.engine, who.url, who.how)
+    return who.engine
 
 
 def _interrupted(args: argparse.Namespace, result: VerifyResult, flag_sets: int) -> int:

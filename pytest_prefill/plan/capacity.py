@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
-from pytest_prefill.plan.engine_commands import engine_flags, splits
+from pytest_prefill.plan.engine_commands import LaunchSettings, engine_flags, splits
 from pytest_prefill.plan.executors import ShippedLoad, search_executor
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import (
     MAX_SCALE,
     MIN_SCALE,
     DeploymentResult,
+    Probing,
     RateSearch,
     close_margin,
     probe,
@@ -152,7 +153,8 @@ class CapacityResult:
         if best.best is None:
             return None
         length = (max_model_len or {}).get(best.deployment.tp)
-        return best.deployment.command(self.engine, memory_fraction, model, length)
+        settings = LaunchSettings(memory_fraction, model, length)
+        return best.deployment.command(self.engine, settings)
 
     def recommendation(self) -> str:
         """One line a user can act on: the deployment serving the highest request rate per
@@ -478,7 +480,8 @@ def capacity(
     alone = alone_misses(load, slo, target, [(d, d.cost_on(cost)) for d in chosen], profile)
     shipped = ShippedLoad(load)  # pickled once for all the simulations sent to processes
     margin = close_margin(tolerance)
-    problem = Problem(shipped, cost, slo, profile, base_rate, float(target), margin, shortcuts)
+    probing = Probing(shipped, cost, slo, profile, base_rate)
+    problem = Problem(probing, float(target), margin, shortcuts)
     results = _search(chosen, alone, problem, (tolerance, start, verify), executor, progress)
     return CapacityResult(
         name,
@@ -522,7 +525,7 @@ def _search(
         with contextlib.ExitStack() as stack:
             default = search_executor(len(searches))[0]
             pool = executor if executor is not None else stack.enter_context(default)
-            baseline = baseline_deployment(chosen, problem.engine)
+            baseline = baseline_deployment(chosen, problem.probing.engine)
             run_searches(pool, list(searches.values()), problem, baseline, probe, progress)
     return tuple(
         dataclasses.replace(
@@ -537,8 +540,9 @@ def _search(
 
 def _refused(deployment: Deployment, problem: Problem) -> tuple[Unfit, ...]:
     """The requests of ``problem``'s load an engine refuses on ``deployment``."""
-    options = deployment.simulate_options(problem.engine)
-    return refusals(deployment.policy, problem.load, deployment.cost_on(problem.cost), options)
+    probing = problem.probing
+    options = deployment.simulate_options(probing.engine)
+    return refusals(deployment.policy, probing.load, deployment.cost_on(probing.cost), options)
 
 
 def arrival_bunches(load: Sequence[Request]) -> tuple[int, int]:

@@ -12,6 +12,8 @@ from typing import Any
 
 from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, typical_star
 from pytest_prefill.plan.engine_commands import (
+    ENGINE_DEFAULTS,
+    LaunchSettings,
     engine_command,
     launch_line,
     pool_line,
@@ -216,39 +218,20 @@ class Deployment:
         )
 
     def command(
-        self,
-        profile: EngineProfile = LAB,
-        memory_fraction: float | None = None,
-        model: str | None = None,
-        max_model_len: int | None = None,
+        self, profile: EngineProfile = LAB, settings: LaunchSettings = ENGINE_DEFAULTS
     ) -> str:
         """The line to type for this deployment under ``profile`` (its engine, its flags, its
-        TP and, when given, the fraction of device memory it takes, the model it serves and
-        the longest sequence it takes)."""
+        TP) with ``settings`` (the fraction of device memory it takes, the model it serves and
+        the longest sequence it takes, those given)."""
+        engine = self.engine(profile)
         if self.pools is not None:  # one command per pool, a line each
             return "\n".join(
                 f"{pool.role} pool, {pool.kind}: "
-                + pool_line(
-                    self.engine(profile),
-                    pool.role,
-                    pool.instances,
-                    pool.tp,
-                    memory_fraction,
-                    model,
-                    max_model_len,
-                )
+                + pool_line(engine, pool.role, pool.instances, pool.tp, settings)
                 for pool in (self.pools.prefill, self.pools.decode)
             )
         on = f"on {self.kind}: " if self.kind is not None else ""
-        return on + launch_line(
-            self.engine(profile),
-            self.prefill_workers,
-            self.instances,
-            self.tp,
-            memory_fraction,
-            model,
-            max_model_len,
-        )
+        return on + launch_line(engine, self.prefill_workers, self.instances, self.tp, settings)
 
     def simulate_options(self, profile: EngineProfile | None = None) -> dict[str, Any]:
         """The keyword arguments of :func:`~pytest_prefill.sim.simulate` (defaults left out;

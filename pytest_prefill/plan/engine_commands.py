@@ -174,30 +174,41 @@ def splits(profile: EngineProfile) -> bool:
     return engine_command(profile).split is not None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchSettings:
+    """What a launch line sets beyond the profile's knobs and TP: the fraction of each
+    device's memory an instance takes (None: the engine's default), the ``model`` it serves
+    (None: ``MODEL``, for the user to fill in) and at most ``max_model_len`` tokens a sequence
+    (None: the model's context)."""
+
+    memory_fraction: float | None = None
+    model: str | None = None
+    max_model_len: int | None = None
+
+
+ENGINE_DEFAULTS = LaunchSettings()  # the engine's memory fraction, MODEL, the model's context
+
+
 def launch_line(
     profile: EngineProfile,
     prefill: int | None,
     devices: int,
     tp: int = 1,
-    memory_fraction: float | None = None,
-    model: str | None = None,
-    max_model_len: int | None = None,
+    settings: LaunchSettings = ENGINE_DEFAULTS,
 ) -> str:
     """The command to type for ``devices`` instances of ``profile`` (its flags as they stand:
     replace the profile's knobs first), or a split of ``prefill`` prefill instances and the
-    rest decode, each instance on ``tp`` devices taking ``memory_fraction`` of each one's
-    memory (None: the engine's default), serving ``model`` (None: ``MODEL``, for the user to
-    fill in) at most ``max_model_len`` tokens a sequence (None: the model's context); a
-    sentence instead of a command for an engine without one."""
+    rest decode, each instance on ``tp`` devices, with ``settings``; a sentence instead of a
+    command for an engine without one."""
     command = engine_command(profile)
-    line = _typed(command, profile, tp, memory_fraction, model, max_model_len)
+    line = _typed(command, profile, tp, settings)
     if command.start is None:
-        settings = _settings(profile, tp)
+        knobs = _settings(profile, tp)
         if prefill is None:
-            return f"{devices} × {profile.name}{settings}, behind {command.router_of(False)}"
+            return f"{devices} × {profile.name}{knobs}, behind {command.router_of(False)}"
         return (
             f"{prefill} prefill + {devices - prefill} decode instances of {profile.name}"
-            f"{settings}, placed by {command.router_of(True)}"
+            f"{knobs}, placed by {command.router_of(True)}"
         )
     if prefill is None:
         return f"{line}  (× {devices}, {_per(tp)}, behind {command.router_of(False)})"
@@ -213,9 +224,7 @@ def pool_line(
     role: str,
     instances: int,
     tp: int = 1,
-    memory_fraction: float | None = None,
-    model: str | None = None,
-    max_model_len: int | None = None,
+    settings: LaunchSettings = ENGINE_DEFAULTS,
 ) -> str:
     """The command for one pool of a split (``role``: ``"prefill"`` or ``"decode"``) of
     ``instances`` instances on ``tp`` devices each, with the engine's flag that makes an
@@ -227,7 +236,7 @@ def pool_line(
     flag = _split_flags(command, profile)[0 if role == "prefill" else 1]
     if command.start is None:
         return f"{instances} {role} instances of {profile.name}{_settings(profile, tp)}"
-    line = _typed(command, profile, tp, memory_fraction, model, max_model_len)
+    line = _typed(command, profile, tp, settings)
     return f"{line} {flag}  (× {instances}, {_per(tp)}, {role}; behind {command.router_of(True)})"
 
 
@@ -249,25 +258,25 @@ def _typed(
     command: EngineCommand,
     profile: EngineProfile,
     tp: int,
-    memory_fraction: float | None,
-    model: str | None,
-    max_model_len: int | None,
+    settings: LaunchSettings,
 ) -> str:
     """The engine's start command with its flags: the profile's knobs, TP, memory fraction and
     longest sequence ("" for an engine with no command line)."""
+    fraction, length = settings.memory_fraction, settings.max_model_len
     sizing = []
-    if tp > 1 or memory_fraction is not None:
+    if tp > 1 or fraction is not None:
         if command.tp_flag is not None:
             sizing.append(f"{command.tp_flag} {tp}")
-        if memory_fraction is not None and command.memory_flag is not None:
-            sizing.append(f"{command.memory_flag} {memory_fraction:g}")
-    if max_model_len is not None and command.length_flag is not None:
-        sizing.append(f"{command.length_flag} {max_model_len}")
+        if fraction is not None and command.memory_flag is not None:
+            sizing.append(f"{command.memory_flag} {fraction:g}")
+    if length is not None and command.length_flag is not None:
+        sizing.append(f"{command.length_flag} {length}")
     flags = " ".join(part for part in (flags_text(profile), *sizing) if part)
     if tp > 1 and command.tp_flag is None and command.start is not None:
         flags += f"  (tensor parallel over {tp} devices: {profile.name} has no flag for it)"
     if command.start is None:
         return ""
+    model = settings.model
     start = command.start.replace(MODEL, model) if model else command.start
     return " ".join(part for part in (start, flags) if part)
 

@@ -471,6 +471,14 @@ def _experts(config: Mapping[str, Any], where: str) -> dict[str, Any]:
     """
     counted = [k for k in EXPERT_COUNT_KEYS if isinstance(config.get(k), int) and config[k] > 1]
     if not counted:
+        if all(config.get(k) is None for k in EXPERT_COUNT_KEYS) and config.get(
+            "num_experts_per_tok"
+        ):
+            raise ValueError(
+                f"{where}: config.json has num_experts_per_tok={config['num_experts_per_tok']!r} "
+                f"(a mixture of experts) but no {' / '.join(EXPERT_COUNT_KEYS)}, which its "
+                "compute and memory need"
+            )
         return {}
     key = counted[0]
     if config.get("kv_lora_rank") is not None:

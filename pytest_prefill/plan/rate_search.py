@@ -17,7 +17,7 @@ from pytest_prefill.plan.executors import ExecutorLost
 from pytest_prefill.plan.metrics import SLO, ServingMetrics, serving_metrics
 from pytest_prefill.plan.verdict import Verdict, refusals, run_verdict, served
 from pytest_prefill.plan.workloads import scale_rate
-from pytest_prefill.sim import LAB, CostModel, EngineProfile, Request, Unfit, simulate
+from pytest_prefill.sim import CostModel, EngineProfile, Request, Unfit, simulate
 
 PERCENTILE = 90.0  # the latency percentile a search computes always (a target's is added)
 MAX_SCALE = 4096.0  # the search gives up above this multiple of the workload's own rate
@@ -86,27 +86,37 @@ class Probe:
         }  # not its seconds: a search's document is the same wherever it ran
 
 
+@dataclasses.dataclass(frozen=True)
+class Probing:
+    """What every probe of a load simulates, whatever the deployment and the rate: the
+    ``load`` at its own arrival rate (``base_rate`` requests/s), the device's ``cost``, the
+    ``slo`` and the ``engine`` profile."""
+
+    load: Sequence[Request]
+    cost: CostModel
+    slo: SLO
+    engine: EngineProfile
+    base_rate: float
+
+
 def probe(
-    load: Sequence[Request],
-    cost: CostModel,
-    slo: SLO,
+    probing: Probing,
     deployment: Deployment,
     scale: float,
-    base_rate: float,
-    engine: EngineProfile = LAB,
     percentile: float = PERCENTILE,
     target: float | None = None,
     stop: bool = False,
 ) -> Probe:
-    """Simulate ``deployment`` under ``engine`` on ``load`` at ``scale`` times its arrival rate
-    (``base_rate`` requests/s at scale 1) and measure it against ``slo``, with the latency
-    ``percentile`` the search reports (its target's) beside p50, p90 and p99; with a
-    ``target``, judge it too (with ``stop``, stopping once the verdict is fixed, where the
-    simulator can: the probe then has no metrics). Module-level, so executors can ship it."""
+    """Simulate ``deployment`` on ``probing``'s load at ``scale`` times its arrival rate and
+    measure it against the SLO, with the latency ``percentile`` the search reports (its
+    target's) beside p50, p90 and p99; with a ``target``, judge it too (with ``stop``,
+    stopping once the verdict is fixed, where the simulator can: the probe then has no
+    metrics). Module-level, so executors can ship it."""
     began = time.perf_counter()
-    options = deployment.simulate_options(engine)
-    device = deployment.cost_on(cost)  # its own at its TP on its hardware, when it has one
-    scaled = scale_rate(load, scale)
+    slo, base_rate = probing.slo, probing.base_rate
+    options = deployment.simulate_options(probing.engine)
+    device = deployment.cost_on(probing.cost)  # its own at its TP on its hardware, if any
+    scaled = scale_rate(probing.load, scale)
     verdict: Verdict | None = None
     if target is None:
         unfit = refusals(deployment.policy, scaled, device, options)

@@ -38,14 +38,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from pytest_prefill.plan.deployments import Deployment
-from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.rate_search import (
     Probe,
+    Probing,
     RateSearch,
     probe_result,
     target_percentile,
 )
-from pytest_prefill.sim import CostModel, EngineProfile, Request
 
 FIRST_WAVE = 2  # deployments searched before the others (the baseline, the best estimated)
 ESTIMATE_STRIDE = 4  # lattice steps a search seeded by an estimate first moves by
@@ -72,13 +71,10 @@ NO_SHORTCUTS = Shortcuts(stop=False, seed=False, prune=False, alone=False)
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """What every probe of a search shares."""
+    """What every probe of a search shares: what it simulates (``probing``), the attainment
+    ``target`` it is judged against, the recommendation's margin and the shortcuts taken."""
 
-    load: tuple[Request, ...]
-    cost: CostModel
-    slo: SLO
-    engine: EngineProfile
-    base_rate: float
+    probing: Probing
     target: float
     margin: float  # the recommendation's "within" margin, relative
     shortcuts: Shortcuts = dataclasses.field(default_factory=Shortcuts)
@@ -165,13 +161,13 @@ def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None
     cap ÷ (decode step × mean output). Queueing, a prefix cache's hits and per-row and per-KV
     decode costs are left out. A guess: it orders the first wave and places its first probes,
     never the answer."""
-    load, engine = problem.load, problem.engine
+    load, engine = problem.probing.load, problem.probing.engine
     prompt = sum(r.prompt_len for r in load) / len(load)
     output = sum(r.output_len for r in load) / len(load)
 
     def estimate(search: RateSearch) -> float | None:
         d = search.deployment
-        cost = d.cost_on(problem.cost)
+        cost = d.cost_on(problem.probing.cost)
         knobs = d.engine(engine)
         tokens = d.chunk or knobs.max_batched_tokens or prompt
         compute = (
@@ -188,7 +184,7 @@ def throughput_estimate(problem: Problem) -> Callable[[RateSearch], float | None
         else:
             iteration = max(cost.decode_step_base, compute)
             rate = d.instances * tokens / (iteration * (prompt + output))
-        return rate / problem.base_rate if rate > 0 else None
+        return rate / problem.probing.base_rate if rate > 0 else None
 
     return estimate
 
@@ -286,8 +282,8 @@ class _Driver:
         while self.queue and (self.width is None or len(self.pending) < self.width):
             _, _, search, scale, stop, rerun = heapq.heappop(self.queue)
             percentile = target_percentile(search.target)  # the latency column printed
-            job = (p.load, p.cost, p.slo, search.deployment, scale, p.base_rate, p.engine)
-            future = self.pool.submit(self.probe, *job, percentile, target=p.target, stop=stop)
+            job = (p.probing, search.deployment, scale, percentile)
+            future = self.pool.submit(self.probe, *job, target=p.target, stop=stop)
             self.pending[future] = (search, rerun)
 
     def deliver(self, future: concurrent.futures.Future[Probe]) -> None:

@@ -23,7 +23,7 @@ from pytest_prefill.plan.capacity import (
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import ShippedLoad, local_executor
 from pytest_prefill.plan.metrics import SLO
-from pytest_prefill.plan.rate_search import Probe, probe, probe_result
+from pytest_prefill.plan.rate_search import Probe, Probing, probe, probe_result
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Shortcuts
 from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest
 from pytest_prefill.plan.workloads import Workload, arrival_rate
@@ -110,7 +110,7 @@ class DevicesNeeded:
 
 def _check_count(
     pool: concurrent.futures.Executor,
-    problem: tuple[tuple[Request, ...], CostModel, SLO, float, EngineProfile],
+    probing: Probing,
     devices: int,
     deployments: Sequence[Deployment],
     target: float,
@@ -123,7 +123,6 @@ def _check_count(
     holds one per process, sent in order), so the answer does not depend on which simulation
     finished first; else the highest attainment (ties: the first; a run stopped early counts
     what it had not missed)."""
-    load, cost, slo, base_rate, engine = problem
     began = time.perf_counter()
     width = getattr(pool, "workers", None)  # a local pool's processes: no more sent at once
     queued = iter(enumerate(deployments))
@@ -134,8 +133,7 @@ def _check_count(
             i, d = next(queued, (-1, None))
             if d is None:
                 return
-            job = (load, cost, slo, d, 1.0, base_rate, engine)
-            pending[pool.submit(probe, *job, target=target, stop=stop)] = i
+            pending[pool.submit(probe, probing, d, 1.0, target=target, stop=stop)] = i
 
     answered: dict[int, Probe] = {}
     try:
@@ -229,7 +227,7 @@ def _guess(known: CapacityResult | None) -> int | None:
 
 def _named(
     pool: concurrent.futures.Executor,
-    problem: tuple[tuple[Request, ...], CostModel, SLO, float, EngineProfile],
+    probing: Probing,
     count: DeviceCount,
     deployments_at: DeploymentsAt,
     target: float,
@@ -241,22 +239,21 @@ def _named(
     if not count.named:
         devices = count.devices
         count = _check_count(
-            pool, problem, devices, deployments_at(devices), target, shortcuts.stop
+            pool, probing, devices, deployments_at(devices), target, shortcuts.stop
         )
-    return _full_answer(pool, problem, count)
+    return _full_answer(pool, probing, count)
 
 
 def _full_answer(
     pool: concurrent.futures.Executor,
-    problem: tuple[tuple[Request, ...], CostModel, SLO, float, EngineProfile],
+    probing: Probing,
     count: DeviceCount,
 ) -> DeviceCount:
     """``count`` with its named deployment's attainment from a full run at the workload's
     rate, when what named it stopped early (or was inferred): the answer's figure."""
     if count.best is None or not math.isnan(count.attainment):
         return count
-    load, cost, slo, base_rate, engine = problem
-    run = probe_result(pool.submit(probe, load, cost, slo, count.best, 1.0, base_rate, engine))
+    run = probe_result(pool.submit(probe, probing, count.best, 1.0))
     return dataclasses.replace(count, attainment=_exact(run), figures=1)
 
 
@@ -318,6 +315,7 @@ def devices_needed(
         return DevicesNeeded(
             None, max_devices, base_rate, float(target), slo, (), profile.name, fewest(alone)
         )
+    probing = Probing(load, cost, slo, profile, base_rate)
     checked: dict[int, DeviceCount] = {}
     order: list[DeviceCount] = []
     same = known is not None and known.devices == start and known.engine == profile
@@ -330,9 +328,8 @@ def devices_needed(
                 if reuse is not None and devices == reuse.devices:
                     count = reuse
                 else:
-                    problem = (load, cost, slo, base_rate, profile)
                     count = _check_count(
-                        pool, problem, devices, deployments_at(devices), target, shortcuts.stop
+                        pool, probing, devices, deployments_at(devices), target, shortcuts.stop
                     )
                 checked[devices] = count
                 order.append(count)
@@ -342,8 +339,7 @@ def devices_needed(
 
         found = smallest_count(meets, start, max_devices, _guess(known) if same else None)
         if found is not None:
-            problem = (load, cost, slo, base_rate, profile)
-            answer = _named(pool, problem, checked[found], deployments_at, target, shortcuts)
+            answer = _named(pool, probing, checked[found], deployments_at, target, shortcuts)
             order = [answer if c is checked[found] else c for c in order]
     return DevicesNeeded(
         found, max_devices, base_rate, float(target), slo, tuple(order), profile.name

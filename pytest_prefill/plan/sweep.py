@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.engine_commands import refusal
-from pytest_prefill.plan.workloads import lab_scenario
+from pytest_prefill.plan.workloads import LAB_SCENARIO, LabScenario
 from pytest_prefill.sim import (
     LAB,
     POLICIES,
@@ -139,18 +139,16 @@ def lab_timeline(
     cost: CostModel,
     origin: str,
     *,
-    streams: int = 2,
-    prompt_len: int = 2048,
-    arrival: float = 0.1,
+    scenario: LabScenario = LAB_SCENARIO,
     chunk: int | None = None,
     refused: Collection[str] = (),
     engine: str | EngineProfile = LAB,
 ) -> LabTimeline:
-    """``streams`` live streams decoding and a ``prompt_len`` prompt (id "long") arriving at
-    ``arrival`` seconds, under the three designs and the ``engine`` profile's rules (default
-    the lab's loop; the title names it); ``chunk`` None means the one chunk
-    rule."""
-    load = lab_scenario(streams=streams, prompt_len=prompt_len, arrival=arrival)
+    """The lab ``scenario`` (its prompt's id is "long") under the three designs and the
+    ``engine`` profile's rules (default the lab's loop; the title names it); ``chunk`` None
+    means the one chunk rule."""
+    load = scenario.requests()
+    streams, prompt_len, arrival = scenario.streams, scenario.prompt_len, scenario.arrival
     if chunk is None:
         chosen = choose_chunk(cost, prompt_len, refused)
         chunk, how = chosen.chunk, chosen.how

@@ -28,11 +28,28 @@ POISSON_DEFAULTS = {"request_rate": 1.0, "num_prompts": 1000}
 POISSON_PROMPT_LEN, POISSON_OUTPUT_LEN = 1024, 128  # the named workload's lengths
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabScenario:
+    """The lab scenario's shape: ``streams`` live streams decoding and a ``prompt_len``-token
+    prompt arriving at ``arrival`` seconds (checked by :meth:`requests`)."""
+
+    streams: int = 2
+    prompt_len: int = 2048
+    arrival: float = 0.1
+
+    def requests(self) -> list[Request]:
+        """The scenario's requests (:func:`lab_scenario`)."""
+        return lab_scenario(streams=self.streams, prompt_len=self.prompt_len, arrival=self.arrival)
+
+
+LAB_SCENARIO = LabScenario()
+
+
 def lab_scenario(
     *,
-    streams: int = 2,
-    prompt_len: int = 2048,
-    arrival: float = 0.1,
+    streams: int = LAB_SCENARIO.streams,
+    prompt_len: int = LAB_SCENARIO.prompt_len,
+    arrival: float = LAB_SCENARIO.arrival,
     stream_prompt_len: int = 128,
     stream_output_len: int = 256,
     output_len: int = 32,

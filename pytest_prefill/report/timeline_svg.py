@@ -263,12 +263,11 @@ def lab_timeline_svg(
     cost: CostModel,
     origin: str,
     *,
-    prompt_len: int = 2048,
     max_bars: int = 150,
     refused: Collection[str] = (),
 ) -> str:
-    """:func:`lab_timeline` as an SVG around the prompt (at most ``max_bars`` bars per policy,
-    so a tiny chunk cannot make it megabytes)."""
-    drawn = lab_timeline(cost, origin, prompt_len=prompt_len, refused=refused)
+    """:func:`lab_timeline` (the default lab scenario) as an SVG around the prompt (at most
+    ``max_bars`` bars per policy, so a tiny chunk cannot make it megabytes)."""
+    drawn = lab_timeline(cost, origin, refused=refused)
     window = focus_window(drawn.traces, "long")
     return render_svg(drawn.traces, window=window, max_bars=max_bars, title=drawn.title)

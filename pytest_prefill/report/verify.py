@@ -118,9 +118,10 @@ def speed_line(r: FlagSetResult) -> str | None:
         return None
     low, high = found
     used = r.load_check.factor if r.load_check is not None else 1.0
+    whose = "the calibration's" if r.calibration is not None else "the derived"
     line = (
         f"server speed, {r.flags.label}: each probe's requests replayed need x{low:.2f}-"
-        f"x{high:.2f} the calibration's cost (fitted as the load check's; {high / low - 1:.0%} "
+        f"x{high:.2f} {whose} cost (fitted as the load check's; {high / low - 1:.0%} "
         f"apart); the knee was predicted with x{used:.2f}"
     )
     if used > high or used < low:
@@ -251,12 +252,14 @@ def ranking_text(
 # What the probe table's replayed column is, and how to read it beside the measured attainment.
 REPLAYED = (
     "replayed: the simulator's attainment on the probe's own requests at their measured "
-    "arrivals, at the cost the knee was predicted with (the calibration, times the load check's "
-    "factor). Far below the measured attainment: the model ran slower than the server did "
+    "arrivals, at the cost the knee was predicted with (the calibration, or the derived compute, "
+    "times the load check's factor). Far below the measured attainment: the model ran slower than the server did "
     "during that probe (its speed column under that factor), so the knee predicted is low; at "
     "or above the target where the server missed: the miss is the model's."
 )
 WIDTH = 100
+# What a derived prediction's basis line is introduced with: capacity's Cost model: header.
+DERIVED = "knees predicted from derived compute (nothing calibrated, no load check). Cost model: "
 
 
 def _wrapped(text: str) -> list[str]:
@@ -274,6 +277,8 @@ def verify_report(result: VerifyResult) -> str:
     ]
     if result.quiet:
         lines += _wrapped(f"quiet host: {result.quiet}")
+    if result.derived is not None:
+        lines += _wrapped(f"{DERIVED}{result.derived.basis}")
     if any(r.load_check is not None for r in result.results):
         lines += _wrapped(
             "cost under load: as many requests as a probe, the ones after the probes' (no probe "
@@ -355,6 +360,9 @@ def combined_report(results: Sequence[VerifyResult]) -> str:
     headers += ["measured knee [90%]", "predicted/measured [90%]", "attainment at predicted"]
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
     lines = [line for _, _, line in combined_rankings(results)]
+    for i, result in enumerate(results):
+        if result.derived is not None:
+            lines.append(f"run {i + 1} ({engine_of(result)}): {DERIVED}{result.derived.basis}")
     return "\n".join([table, *lines])
 
 

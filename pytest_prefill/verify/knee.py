@@ -168,15 +168,9 @@ def simulated_attainment(
     held = engine_slo(slo, server_model.overhead)
     if held is None:
         return 0.0
-    found = rate_search.probe(
-        load,
-        server_model.simulated_cost,
-        held,
-        _deployment(server_model),
-        rate / base,
-        base,
-        engine=server_model.scheduling.profile,
-    )
+    profile = server_model.scheduling.profile
+    probing = rate_search.Probing(load, server_model.simulated_cost, held, profile, base)
+    found = rate_search.probe(probing, _deployment(server_model), rate / base)
     return found.attainment
 
 

@@ -26,6 +26,7 @@ from pytest_prefill._io import json_safe, read_json
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration
 from pytest_prefill.serve.calibration.server_model import Scheduling
+from pytest_prefill.sim import CostModel
 from pytest_prefill.verify.fields import Fields
 from pytest_prefill.verify.knee import PREDICTION_TOLERANCE, MeasuredKnee, Predicted
 from pytest_prefill.verify.knee_interval import KneeAgreement, agreement
@@ -34,6 +35,28 @@ from pytest_prefill.verify.load_check import LoadCheck, LoadFactor
 from pytest_prefill.verify.probe_rule import FlagSet, ProbeRule
 
 KIND = "pytest-prefill/verify"
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A prediction from derived compute (``verify --gpu``), not from a calibration: the
+    ``cost`` model derived for the served model on the device, and the ``basis`` line that
+    says so, in the words a derived capacity answer uses (device, efficiency tables, held-out
+    error class, the host cost's source)."""
+
+    cost: CostModel
+    basis: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"basis": self.basis, "cost_model": self.cost.to_dict()}
+
+    @classmethod
+    def from_dict(cls, fields: Fields) -> Derived:
+        """Raises: ValueError naming the field, for one missing or of the wrong type."""
+        cost = fields.raw("cost_model")
+        if cost is None:
+            raise ValueError(f"{fields.where}: missing 'cost_model'")
+        return cls(fields.build(CostModel.from_dict, cost), fields.text("basis"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +221,8 @@ class VerifyResult:
     """A whole verification: the workload, the SLO, the probe rule and one result per flag set,
     in the order given; ``quiet``: how runs were kept to a quiet host ("": not watched);
     ``interrupted``: the signal that ended the run early (``SIGINT``; "": none), its flag sets
-    those it had started."""
+    those it had started; ``derived``: the derived compute every knee was predicted from
+    (None: each flag set's calibration)."""
 
     workload: str
     slo: SLO
@@ -207,6 +231,7 @@ class VerifyResult:
     engine: str
     quiet: str = ""
     interrupted: str = ""
+    derived: Derived | None = None
 
     @property
     def compared(self) -> tuple[FlagSetResult, ...]:
@@ -280,6 +305,7 @@ class VerifyResult:
                 "probe_rule": self.rule.to_dict(),
                 "quiet_host": self.quiet or None,
                 "interrupted": self.interrupted or None,
+                "derived": self.derived.to_dict() if self.derived is not None else None,
                 "predicted_ranking": [labels[i] for i in self.predicted_order],
                 "measured_ranking": [labels[i] for i in self.measured_order],
                 "ranking_tolerance": self.tolerance,
@@ -316,7 +342,8 @@ class VerifyResult:
         quiet = fields.raw("quiet_host") or ""
         workload, engine = fields.text("workload", ""), fields.text("engine", "")
         interrupted = fields.optional_text("interrupted") or ""
-        return cls(workload, slo, rule, results, engine, str(quiet), interrupted)
+        derived = _read(fields.child("derived"), Derived.from_dict)
+        return cls(workload, slo, rule, results, engine, str(quiet), interrupted, derived)
 
 
 def read_verify(path: str) -> VerifyResult:

@@ -1,8 +1,8 @@
 """Checking a capacity answer on a server (DESIGN.md, "Checking the answer on a server"): for
 each flag set (the engine's token budget and sequence cap) the server runs it — restarted by a
 launcher (``serve.launch.launchers``), or running and said to run it — is calibrated (or a calibration
-is reused), its knee predicted by the capacity search with that calibration, and then measured
-(``verify.knee``). Reported: the predicted and measured knee, their ratio, the attainment at the
+is reused, or the compute derived for its model on its device: ``Derived``), its knee predicted by
+the capacity search with that cost, and then measured (``verify.knee``). Reported: the predicted and measured knee, their ratio, the attainment at the
 predicted rate, and whether the measured ranking of the flag sets agrees with the predicted one.
 
 A server that dies or stalls ends its flag set with one line; what was measured is kept, and
@@ -21,6 +21,7 @@ from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration.calibration import PER_REQUEST_ATTENTION, calibrate_server
+from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
 from pytest_prefill.serve.calibration.experiments import warm_up
 from pytest_prefill.serve.calibration.server_calibration import ServerCalibration, ServerSweep
 from pytest_prefill.serve.calibration.server_model import (
@@ -53,11 +54,15 @@ from pytest_prefill.verify.load_check import (
     run_speeds,
 )
 from pytest_prefill.verify.probe_rule import FlagSet, ProbeRule, probe_load
-from pytest_prefill.verify.result import FlagSetResult, VerifyResult, one_line
+from pytest_prefill.verify.result import Derived, FlagSetResult, VerifyResult, one_line
 
 Progress = Callable[[str], object]
 RAMP_ROWS = 16  # the calibration's decode points reach the flag set's cap, at most this
 CHECK_RUNS = 3  # the load check's runs, at most
+# A derived prediction measures nothing: the request's way into the engine and back is not known.
+UNMEASURED = RequestOverhead(
+    0.0, 0.0, math.nan, "not measured: the knee is predicted from derived compute, uncalibrated"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +104,17 @@ class _Plan:
     load_check: bool = True
     quiet: QuietHost | None = None
     interruption: Interruption = dataclasses.field(default_factory=Interruption)
+    derived: Derived | None = None
+
+    def server_model(
+        self, calibration: ServerCalibration | None, scheduling: Scheduling
+    ) -> ServerModel:
+        """What the knee is predicted with under ``scheduling``: the derived compute (no way
+        in or out measured), else ``calibration``."""
+        if self.derived is not None:
+            return ServerModel(self.derived.cost, UNMEASURED, scheduling)
+        assert calibration is not None  # _calibrated: the plan's, or measured
+        return ServerModel.of(calibration, scheduling)
 
     async def why_ended(
         self, err: BaseException, stage: str, url: Url, process: ServerProcess | None
@@ -141,7 +157,7 @@ async def _check_flag_set(
         why = await plan.why_ended(err, "calibration", url, process)
         return FlagSetResult(flags, command, ended=f"{label}: {why}")
     scheduling = _scheduling(server, target.identity.engine, flags)
-    calibrated = ServerModel.of(calibration, scheduling)
+    calibrated = plan.server_model(calibration, scheduling)
     check = None
     if plan.load_check:
         try:
@@ -184,9 +200,10 @@ async def _check_flag_set(
 
 async def _calibrated(
     server: Server, url: Url, flags: FlagSet, flagged: str, plan: _Plan, progress: Progress | None
-) -> tuple[Target, ServerCalibration]:
-    """The server at ``url`` opened and warmed up, and its calibration: the plan's, else one
-    measured now at the flag set's budget, its ramps at its cap."""
+) -> tuple[Target, ServerCalibration | None]:
+    """The server at ``url`` opened and warmed up, and its calibration: none for a derived
+    prediction, the plan's, else one measured now at the flag set's budget, its ramps at its
+    cap."""
     target: Target = await open_target(
         url,
         engine=server.engine,
@@ -198,7 +215,7 @@ async def _calibrated(
     need_profile(who.engine, who.url, who.how)  # before a request is sent: none is simulated
     target = dataclasses.replace(target, prefix_block_tokens=server.prefix_block_tokens)
     await warm_up(target, f"{flags.budget}-")
-    if plan.calibration is not None:
+    if plan.derived is not None or plan.calibration is not None:
         return target, plan.calibration
     assert plan.sweep is not None
     rows = min(flags.max_seqs or RAMP_ROWS, RAMP_ROWS) if flags.max_seqs != 1 else 0
@@ -341,6 +358,7 @@ def verify(
     probe_requests: int | None = None,
     load_check: bool = True,
     quiet: QuietHost | None = None,
+    derived: Derived | None = None,
 ) -> VerifyResult:
     """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
     it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
@@ -353,12 +371,15 @@ def verify(
     each probe and load-check run on a quiet host (``measure.quiet``; None: not watched).
     SIGINT, SIGTERM or SIGHUP (``verify.interrupt``) ends the flag set running with one line,
     keeping what it measured, and starts no other: the result says which signal
-    (``interrupted``).
+    (``interrupted``). ``derived``: every knee predicted from this derived compute alone, no
+    calibration measured or reused and no load check run (which would scale the compute to
+    the server's speed): the measured knees test the derivation.
 
     Raises:
         ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
-            nor a calibration, a workload too short for the probe rule, or a probe_requests
-            that is not a positive integer.
+            nor a calibration (nor derived compute), derived compute beside a calibration, a
+            workload too short for the probe rule, or a probe_requests that is not a positive
+            integer.
     """
     if probe_requests is not None and (
         isinstance(probe_requests, bool)
@@ -374,12 +395,16 @@ def verify(
         raise ValueError(
             "a running server runs one flag set: give a launcher to restart it under several"
         )
-    if sweep is None and calibration is None:
+    if derived is not None and (calibration is not None or calibrate_once):
+        raise ValueError("a derived prediction takes no calibration (reused or measured once)")
+    if sweep is None and calibration is None and derived is None:
         raise ValueError("give a calibration sweep or a calibration to reuse")
     rule = rule or ProbeRule()
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
     ordered = in_arrival_order(load)
-    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, load_check, quiet)
+    checked = load_check and derived is None
+    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, checked, quiet)
+    plan.derived = derived
     results = []
     with plan.interruption.raising():
         for flags in flag_sets:
@@ -394,7 +419,7 @@ def verify(
     engine = server.engine or (server.launcher.engine if server.launcher is not None else "")
     host = quiet.sentence() if quiet is not None else ""
     interrupted = plan.interruption.name
-    return VerifyResult(workload, slo, rule, tuple(results), engine, host, interrupted)
+    return VerifyResult(workload, slo, rule, tuple(results), engine, host, interrupted, derived)
 
 
 def _interruptible(

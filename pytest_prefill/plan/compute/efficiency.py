@@ -53,8 +53,10 @@ class Efficiency:
     eta)`` pairs, else attention_compute_efficiency); one decode attention
     call ``attention_t0 + b * heads * decode_attention_per_head + max(pair FLOPs /
     (attention_compute_efficiency * P), cached K and V bytes / (attention_memory_efficiency *
-    W))``. An all-reduce of ``B`` bytes over ``n`` devices costs ``allreduce_latency + 2(n-1)/n
-    * B / allreduce_bandwidth`` (bus bytes/s). The three attention host terms default to 0 for a
+    W))``. An all-reduce of ``B`` bytes over ``n`` devices costs ``allreduce_latency +
+    allreduce_rank_latency * (n-1) + 2(n-1)/n * B / allreduce_bandwidth`` (NCCL's ring, bus
+    bytes/s); with an ``allreduce_custom_bandwidth`` (0: none), vLLM's custom all-reduce where it
+    runs instead (:meth:`allreduce_seconds`). The three attention host terms default to 0 for a
     table that has none. ``held_out_error``: the largest per-op median relative error of this
     table on shapes not used to fit it.
 
@@ -80,6 +82,10 @@ class Efficiency:
     gemm_sharpness: float = math.inf
     prefill_head_dim_bins: tuple[tuple[float, float], ...] = ()
     prefill_tile: int = 0
+    allreduce_rank_latency: float = 0.0
+    allreduce_custom_latency: float = 0.0
+    allreduce_custom_bandwidth: float = 0.0
+    allreduce_fully_connected: bool = True
 
     def __post_init__(self) -> None:
         for name in ("device", "engine", "source"):
@@ -93,6 +99,14 @@ class Efficiency:
         _fraction("attention_memory_efficiency", self.attention_memory_efficiency)
         _finite("allreduce_latency", self.allreduce_latency)
         _finite("allreduce_bandwidth", self.allreduce_bandwidth, open_low=True)
+        _finite("allreduce_rank_latency", self.allreduce_rank_latency)
+        _finite("allreduce_custom_latency", self.allreduce_custom_latency)
+        _finite("allreduce_custom_bandwidth", self.allreduce_custom_bandwidth)
+        if not isinstance(self.allreduce_fully_connected, bool):
+            raise ValueError(
+                "allreduce_fully_connected must be true or false, got "
+                f"{self.allreduce_fully_connected!r}"
+            )
         _finite("held_out_error", self.held_out_error)
         _finite("attention_t0", self.attention_t0)
         _finite("prefill_attention_per_sequence", self.prefill_attention_per_sequence)
@@ -162,10 +176,41 @@ class Efficiency:
         return fixed + max(compute, read)
 
     def allreduce_seconds(self, size: float, devices: int) -> float:
-        """One ring all-reduce of ``size`` bytes over ``devices`` devices."""
-        return (
-            self.allreduce_latency + 2 * (devices - 1) / devices * size / self.allreduce_bandwidth
-        )
+        """One all-reduce of ``size`` bytes over ``devices`` devices: vLLM's custom all-reduce
+        where it runs (a table with a custom bandwidth; under its 8 MiB buffer; two devices, or
+        more on a fully connected link), one-shot (each rank reads its peers' whole buffers)
+        up to the sizes vLLM's kernel picks it for, else two-shot (the ring's bytes); NCCL's
+        ring otherwise."""
+        ring = 2 * (devices - 1) / devices * size
+        ranks = self.allreduce_rank_latency * (devices - 1)
+        if self.allreduce_custom_bandwidth > 0 and custom_allreduce_runs(
+            size, devices, self.allreduce_fully_connected
+        ):
+            moved = (devices - 1) * size if one_shot(size, devices) else ring
+            return self.allreduce_custom_latency + ranks + moved / self.allreduce_custom_bandwidth
+        return self.allreduce_latency + ranks + ring / self.allreduce_bandwidth
+
+
+# vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py,
+# csrc/custom_all_reduce.cuh): messages under its 8 MiB buffer, on two devices or a fully
+# connected (NVLink) group of the sizes it supports; one-shot below these sizes for up to 4 and
+# up to 8 devices
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+CUSTOM_ALLREDUCE_DEVICES = (2, 4, 6, 8)
+ONE_SHOT_BYTES = {4: 512 * 2**10, 8: 256 * 2**10}
+
+
+def custom_allreduce_runs(size: float, devices: int, fully_connected: bool) -> bool:
+    """Whether vLLM's custom all-reduce takes ``size`` bytes over ``devices`` devices."""
+    supported = devices in CUSTOM_ALLREDUCE_DEVICES and (devices == 2 or fully_connected)
+    return supported and size < CUSTOM_ALLREDUCE_MAX_BYTES
+
+
+def one_shot(size: float, devices: int) -> bool:
+    """Whether vLLM's custom all-reduce runs one-shot (else two-shot) for this message."""
+    return devices == 2 or any(
+        devices <= most and size < below for most, below in ONE_SHOT_BYTES.items()
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -244,6 +289,10 @@ OPTIONAL_FIELDS = (
     "gemm_sharpness",
     "prefill_head_dim_bins",
     "prefill_tile",
+    "allreduce_rank_latency",
+    "allreduce_custom_latency",
+    "allreduce_custom_bandwidth",
+    "allreduce_fully_connected",
 )
 SOURCE_FIELDS = ("repository", "commit", "path", "licence")
 
@@ -421,7 +470,12 @@ def efficiency_for(
     # efficiencies are fractions and carry over; the all-reduce's bandwidth is absolute, and
     # goes with the link (NVLink or PCIe) as the data's fit does
     link_ratio = device.link_bandwidth / donor.link_bandwidth
-    table = dataclasses.replace(table, allreduce_bandwidth=table.allreduce_bandwidth * link_ratio)
+    table = dataclasses.replace(
+        table,
+        allreduce_bandwidth=table.allreduce_bandwidth * link_ratio,
+        allreduce_custom_bandwidth=table.allreduce_custom_bandwidth * link_ratio,
+        allreduce_fully_connected=link_kind(device) == "nvlink",
+    )
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
     label = kind.replace("_", " ")
