@@ -41,9 +41,7 @@ CPU = Device(
 )
 # The efficiencies are fractions of HEADROOM times the probe's figures: these are 0.3, 0.7 and
 # 0.9 of the probed GEMM rate, half its stream rate, and so on; 5 us a torch call, 2 us a page.
-TRUE = CpuTerms(
-    (0.075, 0.175, 0.225), 0.125, 0.15, 0.05, 2e-6, 40.0, 10.0, HostCost(5e-6), 0.1, 2e-6
-)
+TRUE = CpuTerms((0.075, 0.175, 0.225), 0.125, 0.15, 0.05, 2e-6, 40.0, 10.0, HostCost(5e-6), 2e-6)
 
 
 def _model(name):

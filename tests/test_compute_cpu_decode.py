@@ -13,6 +13,7 @@ import pytest
 from pytest_prefill.plan.compute.cpu_decode import (
     GEMV_ROWS,
     MMAP_THRESHOLD,
+    PACK_PASSES,
     PAGE_BYTES,
     DecodeStep,
     KernelTerms,
@@ -25,7 +26,7 @@ from pytest_prefill.plan.compute.transfer import linear_device
 from pytest_prefill.plan.model_spec import load_model_spec
 from tests.test_compute_cpu import CPU, TRUE
 
-KERNEL = KernelTerms(pack=0.1, sweep_k0=40.0, fault=2e-6)
+KERNEL = KernelTerms(sweep_k0=40.0, fault=2e-6)
 
 
 def _model(name):
@@ -60,7 +61,7 @@ def test_from_gemv_rows_the_weights_are_packed_once_and_the_rows_multiplied():
     step = _step()
     eff, peak = step.efficiency, step.device.peak("bf16")
     n, k = 1152, 384
-    packing = n * k * 4 / (KERNEL.pack * step.device.memory_bandwidth)
+    packing = PACK_PASSES * n * k * 4 / (eff.memory_efficiency * step.device.memory_bandwidth)
     for rows in (GEMV_ROWS, 8, 64):
         multiply = 2.0 * rows * n * k / (eff.compute_efficiency(rows) * peak)
         assert step.linear(rows, n, k) == pytest.approx(eff.gemm_t0 + packing + multiply)

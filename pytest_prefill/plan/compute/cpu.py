@@ -1,7 +1,7 @@
 """This machine's CPU as a device whose efficiencies are fitted on its own calibrations: the
 measured prefill passes (through the per-op physics, plan/compute/physics) and decode steps (as
 the packed pass runs them on a CPU, plan/compute/cpu_decode) of some model sizes fit the
-device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention, the GEMM's packing), the
+device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention), the
 seconds per page the kernel maps fresh, and the host's cost per torch call; the fit then
 predicts another size's measured passes. Standard library only."""
 
@@ -30,7 +30,6 @@ FRACTIONS = (
     "eta_m",
     "attention_eta_c",
     "attention_eta_m",
-    "pack_eta",
 )
 POSITIVES = (
     "gemm_t0",
@@ -43,7 +42,7 @@ POSITIVES = (
 # kernel a busy probe timed slow, runs above them. The efficiencies are fractions of the
 # probe's figures times this headroom (so up to 4 times the probed rates).
 HEADROOM = 4.0
-START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-6, 2e-6)
+START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-6, 2e-6)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
@@ -208,9 +207,8 @@ class CpuTerms:
     ``COMPUTE_BOUNDS``), ``memory``, ``attention_compute``, ``attention_memory``; how a narrow
     kernel falls short of them: a GEMM of inner dimension k reaches ``k / (k + gemm_k0)`` of its
     eta_c, attention of head dim d ``d / (d + attention_d0)`` of its own (a SIMD kernel needs
-    width to fill its registers); ``gemm_t0`` per GEMM; the host's costs; and a decode step's
-    library terms (plan/compute/cpu_decode): ``pack``, a GEMM's packing pass's fraction of the
-    memory bandwidth, and ``fault``, seconds per page mapped fresh."""
+    width to fill its registers); ``gemm_t0`` per GEMM; the host's costs; and ``fault``, seconds
+    per page the kernel maps fresh (plan/compute/cpu_decode)."""
 
     compute: tuple[float, ...]
     memory: float
@@ -220,7 +218,6 @@ class CpuTerms:
     gemm_k0: float
     attention_d0: float
     host: HostCost
-    pack: float
     fault: float
 
     @classmethod
@@ -229,16 +226,16 @@ class CpuTerms:
         fractions = [1.0 / (1.0 + math.exp(-v)) for v in vector[:n]]
         t0, k0, d0, per_call, fault = (math.exp(v) for v in vector[n:])
         bins = len(COMPUTE_BOUNDS)
-        memory, attention_c, attention_m, pack = fractions[bins:]
+        memory, attention_c, attention_m = fractions[bins:]
         host = HostCost(per_call)
         compute = tuple(fractions[:bins])
-        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, pack, fault)
+        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, fault)
 
     @property
     def kernel(self) -> KernelTerms:
         """The decode step's library terms (a matrix-vector sweep ramps with the row width as
         the GEMM's compute does, at ``gemm_k0``)."""
-        return KernelTerms(self.pack, self.gemm_k0, self.fault)
+        return KernelTerms(self.gemm_k0, self.fault)
 
     def values(self) -> dict[str, float]:
         """Every fitted value by name (``FRACTIONS`` then ``POSITIVES``)."""
@@ -247,7 +244,6 @@ class CpuTerms:
             self.memory,
             self.attention_compute,
             self.attention_memory,
-            self.pack,
             self.gemm_t0,
             self.gemm_k0,
             self.attention_d0,

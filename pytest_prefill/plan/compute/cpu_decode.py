@@ -4,8 +4,9 @@ rows' attention over one gathered, zero-padded copy of their caches, and the out
 every row. Two rules of the CPU's libraries set what a step moves beyond its FLOPs:
 
 - the BLAS's single-precision GEMM runs fewer than ``GEMV_ROWS`` rows as one matrix-vector
-  sweep over the weights per row, and wider ones as a GEMM that packs its weight operand (one
-  packing pass over the weights, then the multiply at the GEMM's compute efficiency);
+  sweep over the weights per row, and wider ones as a GEMM that packs its weight operand
+  (``PACK_PASSES`` passes over the weights' bytes, then the multiply at the GEMM's compute
+  efficiency, on the packed copy the cache holds);
 - the allocator maps a buffer larger than ``MMAP_THRESHOLD`` fresh from the kernel each time it
   is allocated, so every page of the step's gathered cache is faulted in and zeroed on each step
   past it (below it, the freed buffer is reused).
@@ -24,6 +25,9 @@ from pytest_prefill.plan.model_spec import ModelSpec
 # MKL's sgemm (torch's CPU BLAS) below 4 rows: a matrix-vector sweep per row (a GEMM of 2 or 3
 # rows reads its weights 2 or 3 times); from 4 rows it packs the weights once and multiplies.
 GEMV_ROWS = 4
+# Packing reads the weights and writes their packed copy (a store that first reads the line it
+# fills): three passes over the weights' bytes, as many as 3 rows' sweeps.
+PACK_PASSES = 3
 # glibc's largest dynamic mmap threshold on a 64-bit system (DEFAULT_MMAP_THRESHOLD_MAX,
 # 4 MiB x sizeof(long)): a larger allocation is a fresh mapping each time, its pages faulted in.
 MMAP_THRESHOLD = 32 * 2**20
@@ -33,14 +37,12 @@ FLOAT_BYTES = 4  # the packed pass's activations on a CPU: the model's fp32
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KernelTerms:
-    """How the CPU's libraries run a decode step's projections and buffers: ``pack``, a GEMM's
-    packing pass's fraction of the memory bandwidth the step sees; ``sweep_k0``, the row width
-    at which a matrix-vector sweep reaches half its bandwidth (each output row's dot product
-    ends in a reduction and a store: a fixed cost per row beside its ``k`` values read; the
-    fit takes the GEMM's own width ramp); ``fault``, seconds per page mapped fresh (the
+    """How the CPU's libraries run a decode step's projections and buffers: ``sweep_k0``, the
+    row width at which a matrix-vector sweep reaches half its bandwidth (each output row's dot
+    product ends in a reduction and a store: a fixed cost per row beside its ``k`` values read;
+    the fit takes the GEMM's own width ramp); ``fault``, seconds per page mapped fresh (the
     kernel's fault and zeroing)."""
 
-    pack: float
     sweep_k0: float
     fault: float
 
@@ -77,16 +79,16 @@ class DecodeStep:
 
     def linear(self, rows: int, n: int, k: int) -> float:
         """One projection over ``rows`` rows: below ``GEMV_ROWS``, a sweep over the weights per
-        row (each the slower of its read and its FLOPs); else a packing pass over the weights,
-        then the multiply."""
-        eff, kernel, peak = self.efficiency, self.kernel, self.device.peak("bf16")
+        row (each the slower of its read and its FLOPs); else the weights packed
+        (``PACK_PASSES`` passes over their bytes), then the multiply."""
+        eff, peak = self.efficiency, self.device.peak("bf16")
         weights = float(n * k * self.model.weight_value_bytes)
         flops = 2.0 * n * k
         if rows < GEMV_ROWS:
-            width = k / (k + kernel.sweep_k0)
+            width = k / (k + self.kernel.sweep_k0)
             read = weights / (eff.memory_efficiency * width * self._bandwidth)
             return eff.gemm_t0 + rows * max(read, flops / (eff.compute_efficiency(1) * peak))
-        packing = weights / (kernel.pack * self._bandwidth)
+        packing = PACK_PASSES * weights / (eff.memory_efficiency * self._bandwidth)
         return eff.gemm_t0 + packing + rows * flops / (eff.compute_efficiency(rows) * peak)
 
     def linears(self, rows: int) -> float:
