@@ -122,3 +122,26 @@ def test_the_working_set_counts_the_weights_the_caches_and_their_gathered_copy()
     cached = 4 * 100 * model.kv_bytes_per_token
     expected = model.weight_bytes + cached + gathered_bytes(model, 4, 101)
     assert decode_working_set(model, 4, 400) == expected
+
+
+def test_a_gpu_moves_a_gemms_weights_once_a_cpu_per_row_then_packed():
+    from pytest_prefill.plan.compute.physics import weight_passes
+
+    assert [weight_passes("hopper", m) for m in (1, 2, 3, 4, 512)] == [1, 1, 1, 1, 1]
+    assert [weight_passes("cpu", m) for m in range(1, GEMV_ROWS)] == list(range(1, GEMV_ROWS))
+    assert {weight_passes("cpu", m) for m in (GEMV_ROWS, 8, 512)} == {PACK_PASSES}
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 64])
+def test_the_per_op_physics_on_a_cpu_moves_the_weights_as_the_blas_does(rows):
+    from pytest_prefill.plan.compute.physics import ACTIVATION_BYTES, Physics, weight_passes
+
+    model = _model("small")
+    device = linear_device(CPU, model.dtype)
+    cpu = Physics(model, device, TRUE.efficiency(CPU, model))
+    gpu = Physics(model, dataclasses.replace(device, architecture="hopper"), cpu.efficiency)
+    n, k = 1152, 384
+    weights = n * k * model.weight_value_bytes
+    activations = rows * (n + k) * ACTIVATION_BYTES
+    assert gpu.gemm("up", rows, n, k).bytes == weights + activations
+    assert cpu.gemm("up", rows, n, k).bytes == weight_passes("cpu", rows) * weights + activations

@@ -20,14 +20,13 @@ import math
 
 from pytest_prefill.plan.compute.devices import Device
 from pytest_prefill.plan.compute.efficiency import Efficiency
+from pytest_prefill.plan.compute.physics import CPU_GEMV_ROWS, CPU_PACK_PASSES
 from pytest_prefill.plan.model_spec import ModelSpec
 
-# MKL's sgemm (torch's CPU BLAS) below 4 rows: a matrix-vector sweep per row (a GEMM of 2 or 3
-# rows reads its weights 2 or 3 times); from 4 rows it packs the weights once and multiplies.
-GEMV_ROWS = 4
-# Packing reads the weights and writes their packed copy (a store that first reads the line it
-# fills): three passes over the weights' bytes, as many as 3 rows' sweeps.
-PACK_PASSES = 3
+# The CPU BLAS's rule (plan/compute/physics): below GEMV_ROWS rows a matrix-vector sweep over
+# the weights per row; from there the weights packed (PACK_PASSES passes over their bytes).
+GEMV_ROWS = CPU_GEMV_ROWS
+PACK_PASSES = CPU_PACK_PASSES
 # glibc's largest dynamic mmap threshold on a 64-bit system (DEFAULT_MMAP_THRESHOLD_MAX,
 # 4 MiB x sizeof(long)): a larger allocation is a fresh mapping each time, its pages faulted in.
 MMAP_THRESHOLD = 32 * 2**20

@@ -15,6 +15,21 @@ from pytest_prefill.plan.model_spec import ModelSpec
 from pytest_prefill.sim.cost import Piece, piece_sums
 
 ACTIVATION_BYTES = 2  # activations stay in bf16 (fp8 quantization scales them per GEMM only)
+# A CPU's BLAS (MKL's sgemm, torch's on x86) runs a GEMM of fewer than CPU_GEMV_ROWS rows as one
+# matrix-vector sweep over the weights per row (2 or 3 rows read every weight 2 or 3 times);
+# from there it packs the weights before it multiplies: it reads them and writes their packed
+# copy (a store that first reads the line it fills), CPU_PACK_PASSES passes over their bytes.
+CPU_GEMV_ROWS = 4
+CPU_PACK_PASSES = 3
+
+
+def weight_passes(architecture: str, rows: int) -> int:
+    """How many times a GEMM of ``rows`` rows moves its weights' bytes on a device of
+    ``architecture``: once on a GPU; on a CPU once per row below ``CPU_GEMV_ROWS``, else
+    ``CPU_PACK_PASSES``."""
+    if architecture != "cpu":
+        return 1
+    return rows if rows < CPU_GEMV_ROWS else CPU_PACK_PASSES
 
 
 def expected_experts(rows: int, experts: int, per_token: int) -> float:
@@ -72,9 +87,10 @@ class Physics:
     def gemm(self, name: str, m: int, n: int, k: int, *, weights: float | None = None) -> Op:
         """``t0 + (c^q + w^q)^(1/q)``, c = 2mnk / (ηc(m)·P), w = bytes / (ηm·W) (the
         efficiency table's roofline); bytes: the weights (``weights`` when given, else k·n
-        values) and the activations in and out."""
+        values; a CPU moves them :func:`weight_passes` times) and the activations in and out."""
         weight_bytes = k * n * self.model.weight_value_bytes if weights is None else weights
-        moved = weight_bytes + (m * k + m * n) * ACTIVATION_BYTES
+        passes = weight_passes(self.device.architecture, m)
+        moved = passes * weight_bytes + (m * k + m * n) * ACTIVATION_BYTES
         flops = 2.0 * m * n * k
         return Op(name, flops, moved, self._gemm_seconds(m, flops, moved))
 
