@@ -303,6 +303,7 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
     from pytest_prefill.plan.capacity import capacity
     from pytest_prefill.plan.deployments import Deployment
     from pytest_prefill.plan.executors import InlineExecutor
+    from pytest_prefill.plan.question import ServingQuestion
 
     deployments = [
         Deployment("chunked", 2, max_batched_tokens=256, max_seqs=8),
@@ -310,13 +311,11 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
         Deployment("disaggregated", 2, prefill_workers=1, max_batched_tokens=512),
     ]
     answer = capacity(
-        _poisson(30),
-        LAB_LAPTOP,
-        SLO(ttft=2.0),
+        ServingQuestion(
+            _poisson(30), LAB_LAPTOP, SLO(ttft=2.0), engine="vllm", executor=InlineExecutor()
+        ),
         2,
         deployments=deployments,
-        executor=InlineExecutor(),
-        engine="vllm",
     )
     path = tmp_path / "answer.json"
     path.write_text(json.dumps(answer.to_dict()))
