@@ -26,6 +26,7 @@ from tabulate import tabulate
 from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.sim import PRESETS, Request, get_profile, simulate
 
 pytestmark = pytest.mark.sim
@@ -160,7 +161,9 @@ def test_the_capacity_answer_with_the_prefix_cache_on_and_off(prefill_report):
     slo = SLO.parse(SLO_TEXT)
     rows, data = [], []
     for caching in (True, False):
-        result = capacity(load, COST, slo, 1, engine=engine(caching), executor=InlineExecutor())
+        result = capacity(
+            ServingQuestion(load, COST, slo, engine=engine(caching), executor=InlineExecutor()), 1
+        )
         best = result.ranked()[0]
         label = "on" if caching else "off"
         rows.append((label, best.deployment.label, best.status, f"{best.max_rate:.4f}"))

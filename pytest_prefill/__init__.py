@@ -26,6 +26,7 @@ from pytest_prefill.sim import simulate
 from pytest_prefill.sim import check_invariants
 from pytest_prefill.sim import iteration_cost
 from pytest_prefill.plan.advice import ChunkChoice
+from pytest_prefill.plan.advice import FittedCost
 from pytest_prefill.plan.advice import Recommendation
 from pytest_prefill.plan.advice import choose_chunk
 from pytest_prefill.plan.advice import recommend
@@ -36,6 +37,7 @@ from pytest_prefill.plan.deployments import default_deployments
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.metrics import ServingMetrics
 from pytest_prefill.plan.metrics import serving_metrics
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.traces import load_azure
 from pytest_prefill.plan.traces import load_jsonl
 from pytest_prefill.plan.workloads import Workload
@@ -51,6 +53,7 @@ __all__ = [
     "CostModel",
     "Deployment",
     "Event",
+    "FittedCost",
     "KINDS",
     "POLICIES",
     "PRESETS",
@@ -61,6 +64,7 @@ __all__ = [
     "RequestRecord",
     "SLO",
     "ServingMetrics",
+    "ServingQuestion",
     "Summary",
     "Trace",
     "Worker",

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pytest_prefill.plan.advice import (
     FALLBACK_CHUNK,
     MIN_USEFUL_CHUNK,
+    FittedCost,
     choose_chunk,
     chunk_from_cost,
     chunk_star_text,
@@ -57,9 +58,33 @@ def test_a_refused_per_token_cost_gives_the_fallback_chunk_and_no_recommendation
     lab = PRESETS["lab-laptop"].cost
     chosen = choose_chunk(lab, 2048, {"prefill_per_token"})
     assert chosen.chunk == FALLBACK_CHUNK and "refused" in chosen.how
-    advice = recommend(lab, {"prefill_per_token"})
+    advice = recommend(FittedCost(lab, frozenset({"prefill_per_token"})))
     assert advice.policy == "undetermined" and advice.chunk is None
-    assert chunk_star_text(lab, {"prefill_per_token"}).endswith(advice.line)
+    assert chunk_star_text(FittedCost(lab, frozenset({"prefill_per_token"}))).endswith(advice.line)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cost", {"prefill_per_token": 1e-4}),
+        ("refused", "prefill_per_token"),
+        ("refused", {3}),
+        ("contexts", (0, -1)),
+        ("contexts", (2048.0,)),
+        ("trust", {"held_out": 0.1}),
+    ],
+)
+def test_a_bad_fitted_cost_is_refused_by_name(field, value):
+    fields = {"cost": PRESETS["lab-laptop"].cost, field: value}
+    with pytest.raises(ValueError, match=field):
+        FittedCost(**fields)
+
+
+def test_a_fitted_cost_holds_its_refusals_as_a_set_and_its_contexts_in_order():
+    lab = PRESETS["lab-laptop"].cost
+    fitted = FittedCost(lab, ["prefill_per_token", "prefill_per_token"], [8192, 0])
+    assert fitted.refused == {"prefill_per_token"} and fitted.contexts == (8192, 0)
+    assert fitted == FittedCost(lab, frozenset({"prefill_per_token"}), (8192, 0))
 
 
 def test_the_fallback_is_the_smallest_useful_chunk():
@@ -74,7 +99,7 @@ def test_a_bad_prompt_length_is_refused_by_name(prompt_len):
 
 def test_the_recommendation_is_json_able_with_infinite_c_star():
     free = cost_of(1e-3, 0.0, 1e-2)
-    data = recommend(free).to_dict()
+    data = recommend(FittedCost(free)).to_dict()
     assert data["chunk_star"] == "inf" and data["policy"] == "chunked"
 
 
@@ -133,13 +158,13 @@ def test_summary_compare_and_archive_say_the_same_words_and_warnings(tmp_path, c
         "provenance": {"max_context": 40960},
         "refusals": [],
     }
-    advice = recommend(cost, (), (0, 2048, 8192, 32768))
+    advice = recommend(FittedCost(cost, contexts=(0, 2048, 8192, 32768)))
     assert advice.warnings, "a pair term and a fusion penalty each earn a warning"
-    block = verdict_block(cost, "x", [], (), (0, 2048, 8192, 32768))
+    block = verdict_block(FittedCost(cost, contexts=(0, 2048, 8192, 32768)), "x", [])
     assert advice.line in block and all(w in block for w in advice.warnings)
-    assert saving.cost_block(cost, "x", contexts=(0, 2048, 8192, 32768))["recommendation"] == (
-        advice.to_dict()
-    )
+    assert saving.cost_block(FittedCost(cost, contexts=(0, 2048, 8192, 32768)), "x")[
+        "recommendation"
+    ] == (advice.to_dict())
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(document))
     assert main(["compare", str(path), str(path)]) == 0
@@ -162,9 +187,9 @@ def test_a_refused_per_token_cost_gives_no_c_star_even_with_a_pair_term():
         decode_step_base=1.72e-3,
     )
     assert math.isfinite(cost.chunk_star()) and cost.chunk_star() > 0  # the pair term's C*
-    advice = recommend(cost, {"prefill_per_token"})
+    advice = recommend(FittedCost(cost, frozenset({"prefill_per_token"})))
     assert advice.policy == "undetermined" and "Prefer" not in advice.line
-    text = chunk_star_text(cost, {"prefill_per_token"})
+    text = chunk_star_text(FittedCost(cost, frozenset({"prefill_per_token"})))
     assert "not determined" in text and f"= {cost.chunk_star():.0f} tokens" not in text
     assert "Prefer" not in text
 
@@ -182,26 +207,29 @@ def test_an_untrustworthy_fit_gives_no_recommendation(trust, words):
     from pytest_prefill.plan.advice import MAX_TRUSTED_HELD_OUT, Trust
 
     cost = PRESETS["lab-laptop"].cost
-    doubted = recommend(cost, trust=Trust(**trust))
+    doubted = recommend(FittedCost(cost, trust=Trust(**trust)))
     assert doubted.policy == "undetermined" and words in doubted.line
     assert "Prefer" not in doubted.line
-    trusted = recommend(cost, trust=Trust(held_out=MAX_TRUSTED_HELD_OUT, busy=False))
-    assert trusted.line == recommend(cost).line  # a trusted fit: the one rule's words
+    trusted = recommend(FittedCost(cost, trust=Trust(held_out=MAX_TRUSTED_HELD_OUT, busy=False)))
+    assert trusted.line == recommend(FittedCost(cost)).line  # a trusted fit: the one rule's words
 
 
 def test_a_sound_fit_on_a_busy_machine_recommends_with_the_caveat():
     from pytest_prefill.plan.advice import MAX_BUSY_HELD_OUT, Trust
 
     cost = PRESETS["lab-laptop"].cost
-    sound = recommend(cost, trust=Trust(held_out=0.06, busy=True))
-    assert sound.line == recommend(cost).line and sound.policy == recommend(cost).policy
+    sound = recommend(FittedCost(cost, trust=Trust(held_out=0.06, busy=True)))
+    assert (
+        sound.line == recommend(FittedCost(cost)).line
+        and sound.policy == recommend(FittedCost(cost)).policy
+    )
     (caveat,) = [w for w in sound.warnings if w.startswith("caveat:")]
     assert "BUSY" in caveat and "6.0%" in caveat
-    edge = recommend(cost, trust=Trust(held_out=MAX_BUSY_HELD_OUT, busy=True))
+    edge = recommend(FittedCost(cost, trust=Trust(held_out=MAX_BUSY_HELD_OUT, busy=True)))
     assert edge.policy != "undetermined"
-    over = recommend(cost, trust=Trust(held_out=MAX_BUSY_HELD_OUT * 1.5, busy=True))
+    over = recommend(FittedCost(cost, trust=Trust(held_out=MAX_BUSY_HELD_OUT * 1.5, busy=True)))
     assert over.policy == "undetermined" and f"<= {MAX_BUSY_HELD_OUT:.0%}" in over.line
-    quiet = recommend(cost, trust=Trust(held_out=0.06, busy=False))
+    quiet = recommend(FittedCost(cost, trust=Trust(held_out=0.06, busy=False)))
     assert not [w for w in quiet.warnings if w.startswith("caveat:")]
 
 
@@ -213,14 +241,16 @@ def test_the_summary_states_c_star_with_its_trust_figures():
 
     cost = PRESETS["lab-laptop"].cost
     busy = Trust(held_out=0.49, busy=True, unstable=3)
-    line, advice = verdict_block(cost, "measured", [], (), trust=busy)[1:3]
+    line, advice = verdict_block(FittedCost(cost, trust=busy), "measured", [])[1:3]
     assert line.startswith("C* = ") and "held-out error 49.0%" in line
     assert "BUSY machine" in line and "3 unstable measurement(s)" in line
     assert advice.startswith("-> no recommendation: this fit is not trustworthy")
-    quiet = verdict_block(cost, "measured", [], (), trust=Trust(0.049, False))[1]
+    quiet = verdict_block(FittedCost(cost, trust=Trust(0.049, False)), "measured", [])[1]
     assert "held-out error 4.9%, quiet machine" in quiet
-    assert verdict_block(cost, "preset", [])[1].endswith("[not measured here]")
-    refused = verdict_block(cost, "measured", [], ("prefill_per_token",), trust=busy)[1]
+    assert verdict_block(FittedCost(cost), "preset", [])[1].endswith("[not measured here]")
+    refused = verdict_block(
+        FittedCost(cost, frozenset({"prefill_per_token"}), trust=busy), "measured", []
+    )[1]
     assert refused.startswith("C* not determined")
 
 

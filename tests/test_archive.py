@@ -27,7 +27,7 @@ from pytest_prefill.machine import (
     machine_key,
     slug,
 )
-from pytest_prefill.plan.advice import recommend
+from pytest_prefill.plan.advice import FittedCost, recommend
 from pytest_prefill.plan.cost_document import load_cost
 from pytest_prefill.sim import CostModel, get_preset
 
@@ -466,11 +466,11 @@ def test_a_saved_document_reads_back_with_its_cost_and_recommendation(tmp_path):
         commit="abcdef12",
         dirty=False,
         settings={"threads": 1},
-        cost=saving.cost_block(cost, "given"),
+        cost=saving.cost_block(FittedCost(cost), "given"),
         command="prefill-bench calibrate",
     )
     path = saving.save_run(tmp_path, document, when=datetime.datetime(2026, 1, 1))
     data = archive.read_run(path).data
     assert CostModel.from_dict(data["cost"]["cost_model"]) == cost
-    assert data["cost"]["recommendation"]["line"] == recommend(cost).line
+    assert data["cost"]["recommendation"]["line"] == recommend(FittedCost(cost)).line
     assert (tmp_path / "cpu-test" / archive.MACHINE_FILE).is_file()

@@ -14,6 +14,7 @@ from pytest_prefill.measure.calibration_points import Point, Prediction
 from pytest_prefill.measure.timing import Measurement
 from pytest_prefill.plan.advice import (
     TYPICAL_PROMPT,
+    FittedCost,
     choose_chunk,
     chunk_star_text,
     recommend,
@@ -41,7 +42,7 @@ def test_a_c_star_below_one_with_the_overhead_at_0_blames_the_kv_read_not_the_ov
     assert "overhead" not in chosen.how
     assert f"C* at {TYPICAL_PROMPT:,} tokens of context = " in chosen.how
     assert "reading the KV of 2,048 cached prompt tokens" in chosen.how
-    text = chunk_star_text(REFUSED_OVERHEAD)
+    text = chunk_star_text(FittedCost(REFUSED_OVERHEAD))
     by_context, note = text.split("C* by context")[1].splitlines()[1:3]
     assert "-" in by_context  # a negative C* printed ...
     assert note.strip().startswith("below 1 from 2,048 tokens of context: reading the KV")
@@ -72,7 +73,9 @@ def test_the_reason_names_only_terms_the_model_holds(overhead, per_kv, decode, c
 
 def test_the_recommendation_at_c_star_0_says_what_fills_the_step():
     cost = CostModel(prefill_pass_overhead=0.05, prefill_per_token=1e-4, decode_step_base=0.03)
-    assert "the pass overhead alone (50.00 ms) fills a decode step" in recommend(cost).line
+    assert (
+        "the pass overhead alone (50.00 ms) fills a decode step" in recommend(FittedCost(cost)).line
+    )
 
 
 def _prediction(length: int, measured: float, held: float) -> Prediction:

@@ -18,7 +18,12 @@ from pytest_prefill.measure import sweep as sweeps  # noqa: E402
 from pytest_prefill.measure.calibration_document import Calibration  # noqa: E402
 from pytest_prefill.measure.calibration_points import Point  # noqa: E402
 from pytest_prefill.measure.timing import Measurement  # noqa: E402
-from pytest_prefill.plan.advice import MIN_USEFUL_CHUNK, TYPICAL_PROMPT, recommend  # noqa: E402
+from pytest_prefill.plan.advice import (  # noqa: E402
+    MIN_USEFUL_CHUNK,
+    TYPICAL_PROMPT,
+    FittedCost,
+    recommend,
+)
 from pytest_prefill.plan.cost_document import cost_from_json  # noqa: E402
 from pytest_prefill.report.calibration import calibration_report, calibration_tables  # noqa: E402
 from pytest_prefill.sim import CostModel  # noqa: E402
@@ -285,7 +290,7 @@ def test_the_recommendation_uses_c_star_at_a_typical_prompt():
         prefill_per_pair=0.5e-9,
         decode_step_base=20e-3,
     )
-    advice = recommend(roomy)
+    advice = recommend(FittedCost(roomy))
     assert advice.policy == "chunked"
     assert advice.chunk == round(roomy.chunk_star(context=TYPICAL_PROMPT))
     assert advice.chunk < round(roomy.chunk_star())  # later chunks attend to more context

@@ -26,6 +26,7 @@ from pytest_prefill.plan.capacity import CapacityResult, capacity
 from pytest_prefill.plan.deployments import Deployment, default_deployments, search_chunks
 from pytest_prefill.plan.executors import InlineExecutor, dask_executor, local_executor
 from pytest_prefill.plan.metrics import SLO, Distribution, ServingMetrics, serving_metrics
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.rate_search import MAX_SCALE, DeploymentResult, Probe
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS
 from pytest_prefill.plan.workloads import poisson, scale_rate
@@ -179,15 +180,17 @@ def test_bisection_brackets_a_step_within_the_tolerance(threshold, tolerance, st
         )
         result, seeded = (
             capacity(
-                load,
-                COST,
-                SLO_1S,
+                ServingQuestion(
+                    load,
+                    COST,
+                    SLO_1S,
+                    shortcuts=dataclasses.replace(ALL_SHORTCUTS, seed=seed),
+                    executor=InlineExecutor(),
+                ),
                 1,
                 deployments=[Deployment("shared", 1)],
                 tolerance=tolerance,
-                executor=InlineExecutor(),
                 start=start,
-                shortcuts=dataclasses.replace(ALL_SHORTCUTS, seed=seed),
             )
             for seed in (False, True)
         )
@@ -212,12 +215,9 @@ def test_a_curve_that_rises_again_is_reported_not_trusted():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity_module, "probe", fake_probe(curve))
         result = capacity(
-            small_load(10),
-            COST,
-            SLO_1S,
+            ServingQuestion(small_load(10), COST, SLO_1S, executor=InlineExecutor()),
             1,
             deployments=[Deployment("shared", 1)],
-            executor=InlineExecutor(),
         )
     (found,) = result.results
     assert found.best.scale <= 3 < found.miss.scale
@@ -229,10 +229,7 @@ def test_halving_goes_on_while_latency_falls_even_at_zero_attainment():
     curve = lambda s: 0.0 if s > 0.01 else 1.0  # noqa: E731  overloaded down to 0.01
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity_module, "probe", fake_probe(curve, lambda s: 5.0 * s))
-        result = capacity(
-            small_load(10), COST, SLO_1S, 1, deployments=[Deployment("shared", 1)],
-            executor=InlineExecutor(),
-        )  # fmt: skip
+        result = capacity(ServingQuestion(small_load(10), COST, SLO_1S, executor=InlineExecutor()), 1, deployments=[Deployment("shared", 1)])  # fmt: skip
     (found,) = result.results
     assert found.status == "found" and found.best.scale <= 0.01 < found.miss.scale
 
@@ -241,10 +238,7 @@ def test_halving_goes_on_while_it_helps():
     curve = lambda s: min(1.0, 0.05 / s)  # noqa: E731  attainment rises as the rate falls
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity_module, "probe", fake_probe(curve))
-        result = capacity(
-            small_load(10), COST, SLO_1S, 1, deployments=[Deployment("shared", 1)],
-            executor=InlineExecutor(),
-        )  # fmt: skip
+        result = capacity(ServingQuestion(small_load(10), COST, SLO_1S, executor=InlineExecutor()), 1, deployments=[Deployment("shared", 1)])  # fmt: skip
     (found,) = result.results
     assert found.status == "found" and found.best.scale <= 0.05 / 0.9 < found.miss.scale
 
@@ -254,13 +248,11 @@ def test_a_rise_that_stays_below_the_target_is_noted():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity_module, "probe", fake_probe(curve))
         result = capacity(
-            small_load(10),
-            COST,
-            SLO_1S,
+            ServingQuestion(
+                small_load(10), COST, SLO_1S, shortcuts=PLAIN_PATH, executor=InlineExecutor()
+            ),
             1,
             deployments=[Deployment("shared", 1)],
-            executor=InlineExecutor(),
-            shortcuts=PLAIN_PATH,  # the path the rise is seen on
         )
     (found,) = result.results
     assert not found.monotone and not found.crossing
@@ -273,11 +265,15 @@ def test_never_met_and_never_missed_are_said():
         # out of reach: attainment and latency no longer change as the rate falls
         patch.setattr(capacity_module, "probe", fake_probe(lambda s: 0.0, lambda s: 2.0))
         never = capacity(
-            small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
+            ServingQuestion(small_load(10), COST, SLO_1S, executor=InlineExecutor()),
+            1,
+            deployments=deployments,
         )
         patch.setattr(capacity_module, "probe", fake_probe(lambda s: 1.0))
         always = capacity(
-            small_load(10), COST, SLO_1S, 1, deployments=deployments, executor=InlineExecutor()
+            ServingQuestion(small_load(10), COST, SLO_1S, executor=InlineExecutor()),
+            1,
+            deployments=deployments,
         )
     assert [r.status for r in never.results] == ["never met"] * 2
     # from the start, two halvings did not help: stop
@@ -306,13 +302,10 @@ def test_the_recommendation_compares_with_shared_and_names_close_runners_up():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capacity_module, "probe", run)
         result = capacity(
-            small_load(10),
-            COST,
-            SLO_1S,
+            ServingQuestion(small_load(10), COST, SLO_1S, executor=InlineExecutor()),
             1,
             deployments=deployments,
             tolerance=0.01,
-            executor=InlineExecutor(),
         )
     line = result.recommendation()
     assert line.startswith("coscheduled ×1 serves 2× the requests per device of shared ×1")
@@ -326,13 +319,11 @@ def test_progress_gets_one_line_per_deployment():
         patch.setattr(capacity_module, "probe", fake_probe(lambda s: 1.0 if s < 3 else 0.0))
         deployments = [Deployment("shared", 1), Deployment("coscheduled", 1)]
         capacity(
-            small_load(10),
-            COST,
-            SLO_1S,
+            ServingQuestion(
+                small_load(10), COST, SLO_1S, executor=InlineExecutor(), progress=lines.append
+            ),
             1,
             deployments=deployments,
-            executor=InlineExecutor(),
-            progress=lines.append,
         )
     assert sorted(line.split(":")[0] for line in lines) == ["coscheduled ×1", "shared ×1"]
     assert all(": found, " in line for line in lines)
@@ -359,7 +350,9 @@ def test_the_answer_meets_the_slo_at_its_rate_and_misses_it_above_the_tolerance(
     choices = default_deployments(cost, devices, slo)
     deployment = choices[pick % len(choices)]
     result = capacity(
-        load, cost, slo, devices, target=target, deployments=[deployment], executor=InlineExecutor()
+        ServingQuestion(load, cost, slo, target=target, executor=InlineExecutor()),
+        devices,
+        deployments=[deployment],
     )
     (found,) = result.results
     if found.best is not None:
@@ -380,12 +373,9 @@ def test_the_answer_meets_the_slo_at_its_rate_and_misses_it_above_the_tolerance(
 def test_a_search_on_the_simulator_finds_the_shared_workers_limit():
     load = small_load(60)
     result = capacity(
-        load,
-        COST,
-        SLO.parse("ttft:200ms,tpot:50ms"),
+        ServingQuestion(load, COST, SLO.parse("ttft:200ms,tpot:50ms"), executor=InlineExecutor()),
         1,
         deployments=[Deployment("shared", 1)],
-        executor=InlineExecutor(),
     )
     (found,) = result.results
     assert found.status == "found" and found.binding in ("ttft", "tpot", "ttft+tpot")
@@ -393,7 +383,9 @@ def test_a_search_on_the_simulator_finds_the_shared_workers_limit():
 
 
 def test_default_deployments_of_four_devices_all_run():
-    result = capacity(small_load(40), COST, SLO_1S, 4, executor=InlineExecutor(), tolerance=0.2)
+    result = capacity(
+        ServingQuestion(small_load(40), COST, SLO_1S, executor=InlineExecutor()), 4, tolerance=0.2
+    )
     assert len(result.results) == len(default_deployments(COST, 4, SLO_1S))
     assert all(r.probes for r in result.results)
 
@@ -408,9 +400,13 @@ def comparable(result: CapacityResult) -> dict:
 def test_a_process_pool_gives_the_inline_answer():
     load = small_load(30)
     deployments = default_deployments(COST, 2, SLO_1S)
-    inline = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=InlineExecutor())
+    inline = capacity(
+        ServingQuestion(load, COST, SLO_1S, executor=InlineExecutor()), 2, deployments=deployments
+    )
     with local_executor(2) as pool:
-        pooled = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=pool)
+        pooled = capacity(
+            ServingQuestion(load, COST, SLO_1S, executor=pool), 2, deployments=deployments
+        )
     assert comparable(pooled) == comparable(inline)
 
 
@@ -424,14 +420,18 @@ def test_a_dask_local_cluster_gives_the_local_answer(monkeypatch):
     load = small_load(30)
     deployments = default_deployments(COST, 2, SLO_1S)
     with local_executor(2) as pool:
-        local = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=pool)
+        local = capacity(
+            ServingQuestion(load, COST, SLO_1S, executor=pool), 2, deployments=deployments
+        )
     with (
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         ) as cluster,
         dask_executor(cluster.scheduler_address) as executor,
     ):
-        remote = capacity(load, COST, SLO_1S, 2, deployments=deployments, executor=executor)
+        remote = capacity(
+            ServingQuestion(load, COST, SLO_1S, executor=executor), 2, deployments=deployments
+        )
     assert comparable(remote) == comparable(local)
 
 
@@ -519,9 +519,10 @@ def test_importing_the_package_imports_no_dask():
 )
 def test_bad_search_input_is_a_named_error(change, message):
     args = {"workload": small_load(5), "cost": COST, "slo": SLO_1S, "devices": 1, **change}
-    positional = [args.pop(k) for k in ("workload", "cost", "slo", "devices")]
+    asked = {k: args.pop(k) for k in ("workload", "cost", "slo", "target") if k in args}
+    devices = args.pop("devices")
     with pytest.raises(ValueError, match=message):
-        capacity(*positional, executor=InlineExecutor(), **args)
+        capacity(ServingQuestion(**asked, executor=InlineExecutor()), devices, **args)
 
 
 def test_a_failing_simulation_reaches_the_caller():
@@ -534,12 +535,9 @@ def test_a_failing_simulation_reaches_the_caller():
         patch.setattr(capacity_module, "probe", broken)
         with pytest.raises(ValueError, match="simulation refused"):
             capacity(
-                too_big,
-                COST,
-                SLO_1S,
+                ServingQuestion(too_big, COST, SLO_1S, executor=InlineExecutor()),
                 1,
                 deployments=[Deployment("shared", 1)],
-                executor=InlineExecutor(),
             )
 
 
@@ -578,7 +576,9 @@ def test_a_tolerance_too_fine_to_separate_rates_is_refused():
         error = finishes_within(
             10,
             lambda t=tolerance: capacity(
-                small_load(5), COST, SLO_1S, 1, tolerance=t, executor=InlineExecutor()
+                ServingQuestion(small_load(5), COST, SLO_1S, executor=InlineExecutor()),
+                1,
+                tolerance=t,
             ),
         )
         assert isinstance(error, ValueError) and "tolerance must be in [0.0001, 1]" in str(error)
@@ -687,12 +687,9 @@ def test_a_cluster_whose_workers_all_died_stops_the_search_with_a_message(peer, 
     def search():
         with dask_executor(scheduler.address, timeout=5) as executor:
             return capacity(
-                small_load(10),
-                COST,
-                SLO_1S,
+                ServingQuestion(small_load(10), COST, SLO_1S, executor=executor),
                 1,
                 deployments=[Deployment("shared", 1)],
-                executor=executor,
             )
 
     error = finishes_within(20, search)
@@ -713,7 +710,7 @@ def test_a_broken_process_pool_is_named_not_a_traceback():
             return future
 
     with pytest.raises(ExecutorLost, match="a worker died"):
-        capacity(small_load(5), COST, SLO_1S, 1, executor=Broken())
+        capacity(ServingQuestion(small_load(5), COST, SLO_1S, executor=Broken()), 1)
 
 
 def test_default_deployments_are_bounded_for_many_devices():
@@ -734,7 +731,9 @@ def test_a_long_search_says_how_far_it_is_before_any_deployment_finishes(monkeyp
     monkeypatch.setattr(search_loop, "PROGRESS_EVERY", 0.0)
     lines: list[str] = []
     with local_executor(2) as pool:
-        capacity(small_load(10), COST, SLO_1S, 2, executor=pool, progress=lines.append)
+        capacity(
+            ServingQuestion(small_load(10), COST, SLO_1S, executor=pool, progress=lines.append), 2
+        )
     first_done = next(i for i, line in enumerate(lines) if "req/s (" in line)
     assert any("simulations done;" in line for line in lines[:first_done])
 
@@ -891,7 +890,9 @@ def test_a_never_met_note_says_when_requests_arrive_together():
     ]
     slo = SLO.parse("ttft:100ms")
     found = capacity(
-        bunched, cost, slo, 1, deployments=[Deployment("shared", 1)], executor=InlineExecutor()
+        ServingQuestion(bunched, cost, slo, executor=InlineExecutor()),
+        1,
+        deployments=[Deployment("shared", 1)],
     )
     (only,) = found.results
     assert only.status == "never met" and only.alone == 0
@@ -899,7 +900,9 @@ def test_a_never_met_note_says_when_requests_arrive_together():
     assert "up to 5 at one instant; 8 distinct arrival times for 40 requests" in note
     apart = [dataclasses.replace(r, arrival=r.arrival + 0.3 * j) for j, r in enumerate(bunched)]
     spread = capacity(
-        apart, cost, slo, 1, deployments=[Deployment("shared", 1)], executor=InlineExecutor()
+        ServingQuestion(apart, cost, slo, executor=InlineExecutor()),
+        1,
+        deployments=[Deployment("shared", 1)],
     )
     assert spread.largest_bunch == 1
     assert not [n for n in spread.notes() if "arriving together" in n]

@@ -15,6 +15,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO, serving_metrics
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS
 from pytest_prefill.plan.sizing import devices_needed
 from pytest_prefill.plan.workloads import poisson, resolve_workload, scale_rate
@@ -39,13 +40,9 @@ def test_every_probe_runs_the_profile_with_the_deployments_settings():
     load = small_load()
     deployment = Deployment("chunked", 1, max_batched_tokens=512)
     result = capacity(
-        load,
-        COST,
-        SLO_2S,
+        ServingQuestion(load, COST, SLO_2S, engine="vllm", executor=InlineExecutor()),
         1,
         deployments=[deployment],
-        executor=InlineExecutor(),
-        engine="vllm",
         tolerance=0.2,
     )
     (found,) = result.results
@@ -60,7 +57,9 @@ def test_every_probe_runs_the_profile_with_the_deployments_settings():
 
 def test_the_answer_is_the_best_deployments_flags():
     result = capacity(
-        small_load(), COST, SLO_2S, 2, executor=InlineExecutor(), engine="vllm", tolerance=0.3
+        ServingQuestion(small_load(), COST, SLO_2S, engine="vllm", executor=InlineExecutor()),
+        2,
+        tolerance=0.3,
     )
     best = result.ranked()[0]
     command = result.command()
@@ -73,13 +72,11 @@ def test_the_answer_is_the_best_deployments_flags():
 def test_a_split_under_an_engine_without_one_is_refused():
     with pytest.raises(ValueError, match="runs no prefill:decode split"):
         capacity(
-            small_load(),
-            COST,
-            SLO_2S,
+            ServingQuestion(
+                small_load(), COST, SLO_2S, engine="llama.cpp", executor=InlineExecutor()
+            ),
             2,
             deployments=[Deployment("disaggregated", 2, prefill_workers=1)],
-            executor=InlineExecutor(),
-            engine="llama.cpp",
         )
 
 
@@ -87,27 +84,21 @@ def test_devices_needed_reuses_a_search_only_under_the_same_engine():
     load = small_load()
     kinds = [Deployment("chunked", 1, max_batched_tokens=2048)]
     searched = capacity(
-        load, COST, SLO_2S, 1, deployments=kinds, executor=InlineExecutor(), engine="vllm"
+        ServingQuestion(load, COST, SLO_2S, engine="vllm", executor=InlineExecutor()),
+        1,
+        deployments=kinds,
     )
     same = devices_needed(
-        load,
-        COST,
-        SLO_2S,
+        ServingQuestion(load, COST, SLO_2S, engine="vllm", executor=InlineExecutor()),
         lambda n: kinds,
         max_devices=1,
         known=searched,
-        executor=InlineExecutor(),
-        engine="vllm",
     )
     other = devices_needed(
-        load,
-        COST,
-        SLO_2S,
+        ServingQuestion(load, COST, SLO_2S, engine="lab", executor=InlineExecutor()),
         lambda n: kinds,
         max_devices=1,
         known=searched,
-        executor=InlineExecutor(),
-        engine="lab",
     )
     assert same.checks[0].simulations == 0 < other.checks[0].simulations
     assert (same.engine, other.engine) == ("vllm", "lab")
@@ -165,16 +156,18 @@ def test_on_8_devices_under_vllm_disaggregated_splits_find_a_rate_and_prefill_he
         pytest.skip("the simulator runs no split with this profile yet")
     splits = [Deployment("disaggregated", 8, prefill_workers=p) for p in (1, 4, 7)]
     result = capacity(
-        mooncake(),
-        COST,
-        SLO_2S,
+        ServingQuestion(
+            mooncake(),
+            COST,
+            SLO_2S,
+            engine=profile,
+            shortcuts=dataclasses.replace(ALL_SHORTCUTS, prune=False),
+            executor=InlineExecutor(),
+        ),
         8,
         deployments=splits,
-        executor=InlineExecutor(),
-        engine=profile,
         tolerance=0.2,
         verify=False,
-        shortcuts=dataclasses.replace(ALL_SHORTCUTS, prune=False),  # every split's own rate
     )
     rates = [r.max_rate for r in result.results]  # in the order given: 1P, 4P, 7P
     assert all(rate > 0 for rate in rates) and rates == sorted(rates)
@@ -188,13 +181,9 @@ def test_a_cache_on_takes_the_traces_block_size_and_finds_hits():
     assert workload.prefix_block_tokens == 512
     deployment = Deployment("chunked", 1, max_batched_tokens=2048)
     result = capacity(
-        workload,
-        COST,
-        SLO_2S,
+        ServingQuestion(workload, COST, SLO_2S, engine=cached, executor=InlineExecutor()),
         1,
         deployments=[deployment],
-        executor=InlineExecutor(),
-        engine=cached,
         tolerance=0.3,
     )
     assert result.engine.prefix_block_tokens == 512
@@ -220,11 +209,7 @@ def test_a_deployment_the_simulator_refuses_under_the_profile_is_named_before_an
         pytest.skip("the simulator runs this split under paged KV")
     with pytest.raises(ValueError, match="deployment disaggregated 1P:1D"):
         capacity(
-            small_load(),
-            COST,
-            SLO_2S,
+            ServingQuestion(small_load(), COST, SLO_2S, engine=cached, executor=InlineExecutor()),
             2,
             deployments=[split],
-            executor=InlineExecutor(),
-            engine=cached,
         )

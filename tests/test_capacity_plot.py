@@ -14,6 +14,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.workloads import poisson
 from pytest_prefill.report.capacity_plot import (
     CHAR_WIDTH,
@@ -36,13 +37,15 @@ def many():
     load = poisson(20.0, 60, prompt_len=lambda rng: rng.randint(64, 3000), output_len=20)
     deployments = [Deployment("chunked", 1, chunk=c) for c in range(128, 128 * 13, 128)]
     return capacity(
-        load,
-        PRESETS["datacenter-illustrative"].cost,
-        SLO.parse("ttft:300ms,tpot:50ms"),
+        ServingQuestion(
+            load,
+            PRESETS["datacenter-illustrative"].cost,
+            SLO.parse("ttft:300ms,tpot:50ms"),
+            target=0.99,
+            executor=InlineExecutor(),
+        ),
         1,
-        target=0.99,
         deployments=deployments,
-        executor=InlineExecutor(),
     )
 
 

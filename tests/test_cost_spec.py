@@ -82,9 +82,9 @@ def test_simulate_and_timeline_take_the_archive_of_a_named_machine(tmp_path, cap
 
 
 def recommend_line(refused: str) -> str:
-    from pytest_prefill.plan.advice import recommend
+    from pytest_prefill.plan.advice import FittedCost, recommend
 
-    return recommend(COST, {refused}).line
+    return recommend(FittedCost(COST, frozenset({refused}))).line
 
 
 def test_archive_without_runs_is_a_usage_error(tmp_path, capsys):

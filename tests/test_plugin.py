@@ -19,7 +19,7 @@ import pytest
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.archive import saving
 from pytest_prefill.machine import cpu_key, cpu_model, machine_key, nvidia_accelerators
-from pytest_prefill.plan.advice import recommend
+from pytest_prefill.plan.advice import FittedCost, recommend
 from pytest_prefill.sim import CostModel, get_preset
 
 ENTRY_POINT = any(
@@ -338,7 +338,7 @@ def test_the_summary_shows_tables_and_verdicts_and_the_archive_holds_them(pytest
     assert [v["asserted"] for v in run_["verdicts"]] == [None, None, False, None]
     assert run_["cost"]["cost_model"] == get_preset("lab-laptop").cost.to_dict()
     lab = get_preset("lab-laptop").cost
-    assert run_["cost"]["recommendation"]["line"] == recommend(lab).line
+    assert run_["cost"]["recommendation"]["line"] == recommend(FittedCost(lab)).line
     assert run_["calibration"] is None
     svg = files[0].parent / run_["attachments"]["timeline.svg"]
     assert svg.name == f"{files[0].stem}_timeline.svg" and "<svg" in svg.read_text()

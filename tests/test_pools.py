@@ -103,6 +103,7 @@ def test_a_split_of_pools_runs_through_the_capacity_search_with_each_pools_cost(
     from pytest_prefill.plan.deployments import Deployment
     from pytest_prefill.plan.executors import InlineExecutor
     from pytest_prefill.plan.metrics import SLO
+    from pytest_prefill.plan.question import ServingQuestion
     from pytest_prefill.plan.workloads import poisson, scale_rate
     from pytest_prefill.sim import PRESETS
 
@@ -119,7 +120,10 @@ def test_a_split_of_pools_runs_through_the_capacity_search_with_each_pools_cost(
     load = poisson(10.0, 40, prompt_len=lambda r: r.randint(64, 1500), output_len=8, seed=1)
     slo = SLO.parse("ttft:2s,tpot:100ms")
     result = capacity(
-        load, base, slo, 3, deployments=[pooled], executor=InlineExecutor(), tolerance=0.3
+        ServingQuestion(load, base, slo, executor=InlineExecutor()),
+        3,
+        deployments=[pooled],
+        tolerance=0.3,
     )
     (found,) = result.results
     first = next(p for p in found.probes if p.metrics is not None)

@@ -15,6 +15,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.sizing import devices_needed
 from pytest_prefill.plan.workloads import poisson
 from pytest_prefill.report.capacity import (
@@ -45,7 +46,11 @@ def result():
         output_len=lambda rng: rng.randint(1, 60),
     )
     deployments = [Deployment("shared", 1), Deployment("chunked", 1, chunk=450)]
-    return capacity(load, COST, SLO_TIGHT, 1, deployments=deployments, executor=InlineExecutor())
+    return capacity(
+        ServingQuestion(load, COST, SLO_TIGHT, executor=InlineExecutor()),
+        1,
+        deployments=deployments,
+    )
 
 
 def test_the_table_has_one_row_per_deployment_best_first(result):
@@ -62,13 +67,9 @@ def test_the_table_has_one_row_per_deployment_best_first(result):
 def test_the_latency_columns_follow_the_target(target):
     load = poisson(20.0, 40, prompt_len=lambda rng: rng.randint(64, 3000), output_len=20)
     found = capacity(
-        load,
-        COST,
-        SLO_TIGHT,
+        ServingQuestion(load, COST, SLO_TIGHT, target=target, executor=InlineExecutor()),
         1,
-        target=target,
         deployments=[Deployment("shared", 1)],
-        executor=InlineExecutor(),
     )
     p = round(100 * target)
     header, _, row = capacity_table(found).splitlines()[:3]
@@ -179,10 +180,7 @@ def test_headroom_is_the_best_rate_over_the_workloads_own(result):
 
 def test_headroom_below_one_says_how_far_short_the_devices_fall():
     load = poisson(400.0, 60, prompt_len=3000, output_len=4)  # 12 s of prefill a second
-    result = capacity(
-        load, COST, SLO.parse("ttft:1s"), 1, deployments=[Deployment("shared", 1)],
-        executor=InlineExecutor(),
-    )  # fmt: skip
+    result = capacity(ServingQuestion(load, COST, SLO.parse("ttft:1s"), executor=InlineExecutor()), 1, deployments=[Deployment("shared", 1)])  # fmt: skip
     assert 0 < result.headroom < 1
     assert f"{1 / result.headroom:,.3g}× what the best" in headroom_line(result)
 
@@ -190,7 +188,9 @@ def test_headroom_below_one_says_how_far_short_the_devices_fall():
 def test_the_devices_line_names_the_count_and_the_count_below(result):
     shared = lambda n: [Deployment("shared", n)]  # noqa: E731
     load = poisson(150.0, 150, prompt_len=1024, output_len=16, seed=3)
-    needed = devices_needed(load, COST, SLO.parse("ttft:1s"), shared, executor=InlineExecutor())
+    needed = devices_needed(
+        ServingQuestion(load, COST, SLO.parse("ttft:1s"), executor=InlineExecutor()), shared
+    )
     assert needed.devices is not None and needed.devices > 1
     line = devices_needed_line(needed)
     assert line.startswith(f"Devices this traffic needs: {needed.devices} (shared ×")
@@ -200,7 +200,9 @@ def test_the_devices_line_names_the_count_and_the_count_below(result):
         needed.devices
     )
     beyond = devices_needed(
-        load, COST, SLO.parse("ttft:15ms"), shared, max_devices=3, executor=InlineExecutor()
+        ServingQuestion(load, COST, SLO.parse("ttft:15ms"), executor=InlineExecutor()),
+        shared,
+        max_devices=3,
     )  # reachable alone (11.2 ms of prefill), never with a decode step before the first token
     assert "more than 3 (the search's bound, --max-devices)" in devices_needed_line(beyond)
 
@@ -312,10 +314,7 @@ def test_an_unanswering_cluster_is_a_usage_error_within_seconds(capsys):
 def test_a_deployment_that_never_meets_the_slo_has_a_row_without_latencies():
     # a deployment that never meets the SLO has no latencies to print
     load = poisson(50.0, 20, prompt_len=3000, output_len=4)
-    result = capacity(
-        load, COST, SLO.parse("ttft:1us"), 1, deployments=[Deployment("shared", 1)],
-        executor=InlineExecutor(),
-    )  # fmt: skip
+    result = capacity(ServingQuestion(load, COST, SLO.parse("ttft:1us"), executor=InlineExecutor()), 1, deployments=[Deployment("shared", 1)])  # fmt: skip
     table = capacity_table(result)
     assert "none" in table and not math.isnan(result.results[0].max_rate)
 

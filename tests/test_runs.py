@@ -9,7 +9,7 @@ import pytest
 from pytest_prefill.archive import runs as archive
 from pytest_prefill.archive import saving
 from pytest_prefill.cli import main
-from pytest_prefill.plan.advice import recommend
+from pytest_prefill.plan.advice import FittedCost, recommend
 from pytest_prefill.sim import get_preset
 
 pytestmark = pytest.mark.sim
@@ -40,7 +40,7 @@ def test_one_machine_lists_run_numbers_with_c_star_and_verdicts(tmp_path, capsys
     lines = out.splitlines()
     first = next(line for line in lines if line.startswith("0001 "))
     second = next(line for line in lines if line.startswith("0002 "))
-    assert f"{LAB.chunk_star():.0f}" in first and recommend(LAB).policy in first
+    assert f"{LAB.chunk_star():.0f}" in first and recommend(FittedCost(LAB)).policy in first
     assert "  calibrate  " in first
     assert "falsifier FAILS" in second and "pytest -m gpu" in second
 

@@ -18,6 +18,7 @@ from pytest_prefill.plan.capacity import CapacityResult, capacity
 from pytest_prefill.plan.deployments import default_deployments
 from pytest_prefill.plan.executors import InlineExecutor, ShippedLoad, local_executor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.rate_search import RateSearch, lattice_step
 from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, NO_SHORTCUTS, decided_best
 from pytest_prefill.plan.sizing import devices_needed
@@ -84,14 +85,16 @@ def test_every_shortcut_leaves_the_answer_as_it_is(seed, slo, target, engine, de
     load, bounds = load_of(seed), SLO.parse(slo)
     runs = {
         rules: capacity(
-            load,
-            COST,
-            bounds,
+            ServingQuestion(
+                load,
+                COST,
+                bounds,
+                target=target,
+                engine=engine,
+                shortcuts=rules,
+                executor=InlineExecutor(),
+            ),
             devices,
-            target=target,
-            engine=engine,
-            executor=InlineExecutor(),
-            shortcuts=rules,
         )
         for rules in (ALL_SHORTCUTS, NO_SHORTCUTS, *ONE_OFF)
     }
@@ -112,15 +115,17 @@ def test_the_devices_needed_are_the_same_with_runs_stopped_once_decided(seed, sl
     load = [dataclasses.replace(r, arrival=r.arrival / 4) for r in load]  # 20 req/s
     found = {
         rules: devices_needed(
-            load,
-            COST,
-            bounds,
+            ServingQuestion(
+                load,
+                COST,
+                bounds,
+                target=0.9,
+                engine=profile,
+                shortcuts=rules,
+                executor=InlineExecutor(),
+            ),
             at,
-            target=0.9,
             max_devices=8,
-            engine=profile,
-            executor=InlineExecutor(),
-            shortcuts=rules,
         )  # fmt: skip
         for rules in (ALL_SHORTCUTS, NO_SHORTCUTS)
     }
@@ -135,9 +140,11 @@ def test_the_devices_needed_are_the_same_with_runs_stopped_once_decided(seed, sl
 
 def test_a_pool_gives_the_answer_and_the_probes_inline_gives():
     load, bounds = load_of(7, 60), SLO.parse("ttft:1s,tpot:100ms")
-    inline = capacity(load, COST, bounds, 3, engine="vllm", executor=InlineExecutor())
+    inline = capacity(
+        ServingQuestion(load, COST, bounds, engine="vllm", executor=InlineExecutor()), 3
+    )
     with local_executor(2) as pool:
-        pooled = capacity(load, COST, bounds, 3, engine="vllm", executor=pool)
+        pooled = capacity(ServingQuestion(load, COST, bounds, engine="vllm", executor=pool), 3)
     assert answer(pooled) == answer(inline)
     for a, b in zip(inline.results, pooled.results):
         assert [p.scale for p in a.probes] == [p.scale for p in b.probes]
@@ -145,7 +152,9 @@ def test_a_pool_gives_the_answer_and_the_probes_inline_gives():
 
 def test_pruned_deployments_say_so_and_are_never_the_baseline():
     load, bounds = load_of(3, 60), SLO.parse("ttft:1s,tpot:100ms")
-    result = capacity(load, COST, bounds, 4, engine="vllm", executor=InlineExecutor())
+    result = capacity(
+        ServingQuestion(load, COST, bounds, engine="vllm", executor=InlineExecutor()), 4
+    )
     pruned = [r for r in result.results if r.status == "pruned"]
     baseline = result.baseline
     assert baseline is not None and baseline.status != "pruned"

@@ -14,6 +14,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment, default_deployments, deployments_like
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO, serving_metrics
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.sizing import devices_needed, smallest_count
 from pytest_prefill.plan.workloads import poisson
 from pytest_prefill.sim import PRESETS, simulate
@@ -60,7 +61,9 @@ def test_the_count_search_finds_the_threshold_of_a_monotone_test(threshold, star
 
 
 def test_the_answer_meets_at_its_count_and_the_count_below_misses():
-    needed = devices_needed(LOAD, COST, SLO_1S, shared_only, executor=InlineExecutor())
+    needed = devices_needed(
+        ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()), shared_only
+    )
     assert needed.devices is not None and needed.devices > 1
     assert attains(Deployment("shared", needed.devices)) >= 0.9
     assert attains(Deployment("shared", needed.devices - 1)) < 0.9
@@ -71,7 +74,7 @@ def test_the_answer_meets_at_its_count_and_the_count_below_misses():
 
 def test_every_kind_of_deployment_is_tried_and_the_first_that_meets_ends_a_count():
     kinds = lambda n: default_deployments(COST, n, SLO_1S)  # noqa: E731
-    needed = devices_needed(LOAD, COST, SLO_1S, kinds, executor=InlineExecutor())
+    needed = devices_needed(ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()), kinds)
     assert needed.devices is not None
     at = [c for c in needed.checks if c.devices == needed.devices][0]
     assert at.best is not None and attains(at.best) >= 0.9
@@ -82,9 +85,16 @@ def test_every_kind_of_deployment_is_tried_and_the_first_that_meets_ends_a_count
 
 
 def test_a_capacity_search_answers_its_own_count_without_simulating_it_again():
-    known = capacity(LOAD, COST, SLO_1S, 8, deployments=shared_only(8), executor=InlineExecutor())
+    known = capacity(
+        ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()),
+        8,
+        deployments=shared_only(8),
+    )
     needed = devices_needed(
-        LOAD, COST, SLO_1S, shared_only, start=8, known=known, executor=InlineExecutor()
+        ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()),
+        shared_only,
+        start=8,
+        known=known,
     )
     first = needed.checks[0]
     assert first.devices == 8 and first.simulations == 0
@@ -93,17 +103,16 @@ def test_a_capacity_search_answers_its_own_count_without_simulating_it_again():
     if at_rate:  # the search ran the workload's own rate: its attainment, else one run more
         assert first.attainment == at_rate[0].attainment
     json.dumps(needed.to_dict(), allow_nan=False)  # an attainment not known is null
-    alone = devices_needed(LOAD, COST, SLO_1S, shared_only, start=8, executor=InlineExecutor())
+    alone = devices_needed(
+        ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()), shared_only, start=8
+    )
     assert alone.devices == needed.devices
 
 
 def test_the_search_stops_at_its_bound_and_says_so():
     # 15 ms: a prompt's prefill alone (11.2 ms) fits, but the first token waits a decode step
     lines: list[str] = []
-    needed = devices_needed(
-        LOAD, COST, SLO.parse("ttft:15ms"), shared_only, max_devices=5,
-        executor=InlineExecutor(), progress=lines.append,
-    )  # fmt: skip
+    needed = devices_needed(ServingQuestion(LOAD, COST, SLO.parse("ttft:15ms"), executor=InlineExecutor(), progress=lines.append), shared_only, max_devices=5)  # fmt: skip
     assert needed.devices is None and needed.deployment is None
     assert [c.devices for c in needed.checks] == [1, 2, 4, 5]
     assert len(lines) == len(needed.checks) and all("misses" in line for line in lines)
@@ -112,7 +121,9 @@ def test_the_search_stops_at_its_bound_and_says_so():
 def test_a_count_no_deployment_fits_misses():
     splits_only = [Deployment("disaggregated", 2, prefill_workers=1)]
     kinds = lambda n: deployments_like(splits_only, n, COST)  # noqa: E731
-    needed = devices_needed(LOAD, COST, SLO_1S, kinds, max_devices=16, executor=InlineExecutor())
+    needed = devices_needed(
+        ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()), kinds, max_devices=16
+    )
     one = [c for c in needed.checks if c.devices == 1]
     assert not one or (one[0].best is None and not one[0].meets)
 
@@ -139,21 +150,30 @@ def test_deployments_like_keeps_the_kinds_on_another_count():
     ],
 )
 def test_bad_input_is_a_named_error(kwargs, message):
+    asked = {k: kwargs.pop(k) for k in ("target",) if k in kwargs}
     with pytest.raises(ValueError, match=message):
-        devices_needed(LOAD, COST, SLO_1S, shared_only, executor=InlineExecutor(), **kwargs)
+        question = ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor(), **asked)
+        devices_needed(question, shared_only, **kwargs)
+
+
+def test_both_searches_refuse_what_is_not_a_question():
+    with pytest.raises(ValueError, match="question must be a ServingQuestion"):
+        devices_needed((LOAD, COST, SLO_1S), shared_only)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="question must be a ServingQuestion"):
+        capacity((LOAD, COST, SLO_1S), 1)  # type: ignore[arg-type]
 
 
 def test_a_count_that_meets_names_the_first_deployment_in_order_that_meets_on_any_executor():
     from pytest_prefill.plan.executors import local_executor
 
     kinds = lambda n: default_deployments(COST, n, SLO_1S)  # noqa: E731
-    inline = devices_needed(LOAD, COST, SLO_1S, kinds, executor=InlineExecutor())
+    inline = devices_needed(ServingQuestion(LOAD, COST, SLO_1S, executor=InlineExecutor()), kinds)
     assert inline.devices is not None
     order = list(kinds(inline.devices))
     first = next(d for d in order if attains(d) >= 0.9)
     assert inline.deployment == first
     with local_executor(2) as pool:
-        pooled = devices_needed(LOAD, COST, SLO_1S, kinds, executor=pool)
+        pooled = devices_needed(ServingQuestion(LOAD, COST, SLO_1S, executor=pool), kinds)
     assert [(c.devices, c.best, c.meets) for c in pooled.checks] == [
         (c.devices, c.best, c.meets) for c in inline.checks
     ]

@@ -16,6 +16,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment, default_deployments, refused_kinds
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO, serving_metrics
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.sizing import devices_needed
 from pytest_prefill.plan.verdict import (
     allowed_misses,
@@ -209,18 +210,14 @@ def long_prompts(long: int, short: int = 20) -> list[Request]:
 def test_an_slo_more_requests_miss_alone_than_may_miss_is_unreachable_without_simulating():
     load = long_prompts(long=3)  # 3 of 23 miss a 2 s TTFT alone; 90% lets 2 miss
     slo = SLO.parse("ttft:2s,tpot:100ms")
-    result = capacity(load, LAPTOP, slo, 4, target=0.9, executor=InlineExecutor())
+    result = capacity(ServingQuestion(load, LAPTOP, slo, target=0.9, executor=InlineExecutor()), 4)
     assert result.unreachable and result.simulations == 0
     assert result.alone is not None and result.alone.count == 3
     assert "Unreachable: 3 requests" in result.recommendation()
     assert "r0 (60,000 + 4 tokens)" in result.recommendation()
     needed = devices_needed(
-        load,
-        LAPTOP,
-        slo,
+        ServingQuestion(load, LAPTOP, slo, target=0.9, executor=InlineExecutor()),
         lambda n: default_deployments(LAPTOP, n, slo),
-        target=0.9,
-        executor=InlineExecutor(),
     )
     assert needed.devices is None and needed.unreachable and needed.checks == ()
     assert devices_needed_line(needed).startswith("Devices this traffic needs: none would do")
@@ -230,13 +227,9 @@ def test_as_many_missing_alone_as_may_miss_is_still_searched():
     load = long_prompts(long=2)  # 2 of 22 miss alone; 90% lets 2 miss
     slo = SLO.parse("ttft:2s,tpot:100ms")
     result = capacity(
-        load,
-        LAPTOP,
-        slo,
+        ServingQuestion(load, LAPTOP, slo, target=0.9, executor=InlineExecutor()),
         2,
-        target=0.9,
         deployments=[Deployment("shared", 2)],
-        executor=InlineExecutor(),
     )
     assert not result.unreachable and result.simulations > 0
     assert result.results[0].alone == 2

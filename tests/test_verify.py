@@ -35,7 +35,7 @@ from pytest_prefill.verify.knee import (
 from pytest_prefill.verify.knee_interval import agreement
 from pytest_prefill.verify.probe_rule import ProbeRule, probe_load
 from pytest_prefill.verify.result import FlagSetResult, VerifyResult
-from pytest_prefill.verify.verification import FlagSet, Server, verify
+from pytest_prefill.verify.verification import FlagSet, Server, VerifyOptions, verify
 
 LAB_LAPTOP = PRESETS["lab-laptop"].cost
 
@@ -193,7 +193,7 @@ def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
     launcher = Launcher("llama.cpp", str(model), "/bin/false", ready_timeout=10)
     server = Server(launcher=launcher, engine="llama.cpp")
     with pytest.raises(ValueError, match="sweep"):
-        verify(server, [FlagSet(256)], _poisson(40), SLO(ttft=1.0), rule=ProbeRule(margin=0.1))
+        VerifyOptions(rule=ProbeRule(margin=0.1))
     from pytest_prefill.serve.calibration.server_calibration import ServerSweep
 
     result = verify(
@@ -201,8 +201,7 @@ def test_a_launcher_that_cannot_start_ends_its_flag_set_in_one_line(tmp_path):
         [FlagSet(256), FlagSet(512)],
         _poisson(40),
         SLO(ttft=1.0),
-        rule=ProbeRule(margin=0.1),
-        sweep=ServerSweep(256),
+        VerifyOptions(rule=ProbeRule(margin=0.1), sweep=ServerSweep(256)),
     )
     assert not result.compared and len(result.results) == 2
     for r in result.results:
@@ -221,20 +220,17 @@ def test_a_running_server_runs_one_flag_set():
             [FlagSet(256), FlagSet(512)],
             _poisson(40),
             SLO(ttft=1.0),
-            sweep=ServerSweep(256),
+            VerifyOptions(sweep=ServerSweep(256)),
         )
     with pytest.raises(ValueError, match="repeated"):
-        verify(server, [FlagSet(256)] * 2, _poisson(40), SLO(ttft=1.0), sweep=ServerSweep(256))
+        options = VerifyOptions(sweep=ServerSweep(256))
+        verify(server, [FlagSet(256)] * 2, _poisson(40), SLO(ttft=1.0), options)
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="probe_requests"):
-            verify(
-                server,
-                [FlagSet(256)],
-                _poisson(40),
-                SLO(ttft=1.0),
-                sweep=ServerSweep(256),
-                probe_requests=bad,  # type: ignore[arg-type]
-            )
+            VerifyOptions(sweep=ServerSweep(256), probe_requests=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="options"):
+        loose = {"sweep": ServerSweep(256)}  # the options as a mapping, not a VerifyOptions
+        verify(server, [FlagSet(256)], _poisson(40), SLO(ttft=1.0), loose)  # type: ignore[arg-type]
 
 
 def _result(flags: FlagSet, predicted: float, measured_knee: float) -> FlagSetResult:
@@ -307,6 +303,7 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
     from pytest_prefill.plan.capacity import capacity
     from pytest_prefill.plan.deployments import Deployment
     from pytest_prefill.plan.executors import InlineExecutor
+    from pytest_prefill.plan.question import ServingQuestion
 
     deployments = [
         Deployment("chunked", 2, max_batched_tokens=256, max_seqs=8),
@@ -314,13 +311,11 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
         Deployment("disaggregated", 2, prefill_workers=1, max_batched_tokens=512),
     ]
     answer = capacity(
-        _poisson(30),
-        LAB_LAPTOP,
-        SLO(ttft=2.0),
+        ServingQuestion(
+            _poisson(30), LAB_LAPTOP, SLO(ttft=2.0), engine="vllm", executor=InlineExecutor()
+        ),
         2,
         deployments=deployments,
-        executor=InlineExecutor(),
-        engine="vllm",
     )
     path = tmp_path / "answer.json"
     path.write_text(json.dumps(answer.to_dict()))

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from cli_errors import usage_error
 from hostile import write_words
-from poisson_load import poisson_load
 
 from pytest_prefill.cli import build_parser, main
 from pytest_prefill.commands.verify import workload_of
@@ -26,7 +25,6 @@ from pytest_prefill.plan.compute.derive import TokenRange, derive_cost
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.compute.efficiency import efficiency_for
 from pytest_prefill.plan.compute.host import tabled_host
-from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.serve.calibration.experiments import WARMUP_REQUESTS
 from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
@@ -35,9 +33,9 @@ from pytest_prefill.serve.launch import reference
 from pytest_prefill.sim import PROFILES, in_arrival_order
 from pytest_prefill.verify import verification
 from pytest_prefill.verify.knee import predict_knee
-from pytest_prefill.verify.probe_rule import FlagSet, probe_load
+from pytest_prefill.verify.probe_rule import probe_load
 from pytest_prefill.verify.result import Derived, VerifyResult, read_verify
-from pytest_prefill.verify.verification import UNMEASURED, Server, verify
+from pytest_prefill.verify.verification import UNMEASURED, VerifyOptions
 
 LLAMA = str(Path(__file__).parent / "data" / "llama-3.1-8b.json")
 GPU = "l4"  # an 8B model's decode on an L4 is slow enough for a knee of a few req/s
@@ -236,7 +234,5 @@ def test_verify_refuses_derived_compute_beside_a_calibration() -> None:
         TokenRange(16, 64, 128, 8),
     ).cost
     derived = Derived(cost, "derived: test")
-    server = Server(url=Url.parse("http://127.0.0.1:9"))
-    load = poisson_load(40, 2.0)
     with pytest.raises(ValueError, match="takes no calibration"):
-        verify(server, [FlagSet(BUDGET)], load, SLO(ttft=1.0), derived=derived, calibrate_once=True)
+        VerifyOptions(derived=derived, calibrate_once=True)

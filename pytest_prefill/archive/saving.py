@@ -13,7 +13,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,10 @@ from pytest_prefill.archive.runs import (
     ignore_warning,
     machine_dir,
 )
-from pytest_prefill.plan.advice import STAR_CONTEXTS, Trust, recommend
+from pytest_prefill.plan.advice import FittedCost, recommend
 from pytest_prefill.plan.cost_document import (
     RUN_KIND,
 )
-from pytest_prefill.sim import CostModel
 
 RESERVATION = re.compile(r"^\.(\d{4,9})\.reserved$")
 IN_PROGRESS = re.compile(r"^\.(\d{4,9}\.reserved|tmp-.*\.part)$")
@@ -245,24 +244,20 @@ def write_run(
     return final
 
 
-def cost_block(
-    cost: CostModel,
-    source: str,
-    label: str | None = None,
-    refused: Collection[str] = (),
-    contexts: Sequence[int] = STAR_CONTEXTS,
-    trust: Trust | None = None,
-) -> dict[str, Any]:
-    """A run's ``cost``: the cost model its tables used, where it came from, its C* and the
-    recommendation (the one rule's words), and the calibration's trust figures."""
+def cost_block(fitted: FittedCost, source: str, label: str | None = None) -> dict[str, Any]:
+    """A run's ``cost``: the cost model its tables used (``fitted``), where it came from, its C*
+    and the recommendation (the one rule's words), and the calibration's trust figures."""
+    cost, trust = fitted.cost, fitted.trust
     return {
         "source": source,
         "label": label or source,
         "cost_model": cost.to_dict(),
         "chunk_star": cost.chunk_star(),
-        "refused": sorted(refused),
-        "chunk_star_by_context": {str(c): json_safe(cost.chunk_star(context=c)) for c in contexts},
-        "recommendation": recommend(cost, refused, contexts, trust).to_dict(),
+        "refused": sorted(fitted.refused),
+        "chunk_star_by_context": {
+            str(c): json_safe(cost.chunk_star(context=c)) for c in fitted.contexts
+        },
+        "recommendation": recommend(fitted).to_dict(),
         "trust": None if trust is None else trust.to_dict(),
     }
 

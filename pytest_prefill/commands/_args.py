@@ -232,12 +232,9 @@ def save_calibration(args: argparse.Namespace, calibration: Any, origin: str) ->
     info = calibration.provenance
     device = "cpu" if str(info.get("device", "")).startswith("cpu") else info.get("device")
     started, context = _run_context(args, device, info.get("torch_threads"))
-    refused = calibration.refused()
     document = saving.run_document(
         **context,
-        cost=saving.cost_block(
-            calibration.cost, origin, None, refused, calibration.contexts, calibration.trust()
-        ),
+        cost=saving.cost_block(calibration.fitted(), origin),
         calibration=calibration.to_dict(),
         command="prefill-bench " + " ".join(getattr(args, "argv", None) or ["calibrate"]),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from pytest_prefill.plan.capacity import engine_for_workload
+from pytest_prefill.plan.question import engine_for_workload
 from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.sim import PROFILES, EngineProfile, simulated_engine
 

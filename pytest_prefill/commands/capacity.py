@@ -4,7 +4,6 @@ the most requests per device — the search, its table, one line to act on, a pl
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import time
@@ -57,7 +56,6 @@ from pytest_prefill.commands._workload_args import (
     workload_from_args,
 )
 from pytest_prefill.plan.capacity import (
-    DEFAULT_TARGET,
     DEFAULT_TOLERANCE,
     MIN_TOLERANCE,
     CapacityResult,
@@ -78,6 +76,7 @@ from pytest_prefill.plan.executors import (
 )
 from pytest_prefill.plan.kinds import result_prices
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import DEFAULT_TARGET, ServingQuestion
 from pytest_prefill.plan.sizing import DEFAULT_MAX_DEVICES, DevicesNeeded, devices_needed
 from pytest_prefill.plan.workloads import Workload
 from pytest_prefill.report.assumptions import (
@@ -349,38 +348,25 @@ def _executor(
 
 
 def _devices_needed(
-    args: argparse.Namespace,
     question: CapacityQuestion,
+    serving: ServingQuestion,
     deploying: Deploying,
-    workload: Workload,
-    cost: CostModel,
     result: CapacityResult,
-    executor: concurrent.futures.Executor,
 ) -> DevicesNeeded | None:
     """The fewest devices meeting the SLO at the workload's own rate (None: not asked for),
-    trying the kinds of deployment the search compared."""
+    trying the kinds of deployment the search compared (``serving``: what it asked)."""
     if not question.devices_needed:
         return None
     given = question.deployments or ()
     progress(f"looking for the devices this traffic needs (up to {question.max_devices}) ...")
+    cost, slo = serving.cost, serving.slo
 
     def candidates(n: int) -> tuple[Deployment, ...]:
-        moved = deployments_like(given, n, cost, args.slo, deploying.profile) if given else None
-        return search_deployments(deploying, args.slo, cost, n, moved)
+        moved = deployments_like(given, n, cost, slo, deploying.profile) if given else None
+        return search_deployments(deploying, slo, cost, n, moved)
 
-    return devices_needed(
-        workload,
-        cost,
-        args.slo,
-        candidates,
-        target=args.target,
-        start=question.devices,
-        max_devices=question.max_devices,
-        known=result,
-        executor=executor,
-        progress=progress,
-        engine=deploying.profile,
-    )
+    start, most = question.devices, question.max_devices
+    return devices_needed(serving, candidates, start=start, max_devices=most, known=result)
 
 
 def _left_out(question: CapacityQuestion, profile: EngineProfile, cost: CostModel) -> str | None:
@@ -516,20 +502,23 @@ def run(args: argparse.Namespace, question: CapacityQuestion | None = None) -> i
     progress(f"searching {workload.description} {where} ...")
     began = time.perf_counter()
     with pool as executor:
-        result = capacity(
+        serving = ServingQuestion(
             workload,
             spec.cost,
             args.slo,
-            question.devices,
-            target=args.target,
-            deployments=deployments,
-            tolerance=args.tolerance,
+            args.target,
+            deploying.profile,
             executor=executor,
             progress=progress,
-            engine=deploying.profile,
+        )
+        result = capacity(
+            serving,
+            question.devices,
+            deployments=deployments,
+            tolerance=args.tolerance,
             budget=kinds.budget if kinds is not None else None,
         )
-        needed = _devices_needed(args, question, deploying, workload, spec.cost, result, executor)
+        needed = _devices_needed(question, serving, deploying, result)
         if kinds is not None and kinds.prices is not None:
             result = result_prices(result, workload.requests, kinds.prices)
     seconds = time.perf_counter() - began

@@ -27,7 +27,7 @@ from pytest_prefill.commands._workload_args import (
     workload_lines,
 )
 from pytest_prefill.commands.capacity import DEFAULT_ENGINE
-from pytest_prefill.plan.advice import recommend, star_text
+from pytest_prefill.plan.advice import FittedCost, recommend, star_text
 from pytest_prefill.plan.capacity import engine_document
 from pytest_prefill.plan.deployments import search_chunks
 from pytest_prefill.plan.engine_commands import refusal
@@ -164,7 +164,8 @@ def run(args: argparse.Namespace, deploying: Deploying | None = None) -> int:
     print(f"C* = {star_text(star)} tokens")
     if spec.trust is not None:
         print(f"  (the calibration's trust figures: {spec.trust.text()})")
-    print(str(recommend(cost, spec.refused, spec.contexts, spec.trust)))  # line and warnings
+    fitted = FittedCost(cost, frozenset(spec.refused), spec.contexts, spec.trust)
+    print(str(recommend(fitted)))  # line and warnings
     print()
     print(sweep_table(rows))
     if not any(row.policy == "disaggregated" for row in rows):

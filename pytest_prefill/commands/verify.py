@@ -45,7 +45,6 @@ from pytest_prefill.commands._workload_args import (
 from pytest_prefill.measure.quiet import QuietHost
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.serve.calibration.server_calibration import (
-    ServerCalibration,
     ServerSweep,
     read_server_calibration,
 )
@@ -56,7 +55,7 @@ from pytest_prefill.verify.fields import Fields
 from pytest_prefill.verify.interrupt import exit_status
 from pytest_prefill.verify.probe_rule import ProbeRule
 from pytest_prefill.verify.result import VerifyResult, read_verify
-from pytest_prefill.verify.verification import FlagSet, Server, verify
+from pytest_prefill.verify.verification import FlagSet, Server, VerifyOptions, verify
 
 HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
 DIVISORS = re.compile(r"^([0-9]{1,9}):([0-9]{1,9})$")  # ASCII digits only
@@ -416,18 +415,12 @@ def progress(line: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class VerifyCall:
     """What the command line asks ``verify`` for, read from the Namespace once: the flag sets,
-    the SLO, the probe rule, the calibration to reuse (or the sweep to measure one), and the
-    rest of :func:`~pytest_prefill.verify.verification.verify`'s options."""
+    the SLO, and :func:`~pytest_prefill.verify.verification.verify`'s options (the probe rule,
+    the calibration to reuse or the sweep to measure one, and the rest)."""
 
     flags: tuple[FlagSet, ...]
     slo: SLO
-    rule: ProbeRule
-    sweep: ServerSweep
-    calibration: ServerCalibration | None
-    calibrate_once: bool
-    probe_requests: int | None
-    load_check: bool
-    quiet: QuietHost | None
+    options: VerifyOptions
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VerifyCall:
@@ -454,17 +447,16 @@ class VerifyCall:
             calibration = read_server_calibration(args.cost)
         sweep = ServerSweep(flags[0].budget, repeats=args.repeats).within(args.max_prompt)
         quiet = None if args.ignore_steal else QuietHost(args.max_steal)
-        return cls(
-            tuple(flags),
-            slo,
+        options = VerifyOptions(
             rule,
             sweep,
             calibration,
             args.calibrate_once,
-            args.probe_requests,
-            not args.no_load_check,
-            quiet,
+            probe_requests=args.probe_requests,
+            load_check=not args.no_load_check,
+            quiet=quiet,
         )
+        return cls(tuple(flags), slo, options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -483,22 +475,10 @@ def run(args: argparse.Namespace) -> int:
         engine = _engine_named(args)
     load, description, block = workload_of(args)
     derived = derived_prediction(args, engine, load) if args.gpu else None
-    result = verify(
-        _server(args, block),
-        call.flags,
-        load,
-        call.slo,
-        rule=call.rule,
-        sweep=call.sweep,
-        calibration=call.calibration,
-        calibrate_once=call.calibrate_once,
-        workload=description,
-        progress=progress,
-        probe_requests=call.probe_requests,
-        load_check=call.load_check,
-        quiet=call.quiet,
-        derived=derived,
+    options = dataclasses.replace(
+        call.options, workload=description, progress=progress, derived=derived
     )
+    result = verify(_server(args, block), call.flags, load, call.slo, options)
     text = verify_report(result)
     print(text)
     _write(args, result, text)

@@ -20,6 +20,7 @@ from pytest_prefill.measure.calibration_points import (
 )
 from pytest_prefill.measure.fitting import TermFit
 from pytest_prefill.plan.advice import (
+    FittedCost,
     Recommendation,
     Trust,
     chunk_star_text,
@@ -85,11 +86,15 @@ class Calibration:
             sum(1 for p in self.measurements if p.measurement.warning),
         )
 
+    def fitted(self) -> FittedCost:
+        """The cost model with what this calibration said of it."""
+        return FittedCost(self.cost, frozenset(self.refused()), self.contexts, self.trust())
+
     def recommendation(self) -> Recommendation:
-        return recommend(self.cost, self.refused(), self.contexts, self.trust())
+        return recommend(self.fitted())
 
     def chunk_star_text(self) -> str:
-        return chunk_star_text(self.cost, self.refused(), self.contexts, self.trust())
+        return chunk_star_text(self.fitted())
 
     def _fit(self) -> FitResult:
         return FitResult(self.cost, self.fits, self.refusals, self.floor, self.predictions)

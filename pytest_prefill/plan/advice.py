@@ -115,6 +115,36 @@ class Trust:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class FittedCost:
+    """A cost model with what its calibration said of it, what every recommendation rests on:
+    the constants it ``refused`` (recorded as 0; without a per-token prefill cost C* means
+    nothing), the ``contexts`` C* is reported at, and the fit's ``trust`` (None: not measured
+    here, as a preset).
+
+    Raises:
+        ValueError: naming the field, for a cost that is not a CostModel, a refused name that
+            is not a string, or a context that is not a whole number >= 0.
+    """
+
+    cost: CostModel
+    refused: frozenset[str] = frozenset()
+    contexts: tuple[int, ...] = STAR_CONTEXTS
+    trust: Trust | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cost, CostModel):
+            raise ValueError(f"cost must be a CostModel, got {type(self.cost).__name__}")
+        if isinstance(self.refused, str) or not all(isinstance(r, str) for r in self.refused):
+            raise ValueError(f"refused must be constant names (strings), got {self.refused!r}")
+        for context in self.contexts:
+            check_int("contexts", context, minimum=0)
+        if self.trust is not None and not isinstance(self.trust, Trust):
+            raise ValueError(f"trust must be a Trust or None, got {self.trust!r}")
+        object.__setattr__(self, "refused", frozenset(self.refused))
+        object.__setattr__(self, "contexts", tuple(self.contexts))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Recommendation:
     """What to do on this machine: ``policy`` is ``chunked``, ``disaggregated`` or
     ``undetermined`` (the per-token prefill cost was refused); ``chunk`` the suggested chunk
@@ -199,18 +229,13 @@ def _warnings(cost: CostModel, contexts: Sequence[int]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def recommend(
-    cost: CostModel,
-    refused: Collection[str] = (),
-    contexts: Sequence[int] = STAR_CONTEXTS,
-    trust: Trust | None = None,
-) -> Recommendation:
-    """The recommendation for ``cost`` (thresholds: ``DISAGGREGATE_OVERHEAD_FRACTION``,
-    ``MIN_USEFUL_CHUNK``, ``TYPICAL_PROMPT``). ``refused`` names the constants a calibration
-    refused: without a per-token prefill cost C* means nothing, and the policy is
-    ``undetermined``; so it is when ``trust`` (the calibration's) has doubts. ``contexts``:
-    where C* is reported; a plain warning when the chunk that rides free at the longest of them
-    falls below usefulness."""
+def recommend(fitted: FittedCost) -> Recommendation:
+    """The recommendation for ``fitted``'s cost (thresholds: ``DISAGGREGATE_OVERHEAD_FRACTION``,
+    ``MIN_USEFUL_CHUNK``, ``TYPICAL_PROMPT``). Without a per-token prefill cost (refused) C*
+    means nothing, and the policy is ``undetermined``; so it is when the fit's trust has doubts.
+    A plain warning when the chunk that rides free at the longest of its contexts falls below
+    usefulness."""
+    cost, refused, contexts, trust = fitted.cost, fitted.refused, fitted.contexts, fitted.trust
     star = cost.chunk_star()
     typical = typical_star(cost)
     fraction = (
@@ -314,17 +339,13 @@ def _negative_star_note(cost: CostModel, contexts: Sequence[int]) -> list[str]:
     ]
 
 
-def chunk_star_text(
-    cost: CostModel,
-    refused: Collection[str] = (),
-    contexts: Sequence[int] = STAR_CONTEXTS,
-    trust: Trust | None = None,
-) -> str:
-    """The C* derivation block with ``cost``'s numbers (the lab's formula at context 0), C* at
-    each of ``contexts`` when the model has terms that make it fall, and the recommendation;
+def chunk_star_text(fitted: FittedCost) -> str:
+    """The C* derivation block with ``fitted``'s numbers (the lab's formula at context 0), C* at
+    each of its contexts when the model has terms that make it fall, and the recommendation;
     with the per-token cost refused, no C* at all (a division by a refused 0 has no result)."""
-    advice = recommend(cost, refused, contexts, trust)
-    if "prefill_per_token" in refused:
+    cost, contexts, trust = fitted.cost, fitted.contexts, fitted.trust
+    advice = recommend(fitted)
+    if "prefill_per_token" in fitted.refused:
         return "\n".join(
             [
                 "C* = (decode_step - pass_overhead) / prefill_per_token: not determined,",

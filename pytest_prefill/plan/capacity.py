@@ -13,7 +13,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_prefill._io import json_safe
@@ -21,6 +21,7 @@ from pytest_prefill.plan.deployments import Deployment, default_deployments, ref
 from pytest_prefill.plan.engine_commands import LaunchSettings, engine_flags, splits
 from pytest_prefill.plan.executors import ShippedLoad, search_executor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import Progress, ServingQuestion
 from pytest_prefill.plan.rate_search import (
     MAX_SCALE,
     MIN_SCALE,
@@ -30,7 +31,7 @@ from pytest_prefill.plan.rate_search import (
     close_margin,
     probe,
 )
-from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Problem, Shortcuts, run_searches
+from pytest_prefill.plan.search_loop import Problem, run_searches
 from pytest_prefill.plan.verdict import (
     AloneMisses,
     alone_misses,
@@ -39,7 +40,7 @@ from pytest_prefill.plan.verdict import (
     refused_line,
     unreachable_line,
 )
-from pytest_prefill.plan.workloads import Workload, arrival_rate
+from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.sim import (
     LAB,
     CostModel,
@@ -47,18 +48,15 @@ from pytest_prefill.sim import (
     Request,
     Unfit,
     check_int,
-    simulated_engine,
 )
 
 if TYPE_CHECKING:
     from pytest_prefill.plan.pricing import TokenPrice
 
-DEFAULT_TARGET = 0.9  # DistServe's attainment target
 DEFAULT_TOLERANCE = 0.05  # the search stops when the highest pass and lowest miss are this close
 # Below this the bisection would need rates closer than any simulation tells apart (and below
 # about 1e-16, 1 + tolerance is 1.0: the bracket could never close).
 MIN_TOLERANCE = 1e-4
-Progress = Callable[[str], None]
 
 # The rate a search tells apart from a deployment's capacity: its default tolerance's order (a
 # probe whose arrivals are too short to show a backlog this much over capacity is a burst).
@@ -331,62 +329,15 @@ def engine_document(engine: EngineProfile) -> dict[str, Any]:
     }
 
 
-def engine_for_workload(
-    profile: EngineProfile, workload: Workload | Sequence[Request]
-) -> EngineProfile:
-    """``profile`` with a prefix cache on, its blocks the size a trace's hash ids name
-    (:attr:`Workload.prefix_block_tokens`: Mooncake's 512); else ``profile`` as it is.
-
-    Raises:
-        ValueError: when the simulator refuses that block size under the profile.
-    """
-    block = workload.prefix_block_tokens if isinstance(workload, Workload) else None
-    if not profile.prefix_caching or block is None or block == profile.prefix_block_tokens:
-        return profile
-    return simulated_engine(dataclasses.replace(profile, prefix_block_tokens=block))
-
-
-def workload_requests(
-    workload: Workload | Sequence[Request],
-) -> tuple[tuple[Request, ...], str, str | None]:
-    """The requests, the description and the attribution of ``workload``.
-
-    Raises:
-        ValueError: for no request, something that is not a Request, or arrivals all at once
-            (no arrival rate to scale).
-    """
-    if isinstance(workload, Workload):
-        load, name, attribution = workload.requests, workload.description, workload.attribution
-    else:
-        load, name, attribution = tuple(workload), f"{len(workload)} requests", None
-    if not load:
-        raise ValueError("workload has no request: a search needs at least two arrivals")
-    if not all(isinstance(r, Request) for r in load):
-        raise ValueError("workload must be a Workload or a sequence of Request")
-    arrivals = [r.arrival for r in load]
-    if max(arrivals) == min(arrivals):
-        raise ValueError("workload's requests all arrive at once: it has no arrival rate to scale")
-    return load, name, attribution
-
-
 def _check_search(
-    cost: Any,
-    slo: Any,
+    cost: CostModel,
     devices: Any,
-    target: Any,
     tolerance: Any,
     deployments: Sequence[Deployment] | None,
     engine: EngineProfile = LAB,
     up_to: bool = False,
 ) -> None:
-    if not isinstance(cost, CostModel):
-        raise ValueError(f"cost must be a CostModel, got {type(cost).__name__}")
-    if not isinstance(slo, SLO):
-        raise ValueError(f"slo must be an SLO (SLO.parse('ttft:1s,tpot:100ms')), got {slo!r}")
     check_int("devices", devices)
-    number = isinstance(target, (int, float)) and not isinstance(target, bool)
-    if not (number and 0 < target <= 1):
-        raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
     number = isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
     if not (number and MIN_TOLERANCE <= tolerance <= 1):
         raise ValueError(
@@ -415,56 +366,46 @@ def _check_search(
 
 
 def capacity(
-    workload: Workload | Sequence[Request],
-    cost: CostModel,
-    slo: SLO,
+    question: ServingQuestion,
     devices: int,
     *,
-    target: float = DEFAULT_TARGET,
     deployments: Sequence[Deployment] | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-    executor: concurrent.futures.Executor | None = None,
-    progress: Progress | None = None,
     start: float = 1.0,
     verify: bool = True,
-    engine: str | EngineProfile = "lab",
-    shortcuts: Shortcuts = ALL_SHORTCUTS,
     budget: Mapping[str, int] | None = None,
 ) -> CapacityResult:
     """For each deployment of ``devices`` devices, the highest arrival rate (the workload's
-    arrival times scaled) at which at least ``target`` of the requests meet ``slo``.
+    arrival times scaled) at which at least the question's target of the requests meet its SLO.
 
     Args:
-        workload: the requests (a :class:`~pytest_prefill.plan.workloads.Workload` names itself).
-        cost: the device's cost model.
-        slo: the bounds a request must meet.
+        question: the workload, the device's cost model, the SLO, the target, the engine
+            profile every simulation runs under (the default deployments are its own settings)
+            and how the search runs; its executor by default runs one process per core when more
+            than :data:`~pytest_prefill.plan.executors.FEW_SEARCHES` deployments are searched,
+            else inline (:func:`~pytest_prefill.plan.executors.search_executor`), and its
+            progress hears one line per finished deployment.
         devices: how many devices every deployment uses.
-        target: the attainment to keep, in (0, 1].
         deployments: what to compare (default :func:`default_deployments`).
         tolerance: stop when the highest pass and the lowest miss differ by at most this
             fraction of the rate.
-        executor: where simulations run (default: one process per core when more than
-            :data:`~pytest_prefill.plan.executors.FEW_SEARCHES` deployments are searched, else
-            inline: :func:`~pytest_prefill.plan.executors.search_executor`).
-        progress: called with one line per finished deployment.
         start: the first rate tried, as a multiple of the workload's own.
         verify: after bisecting, probe twice the lowest miss once to catch non-monotonicity.
-        engine: the engine profile every simulation runs under (a name from
-            :data:`~pytest_prefill.sim.PROFILES` or an :class:`~pytest_prefill.sim.EngineProfile`;
-            default ``"lab"``, the lab's loop); the default deployments are its own settings.
-        shortcuts: which of the search's rules that save simulations to take (default all:
-            :mod:`~pytest_prefill.plan.search_loop`); the answer is the same without them.
         budget: a search across device kinds (:mod:`~pytest_prefill.plan.kinds`): the devices
             of each kind; each deployment then uses its own count, at most ``devices`` in all.
 
     Raises:
-        ValueError: naming the argument: a bad cost or SLO, devices < 1, a target or tolerance
-            outside (0, 1], an empty workload or one with no rate, no/repeated deployments or one
-            for another device count, an unknown engine or a split it does not run.
+        ValueError: naming the argument: a question that is not a ServingQuestion, devices < 1,
+            a tolerance outside (0, 1], an empty workload or one with no rate, no/repeated
+            deployments or one for another device count, an unknown engine or a split it does
+            not run.
     """
-    load, name, attribution = workload_requests(workload)
-    profile = engine_for_workload(simulated_engine(engine), workload)
-    _check_search(cost, slo, devices, target, tolerance, deployments, profile, budget is not None)
+    if not isinstance(question, ServingQuestion):
+        raise ValueError(f"question must be a ServingQuestion, got {type(question).__name__}")
+    load, name, attribution = question.requests()
+    profile = question.profile()
+    cost, slo, target, shortcuts = question.cost, question.slo, question.target, question.shortcuts
+    _check_search(cost, devices, tolerance, deployments, profile, budget is not None)
     chosen = (
         tuple(deployments)
         if deployments is not None
@@ -482,7 +423,8 @@ def capacity(
     margin = close_margin(tolerance)
     probing = Probing(shipped, cost, slo, profile, base_rate)
     problem = Problem(probing, float(target), margin, shortcuts)
-    results = _search(chosen, alone, problem, (tolerance, start, verify), executor, progress)
+    how = (tolerance, start, verify)
+    results = _search(chosen, alone, problem, how, question.executor, question.progress)
     return CapacityResult(
         name,
         attribution,

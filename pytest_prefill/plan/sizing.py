@@ -13,21 +13,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_prefill.plan.capacity import (
-    DEFAULT_TARGET,
-    CapacityResult,
-    Progress,
-    engine_for_workload,
-    workload_requests,
-)
+from pytest_prefill.plan.capacity import CapacityResult
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import ShippedLoad, local_executor
 from pytest_prefill.plan.metrics import SLO
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.rate_search import Probe, Probing, probe, probe_result
-from pytest_prefill.plan.search_loop import ALL_SHORTCUTS, Shortcuts
+from pytest_prefill.plan.search_loop import Shortcuts
 from pytest_prefill.plan.verdict import AloneMisses, alone_misses, fewest
-from pytest_prefill.plan.workloads import Workload, arrival_rate
-from pytest_prefill.sim import CostModel, EngineProfile, Request, check_int, simulated_engine
+from pytest_prefill.plan.workloads import arrival_rate
+from pytest_prefill.sim import check_int
 
 DEFAULT_MAX_DEVICES = 64  # the search's bound unless told otherwise
 DeploymentsAt = Callable[[int], Sequence[Deployment]]
@@ -258,56 +253,46 @@ def _full_answer(
 
 
 def devices_needed(
-    workload: Workload | Sequence[Request],
-    cost: CostModel,
-    slo: SLO,
+    question: ServingQuestion,
     deployments_at: DeploymentsAt,
     *,
-    target: float = DEFAULT_TARGET,
     start: int = 1,
     max_devices: int = DEFAULT_MAX_DEVICES,
     known: CapacityResult | None = None,
-    executor: concurrent.futures.Executor | None = None,
-    progress: Progress | None = None,
-    engine: str | EngineProfile = "lab",
-    shortcuts: Shortcuts = ALL_SHORTCUTS,
 ) -> DevicesNeeded:
     """The smallest device count, up to ``max_devices``, at which one of
-    ``deployments_at(count)`` meets ``slo`` for ``target`` of the requests at the workload's own
-    arrival rate: from ``start``, double until a count meets, then bisect between the highest
-    count that misses and the lowest that meets.
+    ``deployments_at(count)`` meets the question's SLO for its target of the requests at the
+    workload's own arrival rate: from ``start``, double until a count meets, then bisect between
+    the highest count that misses and the lowest that meets.
 
     Args:
-        workload: the requests, at the rate to serve.
-        cost: the device's cost model.
-        slo: the bounds a request must meet.
+        question: the workload (at the rate to serve), the device's cost model, the SLO, the
+            target, the engine profile the simulations run under, and how the search runs (its
+            executor by default a process pool, one process per core; its progress hears one
+            line per count checked).
         deployments_at: the deployments to try on a given number of devices
             (e.g. :func:`~pytest_prefill.plan.deployments.default_deployments` bound to a cost
             model, an SLO and an engine).
-        target: the attainment to keep, in (0, 1].
         start: the first count checked (a capacity search's devices).
         max_devices: the largest count checked.
         known: a capacity search on ``start`` devices whose probes at the workload's own rate
             answer that count without simulating it again.
-        executor: where simulations run (default: a process pool, one process per core).
-        progress: called with one line per count checked.
-        engine: the engine profile the simulations run under (default ``"lab"``).
-        shortcuts: which rules that save simulations to take (default all); the answer is
-            the same without them.
 
     Raises:
-        ValueError: naming the argument, for counts < 1, ``start`` above ``max_devices``, a
-            target outside (0, 1], or a workload without an arrival rate.
+        ValueError: naming the argument, for a question that is not a ServingQuestion, counts
+            < 1, ``start`` above ``max_devices``, or a workload without an arrival rate.
     """
-    requests, _, _ = workload_requests(workload)
+    if not isinstance(question, ServingQuestion):
+        raise ValueError(f"question must be a ServingQuestion, got {type(question).__name__}")
+    requests, _, _ = question.requests()
     load = ShippedLoad(requests)  # pickled once for all the simulations sent to processes
-    profile = engine_for_workload(simulated_engine(engine), workload)
+    profile = question.profile()
     check_int("start", start)
     check_int("max_devices", max_devices)
     if start > max_devices:
         raise ValueError(f"start ({start}) must not be above max_devices ({max_devices})")
-    if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target <= 1):
-        raise ValueError(f"target attainment must be in (0, 1], got {target!r}")
+    cost, slo, target, shortcuts = question.cost, question.slo, question.target, question.shortcuts
+    executor, progress = question.executor, question.progress
     base_rate = arrival_rate(load)
     widest = [(d, d.cost_on(cost)) for d in deployments_at(max_devices)]
     alone = alone_misses(load, slo, target, widest, profile) if widest and shortcuts.alone else ()

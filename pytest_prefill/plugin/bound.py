@@ -4,6 +4,7 @@ session's cost model and engine profile, and the report a test adds tables and v
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,7 +78,9 @@ class CapacitySearch:
     added to the run's report (its table in the summary, the whole search in the archive):
     ``prefill_capacity(load, "ttft:1s,tpot:100ms", 4)``. Simulations run in the test's process unless
     ``workers=N`` (a process pool) or ``executor=`` says otherwise; under the engine profile
-    of ``--prefill-engine`` unless ``engine=`` says otherwise."""
+    of ``--prefill-engine`` unless ``engine=`` says otherwise. Keywords: the fields of
+    :class:`~pytest_prefill.plan.question.ServingQuestion` (``target``, ``engine``, ...) and
+    :func:`~pytest_prefill.plan.capacity.capacity`'s own (``deployments``, ``tolerance``, ...)."""
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class CapacitySearch:
         from pytest_prefill.plan.capacity import capacity
         from pytest_prefill.plan.executors import local_executor
         from pytest_prefill.plan.metrics import SLO
+        from pytest_prefill.plan.question import ServingQuestion
         from pytest_prefill.report.capacity import capacity_document, capacity_text
 
         slo = SLO.parse(slo) if isinstance(slo, str) else slo
@@ -111,7 +115,10 @@ class CapacitySearch:
                 options["executor"] = stack.enter_context(local_executor(workers))
             options.setdefault("progress", self.progress)
             options.setdefault("engine", self.engine)
-            result = capacity(workload, self.cost, slo, devices, **options)
+            fields = {f.name for f in dataclasses.fields(ServingQuestion)}
+            asked = {k: options.pop(k) for k in list(options) if k in fields}
+            question = ServingQuestion(workload, self.cost, slo, **asked)
+            result = capacity(question, devices, **options)
         self.report.table(
             title or f"Capacity: {slo} on {devices} device(s); {result.workload}",
             capacity_text(result, self.cost_label),

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_prefill.archive.cost_spec import contexts_in, refusals_in
-from pytest_prefill.plan.advice import STAR_CONTEXTS, Trust
+from pytest_prefill.plan.advice import STAR_CONTEXTS, FittedCost, Trust
 from pytest_prefill.plan.cost_document import trust_in
 from pytest_prefill.plugin.device import DeviceLock, why_no_device
 from pytest_prefill.plugin.options import Settings
@@ -218,13 +218,11 @@ class Harvester:
 
 @dataclasses.dataclass(frozen=True)
 class SessionCost:
-    """The one cost model of the session, as the summary and the archive name it."""
+    """The one cost model of the session, as the summary and the archive name it: ``fitted``
+    (None: none) and the ``source`` that names it."""
 
-    cost: CostModel | None
+    fitted: FittedCost | None
     source: str
-    refused: tuple[str, ...]
-    contexts: tuple[int, ...] = STAR_CONTEXTS  # where C* is reported (the model's context)
-    trust: Trust | None = None  # the calibration's trust figures (None: a preset)
 
 
 def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | None]:
@@ -237,7 +235,8 @@ def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | Non
         cost = CostModel.from_dict(s.cost_model)
         contexts = tuple(s.cost_contexts) or STAR_CONTEXTS
         trust = Trust.from_dict(s.cost_trust)
-        used = SessionCost(cost, s.cost_source, tuple(s.cost_refused), contexts, trust)
+        fitted = FittedCost(cost, frozenset(s.cost_refused), contexts, trust)
+        used = SessionCost(fitted, s.cost_source)
         return used, calibration
     if calibration is not None:
         info = calibration.get("provenance") or {}
@@ -246,8 +245,8 @@ def session_cost(state: SessionState) -> tuple[SessionCost, dict[str, Any] | Non
             f"{info.get('device_name', info.get('device', '?'))}, {info.get('dtype', '?')}"
         )
         cost = CostModel.from_dict(calibration["cost_model"])
-        used = SessionCost(
-            cost, source, refusals_in(calibration), contexts_in(calibration), trust_in(calibration)
-        )
+        refused = frozenset(refusals_in(calibration))
+        fitted = FittedCost(cost, refused, contexts_in(calibration), trust_in(calibration))
+        used = SessionCost(fitted, source)
         return used, calibration
-    return SessionCost(None, "measure: no test calibrated this session", ()), None
+    return SessionCost(None, "measure: no test calibrated this session"), None

@@ -18,8 +18,8 @@ def timeline_svg(cost: SessionCost) -> str | None:
         from pytest_prefill.report.timeline_svg import lab_timeline_svg
     except ImportError:
         return None
-    assert cost.cost is not None
-    return lab_timeline_svg(cost.cost, cost.source, refused=cost.refused)
+    assert cost.fitted is not None
+    return lab_timeline_svg(cost.fitted.cost, cost.source, refused=cost.fitted.refused)
 
 
 def run_document(session: pytest.Session, state: SessionState, exitstatus: int) -> dict[str, Any]:
@@ -37,10 +37,8 @@ def run_document(session: pytest.Session, state: SessionState, exitstatus: int) 
     settings = {k: getattr(s, k) for k in ("model", "device", "dtype", "repeats", "warmup")}
     settings.update(dry_run=s.dry_run, threads=s.threads, cost=s.cost_spec, save=s.save)
     cost = None
-    if used.cost is not None:
-        cost = saving.cost_block(
-            used.cost, used.source, None, used.refused, used.contexts, used.trust
-        )
+    if used.fitted is not None:
+        cost = saving.cost_block(used.fitted, used.source)
     return saving.run_document(
         created=state.started,
         machine=machine,
@@ -84,7 +82,7 @@ def archive_session(session: pytest.Session, exitstatus: int) -> None:
     document = run_document(session, state, exitstatus)
     used, _ = session_cost(state)
     svg = None
-    if produced and used.cost is not None:
+    if produced and used.fitted is not None:
         try:
             svg = timeline_svg(used)
         except Exception as err:  # a drawing problem must not lose the run
@@ -178,9 +176,7 @@ def summary(state: SessionState, config: pytest.Config) -> list[tuple[str, Marku
         decided = [v for v in verdicts if v.verdict != UNDECIDED]
         reported = [v for v in decided if not_asserted(v, state.outcomes.get(v.test))]
         asserted = [v for v in decided if v not in reported]
-        block = verdict_block(
-            used.cost, used.source, asserted, used.refused, used.contexts, used.trust
-        )
+        block = verdict_block(used.fitted, used.source, asserted)
         for line in block:
             out.append(
                 (

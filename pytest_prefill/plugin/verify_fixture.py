@@ -15,8 +15,8 @@ from pytest_prefill.plugin.session import state_of
 class Verifier:
     """``prefill_verify(flags, load, slo, launcher=None, **options)``: ``flags`` are
     ``FlagSet`` values or their text (``"tokens=256,seqs=8"``), ``slo`` an ``SLO`` or its text;
-    ``options`` go to ``verify.verification.verify`` (``rule``, ``sweep``, ``calibration``,
-    ``calibrate_once``, ``workload``). Returns the ``VerifyResult``."""
+    ``options`` are ``verify.verification.VerifyOptions``' fields (``rule``, ``sweep``,
+    ``calibration``, ``calibrate_once``, ``workload``, ...). Returns the ``VerifyResult``."""
 
     def __init__(self, report: Any, url: str | None, verbose: bool = False) -> None:
         self.report, self.url, self.verbose = report, url, verbose
@@ -36,7 +36,7 @@ class Verifier:
         from pytest_prefill.plan.metrics import SLO
         from pytest_prefill.report.verify import ranking_line, verify_report
         from pytest_prefill.serve.client.wire import Url
-        from pytest_prefill.verify.verification import FlagSet, Server, verify
+        from pytest_prefill.verify.verification import FlagSet, Server, VerifyOptions, verify
 
         if launcher is None and self.url is None:
             pytest.skip("no server to verify on: give --prefill-server URL (or a launcher)")
@@ -49,7 +49,7 @@ class Verifier:
         slo = SLO.parse(slo) if isinstance(slo, str) else slo
         # progress only with -v, as the capacity fixture: quiet between the test dots otherwise
         options.setdefault("progress", self.report.say if self.verbose else None)
-        result = verify(server, flag_sets, load, slo, **options)
+        result = verify(server, flag_sets, load, slo, VerifyOptions(**options))
         text = verify_report(result)
         self.report.table(title or f"verify: {slo}", text, result.to_dict())
         if result.best_verdict is not None:

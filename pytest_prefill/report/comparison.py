@@ -32,7 +32,7 @@ from pytest_prefill.archive.runs import (
     run_from_document,
 )
 from pytest_prefill.machine import KEY_PATTERN
-from pytest_prefill.plan.advice import chunk_star_text
+from pytest_prefill.plan.advice import FittedCost, chunk_star_text
 from pytest_prefill.plan.cost_document import CALIBRATION_KIND, cost_from_json, trust_in
 from pytest_prefill.sim import CostModel
 
@@ -342,9 +342,10 @@ def verdict_lines(side: Side) -> list[str]:
     """C* and the recommendation for one side, in the words calibrate prints (its own
     calibration's refusals included: a refused per-token cost means no recommendation)."""
     basis = side.calibration
-    return chunk_star_text(
-        side.cost, refusals_in(basis), contexts_in(basis), trust_in(basis)
-    ).splitlines()
+    fitted = FittedCost(
+        side.cost, frozenset(refusals_in(basis)), contexts_in(basis), trust_in(basis)
+    )
+    return chunk_star_text(fitted).splitlines()
 
 
 def measured_setup(side: Side) -> dict[str, str]:

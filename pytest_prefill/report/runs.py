@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from tabulate import tabulate
 
 from pytest_prefill.archive.runs import RunFile, run_id
-from pytest_prefill.plan.advice import recommend, star_text
+from pytest_prefill.plan.advice import FittedCost, recommend, star_text
 from pytest_prefill.plan.cost_document import cost_from_json, trust_in
 
 
@@ -54,7 +54,8 @@ def summarize_run(run: RunFile, key: str | None = None) -> RunSummary:
                 for r in run.calibration.get("refusals") or []
                 if isinstance(r, Mapping)
             }
-            advice = recommend(cost, {str(c) for c in refused}, trust=trust_in(run.calibration))
+            named = frozenset(str(c) for c in refused)
+            advice = recommend(FittedCost(cost, named, trust=trust_in(run.calibration)))
             star, recommendation = advice.chunk_star, advice.policy
     listed = data.get("verdicts")
     verdicts = tuple(

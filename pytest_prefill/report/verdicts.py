@@ -5,19 +5,17 @@ the lines a terminal shows."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefill._io import json_safe
 from pytest_prefill.plan.advice import (
-    STAR_CONTEXTS,
     TYPICAL_PROMPT,
-    Trust,
+    FittedCost,
     recommend,
     star_text,
     typical_star,
 )
-from pytest_prefill.sim import CostModel
 
 VERDICTS = ("HOLDS", "FAILS", "UNDECIDED")  # UNDECIDED: an interval straddles the line
 
@@ -95,22 +93,18 @@ class Verdict:
 
 
 def verdict_block(
-    cost: CostModel | None,
-    cost_line: str,
-    verdicts: Sequence[Verdict],
-    refused: Collection[str] = (),
-    contexts: Sequence[int] = STAR_CONTEXTS,
-    trust: Trust | None = None,
+    fitted: FittedCost | None, cost_line: str, verdicts: Sequence[Verdict]
 ) -> list[str]:
-    """The short block a run's summary opens with: the cost model its tables used, C* and
-    the recommendation (the one rule's words) with the calibration's trust figures beside the
-    numbers (``trust`` None: not measured here), and one line per verdict (its detail's first
-    line: the falsifier's gaps, the fidelity's median error)."""
+    """The short block a run's summary opens with: the cost model its tables used (``fitted``;
+    None: none), C* and the recommendation (the one rule's words) with the calibration's trust
+    figures beside the numbers (no trust: not measured here), and one line per verdict (its
+    detail's first line: the falsifier's gaps, the fidelity's median error)."""
     lines = [f"cost model: {cost_line}"]
-    if cost is not None:
-        advice = recommend(cost, refused, contexts, trust)
+    if fitted is not None:
+        cost, trust = fitted.cost, fitted.trust
+        advice = recommend(fitted)
         figures = f" [{trust.text()}]" if trust is not None else " [not measured here]"
-        if "prefill_per_token" in refused:
+        if "prefill_per_token" in fitted.refused:
             star = "C* not determined (prefill_per_token was refused)"
         else:
             typical = typical_star(cost)

@@ -22,6 +22,7 @@ from pytest_prefill.plan.capacity import capacity
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.executors import InlineExecutor
 from pytest_prefill.plan.metrics import SLO, ServingMetrics
+from pytest_prefill.plan.question import ServingQuestion
 from pytest_prefill.plan.rate_search import DeploymentResult
 from pytest_prefill.plan.workloads import arrival_rate
 from pytest_prefill.serve.calibration.calibration_fit import RequestOverhead
@@ -126,17 +127,16 @@ def predict_knee(
     if held is None:
         why = f"the request's overhead {server_model.overhead.total:.3g} s breaks {slo}"
         return Predicted(0.0, "never met", None, why)
-    result = capacity(
+    question = ServingQuestion(
         list(load),
         server_model.simulated_cost,
         held,
-        1,
-        target=target,
-        deployments=[_deployment(server_model)],
-        tolerance=PREDICTION_TOLERANCE,
+        target,
+        server_model.scheduling.profile,
         executor=InlineExecutor(),
-        engine=server_model.scheduling.profile,
     )
+    deployments = [_deployment(server_model)]
+    result = capacity(question, 1, deployments=deployments, tolerance=PREDICTION_TOLERANCE)
     return Predicted.of(result.results[0], held)
 
 

@@ -93,6 +93,53 @@ class Server:
         return self.launcher.kv_capacity() if self.launcher is not None else math.inf
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    """How :func:`verify` checks the flag sets, the one list of its options. ``calibration``:
+    reuse it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the
+    first one's calibration for all). ``probe_requests``: every probe sends this many (at least
+    rule 1's), else the first flag set sizes them for all. ``load_check``: before the probes, as
+    many requests as a probe sends, the ones that follow the probes' (none of them a probe's),
+    are sent at the predicted knee and the cost model scaled to the speed they show
+    (``verify.load_check``); off, or where the workload has fewer than
+    ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts. ``quiet``:
+    each probe and load-check run on a quiet host (``measure.quiet``; None: not watched).
+    ``derived``: every knee predicted from this derived compute alone, no calibration measured
+    or reused and no load check run (which would scale the compute to the server's speed): the
+    measured knees test the derivation. ``workload`` names the load in the result;
+    ``progress`` is called with a line per step.
+
+    Raises:
+        ValueError: for neither a sweep nor a calibration (nor derived compute), derived compute
+            beside a calibration, or a probe_requests that is not a positive integer.
+    """
+
+    rule: ProbeRule = dataclasses.field(default_factory=ProbeRule)
+    sweep: ServerSweep | None = None
+    calibration: ServerCalibration | None = None
+    calibrate_once: bool = False
+    workload: str = ""
+    progress: Progress | None = None
+    probe_requests: int | None = None
+    load_check: bool = True
+    quiet: QuietHost | None = None
+    derived: Derived | None = None
+
+    def __post_init__(self) -> None:
+        count = self.probe_requests
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 1
+        ):
+            raise ValueError(f"probe_requests must be a positive integer, got {count!r}")
+        if not isinstance(self.rule, ProbeRule):
+            raise ValueError(f"rule must be a ProbeRule, got {self.rule!r}")
+        derived = self.derived
+        if derived is not None and (self.calibration is not None or self.calibrate_once):
+            raise ValueError("a derived prediction takes no calibration (reused or measured once)")
+        if self.sweep is None and self.calibration is None and derived is None:
+            raise ValueError("give a calibration sweep or a calibration to reuse")
+
+
 @dataclasses.dataclass
 class _Plan:
     load: list[Request]
@@ -348,45 +395,19 @@ def verify(
     flag_sets: Sequence[FlagSet],
     load: Sequence[Request],
     slo: SLO,
-    *,
-    rule: ProbeRule | None = None,
-    sweep: ServerSweep | None = None,
-    calibration: ServerCalibration | None = None,
-    calibrate_once: bool = False,
-    workload: str = "",
-    progress: Progress | None = None,
-    probe_requests: int | None = None,
-    load_check: bool = True,
-    quiet: QuietHost | None = None,
-    derived: Derived | None = None,
+    options: VerifyOptions,
 ) -> VerifyResult:
-    """Check every flag set on ``server`` (see the module's docstring). ``calibration``: reuse
-    it for all; else calibrate each with ``sweep`` at its budget (``calibrate_once``: the first
-    one's calibration for all). ``probe_requests``: every probe sends this many (at least rule
-    1's), else the first flag set sizes them for all. ``load_check``: before the probes, as
-    many requests as a probe sends, the ones that follow the probes' (none of them a probe's),
-    are sent at the predicted knee and the cost model scaled to the speed they show
-    (``verify.load_check``); off, or where the workload has fewer than
-    ``load_check.MIN_REQUESTS`` after the probes', the calibration alone predicts. ``quiet``:
-    each probe and load-check run on a quiet host (``measure.quiet``; None: not watched).
+    """Check every flag set on ``server`` (see the module's docstring) as ``options`` say.
     SIGINT, SIGTERM or SIGHUP (``verify.interrupt``) ends the flag set running with one line,
     keeping what it measured, and starts no other: the result says which signal
-    (``interrupted``). ``derived``: every knee predicted from this derived compute alone, no
-    calibration measured or reused and no load check run (which would scale the compute to
-    the server's speed): the measured knees test the derivation.
+    (``interrupted``).
 
     Raises:
-        ValueError: for no flag set, repeated ones, several on a running URL, neither a sweep
-            nor a calibration (nor derived compute), derived compute beside a calibration, a
-            workload too short for the probe rule, or a probe_requests that is not a positive
-            integer.
+        ValueError: for no flag set, repeated ones, several on a running URL, options that are
+            not a :class:`VerifyOptions`, or a workload too short for the probe rule.
     """
-    if probe_requests is not None and (
-        isinstance(probe_requests, bool)
-        or not isinstance(probe_requests, int)
-        or probe_requests < 1
-    ):
-        raise ValueError(f"probe_requests must be a positive integer, got {probe_requests!r}")
+    if not isinstance(options, VerifyOptions):
+        raise ValueError(f"options must be a VerifyOptions, got {type(options).__name__}")
     if not flag_sets:
         raise ValueError("verify needs at least one flag set")
     if len(set(flag_sets)) != len(flag_sets):
@@ -395,15 +416,12 @@ def verify(
         raise ValueError(
             "a running server runs one flag set: give a launcher to restart it under several"
         )
-    if derived is not None and (calibration is not None or calibrate_once):
-        raise ValueError("a derived prediction takes no calibration (reused or measured once)")
-    if sweep is None and calibration is None and derived is None:
-        raise ValueError("give a calibration sweep or a calibration to reuse")
-    rule = rule or ProbeRule()
+    rule, derived, progress, quiet = options.rule, options.derived, options.progress, options.quiet
     probe_load(load, rule)  # refuses a workload too short for rule 1 before anything starts
     ordered = in_arrival_order(load)
-    checked = load_check and derived is None
-    plan = _Plan(ordered, slo, rule, sweep, calibration, probe_requests, checked, quiet)
+    checked = options.load_check and derived is None
+    sweep, calibration, count = options.sweep, options.calibration, options.probe_requests
+    plan = _Plan(ordered, slo, rule, sweep, calibration, count, checked, quiet)
     plan.derived = derived
     results = []
     with plan.interruption.raising():
@@ -412,14 +430,17 @@ def verify(
             results.append(result)
             if progress is not None and result.ended is not None:
                 progress(result.ended)
-            if calibrate_once and plan.calibration is None and result.calibration is not None:
+            once = options.calibrate_once
+            if once and plan.calibration is None and result.calibration is not None:
                 plan.calibration = result.calibration
             if plan.interruption.signum is not None:
                 break
     engine = server.engine or (server.launcher.engine if server.launcher is not None else "")
     host = quiet.sentence() if quiet is not None else ""
     interrupted = plan.interruption.name
-    return VerifyResult(workload, slo, rule, tuple(results), engine, host, interrupted, derived)
+    return VerifyResult(
+        options.workload, slo, rule, tuple(results), engine, host, interrupted, derived
+    )
 
 
 def _interruptible(
