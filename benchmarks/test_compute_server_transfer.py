@@ -123,12 +123,13 @@ def _report(small, medium, derived):
     return errors, statistics.median(compared)
 
 
-def server_folder(variable: str) -> str:
+def server_folder(variable: str, benchmark: str) -> str:
     """The folder the environment ``variable`` names, made (the test skipped without it, or
-    without the serve extra): a minutes-long server benchmark's models and calibrations."""
+    without the serve extra, the skip naming ``benchmark``): a minutes-long server benchmark's
+    models and calibrations."""
     folder = os.environ.get(variable)
     if not folder:
-        pytest.skip(f"minutes long: set {variable}=<folder> to run it")
+        pytest.skip(f"{benchmark} is minutes long: set {variable}=<folder> to run it")
     reason = _serve_missing()
     if reason:
         pytest.skip(reason)
@@ -137,7 +138,7 @@ def server_folder(variable: str) -> str:
 
 
 def test_small_server_calibration_predicts_medium():
-    folder = server_folder("PREFILL_SERVER_TRANSFER")
+    folder = server_folder("PREFILL_SERVER_TRANSFER", "the server transfer")
     from pytest_prefill.plan.compute.transfer import calibration_span, probed_device, transfer
     from pytest_prefill.plan.model_spec import load_model_spec
     from pytest_prefill.serve.calibration.server_calibration import read_server_calibration

@@ -29,7 +29,7 @@ PROBES = ["--margin", "0.1", "--max-probes", "7", "--max-probe-seconds", "20", "
 
 
 def test_verify_predicts_tinys_knee_from_derived_compute():
-    folder = server_folder("PREFILL_VERIFY_GPU")
+    folder = server_folder("PREFILL_VERIFY_GPU", "verify --gpu on a real server")
     from pytest_prefill.cli import main
     from pytest_prefill.serve.launch.model_folder import make_model
     from pytest_prefill.verify.result import read_verify

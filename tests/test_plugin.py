@@ -828,6 +828,7 @@ def test_verify_in_a_test_prints_its_progress_only_with_v(monkeypatch, verbose):
     """Issue 29, item 2: the verify fixture's progress ('probe 1: …') landed between the test
     dots; like the capacity fixture's, it shows only with -v."""
     from pytest_prefill.plugin.verify_fixture import Verifier
+    from pytest_prefill.serve.calibration.server_calibration import ServerSweep
     from pytest_prefill.verify import verification as verify_module
 
     seen = {}
@@ -835,8 +836,8 @@ def test_verify_in_a_test_prints_its_progress_only_with_v(monkeypatch, verbose):
     class Stop(Exception):
         pass
 
-    def fake_verify(server, flag_sets, load, slo, **options):
-        seen.update(options)
+    def fake_verify(server, flag_sets, load, slo, options):
+        seen["progress"] = options.progress
         raise Stop
 
     class Report:
@@ -847,7 +848,7 @@ def test_verify_in_a_test_prints_its_progress_only_with_v(monkeypatch, verbose):
     monkeypatch.setattr(verify_module, "verify", fake_verify)
     verifier = Verifier(report, "http://127.0.0.1:9", verbose)
     with pytest.raises(Stop):
-        verifier(["tokens=128"], [], "ttft:1s")
+        verifier(["tokens=128"], [], "ttft:1s", sweep=ServerSweep(128))
     assert (seen["progress"] is not None) is verbose
 
 
