@@ -202,6 +202,15 @@ def test_gpu_cpu_with_a_calibration_missing_a_field_is_one_line(
     assert named in line and "--host-from" in line
 
 
+def test_a_cpu_calibration_carried_to_a_catalog_gpu_is_one_line(tmp_path, capsys) -> None:
+    provenance = {"model": "small", "dtype": "float32", PROBE_FIELD: _probe_record()}
+    path = _calibration(tmp_path, provenance)
+    argv = [*SIMULATE[:2], "h100", *SIMULATE[3:], "--host-from", path]
+    line = usage_error(argv, capsys)
+    assert f"--host-from {path}: a calibration on this machine's CPU" in line
+    assert "--gpu cpu" in line
+
+
 def test_gpu_cpu_without_a_calibration_says_where_the_peaks_come_from(capsys) -> None:
     line = usage_error(SIMULATE, capsys)
     assert "--gpu: cpu" in line and "--host-from" in line and "--device-probe" in line

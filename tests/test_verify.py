@@ -349,7 +349,7 @@ def test_answer_of_reads_a_capacity_answers_colocated_settings(tmp_path):
                 "ttft:1s",
                 "--no-pin",
             ],
-            "--health-timeout go with --launch",
+            "--no-pin goes with --launch, not --url",
         ),
     ],
 )

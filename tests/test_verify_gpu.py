@@ -214,7 +214,7 @@ URL = ["verify", "--url", "http://127.0.0.1:9", *FLAGS]
         (["--host-from", "cal.json"], "--host-from: only with --gpu"),
         (["--quantization", "fp8", "--kv-cache-dtype", "fp8"], "--kv-cache-dtype: only with"),
         (["--gpu", "a100", "--model", "tiny", "--quantization", "fp8"], "has no fp8 peak"),
-        (["--model", "tiny"], "--model (but with --gpu)"),
+        (["--model", "tiny"], "--model goes with --launch, not --url (with --url, --model is"),
     ],
 )
 def test_what_gpu_cannot_go_with_is_one_line(more: list[str], words: str, capsys) -> None:

@@ -150,6 +150,11 @@ def host_from_cost(path: str, engine: str, span: TokenRange) -> HostCost:
     measured, calibration = calibration_at(path)
     provenance = calibration["provenance"]
     facts = server_facts_of(resolve_cost(path))
+    if provenance.get("device_probe") is not None:
+        raise ValueError(
+            f"--host-from {path}: a calibration on this machine's CPU (it recorded the CPU's "
+            "probe) carries to --gpu cpu, not to a catalog device"
+        )
     try:
         model = load_model_spec(str(provenance.get("model")))
         device = device_named(str(provenance.get("device_name")))

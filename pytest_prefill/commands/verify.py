@@ -347,11 +347,20 @@ def check(args: argparse.Namespace) -> None:
         SLO.parse(args.slo)  # refused here, read in run
     if args.launch is not None and args.model is None:
         raise ValueError("--launch needs --model (the model folder; a .gguf for llama.cpp)")
-    launched = (args.model and not args.gpu) or args.program or args.no_pin or args.health_timeout
+    launched = [
+        flag
+        for flag, given in (
+            ("--model", args.model and not args.gpu),
+            ("--program", args.program),
+            ("--no-pin", args.no_pin),
+            ("--health-timeout", args.health_timeout),
+        )
+        if given
+    ]
     if args.url is not None and launched:
         raise ValueError(
-            "--model (but with --gpu), --program, --no-pin and --health-timeout go with "
-            "--launch, not --url"
+            f"{launched[0]} goes with --launch, not --url (with --url, --model is the model "
+            "whose compute --gpu derives)"
         )
     check_verify_gpu(args, args.engine or args.launch)
 
