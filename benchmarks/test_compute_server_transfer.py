@@ -150,7 +150,10 @@ def test_small_server_calibration_predicts_medium():
         calibration_span([p.to_dict() for p in c.calibration.measurements], "calibration")
         for c in (small, medium)
     ]
-    derived = transfer(small.cost, models[0], models[1], device, (spans[0], spans[1]), "small's")
+    engine = small.calibration.provenance["server"]["engine"]
+    derived = transfer(
+        small.cost, models[0], models[1], device, (spans[0], spans[1]), "small's", engine
+    )
     print(f"\ndevice: {device.describe()}\n  {device.source}")
     print(f"basis: {derived.basis}\n")
     (errors, term_median) = _report(small, medium, derived)

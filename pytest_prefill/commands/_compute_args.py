@@ -116,11 +116,12 @@ def derive_on(
         span = TokenRange.of(prompts, outputs, rows)
     except ValueError as err:
         raise ValueError(f"--gpu: the workload's token range: {err}") from None
+    step = None
     if carried is not None:
-        device, choice, found = carried(span)
+        device, choice, found, step = carried(span)
     else:
         choice, found = efficiency_of(device, engine), host(span) if host else tabled_host(engine)
-    deriver = Deriver(hardware.model, device, choice, span, found)
+    deriver = Deriver(hardware.model, device, choice, span, found, step)
     one = deriver.derive(1)
     label = (
         f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
@@ -173,7 +174,7 @@ def cpu_transfer(path: str, model: ModelSpec, cpu: Device, _span: TokenRange) ->
     """--host-from's calibration (at ``path``) of a model on this CPU carried to ``model`` on
     it (``cpu``, as probed): the CPU's efficiencies and the host's cost per layer that
     calibration implies, read over the calibration's own range (the deriver fits --model over
-    the workload's, ``_span``).
+    the workload's, ``_span``), with the decode step of the engine it measured.
 
     Raises:
         ValueError: in one line, for a calibration whose provenance names no model read here.
@@ -191,7 +192,15 @@ def cpu_transfer(path: str, model: ModelSpec, cpu: Device, _span: TokenRange) ->
         cpu,
         measured_span,
         f"--host-from {path}",
+        served_by(calibration["provenance"]),
     )
+
+
+def served_by(provenance: Any) -> str | None:
+    """The engine a server calibration's provenance names (``server.engine``; None: none)."""
+    server = provenance.get("server") if isinstance(provenance, dict) else None
+    engine = server.get("engine") if isinstance(server, dict) else None
+    return engine if isinstance(engine, str) else None
 
 
 def carried_by(

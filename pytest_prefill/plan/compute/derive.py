@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from pytest_prefill.plan.compute.devices import Device
@@ -20,6 +20,9 @@ from pytest_prefill.sim.cost import attention_pairs
 
 POINTS = 12  # samples along each axis of the synthetic grid
 CHUNKS = (512, 2048, 8192)  # chunk sizes a chunked prefill's pieces take over a cached context
+# A decode step's device seconds by an engine's own way of running it: (physics, rows, cached
+# tokens in all) -> seconds (None: the physics' own, ``Physics.decode_step``).
+DecodeStepRule = Callable[[Physics, int, int], float]
 
 
 def _whole(name: str, value: object, minimum: int = 1) -> int:
@@ -139,10 +142,10 @@ def geometric(low: int, high: int, points: int = POINTS) -> list[int]:
 
 
 def decode_samples(
-    physics: Physics, span: TokenRange
+    physics: Physics, span: TokenRange, step: DecodeStepRule | None = None
 ) -> tuple[dict[str, list[float]], list[float]]:
     """Decode steps over the range: rows from 1 to ``max_rows``, each row's cached context
-    from the shortest prompt to the longest sequence."""
+    from the shortest prompt to the longest sequence, timed by ``step`` (None: the physics')."""
     features: dict[str, list[float]] = {
         "decode_step_base": [],
         "decode_per_seq": [],
@@ -155,7 +158,7 @@ def decode_samples(
             features["decode_step_base"].append(1.0)
             features["decode_per_seq"].append(float(rows - 1))
             features["decode_per_kv_token"].append(float(kv))
-            targets.append(physics.decode_step(rows, kv))
+            targets.append(step(physics, rows, kv) if step else physics.decode_step(rows, kv))
     return features, targets
 
 
@@ -192,9 +195,11 @@ def derive_cost(
     *,
     tp: int = 1,
     host: HostCost | None = None,
+    step: DecodeStepRule | None = None,
 ) -> DerivedCost:
     """The cost model of ``model`` on ``device`` at ``tp`` with ``choice``'s efficiencies,
-    fitted on the physics' passes over ``span``, plus ``host`` (default: none tabled).
+    fitted on the physics' passes over ``span`` (its decode steps as ``step`` runs them; None:
+    the physics' own), plus ``host`` (default: none tabled).
 
     Raises:
         ValueError: in one line, for a TP that does not divide the heads, fp8 weights on a
@@ -202,7 +207,7 @@ def derive_cost(
     """
     host = host or HostCost()
     physics = Physics(model, device, choice.table, tp)
-    decode: Fit = fit_terms(*decode_samples(physics, span))
+    decode: Fit = fit_terms(*decode_samples(physics, span, step))
     per_kv = decode.coefficients["decode_per_kv_token"]
     prefill: Fit = fit_terms(*prefill_samples(physics, span, per_kv))
     fixed = host.step(model.layers)
@@ -263,9 +268,12 @@ class Deriver:
     choice: EfficiencyChoice
     span: TokenRange
     host: HostCost = HostCost()
+    step: DecodeStepRule | None = None
 
     def derive(self, tp: int) -> DerivedCost:
-        return derive_cost(self.model, self.device, self.choice, self.span, tp=tp, host=self.host)
+        return derive_cost(
+            self.model, self.device, self.choice, self.span, tp=tp, host=self.host, step=self.step
+        )
 
     def __call__(self, tp: int) -> CostModel:
         return self.derive(tp).cost

@@ -12,7 +12,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_prefill.plan.compute.derive import DerivedCost, HostCost, TokenRange, derive_cost
+from pytest_prefill.plan.compute.cpu_serve import serve_decode_step
+from pytest_prefill.plan.compute.derive import (
+    DecodeStepRule,
+    DerivedCost,
+    HostCost,
+    TokenRange,
+    derive_cost,
+)
 from pytest_prefill.plan.compute.devices import Device
 from pytest_prefill.plan.compute.efficiency import Efficiency, EfficiencyChoice
 from pytest_prefill.plan.model_spec import ModelSpec
@@ -40,6 +47,10 @@ SET_BY = {
     "attention_compute": "prefill_per_pair",
     "attention_memory": "decode_per_kv_token",
 }
+# How a serving engine runs a decode step on a CPU, where it differs from the physics' own (an
+# engine not named here: the physics' decode step). transformers serve packs the rows and runs
+# SDPA dense under a mask over copies of their caches (plan/compute/cpu_serve).
+ENGINE_STEPS: Mapping[str, DecodeStepRule] = {"transformers": serve_decode_step}
 LOW_EFFICIENCY = 1e-4
 SOLVE_STEPS = 60  # regula falsi steps, at most
 SWEEPS = 20  # rounds of the three solves (each term moves a little with the others), at most
@@ -49,8 +60,8 @@ TOLERANCE = 1e-12  # relative: far below any term's noise
 # over the cost-model terms and over the larger model's own calibration passes.
 MEASURED_ERROR = "small -> medium under transformers serve on a 2-core CPU: {}"
 MEASURED_FIGURES = (
-    "prefill passes (TTFT) 2.7%, decode steps 19.6% median (batches of 3-6 rows under by 9-30%), "
-    "on quiet calibrations"
+    "prefill passes (TTFT) 2.9%, decode steps 12.5% median (batches of 3-5 rows under by "
+    "13-22%), on quiet calibrations held out"
 )
 
 
@@ -183,14 +194,25 @@ def _solve(term: Callable[[float], float], target: float) -> tuple[float, bool]:
     return 2 / (low + high), False
 
 
+def engine_step(engine: str | None) -> DecodeStepRule | None:
+    """The decode step ``engine`` runs on a CPU (``ENGINE_STEPS``; None: the physics')."""
+    return ENGINE_STEPS.get(engine or "")
+
+
 def carry(
-    measured: CostModel, model: ModelSpec, device: Device, span: TokenRange, source: str
+    measured: CostModel,
+    model: ModelSpec,
+    device: Device,
+    span: TokenRange,
+    source: str,
+    step: DecodeStepRule | None = None,
 ) -> Carried:
     """Read a calibration of ``model`` on the CPU ``device``: each efficiency set so the derived
     device term equals the measured one (``SET_BY``; a term the calibration refused, 0, leaves
-    the peak), then the host's cost: what the measured decode step's base and per-sequence terms
-    exceed the derived device part by, per layer (eager PyTorch serving spends its host time in
-    the layers' Python: module calls, and per request its attention call; never below 0).
+    the peak; decode steps as ``step`` runs them, None: the physics'), then the host's cost:
+    what the measured decode step's base and per-sequence terms exceed the derived device part
+    by, per layer (eager PyTorch serving spends its host time in the layers' Python: module
+    calls, and per request its attention call; never below 0).
 
     Raises:
         ValueError: for a model whose dtype the device has no peak for.
@@ -199,7 +221,7 @@ def carry(
     found = dict.fromkeys(SET_BY, 1.0)
 
     def derived(etas: Mapping[str, float]) -> CostModel:
-        return derive_cost(model, cpu, cpu_efficiency(cpu, etas), span).cost
+        return derive_cost(model, cpu, cpu_efficiency(cpu, etas), span, step=step).cost
 
     def term_of(name: str) -> Callable[[float], float]:
         return lambda eta: float(getattr(derived({**found, name: eta}), SET_BY[name]))
@@ -223,7 +245,7 @@ def carry(
     return Carried(dict(found), tuple(clamped), host, source)
 
 
-Transferred = tuple[Device, EfficiencyChoice, HostCost]
+Transferred = tuple[Device, EfficiencyChoice, HostCost, DecodeStepRule | None]
 PROMPT_KINDS = ("prefill", "chunk")
 DECODE_KINDS = ("decode_kv", "decode_batch")
 
@@ -264,23 +286,26 @@ def transferred(
     device: Device,
     measured_span: TokenRange,
     source: str,
+    engine: str | None = None,
 ) -> Transferred:
     """What ``target``'s derivation on the CPU ``device`` takes from a calibration of
     ``source_model`` on it (over ``measured_span``, the range its terms were fitted on): the
     device at the peak of ``target``'s dtype, the efficiencies and the per-layer host cost the
     calibration implies (:func:`carry`), the choice's error class saying it is a transfer and
-    how far one was measured to hold.
+    how far one was measured to hold, and the decode step the calibration's ``engine`` runs
+    (:func:`engine_step`).
 
     Raises:
         ValueError: for a model whose dtype the device has no peak for.
     """
-    carried = carry(measured, source_model, device, measured_span, source)
+    step = engine_step(engine)
+    carried = carry(measured, source_model, device, measured_span, source, step)
     cpu = linear_device(device, target.dtype)
     said = (
         f"a transfer from {source_model.name}'s calibration on this CPU (efficiencies "
         f"{_etas(carried)}; measured error class: {MEASURED_ERROR.format(MEASURED_FIGURES)})"
     )
-    return cpu, carried.choice(cpu, said), carried.host
+    return cpu, carried.choice(cpu, said), carried.host, step
 
 
 def transfer(
@@ -290,16 +315,19 @@ def transfer(
     device: Device,
     spans: tuple[TokenRange, TokenRange],
     source: str,
+    engine: str | None = None,
 ) -> DerivedCost:
     """``target``'s cost model on the CPU ``device`` from a calibration of ``source_model`` on
     it (:func:`transferred`; ``spans``: the calibration's range, then the range ``target``'s
-    cost model is fitted over).
+    cost model is fitted over; ``engine``: the server the calibration measured).
 
     Raises:
         ValueError: for a model whose dtype the device has no peak for.
     """
-    cpu, choice, host = transferred(measured, source_model, target, device, spans[0], source)
-    return derive_cost(target, cpu, choice, spans[1], host=host)
+    cpu, choice, host, step = transferred(
+        measured, source_model, target, device, spans[0], source, engine
+    )
+    return derive_cost(target, cpu, choice, spans[1], host=host, step=step)
 
 
 def _etas(carried: Carried) -> str:
