@@ -13,7 +13,12 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.plan.compute.cpu_decode import DecodeStep, KernelTerms, decode_working_set
+from pytest_prefill.plan.compute.cpu_decode import (
+    DecodeStep,
+    KernelTerms,
+    decode_working_set,
+    mlp_fresh_pages,
+)
 from pytest_prefill.plan.compute.devices import Device
 from pytest_prefill.plan.compute.efficiency import Efficiency
 from pytest_prefill.plan.compute.physics import Physics
@@ -34,6 +39,7 @@ FRACTIONS = (
 POSITIVES = (
     "gemm_t0",
     "gemm_k0",
+    "sweep_k0",
     "attention_d0",
     "host_per_call",
     "fault_seconds",
@@ -42,7 +48,7 @@ POSITIVES = (
 # kernel a busy probe timed slow, runs above them. The efficiencies are fractions of the
 # probe's figures times this headroom (so up to 4 times the probed rates).
 HEADROOM = 4.0
-START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-6, 2e-6)
+START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 256.0, 16.0, 5e-6, 2e-6)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
@@ -53,6 +59,9 @@ POINT_KINDS = {
     "decode_batch": "decode",
 }
 STATISTICS = ("median", "min")
+# A GEMM's memory and compute time add on one core (q = 1 in the roofline): the thread that
+# packs the weights' panels is the one that multiplies them, so neither hides the other.
+SERIAL = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -216,6 +225,7 @@ class CpuTerms:
     attention_memory: float
     gemm_t0: float
     gemm_k0: float
+    sweep_k0: float
     attention_d0: float
     host: HostCost
     fault: float
@@ -224,18 +234,18 @@ class CpuTerms:
     def from_vector(cls, vector: Sequence[float]) -> CpuTerms:
         n = len(FRACTIONS)
         fractions = [1.0 / (1.0 + math.exp(-v)) for v in vector[:n]]
-        t0, k0, d0, per_call, fault = (math.exp(v) for v in vector[n:])
+        t0, k0, sweep, d0, per_call, fault = (math.exp(v) for v in vector[n:])
         bins = len(COMPUTE_BOUNDS)
         memory, attention_c, attention_m = fractions[bins:]
         host = HostCost(per_call)
         compute = tuple(fractions[:bins])
-        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, fault)
+        return cls(compute, memory, attention_c, attention_m, t0, k0, sweep, d0, host, fault)
 
     @property
     def kernel(self) -> KernelTerms:
         """The decode step's library terms (a matrix-vector sweep ramps with the row width as
         the GEMM's compute does, at ``gemm_k0``)."""
-        return KernelTerms(self.gemm_k0, self.fault)
+        return KernelTerms(self.sweep_k0, self.fault)
 
     def values(self) -> dict[str, float]:
         """Every fitted value by name (``FRACTIONS`` then ``POSITIVES``)."""
@@ -246,6 +256,7 @@ class CpuTerms:
             self.attention_memory,
             self.gemm_t0,
             self.gemm_k0,
+            self.sweep_k0,
             self.attention_d0,
             self.host.per_call,
             self.fault,
@@ -263,6 +274,7 @@ class CpuTerms:
             gemm_t0=self.gemm_t0,
             compute_bins=tuple((b, e * gemm) for b, e in zip(COMPUTE_BOUNDS, self.compute)),  # noqa: B905
             memory_efficiency=self.memory,
+            gemm_sharpness=SERIAL,
             attention_compute_efficiency=self.attention_compute * attention,
             attention_memory_efficiency=self.attention_memory,
             allreduce_latency=0.0,
@@ -296,7 +308,10 @@ def _seconds(physics: Physics, terms: CpuTerms, sample: Sample) -> float:
     (plan/compute/cpu_decode); each with the host's share."""
     layers = sample.model.layers
     if sample.kind == "prefill":
-        return physics.prefill_pass(sample.pieces) + terms.host.prefill(layers, sample.sequences)
+        tokens = sum(t for t, _ in sample.pieces)
+        faults = layers * mlp_fresh_pages(sample.model, tokens) * terms.fault
+        host = terms.host.prefill(layers, sample.sequences)
+        return physics.prefill_pass(sample.pieces) + faults + host
     step = DecodeStep(sample.model, physics.device, physics.efficiency, terms.kernel)
     return step.seconds(sample.rows, sample.kv_tokens) + terms.host.decode(layers, sample.rows)
 

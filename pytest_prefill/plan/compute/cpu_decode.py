@@ -9,7 +9,11 @@ every row. Two rules of the CPU's libraries set what a step moves beyond its FLO
   efficiency, on the packed copy the cache holds);
 - the allocator maps a buffer larger than ``MMAP_THRESHOLD`` fresh from the kernel each time it
   is allocated, so every page of the step's gathered cache is faulted in and zeroed on each step
-  past it (below it, the freed buffer is reused).
+  past it (below it, the freed buffer is reused);
+- each layer's MLP holds ``MLP_BUFFERS`` buffers of the intermediate width at once (gate, up,
+  their activation and product), the largest of the pass: the heap grows at its top for them
+  and, once they are freed, gives the pages back to the kernel when its top passes
+  ``TRIM_THRESHOLD``, so every layer faults them in afresh (:func:`mlp_fresh_pages`).
 
 Standard library only."""
 
@@ -31,6 +35,10 @@ PACK_PASSES = CPU_PACK_PASSES
 # 4 MiB x sizeof(long)): a larger allocation is a fresh mapping each time, its pages faulted in.
 MMAP_THRESHOLD = 32 * 2**20
 PAGE_BYTES = 4096
+# glibc's M_TRIM_THRESHOLD (128 KiB): a free leaving more than this at the heap's top returns it.
+TRIM_THRESHOLD = 128 * 1024
+# The MLP's buffers of the intermediate width alive together: gate, up, SiLU(gate), the product.
+MLP_BUFFERS = 4
 FLOAT_BYTES = 4  # the packed pass's activations on a CPU: the model's fp32
 
 
@@ -125,13 +133,21 @@ class DecodeStep:
         moved = float(rows) * FLOAT_BYTES * width
         return moved / (self.efficiency.memory_efficiency * self._bandwidth)
 
+    def mlp_faults(self, rows: int) -> float:
+        """Every layer's MLP buffers over ``rows`` rows faulted in afresh
+        (:func:`mlp_fresh_pages`)."""
+        return self.model.layers * mlp_fresh_pages(self.model, rows) * self.kernel.fault
+
     def seconds(self, rows: int, kv_tokens: int) -> float:
         """Device seconds of a step of ``rows`` rows reading ``kv_tokens`` cached tokens in all
         (each row's cache ``kv_tokens / rows`` long)."""
         keys = math.ceil(kv_tokens / rows) + 1
         per_layer = self.attention(rows, keys) + self.elementwise(rows)
         return (
-            self.linears(rows) + self.model.layers * per_layer + self.gather(rows, keys, kv_tokens)
+            self.linears(rows)
+            + self.model.layers * per_layer
+            + self.gather(rows, keys, kv_tokens)
+            + self.mlp_faults(rows)
         )
 
 
@@ -145,6 +161,14 @@ def fresh_pages(nbytes: float) -> int:
     """Pages the allocator hands a buffer of ``nbytes`` fresh from the kernel on each
     allocation: all of them past ``MMAP_THRESHOLD``, none below (a freed buffer is reused)."""
     return math.ceil(nbytes / PAGE_BYTES) if nbytes > MMAP_THRESHOLD else 0
+
+
+def mlp_fresh_pages(model: ModelSpec, rows: int) -> int:
+    """Pages one layer's MLP faults in over ``rows`` rows: its ``MLP_BUFFERS`` buffers of
+    ``rows x intermediate`` fp32 values, all of them when together they pass ``TRIM_THRESHOLD``
+    (the heap returns them to the kernel once they are freed), none below."""
+    nbytes = MLP_BUFFERS * rows * model.intermediate_size * FLOAT_BYTES
+    return math.ceil(nbytes / PAGE_BYTES) if nbytes > TRIM_THRESHOLD else 0
 
 
 def decode_working_set(model: ModelSpec, rows: int, kv_tokens: int) -> float:
