@@ -163,12 +163,17 @@ def fresh_pages(nbytes: float) -> int:
     return math.ceil(nbytes / PAGE_BYTES) if nbytes > MMAP_THRESHOLD else 0
 
 
+def churned_pages(nbytes: float) -> int:
+    """Pages faulted in for buffers of ``nbytes`` in all, allocated together and freed together
+    once per layer: every page when they pass ``TRIM_THRESHOLD`` (the heap grows at its top for
+    them and returns the pages to the kernel once they are freed), none below."""
+    return math.ceil(nbytes / PAGE_BYTES) if nbytes > TRIM_THRESHOLD else 0
+
+
 def mlp_fresh_pages(model: ModelSpec, rows: int) -> int:
     """Pages one layer's MLP faults in over ``rows`` rows: its ``MLP_BUFFERS`` buffers of
-    ``rows x intermediate`` fp32 values, all of them when together they pass ``TRIM_THRESHOLD``
-    (the heap returns them to the kernel once they are freed), none below."""
-    nbytes = MLP_BUFFERS * rows * model.intermediate_size * FLOAT_BYTES
-    return math.ceil(nbytes / PAGE_BYTES) if nbytes > TRIM_THRESHOLD else 0
+    ``rows x intermediate`` fp32 values (:func:`churned_pages`)."""
+    return churned_pages(MLP_BUFFERS * rows * model.intermediate_size * FLOAT_BYTES)
 
 
 def decode_working_set(model: ModelSpec, rows: int, kv_tokens: int) -> float:
