@@ -16,13 +16,16 @@ from pytest_prefill.plan.compute.cpu import (
     POSITIVES,
     PREFILL_CALLS,
     CpuTerms,
+    KEY_BLOCK,
     MASK_FLOAT,
     MASK_READ,
     MASK_WRITTEN,
     SCORE_BYTES,
     HostCost,
     Sample,
+    causal_scores,
     device_for,
+    diagonal_seconds,
     fit_cpu,
     linear_device,
     mask_positions,
@@ -151,10 +154,26 @@ def test_on_one_core_a_gemms_memory_and_compute_time_add():
 
 
 def test_a_whole_prompt_scores_its_causal_triangle_and_a_chunk_its_whole_mask():
-    assert scored_positions([(4, 0)]) == 4 + 3 + 2 + 1
+    # within one key block every key is scored: the triangle and the rest of the square
+    assert causal_scores(4) == (4 + 3 + 2 + 1) + 4 * 4 // 2
+    assert causal_scores(KEY_BLOCK) == KEY_BLOCK * (KEY_BLOCK + 1) // 2 + KEY_BLOCK**2 // 2
+    # past it, the triangle and half a block a row (the blocks the diagonal crosses, whole)
+    t = 4 * KEY_BLOCK
+    assert causal_scores(t) == t * (t + 1) // 2 + t * KEY_BLOCK // 2
     assert scored_positions([(4, 6)]) == 4 * 10
-    assert scored_positions([(4, 0), (4, 6)]) == 10 + 40
+    assert scored_positions([(t, 0), (4, 6)]) == causal_scores(t) + 40
     assert mask_positions([(4, 0), (4, 6), (2, 1)]) == [4 * 10, 2 * 3]
+
+
+def test_the_diagonals_blocks_cost_their_products_at_attentions_efficiency():
+    model = _model("small")
+    stub = Sample(model, "prefill", 1.0, "x", pieces=((2048, 0),))
+    physics = Physics(model, device_for(CPU, stub, None), TRUE.efficiency(CPU, model))
+    extra = causal_scores(2048) - 2048 * 2049 // 2
+    flops = 4.0 * model.attention_heads * model.head_dim * extra * model.layers
+    rate = physics.efficiency.attention_compute_efficiency * physics.device.peak("bf16")
+    assert diagonal_seconds(model, [(2048, 0)], physics) == pytest.approx(flops / rate)
+    assert diagonal_seconds(model, [(256, 2048)], physics) == 0.0  # a chunk's mask: no block left
 
 
 def test_the_softmax_bytes_grow_with_the_heads_not_the_head_dim():

@@ -225,13 +225,33 @@ def mask_seconds(
 # in a tile the cache holds: the QK product writes it, the scaling and running max read and
 # write it, the exponent and running sum read and write it, the PV product reads it.
 SCORE_BYTES = 4 * (1 + 2 + 2 + 1)
+# The kernel takes the keys in blocks of 512 (torch's CPU flash attention, kv_split_size): on a
+# causal prompt it skips the blocks wholly above the diagonal and computes those it crosses whole.
+KEY_BLOCK = 512
 
 
 def scored_positions(pieces: Sequence[tuple[int, int]]) -> int:
-    """The (query, key) scores per head of a prefill pass's attention: a whole prompt's causal
-    triangle (its diagonal included); a chunk over a cache every position of its mask (a
-    materialised mask lets the kernel skip no block)."""
-    return sum(t * (t + c) if c > 0 else t * (t + 1) // 2 for t, c in pieces)
+    """The (query, key) scores per head the kernel computes in a prefill pass: a whole prompt's
+    causal triangle and half a key block a row beside it (the blocks the diagonal crosses);
+    a chunk over a cache every position of its mask (a materialised mask lets it skip none)."""
+    return sum(t * (t + c) if c > 0 else causal_scores(t) for t, c in pieces)
+
+
+def causal_scores(tokens: int) -> int:
+    """Scores per head of a whole prompt of ``tokens``: its causal triangle, and the blocks the
+    diagonal crosses computed whole (half a block of ``KEY_BLOCK`` keys a row)."""
+    return tokens * (tokens + 1) // 2 + tokens * min(KEY_BLOCK, tokens) // 2
+
+
+def diagonal_seconds(
+    model: ModelSpec, pieces: Sequence[tuple[int, int]], physics: Physics
+) -> float:
+    """Every layer's QK and PV products over the scores the per-op physics leaves out (the
+    whole prompts' blocks past the diagonal), at attention's compute efficiency."""
+    extra = sum(causal_scores(t) - t * (t + 1) // 2 for t, c in pieces if c == 0)
+    flops = 4.0 * model.attention_heads * model.head_dim * extra * model.layers
+    peak = physics.device.peak("bf16")
+    return flops / (physics.efficiency.attention_compute_efficiency * peak)
 
 
 def score_seconds(model: ModelSpec, pieces: Sequence[tuple[int, int]], bandwidth: float) -> float:
@@ -371,6 +391,7 @@ def _seconds(physics: Physics, terms: CpuTerms, sample: Sample, tile_bandwidth: 
         masks = mask_seconds(sample.model, sample.pieces, physics, terms.fault)
         bandwidth = terms.memory * tile_bandwidth
         scores = score_seconds(sample.model, sample.pieces, bandwidth)
+        scores += diagonal_seconds(sample.model, sample.pieces, physics)
         host = terms.host.prefill(layers, sample.sequences)
         return physics.prefill_pass(sample.pieces) + faults + masks + scores + host
     step = DecodeStep(sample.model, physics.device, physics.efficiency, terms.kernel)
