@@ -1,7 +1,7 @@
 """This machine's CPU as a device whose efficiencies are fitted on its own calibrations: the
 measured prefill passes (through the per-op physics, plan/compute/physics) and decode steps (as
 the packed pass runs them on a CPU, plan/compute/cpu_decode) of some model sizes fit the
-device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention), the
+device's efficiencies (eta_c by GEMM rows, eta_m, attention), the
 seconds per page the kernel maps fresh, and the host's cost per torch call; the fit then
 predicts another size's measured passes. Standard library only."""
 
@@ -38,7 +38,6 @@ FRACTIONS = (
     "attention_eta_m",
 )
 POSITIVES = (
-    "gemm_t0",
     "gemm_k0",
     "sweep_k0",
     "host_per_call",
@@ -48,7 +47,7 @@ POSITIVES = (
 # kernel a busy probe timed slow, runs above them. The efficiencies are fractions of the
 # probe's figures times this headroom (so up to 4 times the probed rates).
 HEADROOM = 4.0
-START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 256.0, 5e-6, 2e-6)
+START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 32.0, 256.0, 5e-6, 2e-6)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
@@ -59,6 +58,10 @@ POINT_KINDS = {
     "decode_batch": "decode",
 }
 STATISTICS = ("median", "min")
+# A GEMM's fixed time beyond its torch call: none. Timed cold, a matrix-vector sweep's time is
+# its bytes' and the call's; and a fixed time per GEMM and one per call both come once per
+# layer, so a fit on passes of any depth finds only their sum: the call's holds it.
+GEMM_T0 = 0.0
 # A GEMM's memory and compute time add on one core (q = 1 in the roofline): the thread that
 # packs the weights' panels is the one that multiplies them, so neither hides the other.
 SERIAL = 1.0
@@ -287,7 +290,8 @@ class CpuTerms:
     ``COMPUTE_BOUNDS``), ``memory``, ``attention_compute``, ``attention_memory``; how a narrow
     kernel falls short of them: a GEMM of inner dimension k reaches ``k / (k + gemm_k0)`` of its
     eta_c (a SIMD kernel needs width to fill its registers), a matrix-vector sweep
-    ``k / (k + sweep_k0)`` of its bandwidth (plan/compute/cpu_decode); ``gemm_t0`` per GEMM;
+    ``k / (k + sweep_k0)`` of its bandwidth (plan/compute/cpu_decode); ``gemm_t0`` per GEMM
+    (``GEMM_T0``, not fitted);
     the host's costs; and ``fault``, seconds per page the kernel maps fresh. Attention's work
     that does not scale with the head dim, the softmax over each score, is priced by its bytes
     (:func:`score_seconds`), not fitted."""
@@ -306,12 +310,12 @@ class CpuTerms:
     def from_vector(cls, vector: Sequence[float]) -> CpuTerms:
         n = len(FRACTIONS)
         fractions = [1.0 / (1.0 + math.exp(-v)) for v in vector[:n]]
-        t0, k0, sweep, per_call, fault = (math.exp(v) for v in vector[n:])
+        k0, sweep, per_call, fault = (math.exp(v) for v in vector[n:])
         bins = len(COMPUTE_BOUNDS)
         memory, attention_c, attention_m = fractions[bins:]
         host = HostCost(per_call)
         compute = tuple(fractions[:bins])
-        return cls(compute, memory, attention_c, attention_m, t0, k0, sweep, host, fault)
+        return cls(compute, memory, attention_c, attention_m, GEMM_T0, k0, sweep, host, fault)
 
     @property
     def kernel(self) -> KernelTerms:
@@ -326,7 +330,6 @@ class CpuTerms:
             self.memory,
             self.attention_compute,
             self.attention_memory,
-            self.gemm_t0,
             self.gemm_k0,
             self.sweep_k0,
             self.host.per_call,
