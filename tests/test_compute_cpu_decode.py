@@ -161,13 +161,14 @@ def test_buffers_freed_together_are_faulted_in_afresh_only_past_the_trim_thresho
     assert mlp_fresh_pages(model, 1) == 0 < mlp_fresh_pages(model, 512)
 
 
-def test_a_step_pays_for_its_mlp_pages_every_layer():
+def test_a_step_pays_for_its_gathered_pages_and_no_mlp_pages():
+    # freeing the mapped gather raises glibc's thresholds past the rows' MLP buffers
     step = _step("medium")
     model = step.model
     free = _step("medium", dataclasses.replace(KERNEL, fault=0.0))
-    rows, kv = 8, 8 * 128
-    pages = mlp_fresh_pages(model, rows)
-    assert pages > 0  # medium's 8 rows pass the threshold
-    gathered = fresh_pages(gathered_bytes(model, rows, 129))
-    extra = (model.layers * pages + gathered) * KERNEL.fault
+    rows, kv = 8, 8 * 4096
+    assert mlp_fresh_pages(model, rows) > 0  # a prefill of 8 tokens would fault them in
+    gathered = fresh_pages(gathered_bytes(model, rows, 4097))
+    assert gathered > 0
+    extra = gathered * KERNEL.fault
     assert step.seconds(rows, kv) - free.seconds(rows, kv) == pytest.approx(extra)

@@ -1,9 +1,12 @@
 """This machine's CPU as a device whose efficiencies are fitted on its own calibrations: the
 measured prefill passes (through the per-op physics, plan/compute/physics) and decode steps (as
 the packed pass runs them on a CPU, plan/compute/cpu_decode) of some model sizes fit the
-device's efficiencies (eta_c by GEMM rows, eta_m, attention), the
-seconds per page the kernel maps fresh, and the host's cost per torch call; the fit then
-predicts another size's measured passes. Standard library only."""
+device's efficiencies (eta_c by GEMM rows, eta_m, attention), the seconds per page the kernel
+maps fresh, and the host's cost per torch call; the fit then predicts another size's measured
+passes. Beside the per-op physics, a prefill pass pays what eager PyTorch does on a CPU: its
+MLP buffers' pages faulted in afresh each layer, a chunk's causal masks materialised per call,
+the softmax's bytes over every score and the key blocks the diagonal crosses. Standard library
+only."""
 
 from __future__ import annotations
 
@@ -319,8 +322,8 @@ class CpuTerms:
 
     @property
     def kernel(self) -> KernelTerms:
-        """The decode step's library terms (a matrix-vector sweep ramps with the row width as
-        the GEMM's compute does, at ``gemm_k0``)."""
+        """The decode step's library terms (a matrix-vector sweep ramps with the row width at
+        its own ``sweep_k0``: a cost per output row read from memory, not the GEMM's registers)."""
         return KernelTerms(self.sweep_k0, self.fault)
 
     def values(self) -> dict[str, float]:

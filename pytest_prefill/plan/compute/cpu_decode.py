@@ -10,10 +10,12 @@ every row. Two rules of the CPU's libraries set what a step moves beyond its FLO
 - the allocator maps a buffer larger than ``MMAP_THRESHOLD`` fresh from the kernel each time it
   is allocated, so every page of the step's gathered cache is faulted in and zeroed on each step
   past it (below it, the freed buffer is reused);
-- each layer's MLP holds ``MLP_BUFFERS`` buffers of the intermediate width at once (gate, up,
-  their activation and product), the largest of the pass: the heap grows at its top for them
-  and, once they are freed, gives the pages back to the kernel when its top passes
-  ``TRIM_THRESHOLD``, so every layer faults them in afresh (:func:`mlp_fresh_pages`).
+- a prefill pass's MLP holds ``MLP_BUFFERS`` buffers of the intermediate width at once per
+  layer (gate, up, their activation and product), the largest of the pass: the heap grows at
+  its top for them and, once they are freed, gives the pages back to the kernel when its top
+  passes ``TRIM_THRESHOLD``, so every layer faults them in afresh (:func:`mlp_fresh_pages`).
+  Not a decode step's: there the largest buffer freed is the gathered cache, and freeing a
+  mapped buffer raises glibc's thresholds to its size, so the rows' small MLP buffers stay.
 
 Standard library only."""
 
@@ -133,21 +135,13 @@ class DecodeStep:
         moved = float(rows) * FLOAT_BYTES * width
         return moved / (self.efficiency.memory_efficiency * self._bandwidth)
 
-    def mlp_faults(self, rows: int) -> float:
-        """Every layer's MLP buffers over ``rows`` rows faulted in afresh
-        (:func:`mlp_fresh_pages`)."""
-        return self.model.layers * mlp_fresh_pages(self.model, rows) * self.kernel.fault
-
     def seconds(self, rows: int, kv_tokens: int) -> float:
         """Device seconds of a step of ``rows`` rows reading ``kv_tokens`` cached tokens in all
         (each row's cache ``kv_tokens / rows`` long)."""
         keys = math.ceil(kv_tokens / rows) + 1
         per_layer = self.attention(rows, keys) + self.elementwise(rows)
         return (
-            self.linears(rows)
-            + self.model.layers * per_layer
-            + self.gather(rows, keys, kv_tokens)
-            + self.mlp_faults(rows)
+            self.linears(rows) + self.model.layers * per_layer + self.gather(rows, keys, kv_tokens)
         )
 
 
