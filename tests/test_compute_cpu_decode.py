@@ -12,14 +12,18 @@ import pytest
 
 from pytest_prefill.plan.compute.cpu_decode import (
     GEMV_ROWS,
+    MLP_BUFFERS,
     MMAP_THRESHOLD,
     PACK_PASSES,
     PAGE_BYTES,
+    TRIM_THRESHOLD,
     DecodeStep,
     KernelTerms,
+    churned_pages,
     decode_working_set,
     fresh_pages,
     gathered_bytes,
+    mlp_fresh_pages,
     projections,
 )
 from pytest_prefill.plan.compute.transfer import linear_device
@@ -145,3 +149,26 @@ def test_the_per_op_physics_on_a_cpu_moves_the_weights_as_the_blas_does(rows):
     activations = rows * (n + k) * ACTIVATION_BYTES
     assert gpu.gemm("up", rows, n, k).bytes == weights + activations
     assert cpu.gemm("up", rows, n, k).bytes == weight_passes("cpu", rows) * weights + activations
+
+
+def test_buffers_freed_together_are_faulted_in_afresh_only_past_the_trim_threshold():
+    assert churned_pages(TRIM_THRESHOLD) == 0
+    assert churned_pages(TRIM_THRESHOLD + 1) == math.ceil((TRIM_THRESHOLD + 1) / PAGE_BYTES)
+    model = _model("small")
+    for rows in (1, 8, 512):
+        nbytes = MLP_BUFFERS * rows * model.intermediate_size * 4
+        assert mlp_fresh_pages(model, rows) == churned_pages(nbytes)
+    assert mlp_fresh_pages(model, 1) == 0 < mlp_fresh_pages(model, 512)
+
+
+def test_a_step_pays_for_its_gathered_pages_and_no_mlp_pages():
+    # freeing the mapped gather raises glibc's thresholds past the rows' MLP buffers
+    step = _step("medium")
+    model = step.model
+    free = _step("medium", dataclasses.replace(KERNEL, fault=0.0))
+    rows, kv = 8, 8 * 4096
+    assert mlp_fresh_pages(model, rows) > 0  # a prefill of 8 tokens would fault them in
+    gathered = fresh_pages(gathered_bytes(model, rows, 4097))
+    assert gathered > 0
+    extra = gathered * KERNEL.fault
+    assert step.seconds(rows, kv) - free.seconds(rows, kv) == pytest.approx(extra)

@@ -1,9 +1,12 @@
 """This machine's CPU as a device whose efficiencies are fitted on its own calibrations: the
 measured prefill passes (through the per-op physics, plan/compute/physics) and decode steps (as
 the packed pass runs them on a CPU, plan/compute/cpu_decode) of some model sizes fit the
-device's efficiencies (eta_c by GEMM rows, eta_m, t0, attention), the
-seconds per page the kernel maps fresh, and the host's cost per torch call; the fit then
-predicts another size's measured passes. Standard library only."""
+device's efficiencies (eta_c by GEMM rows, eta_m, attention), the seconds per page the kernel
+maps fresh, and the host's cost per torch call; the fit then predicts another size's measured
+passes. Beside the per-op physics, a prefill pass pays what eager PyTorch does on a CPU: its
+MLP buffers' pages faulted in afresh each layer, a chunk's causal masks materialised per call,
+the softmax's bytes over every score and the key blocks the diagonal crosses. Standard library
+only."""
 
 from __future__ import annotations
 
@@ -13,7 +16,13 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_prefill.plan.compute.cpu_decode import DecodeStep, KernelTerms, decode_working_set
+from pytest_prefill.plan.compute.cpu_decode import (
+    DecodeStep,
+    KernelTerms,
+    churned_pages,
+    decode_working_set,
+    mlp_fresh_pages,
+)
 from pytest_prefill.plan.compute.devices import Device
 from pytest_prefill.plan.compute.efficiency import Efficiency
 from pytest_prefill.plan.compute.physics import Physics
@@ -32,9 +41,8 @@ FRACTIONS = (
     "attention_eta_m",
 )
 POSITIVES = (
-    "gemm_t0",
     "gemm_k0",
-    "attention_d0",
+    "sweep_k0",
     "host_per_call",
     "fault_seconds",
 )
@@ -42,7 +50,7 @@ POSITIVES = (
 # kernel a busy probe timed slow, runs above them. The efficiencies are fractions of the
 # probe's figures times this headroom (so up to 4 times the probed rates).
 HEADROOM = 4.0
-START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 5e-6, 32.0, 16.0, 5e-6, 2e-6)
+START = (0.075, 0.15, 0.2, 0.125, 0.125, 0.125, 32.0, 256.0, 5e-6, 2e-6)
 # Relative errors beyond this weigh linearly, not quadratically: one noisy point on a shared
 # machine does not pull the whole fit (a soft-L1 loss on log(predicted / measured)).
 LOSS_SCALE = 0.1
@@ -53,6 +61,13 @@ POINT_KINDS = {
     "decode_batch": "decode",
 }
 STATISTICS = ("median", "min")
+# A GEMM's fixed time beyond its torch call: none. Timed cold, a matrix-vector sweep's time is
+# its bytes' and the call's; and a fixed time per GEMM and one per call both come once per
+# layer, so a fit on passes of any depth finds only their sum: the call's holds it.
+GEMM_T0 = 0.0
+# A GEMM's memory and compute time add on one core (q = 1 in the roofline): the thread that
+# packs the weights' panels is the one that multiplies them, so neither hides the other.
+SERIAL = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,6 +197,77 @@ PREFILL_CALLS = (35, 9, 69, 18)
 DECODE_CALLS = (56, 12, 81)
 
 
+# A chunk over a cache (fewer rows than keys) attends under SDPA's lower-right causal bias, which
+# the CPU cannot pass to its kernel as is: each call materialises it, per (row, key) position
+# a bool of ones, their lower triangle, its negation and the -inf/0 float mask the kernel adds
+# to every head's scores. A whole prompt (rows == keys) runs SDPA's own causal path, no mask.
+MASK_WRITTEN = 1 + 1 + 1 + 4  # bytes per position the four buffers hold (fresh each call)
+MASK_READ = 1 + 1 + 1  # bytes per position the triangle, the negation and the float mask read
+MASK_FLOAT = 4  # bytes per position per head the kernel reads of the float mask
+
+
+def mask_positions(pieces: Sequence[tuple[int, int]]) -> list[int]:
+    """Per prompt piece ``(new, cached)`` that attends over a cache, the positions of its
+    materialised mask: ``new x (cached + new)``; a whole prompt has none."""
+    return [t * (t + c) for t, c in pieces if c > 0]
+
+
+def mask_seconds(
+    model: ModelSpec, pieces: Sequence[tuple[int, int]], physics: Physics, fault: float
+) -> float:
+    """Every layer's materialised causal masks of a prefill pass: their bytes written and read,
+    the kernel's read of the float mask per head, at the pass's memory efficiency and
+    bandwidth; and their pages faulted in afresh each call (:func:`churned_pages`)."""
+    eff, bandwidth = physics.efficiency, physics.device.memory_bandwidth
+    per_layer = 0.0
+    for positions in mask_positions(pieces):
+        moved = positions * (MASK_WRITTEN + MASK_READ + MASK_FLOAT * model.attention_heads)
+        per_layer += moved / (eff.memory_efficiency * bandwidth)
+        per_layer += churned_pages(positions * MASK_WRITTEN) * fault
+    return model.layers * per_layer
+
+
+# The CPU's flash kernel takes each (query, key) score of a head through its softmax in fp32,
+# in a tile the cache holds: the QK product writes it, the scaling and running max read and
+# write it, the exponent and running sum read and write it, the PV product reads it.
+SCORE_BYTES = 4 * (1 + 2 + 2 + 1)
+# The kernel takes the keys in blocks of 512 (torch's CPU flash attention, kv_split_size): on a
+# causal prompt it skips the blocks wholly above the diagonal and computes those it crosses whole.
+KEY_BLOCK = 512
+
+
+def scored_positions(pieces: Sequence[tuple[int, int]]) -> int:
+    """The (query, key) scores per head the kernel computes in a prefill pass: a whole prompt's
+    causal triangle and half a key block a row beside it (the blocks the diagonal crosses);
+    a chunk over a cache every position of its mask (a materialised mask lets it skip none)."""
+    return sum(t * (t + c) if c > 0 else causal_scores(t) for t, c in pieces)
+
+
+def causal_scores(tokens: int) -> int:
+    """Scores per head of a whole prompt of ``tokens``: its causal triangle, and the blocks the
+    diagonal crosses computed whole (half a block of ``KEY_BLOCK`` keys a row)."""
+    return tokens * (tokens + 1) // 2 + tokens * min(KEY_BLOCK, tokens) // 2
+
+
+def diagonal_seconds(
+    model: ModelSpec, pieces: Sequence[tuple[int, int]], physics: Physics
+) -> float:
+    """Every layer's QK and PV products over the scores the per-op physics leaves out (the
+    whole prompts' blocks past the diagonal), at attention's compute efficiency."""
+    extra = sum(causal_scores(t) - t * (t + 1) // 2 for t, c in pieces if c == 0)
+    flops = 4.0 * model.attention_heads * model.head_dim * extra * model.layers
+    peak = physics.device.peak("bf16")
+    return flops / (physics.efficiency.attention_compute_efficiency * peak)
+
+
+def score_seconds(model: ModelSpec, pieces: Sequence[tuple[int, int]], bandwidth: float) -> float:
+    """Every layer's softmax passes over its heads' scores, ``SCORE_BYTES`` each at
+    ``bandwidth`` (the cache's, at the pass's memory efficiency): the part of attention that
+    does not grow with the head dim."""
+    scores = scored_positions(pieces) * model.attention_heads * model.layers
+    return scores * SCORE_BYTES / bandwidth
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostCost:
     """The host's share of a pass: ``per_call`` seconds for each torch call the packed pass
@@ -206,9 +292,12 @@ class CpuTerms:
     """What a fit finds. The device's efficiencies at full width: ``compute`` (eta_c per
     ``COMPUTE_BOUNDS``), ``memory``, ``attention_compute``, ``attention_memory``; how a narrow
     kernel falls short of them: a GEMM of inner dimension k reaches ``k / (k + gemm_k0)`` of its
-    eta_c, attention of head dim d ``d / (d + attention_d0)`` of its own (a SIMD kernel needs
-    width to fill its registers); ``gemm_t0`` per GEMM; the host's costs; and ``fault``, seconds
-    per page the kernel maps fresh (plan/compute/cpu_decode)."""
+    eta_c (a SIMD kernel needs width to fill its registers), a matrix-vector sweep
+    ``k / (k + sweep_k0)`` of its bandwidth (plan/compute/cpu_decode); ``gemm_t0`` per GEMM
+    (``GEMM_T0``, not fitted);
+    the host's costs; and ``fault``, seconds per page the kernel maps fresh. Attention's work
+    that does not scale with the head dim, the softmax over each score, is priced by its bytes
+    (:func:`score_seconds`), not fitted."""
 
     compute: tuple[float, ...]
     memory: float
@@ -216,7 +305,7 @@ class CpuTerms:
     attention_memory: float
     gemm_t0: float
     gemm_k0: float
-    attention_d0: float
+    sweep_k0: float
     host: HostCost
     fault: float
 
@@ -224,18 +313,18 @@ class CpuTerms:
     def from_vector(cls, vector: Sequence[float]) -> CpuTerms:
         n = len(FRACTIONS)
         fractions = [1.0 / (1.0 + math.exp(-v)) for v in vector[:n]]
-        t0, k0, d0, per_call, fault = (math.exp(v) for v in vector[n:])
+        k0, sweep, per_call, fault = (math.exp(v) for v in vector[n:])
         bins = len(COMPUTE_BOUNDS)
         memory, attention_c, attention_m = fractions[bins:]
         host = HostCost(per_call)
         compute = tuple(fractions[:bins])
-        return cls(compute, memory, attention_c, attention_m, t0, k0, d0, host, fault)
+        return cls(compute, memory, attention_c, attention_m, GEMM_T0, k0, sweep, host, fault)
 
     @property
     def kernel(self) -> KernelTerms:
-        """The decode step's library terms (a matrix-vector sweep ramps with the row width as
-        the GEMM's compute does, at ``gemm_k0``)."""
-        return KernelTerms(self.gemm_k0, self.fault)
+        """The decode step's library terms (a matrix-vector sweep ramps with the row width at
+        its own ``sweep_k0``: a cost per output row read from memory, not the GEMM's registers)."""
+        return KernelTerms(self.sweep_k0, self.fault)
 
     def values(self) -> dict[str, float]:
         """Every fitted value by name (``FRACTIONS`` then ``POSITIVES``)."""
@@ -244,9 +333,8 @@ class CpuTerms:
             self.memory,
             self.attention_compute,
             self.attention_memory,
-            self.gemm_t0,
             self.gemm_k0,
-            self.attention_d0,
+            self.sweep_k0,
             self.host.per_call,
             self.fault,
         )
@@ -256,14 +344,14 @@ class CpuTerms:
         """The efficiency table of ``device`` for ``model``'s widths (B's ``Efficiency``: the
         attention host terms stay 0, ``host`` holds them)."""
         gemm = model.hidden_size / (model.hidden_size + self.gemm_k0)
-        attention = model.head_dim / (model.head_dim + self.attention_d0)
         return Efficiency(
             device=device.key,
             engine="pytest-prefill packed pass (torch, eager)",
             gemm_t0=self.gemm_t0,
             compute_bins=tuple((b, e * gemm) for b, e in zip(COMPUTE_BOUNDS, self.compute)),  # noqa: B905
             memory_efficiency=self.memory,
-            attention_compute_efficiency=self.attention_compute * attention,
+            gemm_sharpness=SERIAL,
+            attention_compute_efficiency=self.attention_compute,
             attention_memory_efficiency=self.attention_memory,
             allreduce_latency=0.0,
             allreduce_bandwidth=device.link_bandwidth,
@@ -291,12 +379,27 @@ class CpuFit:
         return predict(self.device, self.terms, sample, self.cache)
 
 
-def _seconds(physics: Physics, terms: CpuTerms, sample: Sample) -> float:
-    """A prefill pass by the per-op physics; a decode step as the packed pass runs it on a CPU
+def cache_bandwidth(device: Device, cache: Cache | None) -> float:
+    """The bandwidth of data the cache holds whatever the pass's working set (a kernel's own
+    tile), at ``HEADROOM`` times the probe's figure (``cache`` None: the stream's)."""
+    return HEADROOM * (device.memory_bandwidth if cache is None else cache.bandwidth)
+
+
+def _seconds(physics: Physics, terms: CpuTerms, sample: Sample, tile_bandwidth: float) -> float:
+    """A prefill pass by the per-op physics, with the CPU's own costs beside it (the MLP's and
+    the masks' fresh pages, the masks' and the softmax's bytes; the scores' tile at
+    ``tile_bandwidth``); a decode step as the packed pass runs it on a CPU
     (plan/compute/cpu_decode); each with the host's share."""
     layers = sample.model.layers
     if sample.kind == "prefill":
-        return physics.prefill_pass(sample.pieces) + terms.host.prefill(layers, sample.sequences)
+        tokens = sum(t for t, _ in sample.pieces)
+        faults = layers * mlp_fresh_pages(sample.model, tokens) * terms.fault
+        masks = mask_seconds(sample.model, sample.pieces, physics, terms.fault)
+        bandwidth = terms.memory * tile_bandwidth
+        scores = score_seconds(sample.model, sample.pieces, bandwidth)
+        scores += diagonal_seconds(sample.model, sample.pieces, physics)
+        host = terms.host.prefill(layers, sample.sequences)
+        return physics.prefill_pass(sample.pieces) + faults + masks + scores + host
     step = DecodeStep(sample.model, physics.device, physics.efficiency, terms.kernel)
     return step.seconds(sample.rows, sample.kv_tokens) + terms.host.decode(layers, sample.rows)
 
@@ -306,7 +409,7 @@ def predict(device: Device, terms: CpuTerms, sample: Sample, cache: Cache | None
     bandwidth as ``cache`` leaves it for the pass's working set)."""
     efficiency = terms.efficiency(device, sample.model)
     physics = Physics(sample.model, device_for(device, sample, cache), efficiency)
-    return _seconds(physics, terms, sample)
+    return _seconds(physics, terms, sample, cache_bandwidth(device, cache))
 
 
 def _loss(
@@ -314,6 +417,7 @@ def _loss(
 ) -> Callable[[Sequence[float]], float]:
     devices = [device_for(device, s, cache) for s in samples]
     models = {s.model.name: s.model for s in samples}
+    tile = cache_bandwidth(device, cache)
 
     def loss(vector: Sequence[float]) -> float:
         if any(abs(v) > 40 for v in vector):
@@ -323,7 +427,7 @@ def _loss(
         total = 0.0
         for s, seen in zip(samples, devices):  # noqa: B905
             physics = Physics(s.model, seen, tables[s.model.name])
-            r = math.log(_seconds(physics, terms, s) / s.seconds) / LOSS_SCALE
+            r = math.log(_seconds(physics, terms, s, tile) / s.seconds) / LOSS_SCALE
             total += math.sqrt(1.0 + r * r) - 1.0
         return total
 

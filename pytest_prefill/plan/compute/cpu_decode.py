@@ -9,7 +9,13 @@ every row. Two rules of the CPU's libraries set what a step moves beyond its FLO
   efficiency, on the packed copy the cache holds);
 - the allocator maps a buffer larger than ``MMAP_THRESHOLD`` fresh from the kernel each time it
   is allocated, so every page of the step's gathered cache is faulted in and zeroed on each step
-  past it (below it, the freed buffer is reused).
+  past it (below it, the freed buffer is reused);
+- a prefill pass's MLP holds ``MLP_BUFFERS`` buffers of the intermediate width at once per
+  layer (gate, up, their activation and product), the largest of the pass: the heap grows at
+  its top for them and, once they are freed, gives the pages back to the kernel when its top
+  passes ``TRIM_THRESHOLD``, so every layer faults them in afresh (:func:`mlp_fresh_pages`).
+  Not a decode step's: there the largest buffer freed is the gathered cache, and freeing a
+  mapped buffer raises glibc's thresholds to its size, so the rows' small MLP buffers stay.
 
 Standard library only."""
 
@@ -31,6 +37,10 @@ PACK_PASSES = CPU_PACK_PASSES
 # 4 MiB x sizeof(long)): a larger allocation is a fresh mapping each time, its pages faulted in.
 MMAP_THRESHOLD = 32 * 2**20
 PAGE_BYTES = 4096
+# glibc's M_TRIM_THRESHOLD (128 KiB): a free leaving more than this at the heap's top returns it.
+TRIM_THRESHOLD = 128 * 1024
+# The MLP's buffers of the intermediate width alive together: gate, up, SiLU(gate), the product.
+MLP_BUFFERS = 4
 FLOAT_BYTES = 4  # the packed pass's activations on a CPU: the model's fp32
 
 
@@ -145,6 +155,19 @@ def fresh_pages(nbytes: float) -> int:
     """Pages the allocator hands a buffer of ``nbytes`` fresh from the kernel on each
     allocation: all of them past ``MMAP_THRESHOLD``, none below (a freed buffer is reused)."""
     return math.ceil(nbytes / PAGE_BYTES) if nbytes > MMAP_THRESHOLD else 0
+
+
+def churned_pages(nbytes: float) -> int:
+    """Pages faulted in for buffers of ``nbytes`` in all, allocated together and freed together
+    once per layer: every page when they pass ``TRIM_THRESHOLD`` (the heap grows at its top for
+    them and returns the pages to the kernel once they are freed), none below."""
+    return math.ceil(nbytes / PAGE_BYTES) if nbytes > TRIM_THRESHOLD else 0
+
+
+def mlp_fresh_pages(model: ModelSpec, rows: int) -> int:
+    """Pages one layer's MLP faults in over ``rows`` rows: its ``MLP_BUFFERS`` buffers of
+    ``rows x intermediate`` fp32 values (:func:`churned_pages`)."""
+    return churned_pages(MLP_BUFFERS * rows * model.intermediate_size * FLOAT_BYTES)
 
 
 def decode_working_set(model: ModelSpec, rows: int, kv_tokens: int) -> float:
