@@ -50,6 +50,7 @@ from pytest_prefill.plan.compute.efficiency import (
     load_tables,
     load_transfer_errors,
 )
+from pytest_prefill.plan.compute.host import RUNS
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.metrics import serving_metrics
 from pytest_prefill.plan.model_spec import model_from_config
@@ -63,20 +64,8 @@ SOURCE = (
 BLIS = {"e2e": 0.067, "ttft": 0.176}  # BLIS's median held-out error against vLLM on H100
 COMPARE = os.environ.get("PREFILL_COMPARE_TABLES")  # another folder of tables, printed beside
 
-# Qwen/Qwen2-7B-Instruct's config.json (Apache-2.0), the fields the physics reads
-QWEN2_7B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "vocab_size": 152064,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+# Qwen/Qwen2-7B-Instruct's config fields: the run the tabled vLLM host cost is read off (Test 5)
+QWEN2_7B = dict(RUNS["vllm"].model_config)
 # Qwen/Qwen2.5-32B's config.json (Apache-2.0)
 QWEN25_32B = {
     **QWEN2_7B,
