@@ -658,14 +658,14 @@ def test_the_server_verify_runs_on_is_the_one_its_flags_name(tmp_path, engine):
     parser = build_parser("verify")
     common = ["verify", "--flags", "tokens=16", "--slo", "ttft:1s", "--stall-timeout", "7"]
     running = parser.parse_args([*common, "--url", "http://127.0.0.1:9", "--kv-tokens", "512"])
-    server = _server(running, 4)
+    server = _server(running, 4, None)
     assert server.url == Url.parse("http://127.0.0.1:9") and server.launcher is None
     assert server.kv_tokens == 512 and server.tokenizer is None
     assert server.timeouts.stall == 7 and server.prefix_block_tokens == 4
     model, program = tmp_path / "model", str(tmp_path / "llama-server")
     model.mkdir()
     launch = ["--launch", engine, "--model", str(model), "--program", program]
-    server = _server(parser.parse_args([*common, *launch]), None)
+    server = _server(parser.parse_args([*common, *launch]), None, None)
     assert server.url is None and server.kv_tokens is None
     assert server.launcher == Launcher(engine, str(model), program, pin=True)
     assert server.kv_capacity == server.launcher.kv_capacity()  # a launcher sizes its own

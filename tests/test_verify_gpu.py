@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 import threading
@@ -25,12 +26,13 @@ from pytest_prefill.plan.compute.derive import TokenRange, derive_cost
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.compute.efficiency import efficiency_for
 from pytest_prefill.plan.compute.host import tabled_host
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, kv_capacity
 from pytest_prefill.plan.model_spec import load_model_spec
 from pytest_prefill.serve.calibration.experiments import WARMUP_REQUESTS
 from pytest_prefill.serve.calibration.server_model import Scheduling, ServerModel, server_profile
 from pytest_prefill.serve.client.wire import Url
 from pytest_prefill.serve.launch import reference
-from pytest_prefill.sim import PROFILES, in_arrival_order
+from pytest_prefill.sim import PROFILES, CostModel, in_arrival_order
 from pytest_prefill.verify import verification
 from pytest_prefill.verify.knee import predict_knee
 from pytest_prefill.verify.probe_rule import probe_load
@@ -38,6 +40,7 @@ from pytest_prefill.verify.result import Derived, VerifyResult, read_verify
 from pytest_prefill.verify.verification import UNMEASURED, VerifyOptions
 
 LLAMA = str(Path(__file__).parent / "data" / "llama-3.1-8b.json")
+LLAMA_70B = str(Path(__file__).parent / "data" / "llama-3.1-70b.json")
 GPU = "l4"  # an 8B model's decode on an L4 is slow enough for a knee of a few req/s
 ENGINE = "vllm"
 BUDGET = 256
@@ -143,26 +146,71 @@ def test_no_calibration_request_is_sent(derived_run) -> None:
     assert asked == WARMUP_REQUESTS + probes
 
 
-def test_the_predicted_knee_is_the_one_the_derived_compute_gives(derived_run) -> None:
-    argv, out, _, _ = derived_run
-    result = read_verify(str(out))
+def _expected_cost(argv: list[str], tp: int = 1, kv_tokens: int | None = None) -> CostModel:
+    """The cost model the library derives for LLAMA on GPU at ``tp`` over the workload of
+    ``argv``, with the KV cache vLLM's rule sizes on the device there (else ``kv_tokens``)."""
     load, _, _ = workload_of(build_parser("verify").parse_args(argv))
-    device = device_named(GPU)
+    device, model = device_named(GPU), load_model_spec(LLAMA)
     rows = PROFILES[ENGINE].max_seqs
     assert rows is not None
     span = TokenRange.of([r.prompt_len for r in load], [r.output_len for r in load], rows)
     choice = efficiency_for(device, ENGINE)
     host = tabled_host(ENGINE)  # no --host-from: the engine's tabled host cost
-    cost = derive_cost(load_model_spec(LLAMA), device, choice, span, host=host).cost
+    cost = derive_cost(model, device, choice, span, tp=tp, host=host).cost
+    block = PROFILES[ENGINE].kv_block_tokens
+    kv = kv_capacity(model, device.memory_bytes, tp=tp, block_tokens=block, max_num_seqs=rows)
+    capacity = kv.tokens if kv_tokens is None else kv_tokens
+    return dataclasses.replace(
+        cost, kv_bytes_per_token=model.kv_bytes_per_token, kv_capacity_tokens=float(capacity)
+    )
+
+
+def test_the_predicted_knee_is_the_one_the_derived_compute_gives(derived_run) -> None:
+    argv, out, _, _ = derived_run
+    result = read_verify(str(out))
+    load, _, _ = workload_of(build_parser("verify").parse_args(argv))
+    cost = _expected_cost(argv)
     assert result.derived is not None and result.derived.cost == cost
     (flag_set,) = result.results
     probes = probe_load(in_arrival_order(load), result.rule, flag_set.requests)
-    scheduling = Scheduling(server_profile(ENGINE, BUDGET))
+    # the KV cache simulated is the one derived: the server at --url said none (--kv-tokens)
+    scheduling = Scheduling(server_profile(ENGINE, BUDGET), cost.kv_capacity_tokens)
     server = ServerModel(cost, UNMEASURED, scheduling)
     expected = predict_knee(probes, server, result.slo, result.rule.target)
     assert flag_set.predicted is not None and flag_set.predicted.status == "found"
     assert flag_set.predicted.rate == pytest.approx(expected.rate, rel=1e-9)
     assert flag_set.scheduling == scheduling
+    tokens = f"{cost.kv_capacity_tokens:,.0f}"
+    assert result.derived.sizing == (
+        f"TP 1; KV cache {tokens} tokens: vLLM's rule on {GPU} at TP 1, utilization "
+        f"{DEFAULT_UTILIZATION:g} (vLLM's default)"
+    )
+
+
+def test_tp_derives_the_compute_and_the_kv_cache_at_the_servers_tp(tmp_path) -> None:
+    more = ("--tp", "2", "--gpu-memory-utilization", "0.8")
+    argv, out, _, printed = _derived_run(tmp_path, *more)
+    result = read_verify(str(out))
+    assert result.derived is not None
+    cost = _expected_cost(argv, tp=2)
+    model, device = load_model_spec(LLAMA), device_named(GPU)
+    rows, block = PROFILES[ENGINE].max_seqs, PROFILES[ENGINE].kv_block_tokens
+    kv = kv_capacity(
+        model, device.memory_bytes, utilization=0.8, tp=2, block_tokens=block, max_num_seqs=rows
+    )
+    assert result.derived.cost == dataclasses.replace(cost, kv_capacity_tokens=float(kv.tokens))
+    assert result.results[0].scheduling.kv_capacity_tokens == kv.tokens
+    assert "utilization 0.8 (--gpu-memory-utilization)" in result.derived.sizing
+    assert f"Simulated server: {result.derived.sizing}" in " ".join(printed.split())
+
+
+def test_kv_tokens_is_the_servers_kv_cache_beside_derived_compute(tmp_path) -> None:
+    argv, out, _, _ = _derived_run(tmp_path, "--kv-tokens", "5000")
+    result = read_verify(str(out))
+    assert result.derived is not None
+    assert result.derived.cost == _expected_cost(argv, kv_tokens=5000)
+    assert result.results[0].scheduling.kv_capacity_tokens == 5000
+    assert result.derived.sizing == "TP 1; KV cache 5,000 tokens: --kv-tokens (the server's)"
 
 
 def test_the_basis_is_capacitys_for_the_same_model_and_device(derived_run, capsys) -> None:
@@ -215,6 +263,11 @@ URL = ["verify", "--url", "http://127.0.0.1:9", *FLAGS]
         (["--quantization", "fp8", "--kv-cache-dtype", "fp8"], "--kv-cache-dtype: only with"),
         (["--gpu", "a100", "--model", "tiny", "--quantization", "fp8"], "has no fp8 peak"),
         (["--model", "tiny"], "--model goes with --launch, not --url (with --url, --model is"),
+        (["--tp", "2"], "--tp: only with --gpu"),
+        (["--gpu-memory-utilization", "0.8"], "--gpu-memory-utilization: only with --gpu"),
+        (["--gpu", "h100", "--model", LLAMA, "--tp", "3"], "divides"),
+        (["--gpu", "h100", "--model", LLAMA, "--tp", "16"], "1, 2, 4, 8"),
+        (["--gpu", "l4", "--model", LLAMA_70B], "weights"),
     ],
 )
 def test_what_gpu_cannot_go_with_is_one_line(more: list[str], words: str, capsys) -> None:

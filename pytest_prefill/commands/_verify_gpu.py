@@ -3,27 +3,34 @@
 calibration of the server — the derivation a capacity answer on that device runs, over the
 workload's token range, with its basis line — so that the knee the server then shows tests the
 derived compute. Nothing is calibrated and no load check is run (it would scale the compute to
-the server's speed)."""
+the server's speed). ``--tp`` derives it at the server's tensor-parallel size, all-reduces
+included; the KV cache the knee is simulated with is ``--kv-tokens`` (the server's) when given,
+else vLLM's memory rule on the device at that TP and ``--gpu-memory-utilization``, said so."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 
+from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._deploy_args import (
     GPU_HELP,
     add_gpu_arguments,
     check_deploy_args,
     derived_spec,
+    utilization_type,
 )
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION
+from pytest_prefill.plan.hardware import MAX_TP
 from pytest_prefill.sim import PROFILES, Request
 from pytest_prefill.verify.result import Derived
 
 VERIFY_GPU = (
     ", and each knee is predicted from it, nothing calibrated and no load check run (the "
-    "server's KV cache is still --kv-tokens or the launcher's)"
+    "KV cache: --kv-tokens, else the launcher's, else vLLM's rule on the device)"
 )
-DERIVED_ONLY = ("host_from", "quantization", "kv_cache_dtype")
+DERIVED_ONLY = ("host_from", "quantization", "kv_cache_dtype", "tp", "gpu_memory_utilization")
 
 
 def add_verify_gpu_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +38,24 @@ def add_verify_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     them (``--model`` is verify's own: the served model's folder, config.json or preset)."""
     group = parser.add_argument_group("derived compute (with --model, instead of calibrating)")
     add_gpu_arguments(group, GPU_HELP + VERIFY_GPU)
-    # the deployment's memory flags of the planning commands: verify's KV is the server's
-    parser.set_defaults(device_memory=None, gpu_memory_utilization=None)
+    group.add_argument(
+        "--tp",
+        type=positive_int,
+        metavar="N",
+        help="with --gpu: the server's tensor-parallel size (vLLM --tensor-parallel-size; "
+        f"default 1, a power of two up to {MAX_TP} dividing the attention heads): the compute "
+        "is derived at it, all-reduces included, and the KV cache sized over its devices",
+    )
+    group.add_argument(
+        "--gpu-memory-utilization",
+        type=utilization_type,
+        metavar="U",
+        help="with --gpu, as the server's vLLM flag (default "
+        f"{DEFAULT_UTILIZATION}, vLLM's): with the device's memory it sizes the KV cache the "
+        "knee is simulated with, unless --kv-tokens gives the server's own",
+    )
+    # one device's memory is the catalog's (--gpu custom:...,gib=N sets another)
+    parser.set_defaults(device_memory=None)
 
 
 def check_verify_gpu(args: argparse.Namespace, engine: str | None) -> None:
@@ -59,20 +82,58 @@ def check_verify_gpu(args: argparse.Namespace, engine: str | None) -> None:
         raise ValueError(
             "--gpu predicts from derived compute, calibrating nothing: drop --calibrate-once"
         )
-    check_deploy_args(args, PROFILES[engine or "vllm"])
+    _check_tp(args, engine or "vllm")
+
+
+def _check_tp(args: argparse.Namespace, engine: str) -> int:
+    """``--tp`` (default 1) once the model is read: one the server could run the model at.
+
+    Raises:
+        ValueError: naming ``--tp`` and the sizes allowed, or the memory's shortfall.
+    """
+    tp = args.tp or 1
+    deploying = check_deploy_args(args, PROFILES[engine], devices=tp)
+    hardware = deploying.hardware
+    assert hardware is not None  # --gpu has --model
+    block = PROFILES[engine].kv_block_tokens
+    if tp in hardware.tp_sizes(tp, block):
+        return tp
+    heads = hardware.model.attention_heads
+    if tp <= MAX_TP and tp & (tp - 1) == 0 and heads % tp == 0:
+        hardware.kv(tp, block)  # raises naming the memory's shortfall
+    allowed = [n for n in (1, 2, 4, 8) if n <= MAX_TP and heads % n == 0]
+    raise ValueError(
+        f"--tp {tp}: the compute is derived at a power of two up to {MAX_TP} that divides "
+        f"{args.model}'s {heads} attention heads: {', '.join(map(str, allowed))}"
+    )
 
 
 def derived_prediction(args: argparse.Namespace, engine: str, load: Sequence[Request]) -> Derived:
     """The compute derived for ``--model`` on ``--gpu`` under ``engine``'s efficiency tables
-    over the token range of ``load`` (what the probes draw from), at TP 1, and capacity's basis
-    line for it.
+    over the token range of ``load`` (what the probes draw from), at ``--tp``, with the KV
+    cache vLLM's rule gives the device there, and capacity's basis line for it with where the
+    KV cache comes from.
 
     Raises:
         ValueError: naming the flag, as :func:`check_verify_gpu`, or for a range the fit cannot
             support.
     """
-    deploying = check_deploy_args(args, PROFILES[engine])
+    tp = _check_tp(args, engine)
+    deploying = check_deploy_args(args, PROFILES[engine], devices=tp)
     prompts, outputs = [r.prompt_len for r in load], [r.output_len for r in load]
-    _, spec = derived_spec(args, deploying, prompts, outputs)
-    assert spec.cost is not None  # derived: a cost model
-    return Derived(spec.cost, spec.source)
+    derived, spec = derived_spec(args, deploying, prompts, outputs)
+    assert spec.cost is not None and derived.hardware is not None  # derived: a cost model
+    block = PROFILES[engine].kv_block_tokens
+    cost = derived.hardware.instance_cost(spec.cost, tp, block)
+    fraction = args.gpu_memory_utilization or DEFAULT_UTILIZATION
+    given = "--gpu-memory-utilization" if args.gpu_memory_utilization else "vLLM's default"
+    kv = (
+        f"KV cache {cost.kv_capacity_tokens:,.0f} tokens: vLLM's rule on {args.gpu} at TP "
+        f"{tp}, utilization {fraction:g} ({given})"
+    )
+    if getattr(args, "kv_tokens", None):
+        kv = f"KV cache {args.kv_tokens:,} tokens: --kv-tokens (the server's)"
+        cost = dataclasses.replace(cost, kv_capacity_tokens=float(args.kv_tokens))
+    elif args.url is None:  # a launched server sizes its own
+        kv = "KV cache: the launched server's own"
+    return Derived(cost, spec.source, f"TP {tp}; {kv}")

@@ -54,7 +54,7 @@ from pytest_prefill.sim import Request
 from pytest_prefill.verify.fields import Fields
 from pytest_prefill.verify.interrupt import exit_status
 from pytest_prefill.verify.probe_rule import ProbeRule
-from pytest_prefill.verify.result import VerifyResult, read_verify
+from pytest_prefill.verify.result import Derived, VerifyResult, read_verify
 from pytest_prefill.verify.verification import FlagSet, Server, VerifyOptions, verify
 
 HELP = "check a capacity answer on a server: predicted against measured knees, and the ranking"
@@ -387,10 +387,13 @@ def workload_of(args: argparse.Namespace) -> tuple[list[Request], str, int | Non
     return load, description, block
 
 
-def _server(args: argparse.Namespace, block: int | None) -> Server:
-    """The server ``--url`` names (its KV: ``--kv-tokens``), else the one ``--launch`` starts
-    (its own KV; its tokenizer: ``--tokenizer``, else the model folder but llama.cpp's GGUF)."""
+def _server(args: argparse.Namespace, block: int | None, derived: Derived | None) -> Server:
+    """The server ``--url`` names (its KV: ``--kv-tokens``, else the ``derived`` compute's,
+    else unbounded), else the one ``--launch`` starts (its own KV; its tokenizer:
+    ``--tokenizer``, else the model folder but llama.cpp's GGUF)."""
     launcher, tokenizer, kv_tokens = None, args.tokenizer, args.kv_tokens
+    if kv_tokens is None and derived is not None:
+        kv_tokens = derived.cost.kv_capacity_tokens
     if args.url is None:
         launcher, kv_tokens = _launcher(args), None
         tokenizer = args.tokenizer or (args.model if args.launch != "llama.cpp" else None)
@@ -487,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
     options = dataclasses.replace(
         call.options, workload=description, progress=progress, derived=derived
     )
-    result = verify(_server(args, block), call.flags, load, call.slo, options)
+    result = verify(_server(args, block, derived), call.flags, load, call.slo, options)
     text = verify_report(result)
     print(text)
     _write(args, result, text)

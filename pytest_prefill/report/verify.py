@@ -279,6 +279,8 @@ def verify_report(result: VerifyResult) -> str:
         lines += _wrapped(f"quiet host: {result.quiet}")
     if result.derived is not None:
         lines += _wrapped(f"{DERIVED}{result.derived.basis}")
+        if result.derived.sizing:
+            lines += _wrapped(f"Simulated server: {result.derived.sizing}")
     if any(r.load_check is not None for r in result.results):
         lines += _wrapped(
             "cost under load: as many requests as a probe, the ones after the probes' (no probe "
@@ -362,7 +364,10 @@ def combined_report(results: Sequence[VerifyResult]) -> str:
     lines = [line for _, _, line in combined_rankings(results)]
     for i, result in enumerate(results):
         if result.derived is not None:
-            lines.append(f"run {i + 1} ({engine_of(result)}): {DERIVED}{result.derived.basis}")
+            sizing = f"; simulated server: {result.derived.sizing}" if result.derived.sizing else ""
+            lines.append(
+                f"run {i + 1} ({engine_of(result)}): {DERIVED}{result.derived.basis}{sizing}"
+            )
     return "\n".join([table, *lines])
 
 

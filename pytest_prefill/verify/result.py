@@ -42,13 +42,15 @@ class Derived:
     """A prediction from derived compute (``verify --gpu``), not from a calibration: the
     ``cost`` model derived for the served model on the device, and the ``basis`` line that
     says so, in the words a derived capacity answer uses (device, efficiency tables, held-out
-    error class, the host cost's source)."""
+    error class, the host cost's source); ``sizing``: the server's TP and where the KV cache
+    the knee is simulated with comes from."""
 
     cost: CostModel
     basis: str
+    sizing: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"basis": self.basis, "cost_model": self.cost.to_dict()}
+        return {"basis": self.basis, "sizing": self.sizing, "cost_model": self.cost.to_dict()}
 
     @classmethod
     def from_dict(cls, fields: Fields) -> Derived:
@@ -56,7 +58,8 @@ class Derived:
         cost = fields.raw("cost_model")
         if cost is None:
             raise ValueError(f"{fields.where}: missing 'cost_model'")
-        return cls(fields.build(CostModel.from_dict, cost), fields.text("basis"))
+        sizing = fields.text("sizing", "")
+        return cls(fields.build(CostModel.from_dict, cost), fields.text("basis"), sizing)
 
 
 @dataclasses.dataclass(frozen=True)
