@@ -32,7 +32,6 @@ from tabulate import tabulate
 from pytest_prefill.plan.compute.devices import CATALOG
 from pytest_prefill.plan.compute.efficiency import (
     TABLES,
-    AttentionCall,
     Efficiency,
     efficiency_for,
     load_tables,
@@ -85,36 +84,6 @@ def _donor(target: str, devices: list[str]) -> str:
     return choice.transferred_from
 
 
-def runtime_seconds(table: Efficiency, op: str, row: dict[str, float]) -> float:
-    """One per-op row's time by the runtime's own formulas (plan/compute/efficiency.py, what
-    physics.py calls), on the table's device's datasheet."""
-    device = CATALOG[table.device]
-    peak, bandwidth = device.peak_flops["bf16"], device.memory_bandwidth
-    if op == "gemm":
-        m, n, k = row["m"], row["n"], row["k"]
-        moved = 2 * (m * k + k * n + m * n)
-        return table.gemm_seconds(int(m), 2 * m * n * k, moved, peak, bandwidth)
-    if op == "allreduce":
-        return table.allreduce_seconds(row["bytes"], int(row["devices"]))
-    b, s, h, kvh = row["batch"], row["tokens"], row["heads"], row["kv_heads"]
-    d = int(row["head_dim"])
-    if op == "decode_attention":
-        call = AttentionCall(b, h, d, 2 * b * (s + 1) * 2 * kvh * d)
-        return table.decode_attention_seconds(b * (s + 1), call, peak, bandwidth)
-    call = AttentionCall(b, h, d, 2 * b * s * (2 * h + 2 * kvh) * d)
-    pairs = table.prefill_computed_pairs(b * s * (s + 1) / 2, b * s)
-    return table.prefill_attention_seconds(pairs, call, peak, bandwidth)
-
-
-def runtime_errors(table: Efficiency, item, op: str) -> list[float]:
-    columns, seconds = item.ops[op]
-    names = list(columns)
-    return [
-        abs(runtime_seconds(table, op, dict(zip(names, values))) / measured - 1)
-        for *values, measured in zip(*(columns[n].tolist() for n in names), seconds.tolist())
-    ]
-
-
 def test_leave_one_device_out(per_op) -> None:
     """The script's leave-one-device-out (fit on the others, predict the left-out device), each
     left-out row predicted again by the runtime's formulas from the same fit: the two agree,
@@ -130,8 +99,8 @@ def test_leave_one_device_out(per_op) -> None:
         table = fit.efficiency_of(out.params, out.device, item.engine)
         donor = _donor(out.device, [k for k in chosen if k != out.device])
         for op, errors in out.errors.items():
-            by_runtime = runtime_errors(table, item, op)
-            assert by_runtime == pytest.approx(errors.tolist(), rel=1e-9, abs=1e-12), op
+            by_runtime = fit.runtime_errors(table, item, op)
+            assert by_runtime.tolist() == pytest.approx(errors.tolist(), rel=1e-9, abs=1e-12), op
             e_rule = fit.relative_errors(own[donor], item, op)
             rule[op].extend(e_rule.tolist())
             rows.append(
@@ -237,8 +206,22 @@ def test_shipped_tables_recorded_errors() -> None:
     transfer = json.loads((TABLES / "transfer.json").read_text(encoding="utf-8"))
     print("Measured transfer error (every ordered device pair, all ops pooled):")
     for kind in ("same_architecture", "cross_generation"):
+        by_op = transfer[kind].get("by_op", {})
+        ops = ", ".join(f"{op} {e['median']:.1%} / {e['p90']:.1%}" for op, e in by_op.items())
         print(f"  {kind}: median {transfer[kind]['median']:.1%}, p90 {transfer[kind]['p90']:.1%}")
+        print(f"    by op: {ops}")
     assert set(load_transfer_errors()) == {"same_architecture", "cross_generation"}
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no efficiency tables shipped")
+def test_the_shipped_transfer_errors_are_the_shipped_tables(per_op) -> None:
+    """transfer.json's error of each kind of transfer (what a borrowed table's basis line
+    quotes) is the shipped tables' own, borrowed as the runtime borrows them, on the raw data."""
+    fit, data = per_op
+    recomputed = fit.shipped_transfer_errors(SHIPPED, fit.newest(data))
+    transfer = json.loads((TABLES / "transfer.json").read_text(encoding="utf-8"))
+    for kind, measured in recomputed.items():
+        assert transfer[kind] == measured, kind
 
 
 def _gemm_seconds(table, device, m: int, n: int, k: int) -> float:

@@ -13,6 +13,10 @@ per-operation measurements, kept OUTSIDE the repository. Two steps:
     PYTHONPATH=. python scripts/fit_efficiency.py fit --ops /work/compute-data/ops
     # or only the shipped tables' all-reduce figures (their other figures as they are):
     PYTHONPATH=. python scripts/fit_efficiency.py refit-allreduce --ops /work/compute-data/ops
+    # or only their attention figures:
+    PYTHONPATH=. python scripts/fit_efficiency.py refit-attention --ops /work/compute-data/ops
+    # and then transfer.json again: the shipped tables borrowed as the runtime borrows them
+    PYTHONPATH=. python scripts/fit_efficiency.py transfer --ops /work/compute-data/ops
 
 Per (device, engine version): a GEMM of (m, n, k) costs ``t0 + (c^q + w^q)^(1/q)``, c =
 2mnk / (eta_c(m) P), w = 2(mk + kn + mn) / (eta_m W), q the fitted sharpness of the roofline;
@@ -43,8 +47,11 @@ from pytest_prefill.plan.compute.efficiency import (
     CUSTOM_ALLREDUCE_DEVICES,
     CUSTOM_ALLREDUCE_MAX_BYTES,
     ONE_SHOT_BYTES,
+    AttentionCall,
     Efficiency,
+    efficiency_for,
     link_kind,
+    load_tables,
 )
 
 # the all-reduce's form, in the docstring above and in each table's "model"
@@ -743,6 +750,19 @@ def allreduce_refusal(error: float) -> str:
     )
 
 
+def attention_fields(p: Params) -> dict[str, object]:
+    """A table file's attention fields for fitted ``p``."""
+    return {
+        "attention_compute_efficiency": round(p.eta_ac, 4),
+        "attention_memory_efficiency": round(p.eta_am, 4),
+        "prefill_head_dim_bins": _bins(HEAD_DIM_BOUNDS, p.eta_hd),
+        "prefill_tile": PREFILL_TILE,
+        "attention_t0": _figure(p.attention_t0),
+        "prefill_attention_per_sequence": _figure(p.prefill_per_sequence),
+        "decode_attention_per_head": _figure(p.decode_per_sequence),
+    }
+
+
 def table_document(item: OpData, p: Params, errors: dict[str, float], refused: list[str]) -> dict:
     bins = _bins(BIN_BOUNDS, p.eta_c)
     source = item.source
@@ -755,13 +775,7 @@ def table_document(item: OpData, p: Params, errors: dict[str, float], refused: l
         "compute_bins": bins,
         "gemm_sharpness": _figure(p.gemm_sharpness),
         "memory_efficiency": round(p.eta_m, 4),
-        "attention_compute_efficiency": round(p.eta_ac, 4),
-        "attention_memory_efficiency": round(p.eta_am, 4),
-        "prefill_head_dim_bins": _bins(HEAD_DIM_BOUNDS, p.eta_hd),
-        "prefill_tile": PREFILL_TILE,
-        "attention_t0": _figure(p.attention_t0),
-        "prefill_attention_per_sequence": _figure(p.prefill_per_sequence),
-        "decode_attention_per_head": _figure(p.decode_per_sequence),
+        **attention_fields(p),
         **{
             name: value if isinstance(value, bool) else _figure(value)
             for name, value in allreduce_fields(
@@ -781,24 +795,99 @@ def table_document(item: OpData, p: Params, errors: dict[str, float], refused: l
     }
 
 
-def transfer_errors(chosen: dict[str, OpData]) -> dict[str, dict[str, float]]:
-    """Every ordered pair of devices: fit on one, predict the other with its own datasheet; the
-    pooled median and p90 relative error per kind (same architecture / cross generation)."""
-    fitted = {key: fit_params([item]) for key, item in chosen.items()}
-    errors: dict[str, list[float]] = {"same_architecture": [], "cross_generation": []}
-    for donor, p in fitted.items():
+def runtime_seconds(table: Efficiency, op: str, row: dict[str, float], device: str = "") -> float:
+    """One per-op row's time by the runtime's own formulas (plan/compute/efficiency.py, what
+    physics.py calls), on ``device``'s datasheet (default: the table's own device)."""
+    target = CATALOG[device or table.device]
+    peak, bandwidth = target.peak_flops["bf16"], target.memory_bandwidth
+    if op == "gemm":
+        m, n, k = row["m"], row["n"], row["k"]
+        moved = 2 * (m * k + k * n + m * n)
+        return table.gemm_seconds(int(m), 2 * m * n * k, moved, peak, bandwidth)
+    if op == "allreduce":
+        return table.allreduce_seconds(row["bytes"], int(row["devices"]))
+    b, s, h, kvh = row["batch"], row["tokens"], row["heads"], row["kv_heads"]
+    d = int(row["head_dim"])
+    if op == "decode_attention":
+        call = AttentionCall(b, h, d, 2 * b * (s + 1) * 2 * kvh * d)
+        return table.decode_attention_seconds(b * (s + 1), call, peak, bandwidth)
+    call = AttentionCall(b, h, d, 2 * b * s * (2 * h + 2 * kvh) * d)
+    pairs = table.prefill_computed_pairs(b * s * (s + 1) / 2, b * s)
+    return table.prefill_attention_seconds(pairs, call, peak, bandwidth)
+
+
+def runtime_errors(table: Efficiency, item: OpData, op: str, device: str = "") -> np.ndarray:
+    """|predicted / measured - 1| of every row of ``item``'s ``op`` by :func:`runtime_seconds`."""
+    columns, seconds = item.ops[op]
+    names = list(columns)
+    predicted = [
+        runtime_seconds(table, op, dict(zip(names, values)), device)
+        for values in zip(*(columns[n].tolist() for n in names))
+    ]
+    return np.abs(np.array(predicted) / seconds - 1)
+
+
+def shipped_transfer_errors(
+    tables: Sequence[Efficiency], chosen: dict[str, OpData]
+) -> dict[str, dict[str, object]]:
+    """Every ordered pair of devices with data: the donor's table as the runtime picks it
+    (:func:`efficiency_for`, its newest for vLLM) borrowed for the target as the runtime
+    borrows it (its all-reduce scaled to the target's link), the target's per-op rows
+    predicted on its datasheet; the pooled median and p90 per kind (same architecture / cross
+    generation), and per op."""
+    errors: dict[str, list[np.ndarray]] = {"same_architecture": [], "cross_generation": []}
+    by_op: dict[str, dict[str, list[np.ndarray]]] = {kind: {} for kind in errors}
+    for donor in chosen:
+        table = efficiency_for(CATALOG[donor], tables=tables, transfer_errors={}).table
         for target, item in chosen.items():
             if donor == target:
                 continue
+            borrowed = efficiency_for(CATALOG[target], tables=[table], transfer_errors={}).table
             same = CATALOG[donor].architecture == CATALOG[target].architecture
             kind = "same_architecture" if same else "cross_generation"
             for op in item.ops:
-                errors[kind].extend(relative_errors(p, item, op).tolist())
+                e = runtime_errors(borrowed, item, op, target)
+                errors[kind].append(e)
+                by_op[kind].setdefault(op, []).append(e)
     return {
-        kind: {"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9))}
-        for kind, e in errors.items()
-        if e
+        kind: {
+            **_median_p90(np.concatenate(parts)),
+            "by_op": {op: _median_p90(np.concatenate(e)) for op, e in by_op[kind].items()},
+        }
+        for kind, parts in errors.items()
+        if parts
     }
+
+
+TRANSFER_METHOD = (
+    "every ordered pair of devices with per-op data: the donor's shipped table (its newest "
+    "vLLM) borrowed for the other device as the runtime borrows it (plan/compute/efficiency.py "
+    "efficiency_for: its all-reduce scaled to the other's link), the other's rows predicted on "
+    "its own datasheet by the runtime's formulas; pooled over GEMM, attention, all-reduce"
+)
+
+
+def write_transfer(ops_root: Path, tables: Path) -> None:
+    """transfer.json in ``tables``: the measured error of each kind of transfer of the tables
+    there (:func:`shipped_transfer_errors`), and the fitting method's leave one device out."""
+    chosen = newest(load_all(ops_root))
+    transfer = shipped_transfer_errors(load_tables(tables), chosen)
+    lodo = lodo_summary(leave_one_device_out(chosen))
+    first = next(iter(chosen.values())).source
+    document = {
+        **transfer,
+        "method": TRANSFER_METHOD,
+        "leave_one_device_out": lodo,
+        "leave_one_device_out_method": "each device's newest vLLM rows predicted by one fit on "
+        "every other device's (pooled), with its own datasheet peaks; same_architecture: "
+        "another device of its architecture among those fitted on",
+        "source": {k: first[k] for k in ("repository", "commit", "licence")},
+    }
+    (tables / "transfer.json").write_text(json.dumps(document, indent=1) + "\n")
+    print(
+        "transfer:",
+        json.dumps({k: {m: v[m] for m in ("median", "p90")} for k, v in transfer.items()}),
+    )
 
 
 def kind_of(target: str, others: Sequence[str]) -> str:
@@ -888,22 +977,7 @@ def fit_all(ops_root: Path, out: Path) -> None:
         path = out / f"{item.device}-{item.engine}.json"
         path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
         print(f"{path.name}: held out {', '.join(f'{k} {v:.1%}' for k, v in errors.items())}")
-    transfer = transfer_errors(newest(data))
-    lodo = lodo_summary(leave_one_device_out(newest(data)))
-    print_lodo(lodo)
-    first = data[0].source
-    transfer_document = {
-        **transfer,
-        "leave_one_device_out": lodo,
-        "leave_one_device_out_method": "each device's newest vLLM rows predicted by one fit on "
-        "every other device's (pooled), with its own datasheet peaks; same_architecture: "
-        "another device of its architecture among those fitted on",
-        "method": "fit each device's newest vLLM tables, predict every other device's per-op "
-        "rows with that device's datasheet peaks; pooled over GEMM, attention, all-reduce",
-        "source": {k: first[k] for k in ("repository", "commit", "licence")},
-    }
-    (out / "transfer.json").write_text(json.dumps(transfer_document, indent=1) + "\n")
-    print("transfer:", json.dumps(transfer))
+    write_transfer(ops_root, out)
 
 
 def allreduce_only(item: OpData, keep: np.ndarray | None = None) -> Params:
@@ -956,6 +1030,70 @@ def refit_allreduce(ops_root: Path, tables: Path) -> None:
         print(f"{path.name}: all-reduce held out {held:.1%}")
 
 
+def attention_only(
+    item: OpData, eta_m: float, keep: Callable[[str], np.ndarray] | None = None
+) -> Params:
+    """Params holding only ``item``'s attention fit (prefill and decode jointly, the prefill's
+    bytes at the table's ``eta_m``), on the rows ``keep(op)`` picks, else all."""
+
+    def rows(op: str) -> Rows:
+        if op not in item.ops:
+            return []
+        c, seconds = item.ops[op]
+        mask = np.ones(len(seconds), bool) if keep is None else keep(op)
+        return [(item.device, {k: v[mask] for k, v in c.items()}, seconds[mask])]
+
+    eta_ac, eta_am, t0, per_prefill, per_decode, eta_hd = fit_attention(
+        rows("prefill_attention"), rows("decode_attention"), eta_m
+    )
+    return Params(0, (1,), eta_m, eta_ac, eta_am, 0, 1, t0, per_prefill, per_decode, eta_hd=eta_hd)  # type: ignore[arg-type]
+
+
+ATTENTION = ("prefill_attention", "decode_attention")
+
+
+def _with_attention_model(text: str) -> str:
+    """A table's model text with its prefill attention clause the current fit's."""
+    clause = slice_between(model_text(), "prefill attention (", "; decode attention")
+    return text.replace(slice_between(text, "prefill attention (", "; decode attention"), clause)
+
+
+def slice_between(text: str, start: str, end: str) -> str:
+    """``text`` from ``start`` up to (not including) ``end``."""
+    first = text.index(start)
+    return text[first : text.index(end, first)]
+
+
+def refit_attention(ops_root: Path, tables: Path) -> None:
+    """Refit only the attention figures of the tables in ``tables`` (each on its own device's
+    and engine version's rows under ``ops_root``, the prefill's bytes at the table's memory
+    efficiency), leaving the GEMM and all-reduce figures as they are; the held-out errors
+    recomputed on half the shapes, as the full fit does."""
+    for path in sorted(p for p in tables.glob("*.json") if p.name != "transfer.json"):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        item = load_ops(ops_root / document["device"] / document["engine"])
+        present = [op for op in ATTENTION if op in item.ops]
+        if not present:
+            continue
+        eta_m = float(document["memory_efficiency"])
+        half = attention_only(item, eta_m, lambda op, item=item: shape_half(item, op))
+        held = {
+            op: round(float(np.median(relative_errors(half, item, op, ~shape_half(item, op)))), 4)
+            for op in present
+        }
+        fields = attention_fields(attention_only(item, eta_m))
+        document = _with_fields_after(document, "attention_memory_efficiency", fields)
+        by_op = document["held_out_by_op"] | held
+        document["held_out_by_op"] = by_op
+        document["held_out_error"] = round(max(by_op.values()), 4)
+        kept = [r for r in document["refused"] if not r.startswith("prefill attention")]
+        document["refused"] = kept
+        document["refused"] += head_dim_refusals(item) if "prefill_attention" in item.ops else []
+        document["model"] = _with_attention_model(document["model"])
+        path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        print(f"{path.name}: attention held out {held}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="step", required=True)
@@ -973,6 +1111,12 @@ def main(argv: list[str]) -> int:
     allreduce = sub.add_parser("refit-allreduce", help="only the tables' all-reduce figures")
     allreduce.add_argument("--ops", type=Path, required=True)
     allreduce.add_argument("--tables", type=Path, default=TABLES)
+    attention = sub.add_parser("refit-attention", help="only the tables' attention figures")
+    attention.add_argument("--ops", type=Path, required=True)
+    attention.add_argument("--tables", type=Path, default=TABLES)
+    transfer = sub.add_parser("transfer", help="transfer.json from the tables as they are")
+    transfer.add_argument("--ops", type=Path, required=True)
+    transfer.add_argument("--tables", type=Path, default=TABLES)
     args = parser.parse_args(argv)
     if args.step == "extract":
         extract(args.data, args.commit, args.out)
@@ -980,6 +1124,10 @@ def main(argv: list[str]) -> int:
         extract_vidur(args.data, args.commit, args.out)
     elif args.step == "refit-allreduce":
         refit_allreduce(args.ops, args.tables)
+    elif args.step == "refit-attention":
+        refit_attention(args.ops, args.tables)
+    elif args.step == "transfer":
+        write_transfer(args.ops, args.tables)
     else:
         fit_all(args.ops, args.out)
     return 0

@@ -15,6 +15,7 @@ from pytest_prefill.plan.compute.devices import CATALOG, Device, custom_device
 from pytest_prefill.plan.compute.efficiency import (
     CUSTOM_ALLREDUCE_MAX_BYTES,
     ONE_SHOT_BYTES,
+    OP_NAMES,
     TABLES,
     TRANSFER_FILE,
     AttentionCall,
@@ -25,6 +26,7 @@ from pytest_prefill.plan.compute.efficiency import (
     load_table,
     load_tables,
     load_transfer_errors,
+    load_transfer_worst,
     table_from_json,
 )
 
@@ -197,6 +199,32 @@ def test_loader_reads_a_document_and_names_the_file_and_field_when_wrong(tmp_pat
     (good_only / TRANSFER_FILE).write_text(json.dumps({"same_architecture": {"median": 0.1}}))
     assert [t.device for t in load_tables(good_only)] == ["h100-sxm"]
     assert load_transfer_errors(good_only) == {"same_architecture": 0.1}
+    assert load_transfer_worst(good_only) == {}  # no by_op recorded
+
+
+def test_the_worst_op_of_a_transfer_kind_is_read_and_a_bad_figure_named(tmp_path) -> None:
+    by_op = {"gemm": {"median": 0.05}, "prefill_attention": {"median": 0.2}}
+    kinds = {"same_architecture": {"median": 0.1, "by_op": by_op}}
+    (tmp_path / TRANSFER_FILE).write_text(json.dumps(kinds), encoding="utf-8")
+    assert load_transfer_worst(tmp_path) == {"same_architecture": ("prefill_attention", 0.2)}
+    by_op["gemm"]["median"] = float("nan")
+    (tmp_path / TRANSFER_FILE).write_text(json.dumps(kinds), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"same_architecture\.by_op\.gemm\.median"):
+        load_transfer_worst(tmp_path)
+
+
+def test_a_borrowed_tables_error_class_names_its_worst_op_from_the_shipped_file() -> None:
+    errors, worst = load_transfer_errors(TABLES), load_transfer_worst(TABLES)
+    for key, device in CATALOG.items():
+        if device.architecture not in ("ampere", "ada", "hopper", "blackwell"):
+            continue
+        choice = efficiency_for(device)
+        if choice.transferred_from is None:
+            continue
+        kind = next(k for k in errors if k.replace("_", " ") in choice.error_class)
+        op, median = worst[kind]
+        named = f"({OP_NAMES[op]} ~{median:.0%})"
+        assert (named in choice.error_class) == (median > errors[kind]), key
 
 
 ERRORS = {"same_architecture": 0.08, "cross_generation": 0.2}

@@ -357,16 +357,25 @@ def load_tables(folder: Path = TABLES) -> tuple[Efficiency, ...]:
     return tuple(load_table(path) for path in files)
 
 
-def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
-    """The measured median error of each transfer kind (``"same_architecture"``,
-    ``"cross_generation"``) from the fit script's leave-one-device-out; {} when not measured."""
+def _transfer_document(folder: Path) -> object:
+    """The transfer file in ``folder`` as JSON ({} when there is none).
+
+    Raises:
+        ValueError: naming the file, when it cannot be read as JSON.
+    """
     path = folder / TRANSFER_FILE
     if not path.is_file():
         return {}
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise ValueError(f"{TRANSFER_FILE}: not readable JSON ({error})") from None
+
+
+def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
+    """The measured median error of each transfer kind (``"same_architecture"``,
+    ``"cross_generation"``) from the fit script's leave-one-device-out; {} when not measured."""
+    document = _transfer_document(folder)
     errors: dict[str, float] = {}
     for kind in ("same_architecture", "cross_generation"):
         entry = document.get(kind) if isinstance(document, Mapping) else None
@@ -374,6 +383,39 @@ def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
             median = entry.get("median") if isinstance(entry, Mapping) else entry
             errors[kind] = _finite(f"{TRANSFER_FILE}: {kind}.median", median)
     return errors
+
+
+OP_NAMES = {
+    "gemm": "GEMM",
+    "prefill_attention": "prefill attention",
+    "decode_attention": "decode attention",
+    "allreduce": "all-reduce",
+}
+
+
+def load_transfer_worst(folder: Path = TABLES) -> dict[str, tuple[str, float]]:
+    """Per transfer kind, the op a borrowed table predicts worst (its median error), from
+    ``by_op`` in the transfer file; {} when not recorded.
+
+    Raises:
+        ValueError: naming the field, for one that is not a finite number.
+    """
+    document = _transfer_document(folder)
+    worst: dict[str, tuple[str, float]] = {}
+    for kind in ("same_architecture", "cross_generation"):
+        entry = document.get(kind) if isinstance(document, Mapping) else None
+        by_op = entry.get("by_op") if isinstance(entry, Mapping) else None
+        if not isinstance(by_op, Mapping) or not by_op:
+            continue
+        medians = {
+            str(op): _finite(f"{TRANSFER_FILE}: {kind}.by_op.{op}.median", e.get("median"))
+            for op, e in by_op.items()
+            if isinstance(e, Mapping)
+        }
+        if medians:
+            op = max(medians, key=lambda name: medians[name])
+            worst[kind] = (op, medians[op])
+    return worst
 
 
 def link_kind(device: Device) -> str:
@@ -439,6 +481,7 @@ def efficiency_for(
 
         catalog = CATALOG
     errors = load_transfer_errors() if transfer_errors is None else transfer_errors
+    worst_ops = load_transfer_worst() if transfer_errors is None else {}
     candidates = _engine_tables(tables, engine)
     own = [t for t in candidates if t.device == device.key]
     if own:
@@ -478,6 +521,9 @@ def efficiency_for(
     )
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
+    worst = worst_ops.get(kind)
+    if measured is not None and worst is not None and worst[1] > measured:
+        error += f" ({OP_NAMES.get(worst[0], worst[0])} ~{worst[1]:.0%})"
     label = kind.replace("_", " ")
     if link_kind(device) != link_kind(donor):  # its all-reduce figures were fitted on another link
         error += (
