@@ -201,6 +201,8 @@ def test_tp_derives_the_compute_and_the_kv_cache_at_the_servers_tp(tmp_path) -> 
     assert result.derived.cost == dataclasses.replace(cost, kv_capacity_tokens=float(kv.tokens))
     assert result.results[0].scheduling.kv_capacity_tokens == kv.tokens
     assert "utilization 0.8 (--gpu-memory-utilization)" in result.derived.sizing
+    # the basis is the derivation's at the server's TP, not capacity's TP 1 header
+    assert ", TP 2, " in result.derived.basis and ", TP 1, " not in result.derived.basis
     assert f"Simulated server: {result.derived.sizing}" in " ".join(printed.split())
 
 

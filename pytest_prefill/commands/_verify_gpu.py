@@ -21,6 +21,7 @@ from pytest_prefill.commands._deploy_args import (
     derived_spec,
     utilization_type,
 )
+from pytest_prefill.plan.compute.derive import Deriver
 from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION
 from pytest_prefill.plan.hardware import MAX_TP
 from pytest_prefill.sim import PROFILES, Request
@@ -136,4 +137,8 @@ def derived_prediction(args: argparse.Namespace, engine: str, load: Sequence[Req
         cost = dataclasses.replace(cost, kv_capacity_tokens=float(args.kv_tokens))
     elif args.url is None:  # a launched server sizes its own
         kv = "KV cache: the launched server's own"
-    return Derived(cost, spec.source, f"TP {tp}; {kv}")
+    basis = spec.source  # capacity's header line, at TP 1
+    deriver = derived.hardware.derived
+    if tp != 1 and isinstance(deriver, Deriver):  # the basis of the TP the server runs
+        basis = deriver.derive(tp).basis
+    return Derived(cost, basis, f"TP {tp}; {kv}")
