@@ -335,6 +335,20 @@ def test_a_borrowed_allreduce_across_link_kinds_is_said_to_be_one() -> None:
     assert pcie.transferred_from == "l40s" and "cross-link" not in pcie.error_class
 
 
+def test_a_borrowed_allreduce_comes_from_a_table_of_the_devices_own_link_kind() -> None:
+    sxm = table("h100-sxm", "vllm-0.24.0", allreduce_latency=3e-6, allreduce_bandwidth=3e11)
+    l40s = table("l40s", "vllm-0.24.0", allreduce_latency=9e-6, allreduce_bandwidth=2e10)
+    choice = choose("h100-pcie", [sxm, l40s])
+    # the compute from the architecture's table, the all-reduce from the PCIe one
+    assert choice.transferred_from == "h100-sxm"
+    assert choice.table.compute_bins == sxm.compute_bins
+    ratio = CATALOG["h100-pcie"].link_bandwidth / CATALOG["l40s"].link_bandwidth
+    assert choice.table.allreduce_latency == l40s.allreduce_latency
+    assert choice.table.allreduce_bandwidth == pytest.approx(l40s.allreduce_bandwidth * ratio)
+    assert "all-reduce from l40s, a pcie link as this device's" in choice.error_class
+    assert "cross-link" not in choice.error_class
+
+
 def test_within_an_architecture_the_nearest_datasheet_wins() -> None:
     tables = [table("h100-sxm", "vllm-0.24.0"), table("h200", "vllm-0.24.0")]
     pcie = CATALOG["h100-pcie"]

@@ -510,24 +510,48 @@ def efficiency_for(
         pool = [p for p, g in ranked if generation is None or abs(g - generation) == gap]
         kind = "cross_generation"
     table, donor = min(pool, key=lambda pair: (_distance(device, pair[1]), pair[1].key))
-    # efficiencies are fractions and carry over; the all-reduce's bandwidth is absolute, and
-    # goes with the link (NVLink or PCIe) as the data's fit does
-    link_ratio = device.link_bandwidth / donor.link_bandwidth
-    table = dataclasses.replace(
-        table,
-        allreduce_bandwidth=table.allreduce_bandwidth * link_ratio,
-        allreduce_custom_bandwidth=table.allreduce_custom_bandwidth * link_ratio,
-        allreduce_fully_connected=link_kind(device) == "nvlink",
-    )
+    # the all-reduce goes with the link (NVLink or PCIe), as the data's fit does: from the
+    # nearest table of this device's link kind when the donor's link is another
+    linked = [pair for pair in known if link_kind(pair[1]) == link_kind(device)]
+    lender = table, donor
+    if link_kind(device) != link_kind(donor) and linked:
+        lender = min(linked, key=lambda pair: (_link_distance(device, pair[1]), pair[1].key))
+    table = _with_allreduce_of(table, *lender, device)
     measured = errors.get(kind)
     error = f"~{measured:.0%} median" if measured is not None else "error not measured"
     worst = worst_ops.get(kind)
     if measured is not None and worst is not None and worst[1] > measured:
         error += f" ({OP_NAMES.get(worst[0], worst[0])} ~{worst[1]:.0%})"
     label = kind.replace("_", " ")
-    if link_kind(device) != link_kind(donor):  # its all-reduce figures were fitted on another link
+    lent = lender[1]
+    if link_kind(device) != link_kind(lent):  # its all-reduce figures were fitted on another link
         error += (
-            f"; all-reduce: a cross-link transfer ({link_kind(donor)} figures on a "
+            f"; all-reduce: a cross-link transfer ({link_kind(lent)} figures on a "
             f"{link_kind(device)} link), its error not measured"
         )
+    elif lent.key != donor.key:
+        error += f"; all-reduce from {lent.key}, a {link_kind(lent)} link as this device's"
     return EfficiencyChoice(table, donor.key, f"{label} transfer from {donor.key}: {error}")
+
+
+def _link_distance(a: Device, b: Device) -> float:
+    """How far apart two devices' links are (log ratio of bandwidth), then their datasheets."""
+    return abs(math.log(a.link_bandwidth / b.link_bandwidth)) + _distance(a, b) / 100
+
+
+def _with_allreduce_of(
+    table: Efficiency, lender: Efficiency, lent: Device, device: Device
+) -> Efficiency:
+    """``table`` with ``lender``'s all-reduce figures (fitted on ``lent``'s link) carried to
+    ``device``'s link: the bandwidths scaled by the two links' ratio (efficiencies are fractions
+    and carry over; a bandwidth is absolute)."""
+    ratio = device.link_bandwidth / lent.link_bandwidth
+    return dataclasses.replace(
+        table,
+        allreduce_latency=lender.allreduce_latency,
+        allreduce_bandwidth=lender.allreduce_bandwidth * ratio,
+        allreduce_rank_latency=lender.allreduce_rank_latency,
+        allreduce_custom_latency=lender.allreduce_custom_latency,
+        allreduce_custom_bandwidth=lender.allreduce_custom_bandwidth * ratio,
+        allreduce_fully_connected=link_kind(device) == "nvlink",
+    )
