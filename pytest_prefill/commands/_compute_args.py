@@ -19,6 +19,7 @@ from pytest_prefill.plan.compute.derive import (
     HostCost,
     TokenRange,
     derive_cost,
+    fit_percent,
     host_from_calibration,
 )
 from pytest_prefill.plan.compute.devices import Device, device_named
@@ -126,7 +127,7 @@ def derive_on(
     label = (
         f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
         f"{choice.table.engine}: {choice.error_class}; the cost model within "
-        f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
+        f"{fit_percent(one.max_relative_error)} of the physics over {span.describe()}"
     )
     spec = CostSpec(
         f"derived:{device.key}",

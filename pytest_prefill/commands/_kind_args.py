@@ -295,7 +295,8 @@ def _basis(
         "slower kind's link]"
     )
     utilization = first.utilization
-    return AnswerBasis(tuple(lines), utilization, served_name(model), rests, None, {})
+    fp8 = first.model.fp8_storage
+    return AnswerBasis(tuple(lines), utilization, served_name(model), rests, None, {}, None, fp8)
 
 
 def _kv(hardware: Hardware, tp: int, block: int) -> str:

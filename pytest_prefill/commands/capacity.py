@@ -426,7 +426,10 @@ def _answer_basis(
         else None
     )
     warning = mixed_models(spec, hardware, model)
-    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short, warning)
+    fp8 = hardware.model.fp8_storage if hardware is not None else (False, False)
+    return AnswerBasis(
+        tuple(lines), fraction, served, type_basis, needed_basis, short, warning, fp8
+    )
 
 
 def _notes(

@@ -22,7 +22,8 @@ class AnswerBasis:
     engine's default, ``MODEL``); what the ``Type:`` and ``Devices needed:`` lines rest on;
     ``max_model_len`` by TP where an instance's KV holds less than the context (the command
     sets it there); ``warning``: the line printed first, when the compute and the memory come
-    from different models."""
+    from different models; ``fp8``: whether the answer stored the weights and the KV cache in
+    fp8 (the command then says so)."""
 
     lines: tuple[str, ...] = ()
     memory_fraction: float | None = None
@@ -31,6 +32,7 @@ class AnswerBasis:
     needed_line: str | None = None
     max_model_len: Mapping[int, int] = dataclasses.field(default_factory=dict)
     warning: str | None = None
+    fp8: tuple[bool, bool] = (False, False)
 
 
 PRESET_MODEL = "qwen3-0.6b"  # both cost presets describe Qwen3-0.6B (sim/presets.py)

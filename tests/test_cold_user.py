@@ -1,0 +1,133 @@
+"""What a GPU user trying the derived-compute commands cold trips on, each pinned: the line a
+capacity answer says to type carries every flag the answer assumed (fp8 weights, fp8 KV); a
+model that does not fit names only the flags of the command run; ``verify --tp`` is checked
+before the memory is sized at it; a custom GPU's bad figure is quoted as typed; a ``--host-from``
+whose device is not in the catalog says what it needs; a fit far under a percent is not "0%"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_errors import usage_error
+
+from pytest_prefill.cli import main
+from pytest_prefill.plan.compute.derive import fit_percent
+
+pytestmark = pytest.mark.sim
+
+DATA = Path(__file__).parent / "data"
+LLAMA = str(DATA / "llama-3.1-8b.json")
+LLAMA_70B = str(DATA / "llama-3.1-70b.json")
+FP8 = ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+SEARCH = ["--slo", "ttft:2s,tpot:100ms", "--num-prompts", "40", "--workers", "1"]
+SEARCH += ["--no-devices-needed"]
+VERIFY = ["verify", "--url", "http://127.0.0.1:9", "--slo", "ttft:2s,tpot:100ms"]
+VERIFY += ["--flags", "tokens=256", "--workload", "poisson", "--num-prompts", "40"]
+
+
+def _typed(out: str) -> str:
+    """The ``Type:`` line and the pool lines under it."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("Type: "))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("["))
+    return "\n".join(lines[start:end])
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+def test_the_typed_command_carries_the_fp8_flags_the_answer_assumed(fp8, capsys) -> None:
+    argv = ["capacity", "--gpu", "h100", "--model", LLAMA, *SEARCH]
+    argv += ["--deployment", "chunked,tokens=2048", *(FP8 if fp8 else [])]
+    assert main(argv) == 0
+    typed = _typed(capsys.readouterr().out)
+    assert ("--quantization fp8" in typed) is fp8
+    assert ("--kv-cache-dtype fp8" in typed) is fp8
+
+
+def test_each_pool_of_a_split_across_kinds_carries_the_fp8_flags(capsys) -> None:
+    argv = ["capacity", "--gpu", "h100,l40s", "--model", LLAMA, *SEARCH, *FP8]
+    argv += ["--deployment", "disaggregated:1:1,p=h100,d=l40s"]
+    assert main(argv) == 0
+    pools = _typed(capsys.readouterr().out).splitlines()
+    assert len(pools) == 2
+    for line in pools:
+        assert "--quantization fp8" in line and "--kv-cache-dtype fp8" in line
+
+
+def test_the_json_command_carries_the_fp8_flags(tmp_path, capsys) -> None:
+    out = tmp_path / "answer.json"
+    argv = ["capacity", "--gpu", "h100", "--model", LLAMA, *SEARCH, *FP8]
+    assert main([*argv, "--deployment", "chunked,tokens=2048", "--json", str(out)]) == 0
+    command = json.loads(out.read_text())["command"]
+    assert "--quantization fp8" in command and "--kv-cache-dtype fp8" in command
+
+
+@pytest.mark.parametrize(
+    ("argv", "own", "foreign"),
+    [
+        (
+            [*VERIFY, "--gpu", "l4", "--model", LLAMA_70B],
+            ["--gpu-memory-utilization", "--tp"],
+            ["--device-memory", "--devices"],
+        ),
+        (
+            ["simulate", "--gpu", "l4", "--model", LLAMA_70B],
+            ["--device-memory", "--gpu-memory-utilization", "prefill-bench capacity"],
+            ["--tp", "larger TP)"],
+        ),
+        (
+            ["timeline", "--gpu", "l4", "--model", LLAMA_70B, "--text"],
+            ["--device-memory", "--gpu-memory-utilization", "prefill-bench capacity"],
+            ["--tp", "larger TP)"],
+        ),
+        (
+            ["capacity", "--gpu", "l4", "--model", LLAMA_70B, "--devices", "1", *SEARCH],
+            ["--device-memory", "--gpu-memory-utilization", "--devices"],
+            ["--tp "],
+        ),
+    ],
+)
+def test_a_model_too_big_names_only_the_commands_own_flags(argv, own, foreign, capsys) -> None:
+    line = usage_error(argv, capsys)
+    assert "holds no KV cache for llama-3.1-70b" in line
+    for flag in own:
+        assert flag in line
+    for flag in foreign:
+        assert flag not in line
+
+
+def test_verify_refuses_a_tp_no_server_runs_before_sizing_memory_at_it(capsys) -> None:
+    line = usage_error([*VERIFY, "--gpu", "l4", "--model", LLAMA_70B, "--tp", "3"], capsys)
+    assert "--tp 3" in line and "1, 2, 4, 8" in line
+    assert "holds no KV cache" not in line
+
+
+@pytest.mark.parametrize("value", ["abc", "1e3x"])
+def test_a_custom_gpu_figure_that_is_no_number_is_quoted_as_typed(value, capsys) -> None:
+    gpu = f"custom:tflops={value},tbs=1,gib=40"
+    line = usage_error(["simulate", "--gpu", gpu, "--model", LLAMA], capsys)
+    assert f"tflops must be a positive finite number, got {value!r}" in line
+
+
+def test_a_host_from_on_a_device_outside_the_catalog_says_what_it_needs(
+    tmp_path, capsys
+) -> None:
+    calibration = {
+        "cost_model": {"prefill_per_token": 1e-5, "decode_step_base": 0.01},
+        "provenance": {"model": "llama-3.1-8b", "device_name": "AMD EPYC (CPU, 1 torch threads)"},
+    }
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration))
+    argv = ["simulate", "--gpu", "h100", "--model", LLAMA, "--host-from", str(path)]
+    line = usage_error(argv, capsys)
+    assert line.startswith(f"prefill-bench simulate: error: --host-from {path}: ")
+    assert "AMD EPYC (CPU, 1 torch threads)" in line and "catalog" in line
+    assert "custom:" not in line  # a --gpu form: no use in a calibration's provenance
+
+
+@pytest.mark.parametrize(
+    ("error", "text"), [(0.0, "under 1%"), (0.004, "under 1%"), (0.005, "1%"), (0.19, "19%")]
+)
+def test_a_fit_error_under_half_a_percent_is_not_printed_as_zero(error, text) -> None:
+    assert fit_percent(error) == text
