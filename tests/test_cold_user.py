@@ -74,12 +74,12 @@ def test_the_json_command_carries_the_fp8_flags(tmp_path, capsys) -> None:
         (
             ["simulate", "--gpu", "l4", "--model", LLAMA_70B],
             ["--device-memory", "--gpu-memory-utilization", "prefill-bench capacity"],
-            ["--tp", "larger TP)"],
+            ["--tp", "use a larger TP"],
         ),
         (
             ["timeline", "--gpu", "l4", "--model", LLAMA_70B, "--text"],
             ["--device-memory", "--gpu-memory-utilization", "prefill-bench capacity"],
-            ["--tp", "larger TP)"],
+            ["--tp", "use a larger TP"],
         ),
         (
             ["capacity", "--gpu", "l4", "--model", LLAMA_70B, "--devices", "1", *SEARCH],

@@ -25,7 +25,7 @@ from pytest_prefill.plan.compute.transfer import (
     CPU_KEY,
 )
 from pytest_prefill.plan.deployments import Deployment, default_deployments
-from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, MEMORY_FIX, GiB, NoKVCache
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
@@ -34,6 +34,7 @@ from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
+ONE_DEVICE = ("simulate", "timeline")  # commands that simulate one device, at TP 1
 
 
 memory_type = at_most(positive_float, MAX_DEVICE_MEMORY_GIB, "GiB")
@@ -204,18 +205,44 @@ def check_deploy_args(
     if not sizes:
         try:
             hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
-        except ValueError as err:
-            if recorded is None:
-                raise
-            # the user typed no memory: say whose it is before the shortfall
-            raise ValueError(
-                f"no --device-memory given, so one device's memory was taken from {source} "
-                f"({memory:g} GiB): {err}"
-            ) from None
+        except NoKVCache as err:
+            whose = None if recorded is None else (source, memory)
+            raise ValueError(no_room(args, err, whose, kinds=gpu is not None)) from None
     length, origin = _max_model_len(args, model.max_position_embeddings)
     return dataclasses.replace(
         checked, hardware=hardware, max_model_len=length, max_model_len_origin=origin
     )
+
+
+def no_room(
+    args: argparse.Namespace,
+    err: NoKVCache,
+    whose: tuple[str, float] | None,
+    kinds: bool = False,
+) -> str:
+    """The memory's shortfall with what would make room in this command's own flags;
+    ``whose``: where one device's memory came from and how much it is, when the user typed
+    none (said first); ``kinds``: a search across kinds, whose memory is each kind's own."""
+    command = getattr(args, "command", None)
+    # verify's memory is --gpu's (it has no --device-memory); a search across kinds refuses it
+    typed = command != "verify" and not kinds
+    memory = "--device-memory or --gpu-memory-utilization" if typed else "--gpu-memory-utilization"
+    fixes = {
+        "capacity": f"raise {memory}, or give more --devices: the search tries a TP of 1, 2, "
+        "4 or 8 that divides them",
+        "verify": "raise --gpu-memory-utilization, or give a larger --tp (the server's)",
+    }
+    one_device = (
+        f"raise {memory}; {command} runs one device, at TP 1: prefill-bench capacity "
+        "--devices N sizes a larger TP"
+    )
+    fix = fixes.get(command or "", one_device if command in ONE_DEVICE else MEMORY_FIX)
+    line = f"{err.shortfall} ({fix})"
+    if whose is None:
+        return line
+    source, gib = whose
+    given = "no --device-memory given, so " if typed else ""
+    return f"{given}one device's memory was taken from {source} ({gib:g} GiB): {line}"
 
 
 def _gpu(args: argparse.Namespace, profile: EngineProfile, gpu: str | None) -> Deploying:
