@@ -14,6 +14,8 @@ from cli_errors import usage_error
 
 from pytest_prefill.cli import main
 from pytest_prefill.plan.compute.derive import fit_percent
+from pytest_prefill.plan.compute.devices import PCIE_LATENCY, custom_device
+from pytest_prefill.plan.compute.efficiency import link_kind
 
 pytestmark = pytest.mark.sim
 
@@ -114,7 +116,11 @@ def test_a_host_from_on_a_device_outside_the_catalog_says_what_it_needs(
     tmp_path, capsys
 ) -> None:
     calibration = {
-        "cost_model": {"prefill_per_token": 1e-5, "decode_step_base": 0.01},
+        "cost_model": {
+            "prefill_pass_overhead": 0.01,
+            "prefill_per_token": 1e-5,
+            "decode_step_base": 0.01,
+        },
         "provenance": {"model": "llama-3.1-8b", "device_name": "AMD EPYC (CPU, 1 torch threads)"},
     }
     path = tmp_path / "calibration.json"
@@ -131,3 +137,21 @@ def test_a_host_from_on_a_device_outside_the_catalog_says_what_it_needs(
 )
 def test_a_fit_error_under_half_a_percent_is_not_printed_as_zero(error, text) -> None:
     assert fit_percent(error) == text
+
+
+@pytest.mark.parametrize(
+    ("link", "kind"), [("", "pcie"), (",linkus=10", "pcie"), (",linkus=5", "nvlink")]
+)
+def test_a_custom_gpus_link_is_the_kind_its_latency_says(link, kind) -> None:
+    device = custom_device(f"custom:tflops=100,tbs=1,gib=40{link}")
+    assert link_kind(device) == kind
+    if not link:  # the default: PCIe's latency, no nearer NVLink's by a rounding
+        assert device.link_latency == PCIE_LATENCY
+
+
+def test_a_custom_gpu_on_the_default_link_borrows_no_cross_link_all_reduce(capsys) -> None:
+    argv = ["simulate", "--gpu", "custom:tflops=100,tbs=1,gib=40", "--model", LLAMA]
+    assert main(argv) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "borrowed from l40s" in header  # a PCIe card's table: the same link
+    assert "cross-link" not in header

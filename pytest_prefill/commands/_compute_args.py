@@ -22,7 +22,7 @@ from pytest_prefill.plan.compute.derive import (
     fit_percent,
     host_from_calibration,
 )
-from pytest_prefill.plan.compute.devices import Device, device_named
+from pytest_prefill.plan.compute.devices import CATALOG, Device, device_named
 from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
 from pytest_prefill.plan.compute.host import tabled_host
 from pytest_prefill.plan.compute.transfer import (
@@ -159,9 +159,17 @@ def host_from_cost(path: str, engine: str, span: TokenRange) -> HostCost:
         )
     try:
         model = load_model_spec(str(provenance.get("model")))
-        device = device_named(str(provenance.get("device_name")))
     except ValueError as err:
         raise ValueError(f"--host-from {path}: its provenance: {err}") from None
+    name = str(provenance.get("device_name"))
+    try:
+        device = device_named(name)
+    except ValueError:
+        raise ValueError(
+            f"--host-from {path}: its provenance names the device {name!r}, which is not in "
+            f"the catalog ({', '.join(CATALOG)}): the host cost carries from a calibration on "
+            "a catalog GPU (one on this machine's CPU, with its probe, to --gpu cpu)"
+        ) from None
     tp = facts.tp if facts is not None else 1
     part = derive_cost(model, device, efficiency_of(device, engine), span, tp=tp)
     return host_from_calibration(
