@@ -155,3 +155,14 @@ def test_a_custom_gpu_on_the_default_link_borrows_no_cross_link_all_reduce(capsy
     header = capsys.readouterr().out.splitlines()[0]
     assert "borrowed from l40s" in header  # a PCIe card's table: the same link
     assert "cross-link" not in header
+
+
+def test_devices_needed_when_none_would_do_keeps_the_kv_the_gpu_sized(capsys) -> None:
+    argv = ["capacity", "--gpu", "h100", "--model", LLAMA, "--slo", "ttft:2s"]
+    argv += ["--num-prompts", "40", "--random-input-len", "100000", "--workers", "1"]
+    assert main([*argv, "--deployment", "chunked,tokens=2048", "--max-devices", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    needed = next(i for i, line in enumerate(lines) if line.startswith("Devices this traffic"))
+    assert "none would do" in lines[needed]
+    assert "KV by vLLM" in lines[needed + 1]
+    assert "give --model and --device-memory" not in lines[needed + 1]  # both were sized

@@ -82,7 +82,10 @@ def basis(
     zeros = [name for name in ZERO_TERMS if getattr(cost, name) == 0]
     if zeros:
         parts.append(f"0 (left out): {', '.join(zeros)}")
-    if math.isinf(used.kv_capacity_tokens):
+    if deployment is None and hardware is not None and hardware.device_memory is not None:
+        # no deployment chosen: the KV of the model on the memory given, as the lines above say
+        parts.append(f"KV by vLLM {hardware.vllm_version}'s rule, activation reserve estimated")
+    elif math.isinf(used.kv_capacity_tokens):
         parts.append(
             "KV unbounded (the server calibration recorded no KV capacity: rerun "
             "calibrate-server with --server-flags '<the flags your server runs with>' to record "
