@@ -292,11 +292,13 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="compare only these (repeatable): shared, coscheduled, chunked:512, "
         "chunked:100ms (a per-iteration budget), disaggregated:1:3, each optionally with the "
-        "engine's settings ,tokens=N (token budget) ,seqs=N (sequence cap): chunked,tokens=2048 "
+        "engine's settings ,tokens=N (token budget) ,seqs=N (sequence cap) and ,tp=N (devices "
+        "per instance; --devices = instances × N): chunked,tokens=2048,tp=2 "
         "(default: the engine's own settings: for vllm token budgets around C* and every "
         "disaggregated split; for lab shared, chunked around C* and at the TPOT bound, every "
-        "split); across --gpu kinds, pools of their own: "
-        "disaggregated:P:D,p=KIND[:tpN],d=KIND[:tpN] (e.g. disaggregated:2:4,p=h100:tp2,d=l40s)",
+        "split; TP 1, 2, 4, 8 as --devices allow); across --gpu kinds, pools of their own: "
+        "disaggregated:P:D,p=KIND[:tpN],d=KIND[:tpN] (e.g. disaggregated:2:4,p=h100:tp2,d=l40s; "
+        "a pool not named takes the other's kind, at TP 1)",
     )
     search.add_argument(
         "--decode-cost",
