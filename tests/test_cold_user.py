@@ -112,9 +112,7 @@ def test_a_custom_gpu_figure_that_is_no_number_is_quoted_as_typed(value, capsys)
     assert f"tflops must be a positive finite number, got {value!r}" in line
 
 
-def test_a_host_from_on_a_device_outside_the_catalog_says_what_it_needs(
-    tmp_path, capsys
-) -> None:
+def test_a_host_from_on_a_device_outside_the_catalog_says_what_it_needs(tmp_path, capsys) -> None:
     calibration = {
         "cost_model": {
             "prefill_pass_overhead": 0.01,

@@ -58,6 +58,8 @@ class NoKVCache(ValueError):
     def __init__(self, shortfall: str) -> None:
         super().__init__(f"{shortfall} ({MEMORY_FIX})")
         self.shortfall = shortfall
+
+
 LOGIT_BYTES = 4  # the sampler works on float32 logits
 
 # What vLLM's profiling run holds beside the weights, per vLLM version: plan/vllm_memory.py's
