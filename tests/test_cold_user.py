@@ -113,16 +113,10 @@ def test_a_custom_gpu_figure_that_is_no_number_is_quoted_as_typed(value, capsys)
 
 
 def test_a_host_from_on_a_device_outside_the_catalog_says_what_it_needs(tmp_path, capsys) -> None:
-    calibration = {
-        "cost_model": {
-            "prefill_pass_overhead": 0.01,
-            "prefill_per_token": 1e-5,
-            "decode_step_base": 0.01,
-        },
-        "provenance": {"model": "llama-3.1-8b", "device_name": "AMD EPYC (CPU, 1 torch threads)"},
-    }
+    terms = dict(prefill_pass_overhead=0.01, prefill_per_token=1e-5, decode_step_base=0.01)
+    provenance = {"model": "llama-3.1-8b", "device_name": "AMD EPYC (CPU, 1 torch threads)"}
     path = tmp_path / "calibration.json"
-    path.write_text(json.dumps(calibration))
+    path.write_text(json.dumps({"cost_model": terms, "provenance": provenance}))
     argv = ["simulate", "--gpu", "h100", "--model", LLAMA, "--host-from", str(path)]
     line = usage_error(argv, capsys)
     assert line.startswith(f"prefill-bench simulate: error: --host-from {path}: ")
