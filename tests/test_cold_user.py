@@ -158,3 +158,20 @@ def test_devices_needed_when_none_would_do_keeps_the_kv_the_gpu_sized(capsys) ->
     assert "none would do" in lines[needed]
     assert "KV by vLLM" in lines[needed + 1]
     assert "give --model and --device-memory" not in lines[needed + 1]  # both were sized
+
+
+def test_a_rate_measured_as_one_burst_is_flagged_beside_the_answer(capsys) -> None:
+    argv = ["capacity", "--gpu", "h100", "--model", LLAMA, *SEARCH, "--price", "h100=2.5"]
+    assert main(argv) == 0  # 40 prompts: any rate an H100 serves them at is one burst
+    lines = capsys.readouterr().out.splitlines()
+    best = next(i for i, line in enumerate(lines) if line.startswith("-> "))
+    assert "one burst draining, not a knee" in lines[best + 1]
+    assert any("the probe measured one burst" in line for line in lines[:best])
+
+
+def test_a_rate_measured_over_enough_arrivals_is_not_flagged(capsys) -> None:
+    argv = ["capacity", "--cost", "datacenter-illustrative", "--workload", "azure-conv"]
+    argv += ["--window", "0:600", "--slo", "ttft:1s,tpot:100ms", "--workers", "1"]
+    assert main([*argv, "--no-devices-needed", "--deployment", "chunked,tokens=2048"]) == 0
+    out = capsys.readouterr().out
+    assert "-> " in out and "burst" not in out

@@ -103,6 +103,10 @@ MAX_WORKERS = 256  # local processes
 # leave a new user with nothing to try; a preset's answer, plainly labelled, shows what the
 # tool does and what it needs: a calibration of their own server).
 DEFAULT_COST = "lab-laptop"
+BURST_POINTER = (
+    "   (that rate is one burst draining, not a knee: see the warning under Workload; more "
+    "--num-prompts measure it)"
+)
 
 
 def slo_type(text: str) -> SLO:
@@ -442,15 +446,20 @@ def _notes(
     deploying, workload, cost = plan.deploying, plan.workload, plan.spec.cost
     assert cost is not None  # measured by resolve_cost_args
     capped = capped_line(workload, deploying.max_model_len_origin)
-    burst = burst_warning(
+    burst = _burst(args, workload, result)
+    notes = (capped, *workload.notes, _left_out(question, deploying.profile, cost), burst)
+    return [line for line in notes if line]
+
+
+def _burst(args: argparse.Namespace, workload: Workload, result: CapacityResult) -> str | None:
+    """The warning that the best deployment's rate was measured as one burst (None: not)."""
+    return burst_warning(
         [r.arrival for r in workload.requests],
         [r.output_len for r in workload.requests],
         args.slo,
         result.base_rate,
         result.ranked()[0].max_rate,
     )
-    notes = (capped, *workload.notes, _left_out(question, deploying.profile, cost), burst)
-    return [line for line in notes if line]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,6 +546,10 @@ def run(args: argparse.Namespace, question: CapacityQuestion | None = None) -> i
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = [*plan.kind_notes, *_notes(args, question, plan, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
+    if _burst(args, workload, result):  # the rate below is a burst's: said beside it too
+        best = next((i + 1 for i, line in enumerate(lines) if line.startswith("-> ")), None)
+        if best is not None:
+            lines.insert(best, BURST_POINTER)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
     print(f"{simulations} simulations in {seconds:.1f} s {where}.")
