@@ -175,3 +175,18 @@ def test_a_rate_measured_over_enough_arrivals_is_not_flagged(capsys) -> None:
     assert main([*argv, "--no-devices-needed", "--deployment", "chunked,tokens=2048"]) == 0
     out = capsys.readouterr().out
     assert "-> " in out and "burst" not in out
+
+
+@pytest.mark.parametrize(
+    ("more", "why"),
+    [
+        (["--gpu", "h100", "--price", "h100=2.5"], "(--price asks for one)"),
+        (["--gpu", "h100,l40s"], "(--gpu h100,l40s: give one kind"),
+        (["--gpu", "h100", "--devices", "h100=2"], "(--devices KIND=N asks for one)"),
+    ],
+)
+def test_cost_in_a_search_across_kinds_names_what_made_it_one(more, why, capsys) -> None:
+    argv = ["capacity", "--model", LLAMA, *SEARCH, *more, "--cost", "datacenter-illustrative"]
+    line = usage_error(argv, capsys)
+    assert line.startswith("prefill-bench capacity: error: --cost: ") and why in line
+    assert "or give one --gpu" not in line  # with --price or a budget per kind, no help

@@ -84,6 +84,17 @@ def across_kinds(args: argparse.Namespace) -> bool:
     )
 
 
+def _why_kinds(args: argparse.Namespace) -> str:
+    """The flag that made :func:`across_kinds` true, as the user typed it."""
+    if len(gpu_kinds(args.gpu)) > 1:
+        return f"--gpu {args.gpu}: give one kind to answer on it alone"
+    if isinstance(args.devices, dict):
+        return "--devices KIND=N asks for one"
+    if args.price is not None:
+        return "--price asks for one"
+    return "a --deployment of pools, p=KIND or d=KIND, asks for one"
+
+
 @dataclasses.dataclass(frozen=True)
 class KindSearch:
     """What a search across kinds compares: ``hardware`` of each kind (catalog key, its
@@ -114,8 +125,8 @@ def check_kinds(args: argparse.Namespace, profile: EngineProfile) -> tuple[KindS
     for flag, value in (("--cost", args.cost), ("--device-memory", args.device_memory)):
         if value is not None:
             raise ValueError(
-                f"{flag}: a search across device kinds derives each kind's compute and memory "
-                "from --model and the catalog; drop it (or give one --gpu)"
+                f"{flag}: a search across device kinds ({_why_kinds(args)}) derives each kind's "
+                "compute and memory from --model and the catalog; drop it"
             )
     if args.model is None:
         raise ValueError("a search across device kinds (--gpu A,B, --price, pools) needs --model")
