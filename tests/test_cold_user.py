@@ -190,3 +190,11 @@ def test_cost_in_a_search_across_kinds_names_what_made_it_one(more, why, capsys)
     line = usage_error(argv, capsys)
     assert line.startswith("prefill-bench capacity: error: --cost: ") and why in line
     assert "or give one --gpu" not in line  # with --price or a budget per kind, no help
+
+
+def test_a_deployment_whose_tp_cannot_hold_the_model_says_to_raise_its_tp(capsys) -> None:
+    argv = ["capacity", "--gpu", "h100", "--model", LLAMA_70B, *SEARCH, "--devices", "4"]
+    line = usage_error([*argv, "--deployment", "chunked,tokens=2048"], capsys)
+    assert "--deployment at tp=1: " in line and "holds no KV cache" in line
+    assert ",tp=N that divides --devices" in line
+    assert "use a larger TP" not in line

@@ -366,6 +366,12 @@ def check_deployment_tp(hardware: Hardware | None, tps: Sequence[int], devices: 
             continue
         try:
             hardware.check_tp(tp, devices)
+        except NoKVCache as err:
+            raise ValueError(
+                f"--deployment at tp={tp}: {err.shortfall} (raise --device-memory or "
+                "--gpu-memory-utilization, or give it a larger ,tp=N that divides --devices: "
+                "e.g. chunked,tokens=2048,tp=4)"
+            ) from None
         except ValueError as err:
             raise ValueError(f"tp={tp}: {err}") from None
 
