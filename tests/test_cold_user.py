@@ -198,3 +198,19 @@ def test_a_deployment_whose_tp_cannot_hold_the_model_says_to_raise_its_tp(capsys
     assert "--deployment at tp=1: " in line and "holds no KV cache" in line
     assert ",tp=N that divides --devices" in line
     assert "use a larger TP" not in line
+
+
+def test_a_pool_that_cannot_hold_the_model_says_to_raise_its_tp(capsys) -> None:
+    argv = [
+        "capacity",
+        "--gpu",
+        "h100,l40s",
+        "--model",
+        LLAMA_70B,
+        *SEARCH,
+        "--devices",
+        "h100=2,l40s=8",
+    ]
+    line = usage_error([*argv, "--deployment", "disaggregated:1:1,p=h100:tp2,d=l40s"], capsys)
+    assert "decode pool: " in line and "holds no KV cache" in line
+    assert "d=l40s:tpN" in line and "use a larger TP" not in line

@@ -15,7 +15,7 @@ from pytest_prefill.commands._compute_args import derive_on
 from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args, served_name
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.deployments import Deployment, refused_kinds
-from pytest_prefill.plan.device_memory import GiB
+from pytest_prefill.plan.device_memory import GiB, NoKVCache
 from pytest_prefill.plan.engine_commands import engine_command
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.kinds import Colocated, kind_deployments
@@ -164,6 +164,11 @@ def check_kinds(args: argparse.Namespace, profile: EngineProfile) -> tuple[KindS
         for pool in (split.prefill, split.decode):
             try:
                 hardware[pool.kind].kv(pool.tp, block)
+            except NoKVCache as err:
+                raise ValueError(
+                    f"--deployment {split.label}: {pool.role} pool: {err.shortfall} (give the "
+                    f"pool a larger TP, {pool.role[0]}={pool.kind}:tpN, or another kind)"
+                ) from None
             except ValueError as err:
                 raise ValueError(f"--deployment {split.label}: {pool.role} pool: {err}") from None
     prices = parse_prices(args.price, keys) if args.price is not None else None
