@@ -214,3 +214,11 @@ def test_a_pool_that_cannot_hold_the_model_says_to_raise_its_tp(capsys) -> None:
     line = usage_error([*argv, "--deployment", "disaggregated:1:1,p=h100:tp2,d=l40s"], capsys)
     assert "decode pool: " in line and "holds no KV cache" in line
     assert "d=l40s:tpN" in line and "use a larger TP" not in line
+
+
+def test_a_server_that_is_not_there_is_said_once_per_flag_set(capsys) -> None:
+    argv = ["verify", "--url", "http://127.0.0.1:9", "--engine", "vllm", "--gpu", "h100"]
+    argv += ["--model", "tiny", "--slo", "ttft:2s,tpot:100ms", "--flags", "tokens=256"]
+    assert main([*argv, "--workload", "azure-conv", "--ignore-steal"]) == 1
+    ended = [line for line in capsys.readouterr().out.splitlines() if "stopped answering" in line]
+    assert ended and all(line.count("cannot connect") == 1 for line in ended)
