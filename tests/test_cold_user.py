@@ -222,3 +222,11 @@ def test_a_server_that_is_not_there_is_said_once_per_flag_set(capsys) -> None:
     assert main([*argv, "--workload", "azure-conv", "--ignore-steal"]) == 1
     ended = [line for line in capsys.readouterr().out.splitlines() if "stopped answering" in line]
     assert ended and all(line.count("cannot connect") == 1 for line in ended)
+
+
+def test_simulate_says_its_compute_is_derived_at_tp_1_not_at_each_deployments(capsys) -> None:
+    assert main(["simulate", "--gpu", "h100", "--model", LLAMA]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.startswith("Cost model: derived: ") and ", TP 1, " in header
+    assert "simulate runs one device, at TP 1" in header
+    assert "each deployment's cost model derived at its own TP" not in header

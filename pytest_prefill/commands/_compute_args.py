@@ -38,6 +38,8 @@ from pytest_prefill.plan.model_spec import ModelSpec, load_model_spec
 from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel
 
+EACH_TP = "each deployment's cost model derived at its own TP"  # a search's several TPs
+
 
 def probed_cpu(args: argparse.Namespace) -> Device:
     """``--gpu cpu``: this machine's CPU, as the --host-from calibration recorded its probe."""
@@ -133,7 +135,7 @@ def derive_on(
         f"derived:{device.key}",
         "derived",
         one.cost,
-        f"{one.basis}; each deployment's cost model derived at its own TP",
+        f"{one.basis}; {EACH_TP}",
         label,
         tuple(sorted(one.refused)),
     )

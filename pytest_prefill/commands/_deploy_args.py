@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
 from pytest_prefill.commands._compute_args import (
+    EACH_TP,
     carried_by,
     derive_on,
     probed_cpu,
@@ -307,6 +308,9 @@ def derived_spec(
     engine = deploying.profile.name
     host, carried = carried_by(getattr(args, "host_from", None), engine, hardware.model, device)
     derived, spec = derive_on(hardware, device, engine, prompts, outputs, host, carried)
+    if getattr(args, "command", None) in ONE_DEVICE:  # its one device runs at TP 1 alone
+        source = spec.source.replace(EACH_TP, f"{args.command} runs one device, at TP 1")
+        spec = dataclasses.replace(spec, source=source)
     return dataclasses.replace(deploying, hardware=derived), spec
 
 
