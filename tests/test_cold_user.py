@@ -230,3 +230,12 @@ def test_simulate_says_its_compute_is_derived_at_tp_1_not_at_each_deployments(ca
     assert header.startswith("Cost model: derived: ") and ", TP 1, " in header
     assert "simulate runs one device, at TP 1" in header
     assert "each deployment's cost model derived at its own TP" not in header
+
+
+@pytest.mark.parametrize(("version", "assumed"), [("0.27", False), ("9.9", True)])
+def test_a_vllm_newer_than_any_cited_says_its_kv_rule_is_assumed(version, assumed, capsys):
+    argv = ["capacity", "--gpu", "h100", "--model", LLAMA, *SEARCH, "--vllm-version", version]
+    assert main([*argv, "--deployment", "chunked,tokens=2048"]) == 0
+    out = capsys.readouterr().out
+    assert f"vLLM {version}'s rule" in out
+    assert ("(assumed: the newest cited is 0.27's)" in out) is assumed

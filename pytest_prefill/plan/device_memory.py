@@ -28,6 +28,7 @@ from pytest_prefill.plan.vllm_memory import (
     SAMPLER_COPIES,
     ReserveRule,
     reserve_rule,
+    rule_name,
 )
 
 __all__ = [
@@ -122,8 +123,8 @@ class KVCapacity:
             f"{self.device_memory / GiB:g} GiB × {self.utilization:g} − "
             f"{self.weight_bytes / GiB:.2f} GiB weights − {self.reserve / GiB:.2f} GiB "
             f"activation reserve (estimated{self._seqs()}) = "
-            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; vLLM "
-            f"{self.vllm_version}'s rule)"
+            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; "
+            f"{rule_name(self.vllm_version)})"
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.vllm_memory import rule_name
 from pytest_prefill.sim import CostModel
 
 
@@ -84,7 +85,7 @@ def basis(
         parts.append(f"0 (left out): {', '.join(zeros)}")
     if deployment is None and hardware is not None and hardware.device_memory is not None:
         # no deployment chosen: the KV of the model on the memory given, as the lines above say
-        parts.append(f"KV by vLLM {hardware.vllm_version}'s rule, activation reserve estimated")
+        parts.append(f"KV by {rule_name(hardware.vllm_version)}, activation reserve estimated")
     elif math.isinf(used.kv_capacity_tokens):
         parts.append(
             "KV unbounded (the server calibration recorded no KV capacity: rerun "
@@ -95,8 +96,8 @@ def basis(
         )
     elif hardware is not None and hardware.device_memory is not None:
         parts.append(
-            f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (vLLM "
-            f"{hardware.vllm_version}'s rule, activation reserve estimated)"
+            f"KV {used.kv_capacity_tokens:,.0f} tokens per instance "
+            f"({rule_name(hardware.vllm_version)}, activation reserve estimated)"
         )
     else:
         parts.append(f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (the cost model's)")
