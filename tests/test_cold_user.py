@@ -16,6 +16,7 @@ from pytest_prefill.cli import main
 from pytest_prefill.plan.compute.derive import fit_percent
 from pytest_prefill.plan.compute.devices import PCIE_LATENCY, custom_device
 from pytest_prefill.plan.compute.efficiency import link_kind
+from pytest_prefill.plan.compute.host import tabled_host
 
 pytestmark = pytest.mark.sim
 
@@ -239,3 +240,12 @@ def test_a_vllm_newer_than_any_cited_says_its_kv_rule_is_assumed(version, assume
     out = capsys.readouterr().out
     assert f"vLLM {version}'s rule" in out
     assert ("(assumed: the newest cited is 0.27's)" in out) is assumed
+
+
+def test_each_kinds_compute_line_says_where_the_host_cost_comes_from(capsys) -> None:
+    argv = ["capacity", "--gpu", "h100,l40s", "--model", LLAMA, *SEARCH]
+    assert main([*argv, "--deployment", "disaggregated:1:1,p=h100,d=l40s"]) == 0
+    computes = [line for line in capsys.readouterr().out.splitlines() if "compute: " in line]
+    assert len(computes) == 2
+    for line in computes:
+        assert line.endswith(f"; host: {tabled_host('vllm').source}")

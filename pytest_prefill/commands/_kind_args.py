@@ -13,6 +13,7 @@ from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int
 from pytest_prefill.commands._compute_args import derive_on
 from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args, served_name
+from pytest_prefill.plan.compute.derive import Deriver
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.deployments import Deployment, refused_kinds
 from pytest_prefill.plan.device_memory import GiB, NoKVCache
@@ -285,6 +286,12 @@ def _spec(derived: Mapping[str, tuple[Hardware, CostSpec]]) -> CostSpec:
     )
 
 
+def _host(hardware: Hardware) -> str:
+    """``; host: <where the host's cost comes from>`` for a kind's derived compute."""
+    deriver = hardware.derived
+    return f"; host: {deriver.host.source}" if isinstance(deriver, Deriver) else ""
+
+
 def _basis(
     model: str,
     block: int,
@@ -303,7 +310,7 @@ def _basis(
         lines += [
             f"  {kind}: {hardware.device_memory / GiB:g} GiB ({hardware.memory_source}), "
             f"{hardware.utilization:g} for the engine; {kv}",
-            f"    compute: {spec.label}",
+            f"    compute: {spec.label}{_host(hardware)}",
         ]
     rests = (
         "[each pool's compute derived for its kind at its TP (the error classes above); "
