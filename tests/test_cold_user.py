@@ -249,3 +249,16 @@ def test_each_kinds_compute_line_says_where_the_host_cost_comes_from(capsys) -> 
     assert len(computes) == 2
     for line in computes:
         assert line.endswith(f"; host: {tabled_host('vllm').source}")
+
+
+@pytest.mark.parametrize(
+    ("more", "words"),
+    [
+        (["--gpu", "h100"], "--gpu h100 with --launch: the launched server runs on this"),
+        (["--gpu", "cpu", "--tp", "2"], "--tp 2 with --launch: a launched server runs at TP 1"),
+    ],
+)
+def test_derived_compute_for_a_launched_server_is_this_cpus_at_tp_1(more, words, capsys) -> None:
+    argv = ["verify", "--launch", "transformers", "--model", "tiny", *more]
+    line = usage_error([*argv, "--slo", "ttft:1s", "--flags", "tokens=128"], capsys)
+    assert words in line

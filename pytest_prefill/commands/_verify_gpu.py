@@ -84,7 +84,26 @@ def check_verify_gpu(args: argparse.Namespace, engine: str | None) -> None:
         raise ValueError(
             "--gpu predicts from derived compute, calibrating nothing: drop --calibrate-once"
         )
+    if getattr(args, "launch", None) is not None:
+        _check_launched(args)
     _check_tp(args, engine or "vllm")
+
+
+def _check_launched(args: argparse.Namespace) -> None:
+    """A launched server runs on this machine's CPU, one process: derived compute predicts it
+    only as ``--gpu cpu`` at TP 1.
+
+    Raises:
+        ValueError: naming --gpu or --tp.
+    """
+    if args.gpu.strip().lower() != "cpu":
+        raise ValueError(
+            f"--gpu {args.gpu} with --launch: the launched server runs on this machine's CPU, "
+            "so its knees would test another device's compute against this CPU; give --gpu cpu "
+            "(with --host-from), or --url of a server running on that device"
+        )
+    if (args.tp or 1) > 1:
+        raise ValueError(f"--tp {args.tp} with --launch: a launched server runs at TP 1")
 
 
 def _check_tp(args: argparse.Namespace, engine: str) -> int:
