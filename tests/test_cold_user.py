@@ -13,10 +13,12 @@ import pytest
 from cli_errors import usage_error
 
 from pytest_prefill.cli import main
-from pytest_prefill.plan.compute.derive import fit_percent
-from pytest_prefill.plan.compute.devices import PCIE_LATENCY, custom_device
-from pytest_prefill.plan.compute.efficiency import link_kind
+from pytest_prefill.plan.compute.derive import TokenRange, derive_cost, fit_percent
+from pytest_prefill.plan.compute.devices import PCIE_LATENCY, custom_device, device_named
+from pytest_prefill.plan.compute.efficiency import efficiency_for, link_kind
 from pytest_prefill.plan.compute.host import tabled_host
+from pytest_prefill.plan.model_spec import load_model_spec
+from pytest_prefill.sim import PROFILES
 
 pytestmark = pytest.mark.sim
 
@@ -262,3 +264,18 @@ def test_derived_compute_for_a_launched_server_is_this_cpus_at_tp_1(more, words,
     argv = ["verify", "--launch", "transformers", "--model", "tiny", *more]
     line = usage_error([*argv, "--slo", "ttft:1s", "--flags", "tokens=128"], capsys)
     assert words in line
+
+
+def test_a_tp_deployments_bracket_gives_the_fit_at_its_own_tp(capsys) -> None:
+    mixtral = str(DATA / "mixtral-8x7b.json")
+    argv = ["capacity", "--gpu", "h100", "--model", mixtral, *SEARCH, "--devices", "2"]
+    argv += ["--random-input-len", "1024", "--random-output-len", "128"]
+    assert main([*argv, "--deployment", "chunked,tokens=2048,tp=2"]) == 0
+    out = capsys.readouterr().out
+    device, model = device_named("h100"), load_model_spec(mixtral)
+    span = TokenRange.of([1024], [128], PROFILES["vllm"].max_seqs)
+    choice, host = efficiency_for(device, "vllm"), tabled_host("vllm")
+    at = {tp: derive_cost(model, device, choice, span, tp=tp, host=host) for tp in (1, 2)}
+    assert fit_percent(at[1].max_relative_error) != fit_percent(at[2].max_relative_error)
+    there = "TP2 compute derived at that TP (the cost model within "
+    assert f"{there}{fit_percent(at[2].max_relative_error)} of the physics there)" in out

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 
 from pytest_prefill.archive.cost_spec import CostSpec
+from pytest_prefill.plan.compute.derive import Deriver, fit_percent
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.vllm_memory import rule_name
@@ -110,7 +111,9 @@ def basis(
         )
     tp = deployment.tp if deployment is not None else 1
     if tp > 1 and hardware is not None and hardware.derived is not None:
-        parts.append(f"TP{tp} compute derived at that TP, all-reduces included")
+        parts.append(
+            f"TP{tp} compute derived at that TP{_fit_at(hardware, tp)}, all-reduces included"
+        )
     elif tp > 1 and hardware is not None and hardware.rule is not None:
         parts.append(
             f"TP{tp} compute scaled by Vidur's {hardware.rule.gpu.upper()} profile "
@@ -120,6 +123,16 @@ def basis(
     if hardware is not None and measured_model and measured_model != hardware.model.name:
         parts.append(f"{compute_of(spec, measured_model)}, memory from {hardware.model.name}")
     return "[" + "; ".join(parts) + "]"
+
+
+def _fit_at(hardware: Hardware, tp: int) -> str:
+    """`` (the cost model within N% of the physics there)``: the fit at ``tp``, which the basis
+    line's figure (at TP 1) does not give ("" for compute not derived by a :class:`Deriver`)."""
+    deriver = hardware.derived
+    if not isinstance(deriver, Deriver):
+        return ""
+    error = deriver.derive(tp).max_relative_error
+    return f" (the cost model within {fit_percent(error)} of the physics there)"
 
 
 def pool_origins(spec: CostSpec, decode: CostSpec | None) -> str:
