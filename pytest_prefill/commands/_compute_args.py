@@ -19,9 +19,10 @@ from pytest_prefill.plan.compute.derive import (
     HostCost,
     TokenRange,
     derive_cost,
+    fit_percent,
     host_from_calibration,
 )
-from pytest_prefill.plan.compute.devices import Device, device_named
+from pytest_prefill.plan.compute.devices import CATALOG, Device, device_named
 from pytest_prefill.plan.compute.efficiency import EfficiencyChoice, efficiency_for
 from pytest_prefill.plan.compute.host import tabled_host
 from pytest_prefill.plan.compute.transfer import (
@@ -36,6 +37,8 @@ from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.model_spec import ModelSpec, load_model_spec
 from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel
+
+EACH_TP = "each deployment's cost model derived at its own TP"  # a search's several TPs
 
 
 def probed_cpu(args: argparse.Namespace) -> Device:
@@ -126,13 +129,13 @@ def derive_on(
     label = (
         f"derived for {device.name} from {hardware.model.name}'s shapes, efficiency "
         f"{choice.table.engine}: {choice.error_class}; the cost model within "
-        f"{one.max_relative_error:.0%} of the physics over {span.describe()}"
+        f"{fit_percent(one.max_relative_error)} of the physics over {span.describe()}"
     )
     spec = CostSpec(
         f"derived:{device.key}",
         "derived",
         one.cost,
-        f"{one.basis}; each deployment's cost model derived at its own TP",
+        f"{one.basis}; {EACH_TP}",
         label,
         tuple(sorted(one.refused)),
     )
@@ -158,9 +161,17 @@ def host_from_cost(path: str, engine: str, span: TokenRange) -> HostCost:
         )
     try:
         model = load_model_spec(str(provenance.get("model")))
-        device = device_named(str(provenance.get("device_name")))
     except ValueError as err:
         raise ValueError(f"--host-from {path}: its provenance: {err}") from None
+    name = str(provenance.get("device_name"))
+    try:
+        device = device_named(name)
+    except ValueError:
+        raise ValueError(
+            f"--host-from {path}: its provenance names the device {name!r}, which is not in "
+            f"the catalog ({', '.join(CATALOG)}): the host cost carries from a calibration on "
+            "a catalog GPU (one on this machine's CPU, with its probe, to --gpu cpu)"
+        ) from None
     tp = facts.tp if facts is not None else 1
     part = derive_cost(model, device, efficiency_of(device, engine), span, tp=tp)
     return host_from_calibration(

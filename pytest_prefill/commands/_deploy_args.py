@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pytest_prefill.archive.cost_spec import CostSpec, resolve_cost
 from pytest_prefill.commands._args import at_most
 from pytest_prefill.commands._compute_args import (
+    EACH_TP,
     carried_by,
     derive_on,
     probed_cpu,
@@ -25,7 +26,7 @@ from pytest_prefill.plan.compute.transfer import (
     CPU_KEY,
 )
 from pytest_prefill.plan.deployments import Deployment, default_deployments
-from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, GiB
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, MEMORY_FIX, GiB, NoKVCache
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.metrics import SLO
 from pytest_prefill.plan.model_spec import ARCHITECTURES, SERVED_IDS, ModelSpec, load_model_spec
@@ -34,6 +35,7 @@ from pytest_prefill.serve.client.identity import ServerFacts
 from pytest_prefill.sim import CostModel, EngineProfile
 
 MAX_DEVICE_MEMORY_GIB = 1 << 20  # a TiB of memory per device is far beyond any made
+ONE_DEVICE = ("simulate", "timeline")  # commands that simulate one device, at TP 1
 
 
 memory_type = at_most(positive_float, MAX_DEVICE_MEMORY_GIB, "GiB")
@@ -204,18 +206,44 @@ def check_deploy_args(
     if not sizes:
         try:
             hardware.kv(max(1, _largest_tp(devices or 1)), 16)  # raises naming the shortfall
-        except ValueError as err:
-            if recorded is None:
-                raise
-            # the user typed no memory: say whose it is before the shortfall
-            raise ValueError(
-                f"no --device-memory given, so one device's memory was taken from {source} "
-                f"({memory:g} GiB): {err}"
-            ) from None
+        except NoKVCache as err:
+            whose = None if recorded is None else (source, memory)
+            raise ValueError(no_room(args, err, whose, kinds=gpu is not None)) from None
     length, origin = _max_model_len(args, model.max_position_embeddings)
     return dataclasses.replace(
         checked, hardware=hardware, max_model_len=length, max_model_len_origin=origin
     )
+
+
+def no_room(
+    args: argparse.Namespace,
+    err: NoKVCache,
+    whose: tuple[str, float] | None,
+    kinds: bool = False,
+) -> str:
+    """The memory's shortfall with what would make room in this command's own flags;
+    ``whose``: where one device's memory came from and how much it is, when the user typed
+    none (said first); ``kinds``: a search across kinds, whose memory is each kind's own."""
+    command = getattr(args, "command", None)
+    # verify's memory is --gpu's (it has no --device-memory); a search across kinds refuses it
+    typed = command != "verify" and not kinds
+    memory = "--device-memory or --gpu-memory-utilization" if typed else "--gpu-memory-utilization"
+    fixes = {
+        "capacity": f"raise {memory}, or give more --devices: the search tries a TP of 1, 2, "
+        "4 or 8 that divides them",
+        "verify": "raise --gpu-memory-utilization, or give a larger --tp (the server's)",
+    }
+    one_device = (
+        f"raise {memory}; {command} runs one device, at TP 1: prefill-bench capacity "
+        "--devices N sizes a larger TP"
+    )
+    fix = fixes.get(command or "", one_device if command in ONE_DEVICE else MEMORY_FIX)
+    line = f"{err.shortfall} ({fix})"
+    if whose is None:
+        return line
+    source, gib = whose
+    given = "no --device-memory given, so " if typed else ""
+    return f"{given}one device's memory was taken from {source} ({gib:g} GiB): {line}"
 
 
 def _gpu(args: argparse.Namespace, profile: EngineProfile, gpu: str | None) -> Deploying:
@@ -280,6 +308,9 @@ def derived_spec(
     engine = deploying.profile.name
     host, carried = carried_by(getattr(args, "host_from", None), engine, hardware.model, device)
     derived, spec = derive_on(hardware, device, engine, prompts, outputs, host, carried)
+    if getattr(args, "command", None) in ONE_DEVICE:  # its one device runs at TP 1 alone
+        source = spec.source.replace(EACH_TP, f"{args.command} runs one device, at TP 1")
+        spec = dataclasses.replace(spec, source=source)
     return dataclasses.replace(deploying, hardware=derived), spec
 
 
@@ -339,6 +370,12 @@ def check_deployment_tp(hardware: Hardware | None, tps: Sequence[int], devices: 
             continue
         try:
             hardware.check_tp(tp, devices)
+        except NoKVCache as err:
+            raise ValueError(
+                f"--deployment at tp={tp}: {err.shortfall} (raise --device-memory or "
+                "--gpu-memory-utilization, or give it a larger ,tp=N that divides --devices: "
+                "e.g. chunked,tokens=2048,tp=4)"
+            ) from None
         except ValueError as err:
             raise ValueError(f"tp={tp}: {err}") from None
 

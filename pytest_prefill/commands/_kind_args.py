@@ -13,9 +13,10 @@ from pytest_prefill.archive.cost_spec import CostSpec
 from pytest_prefill.commands._args import bounded_int
 from pytest_prefill.commands._compute_args import derive_on
 from pytest_prefill.commands._deploy_args import Deploying, check_deploy_args, served_name
+from pytest_prefill.plan.compute.derive import Deriver
 from pytest_prefill.plan.compute.devices import device_named
 from pytest_prefill.plan.deployments import Deployment, refused_kinds
-from pytest_prefill.plan.device_memory import GiB
+from pytest_prefill.plan.device_memory import GiB, NoKVCache
 from pytest_prefill.plan.engine_commands import engine_command
 from pytest_prefill.plan.hardware import Hardware
 from pytest_prefill.plan.kinds import Colocated, kind_deployments
@@ -84,6 +85,17 @@ def across_kinds(args: argparse.Namespace) -> bool:
     )
 
 
+def _why_kinds(args: argparse.Namespace) -> str:
+    """The flag that made :func:`across_kinds` true, as the user typed it."""
+    if len(gpu_kinds(args.gpu)) > 1:
+        return f"--gpu {args.gpu}: give one kind to answer on it alone"
+    if isinstance(args.devices, dict):
+        return "--devices KIND=N asks for one"
+    if args.price is not None:
+        return "--price asks for one"
+    return "a --deployment of pools, p=KIND or d=KIND, asks for one"
+
+
 @dataclasses.dataclass(frozen=True)
 class KindSearch:
     """What a search across kinds compares: ``hardware`` of each kind (catalog key, its
@@ -114,8 +126,8 @@ def check_kinds(args: argparse.Namespace, profile: EngineProfile) -> tuple[KindS
     for flag, value in (("--cost", args.cost), ("--device-memory", args.device_memory)):
         if value is not None:
             raise ValueError(
-                f"{flag}: a search across device kinds derives each kind's compute and memory "
-                "from --model and the catalog; drop it (or give one --gpu)"
+                f"{flag}: a search across device kinds ({_why_kinds(args)}) derives each kind's "
+                "compute and memory from --model and the catalog; drop it"
             )
     if args.model is None:
         raise ValueError("a search across device kinds (--gpu A,B, --price, pools) needs --model")
@@ -153,6 +165,11 @@ def check_kinds(args: argparse.Namespace, profile: EngineProfile) -> tuple[KindS
         for pool in (split.prefill, split.decode):
             try:
                 hardware[pool.kind].kv(pool.tp, block)
+            except NoKVCache as err:
+                raise ValueError(
+                    f"--deployment {split.label}: {pool.role} pool: {err.shortfall} (give the "
+                    f"pool a larger TP, {pool.role[0]}={pool.kind}:tpN, or another kind)"
+                ) from None
             except ValueError as err:
                 raise ValueError(f"--deployment {split.label}: {pool.role} pool: {err}") from None
     prices = parse_prices(args.price, keys) if args.price is not None else None
@@ -269,6 +286,12 @@ def _spec(derived: Mapping[str, tuple[Hardware, CostSpec]]) -> CostSpec:
     )
 
 
+def _host(hardware: Hardware) -> str:
+    """``; host: <where the host's cost comes from>`` for a kind's derived compute."""
+    deriver = hardware.derived
+    return f"; host: {deriver.host.source}" if isinstance(deriver, Deriver) else ""
+
+
 def _basis(
     model: str,
     block: int,
@@ -287,7 +310,7 @@ def _basis(
         lines += [
             f"  {kind}: {hardware.device_memory / GiB:g} GiB ({hardware.memory_source}), "
             f"{hardware.utilization:g} for the engine; {kv}",
-            f"    compute: {spec.label}",
+            f"    compute: {spec.label}{_host(hardware)}",
         ]
     rests = (
         "[each pool's compute derived for its kind at its TP (the error classes above); "
@@ -295,7 +318,8 @@ def _basis(
         "slower kind's link]"
     )
     utilization = first.utilization
-    return AnswerBasis(tuple(lines), utilization, served_name(model), rests, None, {})
+    fp8 = first.model.fp8_storage
+    return AnswerBasis(tuple(lines), utilization, served_name(model), rests, None, {}, None, fp8)
 
 
 def _kv(hardware: Hardware, tp: int, block: int) -> str:

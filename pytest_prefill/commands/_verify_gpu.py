@@ -19,10 +19,11 @@ from pytest_prefill.commands._deploy_args import (
     add_gpu_arguments,
     check_deploy_args,
     derived_spec,
+    no_room,
     utilization_type,
 )
 from pytest_prefill.plan.compute.derive import Deriver
-from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION
+from pytest_prefill.plan.device_memory import DEFAULT_UTILIZATION, NoKVCache
 from pytest_prefill.plan.hardware import MAX_TP
 from pytest_prefill.sim import PROFILES, Request
 from pytest_prefill.verify.result import Derived
@@ -83,7 +84,26 @@ def check_verify_gpu(args: argparse.Namespace, engine: str | None) -> None:
         raise ValueError(
             "--gpu predicts from derived compute, calibrating nothing: drop --calibrate-once"
         )
+    if getattr(args, "launch", None) is not None:
+        _check_launched(args)
     _check_tp(args, engine or "vllm")
+
+
+def _check_launched(args: argparse.Namespace) -> None:
+    """A launched server runs on this machine's CPU, one process: derived compute predicts it
+    only as ``--gpu cpu`` at TP 1.
+
+    Raises:
+        ValueError: naming --gpu or --tp.
+    """
+    if args.gpu.strip().lower() != "cpu":
+        raise ValueError(
+            f"--gpu {args.gpu} with --launch: the launched server runs on this machine's CPU, "
+            "so its knees would test another device's compute against this CPU; give --gpu cpu "
+            "(with --host-from), or --url of a server running on that device"
+        )
+    if (args.tp or 1) > 1:
+        raise ValueError(f"--tp {args.tp} with --launch: a launched server runs at TP 1")
 
 
 def _check_tp(args: argparse.Namespace, engine: str) -> int:
@@ -93,6 +113,12 @@ def _check_tp(args: argparse.Namespace, engine: str) -> int:
         ValueError: naming ``--tp`` and the sizes allowed, or the memory's shortfall.
     """
     tp = args.tp or 1
+    if tp > MAX_TP or tp & (tp - 1):  # before the memory is sized at it
+        powers = ", ".join(str(1 << k) for k in range(MAX_TP.bit_length()))
+        raise ValueError(
+            f"--tp {tp}: the compute is derived at a power of two up to {MAX_TP} ({powers}) "
+            "that divides the model's attention heads"
+        )
     deploying = check_deploy_args(args, PROFILES[engine], devices=tp)
     hardware = deploying.hardware
     assert hardware is not None  # --gpu has --model
@@ -100,8 +126,11 @@ def _check_tp(args: argparse.Namespace, engine: str) -> int:
     if tp in hardware.tp_sizes(tp, block):
         return tp
     heads = hardware.model.attention_heads
-    if tp <= MAX_TP and tp & (tp - 1) == 0 and heads % tp == 0:
-        hardware.kv(tp, block)  # raises naming the memory's shortfall
+    if heads % tp == 0:
+        try:
+            hardware.kv(tp, block)  # raises naming the memory's shortfall
+        except NoKVCache as err:
+            raise ValueError(no_room(args, err, None)) from None
     allowed = [n for n in (1, 2, 4, 8) if n <= MAX_TP and heads % n == 0]
     raise ValueError(
         f"--tp {tp}: the compute is derived at a power of two up to {MAX_TP} that divides "

@@ -103,6 +103,10 @@ MAX_WORKERS = 256  # local processes
 # leave a new user with nothing to try; a preset's answer, plainly labelled, shows what the
 # tool does and what it needs: a calibration of their own server).
 DEFAULT_COST = "lab-laptop"
+BURST_POINTER = (
+    "   (that rate is one burst draining, not a knee: see the warning under Workload; more "
+    "--num-prompts measure it)"
+)
 
 
 def slo_type(text: str) -> SLO:
@@ -292,11 +296,13 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="compare only these (repeatable): shared, coscheduled, chunked:512, "
         "chunked:100ms (a per-iteration budget), disaggregated:1:3, each optionally with the "
-        "engine's settings ,tokens=N (token budget) ,seqs=N (sequence cap): chunked,tokens=2048 "
+        "engine's settings ,tokens=N (token budget) ,seqs=N (sequence cap) and ,tp=N (devices "
+        "per instance; --devices = instances × N): chunked,tokens=2048,tp=2 "
         "(default: the engine's own settings: for vllm token budgets around C* and every "
         "disaggregated split; for lab shared, chunked around C* and at the TPOT bound, every "
-        "split); across --gpu kinds, pools of their own: "
-        "disaggregated:P:D,p=KIND[:tpN],d=KIND[:tpN] (e.g. disaggregated:2:4,p=h100:tp2,d=l40s)",
+        "split; TP 1, 2, 4, 8 as --devices allow); across --gpu kinds, pools of their own: "
+        "disaggregated:P:D,p=KIND[:tpN],d=KIND[:tpN] (e.g. disaggregated:2:4,p=h100:tp2,d=l40s; "
+        "a pool not named takes the other's kind, at TP 1)",
     )
     search.add_argument(
         "--decode-cost",
@@ -426,7 +432,10 @@ def _answer_basis(
         else None
     )
     warning = mixed_models(spec, hardware, model)
-    return AnswerBasis(tuple(lines), fraction, served, type_basis, needed_basis, short, warning)
+    fp8 = hardware.model.fp8_storage if hardware is not None else (False, False)
+    return AnswerBasis(
+        tuple(lines), fraction, served, type_basis, needed_basis, short, warning, fp8
+    )
 
 
 def _notes(
@@ -437,15 +446,20 @@ def _notes(
     deploying, workload, cost = plan.deploying, plan.workload, plan.spec.cost
     assert cost is not None  # measured by resolve_cost_args
     capped = capped_line(workload, deploying.max_model_len_origin)
-    burst = burst_warning(
+    burst = _burst(args, workload, result)
+    notes = (capped, *workload.notes, _left_out(question, deploying.profile, cost), burst)
+    return [line for line in notes if line]
+
+
+def _burst(args: argparse.Namespace, workload: Workload, result: CapacityResult) -> str | None:
+    """The warning that the best deployment's rate was measured as one burst (None: not)."""
+    return burst_warning(
         [r.arrival for r in workload.requests],
         [r.output_len for r in workload.requests],
         args.slo,
         result.base_rate,
         result.ranked()[0].max_rate,
     )
-    notes = (capped, *workload.notes, _left_out(question, deploying.profile, cost), burst)
-    return [line for line in notes if line]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -532,6 +546,10 @@ def run(args: argparse.Namespace, question: CapacityQuestion | None = None) -> i
     # what the workload lost or assumed goes above the table, under the Workload line
     extra = [*plan.kind_notes, *_notes(args, question, plan, result)]
     at = next((i + 1 for i, line in enumerate(lines) if line.startswith("Workload: ")), 0)
+    if _burst(args, workload, result):  # the rate below is a burst's: said beside it too
+        best = next((i + 1 for i, line in enumerate(lines) if line.startswith("-> ")), None)
+        if best is not None:
+            lines.insert(best, BURST_POINTER)
     print("\n".join([*lines[:at], *extra, *lines[at:]]))
     simulations = result.simulations + (needed.simulations if needed is not None else 0)
     print(f"{simulations} simulations in {seconds:.1f} s {where}.")

@@ -142,16 +142,18 @@ class CapacityResult:
         memory_fraction: float | None = None,
         model: str | None = None,
         max_model_len: Mapping[int, int] | None = None,
+        fp8: tuple[bool, bool] = (False, False),
     ) -> str | None:
         """The line to type for the best deployment, in the engine's own flags (with the
         fraction of device memory it takes, the model it serves and, from ``max_model_len`` by
-        its TP, the longest sequence it takes, when given; None when no deployment meets the
+        its TP, the longest sequence it takes, when given, and the flags storing the weights
+        and the KV cache in fp8 where ``fp8`` says so; None when no deployment meets the
         SLO)."""
         best = self.ranked()[0]
         if best.best is None:
             return None
         length = (max_model_len or {}).get(best.deployment.tp)
-        settings = LaunchSettings(memory_fraction, model, length)
+        settings = LaunchSettings(memory_fraction, model, length, *fp8)
         return best.deployment.command(self.engine, settings)
 
     def recommendation(self) -> str:

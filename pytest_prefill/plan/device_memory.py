@@ -28,6 +28,7 @@ from pytest_prefill.plan.vllm_memory import (
     SAMPLER_COPIES,
     ReserveRule,
     reserve_rule,
+    rule_name,
 )
 
 __all__ = [
@@ -47,6 +48,19 @@ __all__ = [
 
 GiB = 2**30
 DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization
+# what would make room, in no command's flags: each command names its own (commands/_deploy_args)
+MEMORY_FIX = "more memory per device, a larger share of it for the engine, or a larger TP"
+
+
+class NoKVCache(ValueError):
+    """Memory that holds no KV block after the weights and the reserve: ``shortfall`` says by
+    how much, the message adds what would make room (:data:`MEMORY_FIX`)."""
+
+    def __init__(self, shortfall: str) -> None:
+        super().__init__(f"{shortfall} ({MEMORY_FIX})")
+        self.shortfall = shortfall
+
+
 LOGIT_BYTES = 4  # the sampler works on float32 logits
 
 # What vLLM's profiling run holds beside the weights, per vLLM version: plan/vllm_memory.py's
@@ -109,8 +123,8 @@ class KVCapacity:
             f"{self.device_memory / GiB:g} GiB × {self.utilization:g} − "
             f"{self.weight_bytes / GiB:.2f} GiB weights − {self.reserve / GiB:.2f} GiB "
             f"activation reserve (estimated{self._seqs()}) = "
-            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; vLLM "
-            f"{self.vllm_version}'s rule)"
+            f"{self.kv_bytes_per_device / GiB:.2f} GiB of KV per device; "
+            f"{rule_name(self.vllm_version)})"
         )
 
 
@@ -142,7 +156,8 @@ def kv_capacity(
 
     Raises:
         ValueError: naming the field, for memory or a utilization out of range, a bad TP or
-            block size, a vLLM version no rule covers, or memory that leaves no KV block after the weights and the reserve.
+            block size, a vLLM version no rule covers; :class:`NoKVCache` for memory that
+            leaves no KV block after the weights and the reserve.
     """
     check_tp(tp)
     rule = reserve_rule(vllm_version)
@@ -168,11 +183,10 @@ def kv_capacity(
     page = 2 * block_tokens * heads * model.head_dim * model.kv_dtype_bytes  # one layer's block
     blocks = int(available // page // model.layers) if available > 0 else 0
     if blocks < 1:
-        raise ValueError(
+        raise NoKVCache(
             f"device memory {device_memory / GiB:g} GiB × {utilization:g} holds no KV cache for "
             f"{model.name} at TP={tp}: its weights take {weights / GiB:.2f} GiB per device and "
-            f"the activation reserve {held_back / GiB:.2f} GiB (raise --device-memory or "
-            "--gpu-memory-utilization, or use a larger TP)"
+            f"the activation reserve {held_back / GiB:.2f} GiB"
         )
     return KVCapacity(
         blocks * block_tokens,

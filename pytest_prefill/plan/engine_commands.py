@@ -27,7 +27,8 @@ class EngineCommand:
     budget: the lab's own knobs); ``tp_flag`` sets an instance's tensor-parallel size and
     ``memory_flag`` the fraction of each device's memory it takes and ``length_flag`` the longest
     sequence it serves (None: the engine has none); ``budget_flag`` and ``seqs_flag`` the token
-    budget and sequence cap as typed (None: no flag); ``read_back``: per fact of a running
+    budget and sequence cap as typed (None: no flag); ``fp8_weights`` and ``fp8_kv`` the flags
+    that store the weights and the KV cache in fp8 (None: the engine has none); ``read_back``: per fact of a running
     server (``tp``, ``max_seqs``, ``kv_block_tokens``, ``kv_blocks``, ``kv_capacity_tokens``)
     the flags that show it, first spelling wins, read from the engine's own argument parser;
     ``kv_block_tokens``: its paged cache's block when no flag sets it (None: not known)."""
@@ -43,6 +44,8 @@ class EngineCommand:
     length_flag: str | None = None
     budget_flag: str | None = None
     seqs_flag: str | None = None
+    fp8_weights: str | None = None
+    fp8_kv: str | None = None
     read_back: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     kv_block_tokens: int | None = None
 
@@ -73,6 +76,8 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         length_flag="--max-model-len",
         budget_flag="--max-num-batched-tokens",
         seqs_flag="--max-num-seqs",
+        fp8_weights="--quantization fp8",
+        fp8_kv="--kv-cache-dtype fp8",
         read_back={  # vllm/engine/arg_utils.py
             "tp": ("--tensor-parallel-size", "-tp"),
             "max_seqs": ("--max-num-seqs",),
@@ -93,6 +98,8 @@ ENGINE_COMMANDS: dict[str, EngineCommand] = {
         length_flag="--context-length",
         budget_flag="--chunked-prefill-size",
         seqs_flag="--max-running-requests",
+        fp8_weights="--quantization fp8",
+        fp8_kv="--kv-cache-dtype fp8_e4m3",
         read_back={  # python/sglang/srt/server_args.py
             "tp": ("--tp", "--tp-size", "--tensor-parallel-size"),
             "max_seqs": ("--max-running-requests",),
@@ -178,12 +185,15 @@ def splits(profile: EngineProfile) -> bool:
 class LaunchSettings:
     """What a launch line sets beyond the profile's knobs and TP: the fraction of each
     device's memory an instance takes (None: the engine's default), the ``model`` it serves
-    (None: ``MODEL``, for the user to fill in) and at most ``max_model_len`` tokens a sequence
-    (None: the model's context)."""
+    (None: ``MODEL``, for the user to fill in), at most ``max_model_len`` tokens a sequence
+    (None: the model's context) and whether its weights (``fp8_weights``) and its KV cache
+    (``fp8_kv``) are stored in fp8, as the answer assumed."""
 
     memory_fraction: float | None = None
     model: str | None = None
     max_model_len: int | None = None
+    fp8_weights: bool = False
+    fp8_kv: bool = False
 
 
 ENGINE_DEFAULTS = LaunchSettings()  # the engine's memory fraction, MODEL, the model's context
@@ -271,14 +281,32 @@ def _typed(
             sizing.append(f"{command.memory_flag} {fraction:g}")
     if length is not None and command.length_flag is not None:
         sizing.append(f"{command.length_flag} {length}")
-    flags = " ".join(part for part in (flags_text(profile), *sizing) if part)
+    storage, missing = _fp8(command, settings)
+    flags = " ".join(part for part in (flags_text(profile), *sizing, *storage) if part)
     if tp > 1 and command.tp_flag is None and command.start is not None:
         flags += f"  (tensor parallel over {tp} devices: {profile.name} has no flag for it)"
+    if missing and command.start is not None:
+        flags += f"  ({' and '.join(missing)} in fp8: {profile.name} has no flag for it)"
     if command.start is None:
         return ""
     model = settings.model
     start = command.start.replace(MODEL, model) if model else command.start
     return " ".join(part for part in (start, flags) if part)
+
+
+def _fp8(command: EngineCommand, settings: LaunchSettings) -> tuple[list[str], list[str]]:
+    """The flags storing what ``settings`` has in fp8, and what of it the engine has no flag
+    for."""
+    flags, missing = [], []
+    for wanted, flag, what in (
+        (settings.fp8_weights, command.fp8_weights, "weights"),
+        (settings.fp8_kv, command.fp8_kv, "KV cache"),
+    ):
+        if wanted and flag is not None:
+            flags.append(flag)
+        elif wanted:
+            missing.append(what)
+    return flags, missing
 
 
 def refusal(

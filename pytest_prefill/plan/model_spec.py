@@ -274,6 +274,12 @@ class ModelSpec:
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or self.dtype_bytes
 
     @property
+    def fp8_storage(self) -> tuple[bool, bool]:
+        """Whether the linear layers' weights and the KV cache are stored in fp8 (what a
+        launch line must then ask the engine for)."""
+        return self.quantization == "fp8", self.kv_cache_dtype != "auto"
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of one token over all layers: ``2 · L · H_kv · d · b``."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes

@@ -100,6 +100,14 @@ NEWEST_CITED = "0.27"  # the newest vLLM whose log is cited (gpustack/runner#251
 DEFAULT_VLLM_VERSION = NEWEST_CITED
 
 
+def rule_name(version: str) -> str:
+    """``vLLM 0.27's rule``, and for a vLLM newer than any cited, that the newest cited rule is
+    assumed for it."""
+    if parse_version(version) <= parse_version(NEWEST_CITED):
+        return f"vLLM {version}'s rule"
+    return f"vLLM {version}'s rule (assumed: the newest cited is {NEWEST_CITED}'s)"
+
+
 def parse_version(text: object) -> tuple[int, int]:
     """``"0.11"`` or ``"0.11.2"`` as (0, 11).
 

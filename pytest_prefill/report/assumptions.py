@@ -10,8 +10,10 @@ import math
 from collections.abc import Mapping
 
 from pytest_prefill.archive.cost_spec import CostSpec
+from pytest_prefill.plan.compute.derive import Deriver, fit_percent
 from pytest_prefill.plan.deployments import Deployment
 from pytest_prefill.plan.hardware import Hardware
+from pytest_prefill.plan.vllm_memory import rule_name
 from pytest_prefill.sim import CostModel
 
 
@@ -22,7 +24,8 @@ class AnswerBasis:
     engine's default, ``MODEL``); what the ``Type:`` and ``Devices needed:`` lines rest on;
     ``max_model_len`` by TP where an instance's KV holds less than the context (the command
     sets it there); ``warning``: the line printed first, when the compute and the memory come
-    from different models."""
+    from different models; ``fp8``: whether the answer stored the weights and the KV cache in
+    fp8 (the command then says so)."""
 
     lines: tuple[str, ...] = ()
     memory_fraction: float | None = None
@@ -31,6 +34,7 @@ class AnswerBasis:
     needed_line: str | None = None
     max_model_len: Mapping[int, int] = dataclasses.field(default_factory=dict)
     warning: str | None = None
+    fp8: tuple[bool, bool] = (False, False)
 
 
 PRESET_MODEL = "qwen3-0.6b"  # both cost presets describe Qwen3-0.6B (sim/presets.py)
@@ -80,7 +84,10 @@ def basis(
     zeros = [name for name in ZERO_TERMS if getattr(cost, name) == 0]
     if zeros:
         parts.append(f"0 (left out): {', '.join(zeros)}")
-    if math.isinf(used.kv_capacity_tokens):
+    if deployment is None and hardware is not None and hardware.device_memory is not None:
+        # no deployment chosen: the KV of the model on the memory given, as the lines above say
+        parts.append(f"KV by {rule_name(hardware.vllm_version)}, activation reserve estimated")
+    elif math.isinf(used.kv_capacity_tokens):
         parts.append(
             "KV unbounded (the server calibration recorded no KV capacity: rerun "
             "calibrate-server with --server-flags '<the flags your server runs with>' to record "
@@ -90,8 +97,8 @@ def basis(
         )
     elif hardware is not None and hardware.device_memory is not None:
         parts.append(
-            f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (vLLM "
-            f"{hardware.vllm_version}'s rule, activation reserve estimated)"
+            f"KV {used.kv_capacity_tokens:,.0f} tokens per instance "
+            f"({rule_name(hardware.vllm_version)}, activation reserve estimated)"
         )
     else:
         parts.append(f"KV {used.kv_capacity_tokens:,.0f} tokens per instance (the cost model's)")
@@ -104,7 +111,9 @@ def basis(
         )
     tp = deployment.tp if deployment is not None else 1
     if tp > 1 and hardware is not None and hardware.derived is not None:
-        parts.append(f"TP{tp} compute derived at that TP, all-reduces included")
+        parts.append(
+            f"TP{tp} compute derived at that TP{_fit_at(hardware, tp)}, all-reduces included"
+        )
     elif tp > 1 and hardware is not None and hardware.rule is not None:
         parts.append(
             f"TP{tp} compute scaled by Vidur's {hardware.rule.gpu.upper()} profile "
@@ -114,6 +123,16 @@ def basis(
     if hardware is not None and measured_model and measured_model != hardware.model.name:
         parts.append(f"{compute_of(spec, measured_model)}, memory from {hardware.model.name}")
     return "[" + "; ".join(parts) + "]"
+
+
+def _fit_at(hardware: Hardware, tp: int) -> str:
+    """`` (the cost model within N% of the physics there)``: the fit at ``tp``, which the basis
+    line's figure (at TP 1) does not give ("" for compute not derived by a :class:`Deriver`)."""
+    deriver = hardware.derived
+    if not isinstance(deriver, Deriver):
+        return ""
+    error = deriver.derive(tp).max_relative_error
+    return f" (the cost model within {fit_percent(error)} of the physics there)"
 
 
 def pool_origins(spec: CostSpec, decode: CostSpec | None) -> str:

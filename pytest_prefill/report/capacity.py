@@ -205,7 +205,7 @@ def command_line(result: CapacityResult, basis: AnswerBasis | None = None) -> st
     ``basis`` has them), then what it rests on; None for the lab's loop, or when nothing meets
     the SLO."""
     basis = basis or AnswerBasis()
-    command = result.command(basis.memory_fraction, basis.model, basis.max_model_len)
+    command = result.command(basis.memory_fraction, basis.model, basis.max_model_len, basis.fp8)
     if command is None or result.engine.name == "lab":
         return None
     word = "Run" if engine_command(result.engine).start is None else "Type"
@@ -305,7 +305,7 @@ def capacity_document(
     }
     if basis is not None:
         document["command"] = result.command(
-            basis.memory_fraction, basis.model, basis.max_model_len
+            basis.memory_fraction, basis.model, basis.max_model_len, basis.fp8
         )
         document["assumptions"] = {
             "lines": [line.strip() for line in basis.lines],

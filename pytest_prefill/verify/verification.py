@@ -173,7 +173,10 @@ class _Plan:
             if self.interruption.line is None:
                 raise err
             return f"{self.interruption.line} during {stage}"
-        return f"{await alive(url, process) or stage + ' failed'}: {one_line(err)}"
+        line, gone = one_line(err), await alive(url, process)
+        if gone is None:
+            return f"{stage} failed: {line}"
+        return gone if line in gone else f"{gone}: {line}"  # the same error said once
 
 
 async def _cancellable(plan: _Plan, check: Coroutine[Any, Any, FlagSetResult]) -> FlagSetResult:

@@ -20,6 +20,7 @@ from pytest_prefill.sim.cost import attention_pairs
 
 POINTS = 12  # samples along each axis of the synthetic grid
 CHUNKS = (512, 2048, 8192)  # chunk sizes a chunked prefill's pieces take over a cached context
+HALF_PERCENT = 0.005  # a fit error below it rounds to "0%": printed "under 1%"
 # A decode step's device seconds by an engine's own way of running it: (physics, rows, cached
 # tokens in all) -> seconds (None: the physics' own, ``Physics.decode_step``).
 DecodeStepRule = Callable[[Physics, int, int], float]
@@ -244,6 +245,11 @@ def derive_cost(
     )
 
 
+def fit_percent(error: float) -> str:
+    """A fit's relative error as a whole percent, "under 1%" where it would round to 0%."""
+    return "under 1%" if error < HALF_PERCENT else f"{max(error, 0.01):.0%}"
+
+
 def basis_line(
     device: Device, choice: EfficiencyChoice, tp: int, fit_error: float, host: HostCost
 ) -> str:
@@ -254,7 +260,7 @@ def basis_line(
     return (
         f"derived: {device.name} ({device.source.split(';')[0]}), TP {tp}, efficiency "
         f"{table.engine}{borrowed} from {table.source}; {choice.error_class}; the cost model "
-        f"within {fit_error:.0%} of the physics over the range; host: {host.source}"
+        f"within {fit_percent(fit_error)} of the physics over the range; host: {host.source}"
     )
 
 

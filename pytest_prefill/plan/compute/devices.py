@@ -262,7 +262,8 @@ def custom_device(spec: str) -> Device:
         try:
             number = float(text)
         except ValueError:
-            number = math.nan
+            allowed = "a number >= 0" if key == "linkus" else "a positive finite number"
+            raise ValueError(f"custom gpu: {key} must be {allowed}, got {text!r}") from None
         values[key] = _positive(f"custom gpu: {key}", number) if key != "linkus" else number
     missing = [key for key in CUSTOM_REQUIRED if key not in values]
     if missing:
@@ -282,6 +283,6 @@ def custom_device(spec: str) -> Device:
         memory_bandwidth=values["tbs"] * TERA,
         memory_bytes=values["gib"] * GiB,
         link_bandwidth=values.get("linkgbs", 32.0) * GB,
-        link_latency=latency * 1e-6,
+        link_latency=latency / 1e6,  # divided, so 10 µs is PCIE_LATENCY exactly (its link)
         source=f"the user's figures ({figures})",
     )
