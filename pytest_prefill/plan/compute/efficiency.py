@@ -517,21 +517,36 @@ def efficiency_for(
     if link_kind(device) != link_kind(donor) and linked:
         lender = min(linked, key=lambda pair: (_link_distance(device, pair[1]), pair[1].key))
     table = _with_allreduce_of(table, *lender, device)
-    measured = errors.get(kind)
-    error = f"~{measured:.0%} median" if measured is not None else "error not measured"
-    worst = worst_ops.get(kind)
-    if measured is not None and worst is not None and worst[1] > measured:
-        error += f" ({OP_NAMES.get(worst[0], worst[0])} ~{worst[1]:.0%})"
     label = kind.replace("_", " ")
-    lent = lender[1]
+    error = _transfer_error(kind, errors, worst_ops) + _allreduce_note(device, donor, lender[1])
+    return EfficiencyChoice(table, donor.key, f"{label} transfer from {donor.key}: {error}")
+
+
+def _transfer_error(
+    kind: str, errors: Mapping[str, float], worst_ops: Mapping[str, tuple[str, float]]
+) -> str:
+    """The measured error of ``kind`` of transfer, and its worst op's where that is larger."""
+    measured = errors.get(kind)
+    if measured is None:
+        return "error not measured"
+    error = f"~{measured:.0%} median"
+    worst = worst_ops.get(kind)
+    if worst is not None and worst[1] > measured:
+        error += f" ({OP_NAMES.get(worst[0], worst[0])} ~{worst[1]:.0%})"
+    return error
+
+
+def _allreduce_note(device: Device, donor: Device, lent: Device) -> str:
+    """Where a borrowed table's all-reduce figures come from, when not from ``donor`` on this
+    device's link kind: another table of its link kind, or one of another link."""
     if link_kind(device) != link_kind(lent):  # its all-reduce figures were fitted on another link
-        error += (
+        return (
             f"; all-reduce: a cross-link transfer ({link_kind(lent)} figures on a "
             f"{link_kind(device)} link), its error not measured"
         )
-    elif lent.key != donor.key:
-        error += f"; all-reduce from {lent.key}, a {link_kind(lent)} link as this device's"
-    return EfficiencyChoice(table, donor.key, f"{label} transfer from {donor.key}: {error}")
+    if lent.key != donor.key:
+        return f"; all-reduce from {lent.key}, a {link_kind(lent)} link as this device's"
+    return ""
 
 
 def _link_distance(a: Device, b: Device) -> float:
