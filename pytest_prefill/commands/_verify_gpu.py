@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pytest_prefill.commands._args import positive_int
 from pytest_prefill.commands._deploy_args import (
     GPU_HELP,
+    Deploying,
     add_gpu_arguments,
     check_deploy_args,
     derived_spec,
@@ -106,8 +107,9 @@ def _check_launched(args: argparse.Namespace) -> None:
         raise ValueError(f"--tp {args.tp} with --launch: a launched server runs at TP 1")
 
 
-def _check_tp(args: argparse.Namespace, engine: str) -> int:
-    """``--tp`` (default 1) once the model is read: one the server could run the model at.
+def _check_tp(args: argparse.Namespace, engine: str) -> tuple[int, Deploying]:
+    """``--tp`` (default 1) once the model is read: one the server could run the model at,
+    and the deployment the flags name at it.
 
     Raises:
         ValueError: naming ``--tp`` and the sizes allowed, or the memory's shortfall.
@@ -124,7 +126,7 @@ def _check_tp(args: argparse.Namespace, engine: str) -> int:
     assert hardware is not None  # --gpu has --model
     block = PROFILES[engine].kv_block_tokens
     if tp in hardware.tp_sizes(tp, block):
-        return tp
+        return tp, deploying
     heads = hardware.model.attention_heads
     if heads % tp == 0:
         try:
@@ -148,8 +150,7 @@ def derived_prediction(args: argparse.Namespace, engine: str, load: Sequence[Req
         ValueError: naming the flag, as :func:`check_verify_gpu`, or for a range the fit cannot
             support.
     """
-    tp = _check_tp(args, engine)
-    deploying = check_deploy_args(args, PROFILES[engine], devices=tp)
+    tp, deploying = _check_tp(args, engine)
     prompts, outputs = [r.prompt_len for r in load], [r.output_len for r in load]
     derived, spec = derived_spec(args, deploying, prompts, outputs)
     assert spec.cost is not None and derived.hardware is not None  # derived: a cost model

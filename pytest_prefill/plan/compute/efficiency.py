@@ -375,7 +375,10 @@ def _transfer_document(folder: Path) -> object:
 def load_transfer_errors(folder: Path = TABLES) -> dict[str, float]:
     """The measured median error of each transfer kind (``"same_architecture"``,
     ``"cross_generation"``) from the fit script's leave-one-device-out; {} when not measured."""
-    document = _transfer_document(folder)
+    return _transfer_errors(_transfer_document(folder))
+
+
+def _transfer_errors(document: object) -> dict[str, float]:
     errors: dict[str, float] = {}
     for kind in ("same_architecture", "cross_generation"):
         entry = document.get(kind) if isinstance(document, Mapping) else None
@@ -400,7 +403,10 @@ def load_transfer_worst(folder: Path = TABLES) -> dict[str, tuple[str, float]]:
     Raises:
         ValueError: naming the field, for one that is not a finite number.
     """
-    document = _transfer_document(folder)
+    return _transfer_worst(_transfer_document(folder))
+
+
+def _transfer_worst(document: object) -> dict[str, tuple[str, float]]:
     worst: dict[str, tuple[str, float]] = {}
     for kind in ("same_architecture", "cross_generation"):
         entry = document.get(kind) if isinstance(document, Mapping) else None
@@ -480,8 +486,10 @@ def efficiency_for(
         from pytest_prefill.plan.compute.devices import CATALOG
 
         catalog = CATALOG
-    errors = load_transfer_errors() if transfer_errors is None else transfer_errors
-    worst_ops = load_transfer_worst() if transfer_errors is None else {}
+    errors, worst_ops = dict(transfer_errors or {}), {}
+    if transfer_errors is None:  # the shipped file, read once
+        document = _transfer_document(TABLES)
+        errors, worst_ops = _transfer_errors(document), _transfer_worst(document)
     candidates = _engine_tables(tables, engine)
     own = [t for t in candidates if t.device == device.key]
     if own:
